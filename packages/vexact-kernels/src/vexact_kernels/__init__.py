@@ -1,0 +1,37 @@
+"""vexact-kernels: batch-invariant ops with an explicit backend switch.
+
+Backends: ``invariant`` (fixed-order reductions; the CPU reference in this release) and ``fast`` (plain torch:
+cuBLAS/MKL, SDPA; the training-inference mismatch baseline). Select with :func:`use_backend`.
+"""
+
+from ._backend import BACKENDS, get_backend, set_backend, use_backend
+from .activation import silu_and_mul
+from .attention import ATTN_BLOCK_N, attention_packed, attention_paged, write_kv_cache
+from .linear import LINEAR_BLOCK_K, linear
+from .logprobs import compute_logits, entropy_from_logprobs, log_softmax, logprobs_from_hidden
+from .rms_norm import rms_norm
+from .rotary import apply_rotary, rope_cos_sin
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ATTN_BLOCK_N",
+    "BACKENDS",
+    "LINEAR_BLOCK_K",
+    "__version__",
+    "apply_rotary",
+    "attention_packed",
+    "attention_paged",
+    "compute_logits",
+    "entropy_from_logprobs",
+    "get_backend",
+    "linear",
+    "log_softmax",
+    "logprobs_from_hidden",
+    "rms_norm",
+    "rope_cos_sin",
+    "set_backend",
+    "silu_and_mul",
+    "use_backend",
+    "write_kv_cache",
+]

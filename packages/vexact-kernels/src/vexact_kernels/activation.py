@@ -1,0 +1,24 @@
+"""silu_and_mul: ``silu(gate) * up`` in fp32, cast once.
+
+torch's CPU ``silu``/``sigmoid`` are not position-invariant (measured on torch 2.13: the same value gives a different
+result in the vector body and in the scalar tail of a launch), so the invariant path builds silu from exp and
+division, whose results were measured position-invariant (see tests/test_activation.py).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ._backend import check_float, get_backend, invariant_device_check
+
+
+def silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    check_float("silu_and_mul", "gate", gate)
+    if gate.shape != up.shape:
+        raise ValueError(f"silu_and_mul: gate {tuple(gate.shape)} and up {tuple(up.shape)} differ in shape")
+    if get_backend() == "fast":
+        return (F.silu(gate.float()) * up.float()).to(gate.dtype)
+    invariant_device_check("silu_and_mul", gate, up)
+    g = gate.float()
+    return (g / (1.0 + torch.exp(-g)) * up.float()).to(gate.dtype)

@@ -1,0 +1,211 @@
+"""Causal attention over packed sequences (training, prefill) and over a paged KV cache (chunked prefill, decode).
+
+Invariance, the central rule of VeXact: a query at position ``p`` walks its keys ``0..p`` in blocks of
+``ATTN_BLOCK_N`` absolute positions, in position order, with the same online-softmax update (running max, rescale,
+sum), whether it is computed in a packed training batch, in any chunk of a chunked prefill, or in a decode step
+reading a paged cache, whatever the page size, the other sequences, or the number of queries in the launch. The
+packed and paged entry points differ only in how a key position is turned into a row of K/V storage; both then call
+the same ``_attend``. No split-KV: one pass over the keys per query.
+
+Scores and the softmax statistics are fp32; the output is cast once to q's dtype. The ``fast`` backend is
+``torch.nn.functional.scaled_dot_product_attention`` per sequence (measured not batch-invariant on CPU fp32).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from ._backend import check_float, get_backend, invariant_device_check
+from ._reduce import tree_sum
+
+ATTN_BLOCK_N = 16
+# Queries per step of the CPU reference; bounds the [q, heads, BLOCK_N, head_dim] buffers. Does not affect numerics.
+_QUERY_BUDGET = 1 << 22
+
+
+def _check_qkv(op: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    check_float(op, "q", q)
+    if q.dim() != 3 or k.dim() < 3 or v.dim() < 3:
+        raise ValueError(f"{op}: expected q [tokens, heads, head_dim]; got q {tuple(q.shape)}")
+    hq, hk = q.shape[1], k.shape[-2]
+    if hq % hk:
+        raise ValueError(f"{op}: {hq} query heads is not a multiple of {hk} KV heads")
+    if k.shape[-1] != q.shape[-1]:
+        raise ValueError(f"{op}: q head_dim {q.shape[-1]} != k head_dim {k.shape[-1]}")
+    if k.dtype != v.dtype:
+        raise TypeError(f"{op}: k dtype {k.dtype} != v dtype {v.dtype}")
+
+
+def _attend(q, k_store, v_store, key_rows, last_pos, scale: float) -> torch.Tensor:
+    """Core of both paths.
+
+    q [T, Hq, D]; k_store/v_store [S, Hkv, Dk]/[S, Hkv, Dv]; ``key_rows(pos [T, BN]) -> [T, BN]`` maps absolute key
+    positions of each query to storage rows; ``last_pos [T]`` is the query's own position (causal bound).
+    """
+    t_total, hq, d = q.shape
+    hkv = k_store.shape[1]
+    g = hq // hkv
+    dv = v_store.shape[-1]
+    out = torch.empty(t_total, hq, dv, dtype=torch.float32)
+    step = max(1, _QUERY_BUDGET // max(1, hq * ATTN_BLOCK_N * max(d, dv)))
+    offs = torch.arange(ATTN_BLOCK_N)
+    for t0 in range(0, t_total, step):
+        t1 = min(t_total, t0 + step)
+        qf = q[t0:t1].float().view(t1 - t0, hkv, g, 1, d)
+        lp = last_pos[t0:t1]
+        n = t1 - t0
+        m = torch.full((n, hkv, g), -math.inf)
+        l_sum = torch.zeros(n, hkv, g)
+        acc = torch.zeros(n, hkv, g, dv)
+        for blk in range(int(lp.max()) // ATTN_BLOCK_N + 1):
+            pos = blk * ATTN_BLOCK_N + offs  # [BN]
+            valid = pos[None, :] <= lp[:, None]  # [n, BN]
+            rows = key_rows(t0, t1, pos.expand(n, -1).clamp(max=lp[:, None]))  # [n, BN]
+            kb = k_store[rows].float().permute(0, 2, 1, 3)  # [n, Hkv, BN, D]
+            vb = v_store[rows].float().permute(0, 2, 1, 3)
+            vmask = valid[:, None, :, None]
+            kb = torch.where(vmask, kb, 0.0)
+            vb = torch.where(vmask, vb, 0.0)
+            s = tree_sum(qf * kb[:, :, None], dim=-1) * scale  # [n, Hkv, G, BN]
+            s = torch.where(valid[:, None, None, :], s, -math.inf)
+            m_new = torch.maximum(m, s.amax(dim=-1))
+            alpha = torch.exp(m - m_new)
+            p = torch.exp(s - m_new.unsqueeze(-1))  # masked keys: exp(-inf) = 0
+            l_new = l_sum * alpha + tree_sum(p, dim=-1)
+            pv = tree_sum(p.unsqueeze(-1) * vb[:, :, None], dim=-2)  # [n, Hkv, G, Dv]
+            acc_new = acc * alpha.unsqueeze(-1) + pv
+            active = (blk * ATTN_BLOCK_N <= lp)[:, None, None]
+            m = torch.where(active, m_new, m)
+            l_sum = torch.where(active, l_new, l_sum)
+            acc = torch.where(active.unsqueeze(-1), acc_new, acc)
+        out[t0:t1] = (acc / l_sum.unsqueeze(-1)).view(n, hq, dv)
+    return out
+
+
+def _seq_index(cu_seqlens: torch.Tensor, total: int) -> torch.Tensor:
+    lens = cu_seqlens[1:] - cu_seqlens[:-1]
+    return torch.repeat_interleave(torch.arange(lens.numel()), lens, output_size=total)
+
+
+def _check_cu(op: str, cu: torch.Tensor, total: int, name: str = "cu_seqlens") -> None:
+    if cu.dim() != 1 or cu.numel() < 2 or int(cu[0]) != 0 or int(cu[-1]) != total:
+        raise ValueError(f"{op}: {name} must run from 0 to {total} (tokens in the batch); got {cu.tolist()}")
+    if bool((cu[1:] < cu[:-1]).any()):
+        raise ValueError(f"{op}: {name} must be non-decreasing; got {cu.tolist()}")
+
+
+def attention_packed(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, scale: float | None = None
+) -> torch.Tensor:
+    """Causal attention within each sequence of a packed batch.
+
+    q [T, Hq, D], k/v [T, Hkv, D], ``cu_seqlens [B+1]`` (int) marks sequence boundaries. Returns [T, Hq, Dv].
+    """
+    _check_qkv("attention_packed", q, k, v)
+    total = q.shape[0]
+    cu_seqlens = cu_seqlens.to(torch.int64).cpu()
+    _check_cu("attention_packed", cu_seqlens, total)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    if get_backend() == "fast":
+        outs = []
+        for b in range(cu_seqlens.numel() - 1):
+            s, e = int(cu_seqlens[b]), int(cu_seqlens[b + 1])
+            outs.append(_sdpa(q[s:e], k[s:e], v[s:e], causal_offset=0, scale=scale))
+        return torch.cat(outs, 0).to(q.dtype) if outs else q.new_empty(0, q.shape[1], v.shape[-1])
+    invariant_device_check("attention_packed", q, k, v)
+    seq = _seq_index(cu_seqlens, total)
+    start = cu_seqlens[:-1][seq]
+    last_pos = torch.arange(total) - start
+
+    def key_rows(t0, t1, pos):
+        return start[t0:t1, None] + pos
+
+    return _attend(q, k, v, key_rows, last_pos, scale).to(q.dtype)
+
+
+def write_kv_cache(
+    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    """Store new keys/values: token ``i`` goes to flat slot ``slot_mapping[i]`` (= block * page_size + offset).
+
+    Caches are ``[num_blocks, page_size, Hkv, D]``; slots < 0 are skipped (padding rows).
+    """
+    if k_cache.dtype != k.dtype:
+        raise TypeError(f"write_kv_cache: cache dtype {k_cache.dtype} != key dtype {k.dtype}")
+    slots = slot_mapping.to(torch.int64)
+    keep = slots >= 0
+    n_slots = k_cache.shape[0] * k_cache.shape[1]
+    if keep.any() and int(slots[keep].max()) >= n_slots:
+        raise IndexError(f"write_kv_cache: slot {int(slots[keep].max())} outside a cache of {n_slots} slots")
+    kc = k_cache.view(-1, *k_cache.shape[2:])
+    vc = v_cache.view(-1, *v_cache.shape[2:])
+    kc.index_copy_(0, slots[keep], k[keep])
+    vc.index_copy_(0, slots[keep], v[keep])
+
+
+def attention_paged(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """New queries of B sequences against their paged KV (which already holds the new tokens' K/V).
+
+    q [T, Hq, D]; caches [num_blocks, page_size, Hkv, D]; ``block_tables [B, max_pages]`` (page ids);
+    ``context_lens [B]`` = KV length of each sequence including its new tokens; ``cu_seqlens_q [B+1]`` splits q.
+    Query ``i`` of sequence ``b`` sits at position ``context_lens[b] - n_q[b] + i``.
+    """
+    _check_qkv("attention_paged", q, k_cache, v_cache)
+    total = q.shape[0]
+    cu = cu_seqlens_q.to(torch.int64).cpu()
+    _check_cu("attention_paged", cu, total, "cu_seqlens_q")
+    ctx = context_lens.to(torch.int64).cpu()
+    n_q = cu[1:] - cu[:-1]
+    if ctx.numel() != n_q.numel() or bool((ctx < n_q).any()):
+        raise ValueError(f"attention_paged: context_lens {ctx.tolist()} must cover the queries {n_q.tolist()}")
+    page = k_cache.shape[1]
+    tables = block_tables.to(torch.int64).cpu()
+    if ctx.numel() and int(ctx.max()) > tables.shape[1] * page:
+        raise ValueError(f"attention_paged: context {int(ctx.max())} exceeds block table capacity {tables.shape[1] * page}")
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    seq = _seq_index(cu, total)
+    last_pos = ctx[seq] - n_q[seq] + (torch.arange(total) - cu[:-1][seq])
+    if get_backend() == "fast":
+        outs = []
+        for b in range(n_q.numel()):
+            L = int(ctx[b])
+            pos = torch.arange(L)
+            rows = tables[b, pos // page] * page + pos % page
+            kk = k_cache.view(-1, *k_cache.shape[2:])[rows]
+            vv = v_cache.view(-1, *v_cache.shape[2:])[rows]
+            outs.append(_sdpa(q[cu[b] : cu[b + 1]], kk, vv, causal_offset=L - int(n_q[b]), scale=scale))
+        return torch.cat(outs, 0).to(q.dtype) if outs else q.new_empty(0, q.shape[1], v_cache.shape[-1])
+    invariant_device_check("attention_paged", q, k_cache, v_cache)
+    seq_tables = tables[seq]  # [T, max_pages]
+    kflat = k_cache.view(-1, *k_cache.shape[2:])
+    vflat = v_cache.view(-1, *v_cache.shape[2:])
+
+    def key_rows(t0, t1, pos):
+        return torch.gather(seq_tables[t0:t1], 1, pos // page) * page + pos % page
+
+    return _attend(q, kflat, vflat, key_rows, last_pos, scale).to(q.dtype)
+
+
+def _sdpa(q, k, v, causal_offset: int, scale: float) -> torch.Tensor:
+    """Plain SDPA for one sequence; queries sit at positions causal_offset.. of the keys."""
+    hq, hk = q.shape[1], k.shape[1]
+    if hq != hk:
+        k = k.repeat_interleave(hq // hk, dim=1)
+        v = v.repeat_interleave(hq // hk, dim=1)
+    nq, nk = q.shape[0], k.shape[0]
+    mask = torch.arange(nk)[None, :] <= (torch.arange(nq)[:, None] + causal_offset)
+    o = F.scaled_dot_product_attention(
+        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask, scale=scale
+    )
+    return o.transpose(0, 1)

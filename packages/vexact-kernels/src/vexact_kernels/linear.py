@@ -1,0 +1,62 @@
+"""linear: ``y = x @ W.T (+ b)``.
+
+Invariance: on the ``invariant`` backend, row ``i`` of the result is bitwise the same for any number of rows M, any
+other rows in the batch and any row chunking. fp32 accumulation: the K dimension is reduced in blocks of
+``LINEAR_BLOCK_K`` (a pairwise tree inside a block, blocks added in K order); products of bf16 inputs are exact in
+fp32. The ``fast`` backend is ``torch.nn.functional.linear`` (measured on torch 2.13 CPU: fp32 row 0 differs between
+M = 1 and M >= 2), kept as the mismatch baseline.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ._backend import check_float, get_backend, invariant_device_check
+from ._reduce import tree_sum
+
+LINEAR_BLOCK_K = 32
+# Rows per step of the CPU reference; bounds the [rows, BLOCK_K, N] product buffer. Does not affect numerics.
+_ROW_BUDGET = 1 << 22
+
+
+def _linear_reference(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    m, k = x.shape
+    n = weight.shape[0]
+    xf = x.float()
+    wt = weight.float().t()  # [K, N]
+    out = torch.empty(m, n, dtype=torch.float32)
+    rows = max(1, _ROW_BUDGET // max(1, LINEAR_BLOCK_K * n))
+    for r0 in range(0, m, rows):
+        xr = xf[r0 : r0 + rows]
+        acc = None
+        for k0 in range(0, k, LINEAR_BLOCK_K):
+            kb = min(LINEAR_BLOCK_K, k - k0)
+            prod = xr[:, k0 : k0 + kb, None] * wt[None, k0 : k0 + kb, :]  # [rows, kb, N]
+            part = tree_sum(prod, dim=1)
+            acc = part if acc is None else acc + part
+        out[r0 : r0 + rows] = acc
+    return out
+
+
+def linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """``x [..., K] @ weight[N, K].T + bias`` -> ``[..., N]`` in ``out_dtype`` (default: x's dtype)."""
+    check_float("linear", "x", x)
+    check_float("linear", "weight", weight)
+    if x.shape[-1] != weight.shape[-1]:
+        raise ValueError(f"linear: x has K={x.shape[-1]} but weight is {tuple(weight.shape)} (expected [N, K])")
+    out_dtype = out_dtype or x.dtype
+    if get_backend() == "fast":
+        y = F.linear(x, weight.to(x.dtype), None if bias is None else bias.to(x.dtype))
+        return y.to(out_dtype)
+    invariant_device_check("linear", x, weight)
+    lead = x.shape[:-1]
+    y = _linear_reference(x.reshape(-1, x.shape[-1]), weight)
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(out_dtype).reshape(*lead, weight.shape[0])

@@ -1,0 +1,94 @@
+"""Logits, log-softmax and per-token logprobs / entropy from final hidden states.
+
+This is the one place where the engine's sampler and the trainer's loss read the model's distribution, so both
+call these functions: final RMSNorm -> lm_head (fp32 output) -> ``logits / temperature`` (fp32 division, the way the
+trainer applies temperature) -> log_softmax in fp32 over the full vocabulary.
+
+Invariance (``invariant`` backend): every reduction over the vocabulary (max, sum of exp, entropy) is fixed-order per
+row, so a row's logprobs do not depend on the other rows, on the token chunk size, or on whether temperature came as
+a scalar or a per-row tensor. ``logprobs_from_hidden`` processes tokens in chunks of ``chunk_size`` so the full
+[tokens, vocab] fp32 logits never exist at once; the chunk size does not change any value.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._backend import get_backend
+from ._reduce import tree_sum
+from .linear import linear
+from .rms_norm import rms_norm
+
+
+def compute_logits(
+    hidden: torch.Tensor, norm_weight: torch.Tensor, eps: float, lm_head_weight: torch.Tensor
+) -> torch.Tensor:
+    """Final norm then lm_head: ``hidden [T, H]`` -> fp32 logits ``[T, V]``."""
+    normed = rms_norm(hidden, norm_weight, eps)
+    return linear(normed, lm_head_weight, out_dtype=torch.float32)
+
+
+def _temperature_column(temperature, rows: int) -> torch.Tensor:
+    t = torch.as_tensor(temperature, dtype=torch.float32)
+    if t.dim() == 0:
+        t = t.expand(rows)
+    if t.shape != (rows,):
+        raise ValueError(f"temperature must be a scalar or have one value per row ({rows}); got {tuple(t.shape)}")
+    if bool((t <= 0).any()):
+        raise ValueError(f"temperature must be > 0 for logprobs; got {t.min().item()}")
+    return t.reshape(rows, 1)
+
+
+def log_softmax(logits: torch.Tensor, temperature: float | torch.Tensor = 1.0) -> torch.Tensor:
+    """fp32 ``log_softmax(logits / temperature)`` over the last dim; ``temperature`` scalar or one per row."""
+    if logits.dtype != torch.float32:
+        raise TypeError(f"log_softmax: logits must be float32, got {logits.dtype}")
+    z = logits / _temperature_column(temperature, logits.shape[0])
+    if get_backend() == "fast":
+        return torch.log_softmax(z, dim=-1)
+    shifted = z - z.amax(dim=-1, keepdim=True)
+    lse = torch.log(tree_sum(torch.exp(shifted), dim=-1))
+    return shifted - lse.unsqueeze(-1)
+
+
+def entropy_from_logprobs(logp: torch.Tensor) -> torch.Tensor:
+    """``-sum p log p`` per row, fixed-order."""
+    p = torch.exp(logp)
+    terms = torch.where(p > 0, p * logp, 0.0)
+    if get_backend() == "fast":
+        return -terms.sum(-1)
+    return -tree_sum(terms, dim=-1)
+
+
+def logprobs_from_hidden(
+    hidden: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    lm_head_weight: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float | torch.Tensor = 1.0,
+    chunk_size: int = 1024,
+    with_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Logprob of ``targets [T]`` under each row of ``hidden [T, H]`` (and the entropy if asked), fp32.
+
+    Works through ``chunk_size`` tokens at a time; the result does not depend on ``chunk_size``.
+    """
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    n = hidden.shape[0]
+    if targets.shape != (n,):
+        raise ValueError(f"targets must have shape [{n}] to match hidden; got {tuple(targets.shape)}")
+    vocab = lm_head_weight.shape[0]
+    if n and (int(targets.min()) < 0 or int(targets.max()) >= vocab):
+        raise ValueError(f"target token id out of range [0, {vocab}): min {int(targets.min())}, max {int(targets.max())}")
+    temps = _temperature_column(temperature, n).squeeze(1)
+    out = torch.empty(n, dtype=torch.float32)
+    ent = torch.empty(n, dtype=torch.float32) if with_entropy else None
+    for s in range(0, n, chunk_size):
+        e = min(n, s + chunk_size)
+        logp = log_softmax(compute_logits(hidden[s:e], norm_weight, eps, lm_head_weight), temps[s:e])
+        out[s:e] = logp.gather(1, targets[s:e].long().unsqueeze(1)).squeeze(1)
+        if ent is not None:
+            ent[s:e] = entropy_from_logprobs(logp)
+    return out, ent

@@ -1,0 +1,28 @@
+"""rms_norm: ``x * rsqrt(mean(x^2) + eps) * weight``, computed in fp32 and cast once.
+
+Invariance: on the ``invariant`` backend each row's sum of squares is a fixed pairwise tree over the hidden size,
+so a row's output does not depend on the other rows. ``fast`` uses torch's own mean/rsqrt.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._backend import check_float, get_backend, invariant_device_check
+from ._reduce import tree_sum
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Normalise over the last dim of ``x`` (any leading shape); ``weight`` has the last dim's size."""
+    check_float("rms_norm", "x", x)
+    if weight.shape != x.shape[-1:]:
+        raise ValueError(f"rms_norm: weight shape {tuple(weight.shape)} does not match x's last dim {x.shape[-1]}")
+    out_dtype = out_dtype or x.dtype
+    xf = x.float()
+    if get_backend() == "fast":
+        var = xf.pow(2).mean(-1, keepdim=True)
+        return (xf * torch.rsqrt(var + eps) * weight.float()).to(out_dtype)
+    invariant_device_check("rms_norm", x, weight)
+    var = tree_sum(xf * xf, dim=-1) / x.shape[-1]
+    rstd = 1.0 / torch.sqrt(var + eps)
+    return (xf * rstd.unsqueeze(-1) * weight.float()).to(out_dtype)

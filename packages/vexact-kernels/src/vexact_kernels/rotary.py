@@ -1,0 +1,39 @@
+"""Rotary position embedding (NeoX layout, as Qwen3 uses: the two halves of head_dim are rotated together).
+
+The cos/sin table is built once for all positions by :func:`rope_cos_sin` and indexed by position, so a token's
+rotation depends only on its position, never on how many tokens are computed with it. The rotation itself is
+elementwise fp32 (no fused multiply-add), identical on both backends.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._backend import check_float
+
+
+def rope_cos_sin(head_dim: int, max_position: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 tables ``cos, sin`` of shape ``[max_position, head_dim // 2]`` (HF's default rope)."""
+    if head_dim % 2:
+        raise ValueError(f"rotary: head_dim must be even, got {head_dim}")
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    t = torch.arange(max_position, dtype=torch.int64).float()
+    freqs = torch.outer(t, inv_freq)
+    return freqs.cos(), freqs.sin()
+
+
+def apply_rotary(
+    x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> torch.Tensor:
+    """Rotate ``x [tokens, heads, head_dim]`` by ``positions [tokens]``; returns x's dtype."""
+    check_float("apply_rotary", "x", x)
+    if positions.numel() and int(positions.max()) >= cos.shape[0]:
+        raise ValueError(f"rotary: position {int(positions.max())} >= table size {cos.shape[0]}")
+    half = x.shape[-1] // 2
+    c = cos[positions].unsqueeze(1)  # [tokens, 1, half]
+    s = sin[positions].unsqueeze(1)
+    xf = x.float()
+    x1, x2 = xf[..., :half], xf[..., half:]
+    o1 = x1 * c - x2 * s
+    o2 = x2 * c + x1 * s
+    return torch.cat([o1, o2], dim=-1).to(x.dtype)

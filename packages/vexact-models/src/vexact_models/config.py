@@ -1,0 +1,121 @@
+"""Model configs: typed dataclasses read from a Hugging Face ``config.json``, validated at construction."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def parse_dtype(value: str | torch.dtype) -> torch.dtype:
+    if isinstance(value, torch.dtype):
+        if value not in _DTYPES.values():
+            raise ValueError(f"unsupported dtype {value}; expected one of {sorted(_DTYPES)}")
+        return value
+    name = str(value).removeprefix("torch.")
+    if name not in _DTYPES:
+        raise ValueError(f"unsupported dtype {value!r}; expected one of {sorted(_DTYPES)}")
+    return _DTYPES[name]
+
+
+@dataclass(frozen=True)
+class Qwen3Config:
+    """Dense Qwen3 (HF ``model_type: qwen3``)."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    max_position_embeddings: int = 40960
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1_000_000.0
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    torch_dtype: str = "bfloat16"
+    bos_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
+    model_type: str = "qwen3"
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                     "num_key_value_heads", "head_dim", "max_position_embeddings"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"Qwen3Config.{name} must be a positive integer, got {value!r}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"Qwen3Config: num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                f"num_key_value_heads ({self.num_key_value_heads})"
+            )
+        if self.head_dim % 2:
+            raise ValueError(f"Qwen3Config.head_dim must be even for rotary, got {self.head_dim}")
+        if self.rms_norm_eps <= 0:
+            raise ValueError(f"Qwen3Config.rms_norm_eps must be > 0, got {self.rms_norm_eps}")
+        parse_dtype(self.torch_dtype)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return parse_dtype(self.torch_dtype)
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        if self.eos_token_id is None:
+            return ()
+        return tuple(self.eos_token_id) if isinstance(self.eos_token_id, list) else (self.eos_token_id,)
+
+    @classmethod
+    def from_hf_dict(cls, d: dict) -> Qwen3Config:
+        d = dict(d)
+        rope = d.get("rope_parameters") or d.get("rope_scaling") or {}
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type != "default":
+            raise NotImplementedError(f"rope_type {rope_type!r} is not supported yet (only 'default')")
+        theta = d.get("rope_theta", rope.get("rope_theta", cls.rope_theta))
+        if d.get("use_sliding_window"):
+            raise NotImplementedError("sliding-window attention is not supported yet")
+        head_dim = d.get("head_dim") or d["hidden_size"] // d["num_attention_heads"]
+        dtype = d.get("torch_dtype") or d.get("dtype") or "bfloat16"
+        fields = {f.name for f in dataclasses.fields(cls)}
+        kw = {k: v for k, v in d.items() if k in fields}
+        kw.update(rope_theta=float(theta), head_dim=head_dim, torch_dtype=str(dtype).removeprefix("torch."))
+        kw.setdefault("num_key_value_heads", d["num_attention_heads"])
+        return cls(**kw)
+
+    def to_hf_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["architectures"] = ["Qwen3ForCausalLM"]
+        d["hidden_act"] = "silu"
+        d["attention_dropout"] = 0.0
+        d["use_cache"] = True
+        d["use_sliding_window"] = False
+        d["rope_scaling"] = None
+        return d
+
+
+CONFIG_CLASSES: dict[str, type] = {"qwen3": Qwen3Config}
+
+
+def load_config(path: str | Path) -> Qwen3Config:
+    """Read ``config.json`` from a checkpoint directory (or the file itself)."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "config.json"
+    if not p.is_file():
+        raise FileNotFoundError(f"no config.json at {p}")
+    d = json.loads(p.read_text())
+    return config_from_dict(d)
+
+
+def config_from_dict(d: dict) -> Qwen3Config:
+    model_type = d.get("model_type")
+    if model_type not in CONFIG_CLASSES:
+        raise ValueError(f"unknown model_type {model_type!r}; supported: {sorted(CONFIG_CLASSES)}")
+    return CONFIG_CLASSES[model_type].from_hf_dict(d)

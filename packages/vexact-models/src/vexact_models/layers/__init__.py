@@ -1,0 +1,10 @@
+"""Shared layers: small modules that call vexact-kernels ops. Model files only assemble them."""
+
+from .activation import SiluAndMul
+from .attention import Attention
+from .embed_head import LMHead, VocabEmbedding
+from .layernorm import RMSNorm
+from .linear import Linear
+from .rotary import RotaryEmbedding
+
+__all__ = ["Attention", "LMHead", "Linear", "RMSNorm", "RotaryEmbedding", "SiluAndMul", "VocabEmbedding"]

@@ -1,0 +1,37 @@
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+import vexact_kernels as vk
+
+from ..attention_metadata import AttentionMetadata
+
+
+class Attention(nn.Module):
+    """Attention core over already-projected q/k/v; packed or paged according to the metadata.
+
+    In the paged layout the new tokens' K/V are first written to this layer's cache, then every new query reads its
+    keys from the cache, so a prefill chunk and a decode step see keys through the same path.
+    """
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.scale = head_dim**-0.5
+
+    def forward(
+        self,
+        q: torch.Tensor,  # [T, Hq, D]
+        k: torch.Tensor,  # [T, Hkv, D]
+        v: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_cache: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        if not meta.paged:
+            return vk.attention_packed(q, k, v, meta.cu_seqlens, self.scale)
+        if kv_cache is None:
+            raise ValueError("paged attention metadata given but no KV cache for this layer")
+        k_cache, v_cache = kv_cache
+        vk.write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
+        return vk.attention_paged(q, k_cache, v_cache, meta.block_tables, meta.context_lens, meta.cu_seqlens, self.scale)

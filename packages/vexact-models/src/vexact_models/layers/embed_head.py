@@ -1,0 +1,45 @@
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+import vexact_kernels as vk
+
+
+class VocabEmbedding(nn.Module):
+    def __init__(self, vocab_size: int, hidden_size: int, dtype: torch.dtype | None = None):
+        super().__init__()
+        self.vocab_size = vocab_size
+        self.weight = nn.Parameter(torch.empty(vocab_size, hidden_size, dtype=dtype))
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= self.vocab_size):
+            bad = input_ids[(input_ids < 0) | (input_ids >= self.vocab_size)][0].item()
+            raise ValueError(f"token id {bad} is outside the vocabulary [0, {self.vocab_size})")
+        return self.weight[input_ids]
+
+
+class LMHead(nn.Module):
+    """Final norm + lm_head as one unit: the only place logits and logprobs come from (engine and trainer alike)."""
+
+    def __init__(self, vocab_size: int, hidden_size: int, eps: float, dtype: torch.dtype | None = None):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.empty(vocab_size, hidden_size, dtype=dtype))
+
+    def logits(self, hidden: torch.Tensor, norm_weight: torch.Tensor) -> torch.Tensor:
+        """fp32 logits ``[T, V]`` from pre-norm hidden states."""
+        return vk.compute_logits(hidden, norm_weight, self.eps, self.weight)
+
+    def logprobs(
+        self,
+        hidden: torch.Tensor,
+        norm_weight: torch.Tensor,
+        targets: torch.Tensor,
+        temperature: float | torch.Tensor = 1.0,
+        chunk_size: int = 1024,
+        with_entropy: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return vk.logprobs_from_hidden(
+            hidden, norm_weight, self.eps, self.weight, targets, temperature, chunk_size, with_entropy
+        )

@@ -1,0 +1,152 @@
+"""Hugging Face checkpoints: ``config.json`` + safetensors shards (single file or indexed), both ways."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch import nn
+
+from .config import load_config, parse_dtype
+from .models import MODEL_CLASSES
+
+INDEX_FILE = "model.safetensors.index.json"
+SINGLE_FILE = "model.safetensors"
+
+
+class CheckpointError(ValueError):
+    """The checkpoint does not match the model (missing/unexpected tensors, wrong shapes or dtypes, bad shards)."""
+
+
+def _shard_files(path: Path) -> list[Path]:
+    index = path / INDEX_FILE
+    if index.is_file():
+        weight_map = json.loads(index.read_text()).get("weight_map")
+        if not weight_map:
+            raise CheckpointError(f"{index} has no weight_map")
+        shards = sorted(set(weight_map.values()))
+        missing = [s for s in shards if not (path / s).is_file()]
+        if missing:
+            raise FileNotFoundError(f"checkpoint {path}: shard(s) {missing} listed in {INDEX_FILE} are missing")
+        return [path / s for s in shards]
+    if (path / SINGLE_FILE).is_file():
+        return [path / SINGLE_FILE]
+    found = sorted(path.glob("*.safetensors"))
+    if not found:
+        raise FileNotFoundError(f"no safetensors weights in {path}")
+    return found
+
+
+def iter_checkpoint(path: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield ``(hf_name, tensor)`` for every tensor of every shard."""
+    p = Path(path)
+    index = p / INDEX_FILE
+    weight_map = json.loads(index.read_text())["weight_map"] if index.is_file() else None
+    for shard in _shard_files(p):
+        with safe_open(str(shard), framework="pt") as f:
+            names = list(f.keys())
+            if weight_map is not None:
+                listed = {n for n, s in weight_map.items() if s == shard.name}
+                if listed - set(names):
+                    raise CheckpointError(
+                        f"shard {shard.name} lacks tensors its index lists: {sorted(listed - set(names))[:5]}"
+                    )
+            for name in names:
+                yield name, f.get_tensor(name)
+
+
+def expected_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
+    """HF name -> the model tensor it loads into (tied weights appear once, under their first name)."""
+    return {n: p for n, p in model.named_parameters()}
+
+
+def load_weights(
+    model: nn.Module, named_tensors: Iterable[tuple[str, torch.Tensor]], strict: bool = True
+) -> list[str]:
+    """Copy HF-named tensors into ``model`` with name, shape and dtype checks. Returns the names loaded.
+
+    ``strict``: every model parameter must be provided (a full checkpoint); otherwise a partial update is allowed.
+    """
+    targets = expected_tensors(model)
+    tied = getattr(getattr(model, "config", None), "tie_word_embeddings", False)
+    loaded, unexpected = [], []
+    with torch.no_grad():
+        for name, tensor in named_tensors:
+            if name not in targets:
+                if tied and name == "lm_head.weight":
+                    continue  # some tied checkpoints still store the head; the model uses the embedding
+                unexpected.append(name)
+                continue
+            dst = targets[name]
+            if not tensor.is_floating_point():
+                raise CheckpointError(f"{name}: checkpoint dtype {tensor.dtype} is not a floating-point type")
+            if tuple(tensor.shape) != tuple(dst.shape):
+                raise CheckpointError(
+                    f"{name}: checkpoint shape {tuple(tensor.shape)} != model shape {tuple(dst.shape)} "
+                    "(does config.json match the weights?)"
+                )
+            dst.copy_(tensor.to(dst.dtype))
+            loaded.append(name)
+    if unexpected:
+        raise CheckpointError(f"{len(unexpected)} tensor(s) the model does not have, e.g. {unexpected[:5]}")
+    if strict:
+        missing = sorted(set(targets) - set(loaded))
+        if missing:
+            raise CheckpointError(f"checkpoint is missing {len(missing)} tensor(s), e.g. {missing[:5]}")
+    return loaded
+
+
+def load_model(path: str | Path, dtype: str | torch.dtype | None = None, device: str | torch.device = "cpu"):
+    """Build the model named by ``config.json``'s model_type and load its safetensors weights."""
+    path = Path(path)
+    cfg = load_config(path)
+    if dtype is not None:
+        cfg = dataclasses.replace(cfg, torch_dtype=str(parse_dtype(dtype)).removeprefix("torch."))
+    with torch.device("meta"):
+        model = MODEL_CLASSES[cfg.model_type](cfg)
+    model = model.to_empty(device="cpu")
+    _reset_buffers(model, cfg)
+    load_weights(model, iter_checkpoint(path), strict=True)
+    return model.to(device).eval().requires_grad_(False)
+
+
+def _reset_buffers(model: nn.Module, cfg) -> None:
+    # Non-persistent buffers (rotary tables) are not in the checkpoint: rebuild them after meta init.
+    fresh = type(model.model.rotary_emb)(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta)
+    model.model.rotary_emb.cos = fresh.cos
+    model.model.rotary_emb.sin = fresh.sin
+    if cfg.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+
+
+def save_checkpoint(model: nn.Module, path: str | Path, max_shard_bytes: int | None = None) -> None:
+    """Write ``config.json`` and safetensors weights (sharded with an index if ``max_shard_bytes`` is set)."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(model.config.to_hf_dict(), indent=2) + "\n")
+    tensors = {n: p.detach().contiguous().cpu() for n, p in expected_tensors(model).items()}
+    if max_shard_bytes is None:
+        save_file(tensors, str(path / SINGLE_FILE), metadata={"format": "pt"})
+        return
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, t in tensors.items():
+        nbytes = t.numel() * t.element_size()
+        if shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = t
+        size += nbytes
+    weight_map = {}
+    for i, shard in enumerate(shards):
+        fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, str(path / fname), metadata={"format": "pt"})
+        weight_map.update({n: fname for n in shard})
+    index = {"metadata": {"total_size": sum(t.numel() * t.element_size() for t in tensors.values())},
+             "weight_map": weight_map}
+    (path / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")

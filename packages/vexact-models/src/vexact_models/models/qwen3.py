@@ -1,0 +1,119 @@
+"""Qwen3 (dense): GQA with q/k RMSNorm, NeoX rotary, SwiGLU MLP, pre-norm residual blocks.
+
+Module and parameter names follow Hugging Face's, so a checkpoint maps one to one. The forward pass returns the
+hidden states *before* the final norm; logits and logprobs come from :meth:`Qwen3ForCausalLM.logits` /
+:meth:`Qwen3ForCausalLM.logprobs`, which the engine's sampler and the trainer both call.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..attention_metadata import AttentionMetadata
+from ..config import Qwen3Config
+from ..layers import Attention, Linear, LMHead, RMSNorm, RotaryEmbedding, SiluAndMul, VocabEmbedding
+
+KVCache = tuple[torch.Tensor, torch.Tensor]
+
+
+class Qwen3Attention(nn.Module):
+    def __init__(self, cfg: Qwen3Config, rotary: RotaryEmbedding):
+        super().__init__()
+        dt, d = cfg.dtype, cfg.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, d
+        self.q_proj = Linear(cfg.hidden_size, self.num_heads * d, cfg.attention_bias, dt)
+        self.k_proj = Linear(cfg.hidden_size, self.num_kv_heads * d, cfg.attention_bias, dt)
+        self.v_proj = Linear(cfg.hidden_size, self.num_kv_heads * d, cfg.attention_bias, dt)
+        self.o_proj = Linear(self.num_heads * d, cfg.hidden_size, cfg.attention_bias, dt)
+        self.q_norm = RMSNorm(d, cfg.rms_norm_eps, dt)
+        self.k_norm = RMSNorm(d, cfg.rms_norm_eps, dt)
+        self.rotary = [rotary]  # shared table, kept out of this module's state_dict
+        self.attn = Attention(self.num_heads, self.num_kv_heads, d)
+
+    def forward(self, x, positions, meta: AttentionMetadata, kv_cache: KVCache | None):
+        t = x.shape[0]
+        q = self.q_norm(self.q_proj(x).view(t, self.num_heads, self.head_dim))  # [T, Hq, D]
+        k = self.k_norm(self.k_proj(x).view(t, self.num_kv_heads, self.head_dim))  # [T, Hkv, D]
+        v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        q, k = self.rotary[0](positions, q, k)
+        o = self.attn(q, k, v, meta, kv_cache)  # [T, Hq, D]
+        return self.o_proj(o.reshape(t, self.num_heads * self.head_dim))
+
+
+class Qwen3MLP(nn.Module):
+    def __init__(self, cfg: Qwen3Config):
+        super().__init__()
+        dt = cfg.dtype
+        self.gate_proj = Linear(cfg.hidden_size, cfg.intermediate_size, False, dt)
+        self.up_proj = Linear(cfg.hidden_size, cfg.intermediate_size, False, dt)
+        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, False, dt)
+        self.act = SiluAndMul()
+
+    def forward(self, x):
+        return self.down_proj(self.act(self.gate_proj(x), self.up_proj(x)))
+
+
+class Qwen3DecoderLayer(nn.Module):
+    def __init__(self, cfg: Qwen3Config, rotary: RotaryEmbedding):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype)
+        self.self_attn = Qwen3Attention(cfg, rotary)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype)
+        self.mlp = Qwen3MLP(cfg)
+
+    def forward(self, x, positions, meta, kv_cache):
+        x = x + self.self_attn(self.input_layernorm(x), positions, meta, kv_cache)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Qwen3Model(nn.Module):
+    def __init__(self, cfg: Qwen3Config):
+        super().__init__()
+        self.rotary_emb = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta)
+        self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, cfg.dtype)
+        self.layers = nn.ModuleList(Qwen3DecoderLayer(cfg, self.rotary_emb) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype)
+
+    def forward(self, input_ids, positions, meta, kv_caches: list[KVCache] | None = None):
+        x = self.embed_tokens(input_ids)  # [T, H]
+        for i, layer in enumerate(self.layers):
+            x = layer(x, positions, meta, None if kv_caches is None else kv_caches[i])
+        return x
+
+
+class Qwen3ForCausalLM(nn.Module):
+    config_class = Qwen3Config
+
+    def __init__(self, cfg: Qwen3Config):
+        super().__init__()
+        self.config = cfg
+        self.model = Qwen3Model(cfg)
+        self.lm_head = LMHead(cfg.vocab_size, cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [T]
+        positions: torch.Tensor,  # [T]
+        meta: AttentionMetadata,
+        kv_caches: list[KVCache] | None = None,
+    ) -> torch.Tensor:
+        """Hidden states before the final norm, ``[T, hidden]``."""
+        if input_ids.dim() != 1 or positions.shape != input_ids.shape:
+            raise ValueError(
+                f"expected flat input_ids and positions of equal shape [T]; got {tuple(input_ids.shape)} and "
+                f"{tuple(positions.shape)}"
+            )
+        if positions.numel() and int(positions.max()) >= self.config.max_position_embeddings:
+            raise ValueError(
+                f"position {int(positions.max())} >= max_position_embeddings {self.config.max_position_embeddings}"
+            )
+        return self.model(input_ids, positions, meta, kv_caches)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head.logits(hidden, self.model.norm.weight)
+
+    def logprobs(self, hidden, targets, temperature=1.0, chunk_size=1024, with_entropy=False):
+        return self.lm_head.logprobs(hidden, self.model.norm.weight, targets, temperature, chunk_size, with_entropy)

@@ -1,0 +1,98 @@
+"""Tiny Qwen3-shaped checkpoints for tests, contracts and the demo, made deterministically.
+
+Weights come from a seeded ``torch.Generator`` on CPU; the tokenizer is byte-level (256 byte tokens plus
+specials), built with the ``tokenizers`` library when it is installed. The demo's default checkpoint
+(``assets/tiny-qwen3``) is committed; ``scripts/make_tiny_checkpoint.py`` rewrites it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from importlib import resources
+from pathlib import Path
+
+import torch
+
+from .config import Qwen3Config
+from .loader import save_checkpoint
+from .models import Qwen3ForCausalLM
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+BYTE_VOCAB = 256
+
+
+def tiny_qwen3_config(**overrides) -> Qwen3Config:
+    """A two-layer, 64-wide Qwen3 with GQA (4 query heads, 2 KV heads) and a byte-level vocabulary."""
+    base = dict(
+        vocab_size=BYTE_VOCAB + len(SPECIAL_TOKENS) + 13,  # 272: padded like real vocabularies are
+        hidden_size=64,
+        intermediate_size=160,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=512,
+        rms_norm_eps=1e-6,
+        rope_theta=10_000.0,
+        tie_word_embeddings=False,
+        torch_dtype="bfloat16",
+        bos_token_id=BYTE_VOCAB + 1,
+        eos_token_id=BYTE_VOCAB,
+    )
+    base.update(overrides)
+    return Qwen3Config(**base)
+
+
+def random_model(cfg: Qwen3Config, seed: int = 0) -> Qwen3ForCausalLM:
+    """A model with deterministic random weights: linear ~ N(0, 1/fan_in), norms ~ 1 + N(0, 0.1^2)."""
+    g = torch.Generator().manual_seed(seed)
+    model = Qwen3ForCausalLM(cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight") or "layernorm" in name:
+                w = 1.0 + 0.1 * torch.randn(p.shape, generator=g)
+            elif "embed_tokens" in name:
+                w = torch.randn(p.shape, generator=g)
+            else:
+                w = torch.randn(p.shape, generator=g) / math.sqrt(p.shape[-1])
+            p.copy_(w.to(p.dtype))
+    return model.eval().requires_grad_(False)
+
+
+def write_tokenizer(path: str | Path) -> None:
+    """A byte-level BPE tokenizer with no merges (one token per byte) and Qwen-style special tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    byte_chars = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {ch: i for i, ch in enumerate(sorted(byte_chars))}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(SPECIAL_TOKENS)
+    path = Path(path)
+    tok.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "eos_token": "<|endoftext|>",
+        "bos_token": "<|im_start|>",
+        "pad_token": "<|endoftext|>",
+        "model_max_length": 512,
+    }, indent=2) + "\n")
+
+
+def make_tiny_checkpoint(
+    path: str | Path, cfg: Qwen3Config | None = None, seed: int = 0, tokenizer: bool = True, **save_kw
+) -> Path:
+    """Write a complete HF-style checkpoint (config.json, safetensors, tokenizer) and return its path."""
+    path = Path(path)
+    cfg = cfg or tiny_qwen3_config()
+    save_checkpoint(random_model(cfg, seed), path, **save_kw)
+    if tokenizer:
+        write_tokenizer(path)
+    return path
+
+
+def default_checkpoint() -> Path:
+    """The committed tiny checkpoint the demo and the golden fixtures use."""
+    return Path(str(resources.files("vexact_models") / "assets" / "tiny-qwen3"))
