@@ -1,0 +1,29 @@
+import pytest
+import torch
+
+from vexact_models import default_checkpoint, load_model
+
+GPU_NAMES = {"h100": "H100", "h200": "H200", "b200": "B200"}
+
+
+@pytest.fixture(scope="session")
+def target(request) -> str:
+    t = request.config.getoption("--target")
+    if t != "cpu":
+        if not torch.cuda.is_available():
+            pytest.fail(f"contract target {t!r} needs a CUDA device; none is visible")
+        name = torch.cuda.get_device_name()
+        if GPU_NAMES[t] not in name:
+            pytest.fail(f"contract target {t!r} but the device is {name!r}")
+    return t
+
+
+@pytest.fixture(scope="session")
+def device(target) -> str:
+    return "cpu" if target == "cpu" else "cuda"
+
+
+@pytest.fixture(scope="session")
+def tiny_model(device):
+    """The committed tiny Qwen3 checkpoint (bf16), shared read-only by the contracts."""
+    return load_model(default_checkpoint(), device=device)

@@ -1,0 +1,104 @@
+"""Golden logprob fixtures, one set per target: what the engine and trainer produced for a fixed checkpoint,
+prompts and seeds, stored with the sha256 of the tensors and the package versions that made them.
+
+Record (after a deliberate numerics change, together with a version bump):
+    python -m contracts.golden --target cpu
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import hashlib
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+import vexact_engine
+import vexact_kernels
+import vexact_models
+import vexact_trainer
+from vexact_engine import LLM, EngineConfig, SamplingParams
+from vexact_models import default_checkpoint, load_model
+from vexact_trainer import Actor
+
+FIXTURES = Path(__file__).parent / "fixtures"
+N_PROMPTS = 8
+
+
+def versions() -> dict[str, str]:
+    return {
+        "vexact-kernels": vexact_kernels.__version__,
+        "vexact-models": vexact_models.__version__,
+        "vexact-engine": vexact_engine.__version__,
+        "vexact-trainer": vexact_trainer.__version__,
+    }
+
+
+def produce(device: str = "cpu") -> dict[str, torch.Tensor]:
+    """Run the fixed workload: engine rollouts (sampled and greedy) and the trainer's rescoring."""
+    model = load_model(default_checkpoint(), device=device)
+    g = torch.Generator().manual_seed(1234)
+    prompts = [torch.randint(0, 256, (int(torch.randint(3, 48, (1,), generator=g)),), generator=g).tolist()
+               for _ in range(N_PROMPTS)]
+    params = [SamplingParams(temperature=[0.0, 0.7, 1.0, 1.2][i % 4], top_p=0.95, max_tokens=24, seed=100 + i,
+                             ignore_eos=True) for i in range(N_PROMPTS)]
+    llm = LLM(model=model, config=EngineConfig(max_num_seqs=4, max_num_batched_tokens=32, block_size=8,
+                                               device=device))
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    temps = [p.temperature if p.temperature > 0 else 1.0 for p in params]
+    scored = Actor(model).compute_log_probs(prompts, [o.token_ids for o in outs], temps, with_entropy=True)
+    return {
+        "prompt_ids": torch.tensor([t for p in prompts for t in p], dtype=torch.int64),
+        "prompt_lens": torch.tensor([len(p) for p in prompts], dtype=torch.int64),
+        "token_ids": torch.tensor([t for o in outs for t in o.token_ids], dtype=torch.int64),
+        "engine_logprobs": torch.cat([o.logprobs for o in outs]),
+        "trainer_logprobs": torch.cat(scored.logprobs).cpu(),
+        "trainer_entropy": torch.cat(scored.entropy).cpu(),
+    }
+
+
+def tensors_sha256(tensors: dict[str, torch.Tensor]) -> str:
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        t = tensors[name].contiguous().cpu()
+        h.update(name.encode())
+        h.update(str(t.dtype).encode())
+        h.update(str(tuple(t.shape)).encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def load(target: str) -> tuple[dict[str, torch.Tensor], dict]:
+    d = FIXTURES / target
+    if not (d / "golden.json").is_file():
+        raise FileNotFoundError(f"no golden fixture recorded for target {target!r}: python -m contracts.golden "
+                                f"--target {target}")
+    return load_file(str(d / "golden.safetensors")), json.loads((d / "golden.json").read_text())
+
+
+def record(target: str, device: str) -> Path:
+    tensors = produce(device)
+    d = FIXTURES / target
+    d.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(d / "golden.safetensors"))
+    meta = {
+        "target": target,
+        "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+        "sha256": tensors_sha256(tensors),
+        "versions": versions(),
+        "torch": torch.__version__,
+        "recorded": datetime.date.today().isoformat(),
+        "tokens": int(tensors["token_ids"].numel()),
+    }
+    (d / "golden.json").write_text(json.dumps(meta, indent=2) + "\n")
+    return d
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", default="cpu", choices=["cpu", "h100", "h200", "b200"])
+    args = ap.parse_args()
+    print(f"recorded {record(args.target, 'cpu' if args.target == 'cpu' else 'cuda')}")

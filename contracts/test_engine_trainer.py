@@ -1,0 +1,105 @@
+"""Contract 2: the engine's returned logprobs == the trainer's recomputed logprobs, torch.equal, every token.
+
+Random prompt sets, sampling settings and engine settings (batch size, token budget / chunk size, page size, KV
+cache size small enough to force preemption, chunked prefill on/off).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from contracts.harness import logprob_mismatches
+from vexact_engine import LLM, EngineConfig, SamplingParams
+from vexact_trainer import Actor, ActorConfig
+
+EXAMPLES = int(os.environ.get("VEXACT_CONTRACT_EXAMPLES", "400"))
+MAX_LEN = 96  # engine max_model_len in these runs
+
+
+@st.composite
+def workloads(draw):
+    n = draw(st.integers(1, 6))
+    prompts = [draw(st.lists(st.integers(0, 271), min_size=1, max_size=40)) for _ in range(n)]
+    params = []
+    for _ in range(n):
+        temperature = draw(st.sampled_from([0.0, 0.6, 1.0, 1.4]))
+        params.append(SamplingParams(
+            temperature=temperature,
+            top_k=draw(st.sampled_from([-1, 1, 5, 50])),
+            top_p=draw(st.sampled_from([1.0, 0.9, 0.3])),
+            max_tokens=draw(st.integers(1, 14)),
+            seed=draw(st.one_of(st.none(), st.integers(0, 2**32))),
+            ignore_eos=draw(st.booleans()),
+        ))
+    max_num_seqs = draw(st.integers(1, 8))
+    block_size = draw(st.sampled_from([1, 2, 4, 8, 16]))
+    need = max(min(len(p) + sp.max_tokens, MAX_LEN) for p, sp in zip(prompts, params, strict=True))
+    min_blocks = -(-need // block_size)
+    chunked = draw(st.booleans())
+    cfg = EngineConfig(
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=draw(st.integers(max_num_seqs, 64)) if chunked else MAX_LEN,
+        block_size=block_size,
+        # half the time barely more than the largest request needs (forces preemption), else plenty
+        num_kv_blocks=draw(st.one_of(st.integers(min_blocks, min_blocks + 3), st.just(None))),
+        enable_chunked_prefill=chunked,
+        max_model_len=MAX_LEN,
+        seed=draw(st.integers(0, 1000)),
+    )
+    return prompts, params, cfg
+
+
+def run_engine(model, prompts, params, cfg):
+    llm = LLM(model=model, config=cfg)
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    assert all(o.ok for o in outs), [o.error for o in outs if not o.ok]
+    return outs, llm
+
+
+def trainer_logprobs(model, outs, params, backend="invariant"):
+    temps = [p.temperature if p.temperature > 0 else 1.0 for p in params]
+    actor = Actor(model, ActorConfig(backend=backend))
+    return actor.compute_log_probs([o.prompt_token_ids for o in outs], [o.token_ids for o in outs], temps).logprobs
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(workloads())
+def test_engine_equals_trainer(tiny_model, workload):
+    prompts, params, cfg = workload
+    outs, llm = run_engine(tiny_model, prompts, params, cfg)
+    event(f"preempted: {llm.num_preemptions > 0}")
+    event(f"chunked prefill: {cfg.enable_chunked_prefill}")
+    assert logprob_mismatches(outs, trainer_logprobs(tiny_model, outs, params)) == []
+
+
+def test_engine_equals_trainer_under_forced_preemption(tiny_model):
+    """A burst that cannot fit the cache at once: requests are preempted, recomputed, and still match."""
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, 256, (int(torch.randint(8, 40, (1,), generator=g)),), generator=g).tolist()
+               for _ in range(12)]
+    params = [SamplingParams(temperature=1.0, max_tokens=20, seed=i, ignore_eos=True) for i in range(12)]
+    cfg = EngineConfig(max_num_seqs=8, max_num_batched_tokens=24, block_size=4, num_kv_blocks=16, max_model_len=MAX_LEN)
+    outs, llm = run_engine(tiny_model, prompts, params, cfg)
+    assert llm.num_preemptions > 0
+    assert all(len(o.token_ids) == 20 for o in outs)
+    assert logprob_mismatches(outs, trainer_logprobs(tiny_model, outs, params)) == []
+    # and the same requests with a roomy cache give the same tokens and logprobs
+    roomy, _ = run_engine(tiny_model, prompts, params, EngineConfig(max_model_len=MAX_LEN))
+    for a, b in zip(outs, roomy, strict=True):
+        assert a.token_ids == b.token_ids and torch.equal(a.logprobs, b.logprobs)
+
+
+def test_contract_fails_with_fast_backend_on_one_side(tiny_model):
+    """The contract can fail: with the fast backend on the engine side, logprobs no longer match."""
+    g = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(0, 256, (20,), generator=g).tolist() for _ in range(6)]
+    params = [SamplingParams(temperature=1.0, max_tokens=12, seed=i, ignore_eos=True) for i in range(6)]
+    outs, _ = run_engine(tiny_model, prompts, params, EngineConfig(backend="fast", max_num_seqs=4, max_num_batched_tokens=16))
+    assert logprob_mismatches(outs, trainer_logprobs(tiny_model, outs, params)) != []
+    # and the other way round: fast trainer against the invariant engine
+    outs, _ = run_engine(tiny_model, prompts, params, EngineConfig(max_num_seqs=4, max_num_batched_tokens=16))
+    assert logprob_mismatches(outs, trainer_logprobs(tiny_model, outs, params, backend="fast")) != []

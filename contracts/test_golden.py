@@ -1,0 +1,52 @@
+"""Contract 3: the recorded golden logprobs of this target still reproduce, bit for bit.
+
+A numerics change must come with a version bump and a re-recorded fixture, never silently; fixtures are per
+target (bitwise holds within a target, not across CPU and GPU).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from contracts import golden
+
+
+@pytest.fixture(scope="module")
+def recorded(target):
+    return golden.load(target)
+
+
+def test_fixture_belongs_to_this_target(recorded, target):
+    tensors, meta = recorded
+    assert meta["target"] == target, f"fixture in fixtures/{target} was recorded for {meta['target']}"
+    assert golden.tensors_sha256(tensors) == meta["sha256"], "fixture tensors do not match their recorded sha256"
+
+
+def test_fixture_versions_match_packages(recorded):
+    _, meta = recorded
+    assert meta["versions"] == golden.versions(), (
+        f"packages are at {golden.versions()} but the fixture was recorded with {meta['versions']}: a version bump "
+        "needs a re-recorded fixture (python -m contracts.golden --target ...)"
+    )
+
+
+def test_golden_reproduces(recorded, device):
+    tensors, meta = recorded
+    now = golden.produce(device)
+    for name, ref in tensors.items():
+        assert torch.equal(now[name].cpu(), ref), (
+            f"{name} no longer reproduces the golden fixture (recorded with torch {meta['torch']}, now "
+            f"{torch.__version__}); if the change is intended, bump the package versions and re-record"
+        )
+    assert torch.equal(now["engine_logprobs"], now["trainer_logprobs"])
+
+
+def test_hash_catches_a_one_bit_change(recorded):
+    """The integrity check can fail: flip one bit of one logprob."""
+    tensors, meta = recorded
+    t = dict(tensors)
+    lp = t["engine_logprobs"].clone()
+    lp.view(torch.int32)[0] ^= 1
+    t["engine_logprobs"] = lp
+    assert golden.tensors_sha256(t) != meta["sha256"]

@@ -1,0 +1,11 @@
+"""vexact-engine: the VeXact rollout engine (continuous batching, paged KV, chunked prefill, exact logprobs)."""
+
+from .config import EngineConfig
+from .llm import LLM
+from .llm_engine import LLMEngine
+from .outputs import RequestOutput
+from .sampling_params import SamplingParams
+
+__version__ = "0.1.0"
+
+__all__ = ["LLM", "EngineConfig", "LLMEngine", "RequestOutput", "SamplingParams", "__version__"]

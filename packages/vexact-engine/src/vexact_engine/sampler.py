@@ -1,0 +1,58 @@
+"""Seeded sampling that reads the same logprobs the trainer computes.
+
+The logprob reported for a token is ``log_softmax(logits / T)`` over the whole vocabulary (vexact-kernels, the
+trainer's own function). Drawing: exponential-race sampling ``argmax(p / E)`` with ``E ~ Exp(1)`` drawn from a
+generator seeded by (request seed, token index), so a request's draw depends on nothing else in the batch and
+survives preemption. top-k / top-p only zero out tokens that may not be drawn.
+"""
+
+from __future__ import annotations
+
+import torch
+
+import vexact_kernels as vk
+from vexact_kernels._reduce import inclusive_scan
+
+from .sampling_params import SamplingParams
+
+_MASK64 = (1 << 63) - 1
+
+
+def token_seed(seed: int, index: int) -> int:
+    """A 63-bit seed for drawing token ``index`` of a request seeded with ``seed`` (splitmix64 mixing)."""
+    z = (seed * 0x9E3779B97F4A7C15 + index + 1) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return (z ^ (z >> 31)) & _MASK64
+
+
+def _filter(probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Zero the probabilities outside each row's top-k / top-p set (ties broken by token index)."""
+    sorted_p, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+    rank = torch.arange(probs.shape[-1]).expand_as(sorted_p)
+    before = inclusive_scan(sorted_p) - sorted_p  # mass strictly ahead of each token
+    keep_sorted = (rank < top_k[:, None]) & ((before < top_p[:, None]) | (rank == 0))
+    keep = torch.zeros_like(keep_sorted).scatter(1, order, keep_sorted)
+    return torch.where(keep, probs, 0.0)
+
+
+def sample(
+    logits: torch.Tensor, params: list[SamplingParams], seeds: list[int], indices: list[int]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw one token per row of fp32 ``logits [B, V]``; returns ``(token_ids [B], logprobs [B] fp32)``."""
+    b, vocab = logits.shape
+    temps = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params], dtype=torch.float32)
+    logp = vk.log_softmax(logits, temps)
+    tokens = torch.argmax(logp, dim=-1)  # greedy rows keep this (first index among ties)
+    rand_rows = [i for i, p in enumerate(params) if not p.greedy]
+    if rand_rows:
+        rows = torch.tensor(rand_rows)
+        top_k = torch.tensor([params[i].top_k if params[i].top_k > 0 else vocab for i in rand_rows])
+        top_p = torch.tensor([float(params[i].top_p) for i in rand_rows], dtype=torch.float32)
+        probs = _filter(torch.exp(logp[rows]), top_k, top_p)
+        noise = torch.stack([
+            torch.empty(vocab).exponential_(generator=torch.Generator().manual_seed(token_seed(seeds[i], indices[i])))
+            for i in rand_rows
+        ])
+        tokens[rows] = torch.argmax(probs / noise, dim=-1)
+    return tokens, logp.gather(1, tokens[:, None]).squeeze(1)

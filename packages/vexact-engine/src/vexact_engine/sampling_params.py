@@ -1,0 +1,41 @@
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SamplingParams:
+    """How to sample one request.
+
+    ``temperature == 0`` is greedy (argmax); its reported logprobs are at temperature 1. Otherwise the reported
+    logprob of a token is ``log_softmax(logits / temperature)`` over the full vocabulary, exactly what the trainer
+    computes; top-k / top-p only restrict which tokens can be drawn. ``seed`` makes the draw reproducible whatever
+    else is in the batch (``None``: the engine derives one from its own seed and the request's arrival order).
+    """
+
+    temperature: float = 1.0
+    top_k: int = -1  # -1 or 0: no top-k
+    top_p: float = 1.0
+    max_tokens: int = 16
+    seed: int | None = None
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        if not isinstance(self.temperature, (int, float)) or self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature!r}")
+        if not isinstance(self.top_p, (int, float)) or not (0.0 < self.top_p <= 1.0):
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if not isinstance(self.top_k, int) or self.top_k < -1:
+            raise ValueError(f"top_k must be -1 (off), 0 (off) or >= 1, got {self.top_k!r}")
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens!r}")
+        if self.seed is not None and (not isinstance(self.seed, int) or self.seed < 0):
+            raise ValueError(f"seed must be a non-negative integer or None, got {self.seed!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0

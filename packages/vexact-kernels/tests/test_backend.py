@@ -1,0 +1,123 @@
+"""The backend switch: explicit, scoped, never a silent fallback."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import vexact_kernels as vk
+
+
+def test_default_is_invariant():
+    assert vk.BACKENDS == ("invariant", "fast")
+    assert vk.get_backend() == "invariant"
+
+
+def test_use_backend_is_scoped_and_nests():
+    with vk.use_backend("fast"):
+        assert vk.get_backend() == "fast"
+        with vk.use_backend("invariant"):
+            assert vk.get_backend() == "invariant"
+        assert vk.get_backend() == "fast"
+    assert vk.get_backend() == "invariant"
+
+
+def test_use_backend_restores_after_an_exception():
+    with pytest.raises(RuntimeError, match="boom"), vk.use_backend("fast"):
+        raise RuntimeError("boom")
+    assert vk.get_backend() == "invariant"
+
+
+def test_set_backend():
+    try:
+        vk.set_backend("fast")
+        assert vk.get_backend() == "fast"
+    finally:
+        vk.set_backend("invariant")
+    assert vk.get_backend() == "invariant"
+
+
+@pytest.mark.parametrize("name", ["foo", "Invariant", "", "triton"])
+def test_unknown_backend_raises_value_error_naming_it(name):
+    with pytest.raises(ValueError, match=rf"unknown kernel backend {name!r}; expected one of"):
+        with vk.use_backend(name):
+            pass
+    with pytest.raises(ValueError, match=rf"unknown kernel backend {name!r}"):
+        vk.set_backend(name)
+    assert vk.get_backend() == "invariant"
+
+
+def test_backend_is_per_context_not_global():
+    seen = []
+    with vk.use_backend("fast"):
+        t = threading.Thread(target=lambda: seen.append(vk.get_backend()))
+        t.start()
+        t.join()
+    assert seen == ["invariant"]
+
+
+def test_ops_dispatch_on_the_backend_in_force():
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(300, 256, generator=g), torch.randn(256, 256, generator=g)
+    with vk.use_backend("fast"):
+        assert torch.equal(vk.linear(x, w), F.linear(x, w))
+        logits = torch.randn(4, 50, generator=g)
+        assert torch.equal(vk.log_softmax(logits), torch.log_softmax(logits, -1))
+    # the invariant linear is a different reduction order: it must not be torch's GEMM for every row
+    assert not torch.equal(vk.linear(x, w), F.linear(x, w))
+
+
+def _op_calls():
+    f = torch.float32
+    cache = torch.zeros(2, 4, 1, 8)
+    return {
+        "linear": lambda dt: vk.linear(torch.ones(2, 8, dtype=dt), torch.ones(3, 8, dtype=f)),
+        "rms_norm": lambda dt: vk.rms_norm(torch.ones(2, 8, dtype=dt), torch.ones(8), 1e-6),
+        "silu_and_mul": lambda dt: vk.silu_and_mul(torch.ones(2, 8, dtype=dt), torch.ones(2, 8, dtype=dt)),
+        "apply_rotary": lambda dt: vk.apply_rotary(torch.ones(2, 1, 8, dtype=dt), torch.arange(2), *vk.rope_cos_sin(8, 4, 1e4)),
+        "attention_packed": lambda dt: vk.attention_packed(
+            torch.ones(2, 1, 8, dtype=dt), torch.ones(2, 1, 8), torch.ones(2, 1, 8), torch.tensor([0, 2])
+        ),
+        "attention_paged": lambda dt: vk.attention_paged(
+            torch.ones(2, 1, 8, dtype=dt), cache, cache, torch.tensor([[0]]), torch.tensor([2]), torch.tensor([0, 2])
+        ),
+        "compute_logits": lambda dt: vk.compute_logits(torch.ones(2, 8, dtype=dt), torch.ones(8), 1e-6, torch.ones(5, 8)),
+    }
+
+
+@pytest.mark.parametrize("op", sorted(_op_calls()))
+@pytest.mark.parametrize("backend", vk.BACKENDS)
+def test_every_op_rejects_integer_tensors_and_accepts_floats(op, backend):
+    call = _op_calls()[op]
+    with vk.use_backend(backend):
+        call(torch.float32)  # the same call with a float tensor is fine
+        with pytest.raises(TypeError, match="dtype torch.int64; expected one of"):
+            call(torch.int64)
+
+
+def _cuda_calls():
+    dev = "cuda"
+    x = torch.randn(3, 8, device=dev)
+    return {
+        "linear": lambda: vk.linear(x, torch.randn(4, 8, device=dev)),
+        "rms_norm": lambda: vk.rms_norm(x, torch.ones(8, device=dev), 1e-6),
+        "silu_and_mul": lambda: vk.silu_and_mul(x, x),
+        "attention_packed": lambda: vk.attention_packed(
+            x.view(3, 1, 8), x.view(3, 1, 8), x.view(3, 1, 8), torch.tensor([0, 3])
+        ),
+    }
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("op", ["linear", "rms_norm", "silu_and_mul", "attention_packed"])
+def test_invariant_backend_refuses_cuda_tensors_instead_of_falling_back(op):
+    call = _cuda_calls()[op]
+    with pytest.raises(NotImplementedError, match=rf"vexact_kernels.{op}: the invariant backend has no kernel for device 'cuda'"):
+        call()
+    with vk.use_backend("fast"):
+        out = call()  # the fast backend runs there
+    assert out.device.type == "cuda"

@@ -1,0 +1,89 @@
+"""The actor: scores sequences with the shared model definition on a packed batch.
+
+Parallelism is applied from outside (FSDP2's ``fully_shard`` on the model the actor is given); the actor only
+decides the layout (packed) and the kernel backend, so the API stays the same when the model is sharded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+import vexact_kernels as vk
+
+from .batch import PackedBatch, pack
+
+
+@dataclass
+class ActorConfig:
+    backend: str = "invariant"
+    logprob_chunk_size: int = 1024  # tokens per logits chunk; never changes a value
+
+    def __post_init__(self) -> None:
+        if self.backend not in vk.BACKENDS:
+            raise ValueError(f"backend must be one of {vk.BACKENDS}, got {self.backend!r}")
+        if self.logprob_chunk_size < 1:
+            raise ValueError(f"logprob_chunk_size must be >= 1, got {self.logprob_chunk_size}")
+
+
+@dataclass
+class LogprobOutput:
+    """Per sequence: logprob (and entropy) of each response token, fp32."""
+
+    logprobs: list[torch.Tensor]
+    entropy: list[torch.Tensor] | None
+
+
+class Actor:
+    def __init__(self, model: torch.nn.Module, config: ActorConfig | None = None):
+        self.model = model
+        self.config = config or ActorConfig()
+
+    def forward_packed(
+        self, batch: PackedBatch, temperature: float | torch.Tensor = 1.0, with_entropy: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logprob of every position's next token over the whole packed batch: ``([T], [T] or None)``.
+
+        ``temperature``: a scalar, or one value per token ``[T]``.
+        """
+        with vk.use_backend(self.config.backend):
+            hidden = self.model(batch.input_ids, batch.positions, batch.meta)
+            return self.model.logprobs(
+                hidden, batch.targets, temperature, self.config.logprob_chunk_size, with_entropy
+            )
+
+    @torch.no_grad()
+    def compute_log_probs(
+        self,
+        prompts: list[list[int]],
+        responses: list[list[int]],
+        temperature: float | list[float] = 1.0,
+        with_entropy: bool = False,
+    ) -> LogprobOutput:
+        """Logprobs of each response token given its prompt and the response tokens before it.
+
+        ``temperature``: one for all sequences or one per sequence; logits are divided by it in fp32, as the
+        engine's sampler does.
+        """
+        temps = list(temperature) if isinstance(temperature, (list, tuple)) else [temperature] * len(prompts)
+        if len(temps) != len(prompts):
+            raise ValueError(f"{len(temps)} temperatures for {len(prompts)} sequences")
+        for t in temps:
+            if isinstance(t, bool) or not isinstance(t, (int, float)) or t <= 0:
+                raise ValueError(f"temperature must be > 0, got {t!r}")
+        cfg = self.model.config
+        batch = pack(prompts, responses, cfg.vocab_size, cfg.max_position_embeddings)
+        per_token = torch.repeat_interleave(
+            torch.tensor(temps, dtype=torch.float32), torch.tensor(batch.seq_lens), output_size=len(batch.input_ids)
+        )
+        lp, ent = self.forward_packed(batch, per_token, with_entropy)
+        out_lp, out_ent = [], []
+        start = 0
+        for plen, n in zip(batch.prompt_lens, batch.seq_lens, strict=True):
+            # the token at position j (j >= plen) is predicted by row j - 1
+            out_lp.append(lp[start + plen - 1 : start + n - 1].clone())
+            if ent is not None:
+                out_ent.append(ent[start + plen - 1 : start + n - 1].clone())
+            start += n
+        return LogprobOutput(out_lp, out_ent if with_entropy else None)
