@@ -12,3 +12,12 @@ def pytest_addoption(parser):
         choices=TARGETS,
         help="contract target (default: $VEXACT_TARGET or cpu)",
     )
+
+
+def pytest_configure(config):
+    # One intra-op thread per test process: the CPU suite's tensors are small, and with xdist workers (or anything
+    # else) sharing the two CI cores, torch's threads otherwise wait on each other (seen: 2.5 s -> 51 s). Results do
+    # not depend on the thread count (the golden fixture was recorded with the default count).
+    import torch
+
+    torch.set_num_threads(1)

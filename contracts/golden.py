@@ -41,12 +41,17 @@ def produce(device: str = "cpu") -> dict[str, torch.Tensor]:
     """Run the fixed workload: engine rollouts (sampled and greedy) and the trainer's rescoring."""
     model = load_model(default_checkpoint(), device=device)
     g = torch.Generator().manual_seed(1234)
-    prompts = [torch.randint(0, 256, (int(torch.randint(3, 48, (1,), generator=g)),), generator=g).tolist()
-               for _ in range(N_PROMPTS)]
-    params = [SamplingParams(temperature=[0.0, 0.7, 1.0, 1.2][i % 4], top_p=0.95, max_tokens=24, seed=100 + i,
-                             ignore_eos=True) for i in range(N_PROMPTS)]
-    llm = LLM(model=model, config=EngineConfig(max_num_seqs=4, max_num_batched_tokens=32, block_size=8,
-                                               device=device))
+    prompts = [
+        torch.randint(0, 256, (int(torch.randint(3, 48, (1,), generator=g)),), generator=g).tolist()
+        for _ in range(N_PROMPTS)
+    ]
+    params = [
+        SamplingParams(
+            temperature=[0.0, 0.7, 1.0, 1.2][i % 4], top_p=0.95, max_tokens=24, seed=100 + i, ignore_eos=True
+        )
+        for i in range(N_PROMPTS)
+    ]
+    llm = LLM(model=model, config=EngineConfig(max_num_seqs=4, max_num_batched_tokens=32, block_size=8, device=device))
     outs = llm.generate(prompts, params, use_tqdm=False)
     temps = [p.temperature if p.temperature > 0 else 1.0 for p in params]
     scored = Actor(model).compute_log_probs(prompts, [o.token_ids for o in outs], temps, with_entropy=True)
@@ -74,8 +79,9 @@ def tensors_sha256(tensors: dict[str, torch.Tensor]) -> str:
 def load(target: str) -> tuple[dict[str, torch.Tensor], dict]:
     d = FIXTURES / target
     if not (d / "golden.json").is_file():
-        raise FileNotFoundError(f"no golden fixture recorded for target {target!r}: python -m contracts.golden "
-                                f"--target {target}")
+        raise FileNotFoundError(
+            f"no golden fixture recorded for target {target!r}: python -m contracts.golden --target {target}"
+        )
     return load_file(str(d / "golden.safetensors")), json.loads((d / "golden.json").read_text())
 
 

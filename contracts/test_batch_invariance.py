@@ -100,7 +100,7 @@ def _paged_run(q, k, v, lens, chunks, page, perm_seed, n_hkv, d):
     done = [0] * len(lens)
     # each step: every unfinished sequence advances by its next chunk (mixed prefill / decode batch)
     while any(done[b] < lens[b] for b in range(len(lens))):
-        active, qs, cuq, ctx, slots, idx = [], [], [0], [], [], []
+        active, cuq, ctx, slots, idx = [], [0], [], [], []
         for b in range(len(lens)):
             if done[b] >= lens[b]:
                 continue

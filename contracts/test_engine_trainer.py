@@ -27,14 +27,16 @@ def workloads(draw):
     params = []
     for _ in range(n):
         temperature = draw(st.sampled_from([0.0, 0.6, 1.0, 1.4]))
-        params.append(SamplingParams(
-            temperature=temperature,
-            top_k=draw(st.sampled_from([-1, 1, 5, 50])),
-            top_p=draw(st.sampled_from([1.0, 0.9, 0.3])),
-            max_tokens=draw(st.integers(1, 14)),
-            seed=draw(st.one_of(st.none(), st.integers(0, 2**32))),
-            ignore_eos=draw(st.booleans()),
-        ))
+        params.append(
+            SamplingParams(
+                temperature=temperature,
+                top_k=draw(st.sampled_from([-1, 1, 5, 50])),
+                top_p=draw(st.sampled_from([1.0, 0.9, 0.3])),
+                max_tokens=draw(st.integers(1, 14)),
+                seed=draw(st.one_of(st.none(), st.integers(0, 2**32))),
+                ignore_eos=draw(st.booleans()),
+            )
+        )
     max_num_seqs = draw(st.integers(1, 8))
     block_size = draw(st.sampled_from([1, 2, 4, 8, 16]))
     need = max(min(len(p) + sp.max_tokens, MAX_LEN) for p, sp in zip(prompts, params, strict=True))
@@ -66,7 +68,9 @@ def trainer_logprobs(model, outs, params, backend="invariant"):
     return actor.compute_log_probs([o.prompt_token_ids for o in outs], [o.token_ids for o in outs], temps).logprobs
 
 
-@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(
+    max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
 @given(workloads())
 def test_engine_equals_trainer(tiny_model, workload):
     prompts, params, cfg = workload
@@ -79,8 +83,9 @@ def test_engine_equals_trainer(tiny_model, workload):
 def test_engine_equals_trainer_under_forced_preemption(tiny_model):
     """A burst that cannot fit the cache at once: requests are preempted, recomputed, and still match."""
     g = torch.Generator().manual_seed(1)
-    prompts = [torch.randint(0, 256, (int(torch.randint(8, 40, (1,), generator=g)),), generator=g).tolist()
-               for _ in range(12)]
+    prompts = [
+        torch.randint(0, 256, (int(torch.randint(8, 40, (1,), generator=g)),), generator=g).tolist() for _ in range(12)
+    ]
     params = [SamplingParams(temperature=1.0, max_tokens=20, seed=i, ignore_eos=True) for i in range(12)]
     cfg = EngineConfig(max_num_seqs=8, max_num_batched_tokens=24, block_size=4, num_kv_blocks=16, max_model_len=MAX_LEN)
     outs, llm = run_engine(tiny_model, prompts, params, cfg)
@@ -98,7 +103,9 @@ def test_contract_fails_with_fast_backend_on_one_side(tiny_model):
     g = torch.Generator().manual_seed(2)
     prompts = [torch.randint(0, 256, (20,), generator=g).tolist() for _ in range(6)]
     params = [SamplingParams(temperature=1.0, max_tokens=12, seed=i, ignore_eos=True) for i in range(6)]
-    outs, _ = run_engine(tiny_model, prompts, params, EngineConfig(backend="fast", max_num_seqs=4, max_num_batched_tokens=16))
+    outs, _ = run_engine(
+        tiny_model, prompts, params, EngineConfig(backend="fast", max_num_seqs=4, max_num_batched_tokens=16)
+    )
     assert logprob_mismatches(outs, trainer_logprobs(tiny_model, outs, params)) != []
     # and the other way round: fast trainer against the invariant engine
     outs, _ = run_engine(tiny_model, prompts, params, EngineConfig(max_num_seqs=4, max_num_batched_tokens=16))

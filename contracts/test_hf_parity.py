@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vexact_engine import LLM, EngineConfig, SamplingParams
+from vexact_engine import LLM, SamplingParams
 from vexact_models import AttentionMetadata, default_checkpoint, load_model, make_tiny_checkpoint, tiny_qwen3_config
 
 transformers = pytest.importorskip("transformers", reason="transformers is the parity reference")
@@ -35,8 +35,11 @@ def _ours_logprobs(model, seqs, device):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
 def test_logprobs_match_transformers(tmp_path, device, dtype, tied):
-    path = default_checkpoint() if not tied else make_tiny_checkpoint(
-        tmp_path / "tied", tiny_qwen3_config(tie_word_embeddings=True), seed=3)
+    path = (
+        default_checkpoint()
+        if not tied
+        else make_tiny_checkpoint(tmp_path / "tied", tiny_qwen3_config(tie_word_embeddings=True), seed=3)
+    )
     ours = load_model(path, dtype=dtype, device=device)
     hf = _hf(path, torch.float32, device)
     hf_same_dtype = _hf(path, dtype, device) if dtype != torch.float32 else None
@@ -66,9 +69,16 @@ def test_greedy_generation_matches_transformers(device):
     outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True), use_tqdm=False)
     for p, o in zip(prompts, outs, strict=True):
         with torch.no_grad():
-            ref = hf.generate(torch.tensor([p], device=device), max_new_tokens=16, do_sample=False,
-                              output_scores=True, return_dict_in_generate=True, eos_token_id=None, pad_token_id=0)
-        ref_ids = ref.sequences[0, len(p):].tolist()
+            ref = hf.generate(
+                torch.tensor([p], device=device),
+                max_new_tokens=16,
+                do_sample=False,
+                output_scores=True,
+                return_dict_in_generate=True,
+                eos_token_id=None,
+                pad_token_id=0,
+            )
+        ref_ids = ref.sequences[0, len(p) :].tolist()
         for i, (a, b) in enumerate(zip(o.token_ids, ref_ids, strict=True)):
             if a != b:
                 top2 = ref.scores[i][0].float().topk(2).values

@@ -82,9 +82,7 @@ def _paged_run(q, k, v, lens, chunks, page, seed=0, backend="invariant"):
         rows_t = torch.tensor(rows)
         vk.write_kv_cache(k[rows_t], v[rows_t], k_cache, v_cache, torch.tensor(slots))
         with vk.use_backend(backend):
-            o = vk.attention_paged(
-                q[rows_t], k_cache, v_cache, block_tables[seqs], torch.tensor(ctx), _cu(n_q)
-            )
+            o = vk.attention_paged(q[rows_t], k_cache, v_cache, block_tables[seqs], torch.tensor(ctx), _cu(n_q))
         out[rows_t] = o
     assert done == lens
     return out
@@ -147,7 +145,9 @@ def test_packed_sequence_result_independent_of_batch(lens, seed, data):
 
 def _chunking(n: int):
     return st.lists(st.integers(0, n), max_size=4).map(
-        lambda cuts: [b - a for a, b in zip([0, *sorted(set(cuts) - {0, n})], [*sorted(set(cuts) - {0, n}), n], strict=True)]
+        lambda cuts: [
+            b - a for a, b in zip([0, *sorted(set(cuts) - {0, n})], [*sorted(set(cuts) - {0, n}), n], strict=True)
+        ]
     )
 
 

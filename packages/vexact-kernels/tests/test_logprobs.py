@@ -102,7 +102,9 @@ def test_entropy_matches_float64():
 @given(t=st.integers(1, 24), chunk=st.integers(1, 30), seed=st.integers(0, 2**16), data=st.data())
 def test_logprobs_independent_of_chunk_size_and_batch(t, chunk, seed, data):
     hidden, norm_w, head, targets = _problem(t, seed=seed)
-    ref_lp, ref_ent = vk.logprobs_from_hidden(hidden, norm_w, EPS, head, targets, 0.9, chunk_size=1024, with_entropy=True)
+    ref_lp, ref_ent = vk.logprobs_from_hidden(
+        hidden, norm_w, EPS, head, targets, 0.9, chunk_size=1024, with_entropy=True
+    )
     lp, ent = vk.logprobs_from_hidden(hidden, norm_w, EPS, head, targets, 0.9, chunk_size=chunk, with_entropy=True)
     assert torch.equal(lp, ref_lp) and torch.equal(ent, ref_ent)
     rows = torch.tensor(data.draw(st.lists(st.integers(0, t - 1), min_size=1, max_size=t), label="rows"))

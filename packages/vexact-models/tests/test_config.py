@@ -100,7 +100,13 @@ def test_heads_not_a_multiple_of_kv_heads():
 
 @pytest.mark.parametrize(
     "field,value",
-    [("hidden_size", 0), ("vocab_size", -5), ("num_hidden_layers", 2.0), ("head_dim", "16"), ("num_key_value_heads", 0)],
+    [
+        ("hidden_size", 0),
+        ("vocab_size", -5),
+        ("num_hidden_layers", 2.0),
+        ("head_dim", "16"),
+        ("num_key_value_heads", 0),
+    ],
 )
 def test_non_positive_or_non_int_sizes(field, value):
     with pytest.raises(ValueError, match=rf"Qwen3Config.{field} must be a positive integer, got {value!r}"):

@@ -30,7 +30,7 @@ class EngineConfig:
             raise ValueError(f"backend must be one of {vk.BACKENDS}, got {self.backend!r}")
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "kv_cache_bytes"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"EngineConfig.{name} must be a positive integer, got {value!r}")
         if self.num_kv_blocks is not None and (not isinstance(self.num_kv_blocks, int) or self.num_kv_blocks < 1):
             raise ValueError(f"EngineConfig.num_kv_blocks must be a positive integer, got {self.num_kv_blocks!r}")

@@ -44,7 +44,9 @@ class LLM(LLMEngine):
             except (ValueError, TypeError) as e:
                 rid = f"rejected-{len(order)}"
                 log.warning("request rejected: %s", e)
-                ids = list(prompt) if not isinstance(prompt, str) else []
+                # a rejected prompt may be anything (None, a number...): never let reporting it raise again
+                ids = prompt.tolist() if isinstance(prompt, torch.Tensor) else prompt
+                ids = ids if isinstance(ids, list) else []
                 results[rid] = RequestOutput(rid, ids, [], torch.empty(0), "rejected", error=str(e))
             order.append(rid)
         bar = tqdm(total=len(order), desc="generate", unit="req", disable=not use_tqdm, leave=False)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import logging
 from pathlib import Path
 
@@ -54,13 +53,15 @@ class LLMEngine:
             if model_path is None:
                 raise ValueError("LLMEngine needs a model_path or a model")
             model = load_model(model_path, dtype=self.config.dtype, device=self.config.device)
-            if tokenizer is None:
-                tokenizer = load_tokenizer(model_path)
+        if tokenizer is None and model_path is not None:
+            tokenizer = load_tokenizer(model_path)
         self.model = model.eval()
         self.tokenizer = tokenizer
         mcfg = model.config
         self.vocab_size = mcfg.vocab_size
-        self.max_model_len = min(self.config.max_model_len or mcfg.max_position_embeddings, mcfg.max_position_embeddings)
+        self.max_model_len = min(
+            self.config.max_model_len or mcfg.max_position_embeddings, mcfg.max_position_embeddings
+        )
         if not self.config.enable_chunked_prefill and self.config.max_num_batched_tokens < self.max_model_len:
             raise ValueError(
                 f"with chunked prefill off, max_num_batched_tokens ({self.config.max_num_batched_tokens}) must be >= "
@@ -78,7 +79,7 @@ class LLMEngine:
         if tokenizer is not None and getattr(tokenizer, "eos_token_id", None) is not None:
             self.eos_token_ids.add(tokenizer.eos_token_id)
         self._seqs: dict[str, Sequence] = {}
-        self._arrivals = itertools.count()
+        self._num_arrivals = 0  # accepted requests so far; a rejected request takes no arrival slot (see add_request)
 
     # ---- requests
     def _tokenize(self, prompt) -> list[int]:
@@ -88,6 +89,8 @@ class LLMEngine:
             return list(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
         if isinstance(prompt, torch.Tensor):
             prompt = prompt.tolist()
+        if not isinstance(prompt, (list, tuple)):
+            raise TypeError(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}")
         ids = list(prompt)
         for i, t in enumerate(ids):
             if isinstance(t, bool) or not isinstance(t, int):
@@ -100,8 +103,14 @@ class LLMEngine:
         if not isinstance(params, SamplingParams):
             raise TypeError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
         params.validate()
-        arrival = next(self._arrivals)
-        request_id = str(arrival) if request_id is None else str(request_id)
+        # The arrival number seeds requests without a seed, so it is only taken once the request is accepted:
+        # a rejected request must not shift the seeds (and so the outputs) of the requests after it.
+        arrival = self._num_arrivals
+        if request_id is None:
+            request_id = f"req-{arrival}"
+            while request_id in self._seqs:  # a caller may have used the same name explicitly
+                request_id += "+"
+        request_id = str(request_id)
         if request_id in self._seqs:
             raise ValueError(f"request id {request_id!r} is already in use")
         ids = self._tokenize(prompt)
@@ -125,6 +134,7 @@ class LLMEngine:
                 f"has {self.blocks.num_blocks} pages of {self.blocks.block_size} tokens (lower max_tokens or grow "
                 "the cache)"
             )
+        self._num_arrivals += 1
         seed = params.seed if params.seed is not None else token_seed(self.config.seed, -1 - arrival)
         seq = Sequence(request_id, ids, params, seed, arrival)
         self._seqs[request_id] = seq

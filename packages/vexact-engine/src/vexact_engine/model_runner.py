@@ -21,7 +21,10 @@ class ModelRunner:
         shape = (num_blocks, config.block_size, cfg.num_key_value_heads, cfg.head_dim)
         dtype = next(model.parameters()).dtype
         self.kv_caches = [
-            (torch.zeros(shape, dtype=dtype, device=config.device), torch.zeros(shape, dtype=dtype, device=config.device))
+            (
+                torch.zeros(shape, dtype=dtype, device=config.device),
+                torch.zeros(shape, dtype=dtype, device=config.device),
+            )
             for _ in range(cfg.num_hidden_layers)
         ]
 

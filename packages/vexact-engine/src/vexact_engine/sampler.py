@@ -50,9 +50,13 @@ def sample(
         top_k = torch.tensor([params[i].top_k if params[i].top_k > 0 else vocab for i in rand_rows])
         top_p = torch.tensor([float(params[i].top_p) for i in rand_rows], dtype=torch.float32)
         probs = _filter(torch.exp(logp[rows]), top_k, top_p)
-        noise = torch.stack([
-            torch.empty(vocab).exponential_(generator=torch.Generator().manual_seed(token_seed(seeds[i], indices[i])))
-            for i in rand_rows
-        ])
+        noise = torch.stack(
+            [
+                torch.empty(vocab).exponential_(
+                    generator=torch.Generator().manual_seed(token_seed(seeds[i], indices[i]))
+                )
+                for i in rand_rows
+            ]
+        )
         tokens[rows] = torch.argmax(probs / noise, dim=-1)
     return tokens, logp.gather(1, tokens[:, None]).squeeze(1)

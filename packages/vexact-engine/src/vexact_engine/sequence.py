@@ -44,5 +44,7 @@ class Sequence:
         return out
 
     def __repr__(self) -> str:
-        return (f"Sequence({self.request_id!r}, {self.status.value}, tokens={self.num_tokens}, "
-                f"computed={self.num_computed_tokens}, blocks={len(self.block_table)})")
+        return (
+            f"Sequence({self.request_id!r}, {self.status.value}, tokens={self.num_tokens}, "
+            f"computed={self.num_computed_tokens}, blocks={len(self.block_table)})"
+        )

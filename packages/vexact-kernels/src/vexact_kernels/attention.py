@@ -172,7 +172,9 @@ def attention_paged(
     page = k_cache.shape[1]
     tables = block_tables.to(torch.int64).cpu()
     if ctx.numel() and int(ctx.max()) > tables.shape[1] * page:
-        raise ValueError(f"attention_paged: context {int(ctx.max())} exceeds block table capacity {tables.shape[1] * page}")
+        raise ValueError(
+            f"attention_paged: context {int(ctx.max())} exceeds block table capacity {tables.shape[1] * page}"
+        )
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     seq = _seq_index(cu, total)
     last_pos = ctx[seq] - n_q[seq] + (torch.arange(total) - cu[:-1][seq])
@@ -204,7 +206,7 @@ def _sdpa(q, k, v, causal_offset: int, scale: float) -> torch.Tensor:
         k = k.repeat_interleave(hq // hk, dim=1)
         v = v.repeat_interleave(hq // hk, dim=1)
     nq, nk = q.shape[0], k.shape[0]
-    mask = torch.arange(nk)[None, :] <= (torch.arange(nq)[:, None] + causal_offset)
+    mask = torch.arange(nk, device=q.device)[None, :] <= (torch.arange(nq, device=q.device)[:, None] + causal_offset)
     o = F.scaled_dot_product_attention(
         q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask, scale=scale
     )

@@ -3,8 +3,9 @@
 Invariance: on the ``invariant`` backend, row ``i`` of the result is bitwise the same for any number of rows M, any
 other rows in the batch and any row chunking. fp32 accumulation: the K dimension is reduced in blocks of
 ``LINEAR_BLOCK_K`` (a pairwise tree inside a block, blocks added in K order); products of bf16 inputs are exact in
-fp32. The ``fast`` backend is ``torch.nn.functional.linear`` (measured on torch 2.13 CPU: fp32 row 0 differs between
-M = 1 and M >= 2), kept as the mismatch baseline.
+fp32. The ``fast`` backend is ``torch.nn.functional.linear`` in the input dtype, as HF and vLLM run it (bf16 in,
+bf16 out, also for logits), kept as the mismatch baseline (measured on torch 2.13 CPU: its fp32 row 0 differs
+between M = 1 and M >= 2).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from ._backend import get_backend
+from ._backend import get_backend, invariant_device_check
 from ._reduce import tree_sum
 from .linear import linear
 from .rms_norm import rms_norm
@@ -43,9 +43,10 @@ def log_softmax(logits: torch.Tensor, temperature: float | torch.Tensor = 1.0) -
     """fp32 ``log_softmax(logits / temperature)`` over the last dim; ``temperature`` scalar or one per row."""
     if logits.dtype != torch.float32:
         raise TypeError(f"log_softmax: logits must be float32, got {logits.dtype}")
-    z = logits / _temperature_column(temperature, logits.shape[0])
+    z = logits / _temperature_column(temperature, logits.shape[0]).to(logits.device)
     if get_backend() == "fast":
         return torch.log_softmax(z, dim=-1)
+    invariant_device_check("log_softmax", logits)
     shifted = z - z.amax(dim=-1, keepdim=True)
     lse = torch.log(tree_sum(torch.exp(shifted), dim=-1))
     return shifted - lse.unsqueeze(-1)
@@ -81,7 +82,9 @@ def logprobs_from_hidden(
         raise ValueError(f"targets must have shape [{n}] to match hidden; got {tuple(targets.shape)}")
     vocab = lm_head_weight.shape[0]
     if n and (int(targets.min()) < 0 or int(targets.max()) >= vocab):
-        raise ValueError(f"target token id out of range [0, {vocab}): min {int(targets.min())}, max {int(targets.max())}")
+        raise ValueError(
+            f"target token id out of range [0, {vocab}): min {int(targets.min())}, max {int(targets.max())}"
+        )
     temps = _temperature_column(temperature, n).squeeze(1)
     out = torch.empty(n, dtype=torch.float32)
     ent = torch.empty(n, dtype=torch.float32) if with_entropy else None

@@ -22,9 +22,7 @@ def rope_cos_sin(head_dim: int, max_position: int, theta: float) -> tuple[torch.
     return freqs.cos(), freqs.sin()
 
 
-def apply_rotary(
-    x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-) -> torch.Tensor:
+def apply_rotary(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate ``x [tokens, heads, head_dim]`` by ``positions [tokens]``; returns x's dtype."""
     check_float("apply_rotary", "x", x)
     if positions.numel() and int(positions.max()) >= cos.shape[0]:

@@ -65,9 +65,7 @@ def expected_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
     return {n: p for n, p in model.named_parameters()}
 
 
-def load_weights(
-    model: nn.Module, named_tensors: Iterable[tuple[str, torch.Tensor]], strict: bool = True
-) -> list[str]:
+def load_weights(model: nn.Module, named_tensors: Iterable[tuple[str, torch.Tensor]], strict: bool = True) -> list[str]:
     """Copy HF-named tensors into ``model`` with name, shape and dtype checks. Returns the names loaded.
 
     ``strict``: every model parameter must be provided (a full checkpoint); otherwise a partial update is allowed.
@@ -147,6 +145,8 @@ def save_checkpoint(model: nn.Module, path: str | Path, max_shard_bytes: int | N
         fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
         save_file(shard, str(path / fname), metadata={"format": "pt"})
         weight_map.update({n: fname for n in shard})
-    index = {"metadata": {"total_size": sum(t.numel() * t.element_size() for t in tensors.values())},
-             "weight_map": weight_map}
+    index = {
+        "metadata": {"total_size": sum(t.numel() * t.element_size() for t in tensors.values())},
+        "weight_map": weight_map,
+    }
     (path / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")

@@ -72,13 +72,19 @@ def write_tokenizer(path: str | Path) -> None:
     tok.add_special_tokens(SPECIAL_TOKENS)
     path = Path(path)
     tok.save(str(path / "tokenizer.json"))
-    (path / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "eos_token": "<|endoftext|>",
-        "bos_token": "<|im_start|>",
-        "pad_token": "<|endoftext|>",
-        "model_max_length": 512,
-    }, indent=2) + "\n")
+    (path / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "eos_token": "<|endoftext|>",
+                "bos_token": "<|im_start|>",
+                "pad_token": "<|endoftext|>",
+                "model_max_length": 512,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
 
 
 def make_tiny_checkpoint(

@@ -49,9 +49,7 @@ class Actor:
         """
         with vk.use_backend(self.config.backend):
             hidden = self.model(batch.input_ids, batch.positions, batch.meta)
-            return self.model.logprobs(
-                hidden, batch.targets, temperature, self.config.logprob_chunk_size, with_entropy
-            )
+            return self.model.logprobs(hidden, batch.targets, temperature, self.config.logprob_chunk_size, with_entropy)
 
     @torch.no_grad()
     def compute_log_probs(

@@ -34,4 +34,6 @@ class Attention(nn.Module):
             raise ValueError("paged attention metadata given but no KV cache for this layer")
         k_cache, v_cache = kv_cache
         vk.write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
-        return vk.attention_paged(q, k_cache, v_cache, meta.block_tables, meta.context_lens, meta.cu_seqlens, self.scale)
+        return vk.attention_paged(
+            q, k_cache, v_cache, meta.block_tables, meta.context_lens, meta.cu_seqlens, self.scale
+        )

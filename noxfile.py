@@ -1,0 +1,50 @@
+"""nox sessions: tests (CPU suite), demo, lint, contracts per target (cpu, h100, h200, b200).
+
+GPU targets run offline on the device's preinstalled CUDA torch: a venv with system site packages and the
+packages put on PYTHONPATH, so nothing is downloaded or built there.
+"""
+
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).parent
+TARGETS = ["cpu", "h100", "h200", "b200"]
+SRC_PATHS = [str(p) for p in sorted(ROOT.glob("packages/*/src"))] + [str(ROOT / "src"), str(ROOT)]
+
+nox.options.sessions = ["lint", "tests"]
+nox.options.default_venv_backend = "venv"
+
+
+@nox.session
+def tests(session):
+    """The whole CPU test suite (package tests + contracts for target cpu)."""
+    session.install("-r", "requirements/test.txt")
+    session.run("python", "-m", "pytest", "-n", "auto", *session.posargs)
+
+
+@nox.session
+def demo(session):
+    """Engine rollouts rescored by the trainer: the mismatch table for the invariant and fast backends."""
+    session.install("-r", "requirements/cpu.txt")
+    session.run("python", "-m", "vexact", "demo", *session.posargs)
+
+
+@nox.session
+def lint(session):
+    session.install("-r", "requirements/lint.txt")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session(venv_params=["--system-site-packages"])
+@nox.parametrize("target", TARGETS)
+def contracts(session, target):
+    """The contract suite for one target. GPU targets: offline, on the machine's own CUDA torch."""
+    if target == "cpu":
+        session.install("-r", "requirements/test.txt")
+    else:
+        session.env["PYTHONPATH"] = ":".join(SRC_PATHS)
+        session.env["PIP_NO_INDEX"] = "1"
+    session.env["VEXACT_TARGET"] = target
+    session.run("python", "-m", "pytest", "contracts", "--target", target, *session.posargs)
