@@ -4,6 +4,16 @@ import os
 
 TARGETS = ("cpu", "h100", "h200", "b200")
 
+# Without a GPU, the Triton kernels are exercised on CPU tensors through Triton's interpreter. The variable must be
+# set before triton is imported; tests of Triton kernels on CPU tensors skip themselves when it is not set.
+try:
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+except ImportError:
+    pass
+
 
 def pytest_addoption(parser):
     parser.addoption(

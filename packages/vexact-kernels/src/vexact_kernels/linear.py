@@ -13,8 +13,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ._backend import check_float, get_backend, invariant_device_check
+from ._backend import check_float, get_backend
 from ._reduce import tree_sum
+from .triton_ops import use_triton
 
 LINEAR_BLOCK_K = 32
 # Rows per step of the CPU reference; bounds the [rows, BLOCK_K, N] product buffer. Does not affect numerics.
@@ -55,7 +56,12 @@ def linear(
     if get_backend() == "fast":
         y = F.linear(x, weight.to(x.dtype), None if bias is None else bias.to(x.dtype))
         return y.to(out_dtype)
-    invariant_device_check("linear", x, weight)
+    if use_triton(x, weight):
+        from .triton_ops import matmul
+
+        if weight.dtype != x.dtype:
+            raise TypeError(f"linear: weight is {weight.dtype} but x is {x.dtype}; the invariant kernel takes one dtype")
+        return matmul.linear(x, weight, bias, out_dtype)
     lead = x.shape[:-1]
     y = _linear_reference(x.reshape(-1, x.shape[-1]), weight)
     if bias is not None:

@@ -1,0 +1,32 @@
+"""Triton kernels of the ``invariant`` backend (CUDA; on CPU only under ``TRITON_INTERPRET=1``, for tests).
+
+One kernel family per module: ``matmul`` (linear fwd/bwd), ``rms_norm``, ``rotary``, ``activation``, ``logprobs``,
+``attention``. Launch parameters that affect numerics are module constants, never autotuned per shape.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+
+def triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def use_triton(*tensors: torch.Tensor | None) -> bool:
+    """Whether the invariant backend runs these tensors through Triton: CUDA tensors always do."""
+    if any(t is not None and t.is_cuda for t in tensors):
+        if not triton_available():
+            raise ImportError("the invariant backend needs triton on CUDA tensors; pip install triton")
+        return True
+    return False

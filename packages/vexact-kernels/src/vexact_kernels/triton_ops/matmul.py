@@ -1,0 +1,152 @@
+"""Batch-invariant matmul for ``linear``: ``C = A @ B_t.T (+ bias)``, bf16/fp16/fp32 in, fp32 accumulation.
+
+Invariance: every output element is reduced over K in tiles of ``BLOCK_K`` (fixed for every shape), in K order,
+with one ``tl.dot`` per tile accumulating into fp32; no split-K, no stream-K, no atomics. A row's result therefore
+depends only on that row of A and on B, never on M, on the other rows or on which tile it landed in. The M/N tile
+shape is chosen per M bucket for speed; the K tile is not. That a tile's M/N shape does not change any element's
+bits (the tensor-core instruction reduces each element's K slice the same way) is checked, not assumed:
+``tests/test_triton_matmul.py`` compares every config against every other, bitwise, on the GPU.
+
+Backward (``LinearFunction``): dX = dY @ W and dW = dY.T @ X with the same kernel on strided views; both are
+deterministic run to run (fixed reduction order; dW reduces over tokens in fixed BLOCK_K tiles).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+BLOCK_K = 64  # numerics: the K tile is the same for every shape and every config below
+GROUP_M = 8
+
+# (BLOCK_M, BLOCK_N, num_warps, num_stages): speed only, picked by M (and N) from an H100 sweep
+# (scripts/tune_matmul.py). Under the interpreter the smallest tiles are used so CPU tests stay fast.
+CONFIGS = (
+    (16, 32, 4, 6),  # decode: M <= 32, more CTAs over N to stream the weight
+    (64, 64, 4, 6),  # M <= 512
+    (128, 128, 8, 3),  # M <= 2048, or narrow N
+    (256, 128, 8, 3),  # large M
+)
+INTERPRET_CONFIG = (16, 16, 4, 1)
+
+
+@triton.jit
+def _matmul_kernel(
+    a_ptr, b_ptr, c_ptr, bias_ptr,
+    M, N, K,
+    stride_am, stride_ak, stride_bn, stride_bk, stride_cm, stride_cn,
+    HAS_BIAS: tl.constexpr, INTERPRET: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    group = GROUP_M * num_pid_n
+    first_m = (pid // group) * GROUP_M
+    size_m = tl.minimum(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % group) % size_m
+    pid_n = (pid % group) // size_m
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + offs_m[:, None].to(tl.int64) * stride_am + offs_k[None, :] * stride_ak
+    b_ptrs = b_ptr + offs_n[None, :].to(tl.int64) * stride_bn + offs_k[:, None] * stride_bk
+    mask_m = offs_m[:, None] < M
+    mask_n = offs_n[None, :] < N
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k_ok = (k0 + offs_k) < K
+        a = tl.load(a_ptrs, mask=mask_m & k_ok[None, :], other=0.0)
+        b = tl.load(b_ptrs, mask=mask_n & k_ok[:, None], other=0.0)
+        if INTERPRET:
+            # The interpreter's tl.dot is numpy's BLAS, whose result for a row depends on its place in the tile (and
+            # which mishandles 16-bit floats): an explicit fp32 product-and-sum stands in for the tensor-core MMA.
+            acc += tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], axis=1)
+        else:
+            acc = tl.dot(a, b, acc)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+    c_ptrs = c_ptr + offs_m[:, None].to(tl.int64) * stride_cm + offs_n[None, :] * stride_cn
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask_m & mask_n)
+
+
+def pick_config(m: int, n: int, interpret: bool = False) -> tuple[int, int, int, int]:
+    if interpret:
+        return INTERPRET_CONFIG
+    if m <= 32:
+        return CONFIGS[0]
+    if m <= 512:
+        return CONFIGS[1]
+    if m <= 2048 or n <= 1024:
+        return CONFIGS[2]
+    return CONFIGS[3]
+
+
+def matmul(
+    a: torch.Tensor,
+    b_t: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+    config: tuple[int, int, int, int] | None = None,
+) -> torch.Tensor:
+    """``a [M, K] @ b_t[N, K].T (+ bias [N])`` -> ``[M, N]``; any strides. ``config`` overrides the tile choice."""
+    from . import interpreting
+
+    if a.dim() != 2 or b_t.dim() != 2 or a.shape[1] != b_t.shape[1]:
+        raise ValueError(f"matmul: expected a [M, K] and b_t [N, K]; got {tuple(a.shape)} and {tuple(b_t.shape)}")
+    if a.dtype != b_t.dtype:
+        raise TypeError(f"matmul: a is {a.dtype} but b_t is {b_t.dtype}; cast the weight first")
+    m, k = a.shape
+    n = b_t.shape[0]
+    c = torch.empty(m, n, dtype=out_dtype or a.dtype, device=a.device)
+    if m == 0 or n == 0:
+        return c
+    if k == 0:
+        return c.zero_() if bias is None else c.copy_(bias.expand(m, n))
+    bm, bn, warps, stages = config or pick_config(m, n, interpreting())
+    grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
+    _matmul_kernel[grid](
+        a, b_t, c, bias if bias is not None else c,
+        m, n, k,
+        a.stride(0), a.stride(1), b_t.stride(0), b_t.stride(1), c.stride(0), c.stride(1),
+        HAS_BIAS=bias is not None, INTERPRET=interpreting(),
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=BLOCK_K, GROUP_M=GROUP_M,
+        num_warps=warps, num_stages=stages,
+    )  # fmt: skip
+    return c
+
+
+class LinearFunction(torch.autograd.Function):
+    """``y = x @ w.T + b`` with invariant forward and deterministic backward."""
+
+    @staticmethod
+    def forward(ctx, x2d, weight, bias, out_dtype):
+        ctx.save_for_backward(x2d, weight)
+        ctx.has_bias = bias is not None
+        return matmul(x2d, weight, bias, out_dtype)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x2d, weight = ctx.saved_tensors
+        g = grad_out.to(x2d.dtype)
+        dx = matmul(g, weight.t(), out_dtype=x2d.dtype) if ctx.needs_input_grad[0] else None  # [M,N] @ [N,K]
+        dw = matmul(g.t(), x2d.t(), out_dtype=torch.float32).to(weight.dtype) if ctx.needs_input_grad[1] else None
+        db = None
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            ones = torch.ones(1, g.shape[0], dtype=g.dtype, device=g.device)
+            db = matmul(ones, g.t(), out_dtype=torch.float32)[0]
+        return dx, dw, db, None
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
+    lead = x.shape[:-1]
+    x2d = x.reshape(-1, x.shape[-1])
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)):
+        y = LinearFunction.apply(x2d, weight, bias, out_dtype)
+    else:
+        y = matmul(x2d, weight, bias, out_dtype)
+    return y.reshape(*lead, weight.shape[0])
