@@ -25,6 +25,7 @@ def logprob_mismatches(engine_outputs, trainer_logprobs) -> list[tuple[str, int]
     """(request_id, n_mismatched_tokens) for every request whose logprobs are not torch.equal."""
     out = []
     for o, lp in zip(engine_outputs, trainer_logprobs, strict=True):
+        lp = lp.cpu()
         if not torch.equal(o.logprobs, lp):
             n = o.logprobs.numel() if o.logprobs.shape != lp.shape else int((o.logprobs != lp).sum())
             out.append((o.request_id, n))

@@ -53,7 +53,8 @@ def test_rotary_rows(device, data, m):
     g = torch.Generator().manual_seed(m)
     cos, sin = vk.rope_cos_sin(16, 512, 10_000.0)
     x = _rand(g, m, 3, 16).to(device)
-    pos = torch.randint(0, 512, (m,), generator=g)
+    cos, sin = cos.to(device), sin.to(device)
+    pos = torch.randint(0, 512, (m,), generator=g).to(device)
     full = vk.apply_rotary(x, pos, cos, sin)
     rows = data.draw(st.lists(st.integers(0, m - 1), min_size=1, max_size=m, unique=True))
     assert torch.equal(vk.apply_rotary(x[rows], pos[rows], cos, sin), full[rows])
@@ -68,10 +69,12 @@ def test_rotary_rows(device, data, m):
 )
 def test_logprobs_rows_and_chunks(device, data, m, temp, chunk):
     g = torch.Generator().manual_seed(m * 31 + chunk)
-    hidden, head, norm = _rand(g, m, 64), _rand(g, 272, 64, scale=0.3), _rand(g, 64)
-    targets = torch.randint(0, 272, (m,), generator=g)
+    hidden, head, norm = (t.to(device) for t in (_rand(g, m, 64), _rand(g, 272, 64, scale=0.3), _rand(g, 64)))
+    targets = torch.randint(0, 272, (m,), generator=g).to(device)
     ref, ref_e = vk.logprobs_from_hidden(hidden, norm, 1e-6, head, targets, temp, chunk_size=m, with_entropy=True)
-    lp, e = vk.logprobs_from_hidden(hidden, norm, 1e-6, head, targets, torch.full((m,), temp), chunk, True)
+    lp, e = vk.logprobs_from_hidden(
+        hidden, norm, 1e-6, head, targets, torch.full((m,), temp, device=device), chunk, True
+    )
     assert torch.equal(lp, ref) and torch.equal(e, ref_e)
     rows = data.draw(st.lists(st.integers(0, m - 1), min_size=1, max_size=m, unique=True))
     sub, _ = vk.logprobs_from_hidden(hidden[rows], norm, 1e-6, head, targets[rows], temp, chunk)
@@ -79,6 +82,7 @@ def test_logprobs_rows_and_chunks(device, data, m, temp, chunk):
 
 
 def _paged_run(q, k, v, lens, chunks, page, perm_seed, n_hkv, d):
+    dev = q.device
     """Run sequences through the paged path in the given chunks; pages assigned in a shuffled order."""
     cu = [0]
     for n in lens:
@@ -94,7 +98,8 @@ def _paged_run(q, k, v, lens, chunks, page, perm_seed, n_hkv, d):
     bt = torch.zeros(len(lens), width, dtype=torch.int64)
     for b, t in enumerate(tables):
         bt[b, : len(t)] = t
-    kc = torch.zeros(total_pages, page, n_hkv, d, dtype=k.dtype)
+    bt = bt.to(dev)
+    kc = torch.zeros(total_pages, page, n_hkv, d, dtype=k.dtype, device=dev)
     vc = torch.zeros_like(kc)
     out = torch.empty_like(q)
     done = [0] * len(lens)
@@ -115,9 +120,11 @@ def _paged_run(q, k, v, lens, chunks, page, perm_seed, n_hkv, d):
             cuq.append(cuq[-1] + n)
             ctx.append(done[b] + n)
             done[b] += n
-        ridx = torch.tensor(idx)
+        ridx = torch.tensor(idx, device=dev)
         vk.write_kv_cache(k[ridx], v[ridx], kc, vc, torch.cat(slots))
-        out[ridx] = vk.attention_paged(q[ridx], kc, vc, bt[active], torch.tensor(ctx), torch.tensor(cuq))
+        out[ridx] = vk.attention_paged(
+            q[ridx], kc, vc, bt[active], torch.tensor(ctx, device=dev), torch.tensor(cuq, device=dev)
+        )
     return out
 
 
@@ -134,8 +141,8 @@ def test_attention_packed_equals_chunked_paged(device, data, lens, page, heads, 
     hq, hkv = heads
     total = sum(lens)
     g = torch.Generator().manual_seed(total * 13 + page)
-    q, k, v = _rand(g, total, hq, d), _rand(g, total, hkv, d), _rand(g, total, hkv, d)
-    cu = torch.tensor([0] + [sum(lens[: i + 1]) for i in range(len(lens))])
+    q, k, v = (_rand(g, total, h, d).to(device) for h in (hq, hkv, hkv))
+    cu = torch.tensor([0] + [sum(lens[: i + 1]) for i in range(len(lens))], device=device)
     packed = vk.attention_packed(q, k, v, cu)
     chunks = [data.draw(st.lists(st.integers(1, 16), max_size=6)) for _ in lens]
     paged = _paged_run(q, k, v, lens, chunks, page, total, hkv, d)
@@ -143,7 +150,7 @@ def test_attention_packed_equals_chunked_paged(device, data, lens, page, heads, 
     # and a single sequence alone in a packed batch gives the same rows
     b = data.draw(st.integers(0, len(lens) - 1))
     s, e = int(cu[b]), int(cu[b + 1])
-    alone = vk.attention_packed(q[s:e], k[s:e], v[s:e], torch.tensor([0, e - s]))
+    alone = vk.attention_packed(q[s:e], k[s:e], v[s:e], torch.tensor([0, e - s], device=device))
     assert torch.equal(alone, packed[s:e])
 
 

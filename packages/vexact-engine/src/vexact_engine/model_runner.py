@@ -20,10 +20,11 @@ class ModelRunner:
         cfg = model.config
         shape = (num_blocks, config.block_size, cfg.num_key_value_heads, cfg.head_dim)
         dtype = next(model.parameters()).dtype
+        self.device = next(model.parameters()).device  # the model decides; config.device only places a loaded model
         self.kv_caches = [
             (
-                torch.zeros(shape, dtype=dtype, device=config.device),
-                torch.zeros(shape, dtype=dtype, device=config.device),
+                torch.zeros(shape, dtype=dtype, device=self.device),
+                torch.zeros(shape, dtype=dtype, device=self.device),
             )
             for _ in range(cfg.num_hidden_layers)
         ]
@@ -47,7 +48,7 @@ class ModelRunner:
         tables = torch.zeros(len(batch), width, dtype=torch.int64)
         for b, item in enumerate(batch):
             tables[b, : len(item.seq.block_table)] = torch.tensor(item.seq.block_table, dtype=torch.int64)
-        dev = self.config.device
+        dev = self.device
         meta = AttentionMetadata(
             cu_seqlens=torch.tensor(cu, dtype=torch.int64, device=dev),
             slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
@@ -68,12 +69,15 @@ class ModelRunner:
             if not sampling:
                 return []
             rows = torch.tensor([cu[b + 1] - 1 for b in sampling], device=hidden.device)
-            logits = self.model.logits(hidden[rows])
             items = [batch[b] for b in sampling]
-            tokens, logprobs = sample(
-                logits.cpu(),
-                [it.seq.params for it in items],
-                [it.seq.seed for it in items],
-                [len(it.seq.output_token_ids) for it in items],
+            params = [it.seq.params for it in items]
+            logits = self.model.logits(hidden[rows])
+            tokens, _ = sample(
+                logits.cpu(), params, [it.seq.seed for it in items], [len(it.seq.output_token_ids) for it in items]
             )
-        return [(it, int(t), float(lp)) for it, t, lp in zip(items, tokens.tolist(), logprobs.tolist(), strict=True)]
+            # The reported logprob comes from the trainer's own function (fused on GPU), on the sampled tokens.
+            temps = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params], dtype=torch.float32)
+            logprobs, _ = self.model.logprobs(hidden[rows], tokens.to(hidden.device), temps.to(hidden.device))
+        return [
+            (it, int(t), float(lp)) for it, t, lp in zip(items, tokens.tolist(), logprobs.cpu().tolist(), strict=True)
+        ]

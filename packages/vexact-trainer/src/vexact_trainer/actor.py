@@ -47,6 +47,10 @@ class Actor:
 
         ``temperature``: a scalar, or one value per token ``[T]``.
         """
+        dev = next(self.model.parameters()).device
+        batch = batch.to(dev)
+        if isinstance(temperature, torch.Tensor):
+            temperature = temperature.to(dev)
         with vk.use_backend(self.config.backend):
             hidden = self.model(batch.input_ids, batch.positions, batch.meta)
             return self.model.logprobs(hidden, batch.targets, temperature, self.config.logprob_chunk_size, with_entropy)

@@ -22,6 +22,17 @@ class PackedBatch:
     def cu_seqlens(self) -> torch.Tensor:
         return self.meta.cu_seqlens
 
+    def to(self, device: torch.device | str) -> PackedBatch:
+        meta = AttentionMetadata(cu_seqlens=self.meta.cu_seqlens.to(device))
+        return PackedBatch(
+            self.input_ids.to(device),
+            self.positions.to(device),
+            meta,
+            self.targets.to(device),
+            self.prompt_lens,
+            self.seq_lens,
+        )
+
 
 def pack(prompts: list[list[int]], responses: list[list[int]], vocab_size: int, max_len: int) -> PackedBatch:
     """Pack ``prompt + response`` sequences; validates lengths and token ids with errors naming the sequence."""
