@@ -6,6 +6,7 @@ cuBLAS/MKL, SDPA; the training-inference mismatch baseline). Select with :func:`
 
 from ._backend import BACKENDS, get_backend, set_backend, use_backend
 from .activation import silu_and_mul
+from .aten_mode import disable_invariant_mode, enable_invariant_mode, invariant_mode
 from .attention import ATTN_BLOCK_N, attention_packed, attention_paged, write_kv_cache
 from .linear import LINEAR_BLOCK_K, linear
 from .logprobs import compute_logits, entropy_from_logprobs, log_softmax, logprobs_from_hidden
@@ -23,8 +24,11 @@ __all__ = [
     "attention_packed",
     "attention_paged",
     "compute_logits",
+    "disable_invariant_mode",
+    "enable_invariant_mode",
     "entropy_from_logprobs",
     "get_backend",
+    "invariant_mode",
     "linear",
     "log_softmax",
     "logprobs_from_hidden",
