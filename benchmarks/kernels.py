@@ -63,6 +63,120 @@ def bench_linear(lines: list[str]) -> None:
     ]
 
 
+RMS_M = (1, 64, 1024, 4096, 16384)
+RMS_H = (2048, 4096)
+LOGPROBS_T = (1, 64, 1024, 4096, 16384)
+LOGPROBS_H = (2048, 4096)  # Qwen3-1.7B, Qwen3-8B
+VOCAB = 151936  # Qwen3
+EPS = 1e-6
+
+
+def _torch_rms_norm(x, w, eps=EPS):
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w.float()).to(x.dtype)
+
+
+def _fwd_bwd(fn, *inputs):
+    """A callable running ``fn`` forward and backward (a fixed upstream gradient) on fresh leaves."""
+    leaves = [t.detach().requires_grad_() for t in inputs]
+
+    def run():
+        for t in leaves:
+            t.grad = None
+        out = fn(*leaves)
+        out = out[0] if isinstance(out, tuple) else out
+        out.backward(torch.ones_like(out))
+
+    return run
+
+
+def bench_rms_norm(lines: list[str]) -> None:
+    """rms_norm (bf16 in and out): the Triton kernel vs torch eager (HF's RMSNorm), forward and forward+backward."""
+    lines += ["## rms_norm (bf16): invariant Triton vs torch eager (HF RMSNorm)", ""]
+    lines += ["| pass | M | H | invariant ms | torch ms | ratio torch/invariant |", "|---|---|---|---|---|---|"]
+    for h in RMS_H:
+        w = 1.0 + 0.1 * torch.randn(h, device="cuda", dtype=torch.bfloat16)
+        for m in RMS_M:
+            x = torch.randn(m, h, device="cuda", dtype=torch.bfloat16)
+            for name, inv, ref in (
+                ("fwd", lambda x=x, w=w: vk.rms_norm(x, w, EPS), lambda x=x, w=w: _torch_rms_norm(x, w)),
+                (
+                    "fwd+bwd",
+                    _fwd_bwd(lambda a, b: vk.rms_norm(a, b, EPS), x, w),
+                    _fwd_bwd(_torch_rms_norm, x, w),
+                ),
+            ):
+                t_inv, t_ref = _ms(inv), _ms(ref)
+                lines.append(f"| {name} | {m} | {h} | {t_inv:.4f} | {t_ref:.4f} | {t_ref / t_inv:.2f} |")
+    lines.append("")
+
+
+def _torch_logprobs(hidden, norm_w, head, targets, temps):
+    """The materialised baseline: bf16 logits -> fp32 [T, V] -> log_softmax -> gather, plus entropy."""
+    logits = torch.nn.functional.linear(_torch_rms_norm(hidden, norm_w), head).float() / temps[:, None]
+    logp = torch.log_softmax(logits, dim=-1)
+    return logp.gather(1, targets[:, None]).squeeze(1), -(logp.exp() * logp).sum(-1)
+
+
+def _peak_mib(fn) -> str:
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    try:
+        fn()
+    except torch.OutOfMemoryError:
+        return "OOM"
+    torch.cuda.synchronize()
+    return f"{(torch.cuda.max_memory_allocated() - base) / 2**20:.0f}"
+
+
+def bench_logprobs(lines: list[str]) -> None:
+    """Logprob + entropy of targets from pre-norm hidden states, V = 151936: the fused Triton kernel (never holds
+    [T, V] logits) vs torch materialising fp32 logits; time and peak extra memory (MiB above the inputs)."""
+    lines += [f"## logprobs + entropy from hidden states (bf16, V = {VOCAB}): fused Triton vs torch materialised", ""]
+    lines += [
+        "| pass | T | H | invariant ms | torch ms | ratio torch/invariant | invariant peak MiB | torch peak MiB |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for h in LOGPROBS_H:
+        head = (torch.randn(VOCAB, h, device="cuda") / h**0.5).to(torch.bfloat16)
+        norm_w = 1.0 + 0.1 * torch.randn(h, device="cuda", dtype=torch.bfloat16)
+        for t in LOGPROBS_T:
+            hidden = torch.randn(t, h, device="cuda", dtype=torch.bfloat16)
+            targets = torch.randint(0, VOCAB, (t,), device="cuda")
+            temps = torch.full((t,), 0.9, device="cuda")
+
+            def inv(hidden=hidden, head=head, norm_w=norm_w, targets=targets, temps=temps):
+                return vk.logprobs_from_hidden(hidden, norm_w, EPS, head, targets, temps, with_entropy=True)
+
+            def ref(hidden=hidden, head=head, norm_w=norm_w, targets=targets, temps=temps):
+                return _torch_logprobs(hidden, norm_w, head, targets, temps)
+
+            def inv_loss(a, b, targets=targets, temps=temps, norm_w=norm_w):
+                lp, ent = vk.logprobs_from_hidden(a, norm_w, EPS, b, targets, temps, with_entropy=True)
+                return lp.sum() + ent.sum()
+
+            def ref_loss(a, b, targets=targets, temps=temps, norm_w=norm_w):
+                lp, ent = _torch_logprobs(a, norm_w, b, targets, temps)
+                return lp.sum() + ent.sum()
+
+            passes = [("fwd", inv, ref)]
+            if t >= 1024:  # training shapes
+                passes.append(("fwd+bwd", _fwd_bwd(inv_loss, hidden, head), _fwd_bwd(ref_loss, hidden, head)))
+            for name, f_inv, f_ref in passes:
+                m_inv, m_ref = _peak_mib(f_inv), _peak_mib(f_ref)
+                t_inv = _ms(f_inv)
+                t_ref = _ms(f_ref) if m_ref != "OOM" else float("nan")
+                lines.append(
+                    f"| {name} | {t} | {h} | {t_inv:.3f} | {t_ref:.3f} | {t_ref / t_inv:.2f} | {m_inv} | {m_ref} |"
+                )
+            del hidden, targets, temps
+        del head
+        torch.cuda.empty_cache()
+    lines.append("")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", default="")

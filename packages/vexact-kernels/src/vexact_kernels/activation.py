@@ -2,7 +2,8 @@
 
 torch's CPU ``silu``/``sigmoid`` are not position-invariant (measured on torch 2.13: the same value gives a different
 result in the vector body and in the scalar tail of a launch), so the invariant path builds silu from exp and
-division, whose results were measured position-invariant (see tests/test_activation.py).
+division, whose results were measured position-invariant (see tests/test_activation.py). On CUDA the ``invariant``
+backend runs the same formula as a Triton kernel (``triton_ops/activation.py``, with a backward).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from ._backend import check_float, get_backend, invariant_device_check
+from .triton_ops import use_triton
 
 
 def silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -19,6 +21,10 @@ def silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"silu_and_mul: gate {tuple(gate.shape)} and up {tuple(up.shape)} differ in shape")
     if get_backend() == "fast":
         return (F.silu(gate.float()) * up.float()).to(gate.dtype)
+    if use_triton(gate, up):
+        from .triton_ops.activation import triton_silu_and_mul
+
+        return triton_silu_and_mul(gate, up)
     invariant_device_check("silu_and_mul", gate, up)
     g = gate.float()
     return (g / (1.0 + torch.exp(-g)) * up.float()).to(gate.dtype)

@@ -8,6 +8,14 @@ Invariance (``invariant`` backend): every reduction over the vocabulary (max, su
 row, so a row's logprobs do not depend on the other rows, on the token chunk size, or on whether temperature came as
 a scalar or a per-row tensor. ``logprobs_from_hidden`` processes tokens in chunks of ``chunk_size`` so the full
 [tokens, vocab] fp32 logits never exist at once; the chunk size does not change any value.
+
+On CUDA (``invariant`` backend) these run as Triton kernels (``triton_ops/``): ``compute_logits`` is the Triton
+rms_norm then :func:`linear` (the invariant matmul) in fp32; ``log_softmax`` is a Triton row kernel with a fixed
+vocabulary-block order; ``logprobs_from_hidden`` is the Triton rms_norm then one fused kernel (lm_head + temperature +
+online log-sum-exp + entropy + target gather; ``triton_ops/logprobs.py``) that never materialises the logits, with a
+deterministic backward. That fused kernel is the single source of truth for logprobs on GPU: the engine reports a
+sampled token's logprob by calling ``logprobs_from_hidden`` on that token's hidden row, exactly as the trainer does.
+On CUDA ``chunk_size`` is validated but not needed (the fused kernel streams the vocabulary); values never depend on it.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ from ._backend import get_backend, invariant_device_check
 from ._reduce import tree_sum
 from .linear import linear
 from .rms_norm import rms_norm
+from .triton_ops import use_triton
 
 
 def compute_logits(
@@ -43,7 +52,12 @@ def log_softmax(logits: torch.Tensor, temperature: float | torch.Tensor = 1.0) -
     """fp32 ``log_softmax(logits / temperature)`` over the last dim; ``temperature`` scalar or one per row."""
     if logits.dtype != torch.float32:
         raise TypeError(f"log_softmax: logits must be float32, got {logits.dtype}")
-    z = logits / _temperature_column(temperature, logits.shape[0]).to(logits.device)
+    temps = _temperature_column(temperature, logits.shape[0]).to(logits.device)
+    if get_backend() == "invariant" and use_triton(logits):
+        from .triton_ops.logprobs import triton_log_softmax
+
+        return triton_log_softmax(logits, temps.squeeze(1))
+    z = logits / temps
     if get_backend() == "fast":
         return torch.log_softmax(z, dim=-1)
     invariant_device_check("log_softmax", logits)
@@ -86,8 +100,15 @@ def logprobs_from_hidden(
             f"target token id out of range [0, {vocab}): min {int(targets.min())}, max {int(targets.max())}"
         )
     temps = _temperature_column(temperature, n).squeeze(1)
-    out = torch.empty(n, dtype=torch.float32)
-    ent = torch.empty(n, dtype=torch.float32) if with_entropy else None
+    if get_backend() == "invariant" and use_triton(hidden, lm_head_weight):
+        from .triton_ops.logprobs import triton_logprobs
+
+        if hidden.dim() != 2:
+            raise ValueError(f"logprobs_from_hidden: hidden must be [T, H]; got shape {tuple(hidden.shape)}")
+        normed = rms_norm(hidden, norm_weight, eps)
+        return triton_logprobs(normed, lm_head_weight, targets, temps, with_entropy)
+    out = torch.empty(n, dtype=torch.float32, device=hidden.device)
+    ent = torch.empty(n, dtype=torch.float32, device=hidden.device) if with_entropy else None
     for s in range(0, n, chunk_size):
         e = min(n, s + chunk_size)
         logp = log_softmax(compute_logits(hidden[s:e], norm_weight, eps, lm_head_weight), temps[s:e])

@@ -1,7 +1,8 @@
 """rms_norm: ``x * rsqrt(mean(x^2) + eps) * weight``, computed in fp32 and cast once.
 
-Invariance: on the ``invariant`` backend each row's sum of squares is a fixed pairwise tree over the hidden size,
-so a row's output does not depend on the other rows. ``fast`` uses torch's own mean/rsqrt.
+Invariance: on the ``invariant`` backend each row's sum of squares is a fixed pairwise tree over the hidden size
+(CPU reference) or a fixed blocked sum in one Triton program per row (CUDA, ``triton_ops/rms_norm.py``, with a
+deterministic backward), so a row's output does not depend on the other rows. ``fast`` uses torch's own mean/rsqrt.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import torch
 
 from ._backend import check_float, get_backend, invariant_device_check
 from ._reduce import tree_sum
+from .triton_ops import use_triton
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -18,6 +20,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch
     if weight.shape != x.shape[-1:]:
         raise ValueError(f"rms_norm: weight shape {tuple(weight.shape)} does not match x's last dim {x.shape[-1]}")
     out_dtype = out_dtype or x.dtype
+    if get_backend() == "invariant" and use_triton(x, weight):
+        from .triton_ops.rms_norm import triton_rms_norm
+
+        return triton_rms_norm(x, weight, eps, out_dtype)
     xf = x.float()
     if get_backend() == "fast":
         var = xf.pow(2).mean(-1, keepdim=True)

@@ -2,14 +2,16 @@
 
 The cos/sin table is built once for all positions by :func:`rope_cos_sin` and indexed by position, so a token's
 rotation depends only on its position, never on how many tokens are computed with it. The rotation itself is
-elementwise fp32 (no fused multiply-add), identical on both backends.
+elementwise fp32 (no fused multiply-add), identical on both backends; on CUDA the ``invariant`` backend runs the
+Triton kernel of ``triton_ops/rotary.py`` (same arithmetic, FMA contraction off, with a backward).
 """
 
 from __future__ import annotations
 
 import torch
 
-from ._backend import check_float
+from ._backend import check_float, get_backend
+from .triton_ops import use_triton
 
 
 def rope_cos_sin(head_dim: int, max_position: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -27,6 +29,10 @@ def apply_rotary(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, si
     check_float("apply_rotary", "x", x)
     if positions.numel() and int(positions.max()) >= cos.shape[0]:
         raise ValueError(f"rotary: position {int(positions.max())} >= table size {cos.shape[0]}")
+    if get_backend() == "invariant" and use_triton(x, positions, cos, sin):
+        from .triton_ops.rotary import triton_apply_rotary
+
+        return triton_apply_rotary(x, positions, cos, sin)
     half = x.shape[-1] // 2
     c = cos[positions].unsqueeze(1)  # [tokens, 1, half]
     s = sin[positions].unsqueeze(1)

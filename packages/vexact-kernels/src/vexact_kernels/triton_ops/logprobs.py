@@ -1,0 +1,380 @@
+"""Fused logprobs (and entropy) from normed hidden states, forward and backward; and a row log_softmax.
+
+Forward, per token row ``t`` with logits ``z = (h_t @ W.T) / temp_t``: ``logprob = z[target] - logsumexp(z)`` and
+``entropy = -sum p log p``, without materialising ``[T, V]`` logits. The vocabulary is cut into fixed splits of
+``LOGPROBS_SPLIT_TILES`` tiles of ``LOGPROBS_VOCAB_BLOCK`` columns (the number of splits depends on V only). A program
+takes ``LOGPROBS_BLOCK_T`` rows and one split: it walks the split's tiles in order, computes each logits tile with
+``tl.dot`` over H in ``LOGPROBS_BLOCK_K`` steps (fp32 accumulation), divides by the row's temperature (``div_rn``), and
+keeps an online max ``m``, rescaled sum ``s = sum exp(z - m)``, entropy term ``e = sum exp(z - m) * (z - m)`` and the
+target's logit. A second kernel folds the splits of each row in split order:
+``logprob = (z_target - M) - log S`` and ``entropy = log S - E / S``. The entropy is always computed (one compiled
+kernel), so a logprob has the same bits whether or not its caller asked for the entropy.
+
+Invariance: every launch parameter that shapes a row's arithmetic (row block, vocab block, K block, split size, warps,
+stages) is a module constant, never chosen per shape, and the row count is not specialised on. Row ``t``'s logits are
+computed by the same MMA sequence whatever rows share its tile (padding rows are zeros and tensor cores do not mix
+rows), its vocabulary reduction order is fixed by V alone, and the split fold is per row. So a row's logprob and
+entropy are bitwise the same for any number of rows, any row subset and any chunking.
+
+Backward: per fixed chunk of ``LOGPROBS_BWD_CHUNK`` tokens, one kernel recomputes the logits tiles and writes the
+logits gradient ``(g_lp * (onehot - p) - g_ent * p * (log p + entropy)) / temp`` in the hidden dtype; then a tiled
+matmul (fixed blocks, fp32 accumulation) gives ``d hidden = G @ W`` and accumulates ``d W += G.T @ h`` into an fp32
+buffer, chunk after chunk in token order (no atomics). Both are identical run to run; ``d hidden`` of a row is also
+independent of the other rows.
+
+``log_softmax``: one program per row, three passes over the row in fixed ``LSM_BLOCK`` tiles (max, sum of exp into a
+per-lane vector then one fixed ``tl.sum``, write), so a row's result depends on that row alone.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from . import interpreting
+from .rms_norm import aligned_rows
+
+# Numerics-affecting launch parameters of the fused kernels: fixed for every shape.
+LOGPROBS_BLOCK_T = 64
+LOGPROBS_VOCAB_BLOCK = 128
+LOGPROBS_BLOCK_K = 64
+LOGPROBS_SPLIT_TILES = 8
+LOGPROBS_NUM_WARPS = 4
+LOGPROBS_NUM_STAGES = 3
+# Rows per program of the split fold (elementwise per row: speed only).
+LOGPROBS_COMBINE_ROWS = 128
+# Tokens per backward step: bounds the [chunk, V] logits-gradient buffer and fixes the order of the d W sum.
+LOGPROBS_BWD_CHUNK = 2048
+# Tiles of the backward matmuls.
+MM_BLOCK_M = 64
+MM_BLOCK_N = 64
+MM_BLOCK_K = 64
+# log_softmax row kernel.
+LSM_BLOCK = 1024
+LSM_NUM_WARPS = 4
+
+
+@triton.jit
+def _dot(a, b, acc, PREC: tl.constexpr, INTERPRET: tl.constexpr):
+    if INTERPRET:
+        # The interpreter's tl.dot is numpy's BLAS on raw 16-bit storage and its result for a row depends on the row's
+        # place in the tile: an explicit fp32 product-and-sum stands in for the tensor-core MMA.
+        acc = acc + tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], axis=1)
+    else:
+        acc = tl.dot(a, b, acc, input_precision=PREC)
+    return acc
+
+
+@triton.jit
+def _logits_tile(
+    h_ptr, w_ptr, rows, rmask, cols, cmask, H, acc,
+    BLOCK_K: tl.constexpr, PREC: tl.constexpr, INTERPRET: tl.constexpr,
+):  # fmt: skip
+    for k0 in range(0, H, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        kmask = ks < H
+        a = tl.load(h_ptr + rows[:, None] * H + ks[None, :], mask=rmask[:, None] & kmask[None, :], other=0.0)
+        b = tl.load(w_ptr + cols[None, :] * H + ks[:, None], mask=cmask[None, :] & kmask[:, None], other=0.0)
+        acc = _dot(a, b, acc, PREC, INTERPRET)
+    return acc
+
+
+@triton.jit(do_not_specialize=["T"])
+def _logprobs_fwd_split_kernel(
+    h_ptr, w_ptr, tgt_ptr, temp_ptr, m_ptr, s_ptr, e_ptr, zt_ptr, T, V, H,
+    BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_TILES: tl.constexpr,
+    PREC: tl.constexpr, INTERPRET: tl.constexpr,
+):  # fmt: skip
+    split = tl.program_id(1)
+    rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    rmask = rows < T
+    rows = rows.to(tl.int64)
+    temp = tl.load(temp_ptr + rows, mask=rmask, other=1.0)
+    tgt = tl.load(tgt_ptr + rows, mask=rmask, other=-1)
+    m = tl.full([BLOCK_T], float("-inf"), dtype=tl.float32)
+    s = tl.zeros([BLOCK_T], dtype=tl.float32)
+    e = tl.zeros([BLOCK_T], dtype=tl.float32)
+    zt = tl.zeros([BLOCK_T], dtype=tl.float32)
+    for tile in range(0, SPLIT_TILES):
+        cols = (split * SPLIT_TILES + tile) * BLOCK_V + tl.arange(0, BLOCK_V)
+        cmask = cols < V
+        cols = cols.to(tl.int64)
+        acc = tl.zeros([BLOCK_T, BLOCK_V], dtype=tl.float32)
+        acc = _logits_tile(h_ptr, w_ptr, rows, rmask, cols, cmask, H, acc, BLOCK_K, PREC, INTERPRET)
+        z = tl.where(cmask[None, :], tl.div_rn(acc, temp[:, None]), float("-inf"))
+        m_new = tl.maximum(m, tl.max(z, axis=1))
+        alpha = tl.exp(m - m_new)
+        d = z - m_new[:, None]
+        p = tl.exp(d)
+        # s == 0 exactly while m is still -inf (first tile): the rescaled old terms are then zero
+        shift = tl.where(s > 0, m - m_new, 0.0) * s
+        e = alpha * (e + shift) + tl.sum(p * tl.where(cmask[None, :], d, 0.0), axis=1)
+        s = alpha * s + tl.sum(p, axis=1)
+        zt += tl.sum(tl.where(cols[None, :] == tgt[:, None], z, 0.0), axis=1)
+        m = m_new
+    out = split.to(tl.int64) * T + rows
+    tl.store(m_ptr + out, m, mask=rmask)
+    tl.store(s_ptr + out, s, mask=rmask)
+    tl.store(zt_ptr + out, zt, mask=rmask)
+    tl.store(e_ptr + out, e, mask=rmask)
+
+
+@triton.jit(do_not_specialize=["T"])
+def _logprobs_fwd_combine_kernel(
+    m_ptr, s_ptr, e_ptr, zt_ptr, lp_ptr, ent_ptr, mx_ptr, logs_ptr, T, n_splits,
+    ROWS: tl.constexpr,
+):  # fmt: skip
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    rmask = rows < T
+    rows = rows.to(tl.int64)
+    mx = tl.load(m_ptr + rows, mask=rmask, other=0.0)
+    s = tl.load(s_ptr + rows, mask=rmask, other=1.0)
+    zt = tl.load(zt_ptr + rows, mask=rmask, other=0.0)
+    e = tl.load(e_ptr + rows, mask=rmask, other=0.0)
+    for sp in range(1, n_splits):
+        off = sp * T + rows
+        mi = tl.load(m_ptr + off, mask=rmask, other=0.0)
+        si = tl.load(s_ptr + off, mask=rmask, other=1.0)
+        zt += tl.load(zt_ptr + off, mask=rmask, other=0.0)
+        m_new = tl.maximum(mx, mi)
+        a = tl.exp(mx - m_new)
+        b = tl.exp(mi - m_new)
+        ei = tl.load(e_ptr + off, mask=rmask, other=0.0)
+        e = a * (e + (mx - m_new) * s) + b * (ei + (mi - m_new) * si)
+        s = a * s + b * si
+        mx = m_new
+    log_s = tl.log(s)
+    tl.store(lp_ptr + rows, (zt - mx) - log_s, mask=rmask)
+    tl.store(mx_ptr + rows, mx, mask=rmask)
+    tl.store(logs_ptr + rows, log_s, mask=rmask)
+    tl.store(ent_ptr + rows, log_s - tl.div_rn(e, s), mask=rmask)
+
+
+@triton.jit(do_not_specialize=["T"])
+def _logprobs_bwd_grad_logits_kernel(
+    h_ptr, w_ptr, tgt_ptr, temp_ptr, mx_ptr, logs_ptr, ent_ptr, glp_ptr, gent_ptr, g_ptr, T, V, H,
+    BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, PREC: tl.constexpr,
+    HAS_GLP: tl.constexpr, HAS_GENT: tl.constexpr, INTERPRET: tl.constexpr,
+):  # fmt: skip
+    rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    rmask = rows < T
+    rows = rows.to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
+    cmask = cols < V
+    cols = cols.to(tl.int64)
+    temp = tl.load(temp_ptr + rows, mask=rmask, other=1.0)
+    mx = tl.load(mx_ptr + rows, mask=rmask, other=0.0)
+    log_s = tl.load(logs_ptr + rows, mask=rmask, other=0.0)
+    acc = tl.zeros([BLOCK_T, BLOCK_V], dtype=tl.float32)
+    acc = _logits_tile(h_ptr, w_ptr, rows, rmask, cols, cmask, H, acc, BLOCK_K, PREC, INTERPRET)
+    z = tl.div_rn(acc, temp[:, None])
+    logp = (z - mx[:, None]) - log_s[:, None]
+    p = tl.exp(logp)
+    g = tl.zeros([BLOCK_T, BLOCK_V], dtype=tl.float32)
+    if HAS_GLP:
+        tgt = tl.load(tgt_ptr + rows, mask=rmask, other=-1)
+        glp = tl.load(glp_ptr + rows, mask=rmask, other=0.0)
+        onehot = tl.where(cols[None, :] == tgt[:, None], 1.0, 0.0)
+        g += glp[:, None] * (onehot - p)
+    if HAS_GENT:
+        ent = tl.load(ent_ptr + rows, mask=rmask, other=0.0)
+        gent = tl.load(gent_ptr + rows, mask=rmask, other=0.0)
+        g -= gent[:, None] * (p * (tl.where(cmask[None, :], logp, 0.0) + ent[:, None]))
+    g = tl.where(rmask[:, None] & cmask[None, :], tl.div_rn(g, temp[:, None]), 0.0)
+    tl.store(
+        g_ptr + rows[:, None] * V + cols[None, :], g.to(g_ptr.dtype.element_ty), mask=rmask[:, None] & cmask[None, :]
+    )
+
+
+@triton.jit(do_not_specialize=["M", "N", "K"])
+def _matmul_kernel(
+    a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PREC: tl.constexpr, ACCUMULATE: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):  # fmt: skip
+    rm = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    rn = (tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
+    mmask = rm < M
+    nmask = rn < N
+    c_off = rm[:, None] * stride_cm + rn[None, :] * stride_cn
+    cmask = mmask[:, None] & nmask[None, :]
+    if ACCUMULATE:
+        acc = tl.load(c_ptr + c_off, mask=cmask, other=0.0).to(tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        rk = (k0 + tl.arange(0, BLOCK_K)).to(tl.int64)
+        kmask = rk < K
+        a = tl.load(
+            a_ptr + rm[:, None] * stride_am + rk[None, :] * stride_ak, mask=mmask[:, None] & kmask[None, :], other=0.0
+        )
+        b = tl.load(
+            b_ptr + rk[:, None] * stride_bk + rn[None, :] * stride_bn, mask=kmask[:, None] & nmask[None, :], other=0.0
+        )
+        acc = _dot(a, b, acc, PREC, INTERPRET)
+    tl.store(c_ptr + c_off, acc.to(c_ptr.dtype.element_ty), mask=cmask)
+
+
+@triton.jit
+def _log_softmax_kernel(x_ptr, temp_ptr, out_ptr, V, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * V
+    o_row = out_ptr + row * V
+    temp = tl.load(temp_ptr + row)
+    mvec = tl.full([BLOCK], float("-inf"), dtype=tl.float32)
+    for v0 in range(0, V, BLOCK):
+        cols = v0 + tl.arange(0, BLOCK)
+        z = tl.div_rn(tl.load(x_row + cols, mask=cols < V, other=float("-inf")), temp)
+        mvec = tl.maximum(mvec, z)
+    mx = tl.max(mvec, axis=0)
+    svec = tl.zeros([BLOCK], dtype=tl.float32)
+    for v0 in range(0, V, BLOCK):
+        cols = v0 + tl.arange(0, BLOCK)
+        z = tl.div_rn(tl.load(x_row + cols, mask=cols < V, other=float("-inf")), temp)
+        svec += tl.exp(z - mx)
+    lse = tl.log(tl.sum(svec, axis=0))
+    for v0 in range(0, V, BLOCK):
+        cols = v0 + tl.arange(0, BLOCK)
+        mask = cols < V
+        z = tl.div_rn(tl.load(x_row + cols, mask=mask, other=0.0), temp)
+        tl.store(o_row + cols, (z - mx) - lse, mask=mask)
+
+
+def _precision(dtype: torch.dtype) -> str:
+    # fp32 operands would otherwise go through tf32 tensor cores (10-bit mantissa)
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def n_vocab_splits(vocab: int) -> int:
+    """How many vocabulary splits the fused forward uses: a function of V alone."""
+    return triton.cdiv(triton.cdiv(vocab, LOGPROBS_VOCAB_BLOCK), LOGPROBS_SPLIT_TILES)
+
+
+def logprobs_fwd(
+    normed: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temps: torch.Tensor, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor]:
+    """``(logprob [T], entropy [T] or None, row max M [T], log S [T])``, all fp32."""
+    t, h = normed.shape
+    v = weight.shape[0]
+    dev = normed.device
+    f32 = dict(dtype=torch.float32, device=dev)
+    # The entropy is always computed: one compiled kernel, so a row's logprob is the same bits whether or not the
+    # caller (engine or trainer) asked for the entropy.
+    lp, ent, mx, log_s = (torch.empty(t, **f32) for _ in range(4))
+    if t == 0:
+        return lp, ent if with_entropy else None, mx, log_s
+    n_splits = n_vocab_splits(v)
+    pm, ps, pe, pz = (torch.empty(n_splits, t, **f32) for _ in range(4))
+    _logprobs_fwd_split_kernel[(triton.cdiv(t, LOGPROBS_BLOCK_T), n_splits)](
+        normed, weight, targets, temps, pm, ps, pe, pz, t, v, h,
+        BLOCK_T=LOGPROBS_BLOCK_T, BLOCK_V=LOGPROBS_VOCAB_BLOCK, BLOCK_K=LOGPROBS_BLOCK_K,
+        SPLIT_TILES=LOGPROBS_SPLIT_TILES, PREC=_precision(normed.dtype), INTERPRET=interpreting(),
+        num_warps=LOGPROBS_NUM_WARPS, num_stages=LOGPROBS_NUM_STAGES,
+    )  # fmt: skip
+    _logprobs_fwd_combine_kernel[(triton.cdiv(t, LOGPROBS_COMBINE_ROWS),)](
+        pm, ps, pe, pz, lp, ent, mx, log_s, t, n_splits, ROWS=LOGPROBS_COMBINE_ROWS, num_warps=4,
+    )  # fmt: skip
+    return lp, ent if with_entropy else None, mx, log_s
+
+
+def _matmul(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, accumulate: bool) -> None:
+    """``c (+)= a @ b`` for 2-D views with any strides; fixed tiles, fp32 accumulation over K in order."""
+    m, k = a.shape
+    n = b.shape[1]
+    grid = (triton.cdiv(m, MM_BLOCK_M), triton.cdiv(n, MM_BLOCK_N))
+    _matmul_kernel[grid](
+        a, b, c, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
+        BLOCK_M=MM_BLOCK_M, BLOCK_N=MM_BLOCK_N, BLOCK_K=MM_BLOCK_K, PREC=_precision(a.dtype),
+        ACCUMULATE=accumulate, INTERPRET=interpreting(),
+        num_warps=4, num_stages=3,
+    )  # fmt: skip
+
+
+def logprobs_bwd(
+    normed, weight, targets, temps, mx, log_s, ent, grad_lp, grad_ent, need_dh: bool, need_dw: bool
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """``(d normed [T, H] in normed's dtype, d weight [V, H] in weight's dtype)``; see the module docstring."""
+    t, h = normed.shape
+    v = weight.shape[0]
+    dh = torch.empty_like(normed) if need_dh else None
+    dw32 = torch.zeros(v, h, dtype=torch.float32, device=normed.device) if need_dw else None
+    chunk = min(LOGPROBS_BWD_CHUNK, max(t, 1))
+    g = torch.empty(chunk, v, dtype=normed.dtype, device=normed.device)
+    for s0 in range(0, t, LOGPROBS_BWD_CHUNK):
+        s1 = min(t, s0 + LOGPROBS_BWD_CHUNK)
+        rows = slice(s0, s1)
+        gc = g[: s1 - s0]
+        grid = (triton.cdiv(s1 - s0, LOGPROBS_BLOCK_T), triton.cdiv(v, LOGPROBS_VOCAB_BLOCK))
+        _logprobs_bwd_grad_logits_kernel[grid](
+            normed[rows], weight, targets[rows], temps[rows], mx[rows], log_s[rows],
+            ent[rows] if grad_ent is not None else mx, grad_lp[rows] if grad_lp is not None else mx,
+            grad_ent[rows] if grad_ent is not None else mx, gc, s1 - s0, v, h,
+            BLOCK_T=LOGPROBS_BLOCK_T, BLOCK_V=LOGPROBS_VOCAB_BLOCK, BLOCK_K=LOGPROBS_BLOCK_K,
+            PREC=_precision(normed.dtype), INTERPRET=interpreting(),
+            HAS_GLP=grad_lp is not None, HAS_GENT=grad_ent is not None,
+            num_warps=LOGPROBS_NUM_WARPS, num_stages=LOGPROBS_NUM_STAGES,
+        )  # fmt: skip
+        if need_dh:
+            _matmul(gc, weight, dh[rows], accumulate=False)
+        if need_dw:
+            _matmul(gc.t(), normed[rows], dw32, accumulate=True)
+    return dh, (dw32.to(weight.dtype) if need_dw else None)
+
+
+class FusedLogprobsFunction(torch.autograd.Function):
+    """Autograd wrapper of :func:`logprobs_fwd` / :func:`logprobs_bwd` (targets and temperatures get no gradient)."""
+
+    @staticmethod
+    def forward(ctx, normed, weight, targets, temps, with_entropy: bool):
+        lp, ent, mx, log_s = logprobs_fwd(normed, weight, targets, temps, with_entropy)
+        ctx.save_for_backward(normed, weight, targets, temps, mx, log_s, ent)
+        ctx.set_materialize_grads(False)
+        return lp, ent
+
+    @staticmethod
+    def backward(ctx, grad_lp, grad_ent):
+        normed, weight, targets, temps, mx, log_s, ent = ctx.saved_tensors
+        grad_lp = None if grad_lp is None else grad_lp.float().contiguous()
+        grad_ent = None if grad_ent is None or ent is None else grad_ent.float().contiguous()
+        if grad_lp is None and grad_ent is None:
+            return None, None, None, None, None
+        dh, dw = logprobs_bwd(
+            normed, weight, targets, temps, mx, log_s, ent, grad_lp, grad_ent,
+            need_dh=ctx.needs_input_grad[0], need_dw=ctx.needs_input_grad[1],
+        )  # fmt: skip
+        return dh, dw, None, None, None
+
+
+def triton_logprobs(
+    normed: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temps: torch.Tensor, with_entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Logprob of ``targets [T]`` (and entropy) under ``normed [T, H] @ weight[V, H].T / temps [T]``, fp32, fused.
+
+    ``normed`` is the final-norm output (the lm_head input). Autograd-aware in ``normed`` and ``weight``.
+    """
+    if normed.dim() != 2 or weight.dim() != 2 or normed.shape[1] != weight.shape[1]:
+        raise ValueError(
+            f"logprobs: hidden {tuple(normed.shape)} and lm_head {tuple(weight.shape)} need [T, H], [V, H]"
+        )
+    if normed.dtype != weight.dtype:
+        dtype = torch.promote_types(normed.dtype, weight.dtype)
+        normed, weight = normed.to(dtype), weight.to(dtype)
+    normed, weight = aligned_rows(normed), aligned_rows(weight)
+    targets = aligned_rows(targets.to(device=normed.device, dtype=torch.int64))
+    temps = aligned_rows(temps.to(device=normed.device, dtype=torch.float32))
+    if torch.is_grad_enabled() and (normed.requires_grad or weight.requires_grad):
+        return FusedLogprobsFunction.apply(normed, weight, targets, temps, with_entropy)
+    lp, ent, _, _ = logprobs_fwd(normed, weight, targets, temps, with_entropy)
+    return lp, ent
+
+
+def triton_log_softmax(logits: torch.Tensor, temps: torch.Tensor) -> torch.Tensor:
+    """fp32 ``log_softmax(logits [T, V] / temps [T])`` per row (no autograd: the sampler's path)."""
+    logits = aligned_rows(logits)
+    temps = aligned_rows(temps.to(device=logits.device, dtype=torch.float32))
+    t, v = logits.shape
+    out = torch.empty_like(logits)
+    if t and v:
+        _log_softmax_kernel[(t,)](logits, temps, out, v, BLOCK=LSM_BLOCK, num_warps=LSM_NUM_WARPS)
+    return out

@@ -1,0 +1,175 @@
+"""RMSNorm forward and backward in Triton: ``y = x * rstd * weight``, ``rstd = 1 / sqrt(mean(x^2) + eps)``.
+
+Invariance: one program per row; the row's sum of squares is accumulated over the hidden size in fixed blocks of
+``RMS_BLOCK`` (elementwise fp32 adds into a ``[RMS_BLOCK]`` vector, blocks in order), then one ``tl.sum`` whose tree is
+fixed by the compile-time block and warp count. Nothing in a row's math reads the number of rows, so row ``i`` of the
+output (and of ``dx``) is bitwise the same for any batch, row subset or chunking. ``dweight`` sums over rows: fixed
+blocks of ``RMS_DW_ROWS`` rows summed in row order, then the block partials summed in block order (no atomics), so it
+is identical run to run for a given input.
+
+Accuracy: fp32 throughout (``sqrt_rn``/``div_rn``, correctly rounded), cast once; within a few fp32 ulps of a float64
+reference before the final cast.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+# Numerics-affecting launch parameters: fixed for every shape (the sum-of-squares tree depends on them).
+RMS_BLOCK = 1024
+RMS_NUM_WARPS = 4
+# Rows per dweight partial sum (fixes the order of the sum over rows).
+RMS_DW_ROWS = 64
+
+
+def aligned_rows(t: torch.Tensor) -> torch.Tensor:
+    """Contiguous, 16-byte aligned: Triton specialises kernels on pointer alignment and may then pick a different
+    register layout (and so a different reduction tree); fresh allocations are aligned, so a row gets the same
+    compiled kernel whether it arrives alone, in a batch or as a slice."""
+    t = t.contiguous()
+    if t.data_ptr() % 16:
+        t = t.clone()
+    return t
+
+
+@triton.jit
+def _rms_norm_fwd_kernel(x_ptr, w_ptr, y_ptr, rstd_ptr, H, eps, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * H
+    y_row = y_ptr + row * H
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for start in range(0, H, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        x = tl.load(x_row + cols, mask=cols < H, other=0.0).to(tl.float32)
+        acc += x * x
+    var = tl.div_rn(tl.sum(acc, axis=0), tl.cast(H, tl.float32))
+    rstd = tl.div_rn(1.0, tl.sqrt_rn(var + eps))
+    tl.store(rstd_ptr + row, rstd)
+    for start in range(0, H, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        mask = cols < H
+        x = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(y_row + cols, (x * rstd * w).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _rms_norm_bwd_dx_kernel(dy_ptr, x_ptr, w_ptr, rstd_ptr, dx_ptr, H, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    rstd = tl.load(rstd_ptr + row)
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for start in range(0, H, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        mask = cols < H
+        dy = tl.load(dy_ptr + row * H + cols, mask=mask, other=0.0).to(tl.float32)
+        x = tl.load(x_ptr + row * H + cols, mask=mask, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        acc += (dy * w) * (x * rstd)
+    c = tl.div_rn(tl.sum(acc, axis=0), tl.cast(H, tl.float32))
+    for start in range(0, H, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        mask = cols < H
+        dy = tl.load(dy_ptr + row * H + cols, mask=mask, other=0.0).to(tl.float32)
+        x = tl.load(x_ptr + row * H + cols, mask=mask, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        dx = (dy * w - (x * rstd) * c) * rstd
+        tl.store(dx_ptr + row * H + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit(do_not_specialize=["M"])
+def _rms_norm_bwd_dw_partial_kernel(dy_ptr, x_ptr, rstd_ptr, part_ptr, M, H, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    rb = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < H
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for i in range(0, ROWS):
+        row = rb.to(tl.int64) * ROWS + i
+        valid = row < M
+        rstd = tl.load(rstd_ptr + row, mask=valid, other=0.0)
+        dy = tl.load(dy_ptr + row * H + cols, mask=mask & valid, other=0.0).to(tl.float32)
+        x = tl.load(x_ptr + row * H + cols, mask=mask & valid, other=0.0).to(tl.float32)
+        acc += dy * (x * rstd)
+    tl.store(part_ptr + rb.to(tl.int64) * H + cols, acc, mask=mask)
+
+
+@triton.jit(do_not_specialize=["n_parts"])
+def _rms_norm_bwd_dw_final_kernel(part_ptr, dw_ptr, n_parts, H, BLOCK: tl.constexpr):
+    cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < H
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for p in range(0, n_parts):
+        acc += tl.load(part_ptr + p * H + cols, mask=mask, other=0.0)
+    tl.store(dw_ptr + cols, acc.to(dw_ptr.dtype.element_ty), mask=mask)
+
+
+def rms_norm_fwd(
+    x2d: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x2d [M, H]`` -> ``(y [M, H] out_dtype, rstd [M] fp32)``.
+
+    ``rstd`` is always written (one compiled kernel whether or not autograd records, so the values are the same)."""
+    x2d = aligned_rows(x2d)
+    weight = aligned_rows(weight)
+    m, h = x2d.shape
+    y = torch.empty(m, h, dtype=out_dtype, device=x2d.device)
+    rstd = torch.empty(m, dtype=torch.float32, device=x2d.device)
+    if m:
+        _rms_norm_fwd_kernel[(m,)](x2d, weight, y, rstd, h, eps, BLOCK=RMS_BLOCK, num_warps=RMS_NUM_WARPS)
+    return y, rstd
+
+
+def rms_norm_bwd(
+    dy: torch.Tensor, x2d: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, need_dw: bool = True
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Gradients of :func:`rms_norm_fwd`: ``(dx [M, H] in x's dtype, dweight [H] in weight's dtype)``."""
+    dy = aligned_rows(dy)
+    m, h = x2d.shape
+    dx = torch.empty_like(x2d)
+    if m:
+        _rms_norm_bwd_dx_kernel[(m,)](dy, x2d, weight, rstd, dx, h, BLOCK=RMS_BLOCK, num_warps=RMS_NUM_WARPS)
+    if not need_dw:
+        return dx, None
+    dw = torch.empty_like(weight)
+    n_parts = max(1, triton.cdiv(m, RMS_DW_ROWS))
+    parts = torch.zeros(n_parts, h, dtype=torch.float32, device=x2d.device)
+    col_blocks = triton.cdiv(h, RMS_BLOCK)
+    if m:
+        _rms_norm_bwd_dw_partial_kernel[(n_parts, col_blocks)](
+            dy, x2d, rstd, parts, m, h, ROWS=RMS_DW_ROWS, BLOCK=RMS_BLOCK, num_warps=RMS_NUM_WARPS
+        )
+    _rms_norm_bwd_dw_final_kernel[(col_blocks,)](parts, dw, n_parts, h, BLOCK=RMS_BLOCK, num_warps=RMS_NUM_WARPS)
+    return dx, dw
+
+
+class RMSNormFunction(torch.autograd.Function):
+    """Autograd wrapper: forward saves fp32 ``rstd`` per row; backward is :func:`rms_norm_bwd`."""
+
+    @staticmethod
+    def forward(ctx, x2d: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch.dtype) -> torch.Tensor:
+        x2d, weight = aligned_rows(x2d), aligned_rows(weight)
+        y, rstd = rms_norm_fwd(x2d, weight, eps, out_dtype)
+        ctx.save_for_backward(x2d, weight, rstd)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor):
+        x2d, weight, rstd = ctx.saved_tensors
+        dx, dw = rms_norm_bwd(dy, x2d, weight, rstd, need_dw=ctx.needs_input_grad[1])
+        return dx, dw, None, None
+
+
+def triton_rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch.dtype | None = None
+) -> torch.Tensor:
+    """RMSNorm over the last dim of ``x`` (any leading shape), Triton; autograd-aware when an input needs grad."""
+    if x.device != weight.device:
+        raise ValueError(f"rms_norm: x is on {x.device} but weight is on {weight.device}")
+    out_dtype = out_dtype or x.dtype
+    x2d = x.reshape(-1, x.shape[-1])
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
+        y = RMSNormFunction.apply(x2d, weight, eps, out_dtype)
+    else:
+        y, _ = rms_norm_fwd(x2d, weight, eps, out_dtype)
+    return y.reshape(x.shape)

@@ -1,0 +1,96 @@
+"""Rotary position embedding (NeoX halves) in Triton, forward and backward.
+
+``o1 = x1 * cos - x2 * sin``, ``o2 = x2 * cos + x1 * sin`` in fp32, cast once, with ``cos``/``sin`` read from the fp32
+tables of :func:`vexact_kernels.rope_cos_sin` at each token's position. The backward is the same rotation by ``-sin``.
+
+Invariance: purely elementwise per (token, head, pair); a token's output depends only on its values and its position.
+The kernels are compiled with ``enable_fp_fusion=False`` so no multiply-add is contracted into an FMA: every product
+and sum is a correctly rounded fp32 op, which makes the result bitwise equal to the CPU reference (``rotary.py``).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+# Heads per program; elementwise kernel, so this only affects speed.
+ROPE_HEADS_BLOCK = 4
+ROPE_NUM_WARPS = 4
+
+
+@triton.jit
+def _rotary_kernel(
+    x_ptr, pos_ptr, cos_ptr, sin_ptr, out_ptr,
+    n_heads, half, stride_xt, stride_xh, stride_ot, stride_oh, stride_tab,
+    HEADS: tl.constexpr, HALF: tl.constexpr, NEG_SIN: tl.constexpr,
+):  # fmt: skip
+    tok = tl.program_id(0).to(tl.int64)
+    heads = tl.program_id(1) * HEADS + tl.arange(0, HEADS)
+    d = tl.arange(0, HALF)
+    dmask = d < half
+    pos = tl.load(pos_ptr + tok).to(tl.int64)
+    c = tl.load(cos_ptr + pos * stride_tab + d, mask=dmask, other=0.0)
+    s = tl.load(sin_ptr + pos * stride_tab + d, mask=dmask, other=0.0)
+    if NEG_SIN:
+        s = -s
+    mask = (heads[:, None] < n_heads) & dmask[None, :]
+    x_off = tok * stride_xt + heads[:, None].to(tl.int64) * stride_xh + d[None, :]
+    x1 = tl.load(x_ptr + x_off, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(x_ptr + x_off + half, mask=mask, other=0.0).to(tl.float32)
+    o1 = x1 * c[None, :] - x2 * s[None, :]
+    o2 = x2 * c[None, :] + x1 * s[None, :]
+    o_off = tok * stride_ot + heads[:, None].to(tl.int64) * stride_oh + d[None, :]
+    tl.store(out_ptr + o_off, o1.to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(out_ptr + o_off + half, o2.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def rotary_launch(
+    x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool = False
+) -> torch.Tensor:
+    """Rotate ``x [tokens, heads, head_dim]`` (any strides with a contiguous last dim); returns a new contiguous
+    tensor in x's dtype. ``inverse`` rotates by ``-sin`` (the backward)."""
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    tokens, n_heads, head_dim = x.shape
+    half = head_dim // 2
+    cos, sin, positions = cos.contiguous(), sin.contiguous(), positions.contiguous()
+    out = torch.empty(tokens, n_heads, head_dim, dtype=x.dtype, device=x.device)
+    if tokens and n_heads:
+        grid = (tokens, triton.cdiv(n_heads, ROPE_HEADS_BLOCK))
+        _rotary_kernel[grid](
+            x, positions, cos, sin, out,
+            n_heads, half, x.stride(0), x.stride(1), out.stride(0), out.stride(1), cos.stride(0),
+            HEADS=ROPE_HEADS_BLOCK, HALF=triton.next_power_of_2(half), NEG_SIN=inverse,
+            num_warps=ROPE_NUM_WARPS, enable_fp_fusion=False,
+        )  # fmt: skip
+    return out
+
+
+class RotaryFunction(torch.autograd.Function):
+    """Autograd wrapper: the gradient of a rotation is the rotation by the opposite angle."""
+
+    @staticmethod
+    def forward(ctx, x, positions, cos, sin):
+        ctx.save_for_backward(positions, cos, sin)
+        return rotary_launch(x, positions, cos, sin)
+
+    @staticmethod
+    def backward(ctx, dy):
+        positions, cos, sin = ctx.saved_tensors
+        return rotary_launch(dy, positions, cos, sin, inverse=True), None, None, None
+
+
+def triton_apply_rotary(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary on ``x [tokens, heads, head_dim]`` with fp32 ``cos``/``sin`` tables; autograd-aware."""
+    if x.dim() != 3:
+        raise ValueError(f"rotary: x must be [tokens, heads, head_dim]; got shape {tuple(x.shape)}")
+    if cos.dtype != torch.float32 or sin.dtype != torch.float32:
+        raise TypeError(f"rotary: cos/sin tables must be float32; got {cos.dtype} and {sin.dtype}")
+    if cos.shape[-1] * 2 != x.shape[-1]:
+        raise ValueError(f"rotary: table width {cos.shape[-1]} does not match head_dim {x.shape[-1]} / 2")
+    if positions.shape != x.shape[:1]:
+        raise ValueError(f"rotary: positions must have shape [{x.shape[0]}]; got {tuple(positions.shape)}")
+    if torch.is_grad_enabled() and x.requires_grad:
+        return RotaryFunction.apply(x, positions, cos, sin)
+    return rotary_launch(x, positions, cos, sin)

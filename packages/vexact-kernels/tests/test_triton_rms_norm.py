@@ -1,0 +1,142 @@
+"""Triton rms_norm: on CPU through the interpreter (small shapes), on the GPU at real shapes.
+
+Checks: float64-reference accuracy, row invariance (``torch.equal``), backward against float64 autograd, and a
+deterministic (run-to-run identical) dweight.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import vexact_kernels as vk
+from vexact_kernels.triton_ops import interpreting, triton_available
+
+pytestmark = pytest.mark.skipif(not triton_available(), reason="triton is not installed")
+interp = pytest.mark.skipif(not interpreting(), reason="interpreter tests run where TRITON_INTERPRET=1 (no GPU)")
+EPS = 1e-6
+
+
+def gpu(fn):
+    return pytest.mark.gpu(pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")(fn))
+
+
+def _ops():
+    from vexact_kernels.triton_ops import rms_norm
+
+    return rms_norm
+
+
+def _rand(*shape, seed=0, dtype=torch.bfloat16, scale=1.0, device="cpu"):
+    g = torch.Generator().manual_seed(seed)
+    return (scale * torch.randn(*shape, generator=g)).to(dtype).to(device)
+
+
+def _reference(x, w, eps=EPS):
+    xd = x.double()
+    return xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + eps) * w.double()
+
+
+def _grads(x, w, dy, fn):
+    x = x.detach().clone().requires_grad_()
+    w = w.detach().clone().requires_grad_()
+    fn(x, w).backward(dy)
+    return x.grad, w.grad
+
+
+@interp
+@pytest.mark.parametrize("hidden", [1, 100, 1500])
+@pytest.mark.parametrize("scale", [1e-3, 50.0])
+def test_interpreted_forward_matches_float64(hidden, scale):
+    ops = _ops()
+    x, w = _rand(5, hidden, seed=1, scale=scale), 1.0 + 0.1 * _rand(hidden, seed=2)
+    ref = _reference(x, w)
+    y32 = ops.triton_rms_norm(x, w, EPS, torch.float32)
+    torch.testing.assert_close(y32.double(), ref, rtol=2e-6, atol=1e-6)
+    y = ops.triton_rms_norm(x, w, EPS)
+    assert y.dtype == torch.bfloat16
+    # the interpreter rounds fp32 -> bf16 toward zero (the GPU rounds to nearest): allow one bf16 ulp
+    torch.testing.assert_close(y.double(), ref, rtol=2.0**-7, atol=1e-6)
+
+
+@interp
+@settings(max_examples=12, deadline=None)
+@given(m=st.integers(1, 12), hidden=st.sampled_from([8, 33, 200]), seed=st.integers(0, 2**16), data=st.data())
+def test_interpreted_row_result_independent_of_batch(m, hidden, seed, data):
+    ops = _ops()
+    x, w = _rand(m, hidden, seed=seed), 1.0 + 0.1 * _rand(hidden, seed=seed + 1)
+    full = ops.triton_rms_norm(x, w, EPS, torch.float32)
+    rows = torch.tensor(data.draw(st.lists(st.integers(0, m - 1), min_size=1, max_size=m), label="rows"))
+    assert torch.equal(ops.triton_rms_norm(x[rows], w, EPS, torch.float32), full[rows])
+    step = data.draw(st.integers(1, m), label="chunk")
+    assert torch.equal(torch.cat([ops.triton_rms_norm(c, w, EPS, torch.float32) for c in x.split(step)]), full)
+
+
+@interp
+def test_interpreted_backward_matches_float64_and_is_deterministic():
+    ops = _ops()
+    m, hidden = 70, 100  # more rows than one dweight block (RMS_DW_ROWS)
+    x, w = _rand(m, hidden, seed=3, dtype=torch.float32), 1.0 + 0.1 * _rand(hidden, seed=4, dtype=torch.float32)
+    dy = _rand(m, hidden, seed=5, dtype=torch.float32)
+    dx, dw = _grads(x, w, dy, lambda a, b: ops.triton_rms_norm(a, b, EPS))
+    rdx, rdw = _grads(x.double(), w.double(), dy.double(), _reference)
+    torch.testing.assert_close(dx.double(), rdx, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(dw.double(), rdw, rtol=1e-5, atol=1e-4)
+    dx2, dw2 = _grads(x, w, dy, lambda a, b: ops.triton_rms_norm(a, b, EPS))
+    assert torch.equal(dx, dx2) and torch.equal(dw, dw2)
+    # forward values do not depend on whether autograd is recording
+    assert torch.equal(
+        ops.triton_rms_norm(x.requires_grad_(), w, EPS).detach(), ops.triton_rms_norm(x.detach(), w, EPS)
+    )
+
+
+@interp
+def test_interpreted_leading_dims_and_bf16_backward():
+    ops = _ops()
+    x, w = _rand(2, 3, 40, seed=6), 1.0 + 0.1 * _rand(40, seed=7)
+    y = ops.triton_rms_norm(x, w, EPS)
+    assert y.shape == x.shape and torch.equal(y.reshape(-1, 40), ops.triton_rms_norm(x.reshape(-1, 40), w, EPS))
+    dy = _rand(2, 3, 40, seed=8)
+    dx, dw = _grads(x, w, dy, lambda a, b: ops.triton_rms_norm(a, b, EPS))
+    assert dx.dtype == dw.dtype == torch.bfloat16 and dx.shape == x.shape
+    rdx, rdw = _grads(x.double(), w.double(), dy.double(), _reference)
+    torch.testing.assert_close(dx.double(), rdx, rtol=2.0**-7, atol=1e-3)
+    torch.testing.assert_close(dw.double(), rdw, rtol=2.0**-7, atol=1e-3)
+
+
+@gpu
+@pytest.mark.parametrize("hidden", [2048, 4096, 5120])
+def test_gpu_every_row_equals_the_single_row_result(hidden):
+    gen = torch.Generator().manual_seed(hidden)
+    sizes = [1, 2, 31, 64, 1000, 16384] + torch.randint(1, 16385, (3,), generator=gen).tolist()
+    x = _rand(max(sizes), hidden, seed=1, scale=3.0, device="cuda")
+    w = (1.0 + 0.1 * _rand(hidden, seed=2)).to("cuda")
+    singles = torch.cat([vk.rms_norm(x[i : i + 1], w, EPS) for i in range(x.shape[0])])
+    for m in sizes:
+        assert torch.equal(vk.rms_norm(x[:m], w, EPS), singles[:m]), f"M={m}"
+    rows = torch.randperm(x.shape[0], generator=gen)[:777].cuda()
+    assert torch.equal(vk.rms_norm(x[rows], w, EPS), singles[rows])
+    ref = _reference(x[:64], w)
+    torch.testing.assert_close(vk.rms_norm(x[:64], w, EPS, out_dtype=torch.float32).double(), ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(vk.rms_norm(x[:64], w, EPS).double(), ref, rtol=2.0**-8, atol=1e-5)
+
+
+@gpu
+def test_gpu_backward_matches_float64_and_is_deterministic():
+    m, hidden = 4097, 4096
+    x, w = _rand(m, hidden, seed=3, device="cuda"), (1.0 + 0.1 * _rand(hidden, seed=4)).to("cuda")
+    dy = _rand(m, hidden, seed=5, device="cuda")
+    dx, dw = _grads(x, w, dy, lambda a, b: vk.rms_norm(a, b, EPS))
+    rdx, rdw = _grads(x.double(), w.double(), dy.double(), _reference)
+    torch.testing.assert_close(dx.double(), rdx, rtol=2.0**-7, atol=1e-2)
+    torch.testing.assert_close(dw.double(), rdw, rtol=2.0**-7, atol=1e-1)
+    dx2, dw2 = _grads(x, w, dy, lambda a, b: vk.rms_norm(a, b, EPS))
+    assert torch.equal(dx, dx2) and torch.equal(dw, dw2)
+    # the forward gives the same bits whether or not autograd records
+    y_grad = vk.rms_norm(x.clone().requires_grad_(), w, EPS).detach()
+    assert torch.equal(y_grad, vk.rms_norm(x, w, EPS))
+    # dx of a row does not depend on the other rows either
+    dx1, _ = _grads(x[7:8], w, dy[7:8], lambda a, b: vk.rms_norm(a, b, EPS))
+    assert torch.equal(dx1[0], dx[7])
