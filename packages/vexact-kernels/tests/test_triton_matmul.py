@@ -98,6 +98,8 @@ def test_gpu_every_config_gives_the_same_bits():
         outs = [mm.matmul(a, w, out_dtype=torch.float32, config=cfg) for cfg in mm.CONFIGS]
         outs.append(mm.matmul(a, w, out_dtype=torch.float32, config=(16, 16, 4, 2)))
         outs.append(mm.matmul(a, w, out_dtype=torch.float32, config=(128, 256, 8, 3)))
+        outs.append(mm.matmul(a, w, out_dtype=torch.float32, config=mm.TMA_CONFIG_FP32_OUT))  # persistent TMA
+        outs.append(mm.matmul(a, w, out_dtype=torch.float32, config=(128, 128, 8, 4, True)))  # warp-specialized
         for o in outs[1:]:
             assert torch.equal(o, outs[0]), f"config changed bits at {(m, k, n)}"
 

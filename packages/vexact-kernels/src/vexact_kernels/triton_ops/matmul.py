@@ -74,6 +74,70 @@ def _matmul_kernel(
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask_m & mask_n)
 
 
+@triton.jit
+def _matmul_tma_kernel(
+    a_desc, b_desc, c_ptr, bias_ptr,
+    M, N, K, stride_cm, stride_cn,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    NUM_SMS: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
+):  # fmt: skip
+    """Persistent Hopper variant (TMA loads): the same per-element K order as ``_matmul_kernel``, faster at large M."""
+    start = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    group = GROUP_M * num_pid_n
+    for tile in tl.range(start, num_pid_m * num_pid_n, NUM_SMS, flatten=True, warp_specialize=WARP_SPECIALIZE):
+        first_m = (tile // group) * GROUP_M
+        size_m = tl.minimum(num_pid_m - first_m, GROUP_M)
+        pid_m = first_m + (tile % group) % size_m
+        pid_n = (tile % group) // size_m
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for ki in range(k_tiles):
+            a = a_desc.load([pid_m * BLOCK_M, ki * BLOCK_K])  # out-of-bounds reads are zero, like the masks
+            b = b_desc.load([pid_n * BLOCK_N, ki * BLOCK_K])
+            acc = tl.dot(a, b.T, acc)
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+        c_ptrs = c_ptr + offs_m[:, None].to(tl.int64) * stride_cm + offs_n[None, :] * stride_cn
+        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+
+# (BLOCK_M, BLOCK_N, num_warps, num_stages, warp_specialize) of the persistent TMA variant, used for M > 512.
+TMA_CONFIG = (128, 256, 8, 3, False)
+TMA_CONFIG_FP32_OUT = (128, 128, 8, 4, False)  # a 128x256 fp32 epilogue does not fit in shared memory
+TMA_MIN_M = 513
+
+
+def _tma_ok(a: torch.Tensor, b_t: torch.Tensor) -> bool:
+    if not a.is_cuda or torch.cuda.get_device_capability(a.device)[0] < 9:
+        return False
+    es = a.element_size()
+    return all(t.stride(1) == 1 and (t.stride(0) * es) % 16 == 0 and t.data_ptr() % 16 == 0 for t in (a, b_t))
+
+
+def _launch_tma(a, b_t, c, bias, cfg) -> None:
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    bm, bn, warps, stages, ws = cfg
+    m, k = a.shape
+    n = b_t.shape[0]
+    num_sms = torch.cuda.get_device_properties(a.device).multi_processor_count
+    a_desc = TensorDescriptor.from_tensor(a, [bm, BLOCK_K])
+    b_desc = TensorDescriptor.from_tensor(b_t, [bn, BLOCK_K])
+    tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
+    _matmul_tma_kernel[(min(num_sms, tiles),)](
+        a_desc, b_desc, c, bias if bias is not None else c,
+        m, n, k, c.stride(0), c.stride(1),
+        HAS_BIAS=bias is not None,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=BLOCK_K, GROUP_M=GROUP_M, NUM_SMS=num_sms, WARP_SPECIALIZE=ws,
+        num_warps=warps, num_stages=stages,
+    )  # fmt: skip
+
+
 def pick_config(m: int, n: int, interpret: bool = False) -> tuple[int, int, int, int]:
     if interpret:
         return INTERPRET_CONFIG
@@ -91,9 +155,12 @@ def matmul(
     b_t: torch.Tensor,
     bias: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
-    config: tuple[int, int, int, int] | None = None,
+    config: tuple | None = None,
 ) -> torch.Tensor:
-    """``a [M, K] @ b_t[N, K].T (+ bias [N])`` -> ``[M, N]``; any strides. ``config`` overrides the tile choice."""
+    """``a [M, K] @ b_t[N, K].T (+ bias [N])`` -> ``[M, N]``; any strides.
+
+    ``config`` overrides the tile choice: 4 values for the pointer kernel, 5 for the persistent TMA kernel.
+    """
     from . import interpreting
 
     if a.dim() != 2 or b_t.dim() != 2 or a.shape[1] != b_t.shape[1]:
@@ -107,6 +174,9 @@ def matmul(
         return c
     if k == 0:
         return c.zero_() if bias is None else c.copy_(bias.expand(m, n))
+    if (config is None and m >= TMA_MIN_M or config is not None and len(config) == 5) and _tma_ok(a, b_t):
+        _launch_tma(a, b_t, c, bias, config or (TMA_CONFIG_FP32_OUT if c.element_size() == 4 else TMA_CONFIG))
+        return c
     bm, bn, warps, stages = config or pick_config(m, n, interpreting())
     grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
     _matmul_kernel[grid](
@@ -145,7 +215,9 @@ class LinearFunction(torch.autograd.Function):
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
     lead = x.shape[:-1]
     x2d = x.reshape(-1, x.shape[-1])
-    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)):
+    if torch.is_grad_enabled() and (
+        x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
+    ):
         y = LinearFunction.apply(x2d, weight, bias, out_dtype)
     else:
         y = matmul(x2d, weight, bias, out_dtype)
