@@ -1,0 +1,56 @@
+"""Contract 1b: the whole model's logprobs for a sequence are the same alone or inside a batch of 64 (invariant
+backend), and the invariant forward matches the fast backend within bf16 tolerance (it is also correct).
+
+CPU: the tiny model. GPU targets: a Qwen3-0.6B-shaped model with random weights (real HF config shapes).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vexact_models import random_model, tiny_qwen3_config
+from vexact_trainer import Actor, ActorConfig
+
+QWEN3_06B = dict(
+    vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+    num_key_value_heads=8, head_dim=128, max_position_embeddings=40960, rope_theta=1_000_000.0,
+    tie_word_embeddings=True,
+)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def model(device):
+    cfg = tiny_qwen3_config() if device == "cpu" else tiny_qwen3_config(**QWEN3_06B)
+    return random_model(cfg, seed=7).to(device)
+
+
+def _batch(vocab: int, n: int, lo: int, hi: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    lens = torch.randint(lo, hi, (n,), generator=g).tolist()
+    prompts = [torch.randint(0, vocab, (max(1, n_ // 3),), generator=g).tolist() for n_ in lens]
+    responses = [torch.randint(0, vocab, (n_ - max(1, n_ // 3),), generator=g).tolist() for n_ in lens]
+    return prompts, responses
+
+
+def test_sequence_alone_equals_in_batch_of_64(model, device):
+    lo, hi = (4, 40) if device == "cpu" else (16, 1024)
+    prompts, responses = _batch(model.config.vocab_size, 64, lo, hi, seed=0)
+    actor = Actor(model)
+    batched = actor.compute_log_probs(prompts, responses, 1.0).logprobs
+    for i in (0, 17, 63):
+        alone = actor.compute_log_probs([prompts[i]], [responses[i]], 1.0).logprobs[0]
+        assert torch.equal(alone, batched[i]), f"sequence {i}: logprobs alone differ from the batch of 64"
+    # a different batch composition around the same sequence
+    reordered = actor.compute_log_probs(prompts[::-1], responses[::-1], 1.0).logprobs[::-1]
+    assert all(torch.equal(a, b) for a, b in zip(batched, reordered, strict=True))
+
+
+def test_invariant_matches_fast_within_bf16_tolerance(model, device):
+    lo, hi = (4, 40) if device == "cpu" else (16, 512)
+    prompts, responses = _batch(model.config.vocab_size, 8, lo, hi, seed=1)
+    inv = torch.cat(Actor(model).compute_log_probs(prompts, responses, 1.0).logprobs)
+    fast = torch.cat(Actor(model, ActorConfig(backend="fast")).compute_log_probs(prompts, responses, 1.0).logprobs)
+    err = (inv - fast).abs()
+    # bf16 logits in the fast path round at ~2^-8 relative; allow that on the largest logprobs
+    assert err.max().item() < 0.25 and err.mean().item() < 0.02, (err.max().item(), err.mean().item())
