@@ -267,12 +267,16 @@ def test_text_prompts_with_the_default_checkpoint_tokenizer(text_llm):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_cuda_engine_fast_backend_runs_and_invariant_refuses():
-    p = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+def test_cuda_engine_both_backends_and_invariant_matches_trainer():
+    from vexact_trainer import Actor
+
+    p = SamplingParams(temperature=0.8, max_tokens=6, seed=3, ignore_eos=True)
     fast = LLM(default_checkpoint(), device="cuda", backend="fast", num_kv_blocks=16)
     assert next(fast.model.parameters()).device.type == "cuda"
     (out,) = fast.generate([[1, 2, 3, 4]], p, use_tqdm=False)
     assert len(out.token_ids) == 6 and out.logprobs.shape == (6,) and bool((out.logprobs <= 0).all())
-    inv = LLM(default_checkpoint(), device="cuda", num_kv_blocks=16)
-    with pytest.raises(NotImplementedError, match="invariant backend has no kernel for device 'cuda'"):
-        inv.generate([[1, 2, 3, 4]], p, use_tqdm=False)
+    inv = LLM(default_checkpoint(), device="cuda", num_kv_blocks=16, max_num_batched_tokens=8)
+    outs = inv.generate([[1, 2, 3, 4], list(range(5, 30))], p, use_tqdm=False)
+    scored = Actor(inv.model).compute_log_probs([o.prompt_token_ids for o in outs], [o.token_ids for o in outs], 0.8)
+    for o, lp in zip(outs, scored.logprobs, strict=True):
+        assert torch.equal(o.logprobs, lp.cpu())

@@ -240,7 +240,13 @@ def test_paged_input_errors(backend):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_invariant_backend_on_cuda_raises_not_silently_falling_back():
-    q, k, v = (t.cuda() for t in _qkv(4))
-    with pytest.raises(NotImplementedError, match="invariant backend has no kernel for device 'cuda'"):
-        vk.attention_packed(q, k, v, _cu([4]))
+def test_invariant_backend_on_cuda_runs_the_triton_kernels():
+    """CUDA tensors on the invariant backend go to triton_ops.attention (its own tests: test_triton_attention.py)."""
+    from vexact_kernels.triton_ops import attention as tri
+
+    q, k, v = (t.cuda() for t in _qkv(70, d=64))
+    out = vk.attention_packed(q, k, v, _cu([30, 40]).cuda())
+    assert torch.equal(out, tri.attention_packed(q, k, v, _cu([30, 40]).cuda()))
+    torch.testing.assert_close(
+        out.double().cpu(), _reference(q.cpu(), k.cpu(), v.cpu(), [30, 40]), atol=2e-2, rtol=2e-2
+    )

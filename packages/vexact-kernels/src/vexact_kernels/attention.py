@@ -7,6 +7,10 @@ reading a paged cache, whatever the page size, the other sequences, or the numbe
 packed and paged entry points differ only in how a key position is turned into a row of K/V storage; both then call
 the same ``_attend``. No split-KV: one pass over the keys per query.
 
+On the ``invariant`` backend CUDA tensors go to the Triton kernel family in ``triton_ops/attention.py`` (the same
+rule, with its own fixed tile of 64 positions; GPU results are invariant among themselves, not equal to the CPU
+reference's). The CPU code below is the exact reference and its numerics are pinned by a golden fixture.
+
 Scores and the softmax statistics are fp32; the output is cast once to q's dtype. The ``fast`` backend is
 ``torch.nn.functional.scaled_dot_product_attention`` per sequence (measured not batch-invariant on CPU fp32).
 """
@@ -20,6 +24,7 @@ import torch.nn.functional as F
 
 from ._backend import check_float, get_backend, invariant_device_check
 from ._reduce import tree_sum
+from .triton_ops import use_triton
 
 ATTN_BLOCK_N = 16
 # Queries per step of the CPU reference; bounds the [q, heads, BLOCK_N, head_dim] buffers. Does not affect numerics.
@@ -105,6 +110,10 @@ def attention_packed(
     q [T, Hq, D], k/v [T, Hkv, D], ``cu_seqlens [B+1]`` (int) marks sequence boundaries. Returns [T, Hq, Dv].
     """
     _check_qkv("attention_packed", q, k, v)
+    if get_backend() == "invariant" and use_triton(q, k, v):
+        from .triton_ops import attention as tri
+
+        return tri.attention_packed(q, k, v, cu_seqlens, scale)
     total = q.shape[0]
     cu_seqlens = cu_seqlens.to(torch.int64).cpu()
     _check_cu("attention_packed", cu_seqlens, total)
@@ -135,6 +144,10 @@ def write_kv_cache(
     """
     if k_cache.dtype != k.dtype:
         raise TypeError(f"write_kv_cache: cache dtype {k_cache.dtype} != key dtype {k.dtype}")
+    if get_backend() == "invariant" and use_triton(k, v, k_cache, v_cache):
+        from .triton_ops import attention as tri
+
+        return tri.write_kv_cache(k, v, k_cache, v_cache, slot_mapping)
     slots = slot_mapping.to(torch.int64)
     keep = slots >= 0
     n_slots = k_cache.shape[0] * k_cache.shape[1]
@@ -162,6 +175,10 @@ def attention_paged(
     Query ``i`` of sequence ``b`` sits at position ``context_lens[b] - n_q[b] + i``.
     """
     _check_qkv("attention_paged", q, k_cache, v_cache)
+    if get_backend() == "invariant" and use_triton(q, k_cache, v_cache):
+        from .triton_ops import attention as tri
+
+        return tri.attention_paged(q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, scale)
     total = q.shape[0]
     cu = cu_seqlens_q.to(torch.int64).cpu()
     _check_cu("attention_paged", cu, total, "cu_seqlens_q")

@@ -1,0 +1,710 @@
+"""Invariant attention on GPU: one Triton kernel family for packed training batches, prefill chunks and decode.
+
+The rule (design.md rule 3): a query at position ``p`` walks its keys ``0..p`` in tiles of ``BLOCK_N`` *absolute*
+positions (tile ``j`` holds positions ``j*BLOCK_N .. j*BLOCK_N+BLOCK_N-1``), in position order, with the same
+online-softmax update, whatever launched it. How that is made true:
+
+* **One forward kernel, one compiled binary.** ``_attn_fwd`` serves the packed (training) path and the paged
+  (prefill-chunk and decode) path. A key position of sequence ``b`` maps to a storage row through a table:
+  ``row = table[b, pos // page_size] + pos % page_size``. For a paged cache ``table`` holds each page's first slot
+  (block id * page size); for a packed batch it holds one entry, the sequence's first token, with a page size larger
+  than any sequence. The mapping is runtime data (``page_size`` is not specialised), so both paths run literally the
+  same machine code: same tile shapes, same ``num_warps``/``num_stages``, same MMA instructions, same reductions.
+* **Rows never interact.** A program owns ``BLOCK_M`` rows, each one (query token, query head) of one KV head's
+  group, flattened as ``row = token * G + g`` within one sequence. Decode with GQA thus still puts ``G`` rows in a
+  tile, and a prefill chunk or packed sequence fills it. Each row's result is a function of its own q row and of the
+  keys; the tile-mates only decide how many key tiles the program walks. A key tile wholly past a row's causal bound
+  is a bitwise no-op for it (its scores are ``-inf``: ``m`` is unchanged, ``alpha = exp2(0) = 1``, ``p = 0``), and
+  tile 0 always holds position 0, so ``m`` is finite after the first step for every row.
+* **No split-KV.** One program walks all of a row's keys. Long-context decode at small batch is therefore bound by
+  one program's latency per (sequence, KV head), not by HBM bandwidth (see benchmarks/results/attention-h100.md).
+  Split-KV would be allowed only with split boundaries at fixed absolute positions and the training kernel using the
+  same splits and the same fixed-order combine; it is left out for now to keep one code path.
+* **Fixed constants, never autotuned.** ``BLOCK_M``, ``BLOCK_N``, ``NUM_WARPS``, ``NUM_STAGES`` below. Changing any
+  of them changes the numerics (and so the golden fixtures of GPU targets). The GPU ``BLOCK_N`` (64) differs from the
+  CPU reference's ``ATTN_BLOCK_N`` (16): CPU and GPU results are each invariant, not equal to each other.
+
+Numerics: bf16/fp16 q, k, v; scores, running max/sum and the accumulator in fp32 (scores scaled by
+``scale * log2(e)`` and exponentiated with ``exp2``); ``P`` cast to v's dtype for the ``P @ V`` MMA; output cast
+once. The forward also returns the base-2 log-sum-exp per row for the backward.
+
+Backward (packed path only, training): deterministic, no atomics. ``_attn_bwd_dkdv`` owns one KV tile of one KV
+head and loops, in order, over the query rows (all ``G`` heads of the group) that can see it; ``_attn_bwd_dq`` owns
+a query tile and loops over its key tiles. ``delta = rowsum(dO * O)`` is a plain torch reduction (fixed shape, no
+atomics). Gradients are run-to-run identical; they are not promised batch-invariant (no one compares them across
+batch compositions).
+
+Extension points: ``DK``/``DV`` are separate constexprs (MLA: q/k head dim != v head dim; non-power-of-2 dims are
+padded to ``BLOCK_DK``/``BLOCK_DV`` with masks). A sliding window is a lower loop bound rounded down to a tile
+boundary plus a mask ``pos > qpos - window``; it needs a guard for rows whose first walked tile is fully masked
+(``m = -inf``), which causal-from-0 never has.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from . import interpreting
+
+# Chosen on an H100 (benchmarks/results/attention-h100.md): 64 rows keep decode (G rows of real work per tile)
+# near HBM bandwidth while prefill stays at ~0.8x SDPA-flash; 128 rows gained prefill but lost a third of decode.
+BLOCK_M = 64  # query rows (token x head of one KV group) per program, forward
+BLOCK_N = 64  # keys per step: the absolute-position tile every query walks
+NUM_WARPS = 4
+NUM_STAGES = 2
+
+# Backward: only determinism depends on these (not the forward's bits); may be tuned.
+BWD_BLOCK_M = 64
+BWD_BLOCK_N = 64
+BWD_NUM_WARPS = 4
+BWD_NUM_STAGES = 2
+
+_PACKED_PAGE = 1 << 30  # "page size" of a packed batch: one page per sequence
+_LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _mma(a, b, acc, UPCAST: tl.constexpr):
+    """``acc + a @ b``.
+
+    Under the CPU interpreter (``UPCAST``) tl.dot is unusable for the invariance tests: its bf16 dot is broken, and its
+    fp32 dot goes to BLAS, whose result for a row depends on the row's place in the tile. There the product is a
+    broadcast multiply (exact for bf16/fp16 operands) summed over K in one fixed order, the same for every row.
+    """
+    if UPCAST:
+        return acc + tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], axis=1)
+    else:
+        return tl.dot(a, b, acc)
+
+
+@triton.jit(do_not_specialize=["page_size", "num_seqs"])
+def _attn_fwd(
+    Q,
+    K,
+    V,
+    Out,
+    LSE,
+    TILE_SEQ,
+    TILE_ROW0,
+    SEQ_QSTART,
+    SEQ_NQ,
+    SEQ_CTX,
+    TABLE,
+    stride_tb,
+    page_size,
+    num_seqs,
+    stride_qt,
+    stride_qh,
+    stride_kn,
+    stride_kh,
+    stride_vn,
+    stride_vh,
+    stride_ot,
+    stride_oh,
+    stride_lt,
+    qk_scale,
+    G: tl.constexpr,
+    DK: tl.constexpr,
+    DV: tl.constexpr,
+    BLOCK_DK: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    STORE_LSE: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    tile = tl.program_id(0)
+    kvh = tl.program_id(1)
+    b = tl.load(TILE_SEQ + tile)
+    if b >= num_seqs:
+        return
+    row0 = tl.load(TILE_ROW0 + tile)
+    q_start = tl.load(SEQ_QSTART + b)
+    n_q = tl.load(SEQ_NQ + b)
+    ctx = tl.load(SEQ_CTX + b)
+
+    offs_m = row0 + tl.arange(0, BLOCK_M)
+    t = offs_m // G
+    head = kvh * G + offs_m % G
+    row_ok = t < n_q
+    qpos = tl.where(row_ok, ctx - n_q + t, 0)  # padding rows attend to key 0 only and are never stored
+    t_last = tl.minimum(n_q - 1, (row0 + BLOCK_M - 1) // G)
+    hi = ctx - n_q + t_last + 1  # keys this tile needs: up to its last row's position
+
+    offs_dk = tl.arange(0, BLOCK_DK)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    q_rows = (q_start + t).to(tl.int64)
+    q = tl.load(
+        Q + q_rows[:, None] * stride_qt + head[:, None] * stride_qh + offs_dk[None, :],
+        mask=row_ok[:, None] & (offs_dk[None, :] < DK),
+        other=0.0,
+    )
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
+    offs_n = tl.arange(0, BLOCK_N)
+    tb = TABLE + b.to(tl.int64) * stride_tb
+    k_base = K + kvh * stride_kh
+    v_base = V + kvh * stride_vh
+    for start in range(0, hi, BLOCK_N):
+        kpos = start + offs_n
+        kin = kpos < hi
+        page_row = tl.load(tb + kpos // page_size, mask=kin, other=0)
+        srow = (page_row + kpos % page_size).to(tl.int64)
+        k = tl.load(
+            k_base + srow[:, None] * stride_kn + offs_dk[None, :],
+            mask=kin[:, None] & (offs_dk[None, :] < DK),
+            other=0.0,
+        )
+        qk = _mma(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), UPCAST) * qk_scale
+        qk = tl.where(kpos[None, :] <= qpos[:, None], qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        alpha = tl.math.exp2(m_i - m_new)
+        p = tl.math.exp2(qk - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        v = tl.load(
+            v_base + srow[:, None] * stride_vn + offs_dv[None, :],
+            mask=kin[:, None] & (offs_dv[None, :] < DV),
+            other=0.0,
+        )
+        acc = _mma(p.to(v.dtype), v, acc, UPCAST)
+        m_i = m_new
+
+    out = acc / l_i[:, None]
+    tl.store(
+        Out + q_rows[:, None] * stride_ot + head[:, None] * stride_oh + offs_dv[None, :],
+        out.to(Out.dtype.element_ty),
+        mask=row_ok[:, None] & (offs_dv[None, :] < DV),
+    )
+    if STORE_LSE:
+        tl.store(LSE + q_rows * stride_lt + head, m_i + tl.math.log2(l_i), mask=row_ok)
+
+
+@triton.jit
+def _attn_bwd_dkdv(
+    Q,
+    K,
+    V,
+    DO,
+    LSE,
+    DELTA,
+    DKO,
+    DVO,
+    TILE_SEQ,
+    TILE_K0,
+    CU,
+    num_seqs,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_dot,
+    stride_doh,
+    stride_lt,
+    stride_dkt,
+    stride_dkh,
+    stride_dvt,
+    stride_dvh,
+    qk_scale,
+    sm_scale,
+    G: tl.constexpr,
+    DK: tl.constexpr,
+    DV: tl.constexpr,
+    BLOCK_DK: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    tile = tl.program_id(0)
+    kvh = tl.program_id(1)
+    b = tl.load(TILE_SEQ + tile)
+    if b >= num_seqs:
+        return
+    k0 = tl.load(TILE_K0 + tile)
+    s0 = tl.load(CU + b)
+    n = tl.load(CU + b + 1) - s0
+
+    offs_n = k0 + tl.arange(0, BLOCK_N)
+    kin = offs_n < n
+    offs_dk = tl.arange(0, BLOCK_DK)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    k_rows = (s0 + offs_n).to(tl.int64)
+    k = tl.load(
+        K + k_rows[:, None] * stride_kt + kvh * stride_kh + offs_dk[None, :],
+        mask=kin[:, None] & (offs_dk[None, :] < DK),
+        other=0.0,
+    )
+    v = tl.load(
+        V + k_rows[:, None] * stride_vt + kvh * stride_vh + offs_dv[None, :],
+        mask=kin[:, None] & (offs_dv[None, :] < DV),
+        other=0.0,
+    )
+    dk = tl.zeros([BLOCK_N, BLOCK_DK], tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
+    for r0 in range(k0 * G, n * G, BLOCK_M):
+        offs_m = r0 + tl.arange(0, BLOCK_M)
+        t = offs_m // G
+        head = kvh * G + offs_m % G
+        ok = t < n
+        q_rows = (s0 + t).to(tl.int64)
+        q = tl.load(
+            Q + q_rows[:, None] * stride_qt + head[:, None] * stride_qh + offs_dk[None, :],
+            mask=ok[:, None] & (offs_dk[None, :] < DK),
+            other=0.0,
+        )
+        do = tl.load(
+            DO + q_rows[:, None] * stride_dot + head[:, None] * stride_doh + offs_dv[None, :],
+            mask=ok[:, None] & (offs_dv[None, :] < DV),
+            other=0.0,
+        )
+        lse = tl.load(LSE + q_rows * stride_lt + head, mask=ok, other=0.0)
+        delta = tl.load(DELTA + q_rows * stride_lt + head, mask=ok, other=0.0)
+        qk = _mma(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), UPCAST) * qk_scale
+        seen = (offs_n[None, :] <= t[:, None]) & ok[:, None] & kin[None, :]
+        p = tl.where(seen, tl.math.exp2(qk - lse[:, None]), 0.0)
+        dv = _mma(tl.trans(p.to(do.dtype)), do, dv, UPCAST)
+        dp = _mma(do, tl.trans(v), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), UPCAST)
+        ds = p * (dp - delta[:, None])
+        dk = _mma(tl.trans(ds.to(q.dtype)), q, dk, UPCAST)
+    dk = dk * sm_scale
+    tl.store(
+        DKO + k_rows[:, None] * stride_dkt + kvh * stride_dkh + offs_dk[None, :],
+        dk.to(DKO.dtype.element_ty),
+        mask=kin[:, None] & (offs_dk[None, :] < DK),
+    )
+    tl.store(
+        DVO + k_rows[:, None] * stride_dvt + kvh * stride_dvh + offs_dv[None, :],
+        dv.to(DVO.dtype.element_ty),
+        mask=kin[:, None] & (offs_dv[None, :] < DV),
+    )
+
+
+@triton.jit
+def _attn_bwd_dq(
+    Q,
+    K,
+    V,
+    DO,
+    LSE,
+    DELTA,
+    DQO,
+    TILE_SEQ,
+    TILE_ROW0,
+    CU,
+    num_seqs,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_dot,
+    stride_doh,
+    stride_lt,
+    stride_dqt,
+    stride_dqh,
+    qk_scale,
+    sm_scale,
+    G: tl.constexpr,
+    DK: tl.constexpr,
+    DV: tl.constexpr,
+    BLOCK_DK: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    tile = tl.program_id(0)
+    kvh = tl.program_id(1)
+    b = tl.load(TILE_SEQ + tile)
+    if b >= num_seqs:
+        return
+    row0 = tl.load(TILE_ROW0 + tile)
+    s0 = tl.load(CU + b)
+    n = tl.load(CU + b + 1) - s0
+
+    offs_m = row0 + tl.arange(0, BLOCK_M)
+    t = offs_m // G
+    head = kvh * G + offs_m % G
+    ok = t < n
+    hi = tl.minimum(n - 1, (row0 + BLOCK_M - 1) // G) + 1
+    offs_dk = tl.arange(0, BLOCK_DK)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    q_rows = (s0 + t).to(tl.int64)
+    q = tl.load(
+        Q + q_rows[:, None] * stride_qt + head[:, None] * stride_qh + offs_dk[None, :],
+        mask=ok[:, None] & (offs_dk[None, :] < DK),
+        other=0.0,
+    )
+    do = tl.load(
+        DO + q_rows[:, None] * stride_dot + head[:, None] * stride_doh + offs_dv[None, :],
+        mask=ok[:, None] & (offs_dv[None, :] < DV),
+        other=0.0,
+    )
+    lse = tl.load(LSE + q_rows * stride_lt + head, mask=ok, other=0.0)
+    delta = tl.load(DELTA + q_rows * stride_lt + head, mask=ok, other=0.0)
+    dq = tl.zeros([BLOCK_M, BLOCK_DK], tl.float32)
+    offs_n = tl.arange(0, BLOCK_N)
+    for start in range(0, hi, BLOCK_N):
+        kpos = start + offs_n
+        kin = kpos < hi
+        k_rows = (s0 + kpos).to(tl.int64)
+        k = tl.load(
+            K + k_rows[:, None] * stride_kt + kvh * stride_kh + offs_dk[None, :],
+            mask=kin[:, None] & (offs_dk[None, :] < DK),
+            other=0.0,
+        )
+        v = tl.load(
+            V + k_rows[:, None] * stride_vt + kvh * stride_vh + offs_dv[None, :],
+            mask=kin[:, None] & (offs_dv[None, :] < DV),
+            other=0.0,
+        )
+        qk = _mma(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), UPCAST) * qk_scale
+        seen = (kpos[None, :] <= t[:, None]) & ok[:, None]
+        p = tl.where(seen, tl.math.exp2(qk - lse[:, None]), 0.0)
+        dp = _mma(do, tl.trans(v), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), UPCAST)
+        ds = p * (dp - delta[:, None])
+        dq = _mma(ds.to(k.dtype), k, dq, UPCAST)
+    dq = dq * sm_scale
+    tl.store(
+        DQO + q_rows[:, None] * stride_dqt + head[:, None] * stride_dqh + offs_dk[None, :],
+        dq.to(DQO.dtype.element_ty),
+        mask=ok[:, None] & (offs_dk[None, :] < DK),
+    )
+
+
+@triton.jit
+def _write_kv(
+    K,
+    V,
+    KC,
+    VC,
+    SLOT,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_kcs,
+    stride_kch,
+    stride_vcs,
+    stride_vch,
+    HKV: tl.constexpr,
+    DK: tl.constexpr,
+    DV: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_DK: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+):
+    i = tl.program_id(0)
+    slot = tl.load(SLOT + i).to(tl.int64)
+    if slot < 0:
+        return
+    h = tl.arange(0, BLOCK_H)
+    dk = tl.arange(0, BLOCK_DK)
+    dv = tl.arange(0, BLOCK_DV)
+    mk = (h[:, None] < HKV) & (dk[None, :] < DK)
+    mv = (h[:, None] < HKV) & (dv[None, :] < DV)
+    row = i.to(tl.int64)
+    k = tl.load(K + row * stride_kt + h[:, None] * stride_kh + dk[None, :], mask=mk)
+    v = tl.load(V + row * stride_vt + h[:, None] * stride_vh + dv[None, :], mask=mv)
+    tl.store(KC + slot * stride_kcs + h[:, None] * stride_kch + dk[None, :], k, mask=mk)
+    tl.store(VC + slot * stride_vcs + h[:, None] * stride_vch + dv[None, :], v, mask=mv)
+
+
+def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def _tiles(rows_per_seq: torch.Tensor, block: int, rows_bound: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Tile table without a host sync: tile i -> (sequence, first row). Surplus tiles get sequence = B (exit)."""
+    nseq = rows_per_seq.numel()
+    ntiles = (rows_per_seq + block - 1) // block
+    cum = torch.cumsum(ntiles, 0)
+    grid = rows_bound // block + nseq  # >= sum(ceil(rows_b / block))
+    ids = torch.arange(grid, device=rows_per_seq.device)
+    seq = torch.searchsorted(cum, ids, right=True)
+    first = (cum - ntiles)[seq.clamp(max=max(nseq - 1, 0))]
+    row0 = (ids - first) * block
+    return seq.to(torch.int32), row0.to(torch.int32), grid
+
+
+def _fwd(
+    q: torch.Tensor,
+    k_rows: torch.Tensor,
+    v_rows: torch.Tensor,
+    table: torch.Tensor,
+    page_size: int,
+    q_start: torch.Tensor,
+    n_q: torch.Tensor,
+    ctx: torch.Tensor,
+    scale: float,
+    want_lse: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Launch the forward. k_rows/v_rows: [rows, Hkv, D] storage; table [B, W] int32 first storage row per page."""
+    total, hq, dk = q.shape
+    hkv, dv = k_rows.shape[1], v_rows.shape[2]
+    g = hq // hkv
+    nseq = n_q.numel()
+    out = q.new_empty(total, hq, dv)
+    lse = torch.empty(total, hq, device=q.device, dtype=torch.float32) if want_lse else out
+    if total == 0 or nseq == 0:
+        return out, (lse if want_lse else None)
+    tile_seq, tile_row0, grid = _tiles(n_q.to(torch.int64) * g, BLOCK_M, total * g)
+    _attn_fwd[(grid, hkv)](
+        q,
+        k_rows,
+        v_rows,
+        out,
+        lse,
+        tile_seq,
+        tile_row0,
+        q_start,
+        n_q,
+        ctx,
+        table,
+        table.stride(0),
+        page_size,
+        nseq,
+        q.stride(0),
+        q.stride(1),
+        k_rows.stride(0),
+        k_rows.stride(1),
+        v_rows.stride(0),
+        v_rows.stride(1),
+        out.stride(0),
+        out.stride(1),
+        hq,
+        scale * _LOG2E,
+        G=g,
+        DK=dk,
+        DV=dv,
+        BLOCK_DK=triton.next_power_of_2(dk),
+        BLOCK_DV=triton.next_power_of_2(dv),
+        BLOCK_M=BLOCK_M,
+        BLOCK_N=BLOCK_N,
+        STORE_LSE=want_lse,
+        UPCAST=interpreting(),
+        num_warps=NUM_WARPS,
+        num_stages=NUM_STAGES,
+    )
+    return out, (lse if want_lse else None)
+
+
+def _packed_fwd(q, k, v, cu: torch.Tensor, scale: float, want_lse: bool):
+    cu = cu.to(device=q.device, dtype=torch.int32)
+    starts = cu[:-1].contiguous()
+    n = (cu[1:] - cu[:-1]).contiguous()
+    return _fwd(q, k, v, starts.view(-1, 1), _PACKED_PAGE, starts, n, n, scale, want_lse)
+
+
+def _bwd(q, k, v, o, lse, do, cu: torch.Tensor, scale: float):
+    total, hq, dk = q.shape
+    hkv, dv = k.shape[1], v.shape[2]
+    g = hq // hkv
+    nseq = cu.numel() - 1
+    do = _last_dim_contiguous(do)
+    dq, dkk, dvv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    if total == 0 or nseq == 0:
+        return dq.zero_(), dkk.zero_(), dvv.zero_()
+    delta = (do.float() * o.float()).sum(-1).contiguous()  # [T, Hq]
+    n = (cu[1:] - cu[:-1]).to(torch.int64)
+    common = dict(
+        UPCAST=interpreting(),
+        G=g,
+        DK=dk,
+        DV=dv,
+        BLOCK_DK=triton.next_power_of_2(dk),
+        BLOCK_DV=triton.next_power_of_2(dv),
+    )
+    kt_seq, kt_row0, kgrid = _tiles(n, BWD_BLOCK_N, total)
+    _attn_bwd_dkdv[(kgrid, hkv)](
+        q,
+        k,
+        v,
+        do,
+        lse,
+        delta,
+        dkk,
+        dvv,
+        kt_seq,
+        kt_row0,
+        cu,
+        nseq,
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        do.stride(0),
+        do.stride(1),
+        hq,
+        dkk.stride(0),
+        dkk.stride(1),
+        dvv.stride(0),
+        dvv.stride(1),
+        scale * _LOG2E,
+        scale,
+        BLOCK_M=BWD_BLOCK_M,
+        BLOCK_N=BWD_BLOCK_N,
+        num_warps=BWD_NUM_WARPS,
+        num_stages=BWD_NUM_STAGES,
+        **common,
+    )
+    qt_seq, qt_row0, qgrid = _tiles(n * g, BWD_BLOCK_M, total * g)
+    _attn_bwd_dq[(qgrid, hkv)](
+        q,
+        k,
+        v,
+        do,
+        lse,
+        delta,
+        dq,
+        qt_seq,
+        qt_row0,
+        cu,
+        nseq,
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        do.stride(0),
+        do.stride(1),
+        hq,
+        dq.stride(0),
+        dq.stride(1),
+        scale * _LOG2E,
+        scale,
+        BLOCK_M=BWD_BLOCK_M,
+        BLOCK_N=BWD_BLOCK_N,
+        num_warps=BWD_NUM_WARPS,
+        num_stages=BWD_NUM_STAGES,
+        **common,
+    )
+    return dq, dkk, dvv
+
+
+class _PackedAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, cu, scale):
+        q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
+        cu = cu.to(device=q.device, dtype=torch.int32).contiguous()
+        want_lse = torch.is_grad_enabled() or any(t.requires_grad for t in (q, k, v))
+        o, lse = _packed_fwd(q, k, v, cu, scale, want_lse)
+        if want_lse:
+            ctx.save_for_backward(q, k, v, o, lse, cu)
+        ctx.scale = scale
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o, lse, cu = ctx.saved_tensors
+        dq, dk, dv = _bwd(q, k, v, o, lse, do, cu, ctx.scale)
+        return dq, dk, dv, None, None
+
+
+def _check_shapes(op: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    if q.dtype not in (torch.bfloat16, torch.float16) or k.dtype != q.dtype or v.dtype != q.dtype:
+        raise TypeError(
+            f"{op}: the GPU kernels take bf16 or fp16 q/k/v of one dtype; got {q.dtype}/{k.dtype}/{v.dtype}"
+        )
+    hq, hkv = q.shape[1], k.shape[-2]
+    if hq % hkv:
+        raise ValueError(f"{op}: {hq} query heads is not a multiple of {hkv} KV heads")
+
+
+def attention_packed(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, scale: float | None = None
+) -> torch.Tensor:
+    """Causal attention within each packed sequence; differentiable (deterministic backward).
+
+    q [T, Hq, Dk], k [T, Hkv, Dk], v [T, Hkv, Dv], ``cu_seqlens [B+1]``. Returns [T, Hq, Dv]. Bitwise equal, per
+    query token, to :func:`attention_paged` over the same keys (any page size, chunking or batch).
+    """
+    _check_shapes("attention_packed", q, k, v)
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    return _PackedAttention.apply(q, k, v, cu_seqlens, scale)
+
+
+def attention_paged(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """New queries over a paged KV cache (prefill chunks and decode; no host sync, CUDA-graph friendly).
+
+    q [T, Hq, Dk]; caches [num_blocks, page_size, Hkv, D]; ``block_tables [B, max_pages]``; ``context_lens [B]``
+    (KV length including the new tokens); ``cu_seqlens_q [B+1]``. Query ``i`` of sequence ``b`` sits at position
+    ``context_lens[b] - n_q[b] + i``.
+    """
+    _check_shapes("attention_paged", q, k_cache, v_cache)
+    page = k_cache.shape[1]
+    for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if c.stride(-1) != 1 or c.stride(0) != page * c.stride(1):
+            raise ValueError(f"attention_paged: {name} must have contiguous pages; strides {c.stride()}")
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    q = _last_dim_contiguous(q)
+    dev = q.device
+    cu = cu_seqlens_q.to(device=dev, dtype=torch.int32)
+    n_q = (cu[1:] - cu[:-1]).contiguous()
+    table = (block_tables.to(device=dev, dtype=torch.int32) * page).contiguous()
+    ctx = context_lens.to(device=dev, dtype=torch.int32).contiguous()
+    out, _ = _fwd(
+        q, k_cache.flatten(0, 1), v_cache.flatten(0, 1), table, page, cu[:-1].contiguous(), n_q, ctx, scale, False
+    )
+    return out
+
+
+def write_kv_cache(
+    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    """Token ``i``'s K/V to flat slot ``slot_mapping[i]`` of caches [num_blocks, page_size, Hkv, D]; slots < 0 skip."""
+    if k_cache.dtype != k.dtype or v_cache.dtype != v.dtype:
+        raise TypeError(f"write_kv_cache: cache dtype {k_cache.dtype} != key dtype {k.dtype}")
+    for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if c.stride(-1) != 1 or c.stride(0) != c.shape[1] * c.stride(1):
+            raise ValueError(f"write_kv_cache: {name} must have contiguous pages; strides {c.stride()}")
+    total = k.shape[0]
+    if total == 0:
+        return
+    k, v = _last_dim_contiguous(k), _last_dim_contiguous(v)
+    kc, vc = k_cache.flatten(0, 1), v_cache.flatten(0, 1)  # views: caches have contiguous pages
+    hkv, dk, dv = k.shape[1], k.shape[2], v.shape[2]
+    slots = slot_mapping.to(device=k.device, dtype=torch.int64).contiguous()
+    _write_kv[(total,)](
+        k,
+        v,
+        kc,
+        vc,
+        slots,
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        kc.stride(0),
+        kc.stride(1),
+        vc.stride(0),
+        vc.stride(1),
+        HKV=hkv,
+        DK=dk,
+        DV=dv,
+        BLOCK_H=triton.next_power_of_2(hkv),
+        BLOCK_DK=triton.next_power_of_2(dk),
+        BLOCK_DV=triton.next_power_of_2(dv),
+    )
+
+
+__all__ = ["BLOCK_M", "BLOCK_N", "attention_packed", "attention_paged", "write_kv_cache"]

@@ -1,0 +1,244 @@
+"""The invariant Triton attention: packed == chunked prefill == decode per query token (torch.equal), correctness
+against SDPA in fp32, a deterministic backward, the KV-cache write. On CPU through the interpreter at small shapes;
+on the GPU at real shapes (``-m gpu``).
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from vexact_kernels.triton_ops import interpreting, triton_available
+
+pytestmark = pytest.mark.skipif(not triton_available(), reason="triton is not installed")
+interp = pytest.mark.skipif(not interpreting(), reason="interpreter tests run where TRITON_INTERPRET=1 (no GPU)")
+
+
+def gpu(fn):
+    return pytest.mark.gpu(pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")(fn))
+
+
+def _ops():
+    from vexact_kernels.triton_ops import attention
+
+    return attention
+
+
+def _qkv(lens, hq, hkv, d, seed, device="cpu", dv=None):
+    g = torch.Generator().manual_seed(seed)
+    t = sum(lens)
+    q = torch.randn(t, hq, d, generator=g).bfloat16().to(device)
+    k = torch.randn(t, hkv, d, generator=g).bfloat16().to(device)
+    v = torch.randn(t, hkv, dv or d, generator=g).bfloat16().to(device)
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=device)
+    return q, k, v, cu
+
+
+def _sdpa_ref(q, k, v, cu, scale=None):
+    """Per-sequence causal SDPA in fp32 (GQA by repetition)."""
+    g = q.shape[1] // k.shape[1]
+    outs = []
+    for b in range(cu.numel() - 1):
+        s, e = int(cu[b]), int(cu[b + 1])
+        qq = q[s:e].float().transpose(0, 1)
+        kk = k[s:e].float().repeat_interleave(g, 1).transpose(0, 1)
+        vv = v[s:e].float().repeat_interleave(g, 1).transpose(0, 1)
+        outs.append(F.scaled_dot_product_attention(qq, kk, vv, is_causal=True, scale=scale).transpose(0, 1))
+    return torch.cat(outs)
+
+
+def _paged_run(ops, q, k, v, lens, chunks, page, seed):
+    """Chunked prefill / decode over a paged cache: each step advances every unfinished sequence by its next chunk
+    (a mixed batch); pages are handed out in a shuffled order. Returns outputs laid out like the packed batch."""
+    dev = q.device
+    cu = [0, *torch.tensor(lens).cumsum(0).tolist()]
+    pages = [-(-n // page) for n in lens]
+    order = torch.randperm(sum(pages) + 3, generator=torch.Generator().manual_seed(seed))
+    bt = torch.zeros(len(lens), max(pages), dtype=torch.int32)
+    used = 0
+    for b, p in enumerate(pages):
+        bt[b, :p] = order[used : used + p]
+        used += p
+    kc = torch.zeros(sum(pages) + 3, page, *k.shape[1:], dtype=k.dtype, device=dev)
+    vc = torch.zeros(sum(pages) + 3, page, *v.shape[1:], dtype=v.dtype, device=dev)
+    out = torch.full((q.shape[0], q.shape[1], v.shape[2]), float("nan"), dtype=q.dtype, device=dev)
+    done, chunks = [0] * len(lens), [list(c) for c in chunks]
+    while any(done[b] < lens[b] for b in range(len(lens))):
+        active, cuq, ctx, slots, idx = [], [0], [], [], []
+        for b in range(len(lens)):
+            if done[b] >= lens[b]:
+                continue
+            n = min(chunks[b].pop(0) if chunks[b] else lens[b], lens[b] - done[b])
+            pos = torch.arange(done[b], done[b] + n)
+            slots.append(bt[b, pos // page].long() * page + pos % page)
+            idx += range(cu[b] + done[b], cu[b] + done[b] + n)
+            active.append(b)
+            cuq.append(cuq[-1] + n)
+            ctx.append(done[b] + n)
+            done[b] += n
+        ridx = torch.tensor(idx, device=dev)
+        slot = torch.cat(slots)
+        slot_padded = torch.cat([slot, torch.tensor([-1])]).to(dev)  # a padding row (slot -1) must be skipped
+        kk = torch.cat([k[ridx], torch.full_like(k[:1], 7.0)])
+        vv = torch.cat([v[ridx], torch.full_like(v[:1], 7.0)])
+        ops.write_kv_cache(kk, vv, kc, vc, slot_padded)
+        out[ridx] = ops.attention_paged(
+            q[ridx], kc, vc, bt[active].to(dev), torch.tensor(ctx, device=dev), torch.tensor(cuq, device=dev)
+        )
+    return out
+
+
+def _check_invariance(ops, lens, hq, hkv, d, page, chunks, seed, device="cpu"):
+    q, k, v, cu = _qkv(lens, hq, hkv, d, seed, device)
+    packed = ops.attention_packed(q, k, v, cu)
+    paged = _paged_run(ops, q, k, v, lens, chunks, page, seed)
+    assert torch.equal(packed, paged), (packed.float() - paged.float()).abs().max()
+    # decode: a short prefill, then the last (up to 12) tokens one per step
+    decode_chunks = [[max(1, n - 12)] + [1] * 12 if n > 12 else [1] * n for n in lens]
+    decode = _paged_run(ops, q, k, v, lens, decode_chunks, page, seed + 1)
+    assert torch.equal(packed, decode)
+    b = seed % len(lens)
+    s, e = int(cu[b]), int(cu[b + 1])
+    alone = ops.attention_packed(q[s:e], k[s:e], v[s:e], torch.tensor([0, e - s], device=device))
+    assert torch.equal(alone, packed[s:e])
+    return q, k, v, cu, packed
+
+
+@interp
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    data=st.data(),
+    lens=st.lists(st.integers(1, 90), min_size=1, max_size=3),
+    page=st.sampled_from([1, 3, 16, 64, 128]),
+    heads=st.sampled_from([(4, 2), (6, 1), (2, 2)]),
+)
+def test_interpreted_packed_equals_chunked_and_decode(data, lens, page, heads):
+    """Per query token, bitwise: packed == chunked prefill == one-token decode == the sequence packed alone."""
+    ops = _ops()
+    chunks = [data.draw(st.lists(st.integers(1, 40), max_size=4)) for _ in lens]
+    q, k, v, cu, packed = _check_invariance(ops, lens, *heads, 64, page, chunks, seed=sum(lens) * 7 + page)
+    ref = _sdpa_ref(q, k, v, cu)
+    torch.testing.assert_close(packed.float(), ref, atol=2e-2, rtol=2e-2)
+
+
+@interp
+def test_interpreted_invariance_check_catches_a_launch_dependent_tile(monkeypatch):
+    """The check must fail when one path walks keys in different tiles (as a per-shape tuned kernel would)."""
+    ops = _ops()
+    lens = [150]
+    q, k, v, cu = _qkv(lens, 2, 1, 64, seed=1)
+    packed = ops.attention_packed(q, k, v, cu)
+    monkeypatch.setattr(ops, "BLOCK_N", 32)
+    paged = _paged_run(ops, q, k, v, lens, [[150]], 16, seed=1)
+    assert not torch.equal(packed, paged)
+
+
+@interp
+def test_interpreted_matches_sdpa_head_dim_128_and_scale():
+    ops = _ops()
+    lens = [130, 1, 65]
+    q, k, v, cu = _qkv(lens, 8, 2, 128, seed=3)
+    out = ops.attention_packed(q, k, v, cu, scale=0.07)
+    torch.testing.assert_close(out.float(), _sdpa_ref(q, k, v, cu, scale=0.07), atol=2e-2, rtol=2e-2)
+
+
+@interp
+def test_interpreted_backward_matches_autograd_and_is_deterministic():
+    ops = _ops()
+    lens = [70, 3, 40]
+    q, k, v, cu = _qkv(lens, 4, 2, 64, seed=5)
+    do = torch.randn(q.shape[0], 4, 64, generator=torch.Generator().manual_seed(9)).bfloat16()
+
+    def grads(fn, dtype):
+        qq, kk, vv = (t.detach().to(dtype).requires_grad_() for t in (q, k, v))
+        fn(qq, kk, vv).backward(do.to(dtype))
+        return qq.grad, kk.grad, vv.grad
+
+    ours = grads(lambda a, b, c: ops.attention_packed(a, b, c, cu), torch.bfloat16)
+    again = grads(lambda a, b, c: ops.attention_packed(a, b, c, cu), torch.bfloat16)
+    ref = grads(lambda a, b, c: _sdpa_ref(a, b, c, cu), torch.float32)
+    for x, y, r in zip(ours, again, ref, strict=True):
+        assert torch.equal(x, y)
+        torch.testing.assert_close(x.float(), r, atol=3e-2, rtol=3e-2)
+
+
+@interp
+def test_interpreted_mla_head_dims():
+    """Separate q/k and v head dims (MLA-shaped, padded to powers of two inside the kernel)."""
+    ops = _ops()
+    lens = [20, 9]
+    q, k, v, cu = _qkv(lens, 2, 1, 48, seed=2, dv=32)
+    out = ops.attention_packed(q, k, v, cu)
+    torch.testing.assert_close(out.float(), _sdpa_ref(q, k, v, cu), atol=2e-2, rtol=2e-2)
+
+
+def test_write_kv_cache_matches_index_copy():
+    if not (interpreting() or torch.cuda.is_available()):
+        pytest.skip("needs a CUDA device or TRITON_INTERPRET=1")
+    ops = _ops()
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    g = torch.Generator().manual_seed(0)
+    k, v = torch.randn(6, 3, 64, generator=g).bfloat16().to(dev), torch.randn(6, 3, 64, generator=g).bfloat16().to(dev)
+    slots = torch.tensor([5, 0, -1, 17, 9, 2], device=dev)
+    kc, vc = torch.zeros(5, 4, 3, 64, dtype=torch.bfloat16, device=dev), torch.zeros(5, 4, 3, 64, device=dev).bfloat16()
+    ops.write_kv_cache(k, v, kc, vc, slots)
+    keep = slots >= 0
+    rk, rv = torch.zeros_like(kc).view(20, 3, 64), torch.zeros_like(vc).view(20, 3, 64)
+    rk[slots[keep]], rv[slots[keep]] = k[keep], v[keep]
+    assert torch.equal(kc.view(20, 3, 64), rk) and torch.equal(vc.view(20, 3, 64), rv)
+
+
+@gpu
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("heads", [(32, 8), (16, 16), (28, 4), (12, 2)])
+def test_gpu_packed_equals_chunked_and_decode(d, heads):
+    ops = _ops()
+    rng = random.Random(d * 100 + heads[0])
+    lens = [rng.choice([1, 2, 63, 64, 65, 300, 1000, 4096]) for _ in range(4)] + [rng.randint(1, 4096)]
+    page = rng.choice([1, 16, 32, 100, 256])
+    chunks = [[rng.randint(1, 1500) for _ in range(4)] for _ in lens]
+    q, k, v, cu, packed = _check_invariance(ops, lens, *heads, d, page, chunks, seed=d + heads[1], device="cuda")
+    torch.testing.assert_close(packed.float(), _sdpa_ref(q, k, v, cu), atol=2e-2, rtol=2e-2)
+
+
+@gpu
+def test_gpu_many_sequences_mixed_batch():
+    """Several hundred sequences of mixed lengths: packed == chunked/decode mixed batch, per token."""
+    ops = _ops()
+    rng = random.Random(1)
+    lens = [rng.choice([rng.randint(1, 64), rng.randint(64, 700)]) for _ in range(300)]
+    chunks = [[rng.choice([1, 7, 64, 129, 512]) for _ in range(3)] for _ in lens]
+    _check_invariance(ops, lens, 32, 8, 128, 16, chunks, seed=11, device="cuda")
+
+
+@gpu
+def test_gpu_backward_matches_autograd_and_is_deterministic():
+    ops = _ops()
+    lens = [4096, 1000, 63, 1, 2000]
+    q, k, v, cu = _qkv(lens, 32, 8, 128, seed=4, device="cuda")
+    do = torch.randn(q.shape[0], 32, 128, device="cuda").bfloat16()
+
+    def grads(fn, dtype):
+        qq, kk, vv = (t.detach().to(dtype).requires_grad_() for t in (q, k, v))
+        fn(qq, kk, vv).backward(do.to(dtype))
+        return qq.grad, kk.grad, vv.grad
+
+    ours = grads(lambda a, b, c: ops.attention_packed(a, b, c, cu), torch.bfloat16)
+    again = grads(lambda a, b, c: ops.attention_packed(a, b, c, cu), torch.bfloat16)
+    ref = grads(lambda a, b, c: _sdpa_ref(a, b, c, cu), torch.float32)
+    for x, y, r in zip(ours, again, ref, strict=True):
+        assert torch.equal(x, y)
+        torch.testing.assert_close(x.float(), r, atol=5e-2, rtol=5e-2)
+
+
+@gpu
+def test_gpu_dispatch_through_public_api():
+    import vexact_kernels as vk
+
+    q, k, v, cu = _qkv([100, 37], 8, 2, 64, seed=0, device="cuda")
+    assert torch.equal(vk.attention_packed(q, k, v, cu), _ops().attention_packed(q, k, v, cu))
