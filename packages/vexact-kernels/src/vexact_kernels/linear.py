@@ -60,7 +60,7 @@ def linear(
         from .triton_ops import matmul
 
         if weight.dtype != x.dtype:
-            raise TypeError(f"linear: weight is {weight.dtype} but x is {x.dtype}; the invariant kernel needs one dtype")
+            raise TypeError(f"linear: weight {weight.dtype} != x {x.dtype}; the invariant kernel takes one dtype")
         return matmul.linear(x, weight, bias, out_dtype)
     lead = x.shape[:-1]
     y = _linear_reference(x.reshape(-1, x.shape[-1]), weight)
