@@ -35,6 +35,8 @@ def _ours_logprobs(model, seqs, device):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
 def test_logprobs_match_transformers(tmp_path, device, dtype, tied):
+    if device != "cpu" and dtype == torch.float32:
+        pytest.skip("the GPU attention kernels take bf16/fp16 only; fp32 parity is checked on target cpu")
     path = (
         default_checkpoint()
         if not tied
@@ -62,8 +64,17 @@ def test_logprobs_match_transformers(tmp_path, device, dtype, tied):
 def test_greedy_generation_matches_transformers(device):
     """The engine's paged, chunked path generates what HF generate does (fp32, greedy), up to a near-tie."""
     path = default_checkpoint()
-    hf = _hf(path, torch.float32, device)
-    llm = LLM(path, dtype="float32", max_num_batched_tokens=8, max_num_seqs=4, block_size=4, device=device)
+    # fp32 on CPU; on GPU the attention kernels take bf16, where near-ties are wider
+    dtype, tie = (torch.float32, 1e-4) if device == "cpu" else (torch.bfloat16, 0.25)
+    hf = _hf(path, dtype, device)
+    llm = LLM(
+        path,
+        dtype=str(dtype).removeprefix("torch."),
+        max_num_batched_tokens=8,
+        max_num_seqs=4,
+        block_size=4,
+        device=device,
+    )
     g = torch.Generator().manual_seed(5)
     prompts = [torch.randint(0, 256, (n,), generator=g).tolist() for n in (5, 12, 30)]
     outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True), use_tqdm=False)
@@ -82,5 +93,5 @@ def test_greedy_generation_matches_transformers(device):
         for i, (a, b) in enumerate(zip(o.token_ids, ref_ids, strict=True)):
             if a != b:
                 top2 = ref.scores[i][0].float().topk(2).values
-                assert (top2[0] - top2[1]).item() < 1e-4, f"token {i}: engine {a} vs HF {b} with no near-tie"
+                assert (top2[0] - top2[1]).item() < tie, f"token {i}: engine {a} vs HF {b} with no near-tie"
                 break

@@ -275,7 +275,7 @@ def test_cuda_engine_both_backends_and_invariant_matches_trainer():
     assert next(fast.model.parameters()).device.type == "cuda"
     (out,) = fast.generate([[1, 2, 3, 4]], p, use_tqdm=False)
     assert len(out.token_ids) == 6 and out.logprobs.shape == (6,) and bool((out.logprobs <= 0).all())
-    inv = LLM(default_checkpoint(), device="cuda", num_kv_blocks=16, max_num_batched_tokens=8)
+    inv = LLM(default_checkpoint(), device="cuda", num_kv_blocks=16, max_num_seqs=4, max_num_batched_tokens=8)
     outs = inv.generate([[1, 2, 3, 4], list(range(5, 30))], p, use_tqdm=False)
     scored = Actor(inv.model).compute_log_probs([o.prompt_token_ids for o in outs], [o.token_ids for o in outs], 0.8)
     for o, lp in zip(outs, scored.logprobs, strict=True):

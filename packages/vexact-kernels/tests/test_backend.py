@@ -105,8 +105,9 @@ def test_every_op_rejects_integer_tensors_and_accepts_floats(op, backend):
 def _cuda_calls(dev: str):
     g = torch.Generator().manual_seed(0)
     x = torch.randn(6, 16, generator=g).to(dev)
-    qkv = torch.randn(6, 1, 16, generator=g).to(dev)
-    cache = torch.randn(2, 4, 1, 16, generator=g).to(dev)
+    # the GPU attention kernels take bf16/fp16 (fp32 softmax statistics inside)
+    qkv = torch.randn(6, 1, 16, generator=g).bfloat16().to(dev)
+    cache = torch.randn(2, 4, 1, 16, generator=g).bfloat16().to(dev)
     logits = torch.randn(6, 50, generator=g).to(dev)
     return {
         "linear": lambda: vk.linear(x, x[:4]),
@@ -131,7 +132,8 @@ def test_cuda_tensors_run_on_both_backends(op):
     backend, agrees with the CPU reference within tolerance."""
     on_cpu = _cuda_calls("cpu")[op]()
     call = _cuda_calls("cuda")[op]
-    torch.testing.assert_close(call().cpu(), on_cpu, rtol=2e-2, atol=2e-2)  # different reduction order, bf16 I/O
+    torch.testing.assert_close(call().cpu(), on_cpu, rtol=3e-2, atol=3e-2)  # different reduction order, bf16 I/O
     with vk.use_backend("fast"):
         out = call()
-    torch.testing.assert_close(out.cpu(), on_cpu, rtol=2e-3, atol=2e-3)  # TF32 may be on for CUDA matmuls
+    tol = 3e-2 if op.startswith("attention") else 2e-3  # bf16 attention I/O; TF32 may be on for CUDA matmuls
+    torch.testing.assert_close(out.cpu(), on_cpu, rtol=tol, atol=tol)

@@ -44,8 +44,9 @@ def tiny_qwen3_config(**overrides) -> Qwen3Config:
     return Qwen3Config(**base)
 
 
-def random_model(cfg: Qwen3Config, seed: int = 0) -> Qwen3ForCausalLM:
-    """A model with deterministic random weights: linear ~ N(0, 1/fan_in), norms ~ 1 + N(0, 0.1^2)."""
+def random_model(cfg: Qwen3Config, seed: int = 0, embed_std: float = 1.0) -> Qwen3ForCausalLM:
+    """A model with deterministic random weights: linear ~ N(0, 1/fan_in), norms ~ 1 + N(0, 0.1^2), embeddings
+    ~ N(0, embed_std^2) (use a small std for big tied models, whose logits otherwise reach the hundreds)."""
     g = torch.Generator().manual_seed(seed)
     model = Qwen3ForCausalLM(cfg)
     with torch.no_grad():
@@ -53,7 +54,7 @@ def random_model(cfg: Qwen3Config, seed: int = 0) -> Qwen3ForCausalLM:
             if name.endswith("norm.weight") or "layernorm" in name:
                 w = 1.0 + 0.1 * torch.randn(p.shape, generator=g)
             elif "embed_tokens" in name:
-                w = torch.randn(p.shape, generator=g)
+                w = torch.randn(p.shape, generator=g) * embed_std
             else:
                 w = torch.randn(p.shape, generator=g) / math.sqrt(p.shape[-1])
             p.copy_(w.to(p.dtype))

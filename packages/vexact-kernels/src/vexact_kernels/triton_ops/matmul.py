@@ -106,10 +106,11 @@ def _matmul_tma_kernel(
         tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
 
 
-# (BLOCK_M, BLOCK_N, num_warps, num_stages, warp_specialize) of the persistent TMA variant, used for M > 512.
+# (BLOCK_M, BLOCK_N, num_warps, num_stages, warp_specialize) of the persistent TMA variant, used for large outputs.
 TMA_CONFIG = (128, 256, 8, 3, False)
 TMA_CONFIG_FP32_OUT = (128, 128, 8, 4, False)  # a 128x256 fp32 epilogue does not fit in shared memory
-TMA_MIN_M = 513
+# The TMA launch costs host time (descriptor encoding), so it pays only on large outputs (M * N elements).
+TMA_MIN_OUTPUTS = 4096 * 4096
 
 
 def _tma_ok(a: torch.Tensor, b_t: torch.Tensor) -> bool:
@@ -174,7 +175,7 @@ def matmul(
         return c
     if k == 0:
         return c.zero_() if bias is None else c.copy_(bias.expand(m, n))
-    if (config is None and m >= TMA_MIN_M or config is not None and len(config) == 5) and _tma_ok(a, b_t):
+    if (config is None and m * n >= TMA_MIN_OUTPUTS or config is not None and len(config) == 5) and _tma_ok(a, b_t):
         _launch_tma(a, b_t, c, bias, config or (TMA_CONFIG_FP32_OUT if c.element_size() == 4 else TMA_CONFIG))
         return c
     bm, bn, warps, stages = config or pick_config(m, n, interpreting())
