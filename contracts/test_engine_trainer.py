@@ -113,6 +113,7 @@ def test_contract_fails_with_fast_backend_on_one_side(tiny_model):
     assert logprob_mismatches(outs, trainer_logprobs(tiny_model, outs, params, backend="fast")) != []
 
 
+N_LARGE = 320  # requests in the Qwen3-0.6B-shaped run
 QWEN3_06B = dict(
     vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
     num_key_value_heads=8, head_dim=128, max_position_embeddings=40960, rope_theta=1_000_000.0,
@@ -121,7 +122,7 @@ QWEN3_06B = dict(
 
 
 def test_engine_equals_trainer_qwen3_06b_shape(device):
-    """GPU targets: a Qwen3-0.6B-shaped model (random weights), 256 requests of mixed lengths, chunked prefill,
+    """GPU targets: a Qwen3-0.6B-shaped model (random weights), 320 requests of mixed lengths, chunked prefill,
     preemption from a tight KV cache: every logprob of every request equals the trainer's, torch.equal."""
     if device == "cpu":
         pytest.skip(
@@ -132,13 +133,13 @@ def test_engine_equals_trainer_qwen3_06b_shape(device):
     model = random_model(tiny_qwen3_config(**QWEN3_06B), seed=11, embed_std=0.02).to(device)
     g = torch.Generator().manual_seed(3)
     prompts = [torch.randint(0, 151936, (int(torch.randint(8, 600, (1,), generator=g)),), generator=g).tolist()
-               for _ in range(256)]  # fmt: skip
+               for _ in range(N_LARGE)]  # fmt: skip
     params = [SamplingParams(temperature=[1.0, 0.7, 0.0][i % 3], top_p=0.95, max_tokens=32, seed=i, ignore_eos=True)
-              for i in range(256)]  # fmt: skip
+              for i in range(N_LARGE)]  # fmt: skip
     cfg = EngineConfig(max_num_seqs=64, max_num_batched_tokens=2048, block_size=16, num_kv_blocks=1200)
     outs, llm = run_engine(model, prompts, params, cfg)
     assert llm.num_preemptions > 0, "the KV cache was meant to be tight enough to preempt"
     bad = []
-    for s in range(0, 256, 32):
+    for s in range(0, N_LARGE, 32):
         bad += logprob_mismatches(outs[s : s + 32], trainer_logprobs(model, outs[s : s + 32], params[s : s + 32]))
     assert bad == []
