@@ -4,6 +4,8 @@ GPU targets run offline on the device's preinstalled CUDA torch: a venv with sys
 packages put on PYTHONPATH, so nothing is downloaded or built there.
 """
 
+import site
+import sys
 from pathlib import Path
 
 import nox
@@ -44,7 +46,10 @@ def contracts(session, target):
     if target == "cpu":
         session.install("-r", "requirements/test.txt")
     else:
-        session.env["PYTHONPATH"] = ":".join(SRC_PATHS)
+        # The device's torch may itself live in a venv, which --system-site-packages does not reach: put the
+        # site-packages of the interpreter running nox (and anything already on PYTHONPATH) behind the sources.
+        host = [p for p in sys.path if p.endswith("site-packages")] + site.getsitepackages()
+        session.env["PYTHONPATH"] = ":".join(SRC_PATHS + host)
         session.env["PIP_NO_INDEX"] = "1"
     session.env["VEXACT_TARGET"] = target
     session.run("python", "-m", "pytest", "contracts", "--target", target, *session.posargs)
