@@ -47,7 +47,7 @@ def contracts(session, target):
         session.install("-r", "requirements/test.txt")
     else:
         # The device's torch may itself live in a venv, which --system-site-packages does not reach: put the
-        # site-packages of the interpreter running nox (and anything already on PYTHONPATH) behind the sources.
+        # site-packages of the interpreter running nox behind the sources.
         host = [p for p in sys.path if p.endswith("site-packages")] + site.getsitepackages()
         session.env["PYTHONPATH"] = ":".join(SRC_PATHS + host)
         session.env["PIP_NO_INDEX"] = "1"
