@@ -14,7 +14,7 @@ import torch
 
 from vexact_engine import LLM, EngineConfig, SamplingParams
 from vexact_models import default_checkpoint, load_model
-from vexact_trainer import Actor, ActorConfig
+from vexact_trainer import Actor, ActorConfig, mismatch_metrics
 
 TASKS = ["Reverse the string: ", "Add the numbers: ", "Sort the letters: ", "Count the vowels in: "]
 
@@ -28,12 +28,6 @@ def make_prompts(n: int, seed: int) -> list[str]:
         body = "".join(alphabet[int(j)] for j in torch.randint(0, len(alphabet), (k,), generator=g))
         prompts.append(TASKS[i % len(TASKS)] + body)
     return prompts
-
-
-def k3_kl(rollout_lp: torch.Tensor, trainer_lp: torch.Tensor) -> float:
-    """Mean of k3 = (r - 1) - log r, r = pi_trainer / pi_rollout, over tokens sampled from the rollout policy."""
-    log_r = trainer_lp.double() - rollout_lp.double()
-    return float((torch.expm1(log_r) - log_r).mean())
 
 
 def measure(model_path, backend: str, dtype: str, prompts, max_tokens: int, seed: int) -> dict:
@@ -53,14 +47,15 @@ def measure(model_path, backend: str, dtype: str, prompts, max_tokens: int, seed
     actor = Actor(model, ActorConfig(backend=backend))
     scored = actor.compute_log_probs([o.prompt_token_ids for o in outs], [o.token_ids for o in outs], 1.0)
     rollout = torch.cat([o.logprobs for o in outs])
-    trainer = torch.cat(scored.logprobs)
+    trainer = torch.cat(scored.logprobs).cpu()
+    m = mismatch_metrics(rollout, trainer, torch.ones_like(rollout))
     return {
         "backend": backend,
         "dtype": dtype,
-        "tokens": rollout.numel(),
-        "mismatched": int((rollout != trainer).sum()),
-        "max_delta": float((rollout - trainer).abs().max()),
-        "k3": k3_kl(rollout, trainer),
+        "tokens": m["tokens"],
+        "mismatched": m["mismatched"],
+        "max_delta": m["max_abs_delta"],
+        "k3": m["k3_kl"],
         "gen_tok_s": rollout.numel() / gen_s,
         "sample": outs[0].text,
     }
