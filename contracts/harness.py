@@ -30,3 +30,11 @@ def logprob_mismatches(engine_outputs, trainer_logprobs) -> list[tuple[str, int]
             n = o.logprobs.numel() if o.logprobs.shape != lp.shape else int((o.logprobs != lp).sum())
             out.append((o.request_id, n))
     return out
+
+
+# Qwen3-0.6B's HF config shapes, for the GPU-target contracts that run a real-sized model with random weights.
+QWEN3_06B = dict(
+    vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+    num_key_value_heads=8, head_dim=128, max_position_embeddings=40960, rope_theta=1_000_000.0,
+    tie_word_embeddings=True,
+)  # fmt: skip

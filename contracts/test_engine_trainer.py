@@ -13,7 +13,7 @@ import torch
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from contracts.harness import logprob_mismatches
+from contracts.harness import QWEN3_06B, logprob_mismatches
 from vexact_engine import LLM, EngineConfig, SamplingParams
 from vexact_trainer import Actor, ActorConfig
 
@@ -114,11 +114,6 @@ def test_contract_fails_with_fast_backend_on_one_side(tiny_model):
 
 
 N_LARGE = 320  # requests in the Qwen3-0.6B-shaped run
-QWEN3_06B = dict(
-    vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
-    num_key_value_heads=8, head_dim=128, max_position_embeddings=40960, rope_theta=1_000_000.0,
-    tie_word_embeddings=True,
-)  # fmt: skip
 
 
 def test_engine_equals_trainer_qwen3_06b_shape(device):

@@ -9,14 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from contracts.harness import QWEN3_06B
 from vexact_models import random_model, tiny_qwen3_config
 from vexact_trainer import Actor, ActorConfig
-
-QWEN3_06B = dict(
-    vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
-    num_key_value_heads=8, head_dim=128, max_position_embeddings=40960, rope_theta=1_000_000.0,
-    tie_word_embeddings=True,
-)  # fmt: skip
 
 
 @pytest.fixture(scope="module")

@@ -42,12 +42,12 @@ def use_backend(name: str) -> Iterator[None]:
 
 
 def invariant_device_check(op: str, *tensors) -> None:
-    """The invariant backend runs on CPU in this release; CUDA kernels are a separate, explicit addition."""
+    """Refuse devices the invariant backend has no kernels for (it has Triton kernels for CUDA, a reference for CPU)."""
     for t in tensors:
         if t is not None and t.device.type != "cpu":
             raise NotImplementedError(
-                f"vexact_kernels.{op}: the invariant backend has no kernel for device {t.device.type!r} yet "
-                "(CPU reference only); use a CPU tensor or the 'fast' backend"
+                f"vexact_kernels.{op}: the invariant backend has no kernel for device {t.device.type!r} "
+                "(it runs on CUDA and CPU tensors); use one of those or the 'fast' backend"
             )
 
 
