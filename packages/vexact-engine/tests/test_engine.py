@@ -280,3 +280,34 @@ def test_cuda_engine_both_backends_and_invariant_matches_trainer():
     scored = Actor(inv.model).compute_log_probs([o.prompt_token_ids for o in outs], [o.token_ids for o in outs], 0.8)
     for o, lp in zip(outs, scored.logprobs, strict=True):
         assert torch.equal(o.logprobs, lp.cpu())
+
+
+def test_update_weights_equals_a_fresh_engine_with_those_weights():
+    old, new = random_model(tiny_qwen3_config(), seed=1), random_model(tiny_qwen3_config(), seed=2)
+    prompts, params = _prompts(6, seed=3), SamplingParams(max_tokens=8, temperature=0.9, seed=11)
+    llm = LLM(model=old, max_num_seqs=4, max_num_batched_tokens=64)
+    before = llm.generate(prompts, params, use_tqdm=False)
+    # buckets of two tensors, as a trainer would stream them
+    named = list(new.named_parameters())
+    loaded = []
+    for i in range(0, len(named), 2):
+        loaded += llm.update_weights((n, p.detach().clone()) for n, p in named[i : i + 2])
+    assert sorted(loaded) == sorted(n for n, _ in named)
+    after = llm.generate(prompts, params, use_tqdm=False)
+    fresh = LLM(model=random_model(tiny_qwen3_config(), seed=2), max_num_seqs=4, max_num_batched_tokens=64)
+    for a, f, b in zip(after, fresh.generate(prompts, params, use_tqdm=False), before, strict=True):
+        _same(a, f)
+    assert any(a.token_ids != b.token_ids for a, b in zip(after, before, strict=True))
+
+
+def test_update_weights_rejects_bad_tensors_and_in_flight_requests(model):
+    from vexact_models import CheckpointError
+
+    llm = LLMEngine(model=random_model(tiny_qwen3_config(), seed=1))
+    with pytest.raises(CheckpointError, match="shape"):
+        llm.update_weights([("model.norm.weight", torch.ones(3))])
+    with pytest.raises(CheckpointError, match="does not have"):
+        llm.update_weights([("model.nope.weight", torch.ones(3))])
+    llm.add_request([1, 2, 3], SamplingParams(max_tokens=2))
+    with pytest.raises(RuntimeError, match="unfinished"):
+        llm.update_weights([])

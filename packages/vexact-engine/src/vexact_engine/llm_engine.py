@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from vexact_models import load_model
+from vexact_models import load_model, load_weights
 
 from .block_manager import BlockManager
 from .config import EngineConfig
@@ -148,6 +148,20 @@ class LLMEngine:
             return None
         self.scheduler.finish(seq, "abort")
         return self._output(seq)
+
+    # ---- weights
+    def update_weights(self, named_tensors) -> list[str]:
+        """Load new weights by HF name, without a restart; returns the names loaded.
+
+        ``named_tensors`` is any iterable of ``(hf_name, tensor)`` (a generator of buckets is fine: tensors are
+        copied one at a time). Names, shapes and dtypes are checked; a partial update is allowed. The KV cache of
+        running requests was computed with the old weights, so updating while requests are in flight is refused.
+        """
+        if self.has_unfinished_requests():
+            raise RuntimeError(
+                f"update_weights with {len(self._seqs)} unfinished request(s): finish or abort them first"
+            )
+        return load_weights(self.model, named_tensors, strict=False)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
