@@ -56,6 +56,23 @@ def test_interpreted_strided_operands_and_backward():
     assert torch.equal(mm.matmul(x.detach(), wt), mm.matmul(x.detach(), w.detach().contiguous()))
 
 
+@interp
+@pytest.mark.parametrize("bias", [False, True])
+def test_interpreted_split_programs_give_the_same_bits(bias):
+    """K = 1100 spans three fixed splits of 512: one program walking them == a program per split + combine."""
+    mm = _mm()
+    g = torch.Generator().manual_seed(3)
+    a = torch.randn(5, 1100, generator=g).bfloat16()
+    w = torch.randn(20, 1100, generator=g).bfloat16()
+    b = torch.randn(20, generator=g).bfloat16() if bias else None
+    one = mm.matmul(a, w, b, torch.float32, split_programs=False)
+    split = mm.matmul(a, w, b, torch.float32, split_programs=True)
+    assert torch.equal(one, split)
+    assert torch.equal(mm.matmul(a[2:3], w, b, torch.float32, split_programs=True)[0], one[2])
+    ref = a.double() @ w.double().T + (b.double() if bias else 0)
+    assert torch.allclose(one.double(), ref, atol=1e-3 * 1100**0.5, rtol=1e-3)
+
+
 def test_dtype_mismatch_is_an_error():
     mm = _mm()
     with pytest.raises(TypeError, match="cast the weight"):
@@ -89,7 +106,7 @@ def test_gpu_rows_equal_m1_for_random_m(kn, dtype):
 
 @gpu
 def test_gpu_every_config_gives_the_same_bits():
-    """The invariance argument: tile M/N shape (and warps/stages) never changes an element; BLOCK_K is fixed."""
+    """The invariance argument: tile M/N shape, warps/stages and where a K split runs never change an element."""
     mm = _mm()
     g = torch.Generator(device="cuda").manual_seed(0)
     for m, k, n in [(1, 4096, 4096), (300, 2048, 6144), (4096, 1024, 3000)]:
@@ -100,6 +117,8 @@ def test_gpu_every_config_gives_the_same_bits():
         outs.append(mm.matmul(a, w, out_dtype=torch.float32, config=(128, 256, 8, 3)))
         outs.append(mm.matmul(a, w, out_dtype=torch.float32, config=mm.TMA_CONFIG_FP32_OUT))  # persistent TMA
         outs.append(mm.matmul(a, w, out_dtype=torch.float32, config=(128, 128, 8, 4, True)))  # warp-specialized
+        for cfg in ((16, 32, 4, 6), (16, 64, 4, 4), (64, 64, 4, 6)):  # a program per K split, then the combine
+            outs.append(mm.matmul(a, w, out_dtype=torch.float32, config=cfg, split_programs=True))
         for o in outs[1:]:
             assert torch.equal(o, outs[0]), f"config changed bits at {(m, k, n)}"
 

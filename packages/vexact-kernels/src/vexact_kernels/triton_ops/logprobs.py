@@ -17,10 +17,10 @@ rows), its vocabulary reduction order is fixed by V alone, and the split fold is
 entropy are bitwise the same for any number of rows, any row subset and any chunking.
 
 Backward: per fixed chunk of ``LOGPROBS_BWD_CHUNK`` tokens, one kernel recomputes the logits tiles and writes the
-logits gradient ``(g_lp * (onehot - p) - g_ent * p * (log p + entropy)) / temp`` in the hidden dtype; then a tiled
-matmul (fixed blocks, fp32 accumulation) gives ``d hidden = G @ W`` and accumulates ``d W += G.T @ h`` into an fp32
-buffer, chunk after chunk in token order (no atomics). Both are identical run to run; ``d hidden`` of a row is also
-independent of the other rows.
+logits gradient ``(g_lp * (onehot - p) - g_ent * p * (log p + entropy)) / temp`` in the hidden dtype; then the
+linear kernel (``matmul.py``: fixed K splits, fp32 accumulation) gives ``d hidden = G @ W`` and accumulates
+``d W += G.T @ h`` into an fp32 buffer, chunk after chunk in token order (no atomics). Both are identical run to
+run; ``d hidden`` of a row is also independent of the other rows.
 
 ``log_softmax``: one program per row, three passes over the row in fixed ``LSM_BLOCK`` tiles (max, sum of exp into a
 per-lane vector then one fixed ``tl.sum``, write), so a row's result depends on that row alone.
@@ -33,6 +33,7 @@ import triton
 import triton.language as tl
 
 from . import interpreting
+from . import matmul as mm
 from .rms_norm import aligned_rows
 
 # Numerics-affecting launch parameters of the fused kernels: fixed for every shape.
@@ -45,11 +46,7 @@ LOGPROBS_NUM_STAGES = 3
 # Rows per program of the split fold (elementwise per row: speed only).
 LOGPROBS_COMBINE_ROWS = 128
 # Tokens per backward step: bounds the [chunk, V] logits-gradient buffer and fixes the order of the d W sum.
-LOGPROBS_BWD_CHUNK = 2048
-# Tiles of the backward matmuls.
-MM_BLOCK_M = 64
-MM_BLOCK_N = 64
-MM_BLOCK_K = 64
+LOGPROBS_BWD_CHUNK = 4096
 # log_softmax row kernel.
 LSM_BLOCK = 1024
 LSM_NUM_WARPS = 4
@@ -187,35 +184,6 @@ def _logprobs_bwd_grad_logits_kernel(
     )
 
 
-@triton.jit(do_not_specialize=["M", "N", "K"])
-def _matmul_kernel(
-    a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PREC: tl.constexpr, ACCUMULATE: tl.constexpr,
-    INTERPRET: tl.constexpr,
-):  # fmt: skip
-    rm = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
-    rn = (tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
-    mmask = rm < M
-    nmask = rn < N
-    c_off = rm[:, None] * stride_cm + rn[None, :] * stride_cn
-    cmask = mmask[:, None] & nmask[None, :]
-    if ACCUMULATE:
-        acc = tl.load(c_ptr + c_off, mask=cmask, other=0.0).to(tl.float32)
-    else:
-        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        rk = (k0 + tl.arange(0, BLOCK_K)).to(tl.int64)
-        kmask = rk < K
-        a = tl.load(
-            a_ptr + rm[:, None] * stride_am + rk[None, :] * stride_ak, mask=mmask[:, None] & kmask[None, :], other=0.0
-        )
-        b = tl.load(
-            b_ptr + rk[:, None] * stride_bk + rn[None, :] * stride_bn, mask=kmask[:, None] & nmask[None, :], other=0.0
-        )
-        acc = _dot(a, b, acc, PREC, INTERPRET)
-    tl.store(c_ptr + c_off, acc.to(c_ptr.dtype.element_ty), mask=cmask)
-
-
 @triton.jit
 def _log_softmax_kernel(x_ptr, temp_ptr, out_ptr, V, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
@@ -278,19 +246,6 @@ def logprobs_fwd(
     return lp, ent if with_entropy else None, mx, log_s
 
 
-def _matmul(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, accumulate: bool) -> None:
-    """``c (+)= a @ b`` for 2-D views with any strides; fixed tiles, fp32 accumulation over K in order."""
-    m, k = a.shape
-    n = b.shape[1]
-    grid = (triton.cdiv(m, MM_BLOCK_M), triton.cdiv(n, MM_BLOCK_N))
-    _matmul_kernel[grid](
-        a, b, c, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
-        BLOCK_M=MM_BLOCK_M, BLOCK_N=MM_BLOCK_N, BLOCK_K=MM_BLOCK_K, PREC=_precision(a.dtype),
-        ACCUMULATE=accumulate, INTERPRET=interpreting(),
-        num_warps=4, num_stages=3,
-    )  # fmt: skip
-
-
 def logprobs_bwd(
     normed, weight, targets, temps, mx, log_s, ent, grad_lp, grad_ent, need_dh: bool, need_dw: bool
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -315,10 +270,11 @@ def logprobs_bwd(
             HAS_GLP=grad_lp is not None, HAS_GENT=grad_ent is not None,
             num_warps=LOGPROBS_NUM_WARPS, num_stages=LOGPROBS_NUM_STAGES,
         )  # fmt: skip
+        # The tuned linear kernel (fixed K splits, fp32 accumulation): dh = G @ W; dW += G.T @ h, chunk by chunk.
         if need_dh:
-            _matmul(gc, weight, dh[rows], accumulate=False)
+            dh[rows] = mm.matmul(gc, weight.t())
         if need_dw:
-            _matmul(gc.t(), normed[rows], dw32, accumulate=True)
+            mm.matmul(gc.t(), normed[rows].t(), accumulate_into=dw32)
     return dh, (dw32.to(weight.dtype) if need_dw else None)
 
 

@@ -1,14 +1,22 @@
 """Batch-invariant matmul for ``linear``: ``C = A @ B_t.T (+ bias)``, bf16/fp16/fp32 in, fp32 accumulation.
 
-Invariance: every output element is reduced over K in tiles of ``BLOCK_K`` (fixed for every shape), in K order,
-with one ``tl.dot`` per tile accumulating into fp32; no split-K, no stream-K, no atomics. A row's result therefore
-depends only on that row of A and on B, never on M, on the other rows or on which tile it landed in. The M/N tile
-shape is chosen per M bucket for speed; the K tile is not. That a tile's M/N shape does not change any element's
-bits (the tensor-core instruction reduces each element's K slice the same way) is checked, not assumed:
-``tests/test_triton_matmul.py`` compares every config against every other, bitwise, on the GPU.
+Invariance: every output element is reduced over K in one fixed structure, the same for every M and every launch:
+
+* K is cut at fixed absolute positions into splits of ``SPLIT_TILES * BLOCK_K`` (512) elements. Within a split,
+  tiles of ``BLOCK_K`` (64) are reduced in K order, one ``tl.dot`` per tile accumulating into an fp32 partial that
+  starts at zero. The partials are then added in split order to a zero-initialised fp32 total, then the bias.
+* The split boundaries depend on K alone, never on M, N or the tile shape, so *where* a split is computed does not
+  matter: at large M one program walks all splits of its tile in order (no extra memory traffic); at small M each
+  split gets its own program (more CTAs to stream the weight: the decode case), writes its fp32 partial, and a
+  combine kernel adds them in the same split order. Both give the same bits (checked on the GPU in
+  ``tests/test_triton_matmul.py``). No atomics, no stream-K, no split counts chosen from the shape.
+
+The M/N tile shape is chosen per M bucket for speed; ``BLOCK_K`` and ``SPLIT_TILES`` are not. That a tile's M/N shape
+does not change any element's bits (the tensor-core instruction reduces each element's K slice the same way) is
+checked, not assumed: the GPU tests compare every config against every other, bitwise.
 
 Backward (``LinearFunction``): dX = dY @ W and dW = dY.T @ X with the same kernel on strided views; both are
-deterministic run to run (fixed reduction order; dW reduces over tokens in fixed BLOCK_K tiles).
+deterministic run to run (fixed reduction order; dW reduces over tokens in the same fixed splits).
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ import triton
 import triton.language as tl
 
 BLOCK_K = 64  # numerics: the K tile is the same for every shape and every config below
+SPLIT_TILES = 8  # numerics: K tiles per split (splits of 512); partials are added in split order
 GROUP_M = 8
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages): speed only, picked by M (and N) from an H100 sweep
@@ -29,6 +38,8 @@ CONFIGS = (
     (256, 128, 8, 3),  # large M
 )
 INTERPRET_CONFIG = (16, 16, 4, 1)
+# Below this many output tiles the splits get their own programs (speed only: the bits are the same either way).
+SPLIT_PROGRAMS_BELOW_TILES = 132
 
 
 @triton.jit
@@ -36,9 +47,12 @@ def _matmul_kernel(
     a_ptr, b_ptr, c_ptr, bias_ptr,
     M, N, K,
     stride_am, stride_ak, stride_bn, stride_bk, stride_cm, stride_cn,
-    HAS_BIAS: tl.constexpr, INTERPRET: tl.constexpr,
+    HAS_BIAS: tl.constexpr, INTERPRET: tl.constexpr, SPLIT_OUT: tl.constexpr, ACCUMULATE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    SPLIT_TILES: tl.constexpr,
 ):  # fmt: skip
+    """One output tile; all K splits in order (``SPLIT_OUT=False``) or the one split ``program_id(1)``, whose fp32
+    partial goes to ``c_ptr[split, M, N]`` (``SPLIT_OUT=True``). ``ACCUMULATE``: ``c = c + result`` (fp32 ``c``)."""
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
@@ -51,27 +65,61 @@ def _matmul_kernel(
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
-    a_ptrs = a_ptr + offs_m[:, None].to(tl.int64) * stride_am + offs_k[None, :] * stride_ak
-    b_ptrs = b_ptr + offs_n[None, :].to(tl.int64) * stride_bn + offs_k[:, None] * stride_bk
+    a_base = a_ptr + offs_m[:, None].to(tl.int64) * stride_am
+    b_base = b_ptr + offs_n[None, :].to(tl.int64) * stride_bn
     mask_m = offs_m[:, None] < M
     mask_n = offs_n[None, :] < N
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        k_ok = (k0 + offs_k) < K
-        a = tl.load(a_ptrs, mask=mask_m & k_ok[None, :], other=0.0)
-        b = tl.load(b_ptrs, mask=mask_n & k_ok[:, None], other=0.0)
-        if INTERPRET:
-            # The interpreter's tl.dot is numpy's BLAS, whose result for a row depends on its place in the tile (and
-            # which mishandles 16-bit floats): an explicit fp32 product-and-sum stands in for the tensor-core MMA.
-            acc += tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], axis=1)
-        else:
-            acc = tl.dot(a, b, acc)
-        a_ptrs += BLOCK_K * stride_ak
-        b_ptrs += BLOCK_K * stride_bk
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    if SPLIT_OUT:
+        s_lo = tl.program_id(1)
+        s_hi = s_lo + 1
+    else:
+        s_lo = 0
+        s_hi = tl.cdiv(k_tiles, SPLIT_TILES)
+    total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for s in range(s_lo, s_hi):
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for kt in range(s * SPLIT_TILES, tl.minimum(s * SPLIT_TILES + SPLIT_TILES, k_tiles)):
+            kk = kt * BLOCK_K + offs_k
+            a = tl.load(a_base + kk[None, :].to(tl.int64) * stride_ak, mask=mask_m & (kk[None, :] < K), other=0.0)
+            b = tl.load(b_base + kk[:, None].to(tl.int64) * stride_bk, mask=mask_n & (kk[:, None] < K), other=0.0)
+            if INTERPRET:
+                # The interpreter's tl.dot is numpy's BLAS, whose result for a row depends on its place in the tile
+                # (and which mishandles 16-bit floats): an explicit fp32 product-and-sum stands in for the MMA.
+                acc += tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], axis=1)
+            else:
+                acc = tl.dot(a, b, acc)
+        total += acc
+    if SPLIT_OUT:
+        c_ptrs = c_ptr + s_lo.to(tl.int64) * M * N + offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
+        tl.store(c_ptrs, total, mask=mask_m & mask_n)
+    else:
+        if HAS_BIAS:
+            total += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+        c_ptrs = c_ptr + offs_m[:, None].to(tl.int64) * stride_cm + offs_n[None, :] * stride_cn
+        if ACCUMULATE:
+            total = tl.load(c_ptrs, mask=mask_m & mask_n, other=0.0) + total
+        tl.store(c_ptrs, total.to(c_ptr.dtype.element_ty), mask=mask_m & mask_n)
+
+
+@triton.jit
+def _combine_kernel(
+    part_ptr, c_ptr, bias_ptr, M, N, num_splits, stride_cm, stride_cn,
+    HAS_BIAS: tl.constexpr, ACCUMULATE: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """``c = (((0 + p_0) + p_1) + ...) + bias``: the split partials added in split order, as ``_matmul_kernel`` does."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < M * N
+    total = tl.zeros((BLOCK,), dtype=tl.float32)
+    for s in range(num_splits):
+        total += tl.load(part_ptr + s * M * N + offs, mask=mask, other=0.0)
+    m = offs // N
+    n = offs % N
     if HAS_BIAS:
-        acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
-    c_ptrs = c_ptr + offs_m[:, None].to(tl.int64) * stride_cm + offs_n[None, :] * stride_cn
-    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask_m & mask_n)
+        total += tl.load(bias_ptr + n, mask=mask, other=0.0).to(tl.float32)
+    if ACCUMULATE:
+        total = tl.load(c_ptr + m * stride_cm + n * stride_cn, mask=mask, other=0.0) + total
+    tl.store(c_ptr + m * stride_cm + n * stride_cn, total.to(c_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -80,30 +128,34 @@ def _matmul_tma_kernel(
     M, N, K, stride_cm, stride_cn,
     HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    NUM_SMS: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
+    SPLIT_TILES: tl.constexpr, NUM_SMS: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
 ):  # fmt: skip
-    """Persistent Hopper variant (TMA loads): the same per-element K order as ``_matmul_kernel``, faster at large M."""
+    """Persistent Hopper variant (TMA loads): the same per-element K structure as ``_matmul_kernel``, for large M."""
     start = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     k_tiles = tl.cdiv(K, BLOCK_K)
+    num_splits = tl.cdiv(k_tiles, SPLIT_TILES)
     group = GROUP_M * num_pid_n
-    for tile in tl.range(start, num_pid_m * num_pid_n, NUM_SMS, flatten=True, warp_specialize=WARP_SPECIALIZE):
+    for tile in tl.range(start, num_pid_m * num_pid_n, NUM_SMS, warp_specialize=WARP_SPECIALIZE):
         first_m = (tile // group) * GROUP_M
         size_m = tl.minimum(num_pid_m - first_m, GROUP_M)
         pid_m = first_m + (tile % group) % size_m
         pid_n = (tile % group) // size_m
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for ki in range(k_tiles):
-            a = a_desc.load([pid_m * BLOCK_M, ki * BLOCK_K])  # out-of-bounds reads are zero, like the masks
-            b = b_desc.load([pid_n * BLOCK_N, ki * BLOCK_K])
-            acc = tl.dot(a, b.T, acc)
+        total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for s in range(num_splits):
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for kt in range(s * SPLIT_TILES, tl.minimum(s * SPLIT_TILES + SPLIT_TILES, k_tiles)):
+                a = a_desc.load([pid_m * BLOCK_M, kt * BLOCK_K])  # out-of-bounds reads are zero, like the masks
+                b = b_desc.load([pid_n * BLOCK_N, kt * BLOCK_K])
+                acc = tl.dot(a, b.T, acc)
+            total += acc
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         if HAS_BIAS:
-            acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+            total += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
         c_ptrs = c_ptr + offs_m[:, None].to(tl.int64) * stride_cm + offs_n[None, :] * stride_cn
-        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+        tl.store(c_ptrs, total.to(c_ptr.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
 
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages, warp_specialize) of the persistent TMA variant, used for large outputs.
@@ -134,7 +186,8 @@ def _launch_tma(a, b_t, c, bias, cfg) -> None:
         a_desc, b_desc, c, bias if bias is not None else c,
         m, n, k, c.stride(0), c.stride(1),
         HAS_BIAS=bias is not None,
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=BLOCK_K, GROUP_M=GROUP_M, NUM_SMS=num_sms, WARP_SPECIALIZE=ws,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=BLOCK_K, GROUP_M=GROUP_M, SPLIT_TILES=SPLIT_TILES, NUM_SMS=num_sms,
+        WARP_SPECIALIZE=ws,
         num_warps=warps, num_stages=stages,
     )  # fmt: skip
 
@@ -157,10 +210,15 @@ def matmul(
     bias: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
     config: tuple | None = None,
+    split_programs: bool | None = None,
+    accumulate_into: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``a [M, K] @ b_t[N, K].T (+ bias [N])`` -> ``[M, N]``; any strides.
 
     ``config`` overrides the tile choice: 4 values for the pointer kernel, 5 for the persistent TMA kernel.
+    ``split_programs`` overrides whether K splits run as separate programs plus a combine (default: when the output
+    has few tiles). Neither changes a single bit of the result.
+    ``accumulate_into``: an fp32 ``[M, N]`` tensor (any strides) that gets ``+= result`` in place and is returned.
     """
     from . import interpreting
 
@@ -170,24 +228,51 @@ def matmul(
         raise TypeError(f"matmul: a is {a.dtype} but b_t is {b_t.dtype}; cast the weight first")
     m, k = a.shape
     n = b_t.shape[0]
-    c = torch.empty(m, n, dtype=out_dtype or a.dtype, device=a.device)
+    acc_in = accumulate_into is not None
+    if acc_in:
+        if accumulate_into.dtype != torch.float32 or tuple(accumulate_into.shape) != (m, n):
+            raise ValueError(
+                f"matmul: accumulate_into must be fp32 [{m}, {n}]; got {accumulate_into.dtype} "
+                f"{tuple(accumulate_into.shape)}"
+            )
+        c = accumulate_into
+    else:
+        c = torch.empty(m, n, dtype=out_dtype or a.dtype, device=a.device)
     if m == 0 or n == 0:
         return c
     if k == 0:
+        if acc_in:
+            return c if bias is None else c.add_(bias.float().expand(m, n))
         return c.zero_() if bias is None else c.copy_(bias.expand(m, n))
-    if (config is None and m * n >= TMA_MIN_OUTPUTS or config is not None and len(config) == 5) and _tma_ok(a, b_t):
+    num_splits = triton.cdiv(triton.cdiv(k, BLOCK_K), SPLIT_TILES)
+    if (
+        split_programs is not True
+        and not acc_in
+        and (config is None and m * n >= TMA_MIN_OUTPUTS or config is not None and len(config) == 5)
+        and _tma_ok(a, b_t)
+    ):
         _launch_tma(a, b_t, c, bias, config or (TMA_CONFIG_FP32_OUT if c.element_size() == 4 else TMA_CONFIG))
         return c
-    bm, bn, warps, stages = config or pick_config(m, n, interpreting())
-    grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
-    _matmul_kernel[grid](
-        a, b_t, c, bias if bias is not None else c,
+    bm, bn, warps, stages = (config or pick_config(m, n, interpreting()))[:4]
+    tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
+    if split_programs is None:
+        split_programs = num_splits > 1 and tiles < SPLIT_PROGRAMS_BELOW_TILES
+    split_programs = split_programs and num_splits > 1
+    out = torch.empty(num_splits, m, n, dtype=torch.float32, device=a.device) if split_programs else c
+    _matmul_kernel[(tiles, num_splits if split_programs else 1)](
+        a, b_t, out, bias if bias is not None else c,
         m, n, k,
         a.stride(0), a.stride(1), b_t.stride(0), b_t.stride(1), c.stride(0), c.stride(1),
-        HAS_BIAS=bias is not None, INTERPRET=interpreting(),
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=BLOCK_K, GROUP_M=GROUP_M,
+        HAS_BIAS=bias is not None, INTERPRET=interpreting(), SPLIT_OUT=split_programs, ACCUMULATE=acc_in,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=BLOCK_K, GROUP_M=GROUP_M, SPLIT_TILES=SPLIT_TILES,
         num_warps=warps, num_stages=stages,
     )  # fmt: skip
+    if split_programs:
+        block = 1024
+        _combine_kernel[(triton.cdiv(m * n, block),)](
+            out, c, bias if bias is not None else c, m, n, num_splits, c.stride(0), c.stride(1),
+            HAS_BIAS=bias is not None, ACCUMULATE=acc_in, BLOCK=block, num_warps=4,
+        )  # fmt: skip
     return c
 
 
