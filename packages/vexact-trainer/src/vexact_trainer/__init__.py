@@ -1,4 +1,4 @@
-"""vexact-trainer: the VeXact training actor (single process in this release; FSDP2 is applied from outside)."""
+"""vexact-trainer: the VeXact training actor and its FSDP2 trainer (parallelism applied from outside the model)."""
 
 from .actor import Actor, ActorConfig, LogprobOutput
 from .batch import PackedBatch, pack
@@ -12,6 +12,9 @@ from .losses import (
     reinforce_loss,
     rollout_correction,
 )
+from .parallel import init_distributed, parallelize
+from .trainer import RolloutBatch, StepMetrics, Trainer, TrainerConfig
+from .weights import hf_name, iter_weight_buckets, save_hf_checkpoint, sync_weights
 
 __version__ = "0.1.0"
 
@@ -21,13 +24,23 @@ __all__ = [
     "LogprobOutput",
     "PPOOutput",
     "PackedBatch",
+    "RolloutBatch",
+    "StepMetrics",
+    "Trainer",
+    "TrainerConfig",
     "__version__",
     "check_finite_loss",
     "grpo_advantages",
+    "hf_name",
+    "init_distributed",
+    "iter_weight_buckets",
     "masked_mean",
     "mismatch_metrics",
     "pack",
+    "parallelize",
     "ppo_clip_loss",
     "reinforce_loss",
     "rollout_correction",
+    "save_hf_checkpoint",
+    "sync_weights",
 ]

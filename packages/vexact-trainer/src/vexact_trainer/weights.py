@@ -1,0 +1,110 @@
+"""Weight export: the exact bf16 tensors the FSDP forward computes with, by HF name, in size-bounded buckets.
+
+FSDP's mixed precision casts each fp32 master shard to bf16 elementwise (round-to-nearest-even) before gathering
+it; casting a shard and then gathering equals gathering and then casting, so ``shard.to(bf16).full_tensor()`` is
+bitwise the parameter the forward sees. Only bf16 crosses the wire (half the bytes of the fp32 master).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from .parallel import rank
+
+# Module-name parts that wrappers insert (activation checkpointing, torch.compile, FSDP1); never part of an HF name.
+WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module.")
+DEFAULT_BUCKET_BYTES = 512 << 20
+
+
+def hf_name(name: str) -> str:
+    """The HF parameter name of a (possibly wrapped) module parameter name."""
+    for prefix in WRAPPER_PREFIXES:
+        name = name.replace(prefix, "")
+    return name
+
+
+def iter_weight_buckets(
+    model: nn.Module, bucket_bytes: int = DEFAULT_BUCKET_BYTES, dtype: torch.dtype = torch.bfloat16
+) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """Yield buckets ``[(hf_name, full tensor in dtype), ...]`` of at most ``bucket_bytes`` each (a tensor larger
+    than the bound travels alone).
+
+    Collective when the model is sharded: every rank must iterate to the end (each full tensor is all-gathered), in
+    the same order. Tied parameters appear once, under their first name (``model.embed_tokens.weight``), which is how
+    checkpoints and the engine name them.
+    """
+    if isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int) or bucket_bytes < 1:
+        raise ValueError(f"bucket_bytes must be a positive integer, got {bucket_bytes!r}")
+    bucket: list[tuple[str, torch.Tensor]] = []
+    size = 0
+    for name, p in model.named_parameters():
+        t = p.detach().to(dtype)
+        if isinstance(t, DTensor):
+            t = t.full_tensor()
+        nbytes = t.numel() * t.element_size()
+        if bucket and size + nbytes > bucket_bytes:
+            yield bucket
+            bucket, size = [], 0
+        bucket.append((hf_name(name), t))
+        size += nbytes
+    if bucket:
+        yield bucket
+
+
+def sync_weights(
+    model: nn.Module, engine, bucket_bytes: int = DEFAULT_BUCKET_BYTES, src_rank: int = 0
+) -> list[str] | None:
+    """Send the model's bf16 weights to ``engine.update_weights`` bucket by bucket; returns the names it loaded.
+
+    Every rank calls this (the gathers are collective); only ``src_rank`` talks to the engine (``engine`` may be
+    None on the other ranks, which return None). ``engine`` is anything with ``update_weights(named_tensors)`` that
+    returns the loaded names: an ``LLMEngine`` in this process, or a proxy to one in another process.
+    """
+    me = rank()
+    if me == src_rank and engine is None:
+        raise ValueError(f"rank {me} is the source rank but no engine was given")
+    loaded: list[str] = []
+    sent = 0
+    for bucket in iter_weight_buckets(model, bucket_bytes):
+        if me == src_rank:
+            loaded += list(engine.update_weights(bucket))
+            sent += len(bucket)
+    if me != src_rank:
+        return None
+    if len(loaded) != sent:
+        raise RuntimeError(f"the engine loaded {len(loaded)} of the {sent} tensors sent")
+    return loaded
+
+
+def save_hf_checkpoint(
+    model: nn.Module, path: str | Path, dtype: torch.dtype = torch.bfloat16, max_shard_bytes: int | None = None
+) -> Path | None:
+    """Write ``config.json`` + safetensors (HF layout, ``dtype``) of the sharded model; collective, rank 0 writes.
+
+    The weights are the ones :func:`iter_weight_buckets` exports, so an engine loading this directory computes the
+    same logprobs as the trainer. Returns the path on rank 0, None elsewhere.
+    """
+    import dataclasses
+
+    from vexact_models import MODEL_CLASSES, load_weights, save_checkpoint
+
+    out = None
+    if rank() == 0:
+        cfg = dataclasses.replace(model.config, torch_dtype=str(dtype).removeprefix("torch."))
+        out = MODEL_CLASSES[cfg.model_type](cfg)  # unsharded on CPU; the constructor ties tied weights
+    loaded: list[str] = []
+    for bucket in iter_weight_buckets(model, dtype=dtype):
+        if out is not None:
+            loaded += load_weights(out, bucket, strict=False)
+    if out is None:
+        return None
+    missing = sorted({n for n, _ in out.named_parameters()} - set(loaded))
+    if missing:
+        raise RuntimeError(f"the sharded model did not provide {len(missing)} tensor(s), e.g. {missing[:5]}")
+    save_checkpoint(out, path, max_shard_bytes=max_shard_bytes)
+    return Path(path)
