@@ -106,7 +106,8 @@ class Qwen3ForCausalLM(nn.Module):
                 f"expected flat input_ids and positions of equal shape [T]; got {tuple(input_ids.shape)} and "
                 f"{tuple(positions.shape)}"
             )
-        if positions.numel() and int(positions.max()) >= self.config.max_position_embeddings:
+        capturing = positions.is_cuda and torch.cuda.is_current_stream_capturing()  # no host sync in a capture
+        if positions.numel() and not capturing and int(positions.max()) >= self.config.max_position_embeddings:
             raise ValueError(
                 f"position {int(positions.max())} >= max_position_embeddings {self.config.max_position_embeddings}"
             )
