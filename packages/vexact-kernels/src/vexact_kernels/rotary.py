@@ -27,7 +27,8 @@ def rope_cos_sin(head_dim: int, max_position: int, theta: float) -> tuple[torch.
 def apply_rotary(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate ``x [tokens, heads, head_dim]`` by ``positions [tokens]``; returns x's dtype."""
     check_float("apply_rotary", "x", x)
-    if positions.numel() and int(positions.max()) >= cos.shape[0]:
+    capturing = positions.is_cuda and torch.cuda.is_current_stream_capturing()  # no host sync in a CUDA graph capture
+    if positions.numel() and not capturing and int(positions.max()) >= cos.shape[0]:
         raise ValueError(f"rotary: position {int(positions.max())} >= table size {cos.shape[0]}")
     if get_backend() == "invariant" and use_triton(x, positions, cos, sin):
         from .triton_ops.rotary import triton_apply_rotary
