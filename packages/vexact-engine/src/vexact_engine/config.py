@@ -4,36 +4,55 @@ from dataclasses import dataclass
 
 import vexact_kernels as vk
 
+DEFAULT_GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+CPU_KV_CACHE_BYTES = 256 << 20
+
 
 @dataclass
 class EngineConfig:
     """Engine settings; validated at construction.
 
-    ``num_kv_blocks`` pages of ``block_size`` tokens make the KV cache (default: ``kv_cache_bytes`` worth).
-    ``max_num_batched_tokens`` is the token budget of one step (decode tokens plus prefill chunks).
+    KV cache size, first setting that applies: ``num_kv_blocks`` pages of ``block_size`` tokens; else
+    ``kv_cache_bytes``; else, on CUDA, ``gpu_memory_utilization`` (the fraction of the device's total memory this
+    engine may use: the KV cache gets that budget minus the model's weights and a measured activation peak); else
+    (CPU) 256 MiB. ``max_num_batched_tokens`` is the token budget of one step (decode tokens plus prefill chunks).
+
+    Decode steps on CUDA run as CUDA graphs captured for each of ``cuda_graph_batch_sizes`` (default
+    1, 2, 4, ..., 256, capped at ``max_num_seqs``, plus ``max_num_seqs`` itself when it falls between two sizes): a
+    decode step of B sequences is padded to the next captured size (pad rows write no KV and are dropped). Larger
+    decode steps, prefill steps and ``enforce_eager=True`` run eagerly. On CPU there are no graphs; an explicit
+    ``cuda_graph_batch_sizes`` there runs the same padded static-buffer decode eagerly (to test the padding).
     """
 
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 512
     block_size: int = 16
     num_kv_blocks: int | None = None
-    kv_cache_bytes: int = 256 << 20
+    kv_cache_bytes: int | None = None
+    gpu_memory_utilization: float = 0.9
     max_model_len: int | None = None
     enable_chunked_prefill: bool = True
     backend: str = "invariant"
     dtype: str | None = None
     device: str = "cpu"
     seed: int = 0
+    enforce_eager: bool = False
+    cuda_graph_batch_sizes: tuple[int, ...] | list[int] | None = None
 
     def __post_init__(self) -> None:
         if self.backend not in vk.BACKENDS:
             raise ValueError(f"backend must be one of {vk.BACKENDS}, got {self.backend!r}")
-        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "kv_cache_bytes"):
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"EngineConfig.{name} must be a positive integer, got {value!r}")
-        if self.num_kv_blocks is not None and (not isinstance(self.num_kv_blocks, int) or self.num_kv_blocks < 1):
-            raise ValueError(f"EngineConfig.num_kv_blocks must be a positive integer, got {self.num_kv_blocks!r}")
+        for name in ("num_kv_blocks", "kv_cache_bytes"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"EngineConfig.{name} must be a positive integer, got {value!r}")
+        u = self.gpu_memory_utilization
+        if isinstance(u, bool) or not isinstance(u, (int, float)) or not 0.0 < u <= 1.0:
+            raise ValueError(f"EngineConfig.gpu_memory_utilization must be in (0, 1], got {u!r}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"EngineConfig.max_model_len must be >= 2, got {self.max_model_len!r}")
         if self.max_num_batched_tokens < self.max_num_seqs:
@@ -41,3 +60,21 @@ class EngineConfig:
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_num_seqs ({self.max_num_seqs})"
                 " so every running sequence can decode each step"
             )
+        if self.cuda_graph_batch_sizes is not None:
+            sizes = list(self.cuda_graph_batch_sizes)
+            bad = [s for s in sizes if isinstance(s, bool) or not isinstance(s, int) or s < 1]
+            if not sizes or bad:
+                raise ValueError(
+                    f"EngineConfig.cuda_graph_batch_sizes must be a non-empty list of positive integers, got {sizes!r}"
+                )
+            self.cuda_graph_batch_sizes = tuple(sorted(set(sizes)))
+
+    def graph_batch_sizes(self, on_cuda: bool) -> list[int]:
+        """The padded decode sizes in force: none when eager (or on CPU without an explicit list)."""
+        if self.enforce_eager or (self.cuda_graph_batch_sizes is None and not on_cuda):
+            return []
+        listed = self.cuda_graph_batch_sizes or DEFAULT_GRAPH_BATCH_SIZES
+        sizes = [s for s in listed if s <= self.max_num_seqs]
+        if self.max_num_seqs < max(listed) and self.max_num_seqs not in sizes:
+            sizes.append(self.max_num_seqs)
+        return sizes

@@ -10,8 +10,8 @@ import torch
 from vexact_models import load_model, load_weights
 
 from .block_manager import BlockManager
-from .config import EngineConfig
-from .model_runner import ModelRunner
+from .config import CPU_KV_CACHE_BYTES, EngineConfig
+from .model_runner import ModelRunner, profile_activation_bytes
 from .outputs import RequestOutput
 from .sampler import token_seed
 from .sampling_params import SamplingParams
@@ -34,6 +34,31 @@ def load_tokenizer(path: str | Path):
     return AutoTokenizer.from_pretrained(str(path))
 
 
+_GIB = 1 << 30
+
+
+def _tensor_bytes(model: torch.nn.Module) -> int:
+    seen, total = set(), 0
+    for t in list(model.parameters()) + list(model.buffers()):
+        if id(t) not in seen:
+            seen.add(id(t))
+            total += t.numel() * t.element_size()
+    return total
+
+
+def check_model_fits(model: torch.nn.Module, config: EngineConfig, device: torch.device) -> None:
+    """Raise ValueError with the figures when the model's weights alone exceed the engine's share of the device."""
+    total = torch.cuda.get_device_properties(device).total_memory
+    budget = config.gpu_memory_utilization * total
+    weights = _tensor_bytes(model)
+    if weights >= budget:
+        raise ValueError(
+            f"the model's weights take {weights / _GIB:.2f} GiB but gpu_memory_utilization="
+            f"{config.gpu_memory_utilization} allows {budget / _GIB:.2f} GiB of the device's {total / _GIB:.2f} GiB; "
+            "raise gpu_memory_utilization (at most 1.0) or use a device with more memory"
+        )
+
+
 class LLMEngine:
     """One engine replica: a model, its KV cache, a scheduler. Not thread-safe; drive it from one thread."""
 
@@ -52,7 +77,12 @@ class LLMEngine:
         if model is None:
             if model_path is None:
                 raise ValueError("LLMEngine needs a model_path or a model")
-            model = load_model(model_path, dtype=self.config.dtype, device=self.config.device)
+            # load on the host first, so a model too large for the device's budget fails with the figures
+            model = load_model(model_path, dtype=self.config.dtype, device="cpu")
+            device = torch.device(self.config.device)
+            if device.type == "cuda":
+                check_model_fits(model, self.config, device)
+            model = model.to(device)
         if tokenizer is None and model_path is not None:
             tokenizer = load_tokenizer(model_path)
         self.model = model.eval()
@@ -68,18 +98,133 @@ class LLMEngine:
                 f"max_model_len ({self.max_model_len}): a whole prompt (or a preempted request's recompute) must fit "
                 "one step"
             )
-        dtype = next(model.parameters()).dtype
-        num_blocks = self.config.num_kv_blocks or max(
-            1, self.config.kv_cache_bytes // ModelRunner.kv_bytes_per_block(mcfg, self.config.block_size, dtype)
-        )
+        num_blocks = self._num_kv_blocks()
         self.blocks = BlockManager(num_blocks, self.config.block_size)
         self.scheduler = Scheduler(self.config, self.blocks)
-        self.runner = ModelRunner(model, self.config, num_blocks)
+        self.runner = ModelRunner(model, self.config, num_blocks, self.max_model_len)
         self.eos_token_ids = set(mcfg.eos_token_ids)
         if tokenizer is not None and getattr(tokenizer, "eos_token_id", None) is not None:
             self.eos_token_ids.add(tokenizer.eos_token_id)
         self._seqs: dict[str, Sequence] = {}
         self._num_arrivals = 0  # accepted requests so far; a rejected request takes no arrival slot (see add_request)
+        self.sleep_level = 0  # 0: awake; 1 or 2: see sleep()
+        self._host_copies: dict[str, torch.Tensor] = {}  # weights offloaded by sleep(level=1), reused across cycles
+        self._shapes: dict[str, tuple[torch.Size, torch.dtype]] = {}
+        self._weights_pending: set[str] = set()  # names to reload after sleep(level=2)
+
+    def _num_kv_blocks(self) -> int:
+        cfg, mcfg = self.config, self.model.config
+        dtype = next(self.model.parameters()).dtype
+        per_block = ModelRunner.kv_bytes_per_block(mcfg, cfg.block_size, dtype)
+        if cfg.num_kv_blocks is not None:
+            return cfg.num_kv_blocks
+        device = next(self.model.parameters()).device
+        if cfg.kv_cache_bytes is not None or device.type != "cuda":
+            return max(1, (cfg.kv_cache_bytes or CPU_KV_CACHE_BYTES) // per_block)
+        return self._kv_blocks_from_gpu_memory(device, per_block)
+
+    def _kv_blocks_from_gpu_memory(self, device: torch.device, per_block: int) -> int:
+        """KV pages = (gpu_memory_utilization * total - weights - 2 * activation peak) / page bytes, and no more
+        than this process can still allocate. The second activation peak covers the decode graphs' memory pool
+        (a decode step's activations are at most a full step's)."""
+        cfg = self.config
+        torch.cuda.empty_cache()
+        weights = _tensor_bytes(self.model)
+        activations = profile_activation_bytes(self.model, cfg)
+        torch.cuda.empty_cache()
+        free, total = torch.cuda.mem_get_info(device)
+        budget = cfg.gpu_memory_utilization * total
+        want = budget - weights - 2 * activations
+        can = free - 2 * activations
+        figures = (
+            f"gpu_memory_utilization={cfg.gpu_memory_utilization} of {total / _GIB:.2f} GiB = {budget / _GIB:.2f} GiB; "
+            f"weights {weights / _GIB:.2f} GiB, activation peak {activations / _GIB:.2f} GiB (x2 with the decode "
+            f"graphs), {free / _GIB:.2f} GiB free on the device"
+        )
+        kv = min(want, can)
+        min_blocks = -(-self.max_model_len // cfg.block_size)
+        if kv < min_blocks * per_block:
+            raise ValueError(
+                f"no room for a KV cache that holds one sequence of max_model_len {self.max_model_len} "
+                f"({min_blocks * per_block / _GIB:.3f} GiB): {figures}. Raise gpu_memory_utilization, lower "
+                "max_num_batched_tokens / max_num_seqs / max_model_len, or free device memory"
+            )
+        if can < want:
+            log.warning("KV cache limited by free device memory (other allocations hold some): %s", figures)
+        num_blocks = int(kv // per_block)
+        log.info("KV cache: %d pages of %d tokens (%.2f GiB); %s", num_blocks, cfg.block_size, kv / _GIB, figures)
+        return num_blocks
+
+    # ---- sleep / wake (a colocated trainer can use the device meanwhile)
+    def sleep(self, level: int = 1) -> None:
+        """Free the KV cache, the decode graphs and the weights' device memory.
+
+        ``level=1`` keeps the weights in (pinned) host memory and restores them on :meth:`wake_up`; ``level=2``
+        discards them: after :meth:`wake_up` the caller must load every weight with :meth:`update_weights` before
+        the next step. Refused while requests are unfinished (their KV would be lost): finish or abort them first.
+        Requests may be added while asleep; they run after waking. On CPU the same happens with host storages.
+        """
+        if level not in (1, 2):
+            raise ValueError(f"sleep level must be 1 (offload weights) or 2 (discard weights), got {level!r}")
+        if self.sleep_level:
+            raise RuntimeError(f"the engine is already asleep (level {self.sleep_level}); call wake_up() first")
+        if self.has_unfinished_requests():
+            raise RuntimeError(f"sleep with {len(self._seqs)} unfinished request(s): finish or abort them first")
+        self.runner.release()
+        on_cuda = self.runner.device.type == "cuda"
+        for name, t, is_param in self._named_tensors():
+            self._shapes[name] = (t.shape, t.dtype)
+            # Buffers (rotary tables) are not part of a weight update, so they are kept at either level.
+            if level == 1 or not is_param:
+                if on_cuda:
+                    host = self._host_copies.get(name)
+                    if host is None or host.shape != t.shape or host.dtype != t.dtype:
+                        host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+                        self._host_copies[name] = host
+                    host.copy_(t.data, non_blocking=True)
+                else:
+                    self._host_copies[name] = t.data  # the host storage is the copy; the model lets go of it
+            t.data = torch.empty(0, dtype=t.dtype, device=t.device)
+        if level == 2:
+            for name, _, is_param in self._named_tensors():
+                if is_param:
+                    self._host_copies.pop(name, None)
+        if on_cuda:
+            torch.cuda.synchronize(self.runner.device)  # the copies must land before the storages are freed
+            torch.cuda.empty_cache()
+        self.sleep_level = level
+
+    def wake_up(self) -> None:
+        """Restore what :meth:`sleep` freed: weights (level 1; level 2 leaves them to :meth:`update_weights`),
+        the KV cache and the decode graphs. A no-op when awake."""
+        if not self.sleep_level:
+            return
+        dev = self.runner.device
+        for name, t, is_param in self._named_tensors():
+            shape, dtype = self._shapes[name]
+            if self.sleep_level == 2 and is_param:
+                t.data = torch.empty(shape, dtype=dtype, device=dev)
+            else:
+                host = self._host_copies[name]
+                t.data = host.to(dev, non_blocking=True) if dev.type == "cuda" else host
+                if dev.type != "cuda":
+                    del self._host_copies[name]
+        if self.sleep_level == 2:
+            self._weights_pending = {name for name, _, is_param in self._named_tensors() if is_param}
+        self.runner.allocate()
+        self.sleep_level = 0
+
+    def _named_tensors(self):
+        """(name, tensor, is_parameter) for every distinct parameter and buffer of the model (tied ones once)."""
+        seen = set()
+        for name, p in self.model.named_parameters():
+            if id(p) not in seen:
+                seen.add(id(p))
+                yield name, p, True
+        for name, b in self.model.named_buffers():
+            if id(b) not in seen:
+                seen.add(id(b))
+                yield name, b, False
 
     # ---- requests
     def _tokenize(self, prompt) -> list[int]:
@@ -157,11 +302,17 @@ class LLMEngine:
         copied one at a time). Names, shapes and dtypes are checked; a partial update is allowed. The KV cache of
         running requests was computed with the old weights, so updating while requests are in flight is refused.
         """
+        if self.sleep_level:
+            raise RuntimeError(f"update_weights while asleep (level {self.sleep_level}): call wake_up() first")
         if self.has_unfinished_requests():
             raise RuntimeError(
                 f"update_weights with {len(self._seqs)} unfinished request(s): finish or abort them first"
             )
-        return load_weights(self.model, named_tensors, strict=False)
+        loaded = load_weights(self.model, named_tensors, strict=False)
+        self._weights_pending.difference_update(loaded)
+        if self.model.config.tie_word_embeddings and "lm_head.weight" in self._weights_pending:
+            self._weights_pending.discard("lm_head.weight")
+        return loaded
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -173,6 +324,13 @@ class LLMEngine:
     # ---- the loop
     def step(self) -> list[RequestOutput]:
         """Schedule and run one step; return the requests that finished in it."""
+        if self.sleep_level:
+            raise RuntimeError(f"the engine is asleep (level {self.sleep_level}): call wake_up() before step()")
+        if self._weights_pending:
+            raise RuntimeError(
+                f"{len(self._weights_pending)} weight tensor(s) discarded by sleep(level=2) are not reloaded yet, "
+                f"e.g. {sorted(self._weights_pending)[:3]}: call update_weights with them first"
+            )
         batch = self.scheduler.schedule()
         if not batch:
             if self.scheduler.has_unfinished():

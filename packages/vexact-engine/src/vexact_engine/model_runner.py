@@ -1,6 +1,17 @@
-"""Turn a scheduled step into tensors, run the shared model on the paged layout, sample."""
+"""Turn a scheduled step into tensors, run the shared model on the paged layout, sample.
+
+A step is two separable halves, so a pipeline stage can reuse them: :meth:`ModelRunner.forward` (``prepare`` the
+step's tensors, run the model, return the hidden rows of the sequences that sample) and :meth:`ModelRunner.sample`
+(logits, seeded draw, and the reported logprob from the trainer's own function, on the model's device).
+
+Decode steps can run padded to a fixed batch size from static buffers: as CUDA graphs on CUDA, eagerly (same
+buffers, same padding, no capture) on CPU. A pad row writes no KV (slot -1), reads one valid page (context 1,
+page 0) and is dropped; every kernel is row-invariant, so padding never changes a real row's numerics.
+"""
 
 from __future__ import annotations
+
+import logging
 
 import torch
 
@@ -10,31 +21,68 @@ from vexact_models import AttentionMetadata
 from .block_manager import BlockManager
 from .config import EngineConfig
 from .sampler import sample
+from .sampling_params import SamplingParams
 from .scheduler import ScheduledSeq
+
+log = logging.getLogger("vexact_engine")
 
 
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, config: EngineConfig, num_blocks: int):
+    # A pad row of a padded decode step: token 0 at position 0, KV slot -1 (write_kv_cache skips it), context 1.
+    PAD_ROW = (0, 0, -1, 1)
+
+    def __init__(self, model: torch.nn.Module, config: EngineConfig, num_blocks: int, max_model_len: int):
         self.model = model
         self.config = config
+        self.num_blocks = num_blocks
         cfg = model.config
-        shape = (num_blocks, config.block_size, cfg.num_key_value_heads, cfg.head_dim)
-        dtype = next(model.parameters()).dtype
+        self.kv_shape = (num_blocks, config.block_size, cfg.num_key_value_heads, cfg.head_dim)
+        self.dtype = next(model.parameters()).dtype
         self.device = next(model.parameters()).device  # the model decides; config.device only places a loaded model
-        self.kv_caches = [
-            (
-                torch.zeros(shape, dtype=dtype, device=self.device),
-                torch.zeros(shape, dtype=dtype, device=self.device),
-            )
-            for _ in range(cfg.num_hidden_layers)
-        ]
+        # Static block tables are as wide as the longest sequence can need, so one capture serves every step.
+        self.max_pages = -(-max_model_len // config.block_size)
+        self.graph_sizes = config.graph_batch_sizes(self.device.type == "cuda")
+        self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._graph_pool = None
+        self._static: dict[str, torch.Tensor] | None = None
+        self.num_padded_steps = 0  # decode steps run padded (replayed as a graph on CUDA)
+        self.allocate()
 
+    # ---- memory
     @staticmethod
     def kv_bytes_per_block(model_config, block_size: int, dtype: torch.dtype) -> int:
         per_token = 2 * model_config.num_hidden_layers * model_config.num_key_value_heads * model_config.head_dim
         return per_token * block_size * torch.empty(0, dtype=dtype).element_size()
 
+    def allocate(self) -> None:
+        """Allocate the KV cache and the static decode buffers; capture the decode graphs on CUDA."""
+        self.kv_caches = [
+            (
+                torch.zeros(self.kv_shape, dtype=self.dtype, device=self.device),
+                torch.zeros(self.kv_shape, dtype=self.dtype, device=self.device),
+            )
+            for _ in range(self.model.config.num_hidden_layers)
+        ]
+        if self.graph_sizes:
+            self._allocate_static()
+            if self.device.type == "cuda":
+                self._capture_all()
+
+    def release(self) -> None:
+        """Drop the graphs, their memory pool, the static buffers and the KV cache (see ``LLMEngine.sleep``)."""
+        self._graphs.clear()
+        self._graph_pool = None
+        self._static = None
+        self.kv_caches = None
+
+    @property
+    def num_graphs(self) -> int:
+        return len(self._graphs)
+
+    # ---- eager step
     def prepare(self, batch: list[ScheduledSeq], blocks: BlockManager):
+        """The step's ``input_ids [T]``, ``positions [T]``, paged ``AttentionMetadata`` and host ``cu_seqlens``."""
         input_ids, positions, slots, cu, ctx = [], [], [], [0], []
         for item in batch:
             seq, n = item.seq, item.num_new_tokens
@@ -59,25 +107,146 @@ class ModelRunner:
         pos = torch.tensor(positions, dtype=torch.int64, device=dev)
         return ids, pos, meta, cu
 
+    # ---- padded decode from static buffers
+    def _allocate_static(self) -> None:
+        s_max, dev = max(self.graph_sizes), self.device
+        # rows: input ids, positions, KV slots, context lengths
+        inputs = torch.tensor(self.PAD_ROW, dtype=torch.int64, device=dev)[:, None].repeat(1, s_max)
+        self._static = {
+            "inputs": inputs,
+            "tables": torch.zeros(s_max, self.max_pages, dtype=torch.int64, device=dev),
+            "cu": torch.arange(s_max + 1, dtype=torch.int64, device=dev),
+        }
+
+    def _static_args(self, size: int):
+        st = self._static
+        ids, pos, slots, ctx = st["inputs"][:, :size]
+        meta = AttentionMetadata(
+            cu_seqlens=st["cu"][: size + 1], slot_mapping=slots, block_tables=st["tables"][:size], context_lens=ctx
+        )
+        return ids, pos, meta
+
+    def padded_size(self, batch: list[ScheduledSeq]) -> int | None:
+        """The static size a step runs at, or None when it runs eagerly (not all one-token steps, or too large)."""
+        if not self.graph_sizes or self.kv_caches is None or any(it.num_new_tokens != 1 for it in batch):
+            return None
+        return next((s for s in self.graph_sizes if s >= len(batch)), None)
+
+    def _fill_static(self, batch: list[ScheduledSeq], blocks: BlockManager, size: int) -> None:
+        host = torch.tensor(self.PAD_ROW, dtype=torch.int64)[:, None].repeat(1, size)
+        width = max(len(it.seq.block_table) for it in batch)
+        tables = torch.zeros(size, width, dtype=torch.int64)
+        for r, it in enumerate(batch):
+            seq = it.seq
+            p = seq.num_computed_tokens
+            host[0, r] = seq.token_ids(p, p + 1)[0]
+            host[1, r] = p
+            host[2, r] = blocks.slot(seq, p)
+            host[3, r] = p + 1
+            tables[r, : len(seq.block_table)] = torch.tensor(seq.block_table, dtype=torch.int64)
+        st = self._static
+        st["inputs"][:, :size].copy_(host)
+        # Columns past `width` keep page ids of earlier steps: always valid pages, and never read (beyond context).
+        st["tables"][:size, :width].copy_(tables)
+
+    def _run_padded(self, batch: list[ScheduledSeq], blocks: BlockManager, size: int) -> torch.Tensor:
+        self._fill_static(batch, blocks, size)
+        self.num_padded_steps += 1
+        graph = self._graphs.get(size)
+        if graph is not None:
+            graph[0].replay()
+            return graph[1]
+        ids, pos, meta = self._static_args(size)
+        return self.model(ids, pos, meta, self.kv_caches)
+
+    def _capture_all(self) -> None:
+        """Capture one decode graph per size, largest first, sharing one memory pool (they never run together)."""
+        self._graph_pool = torch.cuda.graph_pool_handle()
+        with vk.use_backend(self.config.backend), torch.no_grad():
+            for size in sorted(self.graph_sizes, reverse=True):
+                ids, pos, meta = self._static_args(size)
+                # Warm-up outside the capture: compiles the Triton kernels for this shape. The static buffers hold
+                # pad rows only (slot -1), so nothing is written to the KV cache.
+                side = torch.cuda.Stream()
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    for _ in range(2):
+                        self.model(ids, pos, meta, self.kv_caches)
+                torch.cuda.current_stream().wait_stream(side)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=self._graph_pool):
+                    out = self.model(ids, pos, meta, self.kv_caches)
+                self._graphs[size] = (graph, out)
+        torch.cuda.synchronize(self.device)
+        log.info("captured %d decode graphs (batch sizes %s)", len(self._graphs), sorted(self._graphs))
+
+    # ---- a step
     @torch.no_grad()
-    def run(self, batch: list[ScheduledSeq], blocks: BlockManager) -> list[tuple[ScheduledSeq, int, float]]:
-        """One forward over the step; returns (item, token, logprob) for each sequence that samples."""
-        ids, pos, meta, cu = self.prepare(batch, blocks)
+    def forward(self, batch: list[ScheduledSeq], blocks: BlockManager) -> tuple[torch.Tensor, list[ScheduledSeq]]:
+        """Run the model over the step; returns the pre-norm hidden rows ``[S, H]`` of the ``S`` sequences that
+        sample in it, and those sequences."""
+        sampling = [b for b, item in enumerate(batch) if item.samples]
+        items = [batch[b] for b in sampling]
+        size = self.padded_size(batch)
         with vk.use_backend(self.config.backend):
+            if size is not None:
+                hidden = self._run_padded(batch, blocks, size)
+                if len(sampling) == len(batch):
+                    return hidden[: len(batch)], items
+                return hidden[torch.tensor(sampling, device=hidden.device)], items
+            ids, pos, meta, cu = self.prepare(batch, blocks)
             hidden = self.model(ids, pos, meta, self.kv_caches)
-            sampling = [b for b, item in enumerate(batch) if item.samples]
-            if not sampling:
-                return []
-            rows = torch.tensor([cu[b + 1] - 1 for b in sampling], device=hidden.device)
-            items = [batch[b] for b in sampling]
-            params = [it.seq.params for it in items]
-            logits = self.model.logits(hidden[rows])
+        rows = torch.tensor([cu[b + 1] - 1 for b in sampling], dtype=torch.int64, device=hidden.device)
+        return hidden[rows], items
+
+    @torch.no_grad()
+    def sample(self, hidden: torch.Tensor, items: list[ScheduledSeq]) -> list[tuple[ScheduledSeq, int, float]]:
+        """Draw each sequence's next token from its hidden row; returns ``(item, token, logprob)``.
+
+        The reported logprob comes from the trainer's own function (``model.logprobs``) on the sampled tokens.
+        One host sync, for the results.
+        """
+        if not items:
+            return []
+        params = [it.seq.params for it in items]
+        dev = hidden.device
+        with vk.use_backend(self.config.backend):
+            logits = self.model.logits(hidden)
             tokens, _ = sample(
-                logits.cpu(), params, [it.seq.seed for it in items], [len(it.seq.output_token_ids) for it in items]
+                logits, params, [it.seq.seed for it in items], [len(it.seq.output_token_ids) for it in items]
             )
-            # The reported logprob comes from the trainer's own function (fused on GPU), on the sampled tokens.
             temps = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params], dtype=torch.float32)
-            logprobs, _ = self.model.logprobs(hidden[rows], tokens.to(hidden.device), temps.to(hidden.device))
-        return [
-            (it, int(t), float(lp)) for it, t, lp in zip(items, tokens.tolist(), logprobs.cpu().tolist(), strict=True)
-        ]
+            logprobs, _ = self.model.logprobs(hidden, tokens, temps.to(dev))
+        # fp32 logprobs and token ids (< 2**53) are exact in float64: one transfer for both
+        both = torch.stack([tokens.to(torch.float64), logprobs.to(torch.float64)]).cpu()
+        return [(it, int(t), float(lp)) for it, t, lp in zip(items, both[0].tolist(), both[1].tolist(), strict=True)]
+
+    def run(self, batch: list[ScheduledSeq], blocks: BlockManager) -> list[tuple[ScheduledSeq, int, float]]:
+        """One step: forward, then sample; returns (item, token, logprob) for each sequence that samples."""
+        if self.kv_caches is None:
+            raise RuntimeError("the engine is asleep (KV cache released): call wake_up() first")
+        hidden, items = self.forward(batch, blocks)
+        return self.sample(hidden, items)
+
+
+@torch.no_grad()
+def profile_activation_bytes(model: torch.nn.Module, config: EngineConfig) -> int:
+    """Peak CUDA memory a step of ``max_num_batched_tokens`` tokens adds on top of what is allocated now: a packed
+    forward of that many tokens (in ``max_num_seqs`` sequences), then logits, top-k/top-p draws and logprobs of
+    ``max_num_seqs`` rows."""
+    dev = next(model.parameters()).device
+    torch.cuda.synchronize(dev)
+    base = torch.cuda.memory_allocated(dev)
+    torch.cuda.reset_peak_memory_stats(dev)
+    t, n = config.max_num_batched_tokens, min(config.max_num_seqs, config.max_num_batched_tokens)
+    meta = AttentionMetadata.packed([t // n + (1 if i < t % n else 0) for i in range(n)])
+    meta.cu_seqlens = meta.cu_seqlens.to(dev)
+    zeros = torch.zeros(t, dtype=torch.int64, device=dev)
+    with vk.use_backend(config.backend):
+        rows = model(zeros, zeros, meta)[:n].clone()
+        logits = model.logits(rows)
+        tokens, _ = sample(logits, [SamplingParams(top_p=0.9, top_k=50)] * n, list(range(n)), [0] * n)
+        del logits
+        model.logprobs(rows, tokens, torch.ones(n, device=dev))
+    torch.cuda.synchronize(dev)
+    return torch.cuda.max_memory_allocated(dev) - base

@@ -4,6 +4,10 @@ The logprob reported for a token is ``log_softmax(logits / T)`` over the whole v
 trainer's own function). Drawing: exponential-race sampling ``argmax(p / E)`` with ``E ~ Exp(1)`` drawn from a
 generator seeded by (request seed, token index), so a request's draw depends on nothing else in the batch and
 survives preemption. top-k / top-p only zero out tokens that may not be drawn.
+
+Everything runs on the logits' device: on CUDA each sampling row gets a CUDA ``torch.Generator`` seeded by
+``token_seed`` (Philox; never a zero draw), on CPU a CPU one; the two devices draw different (each reproducible)
+noise. The same row, seed and token index give the same token whatever the other rows.
 """
 
 from __future__ import annotations
@@ -27,36 +31,67 @@ def token_seed(seed: int, index: int) -> int:
 
 
 def _filter(probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """Zero the probabilities outside each row's top-k / top-p set (ties broken by token index)."""
+    """Zero the probabilities outside each row's top-k / top-p set (ties broken by token index).
+
+    Sorting is exact and the scan adds in a fixed pattern per position, so a row's set depends on that row alone.
+    """
     sorted_p, order = torch.sort(probs, dim=-1, descending=True, stable=True)
-    rank = torch.arange(probs.shape[-1]).expand_as(sorted_p)
+    rank = torch.arange(probs.shape[-1], device=probs.device).expand_as(sorted_p)
     before = inclusive_scan(sorted_p) - sorted_p  # mass strictly ahead of each token
     keep_sorted = (rank < top_k[:, None]) & ((before < top_p[:, None]) | (rank == 0))
     keep = torch.zeros_like(keep_sorted).scatter(1, order, keep_sorted)
     return torch.where(keep, probs, 0.0)
 
 
+class _Generators:
+    """Reusable generators per device: seeding one is cheap, creating a CUDA one per row and step is not."""
+
+    def __init__(self) -> None:
+        self._pool: dict[torch.device, list[torch.Generator]] = {}
+
+    def get(self, device: torch.device, n: int) -> list[torch.Generator]:
+        pool = self._pool.setdefault(device, [])
+        while len(pool) < n:
+            pool.append(torch.Generator(device=device))
+        return pool[:n]
+
+
+_GENERATORS = _Generators()
+
+
+def _needs_filter(p: SamplingParams, vocab: int) -> bool:
+    return (0 < p.top_k < vocab) or p.top_p < 1.0
+
+
 def sample(
     logits: torch.Tensor, params: list[SamplingParams], seeds: list[int], indices: list[int]
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Draw one token per row of fp32 ``logits [B, V]``; returns ``(token_ids [B], logprobs [B] fp32)``."""
+    """Draw one token per row of fp32 ``logits [B, V]``; returns ``(token_ids [B], logprobs [B] fp32)`` on
+    ``logits.device``.
+
+    Row ``i`` draws with a generator seeded by ``token_seed(seeds[i], indices[i])``. No host sync.
+    """
     b, vocab = logits.shape
+    dev = logits.device
     temps = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params], dtype=torch.float32)
-    logp = vk.log_softmax(logits, temps)
+    logp = vk.log_softmax(logits, temps.to(dev))
     tokens = torch.argmax(logp, dim=-1)  # greedy rows keep this (first index among ties)
     rand_rows = [i for i, p in enumerate(params) if not p.greedy]
     if rand_rows:
-        rows = torch.tensor(rand_rows)
-        top_k = torch.tensor([params[i].top_k if params[i].top_k > 0 else vocab for i in rand_rows])
-        top_p = torch.tensor([float(params[i].top_p) for i in rand_rows], dtype=torch.float32)
-        probs = _filter(torch.exp(logp[rows]), top_k, top_p)
-        noise = torch.stack(
-            [
-                torch.empty(vocab).exponential_(
-                    generator=torch.Generator().manual_seed(token_seed(seeds[i], indices[i]))
-                )
-                for i in rand_rows
-            ]
-        )
+        rows = torch.tensor(rand_rows, device=dev)
+        probs = torch.exp(logp[rows])
+        filt = [j for j, i in enumerate(rand_rows) if _needs_filter(params[i], vocab)]
+        if filt:
+            # only rows that restrict the draw pay for the sort over the vocabulary
+            top_k = torch.tensor(
+                [params[rand_rows[j]].top_k if params[rand_rows[j]].top_k > 0 else vocab for j in filt]
+            )
+            top_p = torch.tensor([float(params[rand_rows[j]].top_p) for j in filt], dtype=torch.float32)
+            fr = torch.tensor(filt, device=dev)
+            probs[fr] = _filter(probs[fr], top_k.to(dev), top_p.to(dev))
+        noise = torch.empty(len(rand_rows), vocab, device=dev)
+        gens = _GENERATORS.get(dev, len(rand_rows))
+        for j, i in enumerate(rand_rows):
+            noise[j].exponential_(generator=gens[j].manual_seed(token_seed(seeds[i], indices[i])))
         tokens[rows] = torch.argmax(probs / noise, dim=-1)
     return tokens, logp.gather(1, tokens[:, None]).squeeze(1)

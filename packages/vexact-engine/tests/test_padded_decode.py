@@ -1,0 +1,87 @@
+"""Padded decode (the CUDA-graph path, run eagerly on CPU): padding a decode step to a captured batch size never
+changes a real row's tokens or logprobs; a load ~10x the KV capacity loses nothing and changes nothing."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vexact_engine import LLM, EngineConfig, SamplingParams
+from vexact_engine.model_runner import ModelRunner
+from vexact_models import random_model, tiny_qwen3_config
+
+
+@pytest.fixture(scope="module")
+def model():
+    return random_model(tiny_qwen3_config(), seed=21)
+
+
+def _workload(n: int, seed: int, lo: int = 3, hi: int = 20, max_tokens: int = 10):
+    g = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(0, 256, (int(torch.randint(lo, hi, (1,), generator=g)),), generator=g).tolist()
+               for _ in range(n)]  # fmt: skip
+    params = [
+        SamplingParams(temperature=[1.0, 0.7, 0.0][i % 3], top_k=[-1, 20][i % 2], max_tokens=max_tokens - i % 4,
+                       seed=i, ignore_eos=True)
+        for i in range(n)
+    ]  # fmt: skip
+    return prompts, params
+
+
+def _equal(outs, ref):
+    assert len(outs) == len(ref)
+    for a, b in zip(outs, ref, strict=True):
+        assert a.ok and a.token_ids == b.token_ids and torch.equal(a.logprobs, b.logprobs), a.request_id
+
+
+KW = dict(max_num_seqs=7, max_num_batched_tokens=32, block_size=4, num_kv_blocks=128)
+
+
+def test_graph_sizes_resolution():
+    assert EngineConfig(max_num_seqs=64).graph_batch_sizes(on_cuda=True) == [1, 2, 4, 8, 16, 32, 64]
+    assert EngineConfig(max_num_seqs=48).graph_batch_sizes(on_cuda=True) == [1, 2, 4, 8, 16, 32, 48]
+    assert EngineConfig(max_num_seqs=512, max_num_batched_tokens=1024).graph_batch_sizes(True)[-1] == 256
+    assert EngineConfig(max_num_seqs=64).graph_batch_sizes(on_cuda=False) == []
+    assert EngineConfig(max_num_seqs=8, cuda_graph_batch_sizes=[4, 2]).graph_batch_sizes(on_cuda=False) == [2, 4]
+    assert EngineConfig(cuda_graph_batch_sizes=[2], enforce_eager=True).graph_batch_sizes(on_cuda=True) == []
+
+
+@pytest.mark.parametrize("sizes", [[1, 2, 4, 8], [3], [8]], ids=["pow2", "odd", "one-size"])
+def test_padded_decode_equals_unpadded_eager_decode(model, sizes):
+    prompts, params = _workload(7, seed=1)
+    eager = LLM(model=model, **KW).generate(prompts, params, use_tqdm=False)
+    llm = LLM(model=model, cuda_graph_batch_sizes=sizes, **KW)
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    assert llm.runner.num_padded_steps > 0
+    assert llm.runner.max_pages == -(-llm.max_model_len // 4)
+    _equal(outs, eager)
+
+
+def test_padded_decode_with_a_wrong_pad_row_is_caught(model, monkeypatch):
+    """The equality above can fail: pad rows that write their K/V (slot 0 instead of -1) corrupt a real page."""
+    prompts, params = _workload(5, seed=2)
+    eager = LLM(model=model, **KW).generate(prompts, params, use_tqdm=False)
+    monkeypatch.setattr(ModelRunner, "PAD_ROW", (0, 0, 0, 1))
+    outs = LLM(model=model, cuda_graph_batch_sizes=[8], **KW).generate(prompts, params, use_tqdm=False)
+    assert any(not torch.equal(a.logprobs, b.logprobs) for a, b in zip(outs, eager, strict=True))
+
+
+@pytest.mark.parametrize("sizes", [None, [2, 4, 8]], ids=["eager", "padded"])
+def test_load_ten_times_the_kv_capacity_loses_nothing(model, sizes):
+    """A burst whose tokens add up to ~10x the KV cache: preemption and recompute, every request finishes, and
+    every logprob equals the unloaded run (a cache that holds everything), bitwise."""
+    prompts, params = _workload(24, seed=3, lo=6, hi=14, max_tokens=20)
+    total = sum(len(p) + sp.max_tokens for p, sp in zip(prompts, params, strict=True))
+    kw = dict(max_num_seqs=8, max_num_batched_tokens=24, block_size=4)
+    loaded = LLM(model=model, num_kv_blocks=total // 40, cuda_graph_batch_sizes=sizes, **kw)
+    capacity = loaded.blocks.num_blocks * 4
+    assert 9 <= total / capacity <= 11
+    outs = loaded.generate(prompts, params, use_tqdm=False)
+    assert loaded.num_preemptions > 0
+    unloaded = LLM(model=model, num_kv_blocks=4 * total, **kw)
+    ref = unloaded.generate(prompts, params, use_tqdm=False)
+    assert unloaded.num_preemptions == 0
+    assert [o.finish_reason for o in outs] == ["length"] * 24
+    assert [len(o.token_ids) for o in outs] == [sp.max_tokens for sp in params]
+    _equal(outs, ref)
+    assert loaded.blocks.num_free == loaded.blocks.num_blocks
