@@ -12,7 +12,8 @@ rule, with its own fixed tile of 64 positions; GPU results are invariant among t
 reference's). The CPU code below is the exact reference and its numerics are pinned by a golden fixture.
 
 Scores and the softmax statistics are fp32; the output is cast once to q's dtype. The ``fast`` backend is
-``torch.nn.functional.scaled_dot_product_attention`` per sequence (measured not batch-invariant on CPU fp32).
+``torch.nn.functional.scaled_dot_product_attention`` (per sequence for packed batches; one masked call over the
+gathered pages for paged batches), measured not batch-invariant on CPU fp32.
 """
 
 from __future__ import annotations
@@ -148,6 +149,8 @@ def write_kv_cache(
         from .triton_ops import attention as tri
 
         return tri.write_kv_cache(k, v, k_cache, v_cache, slot_mapping)
+    if k.is_cuda:
+        return _write_kv_cache_no_sync(k, v, k_cache, v_cache, slot_mapping)
     slots = slot_mapping.to(torch.int64)
     keep = slots >= 0
     n_slots = k_cache.shape[0] * k_cache.shape[1]
@@ -157,6 +160,58 @@ def write_kv_cache(
     vc = v_cache.view(-1, *v_cache.shape[2:])
     kc.index_copy_(0, slots[keep], k[keep])
     vc.index_copy_(0, slots[keep], v[keep])
+
+
+def _write_kv_cache_no_sync(k, v, k_cache, v_cache, slot_mapping) -> None:
+    """write_kv_cache without a host sync (CUDA ``fast`` backend; capturable in a CUDA graph).
+
+    A pad row (slot < 0) cannot be dropped without a sync on how many remain, so it rewrites the first kept row's
+    slot with that row's own values (or, with no kept row, slot 0 with what it already holds): duplicates in
+    ``index_copy_`` then carry identical values, so the result does not depend on which write lands last.
+    """
+    slots = slot_mapping.to(device=k.device, dtype=torch.int64)
+    keep = slots >= 0
+    first = torch.argmax(keep.to(torch.int32))  # first kept row (0 if none)
+    any_keep = keep[first]
+    target = torch.where(keep, slots, torch.where(any_keep, slots[first], 0))
+    for new, cache in ((k, k_cache), (v, v_cache)):
+        flat = cache.view(-1, *cache.shape[2:])
+        fill = torch.where(any_keep, new[first], flat[0])
+        flat.index_copy_(0, target, torch.where(keep[:, None, None], new, fill[None]))
+
+
+def _fast_paged(q, k_cache, v_cache, tables, ctx, cu, scale: float, max_q: int) -> torch.Tensor:
+    """``fast`` backend paged attention: one SDPA call for the whole batch.
+
+    Each sequence's K/V rows are gathered through its block table, padded to the table's width (the engine makes
+    it the batch's longest context), and masked; GQA folds the query heads of a KV head into the query length. A
+    decode batch (``max_q == 1``) needs no host sync (capturable in a CUDA graph).
+    """
+    total, hq, d = q.shape
+    nseq, width = tables.shape
+    page, hkv, dv = k_cache.shape[1], k_cache.shape[2], v_cache.shape[-1]
+    g, length, dev = hq // hkv, width * page, q.device
+    n_q = cu[1:] - cu[:-1]
+    if max_q == 1:
+        seq = torch.arange(nseq, device=dev)
+        qi = torch.zeros_like(seq)
+        qpad = q.view(nseq, 1, hq, d)
+    else:
+        seq = torch.repeat_interleave(torch.arange(nseq, device=dev), n_q, output_size=total)
+        qi = torch.arange(total, device=dev) - cu[:-1][seq]
+        qpad = q.new_zeros(nseq, max_q, hq, d)
+        qpad[seq, qi] = q
+    rows = (tables[:, :, None] * page + torch.arange(page, device=dev)).view(nseq, length)  # [B, L] storage rows
+    kk = k_cache.view(-1, hkv, d)[rows].permute(0, 2, 1, 3)  # [B, Hkv, L, D]
+    vv = v_cache.view(-1, hkv, dv)[rows].permute(0, 2, 1, 3)
+    qg = qpad.view(nseq, max_q, hkv, g, d).permute(0, 2, 1, 3, 4).reshape(nseq, hkv, max_q * g, d)
+    qpos = (ctx - n_q)[:, None] + torch.arange(max_q, device=dev)  # [B, max_q] absolute query positions
+    kpos = torch.arange(length, device=dev)
+    mask = (kpos <= qpos[:, :, None]) & (kpos < ctx[:, None, None])  # [B, max_q, L]; a pad query keeps key 0
+    mask = mask[:, None, :, None, :].expand(nseq, 1, max_q, g, length).reshape(nseq, 1, max_q * g, length)
+    o = F.scaled_dot_product_attention(qg, kk, vv, attn_mask=mask, scale=scale)  # [B, Hkv, max_q * G, Dv]
+    o = o.view(nseq, hkv, max_q, g, dv).permute(0, 2, 1, 3, 4).reshape(nseq, max_q, hq, dv)
+    return o[seq, qi].to(q.dtype)
 
 
 def attention_paged(
@@ -180,6 +235,17 @@ def attention_paged(
 
         return tri.attention_paged(q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, scale)
     total = q.shape[0]
+    if get_backend() == "fast" and q.is_cuda:
+        # No validation here: it would sync with the host every layer. Every sequence brings >= 1 query (as the
+        # engine's steps do), so one query per sequence is a decode batch.
+        dev = q.device
+        cu = cu_seqlens_q.to(device=dev, dtype=torch.int64)
+        nseq = cu.numel() - 1
+        max_q = 1 if total == nseq else int((cu[1:] - cu[:-1]).max())
+        scale = q.shape[-1] ** -0.5 if scale is None else scale
+        tables = block_tables.to(device=dev, dtype=torch.int64)
+        ctx = context_lens.to(device=dev, dtype=torch.int64)
+        return _fast_paged(q, k_cache, v_cache, tables, ctx, cu, scale, max_q)
     cu = cu_seqlens_q.to(torch.int64).cpu()
     _check_cu("attention_paged", cu, total, "cu_seqlens_q")
     ctx = context_lens.to(torch.int64).cpu()
@@ -196,15 +262,9 @@ def attention_paged(
     seq = _seq_index(cu, total)
     last_pos = ctx[seq] - n_q[seq] + (torch.arange(total) - cu[:-1][seq])
     if get_backend() == "fast":
-        outs = []
-        for b in range(n_q.numel()):
-            L = int(ctx[b])
-            pos = torch.arange(L)
-            rows = tables[b, pos // page] * page + pos % page
-            kk = k_cache.view(-1, *k_cache.shape[2:])[rows]
-            vv = v_cache.view(-1, *v_cache.shape[2:])[rows]
-            outs.append(_sdpa(q[cu[b] : cu[b + 1]], kk, vv, causal_offset=L - int(n_q[b]), scale=scale))
-        return torch.cat(outs, 0).to(q.dtype) if outs else q.new_empty(0, q.shape[1], v_cache.shape[-1])
+        if total == 0:
+            return q.new_empty(0, q.shape[1], v_cache.shape[-1])
+        return _fast_paged(q, k_cache, v_cache, tables, ctx, cu, scale, int(n_q.max()))
     invariant_device_check("attention_paged", q, k_cache, v_cache)
     seq_tables = tables[seq]  # [T, max_pages]
     kflat = k_cache.view(-1, *k_cache.shape[2:])
