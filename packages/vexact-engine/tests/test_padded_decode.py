@@ -85,3 +85,20 @@ def test_load_ten_times_the_kv_capacity_loses_nothing(model, sizes):
     assert [len(o.token_ids) for o in outs] == [sp.max_tokens for sp in params]
     _equal(outs, ref)
     assert loaded.blocks.num_free == loaded.blocks.num_blocks
+
+
+def test_fast_backend_kv_write_without_host_sync_equals_the_plain_write():
+    """The CUDA fast backend writes KV without a host sync (pad rows rewrite a kept row's slot with its own
+    values); on CPU tensors the same function must give what the plain write gives."""
+    import vexact_kernels as vk
+    from vexact_kernels.attention import _write_kv_cache_no_sync
+
+    g = torch.Generator().manual_seed(0)
+    for slots in ([0, -1, 5, -1], [-1, -1, 7, 3], [-1, -1], [9, 2, 0]):
+        k, v = torch.randn(len(slots), 2, 8, generator=g), torch.randn(len(slots), 2, 8, generator=g)
+        base = torch.randn(4, 4, 2, 8, generator=g)
+        want_k, want_v, got_k, got_v = base.clone(), base.clone(), base.clone(), base.clone()
+        with vk.use_backend("fast"):
+            vk.write_kv_cache(k, v, want_k, want_v, torch.tensor(slots))
+        _write_kv_cache_no_sync(k, v, got_k, got_v, torch.tensor(slots))
+        assert torch.equal(got_k, want_k) and torch.equal(got_v, want_v), slots
