@@ -121,6 +121,72 @@ def large() -> None:
             print(f"{name:14s} {m:6d} " + " ".join(f"{r:12.2f}" for r in row))
 
 
+def flat() -> None:
+    """Large M: one K loop with the split boundary as a branch (FLAT) vs a loop per split."""
+    cands = {
+        "tma128x256": (128, 256, 8, 3, False),
+        "tma128x256s4": (128, 256, 8, 4, False),
+        "tma128x128ws": (128, 128, 8, 4, True),
+        "tma128x256ws": (128, 256, 8, 3, True),
+        "ptr128x128": (128, 128, 8, 3),
+        "ptr64x64": (64, 64, 4, 6),
+    }
+    print("\nFLAT vs nested K loop: ratio cuBLAS_time / invariant_time, as flat/nested")
+    print(f"{'shape':14s} {'M':>6s} " + " ".join(f"{c:>13s}" for c in cands))
+    for name, n, k in SHAPES[:5]:
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+        for m in (256, 1024, 4096, 16384):
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            t_ref = graph_ms(lambda x=x, w=w: torch.nn.functional.linear(x, w))
+            row = []
+            for cfg in cands.values():
+                rs = []
+                for fl in (True, False):
+                    mm.FLAT_K_LOOP = fl
+                    try:
+                        rs.append(t_ref / graph_ms(lambda x=x, w=w, cfg=cfg: mm.matmul(x, w, config=cfg)))
+                    except Exception as e:  # noqa: BLE001 - reported, not fatal
+                        print(f"  {cfg} flat={fl}: {type(e).__name__}: {str(e)[:80]}")
+                        rs.append(float("nan"))
+                row.append(f"{rs[0]:.2f}/{rs[1]:.2f}")
+            mm.FLAT_K_LOOP = True
+            print(f"{name:14s} {m:6d} " + " ".join(f"{r:>13s}" for r in row))
+
+
+def cold() -> None:
+    """Small M with the weight streamed from HBM (copies rotated past the 50 MB L2), as in a real decode step."""
+    cands = {
+        "16x64 s": dict(config=(16, 64, 4, 4), split_programs=True),
+        "32x64 s": dict(config=(32, 64, 4, 4), split_programs=True),
+        "64x64 s": dict(config=(64, 64, 4, 6), split_programs=True),
+        "64x64": dict(config=(64, 64, 4, 6), split_programs=False),
+        "default": dict(),
+    }
+    print("\nsmall M, cold L2: ratio cuBLAS_time / invariant_time")
+    print(f"{'shape':14s} {'M':>4s} " + " ".join(f"{c:>9s}" for c in cands))
+    res: dict[str, list[float]] = {c: [] for c in cands}
+    for name, n, k in SHAPES:
+        copies = max(2, -(-256 * 2**20 // (n * k * 2)))
+        ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
+        for m in (1, 8, 16, 32, 64):
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+
+            def run(f, x=x, ws=ws):
+                for w in ws:
+                    f(x, w)
+
+            t_ref = graph_ms(lambda: run(torch.nn.functional.linear))
+            row = []
+            for c, kw in cands.items():
+                r = t_ref / graph_ms(lambda kw=kw: run(lambda xx, ww, kw=kw: mm.matmul(xx, ww, **kw)))
+                res[c].append(r)
+                row.append(r)
+            print(f"{name:14s} {m:4d} " + " ".join(f"{r:9.2f}" for r in row))
+    for c, rs in res.items():
+        geo = torch.tensor(rs).log().mean().exp().item()
+        print(f"  {c:10s} geomean {geo:.3f} min {min(rs):.2f}")
+
+
 def logprobs() -> None:
     h, v = 2048, 151936
     head = torch.randn(v, h, device="cuda", dtype=torch.bfloat16) * 0.02
@@ -167,7 +233,8 @@ def main() -> None:
     args = ap.parse_args()
     print(torch.cuda.get_device_name(), torch.__version__, triton.__version__)
     for part in args.parts.split(","):
-        {"agree": agree, "small": small, "large": large, "logprobs": logprobs}[part]()
+        parts = {"agree": agree, "small": small, "large": large, "logprobs": logprobs, "flat": flat, "cold": cold}
+        parts[part]()
 
 
 if __name__ == "__main__":

@@ -171,13 +171,14 @@ def _write_kv_cache_no_sync(k, v, k_cache, v_cache, slot_mapping) -> None:
     """
     slots = slot_mapping.to(device=k.device, dtype=torch.int64)
     keep = slots >= 0
-    first = torch.argmax(keep.to(torch.int32))  # first kept row (0 if none)
-    any_keep = keep[first]
-    target = torch.where(keep, slots, torch.where(any_keep, slots[first], 0))
+    # index_select, not x[t] with a 0-dim tensor t, which would read t on the host
+    first = torch.argmax(keep.to(torch.int32)).view(1)  # first kept row (0 if none)
+    any_keep = keep.index_select(0, first)  # [1]
+    target = torch.where(keep, slots, torch.where(any_keep, slots.index_select(0, first), 0))
     for new, cache in ((k, k_cache), (v, v_cache)):
         flat = cache.view(-1, *cache.shape[2:])
-        fill = torch.where(any_keep, new[first], flat[0])
-        flat.index_copy_(0, target, torch.where(keep[:, None, None], new, fill[None]))
+        fill = torch.where(any_keep[:, None, None], new.index_select(0, first), flat[:1])  # [1, H, D]
+        flat.index_copy_(0, target, torch.where(keep[:, None, None], new, fill))
 
 
 def _fast_paged(q, k_cache, v_cache, tables, ctx, cu, scale: float, max_q: int) -> torch.Tensor:
@@ -195,7 +196,7 @@ def _fast_paged(q, k_cache, v_cache, tables, ctx, cu, scale: float, max_q: int) 
     if max_q == 1:
         seq = torch.arange(nseq, device=dev)
         qi = torch.zeros_like(seq)
-        qpad = q.view(nseq, 1, hq, d)
+        qpad = q.reshape(nseq, 1, hq, d)
     else:
         seq = torch.repeat_interleave(torch.arange(nseq, device=dev), n_q, output_size=total)
         qi = torch.arange(total, device=dev) - cu[:-1][seq]

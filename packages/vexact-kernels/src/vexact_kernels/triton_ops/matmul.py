@@ -40,6 +40,8 @@ CONFIGS = (
 INTERPRET_CONFIG = (16, 16, 4, 1)
 # Below this many output tiles the splits get their own programs (speed only: the bits are the same either way).
 SPLIT_PROGRAMS_BELOW_TILES = 132
+# Speed only (same bits): walk all K tiles in one loop with the split boundary as a branch, instead of a loop per split.
+FLAT_K_LOOP = True
 
 
 @triton.jit
@@ -49,7 +51,7 @@ def _matmul_kernel(
     stride_am, stride_ak, stride_bn, stride_bk, stride_cm, stride_cn,
     HAS_BIAS: tl.constexpr, INTERPRET: tl.constexpr, SPLIT_OUT: tl.constexpr, ACCUMULATE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    SPLIT_TILES: tl.constexpr,
+    SPLIT_TILES: tl.constexpr, FLAT: tl.constexpr,
 ):  # fmt: skip
     """One output tile; all K splits in order (``SPLIT_OUT=False``) or the one split ``program_id(1)``, whose fp32
     partial goes to ``c_ptr[split, M, N]`` (``SPLIT_OUT=True``). ``ACCUMULATE``: ``c = c + result`` (fp32 ``c``)."""
@@ -77,19 +79,35 @@ def _matmul_kernel(
         s_lo = 0
         s_hi = tl.cdiv(k_tiles, SPLIT_TILES)
     total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for s in range(s_lo, s_hi):
+    if FLAT and not SPLIT_OUT:
+        # One loop over all K tiles (one software pipeline); the split boundary is a uniform branch.
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for kt in range(s * SPLIT_TILES, tl.minimum(s * SPLIT_TILES + SPLIT_TILES, k_tiles)):
+        for kt in range(0, k_tiles):
             kk = kt * BLOCK_K + offs_k
             a = tl.load(a_base + kk[None, :].to(tl.int64) * stride_ak, mask=mask_m & (kk[None, :] < K), other=0.0)
             b = tl.load(b_base + kk[:, None].to(tl.int64) * stride_bk, mask=mask_n & (kk[:, None] < K), other=0.0)
             if INTERPRET:
-                # The interpreter's tl.dot is numpy's BLAS, whose result for a row depends on its place in the tile
-                # (and which mishandles 16-bit floats): an explicit fp32 product-and-sum stands in for the MMA.
                 acc += tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], axis=1)
             else:
                 acc = tl.dot(a, b, acc)
-        total += acc
+            if (kt % SPLIT_TILES == SPLIT_TILES - 1) or (kt == k_tiles - 1):
+                total += acc
+                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    else:
+        for s in range(s_lo, s_hi):
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for kt in range(s * SPLIT_TILES, tl.minimum(s * SPLIT_TILES + SPLIT_TILES, k_tiles)):
+                kk = kt * BLOCK_K + offs_k
+                a = tl.load(a_base + kk[None, :].to(tl.int64) * stride_ak, mask=mask_m & (kk[None, :] < K), other=0.0)
+                b = tl.load(b_base + kk[:, None].to(tl.int64) * stride_bk, mask=mask_n & (kk[:, None] < K), other=0.0)
+                if INTERPRET:
+                    # The interpreter's tl.dot is numpy's BLAS, whose result for a row depends on its place in the
+                    # tile (and which mishandles 16-bit floats): an explicit fp32 product-and-sum stands in for the
+                    # tensor-core MMA.
+                    acc += tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], axis=1)
+                else:
+                    acc = tl.dot(a, b, acc)
+            total += acc
     if SPLIT_OUT:
         c_ptrs = c_ptr + s_lo.to(tl.int64) * M * N + offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
         tl.store(c_ptrs, total, mask=mask_m & mask_n)
@@ -128,7 +146,7 @@ def _matmul_tma_kernel(
     M, N, K, stride_cm, stride_cn,
     HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    SPLIT_TILES: tl.constexpr, NUM_SMS: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
+    SPLIT_TILES: tl.constexpr, FLAT: tl.constexpr, NUM_SMS: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
 ):  # fmt: skip
     """Persistent Hopper variant (TMA loads): the same per-element K structure as ``_matmul_kernel``, for large M."""
     start = tl.program_id(0)
@@ -143,13 +161,23 @@ def _matmul_tma_kernel(
         pid_m = first_m + (tile % group) % size_m
         pid_n = (tile % group) // size_m
         total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for s in range(num_splits):
+        if FLAT:
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for kt in range(s * SPLIT_TILES, tl.minimum(s * SPLIT_TILES + SPLIT_TILES, k_tiles)):
+            for kt in range(k_tiles):
                 a = a_desc.load([pid_m * BLOCK_M, kt * BLOCK_K])  # out-of-bounds reads are zero, like the masks
                 b = b_desc.load([pid_n * BLOCK_N, kt * BLOCK_K])
                 acc = tl.dot(a, b.T, acc)
-            total += acc
+                if (kt % SPLIT_TILES == SPLIT_TILES - 1) or (kt == k_tiles - 1):
+                    total += acc
+                    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        else:
+            for s in range(num_splits):
+                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                for kt in range(s * SPLIT_TILES, tl.minimum(s * SPLIT_TILES + SPLIT_TILES, k_tiles)):
+                    a = a_desc.load([pid_m * BLOCK_M, kt * BLOCK_K])
+                    b = b_desc.load([pid_n * BLOCK_N, kt * BLOCK_K])
+                    acc = tl.dot(a, b.T, acc)
+                total += acc
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         if HAS_BIAS:
@@ -186,7 +214,8 @@ def _launch_tma(a, b_t, c, bias, cfg) -> None:
         a_desc, b_desc, c, bias if bias is not None else c,
         m, n, k, c.stride(0), c.stride(1),
         HAS_BIAS=bias is not None,
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=BLOCK_K, GROUP_M=GROUP_M, SPLIT_TILES=SPLIT_TILES, NUM_SMS=num_sms,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=BLOCK_K, GROUP_M=GROUP_M, SPLIT_TILES=SPLIT_TILES, FLAT=FLAT_K_LOOP,
+        NUM_SMS=num_sms,
         WARP_SPECIALIZE=ws,
         num_warps=warps, num_stages=stages,
     )  # fmt: skip
@@ -264,7 +293,7 @@ def matmul(
         m, n, k,
         a.stride(0), a.stride(1), b_t.stride(0), b_t.stride(1), c.stride(0), c.stride(1),
         HAS_BIAS=bias is not None, INTERPRET=interpreting(), SPLIT_OUT=split_programs, ACCUMULATE=acc_in,
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=BLOCK_K, GROUP_M=GROUP_M, SPLIT_TILES=SPLIT_TILES,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=BLOCK_K, GROUP_M=GROUP_M, SPLIT_TILES=SPLIT_TILES, FLAT=FLAT_K_LOOP,
         num_warps=warps, num_stages=stages,
     )  # fmt: skip
     if split_programs:
