@@ -38,3 +38,10 @@ QWEN3_06B = dict(
     num_key_value_heads=8, head_dim=128, max_position_embeddings=40960, rope_theta=1_000_000.0,
     tie_word_embeddings=True,
 )  # fmt: skip
+
+# Qwen3-1.7B's HF config shapes (same use as QWEN3_06B).
+QWEN3_17B = dict(
+    vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
+    num_key_value_heads=8, head_dim=128, max_position_embeddings=40960, rope_theta=1_000_000.0,
+    tie_word_embeddings=True,
+)  # fmt: skip
