@@ -86,8 +86,9 @@ def parallelize(
         if activation_checkpointing:
             layer = checkpoint_wrapper(layer, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
             layers[i] = layer
-        # the last layer's parameters are needed again at once by backward: keep them gathered
-        fully_shard(layer, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward and i < len(layers) - 1)
+        # Every layer (the last one too) reshards after forward: a forward with no backward (scoring under no_grad,
+        # a skipped step) must not leave unsharded bf16 tensors registered as the module's parameters.
+        fully_shard(layer, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
     fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
     for name in FORWARD_METHODS:
         if hasattr(model, name):

@@ -324,6 +324,9 @@ class Trainer:
             self.optimizer.step()
         else:
             log.warning("step skipped: %s; no update applied", skipped)
+            for module in self.model.modules():  # a forward without its backward: drop any gathered parameters
+                if isinstance(module, FSDPModule):
+                    module.reshard()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
         s = sums.tolist()

@@ -1,0 +1,60 @@
+"""Contract: the FSDP2 trainer's logprobs == the unsharded model's == the engine's, torch.equal, at world size 1 and
+2, before and after training steps whose bf16 weights are exported to the engine with ``update_weights``.
+
+The checks live in ``vexact_trainer.fsdp_check`` (also the torchrun entry point for GPUs); here they run in-process
+(world size 1) and under torchrun with two gloo ranks. ``--perturb export-fp16`` shows the contract failing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from vexact_trainer import fsdp_check
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _torchrun(nproc: int, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    paths = [str(p) for p in sorted(ROOT.glob("packages/*/src"))] + [str(ROOT / "src"), str(ROOT)]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.environ.get("PYTHONPATH", ""), *paths]))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+    cmd += ["-m", "vexact_trainer.fsdp_check", *args]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+def _model_for(device: str) -> str:
+    return "tiny" if device == "cpu" else "qwen3-0.6b"
+
+
+def test_fsdp_ws1_trainer_equals_unsharded_and_engine_through_updates(device, tmp_path):
+    summary = fsdp_check.run(model=_model_for(device), device=device, steps=2, out=tmp_path)
+    assert summary["ok"], summary["checks"]
+    assert len([k for k in summary["checks"] if k.startswith("engine == trainer")]) == 3
+
+
+def test_fsdp_contract_fails_when_the_export_rounds_differently(device):
+    """Sending the weights rounded through fp16 (not the bf16 the forward used) breaks engine == trainer."""
+    summary = fsdp_check.run(model=_model_for(device), device=device, steps=1, perturb="export-fp16")
+    checks = summary["checks"]
+    assert checks["engine == trainer (round 0)"] and not checks["engine == trainer (round 1)"]
+    assert not summary["ok"]
+
+
+def test_fsdp_ws2_equals_ws1_and_engine(device, tmp_path):
+    """Two ranks (gloo on CPU, NCCL on GPU): logprobs == the world-size-1 run's, and == the engine after updates."""
+    if device == "cuda" and torch.cuda.device_count() < 2:
+        pytest.skip(f"needs 2 GPUs for world size 2; {torch.cuda.device_count()} visible")
+    model = _model_for(device)
+    fsdp_check.run(model=model, device=device, steps=0, out=tmp_path)  # world size 1 in-process: probe-ws1
+    proc = _torchrun(2, "--model", model, "--device", device, "--steps", "2", "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads((tmp_path / "summary-ws2.json").read_text())
+    assert summary["world_size"] == 2 and summary["ok"], summary["checks"]
+    assert summary["checks"]["ws2 == ws1 (probe logprobs)"]

@@ -1,0 +1,237 @@
+"""FSDP contract check: sharded trainer logprobs == unsharded == engine, across world sizes and after updates.
+
+Run under torchrun (any world size; the engine lives on rank 0)::
+
+    torchrun --standalone --nproc_per_node=1 -m vexact_trainer.fsdp_check --out /tmp/fsdp   # writes probe-ws1
+    torchrun --standalone --nproc_per_node=2 -m vexact_trainer.fsdp_check --out /tmp/fsdp   # compares to ws1
+
+or in-process (world size 1) through :func:`run`. Checks, each ``torch.equal`` on every token:
+
+1. ``fsdp == unsharded``: the FSDP trainer's logprobs of a fixed probe set equal the unsharded bf16 model's;
+2. ``ws{N} == ws1``: ... and equal the probe logprobs a world-size-1 run wrote to ``--out`` (when present);
+3. ``engine == trainer (step k)``: the engine samples rollouts (rank 0; shared out to all ranks), every rank scores
+   its share with the trainer; then a GRPO step, then the bf16 weights go to the engine with ``update_weights``,
+   and the next round must match again (so the export is exactly the weights the FSDP forward used);
+4. ``weights changed``: the probe logprobs after training differ from before (the updates were real).
+
+``--perturb export-fp16`` sends the weights rounded through fp16 instead: checks 3 must then fail (the contract can
+fail). Prints one JSON summary line and writes it to ``--out/summary-ws{N}.json``; exits 1 if a check failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from vexact_models import default_checkpoint, load_model, random_model, tiny_qwen3_config
+
+from .actor import Actor
+from .losses import grpo_advantages
+from .parallel import init_distributed
+from .trainer import RolloutBatch, Trainer, TrainerConfig
+from .weights import iter_weight_buckets
+
+# Real model shapes (HF config.json values) for random-weight runs on GPU.
+SHAPES = {
+    "qwen3-0.6b": dict(
+        vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+        num_key_value_heads=8, head_dim=128, max_position_embeddings=40960, rope_theta=1_000_000.0,
+        tie_word_embeddings=True,
+    ),
+    "qwen3-1.7b": dict(
+        vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
+        num_key_value_heads=8, head_dim=128, max_position_embeddings=40960, rope_theta=1_000_000.0,
+        tie_word_embeddings=True,
+    ),
+}  # fmt: skip
+
+
+def build_models(model: str, device: str, seed: int = 0, engine: bool = True):
+    """(fp32 master model on CPU for the trainer, bf16 engine model on ``device`` or None).
+
+    ``model``: ``tiny`` (the committed checkpoint), a key of :data:`SHAPES` (random weights), or a checkpoint path.
+    Both models hold the same values: the fp32 master is the bf16 weights (or their fp32 origin, whose bf16 cast the
+    FSDP forward computes with).
+    """
+    if model in SHAPES:
+        cfg = tiny_qwen3_config(**SHAPES[model])
+        master = random_model(dataclasses.replace(cfg, torch_dtype="float32"), seed=seed, embed_std=0.02)
+        eng = random_model(cfg, seed=seed, embed_std=0.02).to(device) if engine else None
+        return master, eng
+    path = default_checkpoint() if model == "tiny" else Path(model)
+    master = load_model(path, dtype="float32")
+    eng = load_model(path, dtype="bfloat16", device=device) if engine else None
+    return master, eng
+
+
+def _probe(vocab: int, n: int, seed: int) -> tuple[list[list[int]], list[list[int]]]:
+    g = torch.Generator().manual_seed(seed)
+    prompts, responses = [], []
+    for _ in range(n):
+        p, r = int(torch.randint(1, 40, (1,), generator=g)), int(torch.randint(1, 24, (1,), generator=g))
+        prompts.append(torch.randint(0, vocab, (p,), generator=g).tolist())
+        responses.append(torch.randint(0, vocab, (r,), generator=g).tolist())
+    return prompts, responses
+
+
+def _toy_reward(tokens: list[int]) -> float:
+    """Any deterministic reward will do for the contract: the share of even token ids."""
+    return sum(t % 2 == 0 for t in tokens) / max(1, len(tokens))
+
+
+def run(
+    model: str = "tiny",
+    device: str | None = None,
+    steps: int = 2,
+    out: str | Path | None = None,
+    perturb: str | None = None,
+    prompts_per_step: int = 4,
+    group_size: int = 4,
+    max_tokens: int = 12,
+    seed: int = 0,
+) -> dict:
+    """Run the checks on every rank (collective); returns the summary (complete on rank 0)."""
+    if perturb not in (None, "export-fp16"):
+        raise ValueError(f"perturb must be None or 'export-fp16', got {perturb!r}")
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    mesh = init_distributed(device)
+    rank, ws = dist.get_rank(), dist.get_world_size()
+    dev = torch.device(device, torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
+    master, eng_model = build_models(model, str(dev), seed, engine=rank == 0)
+    vocab = master.config.vocab_size
+    trainer = Trainer(master, TrainerConfig(lr=1e-3 if model == "tiny" else 1e-5, max_grad_norm=1.0), mesh=mesh)
+    checks: dict[str, bool] = {}
+    info: dict = {"world_size": ws, "model": model, "device": device, "perturb": perturb}
+
+    probe_p, probe_r = _probe(vocab, 6, seed + 1)
+    before = trainer.compute_log_probs(probe_p, probe_r, with_entropy=True)
+    llm = None
+    if rank == 0:
+        from vexact_engine import LLM, EngineConfig
+
+        ref = Actor(eng_model).compute_log_probs(probe_p, probe_r, with_entropy=True)
+        checks["fsdp == unsharded (logprobs)"] = all(map(torch.equal, before.logprobs, ref.logprobs))
+        checks["fsdp == unsharded (entropy)"] = all(map(torch.equal, before.entropy, ref.entropy))
+        if out is not None:
+            from safetensors.torch import load_file, save_file
+
+            out = Path(out)
+            out.mkdir(parents=True, exist_ok=True)
+            flat = {f"lp{i}": t.cpu().contiguous() for i, t in enumerate(before.logprobs)}
+            save_file(flat, str(out / f"probe-ws{ws}.safetensors"))
+            ws1 = out / "probe-ws1.safetensors"
+            if ws > 1 and ws1.is_file():
+                other = load_file(str(ws1))
+                checks[f"ws{ws} == ws1 (probe logprobs)"] = other.keys() == flat.keys() and all(
+                    torch.equal(other[k], flat[k]) for k in flat
+                )
+        llm = LLM(
+            model=eng_model,
+            config=EngineConfig(
+                max_num_seqs=16,
+                max_num_batched_tokens=512,
+                num_kv_blocks=256,
+                block_size=16,
+                max_model_len=128,
+            ),
+        )
+
+    def rollouts(step: int):
+        """Rank 0 samples, then every rank gets its share: (prompts, tokens, engine logprobs, advantages)."""
+        payload = [None]
+        if rank == 0:
+            g = torch.Generator().manual_seed(seed + 100 + step)
+            prompts = [torch.randint(0, vocab, (int(torch.randint(4, 30, (1,), generator=g)),), generator=g).tolist()
+                       for _ in range(prompts_per_step)]  # fmt: skip
+            from vexact_engine import SamplingParams
+
+            params = [
+                SamplingParams(temperature=1.0, max_tokens=max_tokens, seed=seed + 1000 * step + i, ignore_eos=True)
+                for i in range(prompts_per_step * group_size)
+            ]
+            outs = llm.generate([p for p in prompts for _ in range(group_size)], params, use_tqdm=False)
+            rewards = torch.tensor([_toy_reward(o.token_ids) for o in outs])
+            adv = grpo_advantages(rewards, group_size).tolist()
+            rows = zip(outs, adv, strict=True)
+            payload = [[(o.prompt_token_ids, o.token_ids, o.logprobs.tolist(), a) for o, a in rows]]
+        dist.broadcast_object_list(payload, src=0)
+        mine = payload[0][rank::ws]
+        return (
+            [m[0] for m in mine],
+            [m[1] for m in mine],
+            [torch.tensor(m[2], dtype=torch.float32) for m in mine],
+            [m[3] for m in mine],
+        )
+
+    def engine_equals_trainer(step: int):
+        prompts, tokens, engine_lp, adv = rollouts(step)
+        scored = trainer.compute_log_probs(prompts, tokens).logprobs
+        n_bad = sum(not torch.equal(a, b.cpu()) for a, b in zip(engine_lp, scored, strict=True))
+        bad = torch.tensor([n_bad], device=dev)
+        dist.all_reduce(bad)
+        checks[f"engine == trainer (round {step})"] = int(bad.item()) == 0
+        return prompts, tokens, engine_lp, adv
+
+    metrics = []
+    for step in range(steps):
+        prompts, tokens, engine_lp, adv = engine_equals_trainer(step)
+        m = trainer.train_step(RolloutBatch(prompts, tokens, adv, rollout_logprobs=engine_lp))
+        metrics.append({k: m.as_dict()[k] for k in ("loss", "grad_norm", "k3_kl", "mismatch_fraction", "skipped")})
+        if perturb == "export-fp16":
+            # a wrong export: weights rounded through fp16, not the bf16 the forward used
+            buckets = iter_weight_buckets(trainer.model, dtype=torch.float16)
+            for bucket in buckets:
+                if rank == 0:
+                    llm.update_weights(bucket)
+        else:
+            trainer.sync_weights(llm)
+    engine_equals_trainer(steps)
+    after = trainer.compute_log_probs(probe_p, probe_r).logprobs
+    if rank == 0:
+        checks["weights changed"] = steps == 0 or not all(map(torch.equal, before.logprobs, after))
+        checks["every step applied, K3 KL == 0.0"] = all(m["skipped"] is None and m["k3_kl"] == 0.0 for m in metrics)
+    info["steps"] = metrics
+    summary = {"ok": all(checks.values()), "checks": checks, **info}
+    if rank == 0 and out is not None:
+        (Path(out) / f"summary-ws{ws}.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="tiny", help="'tiny', " + ", ".join(repr(k) for k in SHAPES) + " or a path")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default=None)
+    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--out", default=None, help="directory for probe-ws{N}.safetensors and summary-ws{N}.json")
+    ap.add_argument("--perturb", choices=["export-fp16"], default=None)
+    ap.add_argument("--prompts-per-step", type=int, default=4)
+    ap.add_argument("--group-size", type=int, default=4)
+    ap.add_argument("--max-tokens", type=int, default=12)
+    args = ap.parse_args(argv)
+    if args.device != "cuda":
+        torch.set_num_threads(1)
+    summary = run(
+        args.model,
+        args.device,
+        args.steps,
+        args.out,
+        args.perturb,
+        args.prompts_per_step,
+        args.group_size,
+        args.max_tokens,
+    )
+    rank = dist.get_rank()
+    if rank == 0:
+        print(json.dumps(summary), flush=True)
+    dist.destroy_process_group()
+    return 0 if rank != 0 or summary["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
