@@ -1,0 +1,156 @@
+"""Trainer forward+backward throughput: invariant kernels vs the fast backend, on a Qwen3-1.7B-shaped model.
+
+The trainer's real path: FSDP2 (world size 1 unless run under a larger torchrun; bf16 params, fp32 reduce, fp32
+master), a packed batch of mixed-length sequences, ``model.logprobs`` on every position, PPO-clip loss, backward.
+The optimizer step is not timed (it is elementwise and the same for both backends). Random weights (values do not
+change the speed); both backends run the same model, batch and loss, alternating rounds so clocks and caches treat
+them alike. Prints a markdown table with the ratio ``invariant / fast`` tokens/s (goal >= 0.80).
+
+Usage (on the GPU machine)::
+
+    torchrun --standalone --nproc_per_node=1 benchmarks/trainer.py --out benchmarks/results/trainer-h100.md
+    # or: PYTHONPATH=<packages' src dirs>:. python benchmarks/trainer.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import math
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+from vexact_models import Qwen3ForCausalLM, tiny_qwen3_config
+from vexact_trainer import Actor, ActorConfig, init_distributed, pack, parallelize, ppo_clip_loss
+from vexact_trainer.fsdp_check import SHAPES
+
+
+def build_model(shape: str, seed: int, device: str) -> Qwen3ForCausalLM:
+    """fp32 master weights initialised on the device (fast), scaled like vexact_models.random_model."""
+    cfg = tiny_qwen3_config(**SHAPES.get(shape, {}), torch_dtype="float32")
+    with torch.device(device):
+        model = Qwen3ForCausalLM(cfg)
+    g = torch.Generator(device=device).manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight") or "layernorm" in name:
+                p.normal_(1.0, 0.1, generator=g)
+            elif "embed_tokens" in name:
+                p.normal_(0.0, 0.02, generator=g)
+            else:
+                p.normal_(0.0, 1.0 / math.sqrt(p.shape[-1]), generator=g)
+    return model
+
+
+def make_batch(vocab: int, n_seqs: int, mean_len: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    lens = torch.randint(mean_len // 2, mean_len * 3 // 2 + 1, (n_seqs,), generator=g).tolist()
+    prompts, responses = [], []
+    for n in lens:
+        p = max(1, n // 4)  # a quarter prompt, the rest response (loss on the response only)
+        seq = torch.randint(0, vocab, (n,), generator=g).tolist()
+        prompts.append(seq[:p])
+        responses.append(seq[p:])
+    batch = pack(prompts, responses, vocab, 1 << 30)
+    mask = torch.zeros(sum(lens))
+    start = 0
+    for p, n in zip(batch.prompt_lens, batch.seq_lens, strict=True):
+        mask[start + p - 1 : start + n - 1] = 1
+        start += n
+    adv = torch.randn(sum(lens), generator=g)
+    return batch, mask, adv
+
+
+def fwd_bwd(model, actor: Actor, batch, mask, adv) -> None:
+    lp, _ = actor.forward_packed(batch, 1.0)
+    loss = ppo_clip_loss(lp, lp.detach(), adv, mask).loss
+    loss.backward()
+    model.zero_grad(set_to_none=True)
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def time_steps(fn, iters: int) -> list[float]:
+    out = []
+    for _ in range(iters):
+        _sync()
+        t0 = time.perf_counter()
+        fn()
+        _sync()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shape", default="qwen3-1.7b", choices=sorted(SHAPES) + ["tiny"], help="tiny: CPU smoke run")
+    ap.add_argument("--seqs", type=int, default=8, help="sequences per packed batch")
+    ap.add_argument("--mean-len", type=int, default=1024, help="mean sequence length (uniform in [0.5, 1.5] x)")
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--iters", type=int, default=5, help="timed steps per round")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds alternating the backends")
+    ap.add_argument("--activation-checkpointing", action="store_true")
+    ap.add_argument("--out", default=None, help="write the markdown table here (rank 0)")
+    args = ap.parse_args()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu" and args.shape != "tiny":
+        raise SystemExit("benchmarks/trainer.py needs a CUDA device (on CPU only --shape tiny, as a smoke run)")
+
+    mesh = init_distributed(device)
+    model = build_model(args.shape, 0, device)
+    parallelize(model, mesh, activation_checkpointing=args.activation_checkpointing)
+    batch, mask, adv = make_batch(model.config.vocab_size, args.seqs, args.mean_len, seed=dist.get_rank())
+    dev = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
+    batch, mask, adv = batch.to(dev), mask.to(dev), adv.to(dev)
+    tokens = batch.input_ids.numel()
+    backends = ("fast", "invariant")
+    actors = {b: Actor(model, ActorConfig(backend=b)) for b in backends}
+    times: dict[str, list[float]] = {b: [] for b in backends}
+    peak: dict[str, float] = {}
+    for b in backends:
+        if device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        time_steps(lambda b=b: fwd_bwd(model, actors[b], batch, mask, adv), args.warmup)
+        peak[b] = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else float("nan")
+    for _ in range(args.rounds):
+        for b in backends:
+            times[b] += time_steps(lambda b=b: fwd_bwd(model, actors[b], batch, mask, adv), args.iters)
+
+    ws = dist.get_world_size()
+    med = {b: statistics.median(times[b]) for b in backends}
+    tps = {b: tokens * ws / med[b] for b in backends}
+    ratio = tps["invariant"] / tps["fast"]
+    cfg = model.config
+    lines = [
+        f"# Trainer forward+backward, {torch.cuda.get_device_name() if device == 'cuda' else 'CPU'}, "
+        f"{datetime.date.today()}",
+        f"torch {torch.__version__}, triton {__import__('triton').__version__}; world size {ws}",
+        f"model: {args.shape}-shaped (hidden {cfg.hidden_size}, {cfg.num_hidden_layers} layers, vocab "
+        f"{cfg.vocab_size}, tied {cfg.tie_word_embeddings}), FSDP2 bf16 params / fp32 reduce / fp32 master; "
+        f"activation checkpointing {'on' if args.activation_checkpointing else 'off'}",
+        f"batch per rank: {args.seqs} packed sequences, {tokens} tokens (lengths {min(batch.seq_lens)}.."
+        f"{max(batch.seq_lens)}); logprobs on every position, PPO-clip loss on the response part; "
+        f"median of {args.rounds} x {args.iters} steps",
+        "",
+        "| backend | ms / step | tokens/s (all ranks) | peak GiB |",
+        "|---|---|---|---|",
+    ]
+    lines += [f"| {b} | {med[b] * 1e3:.1f} | {tps[b]:,.0f} | {peak[b]:.1f} |" for b in backends]
+    lines += ["", f"invariant / fast tokens/s: **{ratio:.2f}x** (goal >= 0.80x)"]
+    text = "\n".join(lines) + "\n"
+    if dist.get_rank() == 0:
+        print(text, flush=True)
+        if args.out:
+            with open(args.out, "w") as f:
+                f.write(text)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
