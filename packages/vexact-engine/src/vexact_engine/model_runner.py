@@ -110,8 +110,10 @@ class ModelRunner:
     # ---- padded decode from static buffers
     def _allocate_static(self) -> None:
         s_max, dev = max(self.graph_sizes), self.device
-        # rows: input ids, positions, KV slots, context lengths
-        inputs = torch.tensor(self.PAD_ROW, dtype=torch.int64, device=dev)[:, None].repeat(1, s_max)
+        # rows: input ids, positions, KV slots, context lengths. Rows start 128-byte aligned, as fresh tensors do:
+        # Triton specialises kernels on pointer alignment, so the graphs see the pointers eager steps see.
+        row = -(-s_max // 16) * 16
+        inputs = torch.tensor(self.PAD_ROW, dtype=torch.int64, device=dev)[:, None].repeat(1, row)
         self._static = {
             "inputs": inputs,
             "tables": torch.zeros(s_max, self.max_pages, dtype=torch.int64, device=dev),

@@ -12,8 +12,8 @@ rule, with its own fixed tile of 64 positions; GPU results are invariant among t
 reference's). The CPU code below is the exact reference and its numerics are pinned by a golden fixture.
 
 Scores and the softmax statistics are fp32; the output is cast once to q's dtype. The ``fast`` backend is
-``torch.nn.functional.scaled_dot_product_attention`` (per sequence for packed batches; one masked call over the
-gathered pages for paged batches), measured not batch-invariant on CPU fp32.
+``torch.nn.functional.scaled_dot_product_attention`` (per sequence, except the decode rows of a paged step: one
+masked call over their gathered pages), measured not batch-invariant on CPU fp32.
 """
 
 from __future__ import annotations
@@ -181,38 +181,47 @@ def _write_kv_cache_no_sync(k, v, k_cache, v_cache, slot_mapping) -> None:
         flat.index_copy_(0, target, torch.where(keep[:, None, None], new, fill))
 
 
-def _fast_paged(q, k_cache, v_cache, tables, ctx, cu, scale: float, max_q: int) -> torch.Tensor:
-    """``fast`` backend paged attention: one SDPA call for the whole batch.
+def _fast_decode(q, k_cache, v_cache, tables, ctx, scale: float) -> torch.Tensor:
+    """``fast`` backend, one query per sequence: one SDPA call for the whole batch, no host sync (capturable).
 
     Each sequence's K/V rows are gathered through its block table, padded to the table's width (the engine makes
-    it the batch's longest context), and masked; GQA folds the query heads of a KV head into the query length. A
-    decode batch (``max_q == 1``) needs no host sync (capturable in a CUDA graph).
+    it the batch's longest context, or ``max_model_len`` in a CUDA graph) and masked to its context; GQA folds the
+    query heads of a KV head into the query length.
     """
-    total, hq, d = q.shape
-    nseq, width = tables.shape
+    nseq, hq, d = q.shape
+    width = tables.shape[1]
     page, hkv, dv = k_cache.shape[1], k_cache.shape[2], v_cache.shape[-1]
     g, length, dev = hq // hkv, width * page, q.device
-    n_q = cu[1:] - cu[:-1]
-    if max_q == 1:
-        seq = torch.arange(nseq, device=dev)
-        qi = torch.zeros_like(seq)
-        qpad = q.reshape(nseq, 1, hq, d)
-    else:
-        seq = torch.repeat_interleave(torch.arange(nseq, device=dev), n_q, output_size=total)
-        qi = torch.arange(total, device=dev) - cu[:-1][seq]
-        qpad = q.new_zeros(nseq, max_q, hq, d)
-        qpad[seq, qi] = q
     rows = (tables[:, :, None] * page + torch.arange(page, device=dev)).view(nseq, length)  # [B, L] storage rows
     kk = k_cache.view(-1, hkv, d)[rows].permute(0, 2, 1, 3)  # [B, Hkv, L, D]
     vv = v_cache.view(-1, hkv, dv)[rows].permute(0, 2, 1, 3)
-    qg = qpad.view(nseq, max_q, hkv, g, d).permute(0, 2, 1, 3, 4).reshape(nseq, hkv, max_q * g, d)
-    qpos = (ctx - n_q)[:, None] + torch.arange(max_q, device=dev)  # [B, max_q] absolute query positions
-    kpos = torch.arange(length, device=dev)
-    mask = (kpos <= qpos[:, :, None]) & (kpos < ctx[:, None, None])  # [B, max_q, L]; a pad query keeps key 0
-    mask = mask[:, None, :, None, :].expand(nseq, 1, max_q, g, length).reshape(nseq, 1, max_q * g, length)
-    o = F.scaled_dot_product_attention(qg, kk, vv, attn_mask=mask, scale=scale)  # [B, Hkv, max_q * G, Dv]
-    o = o.view(nseq, hkv, max_q, g, dv).permute(0, 2, 1, 3, 4).reshape(nseq, max_q, hq, dv)
-    return o[seq, qi].to(q.dtype)
+    qg = q.reshape(nseq, hkv, g, d)  # [B, Hkv, G, D]: the G query heads of a KV head as G queries
+    mask = (torch.arange(length, device=dev) < ctx[:, None])[:, None, None, :]  # [B, 1, 1, L]
+    o = F.scaled_dot_product_attention(qg, kk, vv, attn_mask=mask, scale=scale)  # [B, Hkv, G, Dv]
+    return o.reshape(nseq, hq, dv).to(q.dtype)
+
+
+def _fast_paged(q, k_cache, v_cache, tables, ctx, cu, scale: float) -> torch.Tensor:
+    """``fast`` backend paged attention for a mixed step: the one-query sequences (decode) in one batched call,
+    each longer chunk (prefill) in its own causal SDPA call over its gathered keys. Reads the layout on the host."""
+    n_q = (cu[1:] - cu[:-1]).tolist()
+    ctx_host = ctx.tolist()
+    starts = cu[:-1].tolist()
+    page, dev = k_cache.shape[1], q.device
+    out = q.new_empty(q.shape[0], q.shape[1], v_cache.shape[-1])
+    dec = [b for b, n in enumerate(n_q) if n == 1]
+    if dec:
+        sel = torch.tensor(dec, device=dev)
+        rows = torch.tensor([starts[b] for b in dec], device=dev)
+        out[rows] = _fast_decode(q[rows], k_cache, v_cache, tables[sel], ctx[sel], scale)
+    kflat, vflat = k_cache.view(-1, *k_cache.shape[2:]), v_cache.view(-1, *v_cache.shape[2:])
+    for b, n in enumerate(n_q):
+        if n > 1:
+            pos = torch.arange(ctx_host[b], device=dev)
+            rows = tables[b, pos // page] * page + pos % page
+            s = starts[b]
+            out[s : s + n] = _sdpa(q[s : s + n], kflat[rows], vflat[rows], ctx_host[b] - n, scale).to(q.dtype)
+    return out
 
 
 def attention_paged(
@@ -241,12 +250,12 @@ def attention_paged(
         # engine's steps do), so one query per sequence is a decode batch.
         dev = q.device
         cu = cu_seqlens_q.to(device=dev, dtype=torch.int64)
-        nseq = cu.numel() - 1
-        max_q = 1 if total == nseq else int((cu[1:] - cu[:-1]).max())
         scale = q.shape[-1] ** -0.5 if scale is None else scale
         tables = block_tables.to(device=dev, dtype=torch.int64)
         ctx = context_lens.to(device=dev, dtype=torch.int64)
-        return _fast_paged(q, k_cache, v_cache, tables, ctx, cu, scale, max_q)
+        if total == cu.numel() - 1:
+            return _fast_decode(q, k_cache, v_cache, tables, ctx, scale)
+        return _fast_paged(q, k_cache, v_cache, tables, ctx, cu, scale)
     cu = cu_seqlens_q.to(torch.int64).cpu()
     _check_cu("attention_paged", cu, total, "cu_seqlens_q")
     ctx = context_lens.to(torch.int64).cpu()
@@ -265,7 +274,7 @@ def attention_paged(
     if get_backend() == "fast":
         if total == 0:
             return q.new_empty(0, q.shape[1], v_cache.shape[-1])
-        return _fast_paged(q, k_cache, v_cache, tables, ctx, cu, scale, int(n_q.max()))
+        return _fast_paged(q, k_cache, v_cache, tables, ctx, cu, scale)
     invariant_device_check("attention_paged", q, k_cache, v_cache)
     seq_tables = tables[seq]  # [T, max_pages]
     kflat = k_cache.view(-1, *k_cache.shape[2:])
