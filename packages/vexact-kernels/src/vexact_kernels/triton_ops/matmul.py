@@ -33,13 +33,13 @@ GROUP_M = 8
 # (scripts/tune_matmul.py). Under the interpreter the smallest tiles are used so CPU tests stay fast.
 CONFIGS = (
     (16, 32, 4, 6),  # decode: M <= 32, more CTAs over N to stream the weight
-    (64, 64, 4, 6),  # M <= 512
-    (128, 128, 8, 3),  # M <= 2048, or narrow N
-    (256, 128, 8, 3),  # large M
+    (64, 64, 4, 6),  # M <= 256
+    (128, 128, 8, 3),  # larger M when the persistent TMA kernel cannot take the operands
 )
 INTERPRET_CONFIG = (16, 16, 4, 1)
-# Below this many output tiles the splits get their own programs (speed only: the bits are the same either way).
-SPLIT_PROGRAMS_BELOW_TILES = 132
+# Split programs (one per K split, then the combine) pay when the output has fewer tiles than this, per config above
+# (H100 sweep, scripts/tune_kernels.py `cold`/`small`). Speed only: the bits are the same either way.
+SPLIT_PROGRAMS_MAX_TILES = (131, 48, 0)
 # Speed only (same bits): walk all K tiles in one loop with the split boundary as a branch, instead of a loop per split.
 FLAT_K_LOOP = True
 
@@ -188,8 +188,9 @@ def _matmul_tma_kernel(
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages, warp_specialize) of the persistent TMA variant, used for large outputs.
 TMA_CONFIG = (128, 256, 8, 3, False)
+TMA_CONFIG_MID = (128, 128, 8, 4, True)  # 256 < M and M * N below TMA_MIN_OUTPUTS: warp-specialized 128x128
 TMA_CONFIG_FP32_OUT = (128, 128, 8, 4, False)  # a 128x256 fp32 epilogue does not fit in shared memory
-# The TMA launch costs host time (descriptor encoding), so it pays only on large outputs (M * N elements).
+# 128x256 tiles pay on large outputs (M * N elements); below, the 128x128 warp-specialized variant is faster.
 TMA_MIN_OUTPUTS = 4096 * 4096
 
 
@@ -221,16 +222,13 @@ def _launch_tma(a, b_t, c, bias, cfg) -> None:
     )  # fmt: skip
 
 
-def pick_config(m: int, n: int, interpret: bool = False) -> tuple[int, int, int, int]:
-    if interpret:
-        return INTERPRET_CONFIG
-    if m <= 32:
-        return CONFIGS[0]
-    if m <= 512:
-        return CONFIGS[1]
-    if m <= 2048 or n <= 1024:
-        return CONFIGS[2]
-    return CONFIGS[3]
+def pick_config(m: int, n: int, interpret: bool = False) -> int:
+    """Index into CONFIGS for the pointer kernel."""
+    if interpret or m <= 32:
+        return 0
+    if m <= 256:
+        return 1
+    return 2
 
 
 def matmul(
@@ -274,18 +272,18 @@ def matmul(
             return c if bias is None else c.add_(bias.float().expand(m, n))
         return c.zero_() if bias is None else c.copy_(bias.expand(m, n))
     num_splits = triton.cdiv(triton.cdiv(k, BLOCK_K), SPLIT_TILES)
-    if (
-        split_programs is not True
-        and not acc_in
-        and (config is None and m * n >= TMA_MIN_OUTPUTS or config is not None and len(config) == 5)
-        and _tma_ok(a, b_t)
-    ):
-        _launch_tma(a, b_t, c, bias, config or (TMA_CONFIG_FP32_OUT if c.element_size() == 4 else TMA_CONFIG))
+    want_tma = config is None and m > 256 and split_programs is not True or config is not None and len(config) == 5
+    if want_tma and not acc_in and _tma_ok(a, b_t):
+        if config is None:
+            config = TMA_CONFIG if m * n >= TMA_MIN_OUTPUTS else TMA_CONFIG_MID
+            config = TMA_CONFIG_FP32_OUT if c.element_size() == 4 else config
+        _launch_tma(a, b_t, c, bias, config)
         return c
-    bm, bn, warps, stages = (config or pick_config(m, n, interpreting()))[:4]
+    idx = pick_config(m, n, interpreting())
+    bm, bn, warps, stages = config[:4] if config is not None else INTERPRET_CONFIG if interpreting() else CONFIGS[idx]
     tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
     if split_programs is None:
-        split_programs = num_splits > 1 and tiles < SPLIT_PROGRAMS_BELOW_TILES
+        split_programs = num_splits > 1 and tiles <= SPLIT_PROGRAMS_MAX_TILES[idx]
     split_programs = split_programs and num_splits > 1
     out = torch.empty(num_splits, m, n, dtype=torch.float32, device=a.device) if split_programs else c
     _matmul_kernel[(tiles, num_splits if split_programs else 1)](
