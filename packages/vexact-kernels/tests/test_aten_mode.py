@@ -346,3 +346,18 @@ def test_hf_qwen3_sdpa_under_invariant_mode_is_not_guaranteed():
     with vk.invariant_mode():
         _, same = _alone_vs_batched(model, ids)
     assert all(same)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("seq_len", [5, 40])
+def test_gpu_hf_qwen3_eager_bf16_alone_equal_batched(seq_len):
+    """On the H100 plain bf16 HF Qwen3 is batch-dependent (cuBLAS picks kernels by M); under the mode it is not."""
+    model = _hf_qwen3(torch.bfloat16, "eager").cuda()
+    ids = _token_ids(seq_len).cuda()
+    with torch.no_grad():
+        plain = model(ids).logits
+    with vk.invariant_mode():
+        routed, same = _alone_vs_batched(model, ids)
+    assert all(same), f"under invariant_mode, sequences {[i for i, s in enumerate(same) if not s]} differ alone"
+    torch.testing.assert_close(routed, plain, **_close_tol(torch.bfloat16))
