@@ -174,7 +174,8 @@ def test_gpu_memory_utilization_sizes_the_cache_and_names_the_figures(cuda, tmp_
     from vexact_models import save_checkpoint
 
     model = _model("qwen3-0.6b", seed=10, cuda=cuda)
-    llm = LLM(model=model, max_model_len=MAX_LEN, gpu_memory_utilization=0.5)
+    # 256 sequences of 32768 tokens could use more than half the device: the budget decides the size
+    llm = LLM(model=model, max_model_len=32768, max_num_seqs=256, gpu_memory_utilization=0.5)
     free, total = torch.cuda.mem_get_info()
     kv = sum(k.numel() * k.element_size() * 2 for k, _ in llm.runner.kv_caches)
     print(f"\ngpu_memory_utilization=0.5: KV {kv / 2**30:.2f} GiB, {llm.blocks.num_blocks} pages; "
@@ -183,6 +184,11 @@ def test_gpu_memory_utilization_sizes_the_cache_and_names_the_figures(cuda, tmp_
     prompts, params = _workload(8, seed=6, hi=100, max_tokens=8)
     assert all(o.ok for o in llm.generate(prompts, params, use_tqdm=False))
     del llm
+    torch.cuda.empty_cache()
+    # few short sequences: the cache stops at what they can use
+    small = LLM(model=model, max_model_len=MAX_LEN, max_num_seqs=4, gpu_memory_utilization=0.5)
+    assert small.blocks.num_blocks == 4 * MAX_LEN // 16
+    del small
     torch.cuda.empty_cache()
     with pytest.raises(ValueError, match=r"no room for a KV cache .* gpu_memory_utilization=0.003 of .* GiB"):
         LLM(model=model, max_model_len=MAX_LEN, gpu_memory_utilization=0.003)

@@ -14,8 +14,9 @@ class EngineConfig:
 
     KV cache size, first setting that applies: ``num_kv_blocks`` pages of ``block_size`` tokens; else
     ``kv_cache_bytes``; else, on CUDA, ``gpu_memory_utilization`` (the fraction of the device's total memory this
-    engine may use: the KV cache gets that budget minus the model's weights and a measured activation peak); else
-    (CPU) 256 MiB. ``max_num_batched_tokens`` is the token budget of one step (decode tokens plus prefill chunks).
+    engine may use: the KV cache gets that budget minus the model's weights and a measured activation peak, capped at
+    what ``max_num_seqs`` sequences of ``max_model_len`` tokens can use); else (CPU) 256 MiB.
+    ``max_num_batched_tokens`` is the token budget of one step (decode tokens plus prefill chunks).
 
     Decode steps on CUDA run as CUDA graphs captured for each of ``cuda_graph_batch_sizes`` (default
     1, 2, 4, ..., 256, capped at ``max_num_seqs``, plus ``max_num_seqs`` itself when it falls between two sizes): a

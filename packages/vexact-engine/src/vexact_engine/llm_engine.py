@@ -124,9 +124,10 @@ class LLMEngine:
         return self._kv_blocks_from_gpu_memory(device, per_block)
 
     def _kv_blocks_from_gpu_memory(self, device: torch.device, per_block: int) -> int:
-        """KV pages = (gpu_memory_utilization * total - weights - 2 * activation peak) / page bytes, and no more
-        than this process can still allocate. The second activation peak covers the decode graphs' memory pool
-        (a decode step's activations are at most a full step's)."""
+        """KV pages = (gpu_memory_utilization * total - weights - 2 * activation peak) / page bytes, no more than
+        this process can still allocate, and no more than ``max_num_seqs`` sequences of ``max_model_len`` tokens can
+        use. The second activation peak covers the decode graphs' memory pool (a decode step's activations are at
+        most a full step's)."""
         cfg = self.config
         torch.cuda.empty_cache()
         weights = _tensor_bytes(self.model)
@@ -151,8 +152,14 @@ class LLMEngine:
             )
         if can < want:
             log.warning("KV cache limited by free device memory (other allocations hold some): %s", figures)
-        num_blocks = int(kv // per_block)
-        log.info("KV cache: %d pages of %d tokens (%.2f GiB); %s", num_blocks, cfg.block_size, kv / _GIB, figures)
+        # More pages than max_num_seqs sequences of max_model_len tokens can use would only take memory from others
+        useful = cfg.max_num_seqs * min_blocks
+        num_blocks = min(int(kv // per_block), useful)
+        log.info(
+            "KV cache: %d pages of %d tokens (%.2f GiB%s); %s", num_blocks, cfg.block_size,
+            num_blocks * per_block / _GIB, ", all that max_num_seqs x max_model_len can use" if num_blocks == useful
+            else "", figures,
+        )  # fmt: skip
         return num_blocks
 
     # ---- sleep / wake (a colocated trainer can use the device meanwhile)

@@ -210,18 +210,15 @@ class ModelRunner:
         """
         if not items:
             return []
-        params = [it.seq.params for it in items]
-        dev = hidden.device
-        with vk.use_backend(self.config.backend):
-            logits = self.model.logits(hidden)
-            tokens, _ = sample(
-                logits, params, [it.seq.seed for it in items], [len(it.seq.output_token_ids) for it in items]
-            )
-            temps = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params], dtype=torch.float32)
-            logprobs, _ = self.model.logprobs(hidden, tokens, temps.to(dev))
-        # fp32 logprobs and token ids (< 2**53) are exact in float64: one transfer for both
-        both = torch.stack([tokens.to(torch.float64), logprobs.to(torch.float64)]).cpu()
-        return [(it, int(t), float(lp)) for it, t, lp in zip(items, both[0].tolist(), both[1].tolist(), strict=True)]
+        tokens, logprobs = sample_rows(
+            self.model,
+            self.config.backend,
+            hidden,
+            [it.seq.params for it in items],
+            [it.seq.seed for it in items],
+            [len(it.seq.output_token_ids) for it in items],
+        )
+        return [(it, t, lp) for it, t, lp in zip(items, tokens, logprobs, strict=True)]
 
     def run(self, batch: list[ScheduledSeq], blocks: BlockManager) -> list[tuple[ScheduledSeq, int, float]]:
         """One step: forward, then sample; returns (item, token, logprob) for each sequence that samples."""
@@ -229,6 +226,29 @@ class ModelRunner:
             raise RuntimeError("the engine is asleep (KV cache released): call wake_up() first")
         hidden, items = self.forward(batch, blocks)
         return self.sample(hidden, items)
+
+
+@torch.no_grad()
+def sample_rows(
+    model: torch.nn.Module,
+    backend: str,
+    hidden: torch.Tensor,
+    params: list[SamplingParams],
+    seeds: list[int],
+    indices: list[int],
+) -> tuple[list[int], list[float]]:
+    """Tokens and their logprobs for pre-norm ``hidden [S, H]`` rows (token ``indices[i]`` of a request seeded
+    ``seeds[i]``); the logprob is the trainer's ``model.logprobs``. Shared by the runner and the last pipeline stage.
+    """
+    dev = hidden.device
+    with vk.use_backend(backend):
+        logits = model.logits(hidden)
+        tokens, _ = sample(logits, params, seeds, indices)
+        temps = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params], dtype=torch.float32)
+        logprobs, _ = model.logprobs(hidden, tokens, temps.to(dev))
+    # fp32 logprobs and token ids (< 2**53) are exact in float64: one transfer for both
+    both = torch.stack([tokens.to(torch.float64), logprobs.to(torch.float64)]).cpu()
+    return [int(t) for t in both[0].tolist()], both[1].tolist()
 
 
 @torch.no_grad()
