@@ -93,9 +93,7 @@ class ModelRunner:
             cu.append(cu[-1] + n)
             ctx.append(start + n)
         width = max(len(item.seq.block_table) for item in batch)
-        tables = torch.zeros(len(batch), width, dtype=torch.int64)
-        for b, item in enumerate(batch):
-            tables[b, : len(item.seq.block_table)] = torch.tensor(item.seq.block_table, dtype=torch.int64)
+        tables = torch.tensor([it.seq.block_table + [0] * (width - len(it.seq.block_table)) for it in batch])
         dev = self.device
         meta = AttentionMetadata(
             cu_seqlens=torch.tensor(cu, dtype=torch.int64, device=dev),
@@ -135,21 +133,27 @@ class ModelRunner:
         return next((s for s in self.graph_sizes if s >= len(batch)), None)
 
     def _fill_static(self, batch: list[ScheduledSeq], blocks: BlockManager, size: int) -> None:
-        host = torch.tensor(self.PAD_ROW, dtype=torch.int64)[:, None].repeat(1, size)
+        # Plain lists and one tensor each: per-element tensor writes would cost microseconds per row and step.
+        pad = size - len(batch)
+        ids, pos, slots, ctx, tables = [], [], [], [], []
         width = max(len(it.seq.block_table) for it in batch)
-        tables = torch.zeros(size, width, dtype=torch.int64)
-        for r, it in enumerate(batch):
+        for it in batch:
             seq = it.seq
             p = seq.num_computed_tokens
-            host[0, r] = seq.token_ids(p, p + 1)[0]
-            host[1, r] = p
-            host[2, r] = blocks.slot(seq, p)
-            host[3, r] = p + 1
-            tables[r, : len(seq.block_table)] = torch.tensor(seq.block_table, dtype=torch.int64)
+            ids.append(seq.token_ids(p, p + 1)[0])
+            pos.append(p)
+            slots.append(blocks.slot(seq, p))
+            ctx.append(p + 1)
+            tables.append(seq.block_table + [0] * (width - len(seq.block_table)))
+        t_id, t_pos, t_slot, t_ctx = self.PAD_ROW
+        host = torch.tensor(
+            [ids + [t_id] * pad, pos + [t_pos] * pad, slots + [t_slot] * pad, ctx + [t_ctx] * pad], dtype=torch.int64
+        )
         st = self._static
         st["inputs"][:, :size].copy_(host)
-        # Columns past `width` keep page ids of earlier steps: always valid pages, and never read (beyond context).
-        st["tables"][:size, :width].copy_(tables)
+        # Pad rows read page 0; columns past `width` keep page ids of earlier steps: always valid pages, and never
+        # read (they lie beyond every context).
+        st["tables"][:size, :width].copy_(torch.tensor(tables + [[0] * width] * pad, dtype=torch.int64))
 
     def _run_padded(self, batch: list[ScheduledSeq], blocks: BlockManager, size: int) -> torch.Tensor:
         self._fill_static(batch, blocks, size)
