@@ -101,7 +101,7 @@ class LLMEngine:
         num_blocks = self._num_kv_blocks()
         self.blocks = BlockManager(num_blocks, self.config.block_size)
         self.scheduler = Scheduler(self.config, self.blocks)
-        self.runner = ModelRunner(model, self.config, num_blocks, self.max_model_len)
+        self.runner = self._make_runner(model, num_blocks)
         self.eos_token_ids = set(mcfg.eos_token_ids)
         if tokenizer is not None and getattr(tokenizer, "eos_token_id", None) is not None:
             self.eos_token_ids.add(tokenizer.eos_token_id)
@@ -111,6 +111,10 @@ class LLMEngine:
         self._host_copies: dict[str, torch.Tensor] = {}  # weights offloaded by sleep(level=1), reused across cycles
         self._shapes: dict[str, tuple[torch.Size, torch.dtype]] = {}
         self._weights_pending: set[str] = set()  # names to reload after sleep(level=2)
+
+    def _make_runner(self, model: torch.nn.Module, num_blocks: int):
+        """The step executor (a pipeline-parallel engine substitutes its own; see ``pipeline.py``)."""
+        return ModelRunner(model, self.config, num_blocks, self.max_model_len)
 
     def _num_kv_blocks(self) -> int:
         cfg, mcfg = self.config, self.model.config
