@@ -105,7 +105,7 @@ def run(
     dev = torch.device(device, torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
     master, eng_model = build_models(model, str(dev), seed, engine=rank == 0)
     vocab = master.config.vocab_size
-    trainer = Trainer(master, TrainerConfig(lr=1e-3 if model == "tiny" else 1e-5, max_grad_norm=1.0), mesh=mesh)
+    trainer = Trainer(master, TrainerConfig(lr=1e-3 if model == "tiny" else 1e-4, max_grad_norm=1.0), mesh=mesh)
     checks: dict[str, bool] = {}
     info: dict = {"world_size": ws, "model": model, "device": device, "perturb": perturb}
 

@@ -39,7 +39,8 @@ def init_distributed(device_type: str | None = None, timeout_s: float = 600.0) -
             raise RuntimeError("device_type 'cuda' asked for but no CUDA device is visible")
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     if not dist.is_initialized():
-        backend = "cpu:gloo,cuda:nccl" if device_type == "cuda" else "gloo"
+        # with a GPU present the group gets both backends, so CPU and CUDA meshes can share one process
+        backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
         timeout = timedelta(seconds=timeout_s)
         if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
             dist.init_process_group(backend, timeout=timeout)
