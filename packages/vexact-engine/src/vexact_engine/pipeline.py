@@ -1,0 +1,258 @@
+"""Pipeline parallelism: stages of consecutive decoder layers, one per device of a host (never tensor parallelism).
+
+Every rank of an initialised ``torch.distributed`` group builds a :class:`PipelineLLM` from the same model (SPMD,
+e.g. under ``torchrun``). Rank ``r`` keeps the decoder layers of stage ``r`` (:func:`stage_layers`) and a KV cache
+for those layers only; the embedding, final norm and head stay on every rank (the first stage embeds, the last
+samples). Rank 0 is the driver: it owns the scheduler and the requests, like a one-device engine. Each step:
+
+1. rank 0 broadcasts the step (token ids, positions, paged metadata and, for the rows that sample, their sampling
+   params, seeds and token indices: a few hundred bytes of Python objects);
+2. stage ``r`` takes the activations from stage ``r - 1`` (the first stage embeds the tokens), runs its layers on
+   its own KV cache and sends the result on; activations travel as raw bits (viewed as int16), so nothing is
+   rounded on the way;
+3. the last stage samples with the same :func:`~vexact_engine.model_runner.sample_rows` as a one-device engine and
+   sends ``(tokens, logprobs)`` back to rank 0.
+
+Why this is bitwise equal to one device: a row's arithmetic never crosses a stage boundary. Each layer runs the same
+kernels on the same inputs as it would on one device; a stage boundary only moves exact bits from one device to the
+next. The contract test compares tokens and logprobs with ``torch.equal`` against a one-device engine.
+
+Scope: generation (continuous batching, chunked prefill, preemption, abort) runs eagerly; CUDA-graph decode,
+sleep/wake and weight updates are one-device features for now and raise a clear error here. The KV cache size must
+be given (``num_kv_blocks`` or ``kv_cache_bytes``): every stage must hold the same number of pages.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import vexact_kernels as vk
+from vexact_models import AttentionMetadata, load_model
+
+from .block_manager import BlockManager
+from .config import EngineConfig
+from .llm import LLM
+from .llm_engine import load_tokenizer
+from .model_runner import sample_rows
+from .scheduler import ScheduledSeq
+
+log = logging.getLogger("vexact_engine")
+
+
+def stage_layers(num_layers: int, num_stages: int) -> list[range]:
+    """Consecutive layer ranges, one per stage; the first ``num_layers % num_stages`` stages get one more."""
+    if not 1 <= num_stages <= num_layers:
+        raise ValueError(f"{num_stages} pipeline stages for {num_layers} layers: need 1 <= stages <= layers")
+    base, extra = divmod(num_layers, num_stages)
+    out, start = [], 0
+    for s in range(num_stages):
+        n = base + (1 if s < extra else 0)
+        out.append(range(start, start + n))
+        start += n
+    return out
+
+
+class _StageRunner:
+    """Runs one stage's layers on its own KV cache; on the driver, also drives the whole pipeline for a step."""
+
+    def __init__(self, model: nn.Module, config: EngineConfig, num_blocks: int, layers: range, rank: int, world: int):
+        self.model = model
+        self.config = config
+        self.layers = layers
+        self.rank, self.world = rank, world
+        self.first, self.last = rank == 0, rank == world - 1
+        cfg = model.config
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        self.hidden_size = cfg.hidden_size
+        shape = (num_blocks, config.block_size, cfg.num_key_value_heads, cfg.head_dim)
+        self.kv_caches = {
+            i: (
+                torch.zeros(shape, dtype=self.dtype, device=self.device),
+                torch.zeros(shape, dtype=self.dtype, device=self.device),
+            )
+            for i in layers
+        }
+        # what the driver's ModelRunner would expose
+        self.num_padded_steps = 0
+        self.num_graphs = 0
+
+    # ---- the one-device runner's interface, as far as a pipeline supports it
+    def release(self) -> None:
+        raise NotImplementedError("sleep()/wake_up() are not supported by the pipeline-parallel engine yet")
+
+    allocate = release
+
+    def _comm_device(self) -> torch.device:
+        # NCCL moves device tensors; gloo moves host tensors
+        return self.device if dist.get_backend() == "nccl" else torch.device("cpu")
+
+    def _send(self, t: torch.Tensor, dst: int) -> None:
+        dist.send(t.contiguous().to(self._comm_device()), dst)
+
+    def _recv(self, shape, dtype, src: int) -> torch.Tensor:
+        buf = torch.empty(shape, dtype=dtype, device=self._comm_device())
+        dist.recv(buf, src)
+        return buf.to(self.device)
+
+    @torch.no_grad()
+    def _run_stage(self, step: dict) -> tuple[list[int], list[float]] | None:
+        dev = self.device
+        ids = torch.tensor(step["ids"], dtype=torch.int64, device=dev)
+        pos = torch.tensor(step["positions"], dtype=torch.int64, device=dev)
+        width = max(len(t) for t in step["tables"])
+        tables = torch.zeros(len(step["tables"]), width, dtype=torch.int64)
+        for b, t in enumerate(step["tables"]):
+            tables[b, : len(t)] = torch.tensor(t, dtype=torch.int64)
+        meta = AttentionMetadata(
+            cu_seqlens=torch.tensor(step["cu"], dtype=torch.int64, device=dev),
+            slot_mapping=torch.tensor(step["slots"], dtype=torch.int64, device=dev),
+            block_tables=tables.to(dev),
+            context_lens=torch.tensor(step["ctx"], dtype=torch.int64, device=dev),
+        )
+        t = len(step["ids"])
+        with vk.use_backend(self.config.backend):
+            if self.first:
+                x = self.model.model.embed_tokens(ids)
+            else:
+                # bf16/fp16 bits as int16: exact, and every backend moves integers
+                x = self._recv((t, self.hidden_size), torch.int16, self.rank - 1).view(self.dtype)
+            for i in self.layers:
+                x = self.model.model.layers[i](x, pos, meta, self.kv_caches[i])
+            if not self.last:
+                self._send(x.view(torch.int16), self.rank + 1)
+                return None
+            if not step["rows"]:
+                return [], []
+            rows = torch.tensor(step["rows"], dtype=torch.int64, device=dev)
+            return sample_rows(self.model, self.config.backend, x[rows], step["params"], step["seeds"], step["indices"])
+
+    # ---- driver side
+    def run(self, batch: list[ScheduledSeq], blocks: BlockManager) -> list[tuple[ScheduledSeq, int, float]]:
+        ids, positions, slots, cu, ctx = [], [], [], [0], []
+        for item in batch:
+            seq, n = item.seq, item.num_new_tokens
+            start = seq.num_computed_tokens
+            ids += seq.token_ids(start, start + n)
+            positions += range(start, start + n)
+            slots += [blocks.slot(seq, p) for p in range(start, start + n)]
+            cu.append(cu[-1] + n)
+            ctx.append(start + n)
+        sampling = [b for b, item in enumerate(batch) if item.samples]
+        items = [batch[b] for b in sampling]
+        step = {
+            "ids": ids,
+            "positions": list(positions),
+            "slots": slots,
+            "cu": cu,
+            "ctx": ctx,
+            "tables": [list(item.seq.block_table) for item in batch],
+            "rows": [cu[b + 1] - 1 for b in sampling],
+            "params": [it.seq.params for it in items],
+            "seeds": [it.seq.seed for it in items],
+            "indices": [len(it.seq.output_token_ids) for it in items],
+        }
+        dist.broadcast_object_list([step], src=0, device=self._comm_device())
+        out = self._run_stage(step)
+        if self.world > 1:
+            both = self._recv((2, len(items)), torch.float64, self.world - 1).cpu()
+            out = ([int(t) for t in both[0].tolist()], both[1].tolist())
+        tokens, logprobs = out
+        return [(it, t, lp) for it, t, lp in zip(items, tokens, logprobs, strict=True)]
+
+    def stop_workers(self) -> None:
+        dist.broadcast_object_list([None], src=0, device=self._comm_device())
+
+    # ---- worker side
+    def serve(self) -> int:
+        """Run steps as the driver sends them, until it stops the pipeline; returns the number of steps run."""
+        steps = 0
+        while True:
+            box = [None]
+            dist.broadcast_object_list(box, src=0, device=self._comm_device())
+            if box[0] is None:
+                return steps
+            out = self._run_stage(box[0])
+            if self.last and out is not None:
+                tokens, logprobs = out
+                both = torch.tensor([[float(t) for t in tokens], logprobs], dtype=torch.float64)
+                self._send(both.reshape(2, len(tokens)), 0)
+            steps += 1
+
+
+class PipelineLLM(LLM):
+    """An engine whose decoder layers are split over the ranks of the default process group (one stage per rank).
+
+    Build it on every rank with the same arguments. Rank 0 (:attr:`is_driver`) takes requests (``generate``,
+    ``add_request``/``step``, ``abort_request``) and must call :meth:`shutdown` at the end; every other rank calls
+    :meth:`serve`, which returns when the driver shuts down.
+    """
+
+    def __init__(
+        self,
+        model_path: str | Path | None = None,
+        *,
+        model: nn.Module | None = None,
+        tokenizer=None,
+        config: EngineConfig | None = None,
+        **config_kw,
+    ):
+        if not dist.is_initialized():
+            raise RuntimeError("PipelineLLM needs an initialised torch.distributed process group (e.g. torchrun)")
+        if config is not None and config_kw:
+            raise TypeError("pass either config=EngineConfig(...) or keyword settings, not both")
+        config = config or EngineConfig(**config_kw)
+        if config.num_kv_blocks is None and config.kv_cache_bytes is None:
+            raise ValueError("PipelineLLM needs num_kv_blocks or kv_cache_bytes: every stage must hold the same pages")
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        if model is None:
+            if model_path is None:
+                raise ValueError("PipelineLLM needs a model_path or a model")
+            model = load_model(model_path, dtype=config.dtype, device="cpu")
+            if tokenizer is None:
+                tokenizer = load_tokenizer(model_path)
+        self.stage = stage_layers(model.config.num_hidden_layers, self.world)[self.rank]
+        layers = model.model.layers
+        for i in range(len(layers)):
+            if i not in self.stage:
+                layers[i] = nn.Identity()  # not this stage's: drop its weights
+        model = model.to(config.device)
+        # graphs are one-device only for now: the driver's steps run eagerly
+        config.enforce_eager = True
+        super().__init__(model=model, tokenizer=tokenizer, config=config)
+        log.info("pipeline rank %d/%d holds layers %s", self.rank, self.world, list(self.stage))
+
+    def _make_runner(self, model: nn.Module, num_blocks: int) -> _StageRunner:
+        return _StageRunner(model, self.config, num_blocks, self.stage, self.rank, self.world)
+
+    @property
+    def is_driver(self) -> bool:
+        return self.rank == 0
+
+    def serve(self) -> int:
+        if self.is_driver:
+            raise RuntimeError("rank 0 drives the pipeline: call generate()/step() and shutdown(), not serve()")
+        return self.runner.serve()
+
+    def shutdown(self) -> None:
+        """Driver only: release the other ranks from :meth:`serve`."""
+        if not self.is_driver:
+            raise RuntimeError("only rank 0 shuts the pipeline down")
+        self.runner.stop_workers()
+
+    def sleep(self, level: int = 1) -> None:
+        raise NotImplementedError("sleep() is not supported by the pipeline-parallel engine yet")
+
+    def wake_up(self) -> None:
+        raise NotImplementedError("wake_up() is not supported by the pipeline-parallel engine yet")
+
+    def update_weights(self, named_tensors) -> list[str]:
+        raise NotImplementedError("update_weights() is not supported by the pipeline-parallel engine yet")
+
+
+__all__ = ["PipelineLLM", "stage_layers"]

@@ -1,0 +1,90 @@
+"""Pipeline parallelism: stages of consecutive layers on several ranks give one device's tokens and logprobs, bitwise.
+
+CPU: two (or three) processes over gloo. GPU: ``torchrun --nproc_per_node=2 -m vexact_engine.pipeline_check`` on a
+two-GPU host (see ``contracts/test_engine_gpu.py``' pipeline entry).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from vexact_engine import LLM, SamplingParams
+from vexact_engine.pipeline import PipelineLLM, stage_layers
+from vexact_models import random_model, tiny_qwen3_config
+
+LAYERS = 5
+ENGINE = dict(max_num_seqs=3, max_num_batched_tokens=24, block_size=4, num_kv_blocks=14)  # tight: forces preemption
+
+
+def _workload():
+    g = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(0, 256, (int(n),), generator=g).tolist() for n in torch.randint(3, 30, (7,), generator=g)]
+    params = [SamplingParams(max_tokens=10, temperature=[0.0, 0.8, 1.1][i % 3], seed=i, top_p=0.9) for i in range(7)]
+    return prompts, params
+
+
+def _model():
+    return random_model(tiny_qwen3_config(num_hidden_layers=LAYERS), seed=3)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_main(rank: int, world: int, port: int, out_path: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        llm = PipelineLLM(model=_model(), **ENGINE)
+        if llm.is_driver:
+            prompts, params = _workload()
+            outs = llm.generate(prompts, params, use_tqdm=False)
+            llm.shutdown()
+            with open(out_path, "w") as f:
+                json.dump(
+                    {
+                        "tokens": [o.token_ids for o in outs],
+                        "logprobs": [o.logprobs.tolist() for o in outs],
+                        "preemptions": llm.num_preemptions,
+                    },
+                    f,
+                )
+        else:
+            assert llm.serve() > 0
+    finally:
+        dist.destroy_process_group()
+
+
+def test_stage_layers():
+    assert stage_layers(5, 2) == [range(0, 3), range(3, 5)]
+    assert stage_layers(4, 4) == [range(i, i + 1) for i in range(4)]
+    with pytest.raises(ValueError, match="pipeline stages"):
+        stage_layers(2, 3)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_pipeline_equals_one_device_bitwise(tmp_path, world):
+    out = tmp_path / "pp.json"
+    mp.start_processes(_rank_main, args=(world, _free_port(), str(out)), nprocs=world, start_method="spawn")
+    got = json.loads(out.read_text())
+    prompts, params = _workload()
+    ref = LLM(model=_model(), **ENGINE).generate(prompts, params, use_tqdm=False)
+    assert got["preemptions"] > 0, "the workload should preempt (recompute through every stage)"
+    for i, o in enumerate(ref):
+        assert got["tokens"][i] == o.token_ids, f"request {i}: tokens differ from one device"
+        assert torch.equal(torch.tensor(got["logprobs"][i], dtype=torch.float32), o.logprobs), f"request {i}"
+
+
+def test_pipeline_needs_a_process_group_and_a_fixed_cache():
+    with pytest.raises(RuntimeError, match="process group"):
+        PipelineLLM(model=_model(), **ENGINE)
