@@ -124,3 +124,14 @@ def test_fast_backend_batched_paged_attention_matches_per_sequence_sdpa():
             rows = tables[b, pos // page] * page + pos % page
             ref = _sdpa(q[cu[b] : cu[b + 1]], kc.view(-1, hkv, d)[rows], vc.view(-1, hkv, d)[rows], length - n, d**-0.5)
             torch.testing.assert_close(out[cu[b] : cu[b + 1]], ref, rtol=1e-5, atol=1e-5)
+
+
+def test_one_token_prefill_chunks_run_padded_even_when_no_row_samples(model):
+    """A budget of one token makes every prefill chunk a one-token step: it runs on the padded path, and most such
+    steps have no row that samples (found on the H100 by contracts/test_engine_trainer.py)."""
+    prompts, params = _workload(3, seed=9, max_tokens=4)
+    kw = dict(max_num_seqs=1, max_num_batched_tokens=1, block_size=1, num_kv_blocks=64)
+    ref = LLM(model=model, **kw).generate(prompts, params, use_tqdm=False)
+    llm = LLM(model=model, cuda_graph_batch_sizes=[1], **kw)
+    _equal(llm.generate(prompts, params, use_tqdm=False), ref)
+    assert llm.runner.num_padded_steps > sum(len(p) for p in prompts)

@@ -199,7 +199,8 @@ class ModelRunner:
                 hidden = self._run_padded(batch, blocks, size)
                 if len(sampling) == len(batch):
                     return hidden[: len(batch)], items
-                return hidden[torch.tensor(sampling, device=hidden.device)], items
+                # one-token prefill chunks also run padded; a step may have no row that samples
+                return hidden[torch.tensor(sampling, dtype=torch.int64, device=hidden.device)], items
             ids, pos, meta, cu = self.prepare(batch, blocks)
             hidden = self.model(ids, pos, meta, self.kv_caches)
         rows = torch.tensor([cu[b + 1] - 1 for b in sampling], dtype=torch.int64, device=hidden.device)
