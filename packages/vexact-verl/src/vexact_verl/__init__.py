@@ -1,9 +1,20 @@
 """vexact-verl: verl integration for VeXact.
 
-Nothing is implemented in this release: the package exists so the monorepo layout and versioning are in place.
-The rollout backend (``rollout.name=vexact``), weight sync and invariant actor come with the verl integration.
+``import vexact_verl`` registers the ``vexact`` rollout backend with verl (when verl is installed), so a verl run
+switches to it with ``actor_rollout_ref.rollout.name=vexact``. The package's ``verl.plugins`` entry point does the
+same inside verl's Ray workers. The server and adapter classes are importable for tests and custom launchers.
 """
 
-__version__ = "0.1.0"
+from __future__ import annotations
 
-__all__ = ["__version__"]
+import importlib.util
+
+from .registration import ROLLOUT_NAME, is_registered, register
+from .server import ServerSettings, VexactServer
+
+__version__ = "0.1.1"
+
+__all__ = ["ROLLOUT_NAME", "ServerSettings", "VexactServer", "__version__", "is_registered", "register"]
+
+if importlib.util.find_spec("verl") is not None:
+    register()

@@ -1,0 +1,44 @@
+"""Register ``vexact`` with verl's own extension points (no copy or patch of verl code).
+
+verl 0.9.1 looks a rollout backend up in two tables, in every process that needs it:
+
+- ``RolloutReplicaRegistry`` (``verl/workers/rollout/replica.py``): name -> replica class, used by the driver's
+  ``LLMServerManager`` to launch servers;
+- ``_ROLLOUT_REGISTRY`` (``verl/workers/rollout/base.py``): ``(name, mode)`` -> ServerAdapter, used inside each
+  trainer / checkpoint-engine worker (Ray actors in their own processes).
+
+So registration must happen in the workers too. Three ways, all verl's own: the ``verl.plugins`` entry point this
+package declares (verl loads it whenever it is imported, in every process), ``VERL_USE_EXTERNAL_MODULES=vexact_verl``
+(same, by environment), or calling :func:`register` yourself (driver-only scripts and tests).
+"""
+
+from __future__ import annotations
+
+ROLLOUT_NAME = "vexact"
+SERVER_ADAPTER = "vexact_verl.rollout.ServerAdapter"
+
+
+def _load_replica():
+    from .rollout import VexactReplica
+
+    return VexactReplica
+
+
+def register() -> None:
+    """Make ``actor_rollout_ref.rollout.name=vexact`` resolvable by verl in this process. Idempotent."""
+    try:
+        from verl.workers.rollout import base, replica
+    except ImportError as e:  # pragma: no cover - the message is the point
+        raise ImportError(
+            "vexact_verl.register() needs verl: pip install 'vexact-verl[verl]' (verl==0.9.1 and its pins)"
+        ) from e
+    replica.RolloutReplicaRegistry.register(ROLLOUT_NAME, _load_replica)
+    base._ROLLOUT_REGISTRY[(ROLLOUT_NAME, "async")] = SERVER_ADAPTER
+
+
+def is_registered() -> bool:
+    """Whether both of verl's tables know ``vexact`` in this process."""
+    from verl.workers.rollout import base, replica
+
+    in_replicas = ROLLOUT_NAME in replica.RolloutReplicaRegistry._registry
+    return in_replicas and (ROLLOUT_NAME, "async") in base._ROLLOUT_REGISTRY

@@ -1,0 +1,227 @@
+"""verl's two rollout extension points, filled in for vexact.
+
+- :class:`VexactReplica` (verl's ``RolloutReplica``): launches one :class:`~vexact_verl.server.VexactServer` Ray actor
+  per replica, pinned to the node and GPU(s) of the replica's workers, and hands its handle to verl's agent loop.
+- :class:`ServerAdapter` (verl's ``BaseRollout``): lives in each trainer (hybrid) or checkpoint-engine (colocated,
+  standalone) worker and turns verl's ``resume(tags)`` / ``release()`` / ``update_weights(generator)`` into calls on
+  that server actor.
+
+Both follow verl's vLLM backend call for call, so verl drives vexact exactly as it drives vLLM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from typing import Any
+
+import ray
+import torch
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+from verl.workers.config import HFModelConfig, RolloutConfig
+from verl.workers.rollout.base import BaseRollout
+from verl.workers.rollout.replica import RolloutReplica
+
+from .server import ServerSettings, VexactServer, engine_kwargs_from_verl
+
+log = logging.getLogger("vexact_verl")
+
+ROLLOUT_NAME = "vexact"
+
+
+async def _aiter(weights):
+    """verl hands either a generator or an async generator of ``(name, tensor)``."""
+    if hasattr(weights, "__aiter__"):
+        async for item in weights:
+            yield item
+    else:
+        for item in weights:
+            yield item
+
+
+def server_actor_name(replica_rank: int, node_rank: int = 0, role: str = "", suffix: str = "") -> str:
+    """The Ray actor name of a replica's server; the ServerAdapter finds it by this name (as verl's vLLM one does)."""
+    role = f"{role}_" if role else ""
+    return f"{ROLLOUT_NAME}_server_{role}{replica_rank}_{node_rank}{suffix}"
+
+
+def _check_layout(config) -> None:
+    tp, dp, pp = config.tensor_model_parallel_size, config.data_parallel_size, config.pipeline_model_parallel_size
+    if tp != 1:
+        raise ValueError(
+            f"rollout.tensor_model_parallel_size={tp}: the vexact rollout runs without tensor parallelism (it would "
+            "change the reduction order of every row); use 1, and data-parallel replicas for throughput"
+        )
+    if dp != 1:
+        raise ValueError(f"rollout.data_parallel_size={dp}: use 1; verl makes one vexact replica per rollout world")
+    if pp != 1:
+        raise NotImplementedError(
+            f"rollout.pipeline_model_parallel_size={pp}: pipeline-parallel vexact replicas are not wired into verl "
+            "yet (vexact_engine's pipeline engine has no sleep/wake or weight update); use 1"
+        )
+
+
+def server_settings(config: RolloutConfig, model_config, replica_rank: int, rollout_mode: str) -> ServerSettings:
+    """ServerSettings from verl's configs (RolloutConfig dataclass; HFModelConfig or its DictConfig)."""
+    path = getattr(model_config, "local_path", None) or model_config.path
+    engine = engine_kwargs_from_verl(config, replica_rank)
+    return ServerSettings(
+        model_path=str(path),
+        max_model_len=engine["max_model_len"],
+        prompt_length=int(config.prompt_length),
+        response_length=int(config.response_length),
+        engine=engine,
+        free_cache_engine=bool(config.free_cache_engine),
+        ignore_eos=bool(config.ignore_eos),
+        sleep_level=2 if rollout_mode == "hybrid" else 1,
+    )
+
+
+class VexactReplica(RolloutReplica):
+    """One vexact engine per replica (one GPU: no tensor parallelism), served by a Ray actor."""
+
+    def __init__(self, replica_rank: int, config: RolloutConfig, model_config: HFModelConfig, *args, **kwargs):
+        super().__init__(replica_rank, config, model_config, *args, **kwargs)
+        _check_layout(self.config)
+        self.server_class = ray.remote(VexactServer)
+
+    def _name(self, node_rank: int) -> str:
+        role = "reward" if self.is_reward_model else "teacher" if self.is_teacher_model else ""
+        return server_actor_name(self.replica_rank, node_rank, role, self.name_suffix)
+
+    async def launch_servers(self):
+        """Start the server actor on the node of the replica's first worker, seeing that worker's GPU."""
+        if len(self.workers) != self.world_size:
+            raise RuntimeError(f"vexact replica {self.replica_rank}: {len(self.workers)} workers for world size "
+                               f"{self.world_size}")  # fmt: skip
+
+        def where(_self):
+            ctx = ray.get_runtime_context()
+            gpus = ctx.get_accelerator_ids().get("GPU", [])
+            return ctx.get_node_id(), ",".join(str(g) for g in gpus)
+
+        infos = await asyncio.gather(*[w.__ray_call__.remote(where) for w in self.workers])
+        node_id, visible = infos[0]
+        mode = self.rollout_mode.value if self.rollout_mode is not None else "hybrid"
+        settings = server_settings(self.config, self.model_config, self.replica_rank, mode)
+        # Ray empties CUDA_VISIBLE_DEVICES in an actor that asked for no GPU unless told not to: the server asks for
+        # none (the GPU belongs to the worker it shares it with) and sets the worker's device itself.
+        env = {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"} if visible else {}
+        server = self.server_class.options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
+            runtime_env={"env_vars": env},
+            name=self._name(0),
+            max_concurrency=self.max_concurrency,
+        ).remote(settings, mode, self.replica_rank, 0, visible or None)
+        self.servers = [server]
+        await server.launch_server.remote()
+        ip, port = await server.get_server_address.remote()
+        self._server_handle = server
+        self._server_address = f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
+
+    async def sleep(self):
+        await asyncio.gather(*[s.wait_for_requests_to_drain.remote() for s in self.servers])
+        await asyncio.gather(*[s.sleep.remote() for s in self.servers])
+
+    async def abort_all_requests(self, reject_request: bool = False) -> dict[str, Any]:
+        results = await asyncio.gather(
+            *[s.abort_all_requests.remote(reject_request=reject_request) for s in self.servers]
+        )
+        ids = [rid for r in results for rid in r.get("request_ids", [])]
+        return {"aborted_count": len(ids), "request_ids": ids, "server_results": results}
+
+    async def abort_request(self, request_id: str) -> dict[str, Any]:
+        results = await asyncio.gather(*[s.abort_request.remote(request_id) for s in self.servers])
+        for r in results:
+            if r.get("aborted"):
+                return r
+        return {"aborted": False, "request_id": request_id, "error": "Request not found on any server"}
+
+    async def resume_generation(self):
+        await asyncio.gather(*[s.resume_generation.remote() for s in self.servers])
+
+
+class ServerAdapter(BaseRollout):
+    """The rollout object in verl's workers: forwards resume/release/update_weights to the replica's server.
+
+    Rank 0 of each replica talks to the server; every rank drains the weight generator, because producing it is a
+    collective (FSDP all-gathers each parameter) that every trainer rank must take part in.
+    """
+
+    def __init__(self, config: RolloutConfig, model_config: HFModelConfig, device_mesh=None, replica_rank: int = -1):
+        super().__init__(config, model_config, device_mesh)
+        _check_layout(self.config)
+        rank = int(os.environ.get("RANK", "0"))
+        local_world_size = int(os.environ.get("RAY_LOCAL_WORLD_SIZE", "1"))
+        world = self.config.tensor_model_parallel_size * self.config.data_parallel_size
+        world *= self.config.pipeline_model_parallel_size
+        self.replica_rank = rank // world if replica_rank == -1 else replica_rank
+        self.rollout_rank = rank % world
+        self.node_rank = self.rollout_rank // local_world_size
+        self._has_server = self.rollout_rank == 0
+        self.server_handle = None
+        self.bucket_bytes = int(self.config.checkpoint_engine.update_weights_bucket_megabytes) << 20
+        dtype = getattr(torch, str(self.config.dtype))
+        self._wire_dtype = dtype if isinstance(dtype, torch.dtype) and dtype.is_floating_point else None
+
+    @property
+    def is_leader_rank(self) -> bool:
+        return self._has_server
+
+    def _server(self):
+        if self._has_server and self.server_handle is None:
+            self.server_handle = ray.get_actor(server_actor_name(self.replica_rank, self.node_rank))
+        return self.server_handle
+
+    async def resume(self, tags: list[str]):
+        """Wake the engine (weights and KV come back together; the tags only say which part verl needs now)."""
+        if self.config.free_cache_engine and self._server() is not None:
+            await self.server_handle.wake_up.remote(tags=tags)
+
+    async def release(self):
+        """Put the engine to sleep: weights and KV cache leave the device."""
+        if self.config.free_cache_engine and self._server() is not None:
+            await self.server_handle.sleep.remote()
+
+    @torch.no_grad()
+    async def update_weights(self, weights, global_steps: int | None = None, wire_format: str = "named_tensors",
+                             **kwargs):  # fmt: skip
+        """Send verl's ``(name, tensor)`` generator to the engine in buckets of
+        ``checkpoint_engine.update_weights_bucket_megabytes``.
+
+        Floating tensors are cast to the rollout dtype here (round to nearest even, the cast FSDP's mixed precision
+        applies before the actor's forward), so the engine holds exactly the values the actor computed with.
+        """
+        if wire_format != "named_tensors":
+            raise NotImplementedError(f"the vexact rollout takes wire_format='named_tensors', got {wire_format!r}")
+        if kwargs.get("peft_config") is not None:
+            raise NotImplementedError("LoRA adapters are not supported by the vexact rollout; merge them (lora.merge)")
+        server = self._server()
+        limit = self.bucket_bytes
+        bucket: list[tuple[str, torch.Tensor]] = []
+        size = 0
+        sent = 0
+        async for name, tensor in _aiter(weights):
+            if server is None:
+                continue  # not this rank's to send, but the generator must still be drained
+            t = tensor.detach()
+            if self._wire_dtype is not None and t.is_floating_point():
+                t = t.to(self._wire_dtype)
+            # a copy: producers reuse their buffers for the next bucket
+            t = t.to("cpu", copy=True)
+            bucket.append((name, t))
+            size += t.numel() * t.element_size()
+            if size >= limit:
+                sent += await server.update_weights.remote(bucket)
+                bucket, size = [], 0
+        if server is None:
+            return
+        if bucket:
+            sent += await server.update_weights.remote(bucket)
+        if global_steps is not None:
+            await server.set_global_steps.remote(global_steps)
+        log.info("vexact replica %d: %d tensors updated", self.replica_rank, sent)
+
+    def generate_sequences(self, prompts):
+        raise NotImplementedError("the vexact rollout is server-based: verl's agent loop calls its server")

@@ -1,0 +1,417 @@
+"""The rollout server: one vexact engine behind the async, token-in/token-out interface verl's agent loop calls.
+
+verl drives a rollout server through a Ray actor handle (``server.generate.remote(...)``, ``server.sleep.remote()``,
+...). :class:`VexactServer` is that actor's class. It owns one :class:`vexact_engine.LLMEngine` and one asyncio task
+that steps it: ``generate`` calls only queue a request and wait for its future, so every request that arrives while a
+step runs joins the next step (continuous batching across concurrent agent-loop calls). The engine is not
+thread-safe; it is touched only by the stepping task (the step itself runs in a worker thread so the actor keeps
+answering calls) or under the same lock by the control calls (sleep, wake_up, weight updates, aborts).
+
+The server holds no numerics: logprobs are the engine's, which are the trainer's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import os
+import socket
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from vexact_engine import EngineConfig, LLMEngine, RequestOutput, SamplingParams
+
+log = logging.getLogger("vexact_verl")
+
+# verl passes these sampling keys (agent loop: temperature/top_p/top_k/repetition_penalty/logprobs; tool agent:
+# stop_token_ids; the server itself: max_tokens or sglang's max_new_tokens). Anything else would change what is
+# sampled in a way the trainer does not reproduce, so it is refused by name rather than silently dropped.
+SUPPORTED_SAMPLING_KEYS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "repetition_penalty",
+    "logprobs",
+    "max_tokens",
+    "max_new_tokens",
+    "stop_token_ids",
+    "ignore_eos",
+    "seed",
+)
+
+
+@dataclass
+class ServerSettings:
+    """What one server needs from verl's RolloutConfig and HFModelConfig (plain values, so tests can build it)."""
+
+    model_path: str
+    max_model_len: int
+    prompt_length: int
+    response_length: int
+    engine: dict[str, Any] = field(default_factory=dict)  # EngineConfig fields
+    free_cache_engine: bool = True
+    ignore_eos: bool = False
+    sleep_level: int = 2  # hybrid: weights are re-sent after every sleep, so they need not be kept
+
+
+def engine_kwargs_from_verl(config, replica_rank: int = 0) -> dict[str, Any]:
+    """EngineConfig fields from a verl RolloutConfig.
+
+    ``rollout.engine_kwargs.vexact`` may set any EngineConfig field (``backend``, ``block_size``, ``num_kv_blocks``,
+    ``kv_cache_bytes``, ...); an unknown key raises ``ValueError`` naming it and the allowed ones.
+    """
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    kw: dict[str, Any] = {
+        "max_num_seqs": int(config.max_num_seqs),
+        "max_num_batched_tokens": int(config.max_num_batched_tokens),
+        "max_model_len": int(config.max_model_len or (config.prompt_length + config.response_length)),
+        "enable_chunked_prefill": bool(config.enable_chunked_prefill),
+        "gpu_memory_utilization": float(config.gpu_memory_utilization),
+        "enforce_eager": bool(config.enforce_eager),
+        "dtype": str(config.dtype),
+        "device": device,
+        "seed": int(config.seed) + int(replica_rank),
+    }
+    if config.cudagraph_capture_sizes:
+        kw["cuda_graph_batch_sizes"] = tuple(int(s) for s in config.cudagraph_capture_sizes)
+    # the engine needs room for every running sequence to decode in one step
+    kw["max_num_batched_tokens"] = max(kw["max_num_batched_tokens"], kw["max_num_seqs"])
+    extra = dict((config.engine_kwargs or {}).get("vexact", None) or {})
+    allowed = {f.name for f in dataclasses.fields(EngineConfig)}
+    bad = sorted(set(extra) - allowed)
+    if bad:
+        raise ValueError(f"rollout.engine_kwargs.vexact has unknown key(s) {bad}; allowed: {sorted(allowed)}")
+    kw.update(extra)
+    return kw
+
+
+def to_engine_params(
+    sampling_params: dict[str, Any], prompt_len: int, settings: ServerSettings
+) -> tuple[SamplingParams, bool]:
+    """verl's sampling dict -> (SamplingParams, whether logprobs were asked for). ``max_tokens`` as vLLM's server."""
+    sp = dict(sampling_params)
+    unknown = sorted(set(sp) - set(SUPPORTED_SAMPLING_KEYS))
+    if unknown:
+        raise ValueError(f"sampling params {unknown} are not supported by the vexact rollout; supported: "
+                         f"{list(SUPPORTED_SAMPLING_KEYS)}")  # fmt: skip
+    rep = sp.pop("repetition_penalty", 1.0)
+    if rep is not None and float(rep) != 1.0:
+        raise ValueError(f"repetition_penalty must be 1.0 with the vexact rollout (the trainer has none), got {rep!r}")
+    room = settings.max_model_len - prompt_len
+    if room < 1:
+        raise ValueError(f"prompt has {prompt_len} tokens; max_model_len is {settings.max_model_len} (need >= 1 more)")
+    if "max_tokens" in sp:
+        max_tokens = sp.pop("max_tokens")
+    elif "max_new_tokens" in sp:
+        max_tokens = sp.pop("max_new_tokens")
+    else:
+        max_tokens = min(settings.response_length, settings.prompt_length + settings.response_length - prompt_len)
+    sp.pop("max_new_tokens", None)
+    max_tokens = max(1, min(int(max_tokens), room))
+    want_logprobs = bool(sp.pop("logprobs", False))
+    top_k = sp.pop("top_k", -1)
+    params = SamplingParams(
+        temperature=float(sp.pop("temperature", 1.0)),
+        top_p=float(sp.pop("top_p", 1.0)),
+        top_k=-1 if top_k is None else int(top_k),
+        max_tokens=max_tokens,
+        seed=sp.pop("seed", None),
+        stop_token_ids=list(sp.pop("stop_token_ids", None) or []),
+        ignore_eos=bool(sp.pop("ignore_eos", settings.ignore_eos)),
+    )
+    return params, want_logprobs
+
+
+def _free_port() -> tuple[int, socket.socket]:
+    """A port held open for the server's lifetime, so that each server has a distinct address."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("", 0))
+    return sock.getsockname()[1], sock
+
+
+class VexactServer:
+    """One vexact engine serving verl's token-in/token-out calls. Wrapped with ``ray.remote`` by the replica.
+
+    The constructor only records settings; :meth:`launch_server` builds the engine (so a replica can create every
+    server first and then start them together, as verl's replicas do). A request reaches the engine only while it is
+    ready (awake, with every weight loaded); one that arrives before waits in the server, so a weight sync never
+    finds a request of the old weights inside the engine and a request never runs on half-loaded weights.
+    """
+
+    def __init__(
+        self,
+        settings: ServerSettings,
+        rollout_mode: str = "hybrid",
+        replica_rank: int = 0,
+        node_rank: int = 0,
+        cuda_visible_devices: str | None = None,
+    ):
+        if cuda_visible_devices:
+            # set before CUDA initialises: the server shares the GPU(s) of the trainer ranks of its replica
+            os.environ["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices
+        self.settings = settings
+        self.rollout_mode = rollout_mode
+        self.replica_rank = replica_rank
+        self.node_rank = node_rank
+        self.engine: LLMEngine | None = None
+        self.global_steps: int | None = None
+        self.stats = {"steps": 0, "max_in_flight": 0, "weight_buckets": 0}
+        self._lock = asyncio.Lock()  # held while the engine is touched
+        self._work = asyncio.Event()  # set when the stepping task may have work
+        self._ready = asyncio.Event()  # engine awake and every weight loaded
+        self._missing: set[str] = set()  # weights discarded by a level-2 sleep and not reloaded yet
+        self._futures: dict[str, asyncio.Future] = {}  # every request not answered yet
+        self._in_engine: set[str] = set()  # those of them the engine holds
+        self._want_logprobs: dict[str, bool] = {}
+        self._prompts: dict[str, list[int]] = {}
+        self._loop_task: asyncio.Task | None = None
+        self._paused = False  # abort_all_requests closes the gate until resume_generation
+        self._resume = asyncio.Event()
+        self._resume.set()
+        self._reject = False
+        self._ip = "127.0.0.1"
+        self._port, self._port_sock = _free_port()
+
+    # ---- lifecycle
+    async def launch_server(self) -> None:
+        """Build the engine (load the checkpoint) and start the stepping task."""
+        if self.engine is not None:
+            return
+        try:
+            import ray
+
+            self._ip = ray.util.get_node_ip_address().strip("[]")
+        except Exception:  # not inside Ray (direct use in a test): keep the loopback address
+            pass
+        self.engine = await asyncio.to_thread(LLMEngine, self.settings.model_path, **self.settings.engine)
+        if self.engine.max_model_len < self.settings.max_model_len:
+            log.warning("max_model_len %d capped at the model's %d", self.settings.max_model_len,
+                        self.engine.max_model_len)  # fmt: skip
+            self.settings.max_model_len = self.engine.max_model_len
+        self._ready.set()
+        self._loop_task = asyncio.get_running_loop().create_task(self._step_loop())
+
+    def get_server_address(self) -> tuple[str, int]:
+        """A distinct (ip, port) per server: verl keys its load balancer by it. No HTTP server is started."""
+        return self._ip, self._port
+
+    def get_rollout_config(self) -> ServerSettings:
+        return self.settings
+
+    async def set_global_steps(self, global_steps: int) -> None:
+        """The trainer step whose weights the engine holds (reported with each output, as vLLM's server does)."""
+        self.global_steps = global_steps
+
+    # ---- generation
+    async def generate(
+        self,
+        prompt_ids: list[int],
+        sampling_params: dict[str, Any],
+        request_id: str,
+        image_data: Any = None,
+        video_data: Any = None,
+        audio_data: Any = None,
+        mm_processor_kwargs: Any = None,
+        priority: int = 0,
+        **kwargs: Any,
+    ):
+        """Generate for one request; returns verl's ``TokenOutput`` (``log_probs`` when ``logprobs`` was asked)."""
+        from verl.workers.rollout.replica import TokenOutput
+
+        if image_data is not None or video_data is not None or audio_data is not None:
+            raise ValueError("the vexact rollout serves text models only; got image/video/audio data")
+        if kwargs:
+            raise ValueError(f"generate() got arguments the vexact rollout does not support: {sorted(kwargs)}")
+        prompt_ids = [int(t) for t in (prompt_ids.tolist() if hasattr(prompt_ids, "tolist") else prompt_ids)]
+        params, want_logprobs = to_engine_params(sampling_params, len(prompt_ids), self.settings)
+        while self._paused:  # a weight sync is under way: wait for it (or be told to re-route)
+            if self._reject:
+                steps = {"global_steps": self.global_steps}
+                return TokenOutput(token_ids=[], stop_reason="aborted", extra_fields=steps)
+            await self._resume.wait()
+        request_id = str(request_id)
+        if request_id in self._futures:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        fut = asyncio.get_running_loop().create_future()
+        self._futures[request_id] = fut
+        self._want_logprobs[request_id] = want_logprobs
+        self._prompts[request_id] = prompt_ids
+        try:
+            while not fut.done():
+                while not self._ready.is_set() and not fut.done():  # asleep or weights missing: wait (or abort)
+                    ready = asyncio.ensure_future(self._ready.wait())
+                    await asyncio.wait([ready, fut], return_when=asyncio.FIRST_COMPLETED)
+                    ready.cancel()
+                if fut.done():
+                    break
+                async with self._lock:
+                    if not self._ready.is_set():  # put to sleep while we waited for the lock: wait again
+                        continue
+                    self.engine.add_request(prompt_ids, params, request_id)  # validates; raises on bad input
+                    self._in_engine.add(request_id)
+                self._work.set()
+                break
+            out = await fut
+        finally:
+            self._futures.pop(request_id, None)
+            self._prompts.pop(request_id, None)
+            self._in_engine.discard(request_id)
+        return self._token_output(out)
+
+    def _token_output(self, out):
+        from verl.workers.rollout.replica import TokenOutput
+
+        want = self._want_logprobs.pop(out.request_id, False)
+        reasons = {"stop": "completed", "length": "completed", "abort": "aborted"}
+        stop = reasons.get(out.finish_reason, out.finish_reason)
+        return TokenOutput(
+            token_ids=list(out.token_ids),
+            log_probs=out.logprobs.tolist() if want else None,
+            stop_reason=stop,
+            num_preempted=out.num_preemptions,
+            extra_fields={"global_steps": self.global_steps},
+        )
+
+    async def _step_loop(self) -> None:
+        """Step the engine while it has work; wait on an event otherwise. Never dies on one bad step."""
+        while True:
+            await self._work.wait()
+            async with self._lock:
+                engine = self.engine
+                if not self._ready.is_set() or not engine.has_unfinished_requests():
+                    self._work.clear()  # generate / wake_up / a finished weight load set it again
+                    continue
+                try:
+                    self.stats["max_in_flight"] = max(self.stats["max_in_flight"], len(self._in_engine))
+                    finished = await asyncio.to_thread(engine.step)
+                    self.stats["steps"] += 1
+                except Exception as e:  # fail the requests in flight rather than hang their callers
+                    log.exception("engine step failed")
+                    for rid in list(self._in_engine):
+                        engine.abort_request(rid)
+                        fut = self._futures.get(rid)
+                        if fut is not None and not fut.done():
+                            fut.set_exception(RuntimeError(f"vexact engine step failed: {e!r}"))
+                    continue
+            for out in finished:
+                self._finish(out)
+            await asyncio.sleep(0)  # let queued generate() calls join the next step
+
+    def _finish(self, out) -> None:
+        self._in_engine.discard(out.request_id)
+        fut = self._futures.get(out.request_id)
+        if fut is not None and not fut.done():
+            fut.set_result(out)
+
+    # ---- aborts
+    async def abort_request(self, request_id: str, reset_prefix_cache: bool = True) -> dict[str, Any]:
+        """Stop one request; its caller gets the tokens so far with ``stop_reason='aborted'``."""
+        request_id = str(request_id)
+        if request_id not in self._futures:
+            return {"aborted": False, "request_id": request_id, "error": f"Request {request_id} not found"}
+        async with self._lock:
+            out = self.engine.abort_request(request_id) if request_id in self._in_engine else None
+        if out is None:  # still waiting in the server: it has generated nothing
+            prompt = self._prompts.get(request_id, [])
+            out = RequestOutput(request_id, prompt, [], torch.empty(0, dtype=torch.float32), "abort")
+        self._finish(out)
+        return {"aborted": True, "request_id": request_id}
+
+    async def abort_all_requests(self, reset_prefix_cache: bool = True, reject_request: bool = False):
+        """Abort everything in flight and hold new requests until :meth:`resume_generation` (verl's weight sync)."""
+        self._paused, self._reject = True, reject_request
+        self._resume.clear()
+        ids = list(self._futures)
+        for rid in ids:
+            await self.abort_request(rid)
+        return {"aborted_count": len(ids), "request_ids": ids}
+
+    async def resume_generation(self) -> None:
+        self._paused = self._reject = False
+        self._resume.set()
+
+    async def resume_engine_generation(self) -> None:
+        """vLLM's replica resumes in two steps; the vexact engine has nothing to resume besides the gate."""
+
+    async def open_submission_gate(self) -> None:
+        await self.resume_generation()
+
+    async def wait_for_requests_to_drain(self) -> None:
+        while self._in_engine:
+            await asyncio.sleep(0.01)
+
+    # ---- memory: verl's resume(tags)/release() and the replica's wake_up()/sleep()
+    async def sleep(self) -> None:
+        """Free weights and KV cache (``engine.sleep``); standalone servers keep theirs, as vLLM's do.
+
+        Hybrid mode sleeps at ``settings.sleep_level`` (2: weights discarded, verl re-sends them all after); the
+        server then admits no request until every discarded weight is loaded again.
+        """
+        if self.rollout_mode == "standalone" or not self.settings.free_cache_engine:
+            return
+        self._ready.clear()  # new requests wait in the server from now on
+        await self.wait_for_requests_to_drain()
+        level = self.settings.sleep_level if self.rollout_mode == "hybrid" else 1
+        async with self._lock:
+            if not self.engine.sleep_level:
+                _engine_call(self.engine, "sleep", level=level)
+                if level == 2:
+                    self._missing = {name for name, _ in self.engine.model.named_parameters()}
+
+    async def wake_up(self, tags: list[str] | None = None) -> None:
+        """Restore what :meth:`sleep` freed. The engine restores weights and KV together, so any tag wakes it."""
+        if self.rollout_mode == "standalone":
+            return
+        async with self._lock:
+            if self.engine.sleep_level:
+                _engine_call(self.engine, "wake_up")
+        self._set_ready()
+
+    def _set_ready(self) -> None:
+        if not self.engine.sleep_level and not self._missing:
+            self._ready.set()
+            self._work.set()
+
+    async def release_kv_cache(self) -> None:
+        """Before a weight sync: the engine frees KV with its weights only, so this is a no-op."""
+
+    async def resume_kv_cache(self) -> None:
+        await self.wake_up(["kv_cache"])
+
+    async def clear_kv_cache(self) -> None:
+        """No prefix cache is kept across requests: nothing computed with old weights survives a request."""
+
+    # ---- weights
+    async def update_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> int:
+        """Load one bucket of ``(hf_name, tensor)``; floating tensors are cast to the engine's dtype (RNE, as FSDP's
+        mixed-precision cast). Returns how many tensors were loaded. Refused while requests are in flight."""
+        async with self._lock:
+            loaded = await asyncio.to_thread(self.engine.update_weights, named_tensors)
+            self.stats["weight_buckets"] += 1
+            self._missing.difference_update(loaded)
+        self._set_ready()
+        return len(loaded)
+
+    async def collective_rpc(self, method: str, timeout=None, args: tuple = (), kwargs: dict | None = None):
+        raise NotImplementedError(f"the vexact rollout has no collective_rpc ({method!r})")
+
+    async def start_profile(self, **kwargs) -> None:
+        """Profiling hooks verl calls on every backend; the engine has no profiler of its own."""
+
+    async def stop_profile(self) -> None:
+        pass
+
+    async def get_stats(self) -> dict[str, int]:
+        """Counters for tests and logs: engine steps, most requests in the engine when a step started, weight
+        buckets loaded, requests not answered yet."""
+        return dict(self.stats, in_flight=len(self._futures))
+
+
+def _engine_call(engine: LLMEngine, name: str, **kw):
+    fn = getattr(engine, name, None)
+    if fn is None:
+        raise RuntimeError(f"this vexact_engine has no LLMEngine.{name}(): upgrade vexact-engine for sleep/wake")
+    return fn(**kw)
