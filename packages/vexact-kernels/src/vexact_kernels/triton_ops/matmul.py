@@ -2,7 +2,7 @@
 
 Invariance: every output element is reduced over K in one fixed structure, the same for every M and every launch:
 
-* K is cut at fixed absolute positions into splits of ``SPLIT_TILES * BLOCK_K`` (512) elements. Within a split,
+* K is cut at fixed absolute positions into splits of ``SPLIT_TILES * BLOCK_K`` (1024) elements. Within a split,
   tiles of ``BLOCK_K`` (64) are reduced in K order, one ``tl.dot`` per tile accumulating into an fp32 partial that
   starts at zero. The partials are then added in split order to a zero-initialised fp32 total, then the bias.
 * The split boundaries depend on K alone, never on M, N or the tile shape, so *where* a split is computed does not
@@ -26,7 +26,10 @@ import triton
 import triton.language as tl
 
 BLOCK_K = 64  # numerics: the K tile is the same for every shape and every config below
-SPLIT_TILES = 8  # numerics: K tiles per split (splits of 512); partials are added in split order
+# numerics: K tiles per split (splits of 1024); partials are added in split order. H100 sweep of 8/16/32
+# (benchmarks/results/tune-matmul-h100.txt): 16 is the best trade between decode (more splits, more CTAs) and large
+# M (each split boundary stalls the MMA pipeline once).
+SPLIT_TILES = 16
 GROUP_M = 8
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages): speed only, picked by M (and N) from an H100 sweep
