@@ -6,6 +6,6 @@ from .llm_engine import LLMEngine
 from .outputs import RequestOutput
 from .sampling_params import SamplingParams
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = ["LLM", "EngineConfig", "LLMEngine", "RequestOutput", "SamplingParams", "__version__"]

@@ -13,7 +13,7 @@ from .logprobs import compute_logits, entropy_from_logprobs, log_softmax, logpro
 from .rms_norm import rms_norm
 from .rotary import apply_rotary, rope_cos_sin
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "ATTN_BLOCK_N",
