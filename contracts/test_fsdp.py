@@ -52,9 +52,10 @@ def test_fsdp_ws2_equals_ws1_and_engine(device, tmp_path):
     if device == "cuda" and torch.cuda.device_count() < 2:
         pytest.skip(f"needs 2 GPUs for world size 2; {torch.cuda.device_count()} visible")
     model = _model_for(device)
-    fsdp_check.run(model=model, device=device, steps=0, out=tmp_path)  # world size 1 in-process: probe-ws1
+    fsdp_check.run(model=model, device=device, steps=1, out=tmp_path)  # world size 1 in-process: probe, step 0
     proc = _torchrun(2, "--model", model, "--device", device, "--steps", "2", "--out", str(tmp_path))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads((tmp_path / "summary-ws2.json").read_text())
     assert summary["world_size"] == 2 and summary["ok"], summary["checks"]
     assert summary["checks"]["ws2 == ws1 (probe logprobs)"]
+    assert summary["checks"]["ws2 step-0 loss and grad norm ~ ws1 (rel 1e-3)"]

@@ -12,7 +12,9 @@ or in-process (world size 1) through :func:`run`. Checks, each ``torch.equal`` o
 3. ``engine == trainer (step k)``: the engine samples rollouts (rank 0; shared out to all ranks), every rank scores
    its share with the trainer; then a GRPO step, then the bf16 weights go to the engine with ``update_weights``,
    and the next round must match again (so the export is exactly the weights the FSDP forward used);
-4. ``weights changed``: the probe logprobs after training differ from before (the updates were real).
+4. ``weights changed``: the probe logprobs after training differ from before (the updates were real);
+5. ``step-0 ~ ws1``: at world size N > 1 the first step's loss and gradient norm (same weights, same global batch)
+   match the world-size-1 run's within 1e-3 (a tolerance: the gradient is summed in another order).
 
 ``--perturb export-fp16`` sends the weights rounded through fp16 instead: checks 3 must then fail (the contract can
 fail). Prints one JSON summary line and writes it to ``--out/summary-ws{N}.json``; exits 1 if a check failed.
@@ -23,6 +25,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -196,6 +199,17 @@ def run(
     if rank == 0:
         checks["weights changed"] = steps == 0 or not all(map(torch.equal, before.logprobs, after))
         checks["every step applied, K3 KL == 0.0"] = all(m["skipped"] is None and m["k3_kl"] == 0.0 for m in metrics)
+        ws1 = Path(out) / "summary-ws1.json" if out is not None else None
+        if ws > 1 and ws1 is not None and ws1.is_file() and metrics:
+            # Step 0: same weights, same global batch (split over ranks here); the gradient is summed in another
+            # order, so this is a tolerance check (it catches a wrong loss scale or a parameter left without grads).
+            first = json.loads(ws1.read_text())["steps"][:1]
+            if first:
+                a, b = first[0], metrics[0]
+                checks[f"ws{ws} step-0 loss and grad norm ~ ws1 (rel 1e-3)"] = math.isclose(
+                    a["grad_norm"], b["grad_norm"], rel_tol=1e-3
+                ) and math.isclose(a["loss"], b["loss"], rel_tol=1e-3, abs_tol=1e-6)
+                info["step0_ws1"] = {k: a[k] for k in ("loss", "grad_norm")}
     info["steps"] = metrics
     summary = {"ok": all(checks.values()), "checks": checks, **info}
     if rank == 0 and out is not None:
