@@ -40,8 +40,10 @@ from .parallel import init_distributed
 from .trainer import RolloutBatch, Trainer, TrainerConfig
 from .weights import iter_weight_buckets
 
-# Real model shapes (HF config.json values) for random-weight runs on GPU.
+# Real model shapes (HF config.json values) for random-weight runs on GPU; "tiny-tied": the tiny config with tied
+# embeddings (the real small Qwen3s tie them), cheap enough for CPU.
 SHAPES = {
+    "tiny-tied": dict(tie_word_embeddings=True),
     "qwen3-0.6b": dict(
         vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
         num_key_value_heads=8, head_dim=128, max_position_embeddings=40960, rope_theta=1_000_000.0,
