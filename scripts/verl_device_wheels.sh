@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# verl 0.9.1 + Ray on the GPU device, which has no internet. Three verbs:
+#
+#   here (a machine with internet), in the repo root:
+#     bash scripts/verl_device_wheels.sh download   # wheels for Linux x86_64 / CPython 3.12 into .whl-verl/, files
+#                                                   # over 60 MiB split into parts, grouped into bundles b1, b2, ...
+#                                                   # that each fit one device call (64 MiB a call); prints the plan
+#   on the device, one call per bundle (carry .whl-verl/bN):
+#     bash scripts/verl_device_wheels.sh stage      # copy the carried bundle(s) to /tmp/verl-wheels (kept while the
+#                                                   # machine stays warm)
+#   on the device, in the call that carries the last bundle (after its `stage`):
+#     bash scripts/verl_device_wheels.sh install    # join split parts, pip install into /tmp/site (no index, no deps)
+#     export PYTHONPATH=/tmp/site:$PYTHONPATH       # then `source scripts/device_env.sh` for the repo's own paths
+#
+# What is carried: verl, Ray and every package in their dependency closure (verl's install_requires, ray[default],
+# transformers 5.9.0's) that the device image does not have, plus the two the image has at versions verl cannot use:
+# transformers (image: 5.17; verl 0.9.1 needs <5.11, we pin 5.9.0) and tokenizers (image: 0.23.2; transformers
+# 5.9.0 needs <=0.23.0). Versions are the ones the CPU CI installs (requirements/test.txt), so both run the same
+# code. The list was computed from the installed closure minus the device's package list (.library device KINDS.md).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DIR=.whl-verl
+STAGE=/tmp/verl-wheels
+BUNDLE_MIB=52  # a call carries 64 MiB with the working tree; leave room for the tree
+
+WHEELS=(
+  verl==0.9.1 ray==2.60.0 transformers==5.9.0 tokenizers==0.22.2 tensordict==0.10.0 torchdata==0.11.0
+  hydra-core==1.3.8 omegaconf==2.3.1 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19
+  codetiming==1.4.0 pylatexenc==2.11 wandb==0.31.0 pydantic==2.14.3 pydantic-core==2.50.4 annotated-types==0.8.0
+  typing-inspection==0.4.5 orjson==3.13.0 pyvers==0.1.0 importlib-metadata==10.2.0 jsonschema==4.26.0
+  jsonschema-specifications==2025.9.1 referencing==0.37.0 rpds-py==2026.9.1 aiohttp-cors==0.8.1 colorful==0.5.8
+  opencensus==0.11.4 opencensus-context==0.1.3 google-api-core==2.44.0 google-auth==2.62.2
+  googleapis-common-protos==1.76.0 proto-plus==1.29.0 pyasn1==0.6.5 pyasn1-modules==0.4.2 cryptography==50.0.2
+  cffi==2.1.1 pycparser==3.12 opentelemetry-api==1.45.2 opentelemetry-sdk==1.45.2
+  opentelemetry-semantic-conventions==0.66b2 opentelemetry-proto==1.45.2 opentelemetry-exporter-prometheus==0.66b2
+  opentelemetry-exporter-otlp-proto-common==1.45.2 opentelemetry-exporter-otlp-proto-http==1.45.2
+  opentelemetry-exporter-http-transport==0.66b2 opentelemetry-exporter-otlp-common==0.66b2 smart-open==9.0.2
+  py-spy==0.4.3 virtualenv==21.14.5 distlib==0.4.4 platformdirs==4.14.7 python-discovery==1.9.5 distro==1.9.0
+  sniffio==1.3.1 tzdata==2026.6 lazy-importer==0.1.0 cwevals==0.0.1b1
+)
+# Published as a source archive only (omegaconf 2.3 needs antlr4 4.9.*): built here into a pure-Python wheel.
+SDIST_ONLY=(antlr4-python3-runtime==4.9.3)
+
+download() {
+  grep -qx "/$DIR/" .git/info/exclude 2>/dev/null || echo "/$DIR/" >> .git/info/exclude
+  rm -rf "$DIR" && mkdir -p "$DIR/all"
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp --abi cp312 \
+    --abi abi3 --abi none --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
+    --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64 \
+    --platform manylinux_2_5_x86_64 --platform any -d "$DIR/all" "${WHEELS[@]}"
+  python3 -m pip wheel -q --no-deps -w "$DIR/all" "${SDIST_ONLY[@]}"
+  # split what is over 60 MiB (Ray) into parts; `install` joins them back
+  find "$DIR/all" -name '*.whl' -size +60M | while read -r f; do
+    split -b 50M -d "$f" "$f.part-" && rm "$f"
+  done
+  # greedy bundles of at most BUNDLE_MIB, biggest files first
+  python3 - "$DIR" "$BUNDLE_MIB" <<'EOF'
+import os, sys, shutil
+root, cap = sys.argv[1], int(sys.argv[2]) << 20
+files = sorted((os.path.join(root, "all", f) for f in os.listdir(os.path.join(root, "all"))), key=os.path.getsize,
+               reverse=True)
+bundles = []  # [size, [files]]
+for f in files:
+    size = os.path.getsize(f)
+    for b in bundles:
+        if b[0] + size <= cap:
+            b[0] += size; b[1].append(f); break
+    else:
+        bundles.append([size, [f]])
+for i, (size, fs) in enumerate(bundles, 1):
+    d = os.path.join(root, f"b{i}")
+    os.makedirs(d, exist_ok=True)
+    for f in fs:
+        shutil.move(f, d)
+    print(f"{d}: {len(fs)} files, {size / 2**20:.1f} MiB")
+os.rmdir(os.path.join(root, "all"))
+EOF
+  n=$(ls -d "$DIR"/b* | wc -l)
+  echo
+  echo "carry plan: $n device calls, one bundle each, on the same warm machine:"
+  for i in $(seq 1 "$n"); do
+    if [ "$i" -lt "$n" ]; then
+      echo "  call $i: carry [\"$DIR/b$i\"]  command: bash scripts/verl_device_wheels.sh stage"
+    else
+      echo "  call $i: carry [\"$DIR/b$i\"]  command: bash scripts/verl_device_wheels.sh stage && \\"
+      echo "          bash scripts/verl_device_wheels.sh install && export PYTHONPATH=/tmp/site:\$PYTHONPATH && ..."
+    fi
+  done
+  echo "(the machine keeps /tmp/verl-wheels and /tmp/site only while it stays warm: make the calls back to back)"
+}
+
+stage() {
+  mkdir -p "$STAGE"
+  compgen -G "$DIR/b*/*" > /dev/null || { echo "no bundle carried under $DIR/" >&2; exit 1; }
+  cp "$DIR"/b*/* "$STAGE"/
+  echo "staged: $(ls "$STAGE" | wc -l) files in $STAGE"
+}
+
+install() {
+  for first in "$STAGE"/*.whl.part-00; do
+    [ -e "$first" ] || continue
+    whl="${first%.part-00}"
+    cat "$whl".part-* > "$whl" && rm "$whl".part-*
+  done
+  missing=0
+  for spec in "${WHEELS[@]}" "${SDIST_ONLY[@]}"; do
+    name="${spec%%==*}"; norm="$(echo "$name" | tr '-' '_')"
+    compgen -G "$STAGE/${norm}-*.whl" > /dev/null || compgen -G "$STAGE/${name}-*.whl" > /dev/null \
+      || { echo "missing wheel: $spec" >&2; missing=1; }
+  done
+  [ "$missing" = 0 ] || { echo "stage every bundle first (see the carry plan)" >&2; exit 1; }
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    "$STAGE"/*.whl
+  PYTHONPATH=/tmp/site python3 -c "import verl, ray, transformers, tokenizers, torch; print('verl', verl.__version__,
+'ray', ray.__version__, 'transformers', transformers.__version__, 'tokenizers', tokenizers.__version__, 'torch',
+torch.__version__)"
+}
+
+case "${1:-}" in
+  download) download ;;
+  stage) stage ;;
+  install) install ;;
+  *) echo "usage: $0 download|stage|install" >&2; exit 2 ;;
+esac
