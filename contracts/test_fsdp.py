@@ -53,9 +53,14 @@ def test_fsdp_ws2_equals_ws1_and_engine(device, tmp_path):
         pytest.skip(f"needs 2 GPUs for world size 2; {torch.cuda.device_count()} visible")
     model = "tiny-tied" if device == "cpu" else _model_for(device)  # tied embeddings: one parameter, two uses
     fsdp_check.run(model=model, device=device, steps=1, out=tmp_path)  # world size 1 in-process: probe, step 0
-    proc = _torchrun(2, "--model", model, "--device", device, "--steps", "2", "--out", str(tmp_path))
+    # small micro-batches: the ranks get different numbers of them, and the one with fewer must still take part in
+    # every FSDP gather (it replays a sequence with an all-zero mask)
+    args = ["--model", model, "--device", device, "--steps", "2", "--out", str(tmp_path), "--micro-batch-tokens", "48"]
+    proc = _torchrun(2, *args)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads((tmp_path / "summary-ws2.json").read_text())
     assert summary["world_size"] == 2 and summary["ok"], summary["checks"]
     assert summary["checks"]["ws2 == ws1 (probe logprobs)"]
     assert summary["checks"]["ws2 step-0 loss and grad norm ~ ws1 (rel 1e-3)"]
+    counts = [tuple(c) for step in summary["steps"] for c in step["micro_batches_per_rank"]]
+    assert all(n > 1 for _, n in counts) and any(own < n for own, n in counts), counts

@@ -100,6 +100,8 @@ def run(
     group_size: int = 4,
     max_tokens: int = 12,
     seed: int = 0,
+    micro_batch_tokens: int | None = None,
+    activation_checkpointing: bool = False,
 ) -> dict:
     """Run the checks on every rank (collective); returns the summary (complete on rank 0)."""
     if perturb not in (None, "export-fp16"):
@@ -110,9 +112,22 @@ def run(
     dev = torch.device(device, torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
     master, eng_model = build_models(model, str(dev), seed, engine=rank == 0)
     vocab = master.config.vocab_size
-    trainer = Trainer(master, TrainerConfig(lr=1e-3 if model == "tiny" else 1e-4, max_grad_norm=1.0), mesh=mesh)
+    tcfg = TrainerConfig(
+        lr=1e-3 if model == "tiny" else 1e-4,
+        max_grad_norm=1.0,
+        micro_batch_tokens=micro_batch_tokens,
+        activation_checkpointing=activation_checkpointing,
+    )
+    trainer = Trainer(master, tcfg, mesh=mesh)
     checks: dict[str, bool] = {}
-    info: dict = {"world_size": ws, "model": model, "device": device, "perturb": perturb}
+    info: dict = {
+        "world_size": ws,
+        "model": model,
+        "device": device,
+        "perturb": perturb,
+        "micro_batch_tokens": micro_batch_tokens,
+        "activation_checkpointing": activation_checkpointing,
+    }
 
     probe_p, probe_r = _probe(vocab, 6, seed + 1)
     before = trainer.compute_log_probs(probe_p, probe_r, with_entropy=True)
@@ -166,7 +181,11 @@ def run(
             rows = zip(outs, adv, strict=True)
             payload = [[(o.prompt_token_ids, o.token_ids, o.logprobs.tolist(), a) for o, a in rows]]
         dist.broadcast_object_list(payload, src=0)
-        mine = payload[0][rank::ws]
+        rows = payload[0]
+        # an uneven split (rank 0 takes 60%): ranks with different amounts of work must still stay in step
+        first = len(rows) if ws == 1 else math.ceil(0.6 * len(rows))
+        bounds = [0, first] + [first + (len(rows) - first) * (r + 1) // (ws - 1) for r in range(ws - 1)]
+        mine = rows[bounds[rank] : bounds[rank + 1]]
         return (
             [m[0] for m in mine],
             [m[1] for m in mine],
@@ -188,6 +207,9 @@ def run(
         prompts, tokens, engine_lp, adv = engine_equals_trainer(step)
         m = trainer.train_step(RolloutBatch(prompts, tokens, adv, rollout_logprobs=engine_lp))
         metrics.append({k: m.as_dict()[k] for k in ("loss", "grad_norm", "k3_kl", "mismatch_fraction", "skipped")})
+        counts = [None] * ws
+        dist.all_gather_object(counts, trainer.last_micro_batches)
+        metrics[-1]["micro_batches_per_rank"] = counts  # (own, run after padding to the busiest rank)
         if perturb == "export-fp16":
             # a wrong export: weights rounded through fp16, not the bf16 the forward used
             buckets = iter_weight_buckets(trainer.model, dtype=torch.float16)
@@ -229,6 +251,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompts-per-step", type=int, default=4)
     ap.add_argument("--group-size", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=12)
+    ap.add_argument("--micro-batch-tokens", type=int, default=None)
+    ap.add_argument("--activation-checkpointing", action="store_true")
     args = ap.parse_args(argv)
     if args.device != "cuda":
         torch.set_num_threads(1)
@@ -241,6 +265,8 @@ def main(argv: list[str] | None = None) -> int:
         args.prompts_per_step,
         args.group_size,
         args.max_tokens,
+        micro_batch_tokens=args.micro_batch_tokens,
+        activation_checkpointing=args.activation_checkpointing,
     )
     rank = dist.get_rank()
     if rank == 0:

@@ -178,6 +178,7 @@ class Trainer:
             foreach=True,
         )
         self.step = 0
+        self.last_micro_batches = (0, 0)  # (this rank's micro-batches, passes run) in the last step
 
     @property
     def rank(self) -> int:
@@ -276,6 +277,7 @@ class Trainer:
         count = torch.tensor([len(groups)], device=self.device)
         dist.all_reduce(count, op=dist.ReduceOp.MAX)
         filler = seqs[0]
+        self.last_micro_batches = (len(groups), int(count.item()))
         while len(groups) < int(count.item()):
             groups.append([_Seq(filler.prompt, filler.response, filler.advantage, torch.zeros_like(filler.mask), 1.0)])
         return groups
