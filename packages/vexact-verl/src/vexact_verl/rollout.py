@@ -64,7 +64,11 @@ def _check_layout(config) -> None:
 
 def server_settings(config: RolloutConfig, model_config, replica_rank: int, rollout_mode: str) -> ServerSettings:
     """ServerSettings from verl's configs (RolloutConfig dataclass; HFModelConfig or its DictConfig)."""
-    path = getattr(model_config, "local_path", None) or model_config.path
+    path = getattr(model_config, "local_path", None)
+    if not path:  # the driver passes the DictConfig, which has only `path` (possibly remote): verl's own local copy
+        from verl.utils.fs import copy_to_local
+
+        path = copy_to_local(model_config.path)
     engine = engine_kwargs_from_verl(config, replica_rank)
     return ServerSettings(
         model_path=str(path),

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Getting started: GRPO with verl 0.9.1 and the vexact rollout on a small Qwen3, one GPU.
+#
+#   python examples/verl_grpo/make_dataset.py --out data/arith        # the verifiable dataset (local, no hub)
+#   MODEL=/path/to/Qwen3-0.6B bash examples/verl_grpo/run_grpo.sh      # a local HF checkpoint directory
+#
+# The only vexact-specific settings are `actor_rollout_ref.rollout.name=vexact` and the rollout backend
+# (`BACKEND=invariant`, the default, or `fast` for the mismatch baseline); everything else is stock verl GRPO.
+# `calculate_log_probs=True` makes verl log its rollout-correction metrics (rollout_corr/k3_kl, rollout_corr/kl,
+# rollout_corr/log_ppl_abs_diff, ...) every step: the rollout's logprobs against the actor's recomputed old_log_prob.
+# Extra Hydra overrides given on the command line are passed through.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+: "${MODEL:?set MODEL to a local Qwen3 checkpoint directory (config.json, safetensors, tokenizer)}"
+DATA=${DATA:-data/arith}
+BACKEND=${BACKEND:-invariant}
+STEPS=${STEPS:-20}
+NAME=${NAME:-grpo-${BACKEND}}
+OUT=${OUT:-outputs/verl_grpo}
+mkdir -p "$OUT"
+[ -f "$DATA/train.parquet" ] || python3 examples/verl_grpo/make_dataset.py --out "$DATA"
+# verl's file logger: one JSON line of metrics per step (examples/verify/compare.py reads it)
+export VERL_FILE_LOGGER_PATH=${VERL_FILE_LOGGER_PATH:-$OUT/$NAME.jsonl}
+rm -f "$VERL_FILE_LOGGER_PATH"
+
+python3 -m vexact_verl.main_ppo \
+  algorithm.adv_estimator=grpo \
+  algorithm.use_kl_in_reward=False \
+  data.train_files="$DATA/train.parquet" \
+  data.val_files="$DATA/test.parquet" \
+  data.train_batch_size=32 \
+  data.max_prompt_length=128 \
+  data.max_response_length=64 \
+  data.seed=0 \
+  actor_rollout_ref.model.path="$MODEL" \
+  actor_rollout_ref.model.use_remove_padding=True \
+  actor_rollout_ref.actor.optim.lr=1e-6 \
+  actor_rollout_ref.actor.ppo_mini_batch_size=32 \
+  actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16 \
+  actor_rollout_ref.actor.use_kl_loss=False \
+  actor_rollout_ref.actor.entropy_coeff=0 \
+  actor_rollout_ref.rollout.name=vexact \
+  actor_rollout_ref.rollout.n=4 \
+  actor_rollout_ref.rollout.tensor_model_parallel_size=1 \
+  actor_rollout_ref.rollout.gpu_memory_utilization=0.4 \
+  actor_rollout_ref.rollout.max_num_seqs=256 \
+  actor_rollout_ref.rollout.max_num_batched_tokens=4096 \
+  actor_rollout_ref.rollout.calculate_log_probs=True \
+  actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16 \
+  +actor_rollout_ref.rollout.engine_kwargs.vexact.backend="$BACKEND" \
+  trainer.n_gpus_per_node=1 \
+  trainer.nnodes=1 \
+  trainer.total_training_steps="$STEPS" \
+  trainer.val_before_train=False \
+  trainer.test_freq=-1 \
+  trainer.save_freq=-1 \
+  trainer.logger='["console","file"]' \
+  trainer.project_name=vexact_verl \
+  trainer.experiment_name="$NAME" \
+  "$@"
