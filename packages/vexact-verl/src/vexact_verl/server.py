@@ -63,7 +63,6 @@ def engine_kwargs_from_verl(config, replica_rank: int = 0) -> dict[str, Any]:
     ``rollout.engine_kwargs.vexact`` may set any EngineConfig field (``backend``, ``block_size``, ``num_kv_blocks``,
     ``kv_cache_bytes``, ...); an unknown key raises ``ValueError`` naming it and the allowed ones.
     """
-    device = "cuda" if torch.cuda.is_available() else "cpu"
     kw: dict[str, Any] = {
         "max_num_seqs": int(config.max_num_seqs),
         "max_num_batched_tokens": int(config.max_num_batched_tokens),
@@ -72,7 +71,6 @@ def engine_kwargs_from_verl(config, replica_rank: int = 0) -> dict[str, Any]:
         "gpu_memory_utilization": float(config.gpu_memory_utilization),
         "enforce_eager": bool(config.enforce_eager),
         "dtype": str(config.dtype),
-        "device": device,
         "seed": int(config.seed) + int(replica_rank),
     }
     if config.cudagraph_capture_sizes:
@@ -186,7 +184,10 @@ class VexactServer:
             self._ip = ray.util.get_node_ip_address().strip("[]")
         except Exception:  # not inside Ray (direct use in a test): keep the loopback address
             pass
-        self.engine = await asyncio.to_thread(LLMEngine, self.settings.model_path, **self.settings.engine)
+        engine_kw = dict(self.settings.engine)
+        # decided here, in the process that owns the device (verl's driver-side actors see no GPU)
+        engine_kw.setdefault("device", "cuda" if torch.cuda.is_available() else "cpu")
+        self.engine = await asyncio.to_thread(LLMEngine, self.settings.model_path, **engine_kw)
         if self.engine.max_model_len < self.settings.max_model_len:
             log.warning("max_model_len %d capped at the model's %d", self.settings.max_model_len,
                         self.engine.max_model_len)  # fmt: skip

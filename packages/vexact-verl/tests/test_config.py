@@ -1,0 +1,47 @@
+"""verl's RolloutConfig -> engine settings, sampling-dict translation, and the layouts the backend refuses."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("verl", reason="verl is not installed: pip install 'vexact-verl[verl]'")
+
+from verl.workers.config import RolloutConfig  # noqa: E402
+
+from vexact_verl.rollout import ServerAdapter, _check_layout  # noqa: E402
+from vexact_verl.server import ServerSettings, engine_kwargs_from_verl, to_engine_params  # noqa: E402
+
+
+def rollout(**kw):
+    base = dict(name="vexact", tensor_model_parallel_size=1, prompt_length=16, response_length=8, max_num_seqs=4)
+    return RolloutConfig(**dict(base, **kw))
+
+
+def test_engine_kwargs_follow_verl_and_engine_kwargs_vexact():
+    kw = engine_kwargs_from_verl(rollout(seed=5, engine_kwargs={"vexact": {"backend": "fast", "block_size": 8}}), 2)
+    assert kw["max_model_len"] == 24 and kw["max_num_seqs"] == 4 and kw["seed"] == 7
+    assert kw["backend"] == "fast" and kw["block_size"] == 8 and kw["dtype"] == "bfloat16"
+    assert "device" not in kw  # decided by the server process, which owns the GPU
+    with pytest.raises(ValueError, match=r"unknown key\(s\) \['blocksize'\]"):
+        engine_kwargs_from_verl(rollout(engine_kwargs={"vexact": {"blocksize": 8}}))
+
+
+def test_layouts_that_would_change_reductions_are_refused():
+    with pytest.raises(ValueError, match="tensor_model_parallel_size=2"):
+        _check_layout(rollout(tensor_model_parallel_size=2))
+    with pytest.raises(NotImplementedError, match="pipeline_model_parallel_size=2"):
+        _check_layout(rollout(pipeline_model_parallel_size=2))
+    with pytest.raises(ValueError, match="tensor_model_parallel_size=2"):
+        ServerAdapter(rollout(tensor_model_parallel_size=2), None)
+
+
+def test_sampling_dict_translation():
+    s = ServerSettings(model_path="x", max_model_len=24, prompt_length=16, response_length=8)
+    p, lp = to_engine_params({"temperature": 0.5, "top_k": None, "logprobs": True}, prompt_len=20, settings=s)
+    assert (p.temperature, p.top_k, p.max_tokens, lp) == (0.5, -1, 4, True)  # capped by the room left
+    p, lp = to_engine_params({"max_new_tokens": 3, "stop_token_ids": [9]}, prompt_len=2, settings=s)
+    assert (p.max_tokens, p.stop_token_ids, lp) == (3, [9], False)
+    with pytest.raises(ValueError, match="prompt has 24 tokens"):
+        to_engine_params({}, prompt_len=24, settings=s)
+    with pytest.raises(ValueError, match=r"\['presence_penalty'\]"):
+        to_engine_params({"presence_penalty": 0.5}, prompt_len=2, settings=s)
