@@ -4,6 +4,9 @@
 #   python examples/verl_grpo/make_dataset.py --out data/arith        # the verifiable dataset (local, no hub)
 #   MODEL=/path/to/Qwen3-0.6B bash examples/verl_grpo/run_grpo.sh      # a local HF checkpoint directory
 #
+# No checkpoint at hand (the GPU device has no hub)? `python examples/verl_grpo/make_model.py --out
+# data/qwen3-random` writes a random-weights byte-level Qwen3 with a chat template; MODEL=data/qwen3-random.
+#
 # The only vexact-specific settings are `actor_rollout_ref.rollout.name=vexact` and the rollout backend
 # (`BACKEND=invariant`, the default, or `fast` for the mismatch baseline); everything else is stock verl GRPO.
 # `calculate_log_probs=True` makes verl log its rollout-correction metrics (rollout_corr/k3_kl, rollout_corr/kl,

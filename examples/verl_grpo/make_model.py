@@ -1,0 +1,56 @@
+"""Write a random-weights Qwen3 checkpoint verl can train, for machines without a hub (the GPU device).
+
+The model is vexact's byte-level Qwen3 (``vexact_models.tiny_qwen3_config``, widened with ``--hidden``/``--layers``)
+saved in HF layout, plus a Qwen-style chat template so verl's dataset code can format prompts. It learns nothing
+useful about arithmetic in 20 steps; it exercises every part of a verl GRPO run with the vexact rollout, and the
+rollout/actor mismatch metrics are meaningful on it. Use a real Qwen3 checkpoint (MODEL=...) where you have one.
+
+``python examples/verl_grpo/make_model.py --out data/qwen3-random`` then ``MODEL=data/qwen3-random bash
+examples/verl_grpo/run_grpo.sh``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from vexact_models import make_tiny_checkpoint, tiny_qwen3_config
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--out", type=Path, default=Path("data/qwen3-random"))
+    ap.add_argument("--hidden", type=int, default=256, help="hidden size (head_dim 64, 2 query heads per KV head)")
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    if args.hidden < 64 or args.hidden % 64:
+        raise ValueError(f"--hidden must be a positive multiple of 64, got {args.hidden}")
+    if args.layers < 1:
+        raise ValueError(f"--layers must be >= 1, got {args.layers}")
+    heads = args.hidden // 64
+    cfg = tiny_qwen3_config(
+        hidden_size=args.hidden,
+        intermediate_size=3 * args.hidden,
+        num_hidden_layers=args.layers,
+        num_attention_heads=2 * heads,
+        num_key_value_heads=heads,
+        head_dim=64,
+        max_position_embeddings=1024,
+    )
+    path = make_tiny_checkpoint(args.out, cfg, seed=args.seed)
+    tok_cfg = path / "tokenizer_config.json"
+    meta = json.loads(tok_cfg.read_text())
+    meta.update(chat_template=CHAT_TEMPLATE, model_max_length=cfg.max_position_embeddings)
+    tok_cfg.write_text(json.dumps(meta, indent=2) + "\n")
+    print(f"wrote {path} (hidden {args.hidden}, {args.layers} layers, vocab {cfg.vocab_size})")
+
+
+if __name__ == "__main__":
+    main()
