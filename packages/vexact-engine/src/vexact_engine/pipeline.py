@@ -8,7 +8,7 @@ samples). Rank 0 is the driver: it owns the scheduler and the requests, like a o
 1. rank 0 broadcasts the step (token ids, positions, paged metadata and, for the rows that sample, their sampling
    params, seeds and token indices: a few hundred bytes of Python objects);
 2. stage ``r`` takes the activations from stage ``r - 1`` (the first stage embeds the tokens), runs its layers on
-   its own KV cache and sends the result on; activations travel as raw bits (viewed as int16), so nothing is
+   its own KV cache and sends the result on; activations travel as raw bytes (viewed as uint8), so nothing is
    rounded on the way;
 3. the last stage samples with the same :func:`~vexact_engine.model_runner.sample_rows` as a one-device engine and
    sends ``(tokens, logprobs)`` back to rank 0.
@@ -120,12 +120,13 @@ class _StageRunner:
             if self.first:
                 x = self.model.model.embed_tokens(ids)
             else:
-                # bf16/fp16 bits as int16: exact, and every backend moves integers
-                x = self._recv((t, self.hidden_size), torch.int16, self.rank - 1).view(self.dtype)
+                # the activations' raw bytes: exact, and both NCCL and gloo move uint8
+                nbytes = self.hidden_size * torch.empty(0, dtype=self.dtype).element_size()
+                x = self._recv((t, nbytes), torch.uint8, self.rank - 1).view(self.dtype)
             for i in self.layers:
                 x = self.model.model.layers[i](x, pos, meta, self.kv_caches[i])
             if not self.last:
-                self._send(x.view(torch.int16), self.rank + 1)
+                self._send(x.contiguous().view(torch.uint8), self.rank + 1)
                 return None
             if not step["rows"]:
                 return [], []
