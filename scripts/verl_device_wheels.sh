@@ -13,7 +13,8 @@
 #     export PYTHONPATH=/tmp/site:$PYTHONPATH       # then `source scripts/device_env.sh` for the repo's own paths
 #
 # What is carried: verl, Ray and every package in their dependency closure (verl's install_requires, ray[default],
-# transformers 5.9.0's) that the device image does not have, plus the two the image has at versions verl cannot use:
+# transformers 5.9.0's, and the modules verl's default trainer imports beyond those: TransferQueue, pyzmq, msgspec,
+# fastapi, uvicorn, cachetools; see packages/vexact-verl/pyproject.toml) that the device image does not have, plus the two the image has at versions verl cannot use:
 # transformers (image: 5.17; verl 0.9.1 needs <5.11, we pin 5.9.0) and tokenizers (image: 0.23.2; transformers
 # 5.9.0 needs <=0.23.0). Versions are the ones the CPU CI installs (requirements/test.txt), so both run the same
 # code. The list was computed from the installed closure minus the device's package list (.library device KINDS.md).
@@ -37,6 +38,8 @@ WHEELS=(
   opentelemetry-exporter-http-transport==0.66b2 opentelemetry-exporter-otlp-common==0.66b2 smart-open==9.0.2
   py-spy==0.4.3 virtualenv==21.14.5 distlib==0.4.4 platformdirs==4.14.7 python-discovery==1.9.5 distro==1.9.0
   sniffio==1.3.1 tzdata==2026.6 lazy-importer==0.1.0 cwevals==0.0.1b1
+  transferqueue==0.1.11 pyzmq==27.3.0 msgspec==0.22.0 fastapi==0.165.0 starlette==1.10.0 uvicorn==0.54.0
+  cachetools==8.0.1
 )
 # Published as a source archive only (omegaconf 2.3 needs antlr4 4.9.*): built here into a pure-Python wheel.
 SDIST_ONLY=(antlr4-python3-runtime==4.9.3)
@@ -111,9 +114,13 @@ install() {
   [ "$missing" = 0 ] || { echo "stage every bundle first (see the carry plan)" >&2; exit 1; }
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
     "$STAGE"/*.whl
-  PYTHONPATH=/tmp/site python3 -c "import verl, ray, transformers, tokenizers, torch; print('verl', verl.__version__,
-'ray', ray.__version__, 'transformers', transformers.__version__, 'tokenizers', tokenizers.__version__, 'torch',
-torch.__version__)"
+  # conflicts with the image's own packages show here (not fatal: --no-deps installs cannot see them otherwise)
+  PYTHONPATH=/tmp/site python3 -m pip check || true
+  # the modules verl's default trainer path imports (a missing one fails here, not an hour into a run)
+  PYTHONPATH=/tmp/site python3 -c "import verl, ray, transformers, tokenizers, torch
+import verl.trainer.main_ppo, verl.trainer.ppo.v1, verl.workers.engine_workers, verl.experimental.agent_loop
+print('verl', verl.__version__, 'ray', ray.__version__, 'transformers', transformers.__version__, 'tokenizers',
+      tokenizers.__version__, 'torch', torch.__version__)"
 }
 
 case "${1:-}" in
