@@ -118,6 +118,24 @@ def test_registered_through_verls_own_extension_points():
     assert "vexact_verl.plugin" in [ep.value for ep in entry_points(group="verl.plugins") if ep.name == "vexact"]
 
 
+def test_registered_in_a_fresh_ray_worker_by_importing_verl(ray_local):
+    """verl's workers are separate processes: `import verl` alone must register vexact there (entry point)."""
+
+    @ray.remote(num_cpus=0)
+    def probe():
+        import sys
+
+        already = "vexact_verl" in sys.modules
+        import verl  # noqa: F401  (loads the verl.plugins entry points)
+        from verl.workers.rollout.base import _ROLLOUT_REGISTRY
+        from verl.workers.rollout.replica import RolloutReplicaRegistry
+
+        return already, ("vexact", "async") in _ROLLOUT_REGISTRY and "vexact" in RolloutReplicaRegistry._registry
+
+    already, registered = ray.get(probe.remote())
+    assert registered and not already
+
+
 def test_generate_matches_trainer_bitwise(replica, loop):
     server = replica.server_handle
     outs = loop.run_until_complete(generate_all(server, PROMPTS, "gen"))
