@@ -1,9 +1,11 @@
 import vexact_verl
 
+PUBLIC = ["ROLLOUT_NAME", "ServerSettings", "VexactServer", "__version__", "is_registered", "packed_log_probs"]
+PUBLIC += ["register"]
+
 
 def test_public_api():
     assert vexact_verl.__version__ == "0.1.1"
-    assert set(vexact_verl.__all__) == {
-        "ROLLOUT_NAME", "ServerSettings", "VexactServer", "__version__", "is_registered", "register"
-    }  # fmt: skip
+    assert sorted(vexact_verl.__all__) == sorted(PUBLIC)
+    assert all(hasattr(vexact_verl, name) for name in PUBLIC)
     assert vexact_verl.ROLLOUT_NAME == "vexact"

@@ -9,12 +9,21 @@ from __future__ import annotations
 
 import importlib.util
 
+from .actor import packed_log_probs
 from .registration import ROLLOUT_NAME, is_registered, register
 from .server import ServerSettings, VexactServer
 
 __version__ = "0.1.1"
 
-__all__ = ["ROLLOUT_NAME", "ServerSettings", "VexactServer", "__version__", "is_registered", "register"]
+__all__ = [
+    "ROLLOUT_NAME",
+    "ServerSettings",
+    "VexactServer",
+    "__version__",
+    "is_registered",
+    "packed_log_probs",
+    "register",
+]
 
 if importlib.util.find_spec("verl") is not None:
     register()
