@@ -407,8 +407,9 @@ class VexactServer:
 
     async def get_stats(self) -> dict[str, int]:
         """Counters for tests and logs: engine steps, most requests in the engine when a step started, weight
-        buckets loaded, requests not answered yet."""
-        return dict(self.stats, in_flight=len(self._futures))
+        buckets loaded, requests not answered yet, CUDA memory allocated by this process."""
+        device_bytes = torch.cuda.memory_allocated() if torch.cuda.is_initialized() else 0
+        return dict(self.stats, in_flight=len(self._futures), device_bytes=device_bytes)
 
 
 def _engine_call(engine: LLMEngine, name: str, **kw):
