@@ -118,7 +118,7 @@ def test_registered_through_verls_own_extension_points():
     assert "vexact_verl.plugin" in [ep.value for ep in entry_points(group="verl.plugins") if ep.name == "vexact"]
 
 
-def test_registered_in_a_fresh_ray_worker_by_importing_verl(ray_local):
+def check_registered_in_a_fresh_ray_worker_by_importing_verl():
     """verl's workers are separate processes: `import verl` alone must register vexact there (entry point)."""
 
     @ray.remote(num_cpus=0)
@@ -136,7 +136,7 @@ def test_registered_in_a_fresh_ray_worker_by_importing_verl(ray_local):
     assert registered and not already
 
 
-def test_generate_matches_trainer_bitwise(replica, loop):
+def check_generate_matches_trainer_bitwise(replica, loop):
     server = replica.server_handle
     outs = loop.run_until_complete(generate_all(server, PROMPTS, "gen"))
     assert_trainer_equal(load_model(default_checkpoint()), PROMPTS, outs)
@@ -148,7 +148,7 @@ def test_generate_matches_trainer_bitwise(replica, loop):
     assert plain.log_probs is None and 1 <= len(plain.token_ids) <= 3
 
 
-def test_bad_sampling_params_are_refused_by_name(replica, loop):
+def check_bad_sampling_params_are_refused_by_name(replica, loop):
     server = replica.server_handle
     with pytest.raises(ValueError, match="repetition_penalty"):
         loop.run_until_complete(generate_all(server, PROMPTS[:1], "rep", repetition_penalty=1.1))
@@ -158,7 +158,7 @@ def test_bad_sampling_params_are_refused_by_name(replica, loop):
         loop.run_until_complete(generate_all(server, [[257, 9999]], "vocab"))
 
 
-def test_sleep_abort_wake_update_weights(replica, adapter, loop):
+def check_sleep_abort_wake_update_weights(replica, adapter, loop):
     """verl's weight-sync sequence on a sleeping engine, with an abort in between; then new weights, bitwise."""
     server = replica.server_handle
 
@@ -196,3 +196,12 @@ def test_sleep_abort_wake_update_weights(replica, adapter, loop):
         PROMPTS, [o.token_ids for o in outs], temperature=TEMPERATURE
     )
     assert any(not torch.equal(torch.tensor(o.log_probs), w) for o, w in zip(outs, old.logprobs, strict=True))
+
+
+def test_replica_served_the_way_verl_drives_its_vllm_backend(replica, adapter, loop):
+    """One test, one Ray cluster: the checks share the replica and run in this order (the last one changes its
+    weights), whichever xdist worker runs it."""
+    check_registered_in_a_fresh_ray_worker_by_importing_verl()
+    check_generate_matches_trainer_bitwise(replica, loop)
+    check_bad_sampling_params_are_refused_by_name(replica, loop)
+    check_sleep_abort_wake_update_weights(replica, adapter, loop)
