@@ -45,9 +45,9 @@ def shape_model(request, cuda):
     return request.param, _model(request.param, seed=7, cuda=cuda)
 
 
-def _workload(n: int, seed: int, lo: int = 8, hi: int = 400, max_tokens: int = 24):
+def _workload(n: int, seed: int, lo: int = 8, hi: int = 400, max_tokens: int = 24, vocab: int = 151936):
     g = torch.Generator().manual_seed(seed)
-    prompts = [torch.randint(0, 151936, (int(torch.randint(lo, hi, (1,), generator=g)),), generator=g).tolist()
+    prompts = [torch.randint(0, vocab, (int(torch.randint(lo, hi, (1,), generator=g)),), generator=g).tolist()
                for _ in range(n)]  # fmt: skip
     params = [
         SamplingParams(temperature=[1.0, 0.7, 0.0, 1.2][i % 4], top_k=[-1, 50][i % 2], top_p=[1.0, 0.95][i % 3 == 0],
