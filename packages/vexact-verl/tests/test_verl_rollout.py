@@ -1,15 +1,17 @@
 """The vexact rollout driven the way verl drives a rollout backend, on a local Ray and the tiny CPU model.
 
-verl's registry builds the replica; the replica launches its server actor (hybrid mode, next to a stand-in worker
-actor: verl's trainer workers need GPUs and a full PPO config, which a CPU test cannot build); a ServerAdapter built
-through verl's ``(name, mode)`` table does what verl's workers do around a weight sync (release, resume weights,
-update_weights from a generator, resume kv_cache). Every logprob returned is checked against the trainer with
-``torch.equal``.
+verl's own Hydra config (``ppo_trainer.yaml`` + ``rollout.name=vexact``) and verl's ``LLMServerManager`` build the
+replica through verl's registry and launch its server (hybrid mode, next to a stand-in worker actor: verl's trainer
+workers need GPUs, which a CPU test cannot have); requests go through verl's load balancer and ``LLMServerClient``,
+as the agent loop sends them. A ServerAdapter built through verl's ``(name, mode)`` table does what verl's workers do
+around a weight sync (release, resume weights, update_weights from a generator, resume kv_cache). Every logprob
+returned is checked against the trainer with ``torch.equal``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import types
 from importlib.metadata import entry_points
 
@@ -19,8 +21,10 @@ import torch
 pytest.importorskip("verl", reason="verl is not installed: pip install 'vexact-verl[verl]'")
 ray = pytest.importorskip("ray")
 
-from verl.workers.config import HFModelConfig, RolloutConfig  # noqa: E402
+import verl  # noqa: E402
+from hydra import compose, initialize_config_dir  # noqa: E402
 from verl.workers.rollout.base import get_rollout_class  # noqa: E402
+from verl.workers.rollout.llm_server import LLMServerManager  # noqa: E402
 from verl.workers.rollout.replica import get_rollout_replica_class  # noqa: E402
 
 import vexact_verl  # noqa: E402  (registers the backend)
@@ -46,39 +50,49 @@ def ray_local():
 
 
 @pytest.fixture(scope="module")
-def configs():
-    rollout = RolloutConfig(
-        name="vexact",
-        tensor_model_parallel_size=1,
-        prompt_length=16,
-        response_length=8,
-        max_num_seqs=8,
-        max_num_batched_tokens=64,
-        calculate_log_probs=True,
-        engine_kwargs={"vexact": {"num_kv_blocks": 64, "block_size": 4}},
-    )
-    model = HFModelConfig(path=str(default_checkpoint()))
-    return rollout, model
+def config():
+    """verl's own trainer config with the vexact rollout, as `python -m vexact_verl.main_ppo <overrides>` builds it."""
+    overrides = [
+        "actor_rollout_ref.rollout.name=vexact",
+        f"actor_rollout_ref.model.path={default_checkpoint()}",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+        "actor_rollout_ref.rollout.prompt_length=16",
+        "actor_rollout_ref.rollout.response_length=8",
+        "actor_rollout_ref.rollout.max_num_seqs=8",
+        "actor_rollout_ref.rollout.max_num_batched_tokens=64",
+        "actor_rollout_ref.rollout.calculate_log_probs=True",
+        "+actor_rollout_ref.rollout.engine_kwargs.vexact.num_kv_blocks=64",
+        "+actor_rollout_ref.rollout.engine_kwargs.vexact.block_size=4",
+        "trainer.n_gpus_per_node=1",
+    ]
+    with initialize_config_dir(config_dir=os.path.join(os.path.dirname(verl.__file__), "trainer", "config"),
+                               version_base=None):  # fmt: skip
+        return compose("ppo_trainer", overrides=overrides)
 
 
 @pytest.fixture(scope="module")
-def replica(ray_local, configs, loop):
+def manager(ray_local, config, loop):
     @ray.remote(num_cpus=0)
     class StandInWorker:  # plays the trainer worker whose device the server shares
         pass
 
-    rollout, model = configs
-    rep = get_rollout_replica_class("vexact")(replica_rank=0, config=rollout, model_config=model, gpus_per_node=1)
-    loop.run_until_complete(rep.init_hybrid(types.SimpleNamespace(workers=[StandInWorker.remote()])))
+    workers = types.SimpleNamespace(workers=[StandInWorker.remote()], world_size=1)
+    mgr = LLMServerManager.create(config, worker_group=workers)  # verl's @auto_await: runs it when no loop is running
+    return loop.run_until_complete(mgr) if asyncio.iscoroutine(mgr) else mgr
+
+
+@pytest.fixture(scope="module")
+def replica(manager):
+    (rep,) = manager.rollout_replicas
     return rep
 
 
 @pytest.fixture(scope="module")
-def adapter(replica, configs, monkeypatch_module):
-    rollout, model = configs
+def adapter(replica, config, monkeypatch_module):
     monkeypatch_module.setenv("RANK", "0")  # what verl's Worker sets in a trainer process
     monkeypatch_module.setenv("RAY_LOCAL_WORLD_SIZE", "1")
-    return get_rollout_class("vexact", "async")(config=rollout, model_config=model, device_mesh=None)
+    ref = config.actor_rollout_ref
+    return get_rollout_class("vexact", "async")(config=ref.rollout, model_config=ref.model, device_mesh=None)
 
 
 @pytest.fixture(scope="module")
@@ -93,9 +107,18 @@ def sampling(**kw):
 
 
 async def generate_all(server, prompts, tag, **kw):
+    """Straight to the server actor, as verl's client does once the load balancer picked it."""
     refs = [server.generate.remote(prompt_ids=p, sampling_params=sampling(**kw), request_id=f"{tag}-{i}")
             for i, p in enumerate(prompts)]  # fmt: skip
     return await asyncio.gather(*refs)
+
+
+async def generate_via_verl(manager, prompts, tag, **kw):
+    """Through verl's load balancer and LLMServerClient, as the agent loop sends requests."""
+    client = manager.get_client()
+    return await asyncio.gather(
+        *[client.generate(f"{tag}-{i}", prompt_ids=p, sampling_params=sampling(**kw)) for i, p in enumerate(prompts)]
+    )
 
 
 def assert_trainer_equal(model, prompts, outputs):
@@ -136,9 +159,9 @@ def check_registered_in_a_fresh_ray_worker_by_importing_verl():
     assert registered and not already
 
 
-def check_generate_matches_trainer_bitwise(replica, loop):
+def check_generate_matches_trainer_bitwise(manager, replica, loop):
     server = replica.server_handle
-    outs = loop.run_until_complete(generate_all(server, PROMPTS, "gen"))
+    outs = loop.run_until_complete(generate_via_verl(manager, PROMPTS, "gen"))
     assert_trainer_equal(load_model(default_checkpoint()), PROMPTS, outs)
     assert all(len(o.token_ids) <= 8 for o in outs)  # response_length caps max_tokens when none is given
     stats = ray.get(server.get_stats.remote())
@@ -198,10 +221,10 @@ def check_sleep_abort_wake_update_weights(replica, adapter, loop):
     assert any(not torch.equal(torch.tensor(o.log_probs), w) for o, w in zip(outs, old.logprobs, strict=True))
 
 
-def test_replica_served_the_way_verl_drives_its_vllm_backend(replica, adapter, loop):
+def test_replica_served_the_way_verl_drives_its_vllm_backend(manager, replica, adapter, loop):
     """One test, one Ray cluster: the checks share the replica and run in this order (the last one changes its
     weights), whichever xdist worker runs it."""
     check_registered_in_a_fresh_ray_worker_by_importing_verl()
-    check_generate_matches_trainer_bitwise(replica, loop)
+    check_generate_matches_trainer_bitwise(manager, replica, loop)
     check_bad_sampling_params_are_refused_by_name(replica, loop)
     check_sleep_abort_wake_update_weights(replica, adapter, loop)
