@@ -96,6 +96,7 @@ def test_engine_equals_trainer_across_settings(shape_model):
     for name, kw in ENGINE_SETTINGS:
         outs, llm = _run(model, prompts, params, **{"num_kv_blocks": 1024, **kw})
         if name == "graphs":
+            assert llm.runner.graph_error is None, llm.runner.graph_error
             assert llm.runner.num_graphs == 7 and llm.runner.num_padded_steps > 0
         if name == "eager":
             assert llm.runner.num_graphs == 0 and llm.runner.num_padded_steps == 0

@@ -47,6 +47,7 @@ class ModelRunner:
         self._graph_pool = None
         self._static: dict[str, torch.Tensor] | None = None
         self.num_padded_steps = 0  # decode steps run padded (replayed as a graph on CUDA)
+        self.graph_error: str | None = None  # why capture failed, when it did (decode then runs eagerly)
         self.allocate()
 
     # ---- memory
@@ -67,7 +68,13 @@ class ModelRunner:
         if self.graph_sizes:
             self._allocate_static()
             if self.device.type == "cuda":
-                self._capture_all()
+                try:
+                    self._capture_all()
+                except Exception as e:  # an op that cannot be captured: run eagerly, loudly
+                    self._graphs.clear()
+                    self._graph_pool = None
+                    self.graph_error = f"{type(e).__name__}: {e}"
+                    log.warning("CUDA graph capture failed, decode runs eagerly (padded): %s", self.graph_error)
 
     def release(self) -> None:
         """Drop the graphs, their memory pool, the static buffers and the KV cache (see ``LLMEngine.sleep``)."""
