@@ -60,4 +60,5 @@ python3 -m vexact_verl.main_ppo \
   trainer.logger='["console","file"]' \
   trainer.project_name=vexact_verl \
   trainer.experiment_name="$NAME" \
+  hydra.run.dir="$OUT/hydra/$NAME" \
   "$@"
