@@ -54,7 +54,7 @@ DEV = torch.device("cuda")
 
 def sync() -> None:
     if DEV.type == "cuda":
-        sync()
+        torch.cuda.synchronize(DEV)
 
 
 def make_model(shape: str, layers: int, seed: int = 0) -> Qwen3ForCausalLM:
