@@ -2,6 +2,9 @@
 
     python scripts/tune_kernels.py [--parts agree,small,large,logprobs]
 
+(An earlier ``flat`` part compared a loop per split against one loop with the split boundary as a branch; the branch
+won and is the only form kept: benchmarks/results/tune-matmul-h100.txt.)
+
 agree:    every matmul variant (pointer tiles, one program per K split + combine, persistent TMA, warp-specialized)
           gives the same bits; this is what lets the tile be chosen per shape for speed.
 small:    M <= 64 tile / split choices vs cuBLAS (CUDA-graph timing, like benchmarks/kernels.py).
@@ -13,6 +16,8 @@ logprobs: fused logprobs forward at small T for each LOGPROBS_SPLIT_TILES (a num
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 import torch
 import triton.testing
@@ -20,16 +25,8 @@ import triton.testing
 from vexact_kernels.triton_ops import logprobs as lpk
 from vexact_kernels.triton_ops import matmul as mm
 
-SHAPES = [
-    ("sq4096", 4096, 4096),
-    ("1.7B q/o", 2048, 2048),
-    ("1.7B k/v", 1024, 2048),
-    ("1.7B gate/up", 6144, 2048),
-    ("1.7B down", 2048, 6144),
-    ("8B k/v", 1024, 4096),
-    ("8B gate/up", 12288, 4096),
-    ("8B down", 4096, 12288),
-]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from kernels import LINEAR_SHAPES as SHAPES  # noqa: E402  (the benchmark's shapes: K = N = 4096, Qwen3-1.7B/8B)
 
 
 def graph_ms(fn) -> float:
@@ -121,38 +118,6 @@ def large() -> None:
             print(f"{name:14s} {m:6d} " + " ".join(f"{r:12.2f}" for r in row))
 
 
-def flat() -> None:
-    """Large M: one K loop with the split boundary as a branch (FLAT) vs a loop per split."""
-    cands = {
-        "tma128x256": (128, 256, 8, 3, False),
-        "tma128x256s4": (128, 256, 8, 4, False),
-        "tma128x128ws": (128, 128, 8, 4, True),
-        "tma128x256ws": (128, 256, 8, 3, True),
-        "ptr128x128": (128, 128, 8, 3),
-        "ptr64x64": (64, 64, 4, 6),
-    }
-    print("\nFLAT vs nested K loop: ratio cuBLAS_time / invariant_time, as flat/nested")
-    print(f"{'shape':14s} {'M':>6s} " + " ".join(f"{c:>13s}" for c in cands))
-    for name, n, k in SHAPES[:5]:
-        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
-        for m in (256, 1024, 4096, 16384):
-            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-            t_ref = graph_ms(lambda x=x, w=w: torch.nn.functional.linear(x, w))
-            row = []
-            for cfg in cands.values():
-                rs = []
-                for fl in (True, False):
-                    mm.FLAT_K_LOOP = fl
-                    try:
-                        rs.append(t_ref / graph_ms(lambda x=x, w=w, cfg=cfg: mm.matmul(x, w, config=cfg)))
-                    except Exception as e:  # noqa: BLE001 - reported, not fatal
-                        print(f"  {cfg} flat={fl}: {type(e).__name__}: {str(e)[:80]}")
-                        rs.append(float("nan"))
-                row.append(f"{rs[0]:.2f}/{rs[1]:.2f}")
-            mm.FLAT_K_LOOP = True
-            print(f"{name:14s} {m:6d} " + " ".join(f"{r:>13s}" for r in row))
-
-
 def cold() -> None:
     """Small M with the weight streamed from HBM (copies rotated past the 50 MB L2), as in a real decode step."""
     cands = {
@@ -233,7 +198,7 @@ def main() -> None:
     args = ap.parse_args()
     print(torch.cuda.get_device_name(), torch.__version__, triton.__version__)
     for part in args.parts.split(","):
-        parts = {"agree": agree, "small": small, "large": large, "logprobs": logprobs, "flat": flat, "cold": cold}
+        parts = {"agree": agree, "small": small, "large": large, "logprobs": logprobs, "cold": cold}
         parts[part]()
 
 

@@ -43,8 +43,6 @@ INTERPRET_CONFIG = (16, 16, 4, 1)
 # Split programs (one per K split, then the combine) pay when the output has fewer tiles than this, per config above
 # (H100 sweep, scripts/tune_kernels.py `cold`/`small`). Speed only: the bits are the same either way.
 SPLIT_PROGRAMS_MAX_TILES = (131, 48, 0)
-# Speed only (same bits): walk all K tiles in one loop with the split boundary as a branch, instead of a loop per split.
-FLAT_K_LOOP = True
 
 
 @triton.jit
@@ -54,7 +52,7 @@ def _matmul_kernel(
     stride_am, stride_ak, stride_bn, stride_bk, stride_cm, stride_cn,
     HAS_BIAS: tl.constexpr, INTERPRET: tl.constexpr, SPLIT_OUT: tl.constexpr, ACCUMULATE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    SPLIT_TILES: tl.constexpr, FLAT: tl.constexpr,
+    SPLIT_TILES: tl.constexpr,
 ):  # fmt: skip
     """One output tile; all K splits in order (``SPLIT_OUT=False``) or the one split ``program_id(1)``, whose fp32
     partial goes to ``c_ptr[split, M, N]`` (``SPLIT_OUT=True``). ``ACCUMULATE``: ``c = c + result`` (fp32 ``c``)."""
@@ -76,43 +74,31 @@ def _matmul_kernel(
     mask_n = offs_n[None, :] < N
     k_tiles = tl.cdiv(K, BLOCK_K)
     if SPLIT_OUT:
-        s_lo = tl.program_id(1)
-        s_hi = s_lo + 1
+        split = tl.program_id(1)
+        kt_lo = split * SPLIT_TILES
+        kt_hi = tl.minimum(kt_lo + SPLIT_TILES, k_tiles)
     else:
-        s_lo = 0
-        s_hi = tl.cdiv(k_tiles, SPLIT_TILES)
+        kt_lo = 0
+        kt_hi = k_tiles
+    # One loop over the K tiles (one software pipeline); a split boundary is a uniform branch that adds the split's
+    # partial to the total and restarts it from zero.
     total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    if FLAT and not SPLIT_OUT:
-        # One loop over all K tiles (one software pipeline); the split boundary is a uniform branch.
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for kt in range(0, k_tiles):
-            kk = kt * BLOCK_K + offs_k
-            a = tl.load(a_base + kk[None, :].to(tl.int64) * stride_ak, mask=mask_m & (kk[None, :] < K), other=0.0)
-            b = tl.load(b_base + kk[:, None].to(tl.int64) * stride_bk, mask=mask_n & (kk[:, None] < K), other=0.0)
-            if INTERPRET:
-                acc += tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], axis=1)
-            else:
-                acc = tl.dot(a, b, acc)
-            if (kt % SPLIT_TILES == SPLIT_TILES - 1) or (kt == k_tiles - 1):
-                total += acc
-                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    else:
-        for s in range(s_lo, s_hi):
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for kt in range(s * SPLIT_TILES, tl.minimum(s * SPLIT_TILES + SPLIT_TILES, k_tiles)):
-                kk = kt * BLOCK_K + offs_k
-                a = tl.load(a_base + kk[None, :].to(tl.int64) * stride_ak, mask=mask_m & (kk[None, :] < K), other=0.0)
-                b = tl.load(b_base + kk[:, None].to(tl.int64) * stride_bk, mask=mask_n & (kk[:, None] < K), other=0.0)
-                if INTERPRET:
-                    # The interpreter's tl.dot is numpy's BLAS, whose result for a row depends on its place in the
-                    # tile (and which mishandles 16-bit floats): an explicit fp32 product-and-sum stands in for the
-                    # tensor-core MMA.
-                    acc += tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], axis=1)
-                else:
-                    acc = tl.dot(a, b, acc)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kt in range(kt_lo, kt_hi):
+        kk = kt * BLOCK_K + offs_k
+        a = tl.load(a_base + kk[None, :].to(tl.int64) * stride_ak, mask=mask_m & (kk[None, :] < K), other=0.0)
+        b = tl.load(b_base + kk[:, None].to(tl.int64) * stride_bk, mask=mask_n & (kk[:, None] < K), other=0.0)
+        if INTERPRET:
+            # The interpreter's tl.dot is numpy's BLAS, whose result for a row depends on its place in the tile (and
+            # which mishandles 16-bit floats): an explicit fp32 product-and-sum stands in for the tensor-core MMA.
+            acc += tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], axis=1)
+        else:
+            acc = tl.dot(a, b, acc)
+        if (kt % SPLIT_TILES == SPLIT_TILES - 1) or (kt == k_tiles - 1):
             total += acc
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if SPLIT_OUT:
-        c_ptrs = c_ptr + s_lo.to(tl.int64) * M * N + offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
+        c_ptrs = c_ptr + split.to(tl.int64) * M * N + offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
         tl.store(c_ptrs, total, mask=mask_m & mask_n)
     else:
         if HAS_BIAS:
@@ -149,14 +135,13 @@ def _matmul_tma_kernel(
     M, N, K, stride_cm, stride_cn,
     HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    SPLIT_TILES: tl.constexpr, FLAT: tl.constexpr, NUM_SMS: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
+    SPLIT_TILES: tl.constexpr, NUM_SMS: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
 ):  # fmt: skip
     """Persistent Hopper variant (TMA loads): the same per-element K structure as ``_matmul_kernel``, for large M."""
     start = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     k_tiles = tl.cdiv(K, BLOCK_K)
-    num_splits = tl.cdiv(k_tiles, SPLIT_TILES)
     group = GROUP_M * num_pid_n
     for tile in tl.range(start, num_pid_m * num_pid_n, NUM_SMS, warp_specialize=WARP_SPECIALIZE):
         first_m = (tile // group) * GROUP_M
@@ -164,23 +149,14 @@ def _matmul_tma_kernel(
         pid_m = first_m + (tile % group) % size_m
         pid_n = (tile % group) // size_m
         total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        if FLAT:
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for kt in range(k_tiles):
-                a = a_desc.load([pid_m * BLOCK_M, kt * BLOCK_K])  # out-of-bounds reads are zero, like the masks
-                b = b_desc.load([pid_n * BLOCK_N, kt * BLOCK_K])
-                acc = tl.dot(a, b.T, acc)
-                if (kt % SPLIT_TILES == SPLIT_TILES - 1) or (kt == k_tiles - 1):
-                    total += acc
-                    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        else:
-            for s in range(num_splits):
-                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-                for kt in range(s * SPLIT_TILES, tl.minimum(s * SPLIT_TILES + SPLIT_TILES, k_tiles)):
-                    a = a_desc.load([pid_m * BLOCK_M, kt * BLOCK_K])
-                    b = b_desc.load([pid_n * BLOCK_N, kt * BLOCK_K])
-                    acc = tl.dot(a, b.T, acc)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for kt in range(k_tiles):
+            a = a_desc.load([pid_m * BLOCK_M, kt * BLOCK_K])  # out-of-bounds reads are zero, like the masks
+            b = b_desc.load([pid_n * BLOCK_N, kt * BLOCK_K])
+            acc = tl.dot(a, b.T, acc)
+            if (kt % SPLIT_TILES == SPLIT_TILES - 1) or (kt == k_tiles - 1):
                 total += acc
+                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         if HAS_BIAS:
@@ -218,8 +194,7 @@ def _launch_tma(a, b_t, c, bias, cfg) -> None:
         a_desc, b_desc, c, bias if bias is not None else c,
         m, n, k, c.stride(0), c.stride(1),
         HAS_BIAS=bias is not None,
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=BLOCK_K, GROUP_M=GROUP_M, SPLIT_TILES=SPLIT_TILES, FLAT=FLAT_K_LOOP,
-        NUM_SMS=num_sms,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=BLOCK_K, GROUP_M=GROUP_M, SPLIT_TILES=SPLIT_TILES, NUM_SMS=num_sms,
         WARP_SPECIALIZE=ws,
         num_warps=warps, num_stages=stages,
     )  # fmt: skip
@@ -294,7 +269,7 @@ def matmul(
         m, n, k,
         a.stride(0), a.stride(1), b_t.stride(0), b_t.stride(1), c.stride(0), c.stride(1),
         HAS_BIAS=bias is not None, INTERPRET=interpreting(), SPLIT_OUT=split_programs, ACCUMULATE=acc_in,
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=BLOCK_K, GROUP_M=GROUP_M, SPLIT_TILES=SPLIT_TILES, FLAT=FLAT_K_LOOP,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=BLOCK_K, GROUP_M=GROUP_M, SPLIT_TILES=SPLIT_TILES,
         num_warps=warps, num_stages=stages,
     )  # fmt: skip
     if split_programs:
