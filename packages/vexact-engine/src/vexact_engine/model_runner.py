@@ -90,27 +90,8 @@ class ModelRunner:
     # ---- eager step
     def prepare(self, batch: list[ScheduledSeq], blocks: BlockManager):
         """The step's ``input_ids [T]``, ``positions [T]``, paged ``AttentionMetadata`` and host ``cu_seqlens``."""
-        input_ids, positions, slots, cu, ctx = [], [], [], [0], []
-        for item in batch:
-            seq, n = item.seq, item.num_new_tokens
-            start = seq.num_computed_tokens
-            input_ids += seq.token_ids(start, start + n)
-            positions += range(start, start + n)
-            slots += [blocks.slot(seq, p) for p in range(start, start + n)]
-            cu.append(cu[-1] + n)
-            ctx.append(start + n)
-        width = max(len(item.seq.block_table) for item in batch)
-        tables = torch.tensor([it.seq.block_table + [0] * (width - len(it.seq.block_table)) for it in batch])
-        dev = self.device
-        meta = AttentionMetadata(
-            cu_seqlens=torch.tensor(cu, dtype=torch.int64, device=dev),
-            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
-            block_tables=tables.to(dev),
-            context_lens=torch.tensor(ctx, dtype=torch.int64, device=dev),
-        )
-        ids = torch.tensor(input_ids, dtype=torch.int64, device=dev)
-        pos = torch.tensor(positions, dtype=torch.int64, device=dev)
-        return ids, pos, meta, cu
+        step = step_lists(batch, blocks)
+        return (*step_tensors(step, self.device), step["cu"])
 
     # ---- padded decode from static buffers
     def _allocate_static(self) -> None:
@@ -238,6 +219,37 @@ class ModelRunner:
             raise RuntimeError("the engine is asleep (KV cache released): call wake_up() first")
         hidden, items = self.forward(batch, blocks)
         return self.sample(hidden, items)
+
+
+def step_lists(batch: list[ScheduledSeq], blocks: BlockManager) -> dict[str, list]:
+    """A step's inputs as plain lists (token ids, positions, KV slots, ``cu`` query offsets, context lengths, block
+    tables): what a pipeline driver broadcasts, and what :func:`step_tensors` turns into device tensors."""
+    ids, positions, slots, cu, ctx = [], [], [], [0], []
+    for item in batch:
+        seq, n = item.seq, item.num_new_tokens
+        start = seq.num_computed_tokens
+        ids += seq.token_ids(start, start + n)
+        positions += range(start, start + n)
+        slots += [blocks.slot(seq, p) for p in range(start, start + n)]
+        cu.append(cu[-1] + n)
+        ctx.append(start + n)
+    tables = [list(item.seq.block_table) for item in batch]
+    return {"ids": ids, "positions": list(positions), "slots": slots, "cu": cu, "ctx": ctx, "tables": tables}
+
+
+def step_tensors(step: dict[str, list], device: torch.device) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+    """``(input_ids [T], positions [T], paged AttentionMetadata)`` on ``device`` from :func:`step_lists`."""
+    width = max(len(t) for t in step["tables"])
+    tables = torch.tensor([t + [0] * (width - len(t)) for t in step["tables"]], dtype=torch.int64)
+    meta = AttentionMetadata(
+        cu_seqlens=torch.tensor(step["cu"], dtype=torch.int64, device=device),
+        slot_mapping=torch.tensor(step["slots"], dtype=torch.int64, device=device),
+        block_tables=tables.to(device),
+        context_lens=torch.tensor(step["ctx"], dtype=torch.int64, device=device),
+    )
+    ids = torch.tensor(step["ids"], dtype=torch.int64, device=device)
+    pos = torch.tensor(step["positions"], dtype=torch.int64, device=device)
+    return ids, pos, meta
 
 
 @torch.no_grad()

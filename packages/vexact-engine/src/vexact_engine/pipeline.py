@@ -32,13 +32,13 @@ import torch.distributed as dist
 from torch import nn
 
 import vexact_kernels as vk
-from vexact_models import AttentionMetadata, load_model
+from vexact_models import load_model
 
 from .block_manager import BlockManager
 from .config import EngineConfig
 from .llm import LLM
 from .llm_engine import load_tokenizer
-from .model_runner import sample_rows
+from .model_runner import sample_rows, step_lists, step_tensors
 from .scheduler import ScheduledSeq
 
 log = logging.getLogger("vexact_engine")
@@ -102,19 +102,8 @@ class _StageRunner:
 
     @torch.no_grad()
     def _run_stage(self, step: dict) -> tuple[list[int], list[float]] | None:
+        ids, pos, meta = step_tensors(step, self.device)
         dev = self.device
-        ids = torch.tensor(step["ids"], dtype=torch.int64, device=dev)
-        pos = torch.tensor(step["positions"], dtype=torch.int64, device=dev)
-        width = max(len(t) for t in step["tables"])
-        tables = torch.zeros(len(step["tables"]), width, dtype=torch.int64)
-        for b, t in enumerate(step["tables"]):
-            tables[b, : len(t)] = torch.tensor(t, dtype=torch.int64)
-        meta = AttentionMetadata(
-            cu_seqlens=torch.tensor(step["cu"], dtype=torch.int64, device=dev),
-            slot_mapping=torch.tensor(step["slots"], dtype=torch.int64, device=dev),
-            block_tables=tables.to(dev),
-            context_lens=torch.tensor(step["ctx"], dtype=torch.int64, device=dev),
-        )
         t = len(step["ids"])
         with vk.use_backend(self.config.backend):
             if self.first:
@@ -135,29 +124,15 @@ class _StageRunner:
 
     # ---- driver side
     def run(self, batch: list[ScheduledSeq], blocks: BlockManager) -> list[tuple[ScheduledSeq, int, float]]:
-        ids, positions, slots, cu, ctx = [], [], [], [0], []
-        for item in batch:
-            seq, n = item.seq, item.num_new_tokens
-            start = seq.num_computed_tokens
-            ids += seq.token_ids(start, start + n)
-            positions += range(start, start + n)
-            slots += [blocks.slot(seq, p) for p in range(start, start + n)]
-            cu.append(cu[-1] + n)
-            ctx.append(start + n)
+        step = step_lists(batch, blocks)
         sampling = [b for b, item in enumerate(batch) if item.samples]
         items = [batch[b] for b in sampling]
-        step = {
-            "ids": ids,
-            "positions": list(positions),
-            "slots": slots,
-            "cu": cu,
-            "ctx": ctx,
-            "tables": [list(item.seq.block_table) for item in batch],
-            "rows": [cu[b + 1] - 1 for b in sampling],
-            "params": [it.seq.params for it in items],
-            "seeds": [it.seq.seed for it in items],
-            "indices": [len(it.seq.output_token_ids) for it in items],
-        }
+        step.update(
+            rows=[step["cu"][b + 1] - 1 for b in sampling],
+            params=[it.seq.params for it in items],
+            seeds=[it.seq.seed for it in items],
+            indices=[len(it.seq.output_token_ids) for it in items],
+        )
         dist.broadcast_object_list([step], src=0, device=self._comm_device())
         out = self._run_stage(step)
         if self.world > 1:
