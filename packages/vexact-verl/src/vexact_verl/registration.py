@@ -7,6 +7,9 @@ verl 0.9.1 looks a rollout backend up in two tables, in every process that needs
 - ``_ROLLOUT_REGISTRY`` (``verl/workers/rollout/base.py``): ``(name, mode)`` -> ServerAdapter, used inside each
   trainer / checkpoint-engine worker (Ray actors in their own processes).
 
+The actor's invariant mode adds a third table, ``EngineRegistry`` (``verl/workers/engine/base.py``): backend ->
+model engine, used inside each trainer worker to build the actor and ref engines (see :mod:`vexact_verl.engine`).
+
 So registration must happen in the workers too. Three ways, all verl's own: the ``verl.plugins`` entry point this
 package declares (verl loads it whenever it is imported, in every process), ``VERL_USE_EXTERNAL_MODULES=vexact_verl``
 (same, by environment), or calling :func:`register` yourself (driver-only scripts and tests).
@@ -25,7 +28,7 @@ def _load_replica():
 
 
 def register() -> None:
-    """Make ``actor_rollout_ref.rollout.name=vexact`` resolvable by verl in this process. Idempotent."""
+    """Make ``rollout.name=vexact`` and ``actor.strategy=vexact`` resolvable by verl in this process. Idempotent."""
     try:
         from verl.workers.rollout import base, replica
     except ImportError as e:  # pragma: no cover - the message is the point
@@ -34,6 +37,10 @@ def register() -> None:
         ) from e
     replica.RolloutReplicaRegistry.register(ROLLOUT_NAME, _load_replica)
     base._ROLLOUT_REGISTRY[(ROLLOUT_NAME, "async")] = SERVER_ADAPTER
+    # after the rollout, so that a failure to import verl's engine stack cannot take the rollout backend with it
+    from .engine import register_engine
+
+    register_engine()
 
 
 def is_registered() -> bool:

@@ -1,0 +1,216 @@
+"""The actor's invariant mode: ``actor_rollout_ref.actor.strategy=vexact`` (and the ref's) in verl 0.9.1.
+
+verl builds the actor's and the ref's model engines with ``EngineRegistry.new(model_type, backend=actor.strategy)``
+(``verl/workers/engine_workers.py``). :func:`register_engine` adds ``backend="vexact"`` for ``language_model``:
+:class:`VexactEngineWithLMHead`, a subclass of verl's ``FSDPEngineWithLMHead`` that changes three hooks and keeps
+the rest of verl's engine (device mesh, micro-batching, optimizer and LR scheduler, train/eval contexts, offload,
+``get_per_tensor_param`` weight export):
+
+- ``_build_module``: ``vexact_models.load_model`` on the same HF checkpoint (``model.path``), in verl's
+  ``model_dtype`` (fp32 master weights for the actor). Parameter names are Hugging Face's, so FSDP2 state dicts and
+  the per-tensor weight export carry the names the rollout expects.
+- ``_build_fsdp_module``: verl's own FSDP2 helpers (``apply_fsdp2`` picks the decoder layers, embedding and
+  lm_head; ``fsdp2_load_full_state_dict``), with the trainer's mixed precision: bf16 parameters, fp32 gradient
+  reduction and ``cast_forward_inputs=False`` (a per-token fp32 temperature must reach the logprob kernel as
+  fp32). ``logits``/``logprobs`` are registered as FSDP forward methods so the head is unsharded for them.
+- ``forward_step``: verl's packed micro-batch (jagged ``input_ids``/``position_ids``, per-sample temperature) goes
+  through :func:`vexact_verl.actor.packed_log_probs`, i.e. the model's forward and ``model.logprobs`` on the
+  vexact kernels, with no autocast; ``log_probs`` / ``entropy`` come back in verl's nested layout.
+
+What the engine refuses, by name, instead of silently computing something else: LoRA, QAT, Ulysses sequence
+parallelism, Liger/fused-kernel options, activation offload, ``calculate_sum_pi_squared``, top-k distillation,
+multimodal inputs, 3-D (mrope) position ids, model types vexact-models does not define, and non-bf16/fp32 mixed
+precision. Checkpoint save/load raise ``NotImplementedError`` (verl's checkpoint manager saves the HF config through
+``model.config.save_pretrained``, which the vexact model does not have).
+
+Tested on CPU (``tests/test_verl_engine.py``) with verl's engine constructed for real on a gloo world-size-1 group;
+the only thing the test replaces is verl's platform (a CPU platform via verl's ``set_platform``), because verl 0.9.1
+has no CPU platform. The GPU test (``tests/test_verl_engine_gpu.py``) runs the same path on CUDA.
+"""
+
+from __future__ import annotations
+
+import torch
+from tensordict import TensorDict
+from verl.utils import tensordict_utils as tu
+from verl.utils.dataset.dataset_utils import DatasetPadMode
+from verl.utils.device import get_device_id, get_device_name
+from verl.utils.torch_dtypes import PrecisionType
+from verl.workers.engine.base import EngineRegistry
+from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
+from verl.workers.engine.utils import detach_tree
+
+import vexact_models
+
+from .actor import packed_log_probs
+
+ENGINE_BACKEND = "vexact"
+MODEL_TYPE = "language_model"
+# verl looks an engine up by the platform's device name; "cpu" is reached only where a CPU platform is set
+# (verl 0.9.1 ships none: the tests set one), since vexact's kernels have an exact CPU path.
+DEVICES = ("cuda", "cpu")
+
+
+class VexactEngineWithLMHead(FSDPEngineWithLMHead):
+    """verl's FSDP LM-head engine with the vexact model and kernels (see the module docstring)."""
+
+    # "fast" scores with cuBLAS/SDPA-style kernels (the mismatch baseline); "invariant" is the point.
+    kernel_backend: str = "invariant"
+    logprob_chunk_size: int = 1024
+
+    def __init__(self, model_config, engine_config, optimizer_config, checkpoint_config):
+        _check_supported(model_config, engine_config)
+        super().__init__(model_config, engine_config, optimizer_config, checkpoint_config)
+
+    def _build_module(self):
+        dtype = self.engine_config.model_dtype
+        if dtype is None:
+            dtype = "fp32" if not self.engine_config.forward_only else "bf16"
+        module = vexact_models.load_model(self.model_config.local_path, dtype=PrecisionType.to_dtype(dtype))
+        # verl's FSDP2 helper wraps the classes named here (HF models carry the same attribute)
+        module._no_split_modules = [type(module.model.layers[0]).__name__]
+        module.requires_grad_(not self.engine_config.forward_only)
+        if self.model_config.enable_gradient_checkpointing and not self.engine_config.forward_only:
+            # composable checkpoint: hooks, no wrapper module, so parameter names stay Hugging Face's; the
+            # invariant kernels are deterministic, so the recomputation is the forward, bit for bit
+            from torch.distributed._composable import checkpoint
+
+            for layer in module.model.layers:
+                checkpoint(layer)
+        return module
+
+    def _build_fsdp_module(self, module):
+        from torch.distributed.fsdp import register_fsdp_forward_method
+        from verl.utils.fsdp_utils import (
+            CPUOffloadPolicy,
+            FSDPModule,
+            MixedPrecisionPolicy,
+            apply_fsdp2,
+            fsdp2_load_full_state_dict,
+        )
+        from verl.utils.torch_dtypes import PrecisionType
+
+        mp = self.engine_config.mixed_precision or {}
+        param_dtype = PrecisionType.to_dtype(mp.get("param_dtype", "bf16"))
+        reduce_dtype = PrecisionType.to_dtype(mp.get("reduce_dtype", "fp32"))
+        if (param_dtype, reduce_dtype) != (torch.bfloat16, torch.float32):
+            raise ValueError(
+                f"strategy=vexact computes in bf16 with fp32 gradient reduction (the engine's numerics); got "
+                f"mixed_precision param_dtype={param_dtype}, reduce_dtype={reduce_dtype}"
+            )
+        self._autocast_dtype = param_dtype  # read by nothing here: forward_step runs without autocast
+        self.scaler = None
+        offload_policy = None
+        wants_offload = self.engine_config.offload_policy or self.engine_config.forward_only
+        if wants_offload and get_device_name() != "cpu":  # on a CPU platform the parameters already live there
+            self._is_offload_param = False
+            self._is_offload_optimizer = False
+            offload_policy = CPUOffloadPolicy(pin_memory=True)
+            self._uses_fsdp2_cpu_offload_policy = True
+        fsdp_kwargs = {
+            "mesh": self.device_mesh,
+            "mp_policy": MixedPrecisionPolicy(
+                param_dtype=param_dtype, reduce_dtype=reduce_dtype, cast_forward_inputs=False
+            ),
+            "offload_policy": offload_policy,
+            "reshard_after_forward": self.engine_config.reshard_after_forward,
+        }
+        full_state = module.state_dict()
+        apply_fsdp2(module, fsdp_kwargs, self.engine_config)
+        fsdp2_load_full_state_dict(module, full_state, self.device_mesh, offload_policy)
+        # logits/logprobs read the final norm (root) and lm_head (its own FSDP group unless tied to the
+        # embedding): both must be unsharded for them as for forward
+        for owner in (module, module.lm_head):
+            if isinstance(owner, FSDPModule):
+                for name in ("logits", "logprobs"):
+                    register_fsdp_forward_method(owner, name)
+        return module
+
+    def forward_step(self, micro_batch: TensorDict, loss_function, forward_only):
+        micro_batch = micro_batch.to(get_device_id())
+        model_output = self.vexact_model_output(micro_batch)
+        if loss_function is not None:
+            loss, metrics = loss_function(
+                model_output=model_output, data=micro_batch, dp_group=self.get_data_parallel_group()
+            )
+        else:
+            if not forward_only:
+                raise ValueError("a training step (forward_only=False) needs a loss_function")
+            loss = torch.tensor(1.0, device=get_device_id())
+            metrics = {}
+        output = {"model_output": detach_tree(model_output), "loss": loss.detach().item(), "metrics": metrics}
+        return loss, output
+
+    def vexact_model_output(self, micro_batch: TensorDict) -> dict:
+        """``{"log_probs": nested [B, (L_i)], "entropy": ...}`` of one packed micro-batch, verl's layout."""
+        pad_mode = tu.get_non_tensor_data(data=micro_batch, key="pad_mode", default=DatasetPadMode.NO_PADDING)
+        if pad_mode != DatasetPadMode.NO_PADDING:
+            raise NotImplementedError(f"strategy=vexact takes verl's no-padding micro-batches; got {pad_mode}")
+        for key in ("calculate_sum_pi_squared", "distillation_use_topk", "distillation_only"):
+            if tu.get_non_tensor_data(data=micro_batch, key=key, default=False):
+                raise NotImplementedError(f"strategy=vexact does not implement {key}=True")
+        if len(micro_batch.get("multi_modal_inputs", [])):
+            raise NotImplementedError("strategy=vexact does not take multimodal inputs")
+        position_ids = micro_batch["position_ids"]
+        if position_ids.dim() == 3:
+            raise NotImplementedError("strategy=vexact does not take 3-D (mrope) position_ids")
+        calculate_entropy = tu.get_non_tensor_data(data=micro_batch, key="calculate_entropy", default=False)
+        # verl's own no_grad (inference) or grad (training) context applies; no autocast: bf16 parameters come
+        # from FSDP's mixed precision, fp32 is used inside the kernels
+        log_probs, entropy = packed_log_probs(
+            self.module,
+            micro_batch["input_ids"],
+            position_ids,
+            micro_batch["temperature"],
+            with_entropy=calculate_entropy,
+            backend=self.kernel_backend,
+            chunk_size=self.logprob_chunk_size,
+        )
+        out = {"log_probs": log_probs}
+        if calculate_entropy:
+            out["entropy"] = entropy
+        return out
+
+    def save_checkpoint(self, *args, **kwargs):
+        raise NotImplementedError(
+            "strategy=vexact: verl checkpoint save is not implemented yet (verl's FSDPCheckpointManager saves "
+            "the HF config via model.config.save_pretrained, which vexact_models.Qwen3ForCausalLM lacks)"
+        )
+
+    def load_checkpoint(self, *args, **kwargs):
+        raise NotImplementedError("strategy=vexact: verl checkpoint load is not implemented yet")
+
+
+def _check_supported(model_config, engine_config) -> None:
+    hf_type = model_config.hf_config.model_type
+    if hf_type not in vexact_models.MODEL_CLASSES:
+        raise NotImplementedError(
+            f"strategy=vexact: model_type {hf_type!r} has no vexact-models definition "
+            f"(have {sorted(vexact_models.MODEL_CLASSES)})"
+        )
+    refused = {
+        "model.lora_rank": (model_config.lora_rank, 0),
+        "model.use_liger": (model_config.use_liger, False),
+        "model.use_fused_kernels": (model_config.use_fused_kernels, False),
+        "model.enable_activation_offload": (model_config.enable_activation_offload, False),
+        "ulysses_sequence_parallel_size": (engine_config.ulysses_sequence_parallel_size, 1),
+    }
+    qat = getattr(engine_config, "qat", None)
+    refused["qat.enable"] = (bool(qat is not None and getattr(qat, "enable", False)), False)
+    bad = {k: v for k, (v, ok) in refused.items() if v != ok}
+    if bad:
+        allowed = {k: ok for k, (v, ok) in refused.items() if k in bad}
+        raise NotImplementedError(f"strategy=vexact does not support {bad}; set {allowed}")
+
+
+def register_engine() -> None:
+    """Make ``actor.strategy=vexact`` (and ``ref.strategy``) resolvable by verl's ``EngineRegistry``. Idempotent."""
+    if not is_engine_registered():
+        EngineRegistry.register(model_type=MODEL_TYPE, backend=ENGINE_BACKEND, device=list(DEVICES))(
+            VexactEngineWithLMHead
+        )
+
+
+def is_engine_registered() -> bool:
+    """Whether verl's ``EngineRegistry`` knows ``vexact`` for ``language_model`` in this process."""
+    return ENGINE_BACKEND in EngineRegistry._engines.get(MODEL_TYPE, {})

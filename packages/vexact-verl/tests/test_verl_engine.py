@@ -1,0 +1,217 @@
+"""``actor.strategy=vexact``: verl's own engine, built by verl's registry, scores == the vexact trainer, bitwise.
+
+What is real here: verl 0.9.1's ``EngineRegistry``, ``HFModelConfig`` / ``FSDPEngineConfig`` / ``FSDPOptimizerConfig``,
+the engine's ``initialize`` (FSDP2 wrapping through verl's helpers, optimizer, LR scheduler), verl's data path
+(``left_right_2_no_padding``, ``infer_batch`` -> ``forward_backward_batch`` -> micro-batches -> ``forward_step``,
+``no_padding_2_padding``) and ``get_per_tensor_param``. What is replaced: verl's *platform* (verl 0.9.1 has no CPU
+platform and falls back to CUDA), set through verl's own ``set_platform`` to a CPU one for the duration of a test;
+the process group is gloo, world size 1. Not exercised on CPU: verl's Ray trainer workers (``TrainingWorker`` needs
+GPUs) and a PPO step driven by verl's trainer; see ``test_verl_engine_gpu.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+
+pytest.importorskip("verl", reason="verl is not installed: pip install 'vexact-verl[verl]'")
+
+from tensordict import TensorDict  # noqa: E402
+from verl.plugin.platform import platform_manager  # noqa: E402
+from verl.plugin.platform.platform_base import PlatformBase  # noqa: E402
+from verl.trainer.config import CheckpointConfig  # noqa: E402
+from verl.utils import tensordict_utils as tu  # noqa: E402
+from verl.workers.config import FSDPEngineConfig, FSDPOptimizerConfig, HFModelConfig  # noqa: E402
+from verl.workers.engine.base import EngineRegistry  # noqa: E402
+from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding  # noqa: E402
+
+from vexact_models import default_checkpoint, iter_checkpoint, load_model  # noqa: E402
+from vexact_trainer import Actor, init_distributed  # noqa: E402
+from vexact_verl.engine import VexactEngineWithLMHead, is_engine_registered, register_engine  # noqa: E402
+
+PROMPTS = [[257, 72, 101], [257, 49, 43, 49, 61, 50], [257, 10], [257, 120, 61]]
+RESPONSES = [[50, 51, 52, 256], [33], [97, 98, 99, 100, 101], [55, 56]]
+TEMPS = [0.5, 1.0, 1.3, 0.8]
+
+
+class CPUPlatform(PlatformBase):
+    """The smallest verl platform for a CPU process: device "cpu", gloo. Test-only (verl 0.9.1 ships none)."""
+
+    device_name = "cpu"
+    vendor_name = "cpu"
+    device_module = torch.cpu  # verl checks `is torch.cpu` to skip memory stats
+
+    def is_available(self):
+        return True
+
+    def current_device(self):
+        return "cpu"
+
+    def device_count(self):
+        return 1
+
+    def set_device(self, device_index):
+        pass
+
+    def synchronize(self, device_index=None):
+        pass
+
+    def manual_seed(self, seed):
+        torch.manual_seed(seed)
+
+    manual_seed_all = manual_seed
+
+    def set_allocator_settings(self, settings):
+        pass
+
+    def empty_cache(self):
+        pass
+
+    def get_device_capability(self, device_index=0):
+        return None, None
+
+    def communication_backend_name(self):
+        return "gloo"
+
+    def visible_devices_envvar(self):
+        return "CUDA_VISIBLE_DEVICES"
+
+    def nvtx_range(self, msg):
+        return contextlib.nullcontext()
+
+    def profiler_start(self):
+        pass
+
+    profiler_stop = profiler_start
+
+    def ray_resource_name(self):
+        return "CPU"
+
+    def ray_noset_envvars(self):
+        return []
+
+    def is_ipc_supported(self):
+        return False
+
+    def cudart(self):
+        return None
+
+
+@pytest.fixture
+def cpu_platform(monkeypatch):
+    monkeypatch.setattr(platform_manager, "_current_platform", CPUPlatform())
+    init_distributed("cpu")  # gloo, world size 1 (reused if a group exists)
+    register_engine()
+
+
+def make_engine(forward_only: bool, **engine_kw):
+    model_config = HFModelConfig(path=str(default_checkpoint()), enable_gradient_checkpointing=not forward_only)
+    model_config.model_type = "language_model"  # what verl's TrainingWorker sets before EngineRegistry.new
+    engine_config = FSDPEngineConfig(forward_only=forward_only, use_torch_compile=False, **engine_kw)
+    object.__setattr__(engine_config, "strategy", "vexact")  # as FSDPActorConfig.__post_init__ copies actor.strategy
+    optim = FSDPOptimizerConfig(lr=1e-3, total_training_steps=10)
+    engine = EngineRegistry.new(
+        model_type="language_model",
+        backend=engine_config.strategy,
+        model_config=model_config,
+        engine_config=engine_config,
+        optimizer_config=optim,
+        checkpoint_config=CheckpointConfig(),
+    )
+    engine.initialize()
+    return engine
+
+
+def verl_batch(temperature) -> TensorDict:
+    """The batch verl's trainer hands ``compute_log_prob``: left-padded prompts, right-padded responses."""
+    plen, rlen = max(map(len, PROMPTS)), max(map(len, RESPONSES))
+    bs = len(PROMPTS)
+    input_ids = torch.zeros(bs, plen + rlen, dtype=torch.long)
+    attention_mask = torch.zeros(bs, plen + rlen, dtype=torch.long)
+    response_mask = torch.zeros(bs, rlen, dtype=torch.long)
+    for i, (p, r) in enumerate(zip(PROMPTS, RESPONSES, strict=True)):
+        input_ids[i, plen - len(p) : plen] = torch.tensor(p)
+        input_ids[i, plen : plen + len(r)] = torch.tensor(r)
+        attention_mask[i, plen - len(p) : plen + len(r)] = 1
+        response_mask[i, : len(r)] = 1
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    td = TensorDict(
+        {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "response_mask": response_mask,
+            "position_ids": position_ids,
+            "prompts": input_ids[:, :plen],
+            "responses": input_ids[:, plen:],
+        },
+        batch_size=[bs],
+    )
+    td = left_right_2_no_padding(td)
+    if isinstance(temperature, torch.Tensor):
+        td["temperature"] = temperature  # per sample: a batch column, split into micro-batches with the rows
+    else:
+        tu.assign_non_tensor(td, temperature=temperature)
+    tu.assign_non_tensor(
+        td,
+        calculate_entropy=True,
+        compute_loss=False,
+        use_remove_padding=True,
+        use_dynamic_bsz=False,
+        micro_batch_size_per_gpu=2,  # two micro-batches of two sequences
+        use_fused_kernels=False,
+        global_token_num=[len(p) + len(r) for p, r in zip(PROMPTS, RESPONSES, strict=True)],
+    )
+    return td
+
+
+def verl_log_probs(engine, temperature):
+    data = verl_batch(temperature)
+    with engine.eval_mode():
+        out = engine.infer_batch(data, loss_function=None)
+    lp = no_padding_2_padding(out["model_output"]["log_probs"], data)
+    ent = no_padding_2_padding(out["model_output"]["entropy"], data)
+    return lp, ent
+
+
+def trainer_log_probs(temperature):
+    temps = temperature.tolist() if isinstance(temperature, torch.Tensor) else temperature
+    return Actor(load_model(default_checkpoint())).compute_log_probs(PROMPTS, RESPONSES, temps, with_entropy=True)
+
+
+@pytest.mark.parametrize("temperature", [0.7, torch.tensor(TEMPS)], ids=["scalar", "per_sample"])
+def test_verl_engine_logprobs_equal_trainer(cpu_platform, temperature):
+    assert is_engine_registered()
+    engine = make_engine(forward_only=False)
+    assert type(engine) is VexactEngineWithLMHead
+    lp, ent = verl_log_probs(engine, temperature)
+    want = trainer_log_probs(temperature)
+    for i, r in enumerate(RESPONSES):
+        assert torch.equal(lp[i, : len(r)], want.logprobs[i]), f"sequence {i}"
+        assert torch.equal(ent[i, : len(r)], want.entropy[i]), f"sequence {i}"
+
+
+def test_fast_kernels_fail_the_same_check(cpu_platform):
+    engine = make_engine(forward_only=True)
+    engine.kernel_backend = "fast"
+    lp, _ = verl_log_probs(engine, 1.0)
+    want = trainer_log_probs(1.0)
+    assert not all(torch.equal(lp[i, : len(r)], want.logprobs[i]) for i, r in enumerate(RESPONSES))
+
+
+def test_weight_export_keeps_hf_names(cpu_platform):
+    engine = make_engine(forward_only=False)
+    params, peft = engine.get_per_tensor_param()
+    got = dict(params)
+    want = dict(iter_checkpoint(default_checkpoint()))
+    assert peft is None and sorted(got) == sorted(want)
+    for name, t in want.items():
+        assert torch.equal(got[name].to(t.dtype), t), name  # fp32 master of a bf16 checkpoint: exact
+
+
+def test_refusals_name_the_setting(cpu_platform):
+    with pytest.raises(NotImplementedError, match="ulysses_sequence_parallel_size"):
+        make_engine(forward_only=True, ulysses_sequence_parallel_size=2)
+    with pytest.raises(ValueError, match="param_dtype=torch.float16"):
+        make_engine(forward_only=True, mixed_precision={"param_dtype": "fp16"})
