@@ -40,6 +40,7 @@ from verl.workers.engine.base import EngineRegistry
 from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
 from verl.workers.engine.utils import detach_tree
 
+import vexact_kernels as vk
 import vexact_models
 
 from .actor import packed_log_probs
@@ -125,6 +126,12 @@ class VexactEngineWithLMHead(FSDPEngineWithLMHead):
                 for name in ("logits", "logprobs"):
                     register_fsdp_forward_method(owner, name)
         return module
+
+    def forward_backward_batch(self, data: TensorDict, loss_function, forward_only=False):
+        # the backward pass (and gradient checkpointing's recomputation in it) must run on the same kernels as the
+        # forward, so the backend is set around verl's whole micro-batch loop, not only around the forward
+        with vk.use_backend(self.kernel_backend):
+            return super().forward_backward_batch(data, loss_function, forward_only)
 
     def forward_step(self, micro_batch: TensorDict, loss_function, forward_only):
         micro_batch = micro_batch.to(get_device_id())
