@@ -5,8 +5,9 @@ the engine's ``initialize`` (FSDP2 wrapping through verl's helpers, optimizer, L
 (``left_right_2_no_padding``, ``infer_batch`` -> ``forward_backward_batch`` -> micro-batches -> ``forward_step``,
 ``no_padding_2_padding``) and ``get_per_tensor_param``. What is replaced: verl's *platform* (verl 0.9.1 has no CPU
 platform and falls back to CUDA), set through verl's own ``set_platform`` to a CPU one for the duration of a test;
-the process group is gloo, world size 1. Not exercised on CPU: verl's Ray trainer workers (``TrainingWorker`` needs
-GPUs) and a PPO step driven by verl's trainer; see ``test_verl_engine_gpu.py``.
+the process group is gloo, world size 1. Every test also has a ``cuda`` variant (marked ``gpu``, skipped without a
+GPU) that runs the same path on verl's real CUDA platform (NCCL; the ref's FSDP2 CPU-offload policy is active there).
+Not exercised here: verl's Ray trainer workers (``TrainingWorker``) and a PPO step driven by verl's trainer.
 """
 
 from __future__ import annotations
@@ -99,11 +100,22 @@ class CPUPlatform(PlatformBase):
         return None
 
 
-@pytest.fixture
-def cpu_platform(monkeypatch):
-    monkeypatch.setattr(platform_manager, "_current_platform", CPUPlatform())
-    init_distributed("cpu")  # gloo, world size 1 (reused if a group exists)
+@pytest.fixture(
+    params=[
+        "cpu",
+        pytest.param(
+            "cuda",
+            marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")],
+        ),
+    ]
+)
+def device(request, monkeypatch):
+    """Where verl's engine runs: ``cpu`` (a CPU platform set for the test) or ``cuda`` (verl's own platform)."""
+    if request.param == "cpu":
+        monkeypatch.setattr(platform_manager, "_current_platform", CPUPlatform())
+    init_distributed(request.param)  # world size 1: gloo on CPU (NCCL as well where a GPU is present)
     register_engine()
+    return request.param
 
 
 def make_engine(forward_only: bool, **engine_kw):
@@ -172,45 +184,47 @@ def verl_log_probs(engine, temperature):
         out = engine.infer_batch(data, loss_function=None)
     lp = no_padding_2_padding(out["model_output"]["log_probs"], data)
     ent = no_padding_2_padding(out["model_output"]["entropy"], data)
-    return lp, ent
+    return lp.cpu(), ent.cpu()
 
 
-def trainer_log_probs(temperature):
+def trainer_log_probs(temperature, device):
     temps = temperature.tolist() if isinstance(temperature, torch.Tensor) else temperature
-    return Actor(load_model(default_checkpoint())).compute_log_probs(PROMPTS, RESPONSES, temps, with_entropy=True)
+    model = load_model(default_checkpoint(), device=device)
+    return Actor(model).compute_log_probs(PROMPTS, RESPONSES, temps, with_entropy=True)
 
 
+@pytest.mark.parametrize("forward_only", [False, True], ids=["actor", "ref"])
 @pytest.mark.parametrize("temperature", [0.7, torch.tensor(TEMPS)], ids=["scalar", "per_sample"])
-def test_verl_engine_logprobs_equal_trainer(cpu_platform, temperature):
+def test_verl_engine_logprobs_equal_trainer(device, temperature, forward_only):
     assert is_engine_registered()
-    engine = make_engine(forward_only=False)
+    engine = make_engine(forward_only=forward_only)
     assert type(engine) is VexactEngineWithLMHead
     lp, ent = verl_log_probs(engine, temperature)
-    want = trainer_log_probs(temperature)
+    want = trainer_log_probs(temperature, device)
     for i, r in enumerate(RESPONSES):
-        assert torch.equal(lp[i, : len(r)], want.logprobs[i]), f"sequence {i}"
-        assert torch.equal(ent[i, : len(r)], want.entropy[i]), f"sequence {i}"
+        assert torch.equal(lp[i, : len(r)], want.logprobs[i].cpu()), f"sequence {i}"
+        assert torch.equal(ent[i, : len(r)], want.entropy[i].cpu()), f"sequence {i}"
 
 
-def test_fast_kernels_fail_the_same_check(cpu_platform):
+def test_fast_kernels_fail_the_same_check(device):
     engine = make_engine(forward_only=True)
     engine.kernel_backend = "fast"
     lp, _ = verl_log_probs(engine, 1.0)
-    want = trainer_log_probs(1.0)
-    assert not all(torch.equal(lp[i, : len(r)], want.logprobs[i]) for i, r in enumerate(RESPONSES))
+    want = trainer_log_probs(1.0, device)
+    assert not all(torch.equal(lp[i, : len(r)], want.logprobs[i].cpu()) for i, r in enumerate(RESPONSES))
 
 
-def test_weight_export_keeps_hf_names(cpu_platform):
+def test_weight_export_keeps_hf_names(device):
     engine = make_engine(forward_only=False)
     params, peft = engine.get_per_tensor_param()
     got = dict(params)
     want = dict(iter_checkpoint(default_checkpoint()))
     assert peft is None and sorted(got) == sorted(want)
     for name, t in want.items():
-        assert torch.equal(got[name].to(t.dtype), t), name  # fp32 master of a bf16 checkpoint: exact
+        assert torch.equal(got[name].to(t.dtype).cpu(), t), name  # fp32 master of a bf16 checkpoint: exact
 
 
-def test_refusals_name_the_setting(cpu_platform):
+def test_refusals_name_the_setting(device):
     with pytest.raises(NotImplementedError, match="ulysses_sequence_parallel_size"):
         make_engine(forward_only=True, ulysses_sequence_parallel_size=2)
     with pytest.raises(ValueError, match="param_dtype=torch.float16"):
@@ -226,13 +240,13 @@ def _response_rows(seq_lens: list[int]) -> torch.Tensor:
     return torch.tensor(rows)
 
 
-def test_training_gradients_equal_trainer(cpu_platform):
+def test_training_gradients_equal_trainer(device):
     """One verl training micro-batch (gradient checkpointing on, as verl's default) == the vexact trainer's FSDP2
     gradients for the same loss, bitwise."""
     from vexact_trainer import pack, parallelize
 
     seq_lens = [len(p) + len(r) for p, r in zip(PROMPTS, RESPONSES, strict=True)]
-    rows = _response_rows(seq_lens)
+    rows = _response_rows(seq_lens).to(device)
 
     def loss_fn(model_output, data, dp_group=None):
         loss = -model_output["log_probs"].values()[rows].sum()
@@ -247,7 +261,7 @@ def test_training_gradients_equal_trainer(cpu_platform):
     got = {n: p.grad.full_tensor() for n, p in engine.module.named_parameters()}
 
     model = load_model(default_checkpoint(), dtype="float32").requires_grad_(True)
-    model = parallelize(model, init_distributed("cpu"))
+    model = parallelize(model, init_distributed(device))
     cfg = model.config
     batch = pack(PROMPTS, RESPONSES, cfg.vocab_size, cfg.max_position_embeddings)
     lp, _ = Actor(model).forward_packed(batch, 1.0)
@@ -258,7 +272,7 @@ def test_training_gradients_equal_trainer(cpu_platform):
     assert any(want[n].abs().sum() > 0 for n in want)
 
 
-def test_one_hydra_setting_switches_actor_and_ref(cpu_platform):
+def test_one_hydra_setting_switches_actor_and_ref(device):
     """verl's own config tree: ``actor_rollout_ref.actor.strategy=vexact`` reaches both engines' ``strategy``."""
     import os
 

@@ -25,7 +25,7 @@ precision. Checkpoint save/load raise ``NotImplementedError`` (verl's checkpoint
 
 Tested on CPU (``tests/test_verl_engine.py``) with verl's engine constructed for real on a gloo world-size-1 group;
 the only thing the test replaces is verl's platform (a CPU platform via verl's ``set_platform``), because verl 0.9.1
-has no CPU platform. The GPU test (``tests/test_verl_engine_gpu.py``) runs the same path on CUDA.
+has no CPU platform. The same tests' ``cuda`` variants (``-m gpu``) run the path on verl's CUDA platform.
 """
 
 from __future__ import annotations
