@@ -24,8 +24,9 @@ precision. Checkpoint save/load raise ``NotImplementedError`` (verl's checkpoint
 ``model.config.save_pretrained``, which the vexact model does not have).
 
 Tested on CPU (``tests/test_verl_engine.py``) with verl's engine constructed for real on a gloo world-size-1 group;
-the only thing the test replaces is verl's platform (a CPU platform via verl's ``set_platform``), because verl 0.9.1
-has no CPU platform. The same tests' ``cuda`` variants (``-m gpu``) run the path on verl's CUDA platform.
+the only thing the test replaces is verl's platform singleton (a CPU platform, in the slot verl's ``set_platform``
+fills), because verl 0.9.1 has no CPU platform. The same tests' ``cuda`` variants (``-m gpu``) run the path on
+verl's CUDA platform.
 """
 
 from __future__ import annotations

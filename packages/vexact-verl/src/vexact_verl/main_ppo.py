@@ -5,7 +5,9 @@ A thin wrapper, no copy of verl code: it registers the backend in this process a
 driver's environment on a local cluster) registers it too, also where this package is on ``PYTHONPATH`` rather than
 installed (an installed package does the same through its ``verl.plugins`` entry point). Then it calls verl's
 ``main()``: all of verl's Hydra config and overrides apply unchanged, e.g.
-``actor_rollout_ref.rollout.name=vexact +actor_rollout_ref.rollout.engine_kwargs.vexact.backend=invariant``.
+``actor_rollout_ref.rollout.name=vexact +actor_rollout_ref.rollout.engine_kwargs.vexact.backend=invariant``, and
+``actor_rollout_ref.actor.strategy=vexact`` for the actor's invariant mode (the ref follows; see
+:mod:`vexact_verl.engine`).
 """
 
 from __future__ import annotations
