@@ -272,6 +272,26 @@ def test_training_gradients_equal_trainer(device):
     assert any(want[n].abs().sum() > 0 for n in want)
 
 
+def test_train_batch_steps_the_optimizer(device):
+    """verl's ``train_batch`` (zero grad, micro-batches, FSDP2 grad clipping, AdamW step) moves the weights that the
+    per-tensor export then carries."""
+
+    def loss_fn(model_output, data, dp_group=None):
+        # verl's micro-batches hold two sequences each here: score every row but each sequence's last
+        lp = model_output["log_probs"]
+        keep = torch.ones_like(lp.values(), dtype=torch.bool)
+        keep[lp.offsets()[1:] - 1] = False
+        return -lp.values()[keep].sum(), {}
+
+    engine = make_engine(forward_only=False)
+    before = {n: t.clone() for n, t in engine.get_per_tensor_param()[0]}
+    with engine.train_mode():
+        out = engine.train_batch(verl_batch(1.0), loss_fn)
+    after = dict(engine.get_per_tensor_param()[0])
+    assert 0 < out["metrics"]["grad_norm"] < float("inf")
+    assert all(not torch.equal(before[n], after[n]) for n in before), "every tensor takes an AdamW step"
+
+
 def test_one_hydra_setting_switches_actor_and_ref(device):
     """verl's own config tree: ``actor_rollout_ref.actor.strategy=vexact`` reaches both engines' ``strategy``."""
     import os
