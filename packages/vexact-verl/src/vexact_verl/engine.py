@@ -20,8 +20,8 @@ the rest of verl's engine (device mesh, micro-batching, optimizer and LR schedul
 What the engine refuses, by name, instead of silently computing something else: LoRA, QAT, Ulysses sequence
 parallelism, Liger/fused-kernel options, activation offload, ``calculate_sum_pi_squared``, top-k distillation,
 multimodal inputs, 3-D (mrope) position ids, model types vexact-models does not define, and non-bf16/fp32 mixed
-precision. Checkpoint save/load raise ``NotImplementedError`` (verl's checkpoint manager saves the HF config through
-``model.config.save_pretrained``, which the vexact model does not have).
+precision. verl's checkpoint save/load work (the HF config saved beside it is the checkpoint's own); saving
+``hf_model`` in ``checkpoint.save_contents`` raises ``NotImplementedError``.
 
 Tested on CPU (``tests/test_verl_engine.py``) with verl's engine constructed for real on a gloo world-size-1 group;
 the only thing the test replaces is verl's platform singleton (a CPU platform, in the slot verl's ``set_platform``
@@ -179,14 +179,23 @@ class VexactEngineWithLMHead(FSDPEngineWithLMHead):
             out["entropy"] = entropy
         return out
 
-    def save_checkpoint(self, *args, **kwargs):
-        raise NotImplementedError(
-            "strategy=vexact: verl checkpoint save is not implemented yet (verl's FSDPCheckpointManager saves "
-            "the HF config via model.config.save_pretrained, which vexact_models.Qwen3ForCausalLM lacks)"
-        )
-
-    def load_checkpoint(self, *args, **kwargs):
-        raise NotImplementedError("strategy=vexact: verl checkpoint load is not implemented yet")
+    def save_checkpoint(self, local_path, hdfs_path=None, global_step=0, max_ckpt_to_keep=None, **kwargs):
+        """verl's own checkpoint (per-rank model, optimizer and extra-state shards, HF config and tokenizer)."""
+        if self.checkpoint_manager.should_save_hf_model:
+            raise NotImplementedError(
+                "strategy=vexact: checkpoint.save_contents 'hf_model' is not implemented (verl rebuilds an HF model "
+                "class for it); save 'model', 'optimizer', 'extra'"
+            )
+        # verl's manager writes `model.config.save_pretrained(...)` and asks `model.can_generate()` on rank 0: show
+        # it the HF config of the same checkpoint for that call only (the vexact model keeps its own config)
+        module = self.module
+        own_config = module.config
+        module.config, module.can_generate = self.model_config.hf_config, lambda: False
+        try:
+            super().save_checkpoint(local_path, hdfs_path, global_step, max_ckpt_to_keep, **kwargs)
+        finally:
+            module.config = own_config
+            del module.can_generate
 
 
 def _check_supported(model_config, engine_config) -> None:
