@@ -4,8 +4,9 @@ What is real here: verl 0.9.1's ``EngineRegistry``, ``HFModelConfig`` / ``FSDPEn
 the engine's ``initialize`` (FSDP2 wrapping through verl's helpers, optimizer, LR scheduler), verl's data path
 (``left_right_2_no_padding``, ``infer_batch`` -> ``forward_backward_batch`` -> micro-batches -> ``forward_step``,
 ``no_padding_2_padding``) and ``get_per_tensor_param``. What is replaced: verl's *platform* (verl 0.9.1 has no CPU
-platform and falls back to CUDA), set through verl's own ``set_platform`` to a CPU one for the duration of a test;
-the process group is gloo, world size 1. Every test also has a ``cuda`` variant (marked ``gpu``, skipped without a
+platform and falls back to CUDA): a CPU platform is put in verl's platform singleton (the slot ``set_platform`` fills)
+and ``torch.cpu`` lends verl's checkpoint a ``set_rng_state``, both by monkeypatch for a test's duration; the process
+group is gloo, world size 1. Every test also has a ``cuda`` variant (marked ``gpu``, skipped without a
 GPU) that runs the same path on verl's real CUDA platform (NCCL; the ref's FSDP2 CPU-offload policy is active there).
 Not exercised here: verl's Ray trainer workers (``TrainingWorker``) and a PPO step driven by verl's trainer.
 """
@@ -244,7 +245,7 @@ def _response_rows(seq_lens: list[int]) -> torch.Tensor:
 
 def test_training_gradients_equal_trainer(device):
     """One verl training micro-batch (gradient checkpointing on, as verl's default) == the vexact trainer's FSDP2
-    gradients for the same loss, bitwise."""
+    gradients for the same loss, bitwise (seen failing with ``kernel_backend="fast"``)."""
     from vexact_trainer import pack, parallelize
 
     seq_lens = [len(p) + len(r) for p, r in zip(PROMPTS, RESPONSES, strict=True)]
