@@ -90,7 +90,6 @@ class VexactEngineWithLMHead(FSDPEngineWithLMHead):
             apply_fsdp2,
             fsdp2_load_full_state_dict,
         )
-        from verl.utils.torch_dtypes import PrecisionType
 
         mp = self.engine_config.mixed_precision or {}
         param_dtype = PrecisionType.to_dtype(mp.get("param_dtype", "bf16"))
