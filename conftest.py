@@ -2,6 +2,8 @@
 
 import os
 
+import pytest
+
 TARGETS = ("cpu", "h100", "h200", "b200")
 
 # Without a GPU, the Triton kernels are exercised on CPU tensors through Triton's interpreter. The variable must be
@@ -31,3 +33,16 @@ def pytest_configure(config):
     import torch
 
     torch.set_num_threads(1)
+
+
+def pytest_collection_modifyitems(config, items):
+    """A test marked ``gpu`` needs CUDA: where there is none it is skipped, visibly, with that reason (one rule for
+    every package, instead of a ``skipif`` beside each ``gpu`` mark)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if item.get_closest_marker("gpu") is not None:
+            item.add_marker(skip)

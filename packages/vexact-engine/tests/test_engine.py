@@ -266,7 +266,6 @@ def test_text_prompts_with_the_default_checkpoint_tokenizer(text_llm):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_engine_both_backends_and_invariant_matches_trainer():
     from vexact_trainer import Actor
 

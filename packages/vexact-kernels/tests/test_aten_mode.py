@@ -349,7 +349,6 @@ def test_hf_qwen3_sdpa_under_invariant_mode_is_not_guaranteed():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("seq_len", [5, 40])
 def test_gpu_hf_qwen3_eager_bf16_alone_equal_batched(seq_len):
     """On the H100 plain bf16 HF Qwen3 is batch-dependent (cuBLAS picks kernels by M); under the mode it is not."""

@@ -239,7 +239,6 @@ def test_paged_input_errors(backend):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_invariant_backend_on_cuda_runs_the_triton_kernels():
     """CUDA tensors on the invariant backend go to triton_ops.attention (its own tests: test_triton_attention.py)."""
     from vexact_kernels.triton_ops import attention as tri

@@ -14,10 +14,6 @@ pytestmark = pytest.mark.skipif(not triton_available(), reason="triton is not in
 interp = pytest.mark.skipif(not interpreting(), reason="interpreter tests run where TRITON_INTERPRET=1 (no GPU)")
 
 
-def gpu(fn):
-    return pytest.mark.gpu(pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")(fn))
-
-
 def _ops():
     from vexact_kernels.triton_ops import activation
 
@@ -71,7 +67,7 @@ def test_interpreted_backward_matches_float64():
     torch.testing.assert_close(ut.grad.double(), ud.grad, rtol=1e-5, atol=1e-5)
 
 
-@gpu
+@pytest.mark.gpu
 def test_gpu_every_row_equals_the_single_row_result():
     gen = torch.Generator().manual_seed(0)
     sizes = [1, 3, 64, 16384] + torch.randint(1, 16385, (3,), generator=gen).tolist()
@@ -83,7 +79,7 @@ def test_gpu_every_row_equals_the_single_row_result():
     torch.testing.assert_close(singles[:512].double(), _reference(g[:512], u[:512]), rtol=2.0**-8, atol=1e-5)
 
 
-@gpu
+@pytest.mark.gpu
 def test_gpu_backward_matches_float64_and_is_deterministic():
     g, u, dy = (_rand(4096, 6144, seed=s, dtype=torch.bfloat16, device="cuda") for s in (2, 3, 4))
 

@@ -19,10 +19,6 @@ pytestmark = pytest.mark.skipif(not triton_available(), reason="triton is not in
 interp = pytest.mark.skipif(not interpreting(), reason="interpreter tests run where TRITON_INTERPRET=1 (no GPU)")
 
 
-def gpu(fn):
-    return pytest.mark.gpu(pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")(fn))
-
-
 def _ops():
     from vexact_kernels.triton_ops import attention
 
@@ -193,7 +189,7 @@ def test_write_kv_cache_matches_index_copy():
     assert torch.equal(kc.view(20, 3, 64), rk) and torch.equal(vc.view(20, 3, 64), rv)
 
 
-@gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("heads", [(32, 8), (16, 16), (28, 4), (12, 2)])
 def test_gpu_packed_equals_chunked_and_decode(d, heads):
@@ -206,7 +202,7 @@ def test_gpu_packed_equals_chunked_and_decode(d, heads):
     torch.testing.assert_close(packed.float(), _sdpa_ref(q, k, v, cu), atol=2e-2, rtol=2e-2)
 
 
-@gpu
+@pytest.mark.gpu
 def test_gpu_many_sequences_mixed_batch():
     """Several hundred sequences of mixed lengths: packed == chunked/decode mixed batch, per token."""
     ops = _ops()
@@ -216,7 +212,7 @@ def test_gpu_many_sequences_mixed_batch():
     _check_invariance(ops, lens, 32, 8, 128, 16, chunks, seed=11, device="cuda")
 
 
-@gpu
+@pytest.mark.gpu
 def test_gpu_backward_matches_autograd_and_is_deterministic():
     ops = _ops()
     lens = [4096, 1000, 63, 1, 2000]
@@ -236,7 +232,7 @@ def test_gpu_backward_matches_autograd_and_is_deterministic():
         torch.testing.assert_close(x.float(), r, atol=5e-2, rtol=5e-2)
 
 
-@gpu
+@pytest.mark.gpu
 def test_gpu_dispatch_through_public_api():
     import vexact_kernels as vk
 

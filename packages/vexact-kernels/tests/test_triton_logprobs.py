@@ -20,10 +20,6 @@ interp = pytest.mark.skipif(not interpreting(), reason="interpreter tests run wh
 EPS = 1e-6
 
 
-def gpu(fn):
-    return pytest.mark.gpu(pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")(fn))
-
-
 def _ops():
     from vexact_kernels.triton_ops import logprobs
 
@@ -159,7 +155,7 @@ def _gpu_problem(t, seed=0):
     return _problem(t, GPU_H, GPU_V, seed=seed, device="cuda")
 
 
-@gpu
+@pytest.mark.gpu
 def test_gpu_fused_rows_equal_single_row_results_for_any_batch():
     gen = torch.Generator().manual_seed(0)
     sizes = [1, 2, 63, 64, 65, 1000, 16384] + torch.randint(1, 16385, (2,), generator=gen).tolist()
@@ -196,7 +192,7 @@ def test_gpu_fused_rows_equal_single_row_results_for_any_batch():
         assert torch.equal(lp, full[:3000])
 
 
-@gpu
+@pytest.mark.gpu
 def test_gpu_fused_matches_unfused_and_float64():
     hidden, norm_w, head, targets, temps = _gpu_problem(512, seed=2)
     lp, ent = vk.logprobs_from_hidden(hidden, norm_w, EPS, head, targets, temps, with_entropy=True)
@@ -214,7 +210,7 @@ def test_gpu_fused_matches_unfused_and_float64():
                                rtol=0, atol=1e-4)  # fmt: skip
 
 
-@gpu
+@pytest.mark.gpu
 def test_gpu_log_softmax_rows_equal_single_row_results():
     gen = torch.Generator().manual_seed(3)
     logits = (5 * torch.randn(4096, GPU_V, generator=gen)).cuda()
@@ -226,7 +222,7 @@ def test_gpu_log_softmax_rows_equal_single_row_results():
         assert torch.equal(vk.log_softmax(logits[:m], temps[:m]), full[:m])
 
 
-@gpu
+@pytest.mark.gpu
 def test_gpu_backward_matches_float64_and_is_deterministic():
     t = 3000  # more than one backward chunk
     hidden, norm_w, head, targets, temps = _gpu_problem(t, seed=4)

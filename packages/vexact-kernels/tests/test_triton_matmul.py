@@ -14,10 +14,6 @@ pytestmark = pytest.mark.skipif(not triton_available(), reason="triton is not in
 interp = pytest.mark.skipif(not interpreting(), reason="interpreter tests run where TRITON_INTERPRET=1 (no GPU)")
 
 
-def gpu(fn):
-    return pytest.mark.gpu(pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")(fn))
-
-
 def _mm():
     from vexact_kernels.triton_ops import matmul
 
@@ -81,7 +77,7 @@ def test_dtype_mismatch_is_an_error():
         mm.matmul(torch.zeros(2, 4), torch.zeros(3, 5))
 
 
-@gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("kn", [(4096, 4096), (2048, 6144), (6144, 2048)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16])
 def test_gpu_rows_equal_m1_for_random_m(kn, dtype):
@@ -104,7 +100,7 @@ def test_gpu_rows_equal_m1_for_random_m(kn, dtype):
     assert (y - ref32).abs().max().item() < 1e-2 * (k**0.5)
 
 
-@gpu
+@pytest.mark.gpu
 def test_gpu_every_config_gives_the_same_bits():
     """The invariance argument: tile M/N shape, warps/stages and where a K split runs never change an element."""
     mm = _mm()
@@ -123,7 +119,7 @@ def test_gpu_every_config_gives_the_same_bits():
             assert torch.equal(o, outs[0]), f"config changed bits at {(m, k, n)}"
 
 
-@gpu
+@pytest.mark.gpu
 def test_gpu_backward_deterministic_and_correct():
     g = torch.Generator(device="cuda").manual_seed(1)
     x = torch.randn(3000, 2048, device="cuda", generator=g).bfloat16().requires_grad_()

@@ -19,10 +19,6 @@ interp = pytest.mark.skipif(not interpreting(), reason="interpreter tests run wh
 EPS = 1e-6
 
 
-def gpu(fn):
-    return pytest.mark.gpu(pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")(fn))
-
-
 def _ops():
     from vexact_kernels.triton_ops import rms_norm
 
@@ -106,7 +102,7 @@ def test_interpreted_leading_dims_and_bf16_backward():
     torch.testing.assert_close(dw.double(), rdw, rtol=2.0**-7, atol=1e-3)
 
 
-@gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("hidden", [2048, 4096, 5120])
 def test_gpu_every_row_equals_the_single_row_result(hidden):
     gen = torch.Generator().manual_seed(hidden)
@@ -123,7 +119,7 @@ def test_gpu_every_row_equals_the_single_row_result(hidden):
     torch.testing.assert_close(vk.rms_norm(x[:64], w, EPS).double(), ref, rtol=2.0**-8, atol=1e-5)
 
 
-@gpu
+@pytest.mark.gpu
 def test_gpu_backward_matches_float64_and_is_deterministic():
     m, hidden = 4097, 4096
     x, w = _rand(m, hidden, seed=3, device="cuda"), (1.0 + 0.1 * _rand(hidden, seed=4)).to("cuda")

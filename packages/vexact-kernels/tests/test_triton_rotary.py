@@ -17,10 +17,6 @@ pytestmark = pytest.mark.skipif(not triton_available(), reason="triton is not in
 interp = pytest.mark.skipif(not interpreting(), reason="interpreter tests run where TRITON_INTERPRET=1 (no GPU)")
 
 
-def gpu(fn):
-    return pytest.mark.gpu(pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")(fn))
-
-
 def _ops():
     from vexact_kernels.triton_ops import rotary
 
@@ -82,7 +78,7 @@ def test_interpreted_backward_is_inverse_rotation():
     torch.testing.assert_close(ops.rotary_launch(ops.rotary_launch(x, pos, cos, sin), pos, cos, sin, inverse=True), x)
 
 
-@gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_gpu_every_token_equals_the_single_token_result_and_the_cpu_reference(dtype):
     gen = torch.Generator().manual_seed(0)
@@ -96,7 +92,7 @@ def test_gpu_every_token_equals_the_single_token_result_and_the_cpu_reference(dt
     assert torch.equal(singles[:256].cpu(), vk.apply_rotary(x[:256], pos[:256], cos, sin))
 
 
-@gpu
+@pytest.mark.gpu
 def test_gpu_backward_matches_autograd_and_is_deterministic():
     x, pos, cos, sin = _problem(4096, 8, 128, seed=2, dtype=torch.bfloat16)
     x, pos, cos, sin = x.cuda(), pos.cuda(), cos.cuda(), sin.cuda()

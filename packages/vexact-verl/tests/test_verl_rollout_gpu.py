@@ -10,10 +10,7 @@ import types
 import pytest
 import torch
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
-]
+pytestmark = pytest.mark.gpu
 
 pytest.importorskip("verl", reason="verl is not installed: pip install 'vexact-verl[verl]'")
 ray = pytest.importorskip("ray")
