@@ -28,7 +28,7 @@ import torch
 from tqdm.auto import tqdm
 
 from vexact_engine import LLM, SamplingParams
-from vexact_models import Qwen3ForCausalLM, tiny_qwen3_config
+from vexact_models import QWEN3_SHAPES, Qwen3ForCausalLM, tiny_qwen3_config
 
 SHAPES = {
     # for a CPU smoke run of the script only
@@ -40,14 +40,12 @@ SHAPES = {
         head_dim=16,
         vocab_size=272,
         max_position_embeddings=512,
+        rope_theta=1_000_000.0,
+        tie_word_embeddings=True,
     ),  # fmt: skip
-    "0.6b": dict(hidden_size=1024, intermediate_size=3072, num_attention_heads=16),
-    "1.7b": dict(hidden_size=2048, intermediate_size=6144, num_attention_heads=16),
+    "0.6b": QWEN3_SHAPES["qwen3-0.6b"],
+    "1.7b": QWEN3_SHAPES["qwen3-1.7b"],
 }
-COMMON = dict(
-    vocab_size=151936, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960, rope_theta=1_000_000.0,
-    tie_word_embeddings=True, torch_dtype="bfloat16",
-)  # fmt: skip
 GIB = 2**30
 DEV = torch.device("cuda")
 
@@ -59,7 +57,7 @@ def sync() -> None:
 
 def make_model(shape: str, layers: int, seed: int = 0) -> Qwen3ForCausalLM:
     """Random bf16 weights drawn on the GPU (drawing 1.7B numbers on the host would take most of the budget)."""
-    cfg = tiny_qwen3_config(**{**COMMON, **SHAPES[shape], "num_hidden_layers": layers})
+    cfg = tiny_qwen3_config(**{**SHAPES[shape], "num_hidden_layers": layers, "torch_dtype": "bfloat16"})
     with torch.device("meta"):
         model = Qwen3ForCausalLM(cfg)
     model = model.to_empty(device=DEV)

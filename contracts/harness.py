@@ -6,6 +6,8 @@ from collections.abc import Callable
 
 import torch
 
+from vexact_models import QWEN3_SHAPES
+
 
 def row_invariance_violations(
     op: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, subsets: list[list[int]]
@@ -32,16 +34,6 @@ def logprob_mismatches(engine_outputs, trainer_logprobs) -> list[tuple[str, int]
     return out
 
 
-# Qwen3-0.6B's HF config shapes, for the GPU-target contracts that run a real-sized model with random weights.
-QWEN3_06B = dict(
-    vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
-    num_key_value_heads=8, head_dim=128, max_position_embeddings=40960, rope_theta=1_000_000.0,
-    tie_word_embeddings=True,
-)  # fmt: skip
-
-# Qwen3-1.7B's HF config shapes (same use as QWEN3_06B).
-QWEN3_17B = dict(
-    vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
-    num_key_value_heads=8, head_dim=128, max_position_embeddings=40960, rope_theta=1_000_000.0,
-    tie_word_embeddings=True,
-)  # fmt: skip
+# Real Qwen3 shapes (vexact_models.QWEN3_SHAPES), for the GPU-target contracts that run real-sized random models.
+QWEN3_06B = QWEN3_SHAPES["qwen3-0.6b"]
+QWEN3_17B = QWEN3_SHAPES["qwen3-1.7b"]

@@ -4,12 +4,13 @@ from .attention_metadata import AttentionMetadata
 from .config import Qwen3Config, config_from_dict, load_config, parse_dtype
 from .loader import CheckpointError, iter_checkpoint, load_model, load_weights, save_checkpoint
 from .models import MODEL_CLASSES, Qwen3ForCausalLM
-from .tiny import default_checkpoint, make_tiny_checkpoint, random_model, tiny_qwen3_config
+from .tiny import QWEN3_SHAPES, default_checkpoint, make_tiny_checkpoint, random_model, tiny_qwen3_config
 
 __version__ = "0.1.0"
 
 __all__ = [
     "MODEL_CLASSES",
+    "QWEN3_SHAPES",
     "AttentionMetadata",
     "CheckpointError",
     "Qwen3Config",

@@ -21,6 +21,22 @@ from .models import Qwen3ForCausalLM
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 BYTE_VOCAB = 256
 
+# Real Qwen3 shapes (the Hugging Face config.json values), as overrides of tiny_qwen3_config: random-weight models
+# at real size for the GPU contracts, benchmarks and checks. The tiny byte tokenizer still works with them (its ids
+# are a subset of the vocabulary).
+QWEN3_SHAPES = {
+    "qwen3-0.6b": dict(
+        vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+        num_key_value_heads=8, head_dim=128, max_position_embeddings=40960, rope_theta=1_000_000.0,
+        tie_word_embeddings=True,
+    ),
+    "qwen3-1.7b": dict(
+        vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
+        num_key_value_heads=8, head_dim=128, max_position_embeddings=40960, rope_theta=1_000_000.0,
+        tie_word_embeddings=True,
+    ),
+}  # fmt: skip
+
 
 def tiny_qwen3_config(**overrides) -> Qwen3Config:
     """A two-layer, 64-wide Qwen3 with GQA (4 query heads, 2 KV heads) and a byte-level vocabulary."""

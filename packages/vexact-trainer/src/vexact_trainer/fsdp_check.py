@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from vexact_models import default_checkpoint, load_model, random_model, tiny_qwen3_config
+from vexact_models import QWEN3_SHAPES, default_checkpoint, load_model, random_model, tiny_qwen3_config
 
 from .actor import Actor
 from .losses import grpo_advantages
@@ -40,21 +40,9 @@ from .parallel import init_distributed
 from .trainer import RolloutBatch, Trainer, TrainerConfig
 from .weights import iter_weight_buckets
 
-# Real model shapes (HF config.json values) for random-weight runs on GPU; "tiny-tied": the tiny config with tied
-# embeddings (the real small Qwen3s tie them), cheap enough for CPU.
-SHAPES = {
-    "tiny-tied": dict(tie_word_embeddings=True),
-    "qwen3-0.6b": dict(
-        vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
-        num_key_value_heads=8, head_dim=128, max_position_embeddings=40960, rope_theta=1_000_000.0,
-        tie_word_embeddings=True,
-    ),
-    "qwen3-1.7b": dict(
-        vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
-        num_key_value_heads=8, head_dim=128, max_position_embeddings=40960, rope_theta=1_000_000.0,
-        tie_word_embeddings=True,
-    ),
-}  # fmt: skip
+# "tiny-tied": the tiny config with tied embeddings (the real small Qwen3s tie them), cheap enough for CPU; the rest
+# are real model shapes (HF config.json values) for random-weight runs on GPU.
+SHAPES = {"tiny-tied": dict(tie_word_embeddings=True), **QWEN3_SHAPES}
 
 
 def build_models(model: str, device: str, seed: int = 0, engine: bool = True):
