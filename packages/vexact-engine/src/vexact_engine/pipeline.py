@@ -24,6 +24,7 @@ be given (``num_kv_blocks`` or ``kv_cache_bytes``): every stage must hold the sa
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 
@@ -78,15 +79,6 @@ class _StageRunner:
             )
             for i in layers
         }
-        # what the driver's ModelRunner would expose
-        self.num_padded_steps = 0
-        self.num_graphs = 0
-
-    # ---- the one-device runner's interface, as far as a pipeline supports it
-    def release(self) -> None:
-        raise NotImplementedError("sleep()/wake_up() are not supported by the pipeline-parallel engine yet")
-
-    allocate = release
 
     def _comm_device(self) -> torch.device:
         # NCCL moves device tensors; gloo moves host tensors
@@ -198,8 +190,8 @@ class PipelineLLM(LLM):
             if i not in self.stage:
                 layers[i] = nn.Identity()  # not this stage's: drop its weights
         model = model.to(config.device)
-        # graphs are one-device only for now: the driver's steps run eagerly
-        config.enforce_eager = True
+        # graphs are one-device only for now: the driver's steps run eagerly (a copy: the caller's config is theirs)
+        config = dataclasses.replace(config, enforce_eager=True)
         super().__init__(model=model, tokenizer=tokenizer, config=config)
         log.info("pipeline rank %d/%d holds layers %s", self.rank, self.world, list(self.stage))
 
