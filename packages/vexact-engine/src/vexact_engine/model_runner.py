@@ -122,17 +122,12 @@ class ModelRunner:
 
     def _fill_static(self, batch: list[ScheduledSeq], blocks: BlockManager, size: int) -> None:
         # Plain lists and one tensor each: per-element tensor writes would cost microseconds per row and step.
+        # Every item is a one-token step, so the step's lists hold one entry per row.
         pad = size - len(batch)
-        ids, pos, slots, ctx, tables = [], [], [], [], []
-        width = max(len(it.seq.block_table) for it in batch)
-        for it in batch:
-            seq = it.seq
-            p = seq.num_computed_tokens
-            ids.append(seq.token_ids(p, p + 1)[0])
-            pos.append(p)
-            slots.append(blocks.slot(seq, p))
-            ctx.append(p + 1)
-            tables.append(seq.block_table + [0] * (width - len(seq.block_table)))
+        step = step_lists(batch, blocks)
+        ids, pos, slots, ctx = step["ids"], step["positions"], step["slots"], step["ctx"]
+        width = max(len(t) for t in step["tables"])
+        tables = [t + [0] * (width - len(t)) for t in step["tables"]]
         t_id, t_pos, t_slot, t_ctx = self.PAD_ROW
         host = torch.tensor(
             [ids + [t_id] * pad, pos + [t_pos] * pad, slots + [t_slot] * pad, ctx + [t_ctx] * pad], dtype=torch.int64
