@@ -32,17 +32,7 @@ from vexact_models import QWEN3_SHAPES, Qwen3ForCausalLM, tiny_qwen3_config
 
 SHAPES = {
     # for a CPU smoke run of the script only
-    "tiny": dict(
-        hidden_size=64,
-        intermediate_size=160,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        vocab_size=272,
-        max_position_embeddings=512,
-        rope_theta=1_000_000.0,
-        tie_word_embeddings=True,
-    ),  # fmt: skip
+    "tiny": dict(rope_theta=1_000_000.0, tie_word_embeddings=True),  # tiny_qwen3_config's sizes
     "0.6b": QWEN3_SHAPES["qwen3-0.6b"],
     "1.7b": QWEN3_SHAPES["qwen3-1.7b"],
 }
