@@ -112,7 +112,8 @@ def engine_throughput(model, mode: str, max_num_seqs: int, prompts, params, args
         max_model_len=args.prompt_len[1] + args.gen_len[1], gpu_memory_utilization=args.gpu_memory_utilization,
         enforce_eager=args.enforce_eager,
     )  # fmt: skip
-    llm.generate(prompts[:4], [SamplingParams(max_tokens=8, seed=1, ignore_eos=True)] * 4, use_tqdm=False)  # warm up
+    warm = prompts[:4]
+    llm.generate(warm, [SamplingParams(max_tokens=8, seed=1, ignore_eos=True)] * len(warm), use_tqdm=False)  # warm up
     sync()
     t = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=True)
