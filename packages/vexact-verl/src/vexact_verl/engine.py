@@ -37,6 +37,7 @@ from verl.utils import tensordict_utils as tu
 from verl.utils.dataset.dataset_utils import DatasetPadMode
 from verl.utils.device import get_device_id, get_device_name
 from verl.utils.torch_dtypes import PrecisionType
+from verl.utils.model import extract_multi_modal_inputs
 from verl.workers.engine.base import EngineRegistry
 from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
 from verl.workers.engine.utils import detach_tree
@@ -156,7 +157,8 @@ class VexactEngineWithLMHead(FSDPEngineWithLMHead):
         for key in ("calculate_sum_pi_squared", "distillation_use_topk", "distillation_only"):
             if tu.get_non_tensor_data(data=micro_batch, key=key, default=False):
                 raise NotImplementedError(f"strategy=vexact does not implement {key}=True")
-        if len(micro_batch.get("multi_modal_inputs", [])):
+        # verl's text batches still carry the key, one empty entry per sample: refuse only real multimodal inputs
+        if extract_multi_modal_inputs(micro_batch.get("multi_modal_inputs", [])):
             raise NotImplementedError("strategy=vexact does not take multimodal inputs")
         position_ids = micro_batch["position_ids"]
         if position_ids.dim() == 3:

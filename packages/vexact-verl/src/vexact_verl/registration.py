@@ -35,6 +35,10 @@ def register() -> None:
         raise ImportError(
             "vexact_verl.register() needs verl: pip install 'vexact-verl[verl]' (verl==0.9.1 and its pins)"
         ) from e
+    # first: verl's engine modules ask for the platform at import time (VERL_PLATFORM=cpu must resolve by then)
+    from .cpu_platform import register_platform
+
+    register_platform()
     replica.RolloutReplicaRegistry.register(ROLLOUT_NAME, _load_replica)
     base._ROLLOUT_REGISTRY[(ROLLOUT_NAME, "async")] = SERVER_ADAPTER
     # after the rollout, so that a failure to import verl's engine stack cannot take the rollout backend with it
