@@ -13,6 +13,7 @@ import json
 import sys
 from pathlib import Path
 
+PROBS_DIFF_MAX = "training/rollout_probs_diff_max"
 METRICS = ("rollout_corr/k3_kl", "rollout_corr/kl", "rollout_corr/log_ppl_abs_diff", "rollout_corr/chi2_token")
 
 
@@ -48,7 +49,11 @@ def main() -> int:
         cells = [f"{inv[s].get(m, float('nan')):>18.3e} {fast[s].get(m, float('nan')):>18.3e}" for m in METRICS]
         print(f"{s:>4}  " + "  ".join(cells))
     k3 = "rollout_corr/k3_kl"
-    inv_exact = all(inv[s].get(k3) == 0.0 and inv[s].get("rollout_corr/kl") == 0.0 for s in steps)
+    # exact: verl's K3 and KL estimators, and its largest per-token |p_rollout - p_actor|, all exactly zero
+    inv_exact = all(
+        inv[s].get(k3) == 0.0 and inv[s].get("rollout_corr/kl") == 0.0 and inv[s].get(PROBS_DIFF_MAX, 0.0) == 0.0
+        for s in steps
+    )
     fast_mismatch = any(fast[s].get(k3, 0.0) > 0.0 for s in steps)
     print(f"invariant run exact at every step: {inv_exact}; fast run shows mismatch: {fast_mismatch}")
     if args.plot is not None:
@@ -57,14 +62,19 @@ def main() -> int:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        fig, ax = plt.subplots(figsize=(6, 3.5))
+        fig, (ax, ax_r) = plt.subplots(1, 2, figsize=(11, 3.8))
         for name, run in (("invariant", inv), ("fast", fast)):
             ax.plot(steps, [run[s].get(k3, float("nan")) for s in steps], marker="o", label=name)
+            ax_r.plot(steps, [run[s].get("critic/score/mean", float("nan")) for s in steps], marker=".", label=name)
         ax.set_xlabel("training step")
         ax.set_ylabel("K3 KL(rollout || actor)")
         ax.set_yscale("symlog", linthresh=1e-8)
         ax.set_title("verl rollout_corr/k3_kl")
         ax.legend()
+        ax_r.set_xlabel("training step")
+        ax_r.set_ylabel("mean reward")
+        ax_r.set_title("critic/score/mean")
+        ax_r.legend()
         fig.tight_layout()
         fig.savefig(args.plot, dpi=120)
         print(f"wrote {args.plot}")

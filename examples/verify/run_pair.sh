@@ -6,13 +6,15 @@
 #
 # What should differ: rollout_corr/k3_kl (verl's K3 KL between rollout and actor), rollout_corr/kl and the
 # log-ppl differences are 0.0 at every step for the invariant run *when the actor runs in invariant mode* (the actor
-# recomputes old_log_prob with the same model code and kernels: see packages/vexact-verl/README.md, status), and
-# clearly above 0 for the fast run (cuBLAS/SDPA rollout against the actor). Until the actor's invariant mode lands,
-# both runs compare the rollout against verl's stock HF actor, so both show a small nonzero mismatch.
+# recomputes old_log_prob with the same model code and kernels: pass actor_rollout_ref.actor.strategy=vexact), and
+# clearly above 0 for the fast run (cuBLAS/SDPA rollout against the same invariant actor). compare.py --expect-exact
+# exits non-zero otherwise. With verl's stock actor (strategy fsdp) both runs show a small nonzero mismatch.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-OUT=${OUT:-outputs/verify}
+RUN_DIR=${RUN_DIR:-outputs/verify}
+TAG=${TAG:-}  # appended to the run names, e.g. -2gpu
 for backend in invariant fast; do
-  BACKEND=$backend NAME=verify-$backend OUT=$OUT bash examples/verl_grpo/run_grpo.sh "$@"
+  BACKEND=$backend NAME=verify-$backend$TAG RUN_DIR=$RUN_DIR bash examples/verl_grpo/run_grpo.sh "$@"
 done
-python3 examples/verify/compare.py "$OUT/verify-invariant.jsonl" "$OUT/verify-fast.jsonl" --plot "$OUT/verify.png"
+python3 examples/verify/compare.py "$RUN_DIR/verify-invariant$TAG.jsonl" "$RUN_DIR/verify-fast$TAG.jsonl" \
+  --plot "$RUN_DIR/verify$TAG.png" --expect-exact

@@ -18,12 +18,13 @@ cd "$(dirname "$0")/../.."
 DATA=${DATA:-data/arith}
 BACKEND=${BACKEND:-invariant}
 STEPS=${STEPS:-20}
+LR=${LR:-1e-6}
 NAME=${NAME:-grpo-${BACKEND}}
-OUT=${OUT:-outputs/verl_grpo}
-mkdir -p "$OUT"
+RUN_DIR=${RUN_DIR:-outputs/verl_grpo}
+mkdir -p "$RUN_DIR"
 [ -f "$DATA/train.parquet" ] || python3 examples/verl_grpo/make_dataset.py --out "$DATA"
 # verl's file logger: one JSON line of metrics per step (examples/verify/compare.py reads it)
-export VERL_FILE_LOGGER_PATH=${VERL_FILE_LOGGER_PATH:-$OUT/$NAME.jsonl}
+export VERL_FILE_LOGGER_PATH=${VERL_FILE_LOGGER_PATH:-$RUN_DIR/$NAME.jsonl}
 rm -f "$VERL_FILE_LOGGER_PATH"
 
 python3 -m vexact_verl.main_ppo \
@@ -37,7 +38,7 @@ python3 -m vexact_verl.main_ppo \
   data.seed=0 \
   actor_rollout_ref.model.path="$MODEL" \
   actor_rollout_ref.model.use_remove_padding=True \
-  actor_rollout_ref.actor.optim.lr=1e-6 \
+  actor_rollout_ref.actor.optim.lr="$LR" \
   actor_rollout_ref.actor.ppo_mini_batch_size=32 \
   actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16 \
   actor_rollout_ref.actor.use_kl_loss=False \
@@ -60,5 +61,6 @@ python3 -m vexact_verl.main_ppo \
   trainer.logger='["console","file"]' \
   trainer.project_name=vexact_verl \
   trainer.experiment_name="$NAME" \
-  hydra.run.dir="$OUT/hydra/$NAME" \
+  trainer.default_local_dir="$RUN_DIR/checkpoints/$NAME" \
+  hydra.run.dir="$RUN_DIR/hydra/$NAME" \
   "$@"

@@ -1,0 +1,24 @@
+"""A shaped reward for the random-weights model (``make_model.py``), as a verl custom reward function.
+
+verl's GSM8K rule scores 1.0 for a correct ``#### <answer>`` and 0 otherwise. A random byte-level model never writes
+that, so every advantage would be zero and GRPO would never move the weights (the weight sync to the rollout would
+then carry nothing new). This adds partial credit for digits: 0.2 x the share of digit characters in the response.
+Random responses differ in it, so advantages are nonzero from step 1 and every step's update changes the policy.
+
+``reward.custom_reward_function.path=examples/verl_grpo/reward.py`` (name ``compute_score``, verl's default).
+"""
+
+from __future__ import annotations
+
+from verl.utils.reward_score import gsm8k
+
+DIGIT_CREDIT = 0.2
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> float:
+    exact = gsm8k.compute_score(solution_str, ground_truth)
+    if exact > 0:
+        return float(exact)
+    if not solution_str:
+        return 0.0
+    return DIGIT_CREDIT * sum(c.isdigit() for c in solution_str) / len(solution_str)
