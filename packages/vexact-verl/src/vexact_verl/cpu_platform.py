@@ -98,6 +98,7 @@ def register_platform() -> None:
         _dedupe_gloo_backend()
         _fill_device_module()
 
+
 def _dedupe_gloo_backend() -> None:
     """verl asks for ``f"cpu:gloo,{device}:{backend}"``, which on this platform is ``cpu:gloo,cpu:gloo``, a string
     torch rejects (duplicate device type). Make ``init_process_group`` read it as plain ``gloo``. Only done when
@@ -126,6 +127,7 @@ def _fill_device_module() -> None:
     state, ...). ``torch.cpu`` lacks them; lend it neutral ones (no device memory: 0 bytes, no-op frees, torch's own
     RNG state, host memory for ``mem_get_info``). verl keeps recognising ``torch.cpu`` by identity, so the module
     itself is kept."""
+
     def zero(*args, **kwargs):
         return 0
 

@@ -36,8 +36,8 @@ from tensordict import TensorDict
 from verl.utils import tensordict_utils as tu
 from verl.utils.dataset.dataset_utils import DatasetPadMode
 from verl.utils.device import get_device_id, get_device_name
-from verl.utils.torch_dtypes import PrecisionType
 from verl.utils.model import extract_multi_modal_inputs
+from verl.utils.torch_dtypes import PrecisionType
 from verl.workers.engine.base import EngineRegistry
 from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
 from verl.workers.engine.utils import detach_tree
