@@ -7,8 +7,12 @@
 # No checkpoint at hand (the GPU device has no hub)? `python examples/verl_grpo/make_model.py --out
 # data/qwen3-random` writes a random-weights byte-level Qwen3 with a chat template; MODEL=data/qwen3-random.
 #
-# The only vexact-specific settings are `actor_rollout_ref.rollout.name=vexact` and the rollout backend
-# (`BACKEND=invariant`, the default, or `fast` for the mismatch baseline); everything else is stock verl GRPO.
+# The only vexact-specific settings are `actor_rollout_ref.rollout.name=vexact`, the rollout backend
+# (`BACKEND=invariant`, the default, or `fast` for the mismatch baseline) and, for zero mismatch, the actor's
+# invariant mode: pass `actor_rollout_ref.actor.strategy=vexact` (without it verl's stock HF actor recomputes the
+# logprobs and a small mismatch remains). Everything else is stock verl GRPO. LR (default 1e-6, for a real
+# checkpoint), STEPS, RUN_DIR, NAME are environment variables. No GPU: VERL_PLATFORM=cpu, see
+# packages/vexact-verl/README.md ("verl on CPU").
 # `calculate_log_probs=True` makes verl log its rollout-correction metrics (rollout_corr/k3_kl, rollout_corr/kl,
 # rollout_corr/log_ppl_abs_diff, ...) every step: the rollout's logprobs against the actor's recomputed old_log_prob.
 # Extra Hydra overrides given on the command line are passed through.

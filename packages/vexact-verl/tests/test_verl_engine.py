@@ -13,8 +13,6 @@ Not exercised here: verl's Ray trainer workers (``TrainingWorker``) and a PPO st
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import torch
 
@@ -22,7 +20,6 @@ pytest.importorskip("verl", reason="verl is not installed: pip install 'vexact-v
 
 from tensordict import TensorDict  # noqa: E402
 from verl.plugin.platform import platform_manager  # noqa: E402
-from verl.plugin.platform.platform_base import PlatformBase  # noqa: E402
 from verl.trainer.config import CheckpointConfig  # noqa: E402
 from verl.utils import tensordict_utils as tu  # noqa: E402
 from verl.workers.config import FSDPEngineConfig, FSDPOptimizerConfig, HFModelConfig  # noqa: E402
@@ -31,74 +28,12 @@ from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_pad
 
 from vexact_models import default_checkpoint, iter_checkpoint, load_model  # noqa: E402
 from vexact_trainer import Actor, init_distributed  # noqa: E402
+from vexact_verl.cpu_platform import CPUPlatform  # noqa: E402
 from vexact_verl.engine import VexactEngineWithLMHead, is_engine_registered, register_engine  # noqa: E402
 
 PROMPTS = [[257, 72, 101], [257, 49, 43, 49, 61, 50], [257, 10], [257, 120, 61]]
 RESPONSES = [[50, 51, 52, 256], [33], [97, 98, 99, 100, 101], [55, 56]]
 TEMPS = [0.5, 1.0, 1.3, 0.8]
-
-
-class CPUPlatform(PlatformBase):
-    """The smallest verl platform for a CPU process: device "cpu", gloo. Test-only (verl 0.9.1 ships none)."""
-
-    device_name = "cpu"
-    vendor_name = "cpu"
-    device_module = torch.cpu  # verl checks `is torch.cpu` to skip memory stats
-
-    def is_available(self):
-        return True
-
-    def current_device(self):
-        return "cpu"
-
-    def device_count(self):
-        return 1
-
-    def set_device(self, device_index):
-        pass
-
-    def synchronize(self, device_index=None):
-        pass
-
-    def manual_seed(self, seed):
-        torch.manual_seed(seed)
-
-    manual_seed_all = manual_seed
-
-    def set_allocator_settings(self, settings):
-        pass
-
-    def empty_cache(self):
-        pass
-
-    def get_device_capability(self, device_index=0):
-        return None, None
-
-    def communication_backend_name(self):
-        return "gloo"
-
-    def visible_devices_envvar(self):
-        return "CUDA_VISIBLE_DEVICES"
-
-    def nvtx_range(self, msg):
-        return contextlib.nullcontext()
-
-    def profiler_start(self):
-        pass
-
-    profiler_stop = profiler_start
-
-    def ray_resource_name(self):
-        return "CPU"
-
-    def ray_noset_envvars(self):
-        return []
-
-    def is_ipc_supported(self):
-        return False
-
-    def cudart(self):
-        return None
 
 
 @pytest.fixture(
@@ -341,3 +276,19 @@ def test_one_hydra_setting_switches_actor_and_ref(device):
     ref = omega_conf_to_dataclass(ref_node)
     assert actor.engine.strategy == ref.engine.strategy == "vexact"
     assert EngineRegistry.get_engine_cls("language_model", actor.engine.strategy) is VexactEngineWithLMHead
+
+
+def test_a_veomni_engine_config_is_refused_by_name(device):
+    from verl.workers.config import VeOmniEngineConfig
+
+    model_config = HFModelConfig(path=str(default_checkpoint()))
+    model_config.model_type = "language_model"
+    with pytest.raises(NotImplementedError, match="VeOmniEngineConfig"):
+        EngineRegistry.new(
+            model_type="language_model",
+            backend="vexact",
+            model_config=model_config,
+            engine_config=VeOmniEngineConfig(),
+            optimizer_config=FSDPOptimizerConfig(lr=1e-3, total_training_steps=1),
+            checkpoint_config=CheckpointConfig(),
+        )

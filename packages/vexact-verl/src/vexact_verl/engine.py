@@ -200,6 +200,15 @@ class VexactEngineWithLMHead(FSDPEngineWithLMHead):
 
 
 def _check_supported(model_config, engine_config) -> None:
+    from verl.workers.config import FSDPEngineConfig
+
+    if not isinstance(engine_config, FSDPEngineConfig):
+        # e.g. model_engine=veomni: VeOmni's engine config describes VeOmni's own parallel plan, which this engine
+        # does not read; silently ignoring it would train something other than what was configured
+        raise NotImplementedError(
+            f"strategy=vexact replaces verl's FSDP engine and reads an FSDPEngineConfig; got "
+            f"{type(engine_config).__name__}. Use the default model_engine (fsdp) with actor.strategy=vexact"
+        )
     hf_type = model_config.hf_config.model_type
     if hf_type not in vexact_models.MODEL_CLASSES:
         raise NotImplementedError(
