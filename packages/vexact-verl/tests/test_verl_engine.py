@@ -56,7 +56,7 @@ def device(request, monkeypatch):
     return request.param
 
 
-def make_engine(forward_only: bool, **engine_kw):
+def make_engine(forward_only: bool, checkpoint_config: CheckpointConfig | None = None, **engine_kw):
     model_config = HFModelConfig(path=str(default_checkpoint()), enable_gradient_checkpointing=not forward_only)
     model_config.model_type = "language_model"  # what verl's TrainingWorker sets before EngineRegistry.new
     engine_config = FSDPEngineConfig(forward_only=forward_only, use_torch_compile=False, **engine_kw)
@@ -68,7 +68,7 @@ def make_engine(forward_only: bool, **engine_kw):
         model_config=model_config,
         engine_config=engine_config,
         optimizer_config=optim,
-        checkpoint_config=CheckpointConfig(),
+        checkpoint_config=checkpoint_config or CheckpointConfig(),
     )
     engine.initialize()
     return engine
@@ -244,6 +244,29 @@ def test_checkpoint_round_trip(device, tmp_path):
             engine.train_batch(verl_batch(1.0), _sum_loss)  # a second step needs the optimizer state too
     got, want = dict(b.get_per_tensor_param()[0]), dict(a.get_per_tensor_param()[0])
     assert all(torch.equal(got[n], want[n]) for n in want)
+
+
+def test_hf_model_checkpoint_holds_the_trained_weights(device, tmp_path):
+    """``hf_model`` in ``save_contents``: verl's HF export of the trained actor loads back, by vexact-models and by
+    transformers, with exactly the engine's weights."""
+    from transformers import AutoModelForCausalLM
+
+    contents = ["model", "optimizer", "extra", "hf_model"]
+    engine = make_engine(False, CheckpointConfig(save_contents=contents, load_contents=contents))
+    with engine.train_mode():
+        engine.train_batch(verl_batch(1.0), _sum_loss)
+    engine.save_checkpoint(str(tmp_path), global_step=1)
+    trained = {n: t.detach().cpu() for n, t in engine.get_per_tensor_param()[0]}
+    hf_dir = tmp_path / "huggingface"
+    saved = dict(iter_checkpoint(hf_dir))
+    assert set(saved) <= set(trained) and len(saved) >= len(trained) - 1  # a tied lm_head may be dropped
+    for name, t in saved.items():
+        assert torch.equal(t.to(trained[name].dtype), trained[name]), name
+    ours = dict(load_model(hf_dir, dtype=torch.float32).named_parameters())
+    hf = dict(AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).named_parameters())
+    for name, t in trained.items():
+        assert torch.equal(ours[name].detach(), t.float()), name
+        assert torch.equal(hf[name].detach(), t.float()), name
 
 
 def test_one_hydra_setting_switches_actor_and_ref(device):

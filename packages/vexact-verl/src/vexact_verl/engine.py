@@ -20,8 +20,8 @@ the rest of verl's engine (device mesh, micro-batching, optimizer and LR schedul
 What the engine refuses, by name, instead of silently computing something else: LoRA, QAT, Ulysses sequence
 parallelism, Liger/fused-kernel options, activation offload, ``calculate_sum_pi_squared``, top-k distillation,
 multimodal inputs, 3-D (mrope) position ids, model types vexact-models does not define, and non-bf16/fp32 mixed
-precision. verl's checkpoint save/load work (the HF config saved beside it is the checkpoint's own); saving
-``hf_model`` in ``checkpoint.save_contents`` raises ``NotImplementedError``.
+precision. verl's checkpoint save/load work (the HF config saved beside it is the checkpoint's own), ``hf_model`` in
+``checkpoint.save_contents`` included.
 
 Tested on CPU (``tests/test_verl_engine.py``) with verl's engine constructed for real on a gloo world-size-1 group;
 the only thing the test replaces is verl's platform singleton (a CPU platform, in the slot verl's ``set_platform``
@@ -30,6 +30,8 @@ verl's CUDA platform.
 """
 
 from __future__ import annotations
+
+import copy
 
 import torch
 from tensordict import TensorDict
@@ -181,17 +183,19 @@ class VexactEngineWithLMHead(FSDPEngineWithLMHead):
         return out
 
     def save_checkpoint(self, local_path, hdfs_path=None, global_step=0, max_ckpt_to_keep=None, **kwargs):
-        """verl's own checkpoint (per-rank model, optimizer and extra-state shards, HF config and tokenizer)."""
-        if self.checkpoint_manager.should_save_hf_model:
-            raise NotImplementedError(
-                "strategy=vexact: checkpoint.save_contents 'hf_model' is not implemented (verl rebuilds an HF model "
-                "class for it); save 'model', 'optimizer', 'extra'"
-            )
-        # verl's manager writes `model.config.save_pretrained(...)` and asks `model.can_generate()` on rank 0: show
-        # it the HF config of the same checkpoint for that call only (the vexact model keeps its own config)
+        """verl's own checkpoint (per-rank model, optimizer and extra-state shards, HF config and tokenizer, and with
+        ``hf_model`` in ``save_contents`` a full Hugging Face checkpoint under ``huggingface/``: the module carries HF
+        parameter names, so verl's own HF export applies to its state dict unchanged)."""
+        # verl's manager writes `model.config.save_pretrained(...)`, builds the HF class for `hf_model` from that
+        # config and asks `model.can_generate()` on rank 0: show it the HF config of the same checkpoint for that call
+        # only (the vexact model keeps its own config)
         module = self.module
         own_config = module.config
-        module.config, module.can_generate = self.model_config.hf_config, lambda: False
+        hf_config = copy.deepcopy(self.model_config.hf_config)
+        # verl sets flash_attention_2 on the config it trains HF models with; the class verl instantiates for
+        # `hf_model` only carries weights to save_pretrained, so build it without requiring flash-attn
+        hf_config._attn_implementation = "eager"
+        module.config, module.can_generate = hf_config, lambda: False
         try:
             super().save_checkpoint(local_path, hdfs_path, global_step, max_ckpt_to_keep, **kwargs)
         finally:
