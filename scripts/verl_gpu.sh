@@ -1,46 +1,53 @@
 #!/usr/bin/env bash
 # The verl GPU checks (issue #7) on the device, once verl is installed there (scripts/verl_device_wheels.sh: stage the
-# three bundles, then `install`, on the same warm machine). One call:
+# three bundles, then `install`, on the same warm machine).
 #
-#   bash scripts/verl_gpu.sh RESULTS_DIR [N_GPUS] [STEPS] [tests|runs|all]
+#   bash scripts/verl_gpu.sh RESULTS_DIR N_GPUS STEPS WHAT [LR]
 #
-# - tests: `pytest -m gpu packages/vexact-verl/tests` (the rollout and actor engine through verl's registries, CUDA)
-# - runs:  the verify pair (examples/verify/run_pair.sh): the same verl GRPO run with the invariant and the fast
-#          rollout backend, actor.strategy=vexact for both, on a random-weights Qwen3-shaped model (hidden 1024,
-#          8 layers, byte vocabulary; the device has no hub) with the shaped reward (examples/verl_grpo/reward.py);
-#          then examples/verify/compare.py --expect-exact, which fails unless every invariant step has K3 == 0.0
-#          and the fast run does not.
-# JSONL, plot and logs land in RESULTS_DIR.
+# WHAT:
+# - tests:     `pytest -m gpu packages/vexact-verl/tests` (rollout and actor engine through verl's registries, CUDA)
+# - invariant: one verl GRPO run, rollout backend invariant (examples/verl_grpo/run_grpo.sh)
+# - fast:      the same run with the fast rollout backend
+# - pair:      both, then examples/verify/compare.py --expect-exact (examples/verify/run_pair.sh)
+# Every run: actor_rollout_ref.actor.strategy=vexact, a random-weights Qwen3-shaped model (hidden 1024, 8 layers,
+# byte vocabulary; the device has no hub), the shaped reward examples/verl_grpo/reward.py, LR default 3e-6.
+# A pair of 20-step runs takes about 11 minutes on one H100, over the device's 10-minute call limit: run `invariant`
+# and `fast` in consecutive calls, then compare.py here. JSONL and logs land in RESULTS_DIR.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-RESULTS=${1:?usage: verl_gpu.sh RESULTS_DIR [N_GPUS] [STEPS] [tests|runs|all]}
+RESULTS=${1:?usage: verl_gpu.sh RESULTS_DIR N_GPUS STEPS tests|invariant|fast|pair [LR]}
 NGPU=${2:-1}
 STEPS=${3:-20}
-WHAT=${4:-all}
+WHAT=${4:-tests}
+LR=${5:-3e-6}
 mkdir -p "$RESULTS"
 export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 source scripts/device_env.sh
 python3 -c "import verl, ray; print('verl', verl.__version__, 'ray', ray.__version__)"
 
-if [ "$WHAT" = tests ] || [ "$WHAT" = all ]; then
-  python3 -m pytest -q -m gpu packages/vexact-verl/tests -p no:cacheprovider 2>&1 | tail -15 | tee "$RESULTS/pytest-verl-gpu.txt"
+if [ "$WHAT" = tests ]; then
+  python3 -m pytest -q -m gpu packages/vexact-verl/tests -p no:cacheprovider 2>&1 | tail -15
+  exit "${PIPESTATUS[0]}"
 fi
-if [ "$WHAT" = runs ] || [ "$WHAT" = all ]; then
-  MODEL=/tmp/verl-model
-  [ -f "$MODEL/config.json" ] || python3 examples/verl_grpo/make_model.py --out "$MODEL" --hidden 1024 --layers 8
-  python3 examples/verl_grpo/make_dataset.py --out /tmp/verl-data
-  # rollout.n=4 x 32 prompts = 128 sequences a step; 2 GPUs: 2 FSDP ranks and 2 rollout replicas
-  LOG="$RESULTS/run_pair-${NGPU}gpu.log"
-  rc=0
-  MODEL=$MODEL DATA=/tmp/verl-data STEPS=$STEPS LR=1e-5 RUN_DIR="$RESULTS" TAG="-${NGPU}gpu" \
-    bash examples/verify/run_pair.sh \
-    trainer.n_gpus_per_node="$NGPU" \
-    actor_rollout_ref.actor.strategy=vexact \
-    reward.custom_reward_function.path=examples/verl_grpo/reward.py \
-    > "$LOG" 2>&1 || rc=$?
-  # errors first (if any), then compare.py's table and verdict (the log's tail)
-  sed 's/\x1b\[[0-9;]*m//g' "$LOG" | grep -E "Error|Traceback" | grep -v "UserWarning\|truncation" | head -20 || true
-  tail -32 "$LOG"
-  echo "run_pair exit status: $rc"
-  exit "$rc"
-fi
+
+MODEL=/tmp/verl-model
+[ -f "$MODEL/config.json" ] || python3 examples/verl_grpo/make_model.py --out "$MODEL" --hidden 1024 --layers 8
+[ -f /tmp/verl-data/train.parquet ] || python3 examples/verl_grpo/make_dataset.py --out /tmp/verl-data
+# 32 prompts x rollout.n=4 a step; N_GPUS=2: 2 FSDP ranks and 2 rollout replicas (verl: world / TP)
+ARGS=(trainer.n_gpus_per_node="$NGPU" actor_rollout_ref.actor.strategy=vexact
+      reward.custom_reward_function.path=examples/verl_grpo/reward.py)
+export MODEL DATA=/tmp/verl-data STEPS LR RUN_DIR="$RESULTS"
+TAG="-${NGPU}gpu-lr${LR}"
+LOG="$RESULTS/$WHAT$TAG.log"
+rc=0
+case "$WHAT" in
+  invariant|fast) BACKEND=$WHAT NAME="verify-$WHAT$TAG" bash examples/verl_grpo/run_grpo.sh "${ARGS[@]}" > "$LOG" 2>&1 \
+                    || rc=$? ;;
+  pair) TAG=$TAG bash examples/verify/run_pair.sh "${ARGS[@]}" > "$LOG" 2>&1 || rc=$? ;;
+  *) echo "unknown WHAT: $WHAT" >&2; exit 2 ;;
+esac
+# errors first (if any), then the log's tail (compare.py's table and verdict for a pair)
+sed 's/\x1b\[[0-9;]*m//g' "$LOG" | grep -E "Error|Traceback" | grep -v "UserWarning\|truncation" | head -20 || true
+tail -32 "$LOG" | sed 's/\x1b\[[0-9;]*m//g' | cut -c1-300
+echo "exit status: $rc"
+exit "$rc"
