@@ -4,8 +4,9 @@ from .config import EngineConfig
 from .llm import LLM
 from .llm_engine import LLMEngine
 from .outputs import RequestOutput
+from .pipeline import PipelineLLM
 from .sampling_params import SamplingParams
 
 __version__ = "0.2.0"
 
-__all__ = ["LLM", "EngineConfig", "LLMEngine", "RequestOutput", "SamplingParams", "__version__"]
+__all__ = ["LLM", "EngineConfig", "LLMEngine", "PipelineLLM", "RequestOutput", "SamplingParams", "__version__"]

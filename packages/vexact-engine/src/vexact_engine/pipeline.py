@@ -17,8 +17,10 @@ Why this is bitwise equal to one device: a row's arithmetic never crosses a stag
 kernels on the same inputs as it would on one device; a stage boundary only moves exact bits from one device to the
 next. The contract test compares tokens and logprobs with ``torch.equal`` against a one-device engine.
 
-Scope: generation (continuous batching, chunked prefill, preemption, abort) runs eagerly; CUDA-graph decode,
-sleep/wake and weight updates are one-device features for now and raise a clear error here. The KV cache size must
+Scope: generation (continuous batching, chunked prefill, preemption, abort) runs eagerly (CUDA-graph decode is a
+one-device feature for now). ``sleep``/``wake_up``/``update_weights`` are called on rank 0, which sends them to every
+stage as a control message between steps; each stage applies the one-device logic to what it holds, and the driver
+gathers the answers (an error on any stage is raised on rank 0). The KV cache size must
 be given (``num_kv_blocks`` or ``kv_cache_bytes``): every stage must hold the same number of pages.
 """
 
@@ -71,14 +73,22 @@ class _StageRunner:
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self.hidden_size = cfg.hidden_size
-        shape = (num_blocks, config.block_size, cfg.num_key_value_heads, cfg.head_dim)
+        self.kv_shape = (num_blocks, config.block_size, cfg.num_key_value_heads, cfg.head_dim)
+        self.allocate()
+
+    def allocate(self) -> None:
+        """This stage's KV cache (its layers only); ``LLMEngine.wake_up`` calls it."""
         self.kv_caches = {
             i: (
-                torch.zeros(shape, dtype=self.dtype, device=self.device),
-                torch.zeros(shape, dtype=self.dtype, device=self.device),
+                torch.zeros(self.kv_shape, dtype=self.dtype, device=self.device),
+                torch.zeros(self.kv_shape, dtype=self.dtype, device=self.device),
             )
-            for i in layers
+            for i in self.layers
         }
+
+    def release(self) -> None:
+        """Drop the KV cache (``LLMEngine.sleep``)."""
+        self.kv_caches = None
 
     def _comm_device(self) -> torch.device:
         # NCCL moves device tensors; gloo moves host tensors
@@ -136,21 +146,50 @@ class _StageRunner:
     def stop_workers(self) -> None:
         dist.broadcast_object_list([None], src=0, device=self._comm_device())
 
+    def control(self, message: dict, local) -> list:
+        """Driver: send a control message (sleep, wake, weights) to every stage, apply it here with ``local``, and
+        gather every rank's answer (rank order). A stage's error comes back as its answer and is raised here, so a
+        bad update cannot leave the driver waiting."""
+        dist.broadcast_object_list([message], src=0, device=self._comm_device())
+        mine = _answer(local, message)
+        answers = [None] * self.world
+        dist.gather_object(mine, answers, dst=0)
+        for rank, ans in enumerate(answers):
+            if isinstance(ans, _StageError):
+                raise RuntimeError(f"pipeline stage {rank}: {ans.message}")
+        return answers
+
     # ---- worker side
-    def serve(self) -> int:
-        """Run steps as the driver sends them, until it stops the pipeline; returns the number of steps run."""
+    def serve(self, local) -> int:
+        """Run steps (and control messages, through ``local``) as the driver sends them, until it stops the
+        pipeline; returns the number of steps run."""
         steps = 0
         while True:
             box = [None]
             dist.broadcast_object_list(box, src=0, device=self._comm_device())
             if box[0] is None:
                 return steps
+            if "op" in box[0]:
+                dist.gather_object(_answer(local, box[0]), None, dst=0)
+                continue
             out = self._run_stage(box[0])
             if self.last and out is not None:
                 tokens, logprobs = out
                 both = torch.tensor([[float(t) for t in tokens], logprobs], dtype=torch.float64)
                 self._send(both.reshape(2, len(tokens)), 0)
             steps += 1
+
+
+class _StageError:
+    def __init__(self, message: str):
+        self.message = message
+
+
+def _answer(local, message: dict):
+    try:
+        return local(message)
+    except Exception as e:  # sent to the driver, which raises it
+        return _StageError(f"{type(e).__name__}: {e}")
 
 
 class PipelineLLM(LLM):
@@ -185,6 +224,7 @@ class PipelineLLM(LLM):
             if tokenizer is None:
                 tokenizer = load_tokenizer(model_path)
         self.stage = stage_layers(model.config.num_hidden_layers, self.world)[self.rank]
+        self._all_names = {name for name, _ in model.named_parameters(remove_duplicate=False)}
         layers = model.model.layers
         for i in range(len(layers)):
             if i not in self.stage:
@@ -193,6 +233,8 @@ class PipelineLLM(LLM):
         # graphs are one-device only for now: the driver's steps run eagerly (a copy: the caller's config is theirs)
         config = dataclasses.replace(config, enforce_eager=True)
         super().__init__(model=model, tokenizer=tokenizer, config=config)
+        self._own_names = {name for name, _ in self.model.named_parameters(remove_duplicate=False)}
+        self._remote_pending: set[str] = set()  # driver: weights other stages still miss
         log.info("pipeline rank %d/%d holds layers %s", self.rank, self.world, list(self.stage))
 
     def _make_runner(self, model: nn.Module, num_blocks: int) -> _StageRunner:
@@ -205,7 +247,7 @@ class PipelineLLM(LLM):
     def serve(self) -> int:
         if self.is_driver:
             raise RuntimeError("rank 0 drives the pipeline: call generate()/step() and shutdown(), not serve()")
-        return self.runner.serve()
+        return self.runner.serve(self._apply)
 
     def shutdown(self) -> None:
         """Driver only: release the other ranks from :meth:`serve`."""
@@ -213,14 +255,67 @@ class PipelineLLM(LLM):
             raise RuntimeError("only rank 0 shuts the pipeline down")
         self.runner.stop_workers()
 
+    # ---- sleep / wake / weights: the driver sends each to every stage, which applies the one-device logic to its
+    # own layers (and the embedding, norm and head every stage holds)
+    def _apply(self, message: dict):
+        op = message["op"]
+        if op == "sleep":
+            LLM.sleep(self, message["level"])
+        elif op == "wake_up":
+            LLM.wake_up(self)
+        elif op == "update_weights":
+            loaded = LLM.update_weights(self, [(n, t) for n, t in message["tensors"] if n in self._own_names])
+            return loaded, sorted(self._weights_pending)
+        else:
+            raise ValueError(f"unknown pipeline control message {op!r}")
+        return [], sorted(self._weights_pending)
+
+    def _drive(self, message: dict) -> list:
+        if not self.is_driver:
+            raise RuntimeError(f"{message['op']}() is called on rank 0, which sends it to every stage")
+        op = message["op"]
+        # refuse on the driver, before any stage acts, what a one-device engine would refuse
+        if op == "sleep":
+            if message["level"] not in (1, 2):
+                raise ValueError(
+                    f"sleep level must be 1 (offload weights) or 2 (discard weights), got {message['level']!r}"
+                )
+            if self.sleep_level:
+                raise RuntimeError(f"the engine is already asleep (level {self.sleep_level}); call wake_up() first")
+        if op in ("sleep", "update_weights") and self.has_unfinished_requests():
+            raise RuntimeError(f"{op} with {len(self._seqs)} unfinished request(s): finish or abort them first")
+        if op == "update_weights" and self.sleep_level:
+            raise RuntimeError(f"update_weights while asleep (level {self.sleep_level}): call wake_up() first")
+        answers = self.runner.control(message, self._apply)
+        # every stage's weights must be back before the next step (the driver's own: LLMEngine.step checks them)
+        self._remote_pending = {name for _, pending in answers[1:] for name in pending}
+        return answers
+
+    def step(self):
+        if self._remote_pending:
+            raise RuntimeError(
+                f"{len(self._remote_pending)} weight tensor(s) of other pipeline stages, discarded by sleep(level=2), "
+                f"are not reloaded yet, e.g. {sorted(self._remote_pending)[:3]}: call update_weights with them first"
+            )
+        return super().step()
+
     def sleep(self, level: int = 1) -> None:
-        raise NotImplementedError("sleep() is not supported by the pipeline-parallel engine yet")
+        """Every stage frees its KV cache and its weights (``level`` as for a one-device engine)."""
+        self._drive({"op": "sleep", "level": level})
 
     def wake_up(self) -> None:
-        raise NotImplementedError("wake_up() is not supported by the pipeline-parallel engine yet")
+        self._drive({"op": "wake_up"})
 
     def update_weights(self, named_tensors) -> list[str]:
-        raise NotImplementedError("update_weights() is not supported by the pipeline-parallel engine yet")
+        """Load HF-named tensors into the stages that hold them (each decoder layer's on its stage; the embedding,
+        norm and head on every stage). Returns the names loaded. A name no stage holds is refused by name."""
+        tensors = [(str(n), t.detach().to("cpu")) for n, t in named_tensors]
+        unknown = [n for n, _ in tensors if n not in self._all_names]
+        if unknown:
+            raise ValueError(f"{len(unknown)} tensor(s) the model does not have, e.g. {unknown[:5]}")
+        answers = self._drive({"op": "update_weights", "tensors": tensors})
+        loaded = {n for names, _ in answers for n in names}
+        return [n for n, _ in tensors if n in loaded]
 
 
 __all__ = ["PipelineLLM", "stage_layers"]
