@@ -29,8 +29,10 @@ def test_engine_kwargs_follow_verl_and_engine_kwargs_vexact():
 def test_layouts_that_would_change_reductions_are_refused():
     with pytest.raises(ValueError, match="tensor_model_parallel_size=2"):
         _check_layout(rollout(tensor_model_parallel_size=2))
-    with pytest.raises(NotImplementedError, match="pipeline_model_parallel_size=2"):
+    # pipeline parallelism keeps each row's reduction order: allowed, given a fixed KV cache shared by the stages
+    with pytest.raises(ValueError, match="pipeline_model_parallel_size=2.*num_kv_blocks"):
         _check_layout(rollout(pipeline_model_parallel_size=2))
+    _check_layout(rollout(pipeline_model_parallel_size=2, engine_kwargs={"vexact": {"num_kv_blocks": 64}}))
     with pytest.raises(ValueError, match="tensor_model_parallel_size=2"):
         ServerAdapter(rollout(tensor_model_parallel_size=2), None)
 

@@ -11,7 +11,6 @@ returned is checked against the trainer with ``torch.equal``.
 from __future__ import annotations
 
 import asyncio
-import os
 import types
 from importlib.metadata import entry_points
 
@@ -21,8 +20,6 @@ import torch
 pytest.importorskip("verl", reason="verl is not installed: pip install 'vexact-verl[verl]'")
 ray = pytest.importorskip("ray")
 
-import verl  # noqa: E402
-from hydra import compose, initialize_config_dir  # noqa: E402
 from verl.workers.rollout.base import get_rollout_class  # noqa: E402
 from verl.workers.rollout.llm_server import LLMServerManager  # noqa: E402
 from verl.workers.rollout.replica import get_rollout_replica_class  # noqa: E402
@@ -50,24 +47,9 @@ def ray_local():
 
 
 @pytest.fixture(scope="module")
-def config():
+def config(compose_rollout_config):
     """verl's own trainer config with the vexact rollout, as `python -m vexact_verl.main_ppo <overrides>` builds it."""
-    overrides = [
-        "actor_rollout_ref.rollout.name=vexact",
-        f"actor_rollout_ref.model.path={default_checkpoint()}",
-        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
-        "actor_rollout_ref.rollout.prompt_length=16",
-        "actor_rollout_ref.rollout.response_length=8",
-        "actor_rollout_ref.rollout.max_num_seqs=8",
-        "actor_rollout_ref.rollout.max_num_batched_tokens=64",
-        "actor_rollout_ref.rollout.calculate_log_probs=True",
-        "+actor_rollout_ref.rollout.engine_kwargs.vexact.num_kv_blocks=64",
-        "+actor_rollout_ref.rollout.engine_kwargs.vexact.block_size=4",
-        "trainer.n_gpus_per_node=1",
-    ]
-    with initialize_config_dir(config_dir=os.path.join(os.path.dirname(verl.__file__), "trainer", "config"),
-                               version_base=None):  # fmt: skip
-        return compose("ppo_trainer", overrides=overrides)
+    return compose_rollout_config("trainer.n_gpus_per_node=1")
 
 
 @pytest.fixture(scope="module")
@@ -149,7 +131,6 @@ def check_registered_in_a_fresh_ray_worker_by_importing_verl():
         import sys
 
         already = "vexact_verl" in sys.modules
-        import verl  # noqa: F401  (loads the verl.plugins entry points)
         from verl.workers.rollout.base import _ROLLOUT_REGISTRY
         from verl.workers.rollout.replica import RolloutReplicaRegistry
 

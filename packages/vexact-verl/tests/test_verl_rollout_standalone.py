@@ -13,7 +13,6 @@ checkpoint-engine transport (NCCL and the like) from a separate trainer.
 from __future__ import annotations
 
 import asyncio
-import os
 
 import pytest
 import torch
@@ -21,8 +20,6 @@ import torch
 pytest.importorskip("verl", reason="verl is not installed: pip install 'vexact-verl[verl]'")
 ray = pytest.importorskip("ray")
 
-import verl  # noqa: E402
-from hydra import compose, initialize_config_dir  # noqa: E402
 from verl.plugin.platform import platform_manager  # noqa: E402
 from verl.workers.rollout.llm_server import LLMServerManager  # noqa: E402
 
@@ -36,28 +33,12 @@ TEMPERATURE = 0.8
 
 
 @pytest.fixture
-def standalone(monkeypatch):
+def standalone(monkeypatch, compose_rollout_config):
     register()
     monkeypatch.setattr(platform_manager, "_current_platform", CPUPlatform())  # this process: the driver
     ray.init(num_cpus=4, num_gpus=1, include_dashboard=False, log_to_driver=False, configure_logging=False,
              runtime_env={"env_vars": {"VERL_PLATFORM": "cpu"}})  # fmt: skip
-    overrides = [
-        "actor_rollout_ref.rollout.name=vexact",
-        f"actor_rollout_ref.model.path={default_checkpoint()}",
-        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
-        "actor_rollout_ref.rollout.nnodes=1",
-        "actor_rollout_ref.rollout.n_gpus_per_node=1",
-        "actor_rollout_ref.rollout.prompt_length=16",
-        "actor_rollout_ref.rollout.response_length=8",
-        "actor_rollout_ref.rollout.max_num_seqs=8",
-        "actor_rollout_ref.rollout.max_num_batched_tokens=64",
-        "actor_rollout_ref.rollout.calculate_log_probs=True",
-        "+actor_rollout_ref.rollout.engine_kwargs.vexact.num_kv_blocks=64",
-        "+actor_rollout_ref.rollout.engine_kwargs.vexact.block_size=4",
-    ]
-    with initialize_config_dir(config_dir=os.path.join(os.path.dirname(verl.__file__), "trainer", "config"),
-                               version_base=None):  # fmt: skip
-        config = compose("ppo_trainer", overrides=overrides)
+    config = compose_rollout_config("actor_rollout_ref.rollout.nnodes=1", "actor_rollout_ref.rollout.n_gpus_per_node=1")
     loop = asyncio.new_event_loop()
     try:
         mgr = LLMServerManager.create(config, worker_group=None)

@@ -23,7 +23,7 @@ from verl.workers.config import HFModelConfig, RolloutConfig
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica
 
-from .server import ServerSettings, VexactServer, engine_kwargs_from_verl
+from .server import ServerSettings, VexactServer, VexactStage, engine_kwargs_from_verl
 
 log = logging.getLogger("vexact_verl")
 
@@ -55,11 +55,13 @@ def _check_layout(config) -> None:
         )
     if dp != 1:
         raise ValueError(f"rollout.data_parallel_size={dp}: use 1; verl makes one vexact replica per rollout world")
-    if pp != 1:
-        raise NotImplementedError(
-            f"rollout.pipeline_model_parallel_size={pp}: pipeline-parallel vexact replicas are not wired into verl "
-            "yet (vexact_engine's pipeline engine has no sleep/wake or weight update); use 1"
-        )
+    if pp > 1:
+        extra = dict((config.engine_kwargs or {}).get("vexact", None) or {})
+        if extra.get("num_kv_blocks") is None and extra.get("kv_cache_bytes") is None:
+            raise ValueError(
+                f"rollout.pipeline_model_parallel_size={pp}: every stage must hold the same KV pages; set "
+                "+rollout.engine_kwargs.vexact.num_kv_blocks (or kv_cache_bytes)"
+            )
 
 
 def server_settings(config: RolloutConfig, model_config, replica_rank: int, rollout_mode: str) -> ServerSettings:
@@ -79,6 +81,7 @@ def server_settings(config: RolloutConfig, model_config, replica_rank: int, roll
         free_cache_engine=bool(config.free_cache_engine),
         ignore_eos=bool(config.ignore_eos),
         sleep_level=2 if rollout_mode == "hybrid" else 1,
+        pipeline_parallel_size=int(config.pipeline_model_parallel_size),
     )
 
 
@@ -89,13 +92,16 @@ class VexactReplica(RolloutReplica):
         super().__init__(replica_rank, config, model_config, *args, **kwargs)
         _check_layout(self.config)
         self.server_class = ray.remote(VexactServer)
+        self.stage_class = ray.remote(VexactStage)
+        self.stages = []
 
     def _name(self, node_rank: int) -> str:
         role = "reward" if self.is_reward_model else "teacher" if self.is_teacher_model else ""
         return server_actor_name(self.replica_rank, node_rank, role, self.name_suffix)
 
     async def launch_servers(self):
-        """Start the server actor on the node of the replica's first worker, seeing that worker's GPU."""
+        """Start the server actor on the node of the replica's first worker, seeing that worker's GPU; with
+        ``pipeline_model_parallel_size`` > 1 also one stage actor per further worker, on that worker's GPU."""
         if len(self.workers) != self.world_size:
             raise RuntimeError(f"vexact replica {self.replica_rank}: {len(self.workers)} workers for world size "
                                f"{self.world_size}")  # fmt: skip
@@ -106,23 +112,39 @@ class VexactReplica(RolloutReplica):
             return ctx.get_node_id(), ",".join(str(g) for g in gpus)
 
         infos = await asyncio.gather(*[w.__ray_call__.remote(where) for w in self.workers])
-        node_id, visible = infos[0]
+        visible = infos[0][1]
         mode = self.rollout_mode.value if self.rollout_mode is not None else "hybrid"
         settings = server_settings(self.config, self.model_config, self.replica_rank, mode)
-        # Ray empties CUDA_VISIBLE_DEVICES in an actor that asked for no GPU unless told not to: the server asks for
-        # none (the GPU belongs to the worker it shares it with) and sets the worker's device itself.
-        env = {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"} if visible else {}
-        server = self.server_class.options(
-            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
-            runtime_env={"env_vars": env},
-            name=self._name(0),
-            max_concurrency=self.max_concurrency,
-        ).remote(settings, mode, self.replica_rank, 0, visible or None)
+        server = self._place(self.server_class, infos[0], name=self._name(0), max_concurrency=self.max_concurrency)
+        server = server.remote(settings, mode, self.replica_rank, 0, visible or None)
         self.servers = [server]
-        await server.launch_server.remote()
+        if settings.pipeline_parallel_size > 1:
+            # stage r on the GPU of the replica's worker r; all stages join one process group, stage 0 drives
+            address = await server.pick_dist_address.remote()
+            self.stages = [
+                self._place(self.stage_class, info, name=f"{self._name(0)}_stage{r}").remote(
+                    settings, r, info[1] or None
+                )
+                for r, info in enumerate(infos[1:], start=1)
+            ]
+            await asyncio.gather(server.launch_server.remote(address), *[s.launch.remote(address) for s in self.stages])
+        else:
+            await server.launch_server.remote()
         ip, port = await server.get_server_address.remote()
         self._server_handle = server
         self._server_address = f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
+
+    def _place(self, actor_class, info: tuple[str, str], **options):
+        """The actor on the node of a worker, seeing that worker's GPU(s)."""
+        node_id, visible = info
+        # Ray empties CUDA_VISIBLE_DEVICES in an actor that asked for no GPU unless told not to: the actor asks for
+        # none (the GPU belongs to the worker it shares it with) and sets the worker's device itself.
+        env = {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"} if visible else {}
+        return actor_class.options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
+            runtime_env={"env_vars": env},
+            **options,
+        )
 
     async def sleep(self):
         await asyncio.gather(*[s.wait_for_requests_to_drain.remote() for s in self.servers])

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from vexact_engine import EngineConfig, LLMEngine, RequestOutput, SamplingParams
+from vexact_engine import EngineConfig, LLMEngine, PipelineLLM, RequestOutput, SamplingParams
 
 log = logging.getLogger("vexact_verl")
 
@@ -55,6 +55,7 @@ class ServerSettings:
     free_cache_engine: bool = True
     ignore_eos: bool = False
     sleep_level: int = 2  # hybrid: weights are re-sent after every sleep, so they need not be kept
+    pipeline_parallel_size: int = 1  # > 1: stages of layers on that many GPUs (vexact_engine.PipelineLLM)
 
 
 def engine_kwargs_from_verl(config, replica_rank: int = 0) -> dict[str, Any]:
@@ -174,8 +175,13 @@ class VexactServer:
         self._port, self._port_sock = _free_port()
 
     # ---- lifecycle
-    async def launch_server(self) -> None:
-        """Build the engine (load the checkpoint) and start the stepping task."""
+    async def launch_server(self, dist_address: tuple[str, int] | None = None) -> None:
+        """Build the engine (load the checkpoint) and start the stepping task.
+
+        Pipeline-parallel replica (``settings.pipeline_parallel_size > 1``): this server is stage 0 and the pipeline's
+        driver; ``dist_address`` (from :meth:`pick_dist_address`) is where the stages meet, and the replica launches
+        the other stages (:class:`VexactStage`) at the same time, since joining the process group waits for all.
+        """
         if self.engine is not None:
             return
         try:
@@ -184,16 +190,31 @@ class VexactServer:
             self._ip = ray.util.get_node_ip_address().strip("[]")
         except Exception:  # not inside Ray (direct use in a test): keep the loopback address
             pass
-        engine_kw = dict(self.settings.engine)
-        # decided here, in the process that owns the device (verl's driver-side actors see no GPU)
-        engine_kw.setdefault("device", "cuda" if torch.cuda.is_available() else "cpu")
-        self.engine = await asyncio.to_thread(LLMEngine, self.settings.model_path, **engine_kw)
+        engine_kw = _engine_kwargs(self.settings)
+        if self.settings.pipeline_parallel_size > 1:
+            if dist_address is None:
+                raise ValueError("a pipeline-parallel server needs the stages' dist_address to launch")
+            self.engine = await asyncio.to_thread(_pipeline_engine, self.settings, engine_kw, 0, dist_address)
+        else:
+            self.engine = await asyncio.to_thread(LLMEngine, self.settings.model_path, **engine_kw)
         if self.engine.max_model_len < self.settings.max_model_len:
             log.warning("max_model_len %d capped at the model's %d", self.settings.max_model_len,
                         self.engine.max_model_len)  # fmt: skip
             self.settings.max_model_len = self.engine.max_model_len
         self._ready.set()
         self._loop_task = asyncio.get_running_loop().create_task(self._step_loop())
+
+    def pick_dist_address(self) -> tuple[str, int]:
+        """A free TCP port on this server's node, where a pipeline's stages form their process group."""
+        port, sock = _free_port()
+        sock.close()
+        try:
+            import ray
+
+            ip = ray.util.get_node_ip_address().strip("[]")
+        except Exception:
+            ip = "127.0.0.1"
+        return ip, port
 
     def get_server_address(self) -> tuple[str, int]:
         """A distinct (ip, port) per server: verl keys its load balancer by it. No HTTP server is started."""
@@ -410,6 +431,61 @@ class VexactServer:
         buckets loaded, requests not answered yet, CUDA memory allocated by this process."""
         device_bytes = torch.cuda.memory_allocated() if torch.cuda.is_initialized() else 0
         return dict(self.stats, in_flight=len(self._futures), device_bytes=device_bytes)
+
+
+def _engine_kwargs(settings: ServerSettings) -> dict[str, Any]:
+    kw = dict(settings.engine)
+    # decided here, in the process that owns the device (verl's driver-side actors see no GPU)
+    kw.setdefault("device", "cuda" if torch.cuda.is_available() else "cpu")
+    return kw
+
+
+def _pipeline_engine(settings: ServerSettings, engine_kw: dict, rank: int, dist_address: tuple[str, int]):
+    """Join the stages' process group (rank ``rank`` of ``pipeline_parallel_size``) and build this rank's stage."""
+    import torch.distributed as dist
+
+    on_cuda = str(engine_kw["device"]).startswith("cuda")
+    if on_cuda:
+        torch.cuda.set_device(0)  # the one GPU this process sees (the replica sets CUDA_VISIBLE_DEVICES)
+    ip, port = dist_address
+    dist.init_process_group(
+        "nccl" if on_cuda else "gloo",
+        init_method=f"tcp://{ip}:{port}",
+        rank=rank,
+        world_size=settings.pipeline_parallel_size,
+    )
+    return PipelineLLM(settings.model_path, **engine_kw)
+
+
+class VexactStage:
+    """A pipeline-parallel replica's stage ``rank`` >= 1 (Ray actor): its layers and KV cache, driven by stage 0's
+    :class:`VexactServer` (the pipeline's driver). Its engine serves in a thread until the actor ends."""
+
+    def __init__(self, settings: ServerSettings, rank: int, cuda_visible_devices: str | None = None):
+        if cuda_visible_devices:
+            os.environ["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices
+        self.settings = settings
+        self.rank = rank
+        self.engine = None
+        self._thread = None
+        self._error: str | None = None
+
+    def launch(self, dist_address: tuple[str, int]) -> None:
+        import threading
+
+        self.engine = _pipeline_engine(self.settings, _engine_kwargs(self.settings), self.rank, dist_address)
+
+        def serve():
+            try:
+                self.engine.serve()
+            except Exception as e:  # the driver gone (actor teardown) or a broken group: kept for status()
+                self._error = f"{type(e).__name__}: {e}"
+
+        self._thread = threading.Thread(target=serve, name=f"vexact-stage-{self.rank}", daemon=True)
+        self._thread.start()
+
+    def status(self) -> dict[str, Any]:
+        return {"rank": self.rank, "serving": bool(self._thread and self._thread.is_alive()), "error": self._error}
 
 
 def _engine_call(engine: LLMEngine, name: str, **kw):

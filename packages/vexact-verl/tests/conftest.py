@@ -1,0 +1,39 @@
+"""Shared by the rollout tests: verl's own trainer config with the vexact rollout on the tiny model."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def compose_rollout_config():
+    """``compose(*extra)``: verl's ``ppo_trainer`` config, as ``python -m vexact_verl.main_ppo <overrides>`` builds it,
+    with the vexact rollout on the tiny checkpoint (small lengths and KV cache) plus ``extra`` overrides."""
+
+    def compose(*extra: str):
+        import verl
+        from hydra import compose as hydra_compose
+        from hydra import initialize_config_dir
+
+        from vexact_models import default_checkpoint
+
+        overrides = [
+            "actor_rollout_ref.rollout.name=vexact",
+            f"actor_rollout_ref.model.path={default_checkpoint()}",
+            "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+            "actor_rollout_ref.rollout.prompt_length=16",
+            "actor_rollout_ref.rollout.response_length=8",
+            "actor_rollout_ref.rollout.max_num_seqs=8",
+            "actor_rollout_ref.rollout.max_num_batched_tokens=64",
+            "actor_rollout_ref.rollout.calculate_log_probs=True",
+            "+actor_rollout_ref.rollout.engine_kwargs.vexact.num_kv_blocks=64",
+            "+actor_rollout_ref.rollout.engine_kwargs.vexact.block_size=4",
+            *extra,
+        ]
+        config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
+        with initialize_config_dir(config_dir=config_dir, version_base=None):
+            return hydra_compose("ppo_trainer", overrides=overrides)
+
+    return compose
