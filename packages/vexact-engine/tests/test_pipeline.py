@@ -6,6 +6,7 @@ two-GPU host (see ``contracts/test_engine_gpu.py``' pipeline entry).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -40,12 +41,20 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rank_main(rank: int, world: int, port: int, out_path: str) -> None:
+@contextlib.contextmanager
+def _stage(rank: int, world: int, port: int):
+    """This rank's PipelineLLM on a gloo group that is torn down afterwards."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        llm = PipelineLLM(model=_model(), **ENGINE)
+        yield PipelineLLM(model=_model(), **ENGINE)
+    finally:
+        dist.destroy_process_group()
+
+
+def _rank_main(rank: int, world: int, port: int, out_path: str) -> None:
+    with _stage(rank, world, port) as llm:
         if llm.is_driver:
             prompts, params = _workload()
             outs = llm.generate(prompts, params, use_tqdm=False)
@@ -61,8 +70,6 @@ def _rank_main(rank: int, world: int, port: int, out_path: str) -> None:
                 )
         else:
             assert llm.serve() > 0
-    finally:
-        dist.destroy_process_group()
 
 
 def test_stage_layers():
@@ -92,11 +99,7 @@ def test_pipeline_needs_a_process_group_and_a_fixed_cache():
 
 def _rank_main_weights(rank: int, world: int, port: int, out_path: str) -> None:
     """Sleep (both levels), wake and a bucketed weight update, driven from rank 0 through every stage."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        llm = PipelineLLM(model=_model(), **ENGINE)
+    with _stage(rank, world, port) as llm:
         if not llm.is_driver:
             llm.serve()
             return
@@ -129,8 +132,6 @@ def _rank_main_weights(rank: int, world: int, port: int, out_path: str) -> None:
         llm.shutdown()
         with open(out_path, "w") as f:
             json.dump(res, f)
-    finally:
-        dist.destroy_process_group()
 
 
 def test_pipeline_sleep_wake_and_weight_update_equal_one_device(tmp_path):

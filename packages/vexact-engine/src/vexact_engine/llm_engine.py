@@ -175,12 +175,7 @@ class LLMEngine:
         the next step. Refused while requests are unfinished (their KV would be lost): finish or abort them first.
         Requests may be added while asleep; they run after waking. On CPU the same happens with host storages.
         """
-        if level not in (1, 2):
-            raise ValueError(f"sleep level must be 1 (offload weights) or 2 (discard weights), got {level!r}")
-        if self.sleep_level:
-            raise RuntimeError(f"the engine is already asleep (level {self.sleep_level}); call wake_up() first")
-        if self.has_unfinished_requests():
-            raise RuntimeError(f"sleep with {len(self._seqs)} unfinished request(s): finish or abort them first")
+        self._refuse_sleep(level)
         self.runner.release()
         on_cuda = self.runner.device.type == "cuda"
         for name, t, is_param in self._named_tensors():
@@ -204,6 +199,22 @@ class LLMEngine:
             torch.cuda.synchronize(self.runner.device)  # the copies must land before the storages are freed
             torch.cuda.empty_cache()
         self.sleep_level = level
+
+    def _refuse_sleep(self, level: int) -> None:
+        if level not in (1, 2):
+            raise ValueError(f"sleep level must be 1 (offload weights) or 2 (discard weights), got {level!r}")
+        if self.sleep_level:
+            raise RuntimeError(f"the engine is already asleep (level {self.sleep_level}); call wake_up() first")
+        if self.has_unfinished_requests():
+            raise RuntimeError(f"sleep with {len(self._seqs)} unfinished request(s): finish or abort them first")
+
+    def _refuse_update(self) -> None:
+        if self.sleep_level:
+            raise RuntimeError(f"update_weights while asleep (level {self.sleep_level}): call wake_up() first")
+        if self.has_unfinished_requests():
+            raise RuntimeError(
+                f"update_weights with {len(self._seqs)} unfinished request(s): finish or abort them first"
+            )
 
     def wake_up(self) -> None:
         """Restore what :meth:`sleep` freed: weights (level 1; level 2 leaves them to :meth:`update_weights`),
@@ -313,12 +324,7 @@ class LLMEngine:
         copied one at a time). Names, shapes and dtypes are checked; a partial update is allowed. The KV cache of
         running requests was computed with the old weights, so updating while requests are in flight is refused.
         """
-        if self.sleep_level:
-            raise RuntimeError(f"update_weights while asleep (level {self.sleep_level}): call wake_up() first")
-        if self.has_unfinished_requests():
-            raise RuntimeError(
-                f"update_weights with {len(self._seqs)} unfinished request(s): finish or abort them first"
-            )
+        self._refuse_update()
         loaded = load_weights(self.model, named_tensors, strict=False)
         self._weights_pending.difference_update(loaded)
         if self.model.config.tie_word_embeddings and "lm_head.weight" in self._weights_pending:

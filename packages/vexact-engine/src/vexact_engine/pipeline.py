@@ -276,16 +276,9 @@ class PipelineLLM(LLM):
         op = message["op"]
         # refuse on the driver, before any stage acts, what a one-device engine would refuse
         if op == "sleep":
-            if message["level"] not in (1, 2):
-                raise ValueError(
-                    f"sleep level must be 1 (offload weights) or 2 (discard weights), got {message['level']!r}"
-                )
-            if self.sleep_level:
-                raise RuntimeError(f"the engine is already asleep (level {self.sleep_level}); call wake_up() first")
-        if op in ("sleep", "update_weights") and self.has_unfinished_requests():
-            raise RuntimeError(f"{op} with {len(self._seqs)} unfinished request(s): finish or abort them first")
-        if op == "update_weights" and self.sleep_level:
-            raise RuntimeError(f"update_weights while asleep (level {self.sleep_level}): call wake_up() first")
+            self._refuse_sleep(message["level"])
+        elif op == "update_weights":
+            self._refuse_update()
         answers = self.runner.control(message, self._apply)
         # every stage's weights must be back before the next step (the driver's own: LLMEngine.step checks them)
         self._remote_pending = {name for _, pending in answers[1:] for name in pending}
