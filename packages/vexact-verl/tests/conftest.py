@@ -3,8 +3,28 @@
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
 import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture(scope="session")
+def subprocess_env():
+    """``env(**extra)``: this process's environment for a child that must run this interpreter (first on PATH, for
+    scripts that call ``python3``) and import the monorepo's packages whether or not they are installed."""
+
+    def env(**extra: str) -> dict[str, str]:
+        out = dict(os.environ)
+        out["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{out.get('PATH', '')}"
+        srcs = [str(p) for p in sorted((ROOT / "packages").glob("*/src"))]
+        out["PYTHONPATH"] = os.pathsep.join([*srcs, str(ROOT), *filter(None, [out.get("PYTHONPATH")])])
+        out.update(extra)
+        return out
+
+    return env
 
 
 @pytest.fixture(scope="module")

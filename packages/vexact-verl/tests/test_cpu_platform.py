@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -16,8 +14,6 @@ from verl.plugin.platform.platform_manager import PlatformRegistry  # noqa: E402
 from vexact_verl import register  # noqa: E402
 from vexact_verl.cpu_platform import CPUPlatform  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[3]
-
 
 def test_registered_but_never_auto_detected():
     register()
@@ -27,14 +23,7 @@ def test_registered_but_never_auto_detected():
     assert (p.device_name, p.communication_backend_name(), p.ray_resource_name()) == ("cpu", "gloo", "GPU")
 
 
-def _run(code: str, **env) -> subprocess.CompletedProcess:
-    srcs = [str(p) for p in sorted((ROOT / "packages").glob("*/src"))]
-    full = dict(os.environ, **env)
-    full["PYTHONPATH"] = os.pathsep.join([*srcs, *filter(None, [os.environ.get("PYTHONPATH")])])
-    return subprocess.run([sys.executable, "-c", code], env=full, capture_output=True, text=True, timeout=300)
-
-
-def test_verl_platform_cpu_selects_it_and_lends_what_verl_calls():
+def test_verl_platform_cpu_selects_it_and_lends_what_verl_calls(subprocess_env):
     code = """
 import torch, vexact_verl
 from verl.utils.device import get_device_name, get_nccl_backend, get_torch_device
@@ -55,16 +44,20 @@ initialize_global_process_group_ray()  # verl's "cpu:gloo,cpu:gloo"
 assert torch.distributed.get_backend() == "gloo"
 print("ok")
 """
-    proc = _run(code, VERL_PLATFORM="cpu")
+    proc = _run(code, subprocess_env(VERL_PLATFORM="cpu"))
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
 
 
-def test_without_the_variable_nothing_is_lent():
+def test_without_the_variable_nothing_is_lent(subprocess_env):
     code = """
 import torch, vexact_verl
 assert not hasattr(torch.cpu, "memory_reserved")
 assert not getattr(torch.distributed.init_process_group, "_vexact_cpu", False)
 print("ok")
 """
-    proc = _run(code, VERL_PLATFORM="")
+    proc = _run(code, subprocess_env(VERL_PLATFORM=""))
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
+
+
+def _run(code: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)

@@ -14,7 +14,6 @@ against the same actor must not: that is the check seen failing, on the same met
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -32,29 +31,19 @@ STEPS = 2
 
 
 @pytest.fixture(scope="module")
-def inputs(tmp_path_factory):
+def inputs(tmp_path_factory, subprocess_env):
     d = tmp_path_factory.mktemp("verl_grpo")
     py = sys.executable
     subprocess.run([py, str(ROOT / "examples/verl_grpo/make_model.py"), "--out", str(d / "model"), "--hidden", "64",
-                    "--layers", "2"], check=True, env=_env())  # fmt: skip
+                    "--layers", "2"], check=True, env=subprocess_env())  # fmt: skip
     subprocess.run([py, str(ROOT / "examples/verl_grpo/make_dataset.py"), "--out", str(d / "data"), "--train", "64",
-                    "--test", "8"], check=True, env=_env())  # fmt: skip
+                    "--test", "8"], check=True, env=subprocess_env())  # fmt: skip
     return d
 
 
-def _env(**extra) -> dict[str, str]:
-    env = dict(os.environ)
-    # run_grpo.sh calls python3: make it this interpreter, and let it find the monorepo's packages installed or not
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    srcs = [str(p) for p in sorted((ROOT / "packages").glob("*/src"))]
-    env["PYTHONPATH"] = os.pathsep.join([*srcs, str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
-    env.update(extra)
-    return env
-
-
-def run_grpo(inputs: Path, backend: str) -> list[dict]:
+def run_grpo(inputs: Path, backend: str, subprocess_env) -> list[dict]:
     out = inputs / f"run-{backend}"
-    env = _env(VERL_PLATFORM="cpu", MODEL=str(inputs / "model"), DATA=str(inputs / "data"), BACKEND=backend,
+    env = subprocess_env(VERL_PLATFORM="cpu", MODEL=str(inputs / "model"), DATA=str(inputs / "data"), BACKEND=backend,
                STEPS=str(STEPS), LR="1e-4", RUN_DIR=str(out), NAME=f"cpu-{backend}")  # fmt: skip
     env.pop("RAY_ADDRESS", None)  # a cluster of its own
     cmd = ["bash", str(ROOT / "examples/verl_grpo/run_grpo.sh"),
@@ -75,8 +64,8 @@ def run_grpo(inputs: Path, backend: str) -> list[dict]:
     return [r["data"] for r in sorted(records, key=lambda r: r["step"])]
 
 
-def test_verl_grpo_on_cpu_invariant_is_exact_and_fast_is_not(inputs):
-    inv = run_grpo(inputs, "invariant")
+def test_verl_grpo_on_cpu_invariant_is_exact_and_fast_is_not(inputs, subprocess_env):
+    inv = run_grpo(inputs, "invariant", subprocess_env)
     assert len(inv) == STEPS
     for step, m in enumerate(inv, 1):
         assert m["rollout_corr/k3_kl"] == 0.0, (step, m["rollout_corr/k3_kl"])
@@ -84,7 +73,7 @@ def test_verl_grpo_on_cpu_invariant_is_exact_and_fast_is_not(inputs):
         assert m["training/rollout_probs_diff_max"] == 0.0, (step, m["training/rollout_probs_diff_max"])
         assert m["actor/grad_norm"] > 0.0, step  # a real update, so step 2 samples from synced new weights
         assert "timing_s/update_weights" in m
-    fast = run_grpo(inputs, "fast")
+    fast = run_grpo(inputs, "fast", subprocess_env)
     assert len(fast) == STEPS
     assert all(m["rollout_corr/k3_kl"] > 0.0 for m in fast), [m["rollout_corr/k3_kl"] for m in fast]
     assert all(m["training/rollout_probs_diff_max"] > 0.0 for m in fast)

@@ -56,8 +56,8 @@ def _check_layout(config) -> None:
     if dp != 1:
         raise ValueError(f"rollout.data_parallel_size={dp}: use 1; verl makes one vexact replica per rollout world")
     if pp > 1:
-        extra = dict((config.engine_kwargs or {}).get("vexact", None) or {})
-        if extra.get("num_kv_blocks") is None and extra.get("kv_cache_bytes") is None:
+        engine = engine_kwargs_from_verl(config)
+        if engine.get("num_kv_blocks") is None and engine.get("kv_cache_bytes") is None:
             raise ValueError(
                 f"rollout.pipeline_model_parallel_size={pp}: every stage must hold the same KV pages; set "
                 "+rollout.engine_kwargs.vexact.num_kv_blocks (or kv_cache_bytes)"

@@ -148,9 +148,7 @@ class VexactServer:
         node_rank: int = 0,
         cuda_visible_devices: str | None = None,
     ):
-        if cuda_visible_devices:
-            # set before CUDA initialises: the server shares the GPU(s) of the trainer ranks of its replica
-            os.environ["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices
+        _see_devices(cuda_visible_devices)
         self.settings = settings
         self.rollout_mode = rollout_mode
         self.replica_rank = replica_rank
@@ -433,6 +431,12 @@ class VexactServer:
         return dict(self.stats, in_flight=len(self._futures), device_bytes=device_bytes)
 
 
+def _see_devices(cuda_visible_devices: str | None) -> None:
+    """Set before CUDA initialises: a server or stage shares the GPU(s) of a trainer rank of its replica."""
+    if cuda_visible_devices:
+        os.environ["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices
+
+
 def _engine_kwargs(settings: ServerSettings) -> dict[str, Any]:
     kw = dict(settings.engine)
     # decided here, in the process that owns the device (verl's driver-side actors see no GPU)
@@ -462,8 +466,7 @@ class VexactStage:
     :class:`VexactServer` (the pipeline's driver). Its engine serves in a thread until the actor ends."""
 
     def __init__(self, settings: ServerSettings, rank: int, cuda_visible_devices: str | None = None):
-        if cuda_visible_devices:
-            os.environ["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices
+        _see_devices(cuda_visible_devices)
         self.settings = settings
         self.rank = rank
         self.engine = None
