@@ -10,6 +10,7 @@ from .aten_mode import disable_invariant_mode, enable_invariant_mode, invariant_
 from .attention import ATTN_BLOCK_N, attention_packed, attention_paged, write_kv_cache
 from .linear import LINEAR_BLOCK_K, linear
 from .logprobs import compute_logits, entropy_from_logprobs, log_softmax, logprobs_from_hidden
+from .moe import fused_moe, moe_route
 from .rms_norm import rms_norm
 from .rotary import apply_rotary, rope_cos_sin
 
@@ -26,11 +27,13 @@ __all__ = [
     "compute_logits",
     "disable_invariant_mode",
     "enable_invariant_mode",
+    "fused_moe",
     "entropy_from_logprobs",
     "get_backend",
     "invariant_mode",
     "linear",
     "log_softmax",
+    "moe_route",
     "logprobs_from_hidden",
     "rms_norm",
     "rope_cos_sin",

@@ -1,0 +1,169 @@
+"""Mixture of experts: top-k routing (:func:`moe_route`) and the fused expert MLP (:func:`fused_moe`).
+
+Layout (transformers' own, in memory): ``w_gate_up [E, 2I, H]`` (gate rows ``[0, I)``, up rows ``[I, 2I)``) and
+``w_down [E, H, I]``; a token ``t`` goes through experts ``topk_ids[t, 0..k-1]`` with weights ``topk_weights[t]``.
+
+Invariance (``invariant`` backend): a token's output is a function of its own hidden row, its expert ids and weights
+and the expert weights, never of how many tokens its experts received, which other tokens share the batch, the
+chunking, or whether a training batch, a prefill chunk or a decode step ran it:
+
+* routing: softmax over the experts in fp32 (max, ``exp``, a fixed-order sum over E); top-k by a stable descending
+  sort, so ties go to the lower expert index; renormalisation sums the k weights in rank order;
+* experts: each (token, rank) pair is one row of a grouped GEMM over the pairs sorted (stably) by expert. A row is
+  reduced over K in a fixed order that depends on K alone (the CPU reference: ``linear``'s blocks of
+  ``LINEAR_BLOCK_K``; the Triton kernel: ``matmul``'s ``BLOCK_K`` tiles in K order), never shared with another row;
+  gate/up are cast to the activation dtype, silu-and-mul runs in fp32 and is cast once, down stays fp32;
+* combine: ``out[t] = ((0 + w_0 * y_0) + w_1 * y_1) + ...`` in fp32 in the token's own top-k rank order, cast once.
+
+The ``fast`` backend is the mismatch baseline, as transformers runs it: bf16 router logits, ``torch.topk``, one
+``F.linear`` per expert in the activation dtype, the weighted outputs added with ``index_add_`` in expert order.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ._backend import check_float, get_backend, invariant_device_check
+from ._reduce import tree_sum
+from .activation import silu_and_mul
+from .linear import _linear_reference
+from .triton_ops import use_triton
+
+
+def _check_route_args(router_logits: torch.Tensor, top_k: int) -> None:
+    check_float("moe_route", "router_logits", router_logits)
+    if router_logits.dim() != 2:
+        raise ValueError(f"moe_route: router_logits must be [T, E]; got {tuple(router_logits.shape)}")
+    e = router_logits.shape[1]
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= e:
+        raise ValueError(f"moe_route: top_k must be in [1, num_experts={e}]; got {top_k!r}")
+
+
+def moe_route(
+    router_logits: torch.Tensor, top_k: int, norm_topk_prob: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax top-k routing: ``(topk_weights [T, k] fp32, topk_ids [T, k] int64)`` from ``router_logits [T, E]``.
+
+    Ranks are ordered by probability, ties by the lower expert index. Differentiable in ``router_logits`` (the
+    router gradient of training flows through the weights; the choice itself has none).
+    """
+    _check_route_args(router_logits, top_k)
+    if get_backend() == "fast":
+        probs = F.softmax(router_logits, dim=-1, dtype=torch.float32)
+        w, ids = torch.topk(probs, top_k, dim=-1)
+        if norm_topk_prob:
+            w = w / w.sum(dim=-1, keepdim=True)
+        return w, ids
+    # The same elementwise ops and fixed-order sums on every device: no kernel of its own is needed for invariance.
+    x = router_logits.float()
+    x = x - x.amax(dim=-1, keepdim=True)  # max is exact in any order
+    ex = torch.exp(x)
+    probs = ex / tree_sum(ex, dim=-1).unsqueeze(-1)
+    ids = torch.sort(probs.detach(), dim=-1, descending=True, stable=True).indices[:, :top_k]
+    w = probs.gather(1, ids)
+    if norm_topk_prob:
+        total = w[:, 0]
+        for r in range(1, top_k):
+            total = total + w[:, r]
+        w = w / total.unsqueeze(-1)
+    return w, ids
+
+
+def _check_moe_args(x, w_gate_up, w_down, topk_weights, topk_ids) -> None:
+    check_float("fused_moe", "x", x)
+    check_float("fused_moe", "w_gate_up", w_gate_up)
+    check_float("fused_moe", "w_down", w_down)
+    if x.dim() != 2 or w_gate_up.dim() != 3 or w_down.dim() != 3:
+        raise ValueError(
+            f"fused_moe: expected x [T, H], w_gate_up [E, 2I, H], w_down [E, H, I]; got {tuple(x.shape)}, "
+            f"{tuple(w_gate_up.shape)}, {tuple(w_down.shape)}"
+        )
+    e, two_i, h = w_gate_up.shape
+    if two_i % 2 or h != x.shape[1] or tuple(w_down.shape) != (e, h, two_i // 2):
+        raise ValueError(
+            f"fused_moe: shapes do not agree: x {tuple(x.shape)}, w_gate_up {tuple(w_gate_up.shape)} (expected "
+            f"[E, 2I, {x.shape[1]}]), w_down {tuple(w_down.shape)} (expected [{e}, {h}, {two_i // 2}])"
+        )
+    if topk_ids.dim() != 2 or topk_ids.shape[0] != x.shape[0] or topk_weights.shape != topk_ids.shape:
+        raise ValueError(
+            f"fused_moe: topk_ids {tuple(topk_ids.shape)} and topk_weights {tuple(topk_weights.shape)} must both be "
+            f"[T={x.shape[0]}, k]"
+        )
+    if topk_ids.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"fused_moe: topk_ids must be int32 or int64; got {topk_ids.dtype}")
+    capturing = topk_ids.is_cuda and torch.cuda.is_current_stream_capturing()  # no host sync in a capture
+    if topk_ids.numel() and not capturing and (int(topk_ids.min()) < 0 or int(topk_ids.max()) >= e):
+        raise ValueError(f"fused_moe: expert ids must be in [0, {e}); got {int(topk_ids.min())}..{int(topk_ids.max())}")
+    if x.dtype != w_gate_up.dtype or x.dtype != w_down.dtype:
+        raise TypeError(
+            f"fused_moe: x is {x.dtype} but the expert weights are {w_gate_up.dtype} / {w_down.dtype}; cast them first"
+        )
+
+
+def _fused_moe_fast(x, w_gate_up, w_down, topk_weights, topk_ids) -> torch.Tensor:
+    e, two_i, _ = w_gate_up.shape
+    inter = two_i // 2
+    out = torch.zeros_like(x)
+    ids = topk_ids.long()
+    for expert in ids.unique().tolist():
+        tok, rank = torch.where(ids == expert)
+        h = F.linear(x[tok], w_gate_up[expert])
+        a = F.silu(h[:, :inter]) * h[:, inter:]
+        y = F.linear(a, w_down[expert]) * topk_weights[tok, rank, None].to(x.dtype)
+        out.index_add_(0, tok, y.to(x.dtype))
+    return out
+
+
+def _fused_moe_reference(x, w_gate_up, w_down, topk_weights, topk_ids) -> torch.Tensor:
+    t, k = topk_ids.shape
+    e, two_i, _ = w_gate_up.shape
+    inter = two_i // 2
+    flat = topk_ids.reshape(-1).long()
+    order = torch.sort(flat, stable=True).indices  # (token, rank) pairs grouped by expert, in token order
+    counts = torch.bincount(flat, minlength=e).tolist()
+    xs = x[order // k]
+    h_parts, y_parts, start = [], [], 0
+    for expert, n in enumerate(counts):
+        if n:
+            h_parts.append(_linear_reference(xs[start : start + n], w_gate_up[expert]).to(x.dtype))
+        start += n
+    h = torch.cat(h_parts) if h_parts else x.new_zeros(0, two_i)
+    a = silu_and_mul(h[:, :inter], h[:, inter:])
+    start = 0
+    for expert, n in enumerate(counts):
+        if n:
+            y_parts.append(_linear_reference(a[start : start + n], w_down[expert]))
+        start += n
+    y_sorted = torch.cat(y_parts) if y_parts else x.new_zeros(0, x.shape[1], dtype=torch.float32)
+    y = y_sorted[torch.argsort(order)].view(t, k, -1)  # back to [token, rank] order
+    w = topk_weights.float()
+    out = w[:, 0:1] * y[:, 0]
+    for r in range(1, k):
+        out = out + w[:, r : r + 1] * y[:, r]
+    return out.to(x.dtype)
+
+
+def fused_moe(
+    x: torch.Tensor,
+    w_gate_up: torch.Tensor,
+    w_down: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+) -> torch.Tensor:
+    """``sum_r topk_weights[t, r] * down_e(silu(gate_e(x_t)) * up_e(x_t))`` with ``e = topk_ids[t, r]``.
+
+    ``x [T, H]``, ``w_gate_up [E, 2I, H]``, ``w_down [E, H, I]``, ``topk_weights [T, k]`` (fp32), ``topk_ids [T, k]``
+    -> ``[T, H]`` in x's dtype. Differentiable in x, both weights and ``topk_weights``.
+    """
+    _check_moe_args(x, w_gate_up, w_down, topk_weights, topk_ids)
+    if x.shape[0] == 0:
+        return x.new_zeros(x.shape)
+    if get_backend() == "fast":
+        return _fused_moe_fast(x, w_gate_up, w_down, topk_weights, topk_ids)
+    if use_triton(x, w_gate_up, w_down):
+        from .triton_ops.moe import triton_fused_moe
+
+        return triton_fused_moe(x, w_gate_up, w_down, topk_weights, topk_ids)
+    invariant_device_check("fused_moe", x, w_gate_up, w_down)
+    return _fused_moe_reference(x, w_gate_up, w_down, topk_weights, topk_ids)
