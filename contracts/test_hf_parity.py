@@ -1,7 +1,8 @@
-"""Contract 4: parity with Hugging Face transformers' own Qwen3, within tolerance ("consistent" is also correct).
+"""Contract 4: parity with Hugging Face transformers' own Qwen3 and Qwen3-MoE, within tolerance ("consistent" is also
+correct).
 
-The reference is HF's Qwen3 run in fp32 on the checkpoint's (bf16) weights. Tolerances on per-token logprobs
-(max |delta| over all tokens and the whole vocabulary):
+The reference is HF's model of the family run in fp32 on the checkpoint's (bf16) weights. Tolerances on per-token
+logprobs (max |delta| over all tokens and the whole vocabulary):
 - our model in fp32: 1e-4 (measured ~2e-6: only reduction order differs);
 - our model in bf16: no worse than HF's own bf16 run against the same reference, ``1.25 * err_hf_bf16 + 0.01``
   (measured: ours 0.017-0.027 vs HF 0.017-0.031 on the untied tiny model; 0.13-0.27 vs 0.14-0.41 on the tied one,
@@ -14,7 +15,14 @@ import pytest
 import torch
 
 from vexact_engine import LLM, SamplingParams
-from vexact_models import AttentionMetadata, default_checkpoint, load_model, make_tiny_checkpoint, tiny_qwen3_config
+from vexact_models import (
+    AttentionMetadata,
+    default_checkpoint,
+    load_model,
+    make_tiny_checkpoint,
+    record_router,
+    tiny_qwen3_config,
+)
 
 transformers = pytest.importorskip("transformers", reason="transformers is the parity reference")
 
@@ -33,12 +41,13 @@ def _ours_logprobs(model, seqs, device):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
-def test_logprobs_match_transformers(tmp_path, device, dtype, tied):
+@pytest.mark.parametrize("family,tied", [("qwen3", False), ("qwen3", True), ("qwen3_moe", False)],
+                         ids=["qwen3-untied", "qwen3-tied", "qwen3_moe"])  # fmt: skip
+def test_logprobs_match_transformers(tmp_path, device, dtype, family, tied):
     if device != "cpu" and dtype == torch.float32:
         pytest.skip("the GPU attention kernels take bf16/fp16 only; fp32 parity is checked on target cpu")
     path = (
-        default_checkpoint()
+        default_checkpoint(family)
         if not tied
         else make_tiny_checkpoint(tmp_path / "tied", tiny_qwen3_config(tie_word_embeddings=True), seed=3)
     )
@@ -47,23 +56,50 @@ def test_logprobs_match_transformers(tmp_path, device, dtype, tied):
     hf_same_dtype = _hf(path, dtype, device) if dtype != torch.float32 else None
     g = torch.Generator().manual_seed(0)
     seqs = [torch.randint(0, 272, (n,), generator=g).tolist() for n in (1, 7, 33, 64)]
-    with torch.no_grad():
+    moe_bf16 = family == "qwen3_moe" and dtype != torch.float32
+    with torch.no_grad(), record_router() as routers:
         mine = _ours_logprobs(ours, seqs, device)
-        for s, lp in zip(seqs, mine, strict=True):
+        for i, (s, lp) in enumerate(zip(seqs, mine, strict=True)):
             x = torch.tensor([s], device=device)
-            ref = torch.log_softmax(hf(x).logits[0].float(), -1)
-            err = (lp - ref).abs().max().item()
+            out = hf(x, output_router_logits=moe_bf16)
+            ref = torch.log_softmax(out.logits[0].float(), -1)
+            n = len(s)
+            if moe_bf16:
+                n = _tokens_before_routing_flip(routers, out.router_logits, i, [len(q) for q in seqs], ours.config)
+            err = (lp[:n] - ref[:n]).abs().max().item()
             if hf_same_dtype is None:
                 tol = FP32_TOL
             else:
-                hf_err = (torch.log_softmax(hf_same_dtype(x).logits[0].float(), -1) - ref).abs().max().item()
+                hf_lp = torch.log_softmax(hf_same_dtype(x).logits[0].float(), -1)
+                hf_err = (hf_lp[:n] - ref[:n]).abs().max().item()
                 tol = 1.25 * hf_err + 0.01
             assert err < tol, f"len {len(s)}: max |delta logprob| {err:.3e} >= tolerance {tol:.3e}"
 
 
-def test_greedy_generation_matches_transformers(device):
+def _tokens_before_routing_flip(routers, hf_router_logits, seq: int, lens: list[int], cfg) -> int:
+    """bf16 MoE: the tokens of sequence ``seq`` before the first whose experts differ from the fp32 reference's in
+    some layer (a flip changes that token's output completely, and every later token's through attention). The flip
+    itself must be a near-tie of the reference's k-th and (k+1)-th router probabilities, never a real difference."""
+    start, k = sum(lens[:seq]), cfg.num_experts_per_tok
+    first = lens[seq]
+    for mine, theirs in zip(routers, hf_router_logits, strict=True):
+        ours_ids = mine.topk_ids[start : start + lens[seq]].sort(-1).values
+        probs = torch.softmax(theirs.float(), -1)
+        ref_ids = probs.topk(k).indices.sort(-1).values
+        flips = (ours_ids != ref_ids).any(-1).nonzero().flatten().tolist()
+        if flips and flips[0] < first:  # a flip in an earlier layer already changed this token's later layers
+            top = probs[flips[0]].sort(descending=True).values
+            gap = (top[k - 1] - top[k]).item()
+            assert gap < 1e-2, f"token {flips[0]}: experts differ from the reference at a router gap of {gap:.3e}"
+            first = flips[0]
+    assert first >= min(lens[seq], 8), f"routing flips at token {first}: too early to compare anything"
+    return first
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_moe"])
+def test_greedy_generation_matches_transformers(device, family):
     """The engine's paged, chunked path generates what HF generate does (fp32, greedy), up to a near-tie."""
-    path = default_checkpoint()
+    path = default_checkpoint(family)
     # fp32 on CPU; on GPU the attention kernels take bf16, where near-ties are wider
     dtype, tie = (torch.float32, 1e-4) if device == "cpu" else (torch.bfloat16, 0.25)
     hf = _hf(path, dtype, device)

@@ -1,14 +1,22 @@
-"""Rewrite the committed tiny checkpoint (packages/vexact-models/src/vexact_models/assets/tiny-qwen3).
+"""Rewrite the committed tiny checkpoints (packages/vexact-models/src/vexact_models/assets/tiny-qwen3 and
+tiny-qwen3-moe).
 
-Changing it changes the golden fixtures: re-record them (contracts/record_golden.py) and bump vexact-models.
+Changing one changes the golden fixtures: re-record them (python -m contracts.golden --target ...) and bump
+vexact-models.
 """
 
+import sys
 from pathlib import Path
 
-from vexact_models import make_tiny_checkpoint
+from vexact_models import make_tiny_checkpoint, tiny_qwen3_moe_config
 
-OUT = Path(__file__).resolve().parents[1] / "packages/vexact-models/src/vexact_models/assets/tiny-qwen3"
+ASSETS = Path(__file__).resolve().parents[1] / "packages/vexact-models/src/vexact_models/assets"
 
 if __name__ == "__main__":
-    make_tiny_checkpoint(OUT, seed=0)
-    print(f"wrote {OUT}")
+    which = sys.argv[1:] or ["qwen3", "qwen3_moe"]
+    if "qwen3" in which:
+        make_tiny_checkpoint(ASSETS / "tiny-qwen3", seed=0)
+        print(f"wrote {ASSETS / 'tiny-qwen3'}")
+    if "qwen3_moe" in which:
+        make_tiny_checkpoint(ASSETS / "tiny-qwen3-moe", cfg=tiny_qwen3_moe_config(), seed=0)
+        print(f"wrote {ASSETS / 'tiny-qwen3-moe'}")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from vexact_models import load_model, load_weights
+from vexact_models import expected_tensors, load_model, load_weights
 
 from .block_manager import BlockManager
 from .config import CPU_KV_CACHE_BYTES, EngineConfig
@@ -232,7 +232,7 @@ class LLMEngine:
                 if dev.type != "cuda":
                     del self._host_copies[name]
         if self.sleep_level == 2:
-            self._weights_pending = {name for name, _, is_param in self._named_tensors() if is_param}
+            self._weights_pending = self.weight_names()
         self.runner.allocate()
         self.sleep_level = 0
 
@@ -330,6 +330,11 @@ class LLMEngine:
         if self.model.config.tie_word_embeddings and "lm_head.weight" in self._weights_pending:
             self._weights_pending.discard("lm_head.weight")
         return loaded
+
+    def weight_names(self) -> set[str]:
+        """The checkpoint names of the weights this engine holds (stacked experts one by one, as published
+        checkpoints and the trainer's export name them): what a full :meth:`update_weights` sends."""
+        return set(expected_tensors(self.model))
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()

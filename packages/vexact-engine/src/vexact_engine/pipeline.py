@@ -35,7 +35,7 @@ import torch.distributed as dist
 from torch import nn
 
 import vexact_kernels as vk
-from vexact_models import load_model
+from vexact_models import expected_tensors, load_model
 
 from .block_manager import BlockManager
 from .config import EngineConfig
@@ -224,7 +224,7 @@ class PipelineLLM(LLM):
             if tokenizer is None:
                 tokenizer = load_tokenizer(model_path)
         self.stage = stage_layers(model.config.num_hidden_layers, self.world)[self.rank]
-        self._all_names = {name for name, _ in model.named_parameters(remove_duplicate=False)}
+        self._all_names = _weight_names(model)
         layers = model.model.layers
         for i in range(len(layers)):
             if i not in self.stage:
@@ -233,7 +233,7 @@ class PipelineLLM(LLM):
         # graphs are one-device only for now: the driver's steps run eagerly (a copy: the caller's config is theirs)
         config = dataclasses.replace(config, enforce_eager=True)
         super().__init__(model=model, tokenizer=tokenizer, config=config)
-        self._own_names = {name for name, _ in self.model.named_parameters(remove_duplicate=False)}
+        self._own_names = _weight_names(self.model)
         self._remote_pending: set[str] = set()  # driver: weights other stages still miss
         log.info("pipeline rank %d/%d holds layers %s", self.rank, self.world, list(self.stage))
 
@@ -309,6 +309,13 @@ class PipelineLLM(LLM):
         answers = self._drive({"op": "update_weights", "tensors": tensors})
         loaded = {n for names, _ in answers for n in names}
         return [n for n, _ in tensors if n in loaded]
+
+
+def _weight_names(model: nn.Module) -> set[str]:
+    """Every name a weight update may use: parameter names (stacked experts whole) and checkpoint names (experts one
+    by one), tied weights under each of their names."""
+    params = {name for name, _ in model.named_parameters(remove_duplicate=False)}
+    return params | set(expected_tensors(model, remove_duplicate=False))
 
 
 __all__ = ["PipelineLLM", "stage_layers"]

@@ -1,30 +1,48 @@
 """vexact-models: one model definition shared by the VeXact trainer and engine."""
 
 from .attention_metadata import AttentionMetadata
-from .config import Qwen3Config, config_from_dict, load_config, parse_dtype
-from .loader import CheckpointError, iter_checkpoint, load_model, load_weights, save_checkpoint
-from .models import MODEL_CLASSES, Qwen3ForCausalLM
-from .tiny import QWEN3_SHAPES, default_checkpoint, make_tiny_checkpoint, random_model, tiny_qwen3_config
+from .config import Qwen3Config, Qwen3MoeConfig, config_from_dict, load_config, parse_dtype
+from .layers import RouterOutput, checkpoint_pieces, load_balancing_loss, record_router
+from .loader import CheckpointError, expected_tensors, iter_checkpoint, load_model, load_weights, save_checkpoint
+from .models import MODEL_CLASSES, Qwen3ForCausalLM, Qwen3MoeForCausalLM
+from .tiny import (
+    QWEN3_MOE_SHAPES,
+    QWEN3_SHAPES,
+    default_checkpoint,
+    make_tiny_checkpoint,
+    random_model,
+    tiny_qwen3_config,
+    tiny_qwen3_moe_config,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "MODEL_CLASSES",
+    "QWEN3_MOE_SHAPES",
     "QWEN3_SHAPES",
     "AttentionMetadata",
     "CheckpointError",
     "Qwen3Config",
     "Qwen3ForCausalLM",
+    "Qwen3MoeConfig",
+    "Qwen3MoeForCausalLM",
+    "RouterOutput",
     "__version__",
+    "checkpoint_pieces",
     "config_from_dict",
     "default_checkpoint",
+    "expected_tensors",
     "iter_checkpoint",
+    "load_balancing_loss",
     "load_config",
     "load_model",
     "load_weights",
     "make_tiny_checkpoint",
     "parse_dtype",
     "random_model",
+    "record_router",
     "save_checkpoint",
     "tiny_qwen3_config",
+    "tiny_qwen3_moe_config",
 ]

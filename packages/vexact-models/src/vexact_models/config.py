@@ -80,7 +80,7 @@ class Qwen3Config:
         return tuple(self.eos_token_id) if isinstance(self.eos_token_id, list) else (self.eos_token_id,)
 
     @classmethod
-    def from_hf_dict(cls, d: dict) -> Qwen3Config:
+    def from_hf_dict(cls, d: dict):
         d = dict(d)
         rope = d.get("rope_parameters") or d.get("rope_scaling") or {}
         rope_type = rope.get("rope_type", rope.get("type", "default"))
@@ -108,10 +108,57 @@ class Qwen3Config:
         return d
 
 
-CONFIG_CLASSES: dict[str, type] = {"qwen3": Qwen3Config}
+@dataclass(frozen=True)
+class Qwen3MoeConfig(Qwen3Config):
+    """Qwen3-MoE (HF ``model_type: qwen3_moe``): Qwen3 attention, sparse MoE blocks with dense layers mixed in.
+
+    Layer ``i`` is sparse when ``i not in mlp_only_layers`` and ``(i + 1) % decoder_sparse_step == 0``; dense layers
+    use ``intermediate_size``, experts ``moe_intermediate_size``.
+    """
+
+    num_experts: int = 128
+    num_experts_per_tok: int = 8
+    moe_intermediate_size: int = 768
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
+    norm_topk_prob: bool = False
+    router_aux_loss_coef: float = 0.001
+    model_type: str = "qwen3_moe"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name in ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"Qwen3MoeConfig.{name} must be a positive integer, got {value!r}")
+        if self.num_experts_per_tok > self.num_experts:
+            raise ValueError(
+                f"Qwen3MoeConfig: num_experts_per_tok ({self.num_experts_per_tok}) > num_experts ({self.num_experts})"
+            )
+        object.__setattr__(self, "mlp_only_layers", tuple(self.mlp_only_layers))
+        bad = [i for i in self.mlp_only_layers if not isinstance(i, int) or not 0 <= i < self.num_hidden_layers]
+        if bad:
+            raise ValueError(
+                f"Qwen3MoeConfig.mlp_only_layers has {bad}, outside the layers [0, {self.num_hidden_layers})"
+            )
+        if not self.router_aux_loss_coef >= 0:
+            raise ValueError(f"Qwen3MoeConfig.router_aux_loss_coef must be >= 0, got {self.router_aux_loss_coef!r}")
+
+    def is_sparse_layer(self, i: int) -> bool:
+        return i not in self.mlp_only_layers and (i + 1) % self.decoder_sparse_step == 0
+
+    def to_hf_dict(self) -> dict:
+        d = super().to_hf_dict()
+        d["architectures"] = ["Qwen3MoeForCausalLM"]
+        d["mlp_only_layers"] = list(self.mlp_only_layers)
+        d["output_router_logits"] = False
+        return d
 
 
-def load_config(path: str | Path) -> Qwen3Config:
+CONFIG_CLASSES: dict[str, type] = {"qwen3": Qwen3Config, "qwen3_moe": Qwen3MoeConfig}
+
+
+def load_config(path: str | Path):
     """Read ``config.json`` from a checkpoint directory (or the file itself)."""
     p = Path(path)
     if p.is_dir():
@@ -122,7 +169,7 @@ def load_config(path: str | Path) -> Qwen3Config:
     return config_from_dict(d)
 
 
-def config_from_dict(d: dict) -> Qwen3Config:
+def config_from_dict(d: dict):
     model_type = d.get("model_type")
     if model_type not in CONFIG_CLASSES:
         raise ValueError(f"unknown model_type {model_type!r}; supported: {sorted(CONFIG_CLASSES)}")

@@ -13,6 +13,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from .config import load_config, parse_dtype
+from .layers import checkpoint_pieces
 from .models import MODEL_CLASSES
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -60,13 +61,33 @@ def iter_checkpoint(path: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
                 yield name, f.get_tensor(name)
 
 
-def expected_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
-    """HF name -> the model tensor it loads into (tied weights appear once, under their first name)."""
-    return {n: p for n, p in model.named_parameters()}
+def expected_tensors(model: nn.Module, remove_duplicate: bool = True) -> dict[str, torch.Tensor]:
+    """Checkpoint name -> the model tensor (or view of one) it loads into, in the published layout: stacked expert
+    parameters appear as one view per expert and projection. Tied weights appear once, under their first name
+    (under each of their names with ``remove_duplicate=False``)."""
+    named = model.named_parameters(remove_duplicate=remove_duplicate)
+    return {hf: t for n, p in named for hf, t in checkpoint_pieces(n, p)}
+
+
+def _split_stacked(model: nn.Module, name: str, tensor: torch.Tensor) -> list[tuple[str, torch.Tensor]] | None:
+    """A whole stacked expert tensor (transformers' in-memory layout) as its per-expert pieces, or None."""
+    params = dict(model.named_parameters())
+    if name not in params or len(checkpoint_pieces(name, params[name])) == 1:
+        return None
+    if tuple(tensor.shape) != tuple(params[name].shape):
+        raise CheckpointError(
+            f"{name}: checkpoint shape {tuple(tensor.shape)} != model shape {tuple(params[name].shape)} "
+            "(does config.json match the weights?)"
+        )
+    return checkpoint_pieces(name, tensor)
 
 
 def load_weights(model: nn.Module, named_tensors: Iterable[tuple[str, torch.Tensor]], strict: bool = True) -> list[str]:
-    """Copy HF-named tensors into ``model`` with name, shape and dtype checks. Returns the names loaded.
+    """Copy HF-named tensors into ``model`` with name, shape and dtype checks. Returns the checkpoint names loaded.
+
+    Expert weights load from either layout: one tensor per expert (``...experts.{i}.gate_proj.weight``, as published
+    checkpoints and transformers' ``save_pretrained`` store them) or the stacked tensor (``...experts.gate_up_proj``,
+    transformers' in-memory layout), which counts as its per-expert names.
 
     ``strict``: every model parameter must be provided (a full checkpoint); otherwise a partial update is allowed.
     """
@@ -75,21 +96,15 @@ def load_weights(model: nn.Module, named_tensors: Iterable[tuple[str, torch.Tens
     loaded, unexpected = [], []
     with torch.no_grad():
         for name, tensor in named_tensors:
-            if name not in targets:
+            pieces = [(name, tensor)] if name in targets else _split_stacked(model, name, tensor)
+            if pieces is None:
                 if tied and name == "lm_head.weight":
                     continue  # some tied checkpoints still store the head; the model uses the embedding
                 unexpected.append(name)
                 continue
-            dst = targets[name]
-            if not tensor.is_floating_point():
-                raise CheckpointError(f"{name}: checkpoint dtype {tensor.dtype} is not a floating-point type")
-            if tuple(tensor.shape) != tuple(dst.shape):
-                raise CheckpointError(
-                    f"{name}: checkpoint shape {tuple(tensor.shape)} != model shape {tuple(dst.shape)} "
-                    "(does config.json match the weights?)"
-                )
-            dst.copy_(tensor.to(dst.dtype))
-            loaded.append(name)
+            for piece, t in pieces:
+                _copy_checked(piece, t, targets[piece])
+                loaded.append(piece)
     if unexpected:
         raise CheckpointError(f"{len(unexpected)} tensor(s) the model does not have, e.g. {unexpected[:5]}")
     if strict:
@@ -97,6 +112,17 @@ def load_weights(model: nn.Module, named_tensors: Iterable[tuple[str, torch.Tens
         if missing:
             raise CheckpointError(f"checkpoint is missing {len(missing)} tensor(s), e.g. {missing[:5]}")
     return loaded
+
+
+def _copy_checked(name: str, tensor: torch.Tensor, dst: torch.Tensor) -> None:
+    if not tensor.is_floating_point():
+        raise CheckpointError(f"{name}: checkpoint dtype {tensor.dtype} is not a floating-point type")
+    if tuple(tensor.shape) != tuple(dst.shape):
+        raise CheckpointError(
+            f"{name}: checkpoint shape {tuple(tensor.shape)} != model shape {tuple(dst.shape)} "
+            "(does config.json match the weights?)"
+        )
+    dst.copy_(tensor.to(dst.dtype))
 
 
 def load_model(path: str | Path, dtype: str | torch.dtype | None = None, device: str | torch.device = "cpu"):

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import torch
 
-from .config import Qwen3Config
+from .config import Qwen3Config, Qwen3MoeConfig
 from .loader import save_checkpoint
-from .models import Qwen3ForCausalLM
+from .models import MODEL_CLASSES
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 BYTE_VOCAB = 256
@@ -34,6 +34,22 @@ QWEN3_SHAPES = {
         vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
         num_key_value_heads=8, head_dim=128, max_position_embeddings=40960, rope_theta=1_000_000.0,
         tie_word_embeddings=True,
+    ),
+}  # fmt: skip
+
+# Real Qwen3-MoE shapes, as overrides of tiny_qwen3_moe_config.
+QWEN3_MOE_SHAPES = {
+    "qwen3-30b-a3b": dict(
+        vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=48, num_attention_heads=32,
+        num_key_value_heads=4, head_dim=128, max_position_embeddings=40960, rope_theta=1_000_000.0,
+        tie_word_embeddings=False, num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768,
+        norm_topk_prob=True, mlp_only_layers=(),
+    ),
+    "qwen3-235b-a22b": dict(
+        vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=94, num_attention_heads=64,
+        num_key_value_heads=4, head_dim=128, max_position_embeddings=40960, rope_theta=1_000_000.0,
+        tie_word_embeddings=False, num_experts=128, num_experts_per_tok=8, moe_intermediate_size=1536,
+        norm_topk_prob=True, mlp_only_layers=(),
     ),
 }  # fmt: skip
 
@@ -60,11 +76,22 @@ def tiny_qwen3_config(**overrides) -> Qwen3Config:
     return Qwen3Config(**base)
 
 
-def random_model(cfg: Qwen3Config, seed: int = 0, embed_std: float = 1.0) -> Qwen3ForCausalLM:
+def tiny_qwen3_moe_config(**overrides) -> Qwen3MoeConfig:
+    """The tiny Qwen3 with three layers, the middle one dense (``mlp_only_layers``), the others sparse: 8 experts of
+    width 32, top-2, renormalised."""
+    base = dict(
+        num_hidden_layers=3, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, mlp_only_layers=(1,),
+        norm_topk_prob=True,
+    )  # fmt: skip
+    base.update(overrides)
+    return Qwen3MoeConfig(**{**tiny_qwen3_config().__dict__, "model_type": "qwen3_moe", **base})
+
+
+def random_model(cfg: Qwen3Config, seed: int = 0, embed_std: float = 1.0):
     """A model with deterministic random weights: linear ~ N(0, 1/fan_in), norms ~ 1 + N(0, 0.1^2), embeddings
     ~ N(0, embed_std^2) (use a small std for big tied models, whose logits otherwise reach the hundreds)."""
     g = torch.Generator().manual_seed(seed)
-    model = Qwen3ForCausalLM(cfg)
+    model = MODEL_CLASSES[cfg.model_type](cfg)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight") or "layernorm" in name:
@@ -116,6 +143,9 @@ def make_tiny_checkpoint(
     return path
 
 
-def default_checkpoint() -> Path:
-    """The committed tiny checkpoint the demo and the golden fixtures use."""
-    return Path(str(resources.files("vexact_models") / "assets" / "tiny-qwen3"))
+def default_checkpoint(family: str = "qwen3") -> Path:
+    """The committed tiny checkpoint of a family (``qwen3``: the demo's; ``qwen3_moe``) that the golden fixtures use."""
+    names = {"qwen3": "tiny-qwen3", "qwen3_moe": "tiny-qwen3-moe"}
+    if family not in names:
+        raise ValueError(f"no committed tiny checkpoint for family {family!r}; have {sorted(names)}")
+    return Path(str(resources.files("vexact_models") / "assets" / names[family]))

@@ -35,23 +35,27 @@ def iter_weight_buckets(
     than the bound travels alone).
 
     Collective when the model is sharded: every rank must iterate to the end (each full tensor is all-gathered), in
-    the same order. Tied parameters appear once, under their first name (``model.embed_tokens.weight``), which is how
-    checkpoints and the engine name them.
+    the same order. Names are the published checkpoint's: stacked expert parameters go out as one tensor per expert
+    and projection (views of the gathered tensor). Tied parameters appear once, under their first name
+    (``model.embed_tokens.weight``), which is how checkpoints and the engine name them.
     """
     if isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int) or bucket_bytes < 1:
         raise ValueError(f"bucket_bytes must be a positive integer, got {bucket_bytes!r}")
+    from vexact_models import checkpoint_pieces
+
     bucket: list[tuple[str, torch.Tensor]] = []
     size = 0
     for name, p in model.named_parameters():
         t = p.detach().to(dtype)
         if isinstance(t, DTensor):
             t = t.full_tensor()
-        nbytes = t.numel() * t.element_size()
-        if bucket and size + nbytes > bucket_bytes:
-            yield bucket
-            bucket, size = [], 0
-        bucket.append((hf_name(name), t))
-        size += nbytes
+        for piece, view in checkpoint_pieces(hf_name(name), t):  # stacked experts go out one expert at a time
+            nbytes = view.numel() * view.element_size()
+            if bucket and size + nbytes > bucket_bytes:
+                yield bucket
+                bucket, size = [], 0
+            bucket.append((piece, view))
+            size += nbytes
     if bucket:
         yield bucket
 
@@ -91,7 +95,7 @@ def save_hf_checkpoint(
     """
     import dataclasses
 
-    from vexact_models import MODEL_CLASSES, load_weights, save_checkpoint
+    from vexact_models import MODEL_CLASSES, expected_tensors, load_weights, save_checkpoint
 
     out = None
     if rank() == 0:
@@ -103,7 +107,7 @@ def save_hf_checkpoint(
             loaded += load_weights(out, bucket, strict=False)
     if out is None:
         return None
-    missing = sorted({n for n, _ in out.named_parameters()} - set(loaded))
+    missing = sorted(set(expected_tensors(out)) - set(loaded))
     if missing:
         raise RuntimeError(f"the sharded model did not provide {len(missing)} tensor(s), e.g. {missing[:5]}")
     save_checkpoint(out, path, max_shard_bytes=max_shard_bytes)

@@ -379,7 +379,7 @@ class VexactServer:
             if not self.engine.sleep_level:
                 _engine_call(self.engine, "sleep", level=level)
                 if level == 2:
-                    self._missing = {name for name, _ in self.engine.model.named_parameters()}
+                    self._missing = self.engine.weight_names()
 
     async def wake_up(self, tags: list[str] | None = None) -> None:
         """Restore what :meth:`sleep` freed. The engine restores weights and KV together, so any tag wakes it."""

@@ -5,6 +5,21 @@ from .attention import Attention
 from .embed_head import LMHead, VocabEmbedding
 from .layernorm import RMSNorm
 from .linear import Linear
+from .moe import RouterOutput, SparseMoeBlock, checkpoint_pieces, load_balancing_loss, record_router, stacked_name
 from .rotary import RotaryEmbedding
 
-__all__ = ["Attention", "LMHead", "Linear", "RMSNorm", "RotaryEmbedding", "SiluAndMul", "VocabEmbedding"]
+__all__ = [
+    "Attention",
+    "LMHead",
+    "Linear",
+    "RMSNorm",
+    "RotaryEmbedding",
+    "RouterOutput",
+    "SiluAndMul",
+    "SparseMoeBlock",
+    "VocabEmbedding",
+    "checkpoint_pieces",
+    "load_balancing_loss",
+    "record_router",
+    "stacked_name",
+]

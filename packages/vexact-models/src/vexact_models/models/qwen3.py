@@ -55,12 +55,12 @@ class Qwen3MLP(nn.Module):
 
 
 class Qwen3DecoderLayer(nn.Module):
-    def __init__(self, cfg: Qwen3Config, rotary: RotaryEmbedding):
+    def __init__(self, cfg: Qwen3Config, rotary: RotaryEmbedding, mlp: nn.Module | None = None):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype)
         self.self_attn = Qwen3Attention(cfg, rotary)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype)
-        self.mlp = Qwen3MLP(cfg)
+        self.mlp = mlp if mlp is not None else Qwen3MLP(cfg)
 
     def forward(self, x, positions, meta, kv_cache):
         x = x + self.self_attn(self.input_layernorm(x), positions, meta, kv_cache)
@@ -68,11 +68,15 @@ class Qwen3DecoderLayer(nn.Module):
 
 
 class Qwen3Model(nn.Module):
-    def __init__(self, cfg: Qwen3Config):
+    def __init__(self, cfg: Qwen3Config, make_mlp=None):
+        """``make_mlp(cfg, i)``: the MLP of layer ``i`` (default: Qwen3's dense SwiGLU)."""
         super().__init__()
         self.rotary_emb = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta)
         self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, cfg.dtype)
-        self.layers = nn.ModuleList(Qwen3DecoderLayer(cfg, self.rotary_emb) for _ in range(cfg.num_hidden_layers))
+        make_mlp = make_mlp or (lambda cfg, i: Qwen3MLP(cfg))
+        self.layers = nn.ModuleList(
+            Qwen3DecoderLayer(cfg, self.rotary_emb, make_mlp(cfg, i)) for i in range(cfg.num_hidden_layers)
+        )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype)
 
     def forward(self, input_ids, positions, meta, kv_caches: list[KVCache] | None = None):
@@ -85,10 +89,10 @@ class Qwen3Model(nn.Module):
 class Qwen3ForCausalLM(nn.Module):
     config_class = Qwen3Config
 
-    def __init__(self, cfg: Qwen3Config):
+    def __init__(self, cfg: Qwen3Config, make_mlp=None):
         super().__init__()
         self.config = cfg
-        self.model = Qwen3Model(cfg)
+        self.model = Qwen3Model(cfg, make_mlp)
         self.lm_head = LMHead(cfg.vocab_size, cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight

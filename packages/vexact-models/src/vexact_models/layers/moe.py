@@ -1,0 +1,123 @@
+"""Sparse MoE block on vexact-kernels' ``moe_route`` + ``fused_moe``, with transformers' names and layout.
+
+Parameters: ``gate.weight [E, H]`` (the router), ``experts.gate_up_proj [E, 2I, H]`` and ``experts.down_proj
+[E, H, I]`` (stacked, as transformers holds them in memory). Published checkpoints store one tensor per expert
+(``experts.{i}.gate_proj.weight`` ...): :func:`checkpoint_pieces` maps a stacked parameter to those names and views,
+which is how the loader, the checkpoint writer and the weight export see it.
+
+Router outputs for RL: inside :func:`record_router`, every sparse block appends its fp32 router logits and chosen
+experts to the list the context yields; :func:`load_balancing_loss` turns the logits into transformers' auxiliary
+loss (``router_aux_loss_coef`` times it is what an HF model adds to its loss).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+import vexact_kernels as vk
+
+from .linear import Linear
+
+
+@dataclass
+class RouterOutput:
+    logits: torch.Tensor  # [T, E] fp32, before the softmax
+    topk_ids: torch.Tensor  # [T, k] chosen experts, best first
+
+
+_recorder: contextvars.ContextVar[list[RouterOutput] | None] = contextvars.ContextVar("vexact_router", default=None)
+
+
+@contextlib.contextmanager
+def record_router() -> Iterator[list[RouterOutput]]:
+    """Collect each sparse block's :class:`RouterOutput` of the forwards run inside (one per sparse layer and
+    forward, in layer order). Dense models leave the list empty."""
+    out: list[RouterOutput] = []
+    token = _recorder.set(out)
+    try:
+        yield out
+    finally:
+        _recorder.reset(token)
+
+
+class Experts(nn.Module):
+    def __init__(self, num_experts: int, hidden: int, inter: int, dtype: torch.dtype | None = None):
+        super().__init__()
+        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * inter, hidden, dtype=dtype))
+        self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, inter, dtype=dtype))
+
+
+class SparseMoeBlock(nn.Module):
+    """Router (fp32 logits), softmax top-k routing, the experts' SwiGLU MLPs and the weighted combine."""
+
+    def __init__(
+        self,
+        num_experts: int,
+        top_k: int,
+        hidden: int,
+        inter: int,
+        norm_topk_prob: bool,
+        dtype: torch.dtype | None = None,
+    ):
+        super().__init__()
+        self.top_k, self.norm_topk_prob = top_k, norm_topk_prob
+        self.gate = Linear(hidden, num_experts, False, dtype)  # read in fp32 out, not through its forward
+        self.experts = Experts(num_experts, hidden, inter, dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits = vk.linear(x, self.gate.weight, out_dtype=torch.float32)  # [T, E]
+        weights, ids = vk.moe_route(logits, self.top_k, self.norm_topk_prob)  # [T, k] each
+        rec = _recorder.get()
+        if rec is not None:
+            rec.append(RouterOutput(logits, ids))
+        return vk.fused_moe(x, self.experts.gate_up_proj, self.experts.down_proj, weights, ids)
+
+
+def load_balancing_loss(router: list[RouterOutput], num_experts: int, top_k: int) -> torch.Tensor:
+    """transformers' ``load_balancing_loss_func`` over all recorded layers and tokens: ``E * sum_e f_e * P_e`` with
+    ``f_e`` the share of (token, rank) slots routed to expert ``e`` and ``P_e`` its mean router probability."""
+    if not router:
+        raise ValueError("load_balancing_loss: no router outputs recorded (is this an MoE model?)")
+    logits = torch.cat([r.logits for r in router])  # [L*T, E]
+    probs = torch.softmax(logits.float(), dim=-1)
+    ids = torch.cat([r.topk_ids for r in router])[:, :top_k]
+    mask = torch.nn.functional.one_hot(ids, num_experts).float()  # [L*T, k, E]
+    tokens_per_expert = mask.mean(dim=0)  # [k, E]
+    prob_per_expert = probs.mean(dim=0)  # [E]
+    return (tokens_per_expert * prob_per_expert.unsqueeze(0)).sum() * num_experts
+
+
+_STACKED = re.compile(r"^(?P<prefix>.*\.experts)\.(?P<proj>gate_up_proj|down_proj)$")
+_PIECE = re.compile(r"^(?P<prefix>.*\.experts)\.(?P<e>\d+)\.(?P<proj>gate|up|down)_proj\.weight$")
+
+
+def checkpoint_pieces(name: str, tensor: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+    """The published checkpoint's ``(name, view)`` pairs of a model tensor: one per expert and projection for a
+    stacked expert parameter, the tensor itself under its own name otherwise. Views share the tensor's storage."""
+    m = _STACKED.match(name)
+    if m is None:
+        return [(name, tensor)]
+    prefix = m["prefix"]
+    if m["proj"] == "down_proj":
+        return [(f"{prefix}.{e}.down_proj.weight", tensor[e]) for e in range(tensor.shape[0])]
+    inter = tensor.shape[1] // 2
+    out = []
+    for e in range(tensor.shape[0]):
+        out.append((f"{prefix}.{e}.gate_proj.weight", tensor[e, :inter]))
+        out.append((f"{prefix}.{e}.up_proj.weight", tensor[e, inter:]))
+    return out
+
+
+def stacked_name(piece: str) -> str | None:
+    """The stacked parameter a per-expert checkpoint name belongs to (None for any other name)."""
+    m = _PIECE.match(piece)
+    if m is None:
+        return None
+    return f"{m['prefix']}.{'down_proj' if m['proj'] == 'down' else 'gate_up_proj'}"
