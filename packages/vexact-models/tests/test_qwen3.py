@@ -1,4 +1,4 @@
-"""Qwen3 forward: a sequence's hidden states do not depend on the batch, and the paged (engine) layout gives the
+"""Qwen3 and Qwen3-MoE forward: a sequence's hidden states do not depend on the batch, and the paged (engine) layout gives the
 packed (trainer) result bit for bit, whatever the prefill chunking and page size."""
 
 from __future__ import annotations
@@ -9,12 +9,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import vexact_kernels as vk
-from vexact_models import AttentionMetadata, random_model, tiny_qwen3_config
+from vexact_models import AttentionMetadata, random_model, tiny_qwen3_config, tiny_qwen3_moe_config
 
 
-@pytest.fixture(scope="module")
-def model():
-    return random_model(tiny_qwen3_config(), seed=1)
+@pytest.fixture(scope="module", params=["qwen3", "qwen3_moe"])
+def model(request):
+    """Each family's tiny model: every test below holds for dense and MoE alike."""
+    cfg = tiny_qwen3_config() if request.param == "qwen3" else tiny_qwen3_moe_config()
+    return random_model(cfg, seed=1)
 
 
 def _seqs(lens: list[int], seed: int, vocab: int) -> list[torch.Tensor]:

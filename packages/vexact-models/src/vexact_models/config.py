@@ -144,6 +144,18 @@ class Qwen3MoeConfig(Qwen3Config):
         if not self.router_aux_loss_coef >= 0:
             raise ValueError(f"Qwen3MoeConfig.router_aux_loss_coef must be >= 0, got {self.router_aux_loss_coef!r}")
 
+    @classmethod
+    def from_hf_dict(cls, d: dict):
+        d = dict(d)
+        # transformers 5.x writes the expert count as ``num_local_experts`` (its attribute map); published Qwen3-MoE
+        # checkpoints write ``num_experts``
+        if "num_experts" not in d and "num_local_experts" in d:
+            d["num_experts"] = d["num_local_experts"]
+        missing = [k for k in ("num_experts", "num_experts_per_tok", "moe_intermediate_size") if k not in d]
+        if missing:
+            raise ValueError(f"qwen3_moe config.json lacks {missing} (num_experts may be given as num_local_experts)")
+        return super().from_hf_dict(d)
+
     def is_sparse_layer(self, i: int) -> bool:
         return i not in self.mlp_only_layers and (i + 1) % self.decoder_sparse_step == 0
 
