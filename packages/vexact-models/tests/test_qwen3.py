@@ -1,5 +1,5 @@
-"""Qwen3 and Qwen3-MoE forward: a sequence's hidden states do not depend on the batch, and the paged (engine) layout gives the
-packed (trainer) result bit for bit, whatever the prefill chunking and page size."""
+"""Qwen3 and Qwen3-MoE forward: a sequence's hidden states do not depend on the batch, and the paged (engine) layout
+gives the packed (trainer) result bit for bit, whatever the prefill chunking and page size."""
 
 from __future__ import annotations
 
