@@ -27,3 +27,9 @@ def device(target) -> str:
 def tiny_model(device):
     """The committed tiny Qwen3 checkpoint (bf16), shared read-only by the contracts."""
     return load_model(default_checkpoint(), device=device)
+
+
+@pytest.fixture(scope="session")
+def tiny_moe_model(device):
+    """The committed tiny Qwen3-MoE checkpoint (bf16): 3 layers, the middle one dense, 8 experts, top-2."""
+    return load_model(default_checkpoint("qwen3_moe"), device=device)

@@ -1,8 +1,12 @@
 """Golden logprob fixtures, one set per target: what the engine and trainer produced for a fixed checkpoint,
 prompts and seeds, stored with the sha256 of the tensors and the package versions that made them.
 
+One fixture per model family (``qwen3``, ``qwen3_moe``: the committed tiny checkpoints), under
+``fixtures/<target>/<family>/``.
+
 Record (after a deliberate numerics change, together with a version bump):
-    python -m contracts.golden --target cpu
+    python -m contracts.golden --target cpu            # every family
+    python -m contracts.golden --target h100 --family qwen3_moe
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from vexact_trainer import Actor
 
 FIXTURES = Path(__file__).parent / "fixtures"
 N_PROMPTS = 8
+FAMILIES = ("qwen3", "qwen3_moe")
 
 
 def versions() -> dict[str, str]:
@@ -37,9 +42,9 @@ def versions() -> dict[str, str]:
     }
 
 
-def produce(device: str = "cpu") -> dict[str, torch.Tensor]:
+def produce(device: str = "cpu", family: str = "qwen3") -> dict[str, torch.Tensor]:
     """Run the fixed workload: engine rollouts (sampled and greedy) and the trainer's rescoring."""
-    model = load_model(default_checkpoint(), device=device)
+    model = load_model(default_checkpoint(family), device=device)
     g = torch.Generator().manual_seed(1234)
     prompts = [
         torch.randint(0, 256, (int(torch.randint(3, 48, (1,), generator=g)),), generator=g).tolist()
@@ -76,22 +81,24 @@ def tensors_sha256(tensors: dict[str, torch.Tensor]) -> str:
     return h.hexdigest()
 
 
-def load(target: str) -> tuple[dict[str, torch.Tensor], dict]:
-    d = FIXTURES / target
+def load(target: str, family: str = "qwen3") -> tuple[dict[str, torch.Tensor], dict]:
+    d = FIXTURES / target / family
     if not (d / "golden.json").is_file():
         raise FileNotFoundError(
-            f"no golden fixture recorded for target {target!r}: python -m contracts.golden --target {target}"
+            f"no golden fixture recorded for target {target!r}, family {family!r}: "
+            f"python -m contracts.golden --target {target} --family {family}"
         )
     return load_file(str(d / "golden.safetensors")), json.loads((d / "golden.json").read_text())
 
 
-def record(target: str, device: str) -> Path:
-    tensors = produce(device)
-    d = FIXTURES / target
+def record(target: str, device: str, family: str = "qwen3") -> Path:
+    tensors = produce(device, family)
+    d = FIXTURES / target / family
     d.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(d / "golden.safetensors"))
     meta = {
         "target": target,
+        "family": family,
         "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
         "sha256": tensors_sha256(tensors),
         "versions": versions(),
@@ -106,5 +113,7 @@ def record(target: str, device: str) -> Path:
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default="cpu", choices=["cpu", "h100", "h200", "b200"])
+    ap.add_argument("--family", choices=FAMILIES, help="default: every family")
     args = ap.parse_args()
-    print(f"recorded {record(args.target, 'cpu' if args.target == 'cpu' else 'cuda')}")
+    for family in [args.family] if args.family else FAMILIES:
+        print(f"recorded {record(args.target, 'cpu' if args.target == 'cpu' else 'cuda', family)}")

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import torch
 
-from vexact_models import QWEN3_SHAPES
+from vexact_models import QWEN3_MOE_SHAPES, QWEN3_SHAPES
 
 
 def row_invariance_violations(
@@ -37,3 +37,4 @@ def logprob_mismatches(engine_outputs, trainer_logprobs) -> list[tuple[str, int]
 # Real Qwen3 shapes (vexact_models.QWEN3_SHAPES), for the GPU-target contracts that run real-sized random models.
 QWEN3_06B = QWEN3_SHAPES["qwen3-0.6b"]
 QWEN3_17B = QWEN3_SHAPES["qwen3-1.7b"]
+QWEN3_30B_A3B = QWEN3_MOE_SHAPES["qwen3-30b-a3b"]

@@ -154,6 +154,66 @@ def test_attention_packed_equals_chunked_paged(device, data, lens, page, heads, 
     assert torch.equal(alone, packed[s:e])
 
 
+@st.composite
+def _moe_case(draw):
+    """Router logits that give anything from an even spread to every token on one expert (skewed: big logits on
+    a few experts), so expert loads run from 0 to all tokens."""
+    e = draw(st.sampled_from([4, 8, 16, 128]))
+    k = draw(st.integers(1, min(8, e)))
+    m = draw(st.integers(1, 48))
+    skew = draw(st.sampled_from([0.0, 4.0, 50.0]))
+    hot = draw(st.lists(st.integers(0, e - 1), min_size=1, max_size=min(k, 3), unique=True))
+    return e, k, m, skew, hot
+
+
+@SETTINGS
+@given(data=st.data(), case=_moe_case(), norm=st.booleans())
+def test_fused_moe_rows_and_chunks(device, data, case, norm):
+    """Routing + fused experts: a token's output alone, in the full batch, in any sub-batch and in any chunking is the
+    same, whatever the expert loads (0 to all tokens per expert)."""
+    e, k, m, skew, hot = case
+    h, i = 32, 16
+    g = torch.Generator().manual_seed(m * 1009 + e * 31 + k)
+    x = _rand(g, m, h).to(device)
+    w_gate = _rand(g, e, h, scale=0.2).to(device)
+    w13, w2 = _rand(g, e, 2 * i, h, scale=0.2).to(device), _rand(g, e, h, i, scale=0.25).to(device)
+    bias = torch.zeros(e)
+    bias[hot] = skew
+
+    def op(t):
+        logits = vk.linear(t, w_gate, out_dtype=torch.float32) + bias.to(device)
+        w, ids = vk.moe_route(logits, k, norm)
+        return vk.fused_moe(t, w13, w2, w, ids)
+
+    assert row_invariance_violations(op, x, _subsets(data.draw, m)) == []
+    cuts = sorted(set(data.draw(st.lists(st.integers(1, max(1, m - 1)), max_size=4))) - {m})
+    pieces = torch.cat([op(x[a:b]) for a, b in zip([0, *cuts], [*cuts, m], strict=True)])
+    assert torch.equal(pieces, op(x))
+
+
+def test_fused_moe_contract_fails_on_load_dependent_expert_gemm(monkeypatch):
+    """The MoE contract can fail: an expert GEMM whose reduction depends on how many tokens the expert received (as a
+    grouped cuBLAS call picks its kernel by M) makes a token's output depend on the other tokens' routing."""
+    import importlib
+
+    moe = importlib.import_module("vexact_kernels.moe")
+    real = moe._linear_reference
+
+    def load_dependent(x, w):
+        return real(x, w) + (x.shape[0] > 2) * 1e-3  # a switch by the expert's row count, like a split-K choice
+
+    monkeypatch.setattr(moe, "_linear_reference", load_dependent)
+    g = torch.Generator().manual_seed(0)
+    x, w_gate = _rand(g, 24, 32), _rand(g, 8, 32, scale=0.2)
+    w13, w2 = _rand(g, 8, 32, 32, scale=0.2), _rand(g, 8, 32, 16, scale=0.25)
+
+    def op(t):
+        w, ids = vk.moe_route(vk.linear(t, w_gate, out_dtype=torch.float32), 2, True)
+        return vk.fused_moe(t, w13, w2, w, ids)
+
+    assert row_invariance_violations(op, x, []) != []
+
+
 def test_contract_fails_on_perturbed_op(monkeypatch):
     """The row-invariance check must catch an op whose rows depend on the batch size."""
     import importlib

@@ -1,9 +1,9 @@
 """GPU engine contracts (targets h100/h200/b200): the engine on CUDA with sampling on the device, CUDA-graph decode,
 sleep/wake and weight updates still returns exactly the trainer's logprobs.
 
-Models: Qwen3-0.6B- and Qwen3-1.7B-shaped (real HF config shapes, random weights) with ``LAYERS`` decoder layers
-instead of 28 to keep the run short: every per-layer shape (hidden, heads, head_dim, intermediate, vocabulary) is
-the real one, so every kernel runs at its real size; only the depth is cut.
+Models: Qwen3-0.6B-, Qwen3-1.7B- and Qwen3-30B-A3B-shaped (real HF config shapes, random weights) with ``LAYERS``
+decoder layers instead of 28 / 48 to keep the run short: every per-layer shape (hidden, heads, head_dim, intermediate,
+experts, vocabulary) is the real one, so every kernel runs at its real size; only the depth is cut.
 
 Run on the GPU machine: ``python -m pytest -q -p no:xdist contracts/test_engine_gpu.py --target h100 -s``
 (``-s`` shows the memory figures of the sleep/wake cycles; ``VEXACT_SLEEP_CYCLES`` sets their number, default 100).
@@ -16,15 +16,15 @@ import os
 import pytest
 import torch
 
-from contracts.harness import QWEN3_06B, QWEN3_17B, logprob_mismatches
+from contracts.harness import QWEN3_06B, QWEN3_17B, QWEN3_30B_A3B, logprob_mismatches
 from vexact_engine import LLM, EngineConfig, SamplingParams
 from vexact_engine.model_runner import ModelRunner
-from vexact_models import random_model, tiny_qwen3_config
+from vexact_models import random_model, tiny_qwen3_config, tiny_qwen3_moe_config
 
 pytestmark = pytest.mark.gpu
 
 LAYERS = int(os.environ.get("VEXACT_GPU_CONTRACT_LAYERS", "4"))
-SHAPES = {"qwen3-0.6b": QWEN3_06B, "qwen3-1.7b": QWEN3_17B}
+SHAPES = {"qwen3-0.6b": QWEN3_06B, "qwen3-1.7b": QWEN3_17B, "qwen3-30b-a3b": QWEN3_30B_A3B}
 MAX_LEN = 1024
 
 
@@ -36,8 +36,9 @@ def cuda(device):
 
 
 def _model(shape: str, seed: int, cuda) -> torch.nn.Module:
-    cfg = tiny_qwen3_config(**{**SHAPES[shape], "num_hidden_layers": LAYERS})
-    return random_model(cfg, seed=seed, embed_std=0.02).to(cuda)
+    make = tiny_qwen3_moe_config if "num_experts" in SHAPES[shape] else tiny_qwen3_config
+    cfg = make(**{**SHAPES[shape], "num_hidden_layers": LAYERS})
+    return random_model(cfg, seed=seed, embed_std=0.02, device=cuda)  # drawn on the GPU: an MoE is ~6 GB at 4 layers
 
 
 @pytest.fixture(scope="module", params=list(SHAPES))
@@ -126,10 +127,10 @@ def test_same_seed_same_tokens_whatever_the_batch(shape_model):
     target = list(range(100, 180))
     p = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=20, seed=77, ignore_eos=True)
     (alone,), _ = _run(model, [target], [p], max_num_seqs=8, num_kv_blocks=512)
-    prompts, params = _workload(30, seed=3, hi=200)
+    prompts, params = _workload(63, seed=3, hi=200)  # a batch of 64 with it
     prompts.insert(17, target)
     params.insert(17, p)
-    outs, _ = _run(model, prompts, params, max_num_seqs=32, max_num_batched_tokens=256, num_kv_blocks=1024)
+    outs, _ = _run(model, prompts, params, max_num_seqs=64, max_num_batched_tokens=512, num_kv_blocks=1024)
     _same([outs[17]], [alone])
 
 

@@ -18,6 +18,7 @@ from vexact_engine import LLM, EngineConfig, SamplingParams
 from vexact_trainer import Actor, ActorConfig
 
 EXAMPLES = int(os.environ.get("VEXACT_CONTRACT_EXAMPLES", "400"))
+MOE_EXAMPLES = int(os.environ.get("VEXACT_CONTRACT_MOE_EXAMPLES", str(max(1, EXAMPLES // 4))))
 MAX_LEN = 96  # engine max_model_len in these runs
 
 
@@ -81,8 +82,22 @@ def test_engine_equals_trainer(tiny_model, workload):
     assert logprob_mismatches(outs, trainer_logprobs(tiny_model, outs, params)) == []
 
 
-def test_engine_equals_trainer_under_forced_preemption(tiny_model):
+@settings(
+    max_examples=MOE_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
+@given(workloads())
+def test_moe_engine_equals_trainer(tiny_moe_model, workload):
+    """The same contract on the tiny Qwen3-MoE: a token's experts and output never depend on the step's other tokens."""
+    prompts, params, cfg = workload
+    outs, llm = run_engine(tiny_moe_model, prompts, params, cfg)
+    event(f"preempted: {llm.num_preemptions > 0}")
+    assert logprob_mismatches(outs, trainer_logprobs(tiny_moe_model, outs, params)) == []
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_moe"])
+def test_engine_equals_trainer_under_forced_preemption(request, family):
     """A burst that cannot fit the cache at once: requests are preempted, recomputed, and still match."""
+    tiny_model = request.getfixturevalue("tiny_model" if family == "qwen3" else "tiny_moe_model")
     g = torch.Generator().manual_seed(1)
     prompts = [
         torch.randint(0, 256, (int(torch.randint(8, 40, (1,), generator=g)),), generator=g).tolist() for _ in range(12)
@@ -99,8 +114,10 @@ def test_engine_equals_trainer_under_forced_preemption(tiny_model):
         assert a.token_ids == b.token_ids and torch.equal(a.logprobs, b.logprobs)
 
 
-def test_contract_fails_with_fast_backend_on_one_side(tiny_model):
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_moe"])
+def test_contract_fails_with_fast_backend_on_one_side(request, family):
     """The contract can fail: with the fast backend on the engine side, logprobs no longer match."""
+    tiny_model = request.getfixturevalue("tiny_model" if family == "qwen3" else "tiny_moe_model")
     g = torch.Generator().manual_seed(2)
     prompts = [torch.randint(0, 256, (20,), generator=g).tolist() for _ in range(6)]
     params = [SamplingParams(temperature=1.0, max_tokens=12, seed=i, ignore_eos=True) for i in range(6)]

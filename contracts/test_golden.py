@@ -12,14 +12,20 @@ import torch
 from contracts import golden
 
 
+@pytest.fixture(scope="module", params=golden.FAMILIES)
+def family(request) -> str:
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def recorded(target):
-    return golden.load(target)
+def recorded(target, family):
+    return golden.load(target, family)
 
 
-def test_fixture_belongs_to_this_target(recorded, target):
+def test_fixture_belongs_to_this_target(recorded, target, family):
     tensors, meta = recorded
     assert meta["target"] == target, f"fixture in fixtures/{target} was recorded for {meta['target']}"
+    assert meta["family"] == family
     assert golden.tensors_sha256(tensors) == meta["sha256"], "fixture tensors do not match their recorded sha256"
 
 
@@ -31,9 +37,9 @@ def test_fixture_versions_match_packages(recorded):
     )
 
 
-def test_golden_reproduces(recorded, device):
+def test_golden_reproduces(recorded, device, family):
     tensors, meta = recorded
-    now = golden.produce(device)
+    now = golden.produce(device, family)
     for name, ref in tensors.items():
         assert torch.equal(now[name].cpu(), ref), (
             f"{name} no longer reproduces the golden fixture (recorded with torch {meta['torch']}, now "

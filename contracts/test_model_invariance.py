@@ -1,7 +1,8 @@
 """Contract 1b: the whole model's logprobs for a sequence are the same alone or inside a batch of 64 (invariant
 backend), and the invariant forward matches the fast backend within bf16 tolerance (it is also correct).
 
-CPU: the tiny model. GPU targets: a Qwen3-0.6B-shaped model with random weights (real HF config shapes).
+CPU: the tiny models (dense and MoE). GPU targets: Qwen3-0.6B- and Qwen3-30B-A3B-shaped models with random weights
+(real HF config shapes; the MoE with two layers).
 """
 
 from __future__ import annotations
@@ -9,15 +10,20 @@ from __future__ import annotations
 import pytest
 import torch
 
-from contracts.harness import QWEN3_06B
-from vexact_models import random_model, tiny_qwen3_config
+from contracts.harness import QWEN3_06B, QWEN3_30B_A3B
+from vexact_models import random_model, tiny_qwen3_config, tiny_qwen3_moe_config
 from vexact_trainer import Actor, ActorConfig
 
 
-@pytest.fixture(scope="module")
-def model(device):
-    cfg = tiny_qwen3_config() if device == "cpu" else tiny_qwen3_config(**QWEN3_06B)
-    return random_model(cfg, seed=7, embed_std=1.0 if device == "cpu" else 0.02).to(device)
+@pytest.fixture(scope="module", params=["qwen3", "qwen3_moe"])
+def model(device, request):
+    if request.param == "qwen3":
+        cfg = tiny_qwen3_config() if device == "cpu" else tiny_qwen3_config(**QWEN3_06B)
+    else:  # GPU: the real Qwen3-30B-A3B layer shape, two layers
+        cfg = (
+            tiny_qwen3_moe_config() if device == "cpu" else tiny_qwen3_moe_config(**QWEN3_30B_A3B, num_hidden_layers=2)
+        )
+    return random_model(cfg, seed=7, embed_std=1.0 if device == "cpu" else 0.02, device=device)
 
 
 def _batch(vocab: int, n: int, lo: int, hi: int, seed: int):

@@ -14,7 +14,7 @@ from .moe import fused_moe, moe_route
 from .rms_norm import rms_norm
 from .rotary import apply_rotary, rope_cos_sin
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 __all__ = [
     "ATTN_BLOCK_N",

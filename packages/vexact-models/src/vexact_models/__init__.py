@@ -15,7 +15,7 @@ from .tiny import (
     tiny_qwen3_moe_config,
 )
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "MODEL_CLASSES",

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from .config import Qwen3Config, Qwen3MoeConfig
-from .loader import save_checkpoint
+from .loader import _reset_buffers, save_checkpoint
 from .models import MODEL_CLASSES
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -87,19 +87,28 @@ def tiny_qwen3_moe_config(**overrides) -> Qwen3MoeConfig:
     return Qwen3MoeConfig(**{**tiny_qwen3_config().__dict__, "model_type": "qwen3_moe", **base})
 
 
-def random_model(cfg: Qwen3Config, seed: int = 0, embed_std: float = 1.0):
+def random_model(cfg: Qwen3Config, seed: int = 0, embed_std: float = 1.0, device: str | torch.device = "cpu"):
     """A model with deterministic random weights: linear ~ N(0, 1/fan_in), norms ~ 1 + N(0, 0.1^2), embeddings
-    ~ N(0, embed_std^2) (use a small std for big tied models, whose logits otherwise reach the hundreds)."""
-    g = torch.Generator().manual_seed(seed)
-    model = MODEL_CLASSES[cfg.model_type](cfg)
+    ~ N(0, embed_std^2) (use a small std for big tied models, whose logits otherwise reach the hundreds).
+
+    ``device``: where the weights are drawn and kept (a generator of that device: a GPU draws a real-sized MoE in
+    seconds, but its weights differ from the CPU's for the same seed)."""
+    device = torch.device(device)
+    g = torch.Generator(device).manual_seed(seed)
+    with torch.device("meta"):
+        model = MODEL_CLASSES[cfg.model_type](cfg)
+    model = model.to_empty(device=device)
+    _reset_buffers(model, cfg)  # rotary tables (built on CPU) and tied weights
+    model.model.rotary_emb.to(device)
     with torch.no_grad():
         for name, p in model.named_parameters():
+            rand = torch.randn(p.shape, generator=g, device=device)
             if name.endswith("norm.weight") or "layernorm" in name:
-                w = 1.0 + 0.1 * torch.randn(p.shape, generator=g)
+                w = 1.0 + 0.1 * rand
             elif "embed_tokens" in name:
-                w = torch.randn(p.shape, generator=g) * embed_std
+                w = rand * embed_std
             else:
-                w = torch.randn(p.shape, generator=g) / math.sqrt(p.shape[-1])
+                w = rand / math.sqrt(p.shape[-1])
             p.copy_(w.to(p.dtype))
     return model.eval().requires_grad_(False)
 

@@ -16,7 +16,7 @@ from .parallel import init_distributed, parallelize
 from .trainer import RolloutBatch, StepMetrics, Trainer, TrainerConfig
 from .weights import hf_name, iter_weight_buckets, save_hf_checkpoint, sync_weights
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 __all__ = [
     "Actor",

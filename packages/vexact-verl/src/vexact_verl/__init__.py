@@ -13,7 +13,7 @@ from .actor import packed_log_probs
 from .registration import ROLLOUT_NAME, is_registered, register
 from .server import ServerSettings, VexactServer
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 __all__ = [
     "ROLLOUT_NAME",
