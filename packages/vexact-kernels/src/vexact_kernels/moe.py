@@ -8,7 +8,8 @@ and the expert weights, never of how many tokens its experts received, which oth
 chunking, or whether a training batch, a prefill chunk or a decode step ran it:
 
 * routing: softmax over the experts in fp32 (max, ``exp``, a fixed-order sum over E); top-k by a stable descending
-  sort, so ties go to the lower expert index; renormalisation sums the k weights in rank order;
+  sort (on CUDA: one Triton program per token, ``triton_ops/moe_route.py``, k rounds of arg-max), so ties go to the
+  lower expert index; renormalisation sums the k weights in rank order;
 * experts: each (token, rank) pair is one row of a grouped GEMM over the pairs sorted (stably) by expert. A row is
   reduced over K in a fixed order that depends on K alone (the CPU reference: ``linear``'s blocks of
   ``LINEAR_BLOCK_K``; the Triton kernel: ``matmul``'s ``BLOCK_K`` tiles in K order), never shared with another row;
@@ -55,7 +56,11 @@ def moe_route(
         if norm_topk_prob:
             w = w / w.sum(dim=-1, keepdim=True)
         return w, ids
-    # The same elementwise ops and fixed-order sums on every device: no kernel of its own is needed for invariance.
+    if use_triton(router_logits):
+        from .triton_ops.moe_route import triton_moe_route
+
+        return triton_moe_route(router_logits, top_k, norm_topk_prob)
+    invariant_device_check("moe_route", router_logits)
     x = router_logits.float()
     x = x - x.amax(dim=-1, keepdim=True)  # max is exact in any order
     ex = torch.exp(x)
