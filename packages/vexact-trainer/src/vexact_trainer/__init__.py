@@ -11,6 +11,7 @@ from .losses import (
     ppo_clip_loss,
     reinforce_loss,
     rollout_correction,
+    sequence_load_balancing_loss,
 )
 from .parallel import init_distributed, parallelize
 from .trainer import RolloutBatch, StepMetrics, Trainer, TrainerConfig
@@ -42,5 +43,6 @@ __all__ = [
     "reinforce_loss",
     "rollout_correction",
     "save_hf_checkpoint",
+    "sequence_load_balancing_loss",
     "sync_weights",
 ]

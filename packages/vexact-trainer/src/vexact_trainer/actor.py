@@ -6,11 +6,13 @@ decides the layout (packed) and the kernel backend, so the API stays the same wh
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
 
 import vexact_kernels as vk
+from vexact_models import record_router
 
 from .batch import PackedBatch, pack
 
@@ -29,10 +31,16 @@ class ActorConfig:
 
 @dataclass
 class LogprobOutput:
-    """Per sequence: logprob (and entropy) of each response token, fp32."""
+    """Per sequence: logprob (and entropy) of each response token, fp32.
+
+    ``router`` (MoE models, when asked for): per sequence, the experts each token was routed to, ``[sparse layers,
+    prompt + response tokens, k]`` int64, best first; row ``j`` is the routing of the token at position ``j`` (so the
+    response's routing starts at row ``len(prompt)``). Dense layers have no row.
+    """
 
     logprobs: list[torch.Tensor]
     entropy: list[torch.Tensor] | None
+    router: list[torch.Tensor] | None = None
 
 
 class Actor:
@@ -62,11 +70,13 @@ class Actor:
         responses: list[list[int]],
         temperature: float | list[float] = 1.0,
         with_entropy: bool = False,
+        with_router: bool = False,
     ) -> LogprobOutput:
         """Logprobs of each response token given its prompt and the response tokens before it.
 
         ``temperature``: one for all sequences or one per sequence; logits are divided by it in fp32, as the
-        engine's sampler does.
+        engine's sampler does. ``with_router``: also return each token's chosen experts per sparse layer
+        (:attr:`LogprobOutput.router`; MoE models only). Recording changes no logprob.
         """
         temps = list(temperature) if isinstance(temperature, (list, tuple)) else [temperature] * len(prompts)
         if len(temps) != len(prompts):
@@ -75,17 +85,25 @@ class Actor:
             if isinstance(t, bool) or not isinstance(t, (int, float)) or t <= 0:
                 raise ValueError(f"temperature must be > 0, got {t!r}")
         cfg = self.model.config
+        if with_router and not getattr(cfg, "num_experts", 0):
+            raise ValueError(f"with_router=True needs an MoE model; {type(cfg).__name__} has no experts")
         batch = pack(prompts, responses, cfg.vocab_size, cfg.max_position_embeddings)
         per_token = torch.repeat_interleave(
             torch.tensor(temps, dtype=torch.float32), torch.tensor(batch.seq_lens), output_size=len(batch.input_ids)
         )
-        lp, ent = self.forward_packed(batch, per_token, with_entropy)
-        out_lp, out_ent = [], []
+        with record_router() if with_router else contextlib.nullcontext() as recorded:
+            lp, ent = self.forward_packed(batch, per_token, with_entropy)
+        if with_router and not recorded:
+            raise ValueError("with_router=True: the model has no sparse layer (every layer is dense)")
+        ids = torch.stack([r.topk_ids for r in recorded]) if with_router else None  # [sparse layers, T, k]
+        out_lp, out_ent, out_router = [], [], []
         start = 0
         for plen, n in zip(batch.prompt_lens, batch.seq_lens, strict=True):
             # the token at position j (j >= plen) is predicted by row j - 1
             out_lp.append(lp[start + plen - 1 : start + n - 1].clone())
             if ent is not None:
                 out_ent.append(ent[start + plen - 1 : start + n - 1].clone())
+            if ids is not None:
+                out_router.append(ids[:, start : start + n].clone())
             start += n
-        return LogprobOutput(out_lp, out_ent if with_entropy else None)
+        return LogprobOutput(out_lp, out_ent if with_entropy else None, out_router if with_router else None)

@@ -124,3 +124,32 @@ def mismatch_metrics(rollout_logprobs: torch.Tensor, trainer_logprobs: torch.Ten
 def check_finite_loss(loss: torch.Tensor) -> bool:
     """False for a NaN/inf loss: the caller must skip the step (and log why) instead of applying it."""
     return bool(torch.isfinite(loss).all())
+
+
+def sequence_load_balancing_loss(router, seq_lens, num_experts: int, top_k: int) -> torch.Tensor:
+    """Per packed sequence, transformers' load-balancing loss over that sequence's tokens alone: ``[S]`` fp32.
+
+    ``router``: the :class:`vexact_models.RouterOutput` list of one packed forward (one per sparse layer, ``[T, E]``
+    logits and ``[T, k]`` ids); ``seq_lens``: the packed sequences' lengths (summing to ``T``). Entry ``s`` equals
+    ``vexact_models.load_balancing_loss`` on sequence ``s``'s rows of every layer (``E * sum_e f_e * P_e``, ``f_e``
+    the share of its (token, rank) slots routed to ``e``, ``P_e`` its mean router probability, over all layers).
+    Differentiable in the logits through ``P_e`` (the choice ``f_e`` has no gradient). Memory ``O(T * E)``: the
+    layers are summed one at a time, never materialised as ``[layers, T, k, E]``.
+    """
+    if not router:
+        raise ValueError("sequence_load_balancing_loss: no router outputs recorded (is this an MoE model?)")
+    dev = router[0].logits.device
+    lens = torch.as_tensor(list(seq_lens), dtype=torch.long, device=dev)
+    if int(lens.sum()) != router[0].logits.shape[0]:
+        raise ValueError(f"sequence lengths sum to {int(lens.sum())} but the router saw {router[0].logits.shape[0]}")
+    probs = counts = None
+    for r in router:  # [T, E] per layer
+        p = torch.softmax(r.logits.float(), dim=-1)
+        ids = r.topk_ids[:, :top_k]
+        c = torch.zeros(p.shape, device=dev).scatter_add_(1, ids, torch.ones(ids.shape, device=dev))
+        probs, counts = (p, c) if probs is None else (probs + p, counts + c)
+    seg = torch.repeat_interleave(torch.arange(len(lens), device=dev), lens)  # [T]: each row's sequence
+    p_sum = probs.new_zeros(len(lens), num_experts).index_add(0, seg, probs)  # [S, E]
+    c_sum = counts.new_zeros(len(lens), num_experts).index_add(0, seg, counts)
+    rows = (len(router) * lens).to(torch.float32).unsqueeze(1)  # (layer, token) rows per sequence
+    return num_experts * ((c_sum / rows) * (p_sum / rows)).sum(dim=-1)

@@ -2,13 +2,14 @@
 
 One :meth:`Trainer.train_step` is one optimizer step over one rollout batch (each rank brings its own share of the
 sequences). Losses are token means over the *global* batch (all micro-batches, all ranks), so the update does not
-depend on how the batch was split. Every decision that could make ranks diverge (bad input, a NaN loss, a
-non-finite gradient) is agreed on by all ranks first, so one bad rank never leaves the others hanging in a
-collective and never lets a partial update through.
+depend on how the batch was split (nor does the MoE router's auxiliary loss: see :class:`TrainerConfig`). Every
+decision that could make ranks diverge (bad input, a NaN loss, a non-finite gradient) is agreed on by all ranks first,
+so one bad rank never leaves the others hanging in a collective and never lets a partial update through.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from collections.abc import Sequence
@@ -21,9 +22,11 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
+from vexact_models import record_router
+
 from .actor import Actor, ActorConfig, LogprobOutput
 from .batch import PackedBatch, pack
-from .losses import ppo_clip_loss, rollout_correction
+from .losses import ppo_clip_loss, rollout_correction, sequence_load_balancing_loss
 from .parallel import init_distributed, parallelize
 from .weights import DEFAULT_BUCKET_BYTES, save_hf_checkpoint, sync_weights
 
@@ -42,6 +45,15 @@ class TrainerConfig:
     ``mis`` (drop tokens whose ratio is outside ``[1/C, C]``), ``C = rollout_correction_threshold``; needs
     ``rollout_logprobs`` in the batch, and is a no-op when they equal the trainer's (the invariant backend).
     ``micro_batch_tokens``: token budget of one forward/backward (None: the whole local batch at once).
+
+    ``router_aux_loss_coef`` (MoE models; 0 = off, the default, as RL recipes run): adds ``coef`` times the router's
+    load-balancing loss (transformers' ``load_balancing_loss_func``, on the model config's ``num_experts`` and
+    ``num_experts_per_tok``). transformers adds it once per forward over whatever batch that forward saw, so its value
+    would depend on the micro-batch and rank split; here it is computed per *sequence* (that sequence's tokens, prompt
+    and response, over all sparse layers) and averaged over every sequence of the global batch weighted by its token
+    count, which no split changes (a sequence never straddles micro-batches or ranks). This balances the experts
+    within each sequence (like DeepSeek-V3's sequence-wise auxiliary loss), a stricter target than a whole batch's
+    balance; keep the coefficient small. ``StepMetrics.router_aux_loss`` reports the unscaled value.
     """
 
     lr: float = 1e-6
@@ -58,6 +70,7 @@ class TrainerConfig:
     backend: str = "invariant"
     logprob_chunk_size: int = 1024
     micro_batch_tokens: int | None = None
+    router_aux_loss_coef: float = 0.0
     activation_checkpointing: bool = False
     param_dtype: torch.dtype = torch.bfloat16
     reduce_dtype: torch.dtype = torch.float32
@@ -81,6 +94,9 @@ class TrainerConfig:
             raise ValueError(f"clip ranges must be >= 0, got low={self.clip_low}, high={self.clip_high}")
         if self.micro_batch_tokens is not None and self.micro_batch_tokens < 1:
             raise ValueError(f"micro_batch_tokens must be >= 1 or None, got {self.micro_batch_tokens}")
+        coef = self.router_aux_loss_coef
+        if isinstance(coef, bool) or not (isinstance(coef, (int, float)) and coef >= 0 and math.isfinite(coef)):
+            raise ValueError(f"router_aux_loss_coef must be a finite number >= 0, got {coef!r}")
         ActorConfig(self.backend, self.logprob_chunk_size)  # validates both
 
 
@@ -114,6 +130,7 @@ class _Seq:
     temperature: float
     rollout: torch.Tensor | None = None  # [R]
     old: torch.Tensor | None = None  # [R]
+    filler: bool = False  # a replay that keeps this rank in step with busier ones; weighs nothing
 
 
 @dataclass
@@ -132,6 +149,7 @@ class StepMetrics:
     entropy: float
     kept_fraction: float
     skipped: str | None = None
+    router_aux_loss: float = 0.0  # the router's load-balancing loss (unscaled); 0 when router_aux_loss_coef is 0
     extra: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
@@ -153,6 +171,11 @@ class Trainer:
             from vexact_models import load_model
 
             model = load_model(model, dtype="float32")
+        if cfg.router_aux_loss_coef and not getattr(model.config, "num_experts", 0):
+            raise ValueError(
+                f"router_aux_loss_coef={cfg.router_aux_loss_coef} needs an MoE model; "
+                f"{type(model.config).__name__} has no experts (set router_aux_loss_coef=0)"
+            )
         model.requires_grad_(True).train()
         if isinstance(model, FSDPModule):
             param = next(model.parameters())
@@ -189,9 +212,12 @@ class Trainer:
         return dist.get_world_size()
 
     # ---- scoring
-    def compute_log_probs(self, prompts, responses, temperature=1.0, with_entropy=False) -> LogprobOutput:
-        """Per-response-token logprobs (and entropy) with the bf16 weights the forward uses; see :class:`Actor`."""
-        return self.actor.compute_log_probs(prompts, responses, temperature, with_entropy)
+    def compute_log_probs(
+        self, prompts, responses, temperature=1.0, with_entropy=False, with_router=False
+    ) -> LogprobOutput:
+        """Per-response-token logprobs (and entropy, MoE routing) with the bf16 weights the forward uses; see
+        :class:`Actor`."""
+        return self.actor.compute_log_probs(prompts, responses, temperature, with_entropy, with_router)
 
     # ---- input checks
     def _validate(self, batch: RolloutBatch) -> list[_Seq]:
@@ -278,8 +304,9 @@ class Trainer:
         dist.all_reduce(count, op=dist.ReduceOp.MAX)
         filler = seqs[0]
         self.last_micro_batches = (len(groups), int(count.item()))
+        replay = _Seq(filler.prompt, filler.response, filler.advantage, torch.zeros_like(filler.mask), 1.0, filler=True)
         while len(groups) < int(count.item()):
-            groups.append([_Seq(filler.prompt, filler.response, filler.advantage, torch.zeros_like(filler.mask), 1.0)])
+            groups.append([replay])
         return groups
 
     # ---- one step
@@ -296,19 +323,21 @@ class Trainer:
             raise error or ValueError(f"rank {self.rank}: another rank's batch was rejected; see its error")
         dev = self.device
         n_local = sum(float(s.mask.sum()) for s in seqs)
-        n_global_t = torch.tensor([n_local], dtype=torch.float64, device=dev)
+        n_routed_local = sum(len(s.prompt) + len(s.response) for s in seqs)  # every token passes the router
+        n_global_t = torch.tensor([n_local, n_routed_local], dtype=torch.float64, device=dev)
         dist.all_reduce(n_global_t)
-        n_global = float(n_global_t.item())
+        n_global, n_routed = n_global_t.tolist()
         if n_global == 0:
             raise ValueError("no response tokens to train on: every response is empty or fully masked")
         scale = self.world_size / n_global  # FSDP averages gradients over ranks; undo it for a global token mean
-        # sums over this rank's tokens: loss, k3, mismatched, clipped, approx_kl, entropy, kept, compared
-        sums = torch.zeros(8, dtype=torch.float64, device=dev)
+        aux_scale = self.world_size / n_routed
+        # sums over this rank's tokens: loss, k3, mismatched, clipped, approx_kl, entropy, kept, compared, router aux
+        sums = torch.zeros(9, dtype=torch.float64, device=dev)
         max_delta = torch.zeros(1, dtype=torch.float64, device=dev)
         self.optimizer.zero_grad(set_to_none=True)
         skipped = None
         for group in self._micro_batches(seqs):
-            loss, part, delta = self._forward_backward_terms(group, scale)
+            loss, part, delta = self._forward_backward_terms(group, scale, aux_scale)
             if not self._agree(bool(torch.isfinite(loss))):
                 skipped = f"non-finite loss at step {self.step} (on at least one rank)"
                 break
@@ -346,9 +375,10 @@ class Trainer:
             entropy=s[5] / n_global,
             kept_fraction=s[6] / n_global,
             skipped=skipped,
+            router_aux_loss=s[8] / n_routed,
         )
 
-    def _forward_backward_terms(self, group: list[_Seq], scale: float):
+    def _forward_backward_terms(self, group: list[_Seq], scale: float, aux_scale: float):
         """The scaled loss of one micro-batch (to backward) and its statistics."""
         cfg = self.config
         mcfg = self.model.config
@@ -370,7 +400,16 @@ class Trainer:
             start += n
         dev = self.device
         adv, mask, old, rollout, temps = (t.to(dev) for t in (adv, mask, old, rollout, temps))
-        lp, ent = self.actor.forward_packed(batch, temps, with_entropy=True)
+        coef = cfg.router_aux_loss_coef
+        with record_router() if coef else contextlib.nullcontext() as router:
+            lp, ent = self.actor.forward_packed(batch, temps, with_entropy=True)
+        aux_sum = torch.zeros((), device=dev)  # sum over sequences of (tokens * the sequence's balancing loss)
+        if coef:
+            if not router:
+                raise ValueError(f"router_aux_loss_coef={coef}: the model recorded no router output (no sparse layer)")
+            per_seq = sequence_load_balancing_loss(router, batch.seq_lens, mcfg.num_experts, mcfg.num_experts_per_tok)
+            tokens = [0.0 if s.filler else float(n) for s, n in zip(group, batch.seq_lens, strict=True)]
+            aux_sum = (per_seq * torch.tensor(tokens, device=dev)).sum()
         has_old = group[0].old is not None
         old = old if has_old else lp.detach()
         has_rollout = group[0].rollout is not None
@@ -392,6 +431,8 @@ class Trainer:
         loss = loss_sum * scale
         if cfg.entropy_coeff:
             loss = loss - cfg.entropy_coeff * ent_sum * scale
+        if coef:
+            loss = loss + coef * aux_sum * aux_scale
         with torch.no_grad():
             sel = mask.bool()
             if has_rollout:
@@ -413,6 +454,7 @@ class Trainer:
                     ent_sum.detach().double(),
                     kept.sum().double(),
                     compared,
+                    aux_sum.detach().double(),
                 ]
             )
         return loss, part, delta
