@@ -2,7 +2,9 @@
 2, before and after training steps whose bf16 weights are exported to the engine with ``update_weights``.
 
 The checks live in ``vexact_trainer.fsdp_check`` (also the torchrun entry point for GPUs); here they run in-process
-(world size 1) and under torchrun with two gloo ranks. ``--perturb export-fp16`` shows the contract failing.
+(world size 1) and under torchrun with two gloo ranks. ``--perturb export-fp16`` shows the contract failing. Each
+family runs: Qwen3 and Qwen3-MoE (the tiny MoE's stacked experts are sharded with their decoder layer and exported one
+tensor per expert; at world size 2 with the router's load-balancing loss on, which no rank split may change).
 """
 
 from __future__ import annotations
@@ -29,38 +31,50 @@ def _torchrun(nproc: int, *args: str, timeout: float = 240) -> subprocess.Comple
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
 
 
-def _model_for(device: str) -> str:
+FAMILIES = ["qwen3", "qwen3_moe"]
+
+
+def _model_for(device: str, family: str = "qwen3") -> str:
+    if family == "qwen3_moe":
+        return "tiny-moe"  # on GPU too: a real MoE shape's fp32 master does not fit one device at world size 1
     return "tiny" if device == "cpu" else "qwen3-0.6b"
 
 
-def test_fsdp_ws1_trainer_equals_unsharded_and_engine_through_updates(device, tmp_path):
-    summary = fsdp_check.run(model=_model_for(device), device=device, steps=2, out=tmp_path)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_fsdp_ws1_trainer_equals_unsharded_and_engine_through_updates(device, family, tmp_path):
+    summary = fsdp_check.run(model=_model_for(device, family), device=device, steps=2, out=tmp_path)
     assert summary["ok"], summary["checks"]
     assert len([k for k in summary["checks"] if k.startswith("engine == trainer")]) == 3
+    assert summary["checks"]["export == the engine's checkpoint names"]
 
 
-def test_fsdp_contract_fails_when_the_export_rounds_differently(device):
+@pytest.mark.parametrize("family", FAMILIES)
+def test_fsdp_contract_fails_when_the_export_rounds_differently(device, family):
     """Sending the weights rounded through fp16 (not the bf16 the forward used) breaks engine == trainer."""
-    summary = fsdp_check.run(model=_model_for(device), device=device, steps=1, perturb="export-fp16")
+    summary = fsdp_check.run(model=_model_for(device, family), device=device, steps=1, perturb="export-fp16")
     checks = summary["checks"]
     assert checks["engine == trainer (round 0)"] and not checks["engine == trainer (round 1)"]
     assert not summary["ok"]
 
 
-def test_fsdp_ws2_equals_ws1_and_engine(device, tmp_path):
+@pytest.mark.parametrize("family", FAMILIES)
+def test_fsdp_ws2_equals_ws1_and_engine(device, family, tmp_path):
     """Two ranks (gloo on CPU, NCCL on GPU): logprobs == the world-size-1 run's, and == the engine after updates."""
     if device == "cuda" and torch.cuda.device_count() < 2:
         pytest.skip(f"needs 2 GPUs for world size 2; {torch.cuda.device_count()} visible")
-    model = "tiny-tied" if device == "cpu" else _model_for(device)  # tied embeddings: one parameter, two uses
-    fsdp_check.run(model=model, device=device, steps=1, out=tmp_path)  # world size 1 in-process: probe, step 0
+    model = "tiny-tied" if device == "cpu" and family == "qwen3" else _model_for(device, family)  # tied: one param
+    aux = 0.01 if family == "qwen3_moe" else 0.0  # the MoE step also carries the router's load-balancing loss
+    fsdp_check.run(model=model, device=device, steps=1, out=tmp_path, router_aux_loss_coef=aux)  # ws1: probe, step 0
     # small micro-batches: the ranks get different numbers of them, and the one with fewer must still take part in
     # every FSDP gather (it replays a sequence with an all-zero mask)
     args = ["--model", model, "--device", device, "--steps", "2", "--out", str(tmp_path), "--micro-batch-tokens", "48"]
-    proc = _torchrun(2, *args)
+    proc = _torchrun(2, *args, "--router-aux-loss-coef", str(aux))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads((tmp_path / "summary-ws2.json").read_text())
     assert summary["world_size"] == 2 and summary["ok"], summary["checks"]
     assert summary["checks"]["ws2 == ws1 (probe logprobs)"]
     assert summary["checks"]["ws2 step-0 loss and grad norm ~ ws1 (rel 1e-3)"]
+    if aux:
+        assert summary["checks"]["ws2 step-0 router aux loss ~ ws1 (rel 1e-5)"]
     counts = [tuple(c) for step in summary["steps"] for c in step["micro_batches_per_rank"]]
     assert all(n > 1 for _, n in counts) and any(own < n for own, n in counts), counts

@@ -11,10 +11,16 @@ or in-process (world size 1) through :func:`run`. Checks, each ``torch.equal`` o
 2. ``ws{N} == ws1``: ... and equal the probe logprobs a world-size-1 run wrote to ``--out`` (when present);
 3. ``engine == trainer (step k)``: the engine samples rollouts (rank 0; shared out to all ranks), every rank scores
    its share with the trainer; then a GRPO step, then the bf16 weights go to the engine with ``update_weights``,
-   and the next round must match again (so the export is exactly the weights the FSDP forward used);
+   and the next round must match again (so the export is exactly the weights the FSDP forward used); the export
+   names every tensor of the engine's checkpoint layout (MoE: one per expert and projection), each once;
 4. ``weights changed``: the probe logprobs after training differ from before (the updates were real);
 5. ``step-0 ~ ws1``: at world size N > 1 the first step's loss and gradient norm (same weights, same global batch)
-   match the world-size-1 run's within 1e-3 (a tolerance: the gradient is summed in another order).
+   match the world-size-1 run's within 1e-3 (a tolerance: the gradient is summed in another order); with
+   ``--router-aux-loss-coef`` (MoE) the router's load-balancing loss too, so no rank split changes it.
+
+Models: ``tiny`` and ``tiny-moe`` (the committed Qwen3 and Qwen3-MoE checkpoints: an MoE layer's stacked experts are
+sharded with their decoder layer and exported one tensor per expert), ``tiny-tied``, or real shapes with random
+weights (:data:`SHAPES`, :data:`MOE_SHAPES`) for GPUs.
 
 ``--perturb export-fp16`` sends the weights rounded through fp16 instead: checks 3 must then fail (the contract can
 fail). Prints one JSON summary line and writes it to ``--out/summary-ws{N}.json``; exits 1 if a check failed.
@@ -32,7 +38,16 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from vexact_models import QWEN3_SHAPES, default_checkpoint, load_model, random_model, tiny_qwen3_config
+from vexact_models import (
+    QWEN3_MOE_SHAPES,
+    QWEN3_SHAPES,
+    default_checkpoint,
+    expected_tensors,
+    load_model,
+    random_model,
+    tiny_qwen3_config,
+    tiny_qwen3_moe_config,
+)
 
 from .actor import Actor
 from .losses import grpo_advantages
@@ -43,21 +58,24 @@ from .weights import iter_weight_buckets
 # "tiny-tied": the tiny config with tied embeddings (the real small Qwen3s tie them), cheap enough for CPU; the rest
 # are real model shapes (HF config.json values) for random-weight runs on GPU.
 SHAPES = {"tiny-tied": dict(tie_word_embeddings=True), **QWEN3_SHAPES}
+MOE_SHAPES = QWEN3_MOE_SHAPES
+CHECKPOINTS = {"tiny": "qwen3", "tiny-moe": "qwen3_moe"}  # name -> default_checkpoint family
 
 
 def build_models(model: str, device: str, seed: int = 0, engine: bool = True):
     """(fp32 master model on CPU for the trainer, bf16 engine model on ``device`` or None).
 
-    ``model``: ``tiny`` (the committed checkpoint), a key of :data:`SHAPES` (random weights), or a checkpoint path.
+    ``model``: a key of :data:`CHECKPOINTS` (a committed checkpoint), of :data:`SHAPES` or :data:`MOE_SHAPES`
+    (random weights), or a checkpoint path.
     Both models hold the same values: the fp32 master is the bf16 weights (or their fp32 origin, whose bf16 cast the
     FSDP forward computes with).
     """
-    if model in SHAPES:
-        cfg = tiny_qwen3_config(**SHAPES[model])
+    if model in SHAPES or model in MOE_SHAPES:
+        cfg = tiny_qwen3_config(**SHAPES[model]) if model in SHAPES else tiny_qwen3_moe_config(**MOE_SHAPES[model])
         master = random_model(dataclasses.replace(cfg, torch_dtype="float32"), seed=seed, embed_std=0.02)
         eng = random_model(cfg, seed=seed, embed_std=0.02).to(device) if engine else None
         return master, eng
-    path = default_checkpoint() if model == "tiny" else Path(model)
+    path = default_checkpoint(CHECKPOINTS[model]) if model in CHECKPOINTS else Path(model)
     master = load_model(path, dtype="float32")
     eng = load_model(path, dtype="bfloat16", device=device) if engine else None
     return master, eng
@@ -90,6 +108,7 @@ def run(
     seed: int = 0,
     micro_batch_tokens: int | None = None,
     activation_checkpointing: bool = False,
+    router_aux_loss_coef: float = 0.0,
 ) -> dict:
     """Run the checks on every rank (collective); returns the summary (complete on rank 0)."""
     if perturb not in (None, "export-fp16"):
@@ -101,10 +120,11 @@ def run(
     master, eng_model = build_models(model, str(dev), seed, engine=rank == 0)
     vocab = master.config.vocab_size
     tcfg = TrainerConfig(
-        lr=1e-3 if model == "tiny" else 1e-4,
+        lr=1e-3 if model in CHECKPOINTS else 1e-4,
         max_grad_norm=1.0,
         micro_batch_tokens=micro_batch_tokens,
         activation_checkpointing=activation_checkpointing,
+        router_aux_loss_coef=router_aux_loss_coef,
     )
     trainer = Trainer(master, tcfg, mesh=mesh)
     checks: dict[str, bool] = {}
@@ -115,6 +135,7 @@ def run(
         "perturb": perturb,
         "micro_batch_tokens": micro_batch_tokens,
         "activation_checkpointing": activation_checkpointing,
+        "router_aux_loss_coef": router_aux_loss_coef,
     }
 
     probe_p, probe_r = _probe(vocab, 6, seed + 1)
@@ -139,6 +160,7 @@ def run(
                 checks[f"ws{ws} == ws1 (probe logprobs)"] = other.keys() == flat.keys() and all(
                     torch.equal(other[k], flat[k]) for k in flat
                 )
+        engine_names = sorted(expected_tensors(eng_model))
         llm = LLM(
             model=eng_model,
             config=EngineConfig(
@@ -194,7 +216,8 @@ def run(
     for step in range(steps):
         prompts, tokens, engine_lp, adv = engine_equals_trainer(step)
         m = trainer.train_step(RolloutBatch(prompts, tokens, adv, rollout_logprobs=engine_lp))
-        metrics.append({k: m.as_dict()[k] for k in ("loss", "grad_norm", "k3_kl", "mismatch_fraction", "skipped")})
+        keys = ("loss", "grad_norm", "k3_kl", "mismatch_fraction", "skipped", "router_aux_loss")
+        metrics.append({k: m.as_dict()[k] for k in keys})
         counts = [None] * ws
         dist.all_gather_object(counts, trainer.last_micro_batches)
         metrics[-1]["micro_batches_per_rank"] = counts  # (own, run after padding to the busiest rank)
@@ -205,7 +228,9 @@ def run(
                 if rank == 0:
                     llm.update_weights(bucket)
         else:
-            trainer.sync_weights(llm)
+            loaded = trainer.sync_weights(llm)
+            if rank == 0 and step == 0:
+                checks["export == the engine's checkpoint names"] = sorted(loaded) == engine_names
     engine_equals_trainer(steps)
     after = trainer.compute_log_probs(probe_p, probe_r).logprobs
     if rank == 0:
@@ -221,7 +246,11 @@ def run(
                 checks[f"ws{ws} step-0 loss and grad norm ~ ws1 (rel 1e-3)"] = math.isclose(
                     a["grad_norm"], b["grad_norm"], rel_tol=1e-3
                 ) and math.isclose(a["loss"], b["loss"], rel_tol=1e-3, abs_tol=1e-6)
-                info["step0_ws1"] = {k: a[k] for k in ("loss", "grad_norm")}
+                info["step0_ws1"] = {k: a[k] for k in ("loss", "grad_norm", "router_aux_loss") if k in a}
+                if router_aux_loss_coef:
+                    aux_a, aux_b = a.get("router_aux_loss", 0.0), b["router_aux_loss"]
+                    close = aux_b > 0 and math.isclose(aux_a, aux_b, rel_tol=1e-5)
+                    checks[f"ws{ws} step-0 router aux loss ~ ws1 (rel 1e-5)"] = close
     info["steps"] = metrics
     summary = {"ok": all(checks.values()), "checks": checks, **info}
     if rank == 0 and out is not None:
@@ -231,7 +260,8 @@ def run(
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="tiny", help="'tiny', " + ", ".join(repr(k) for k in SHAPES) + " or a path")
+    names = [*CHECKPOINTS, *SHAPES, *MOE_SHAPES]
+    ap.add_argument("--model", default="tiny", help=", ".join(repr(k) for k in names) + " or a checkpoint path")
     ap.add_argument("--device", choices=["cpu", "cuda"], default=None)
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--out", default=None, help="directory for probe-ws{N}.safetensors and summary-ws{N}.json")
@@ -241,6 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=12)
     ap.add_argument("--micro-batch-tokens", type=int, default=None)
     ap.add_argument("--activation-checkpointing", action="store_true")
+    ap.add_argument("--router-aux-loss-coef", type=float, default=0.0, help="MoE load-balancing loss weight")
     args = ap.parse_args(argv)
     if args.device != "cuda":
         torch.set_num_threads(1)
@@ -255,6 +286,7 @@ def main(argv: list[str] | None = None) -> int:
         args.max_tokens,
         micro_batch_tokens=args.micro_batch_tokens,
         activation_checkpointing=args.activation_checkpointing,
+        router_aux_loss_coef=args.router_aux_loss_coef,
     )
     rank = dist.get_rank()
     if rank == 0:
