@@ -1,0 +1,401 @@
+"""Fused MoE expert MLP in Triton: grouped GEMMs over the (token, rank) pairs sorted by expert, fwd and bwd.
+
+``out[t] = sum_r w[t, r] * down_e(silu(gate_e(x_t)) * up_e(x_t))``, ``e = ids[t, r]``; ``w_gate_up [E, 2I, H]``
+(gate rows ``[0, I)``, up rows ``[I, 2I)``), ``w_down [E, H, I]``. The same arithmetic as ``moe._fused_moe_reference``.
+
+Plan (all on the device, no host sync, so a decode step can be captured in a CUDA graph while its expert counts change
+from step to step): the pairs ``p = t * k + r`` are sorted stably by expert (a pair's sorted row), expert offsets
+come from ``searchsorted`` on the sorted ids, and a tile schedule (expert and first sorted row of each M tile) from a
+``cumsum`` of the per-expert tile counts. The grid has ``cdiv(T*k, BLOCK_M) + min(E, T*k)`` M tiles, a bound that
+depends on ``(T, k, E)`` alone; tiles past the last expert's return at once.
+
+Invariance: every pair row is reduced over K exactly as ``matmul._matmul_kernel`` reduces a row: ``BLOCK_K`` (64)
+tiles in K order, one ``tl.dot`` per tile into an fp32 partial, partials of ``SPLIT_TILES`` tiles added in split
+order. A row never shares a reduction with another row; which rows share its M tile (that depends on the expert
+loads) only decides which lanes are masked. The tile shape is picked from ``T*k`` for speed and checked on the GPU
+not to change a bit (``config=`` forces one). Then: gate/up cast to x's dtype, silu-and-mul in fp32 cast once
+(``activation.py``), down kept in fp32, and the combine ``((0 + w_0 y_0) + w_1 y_1) + ...`` in the token's own rank
+order, cast once. No atomics.
+
+Backward (``FusedMoEFunction``), deterministic run to run: ``dy = w * g`` and ``d w[t, r] = sum_h g[t] * y[pair]``
+(lanes of ``COMBINE_BLOCK`` summed over H blocks in order, then one ``tl.sum``); ``d act`` and the per-pair ``dx``
+by the same grouped GEMM on the weights' transposed strides; ``dx`` summed per token in rank order in fp32; silu
+backward in fp32 (``activation.py``); ``dW[e]`` by one program per (expert, N tile, K tile) walking the expert's
+sorted rows in order, in tiles of ``BLOCK_K`` rows and splits of ``SPLIT_TILES`` tiles, as ``matmul`` reduces dW.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .activation import ACT_BLOCK, ACT_NUM_WARPS, _silu_and_mul_bwd_kernel, silu_and_mul_fwd
+from .matmul import BLOCK_K, SPLIT_TILES
+
+# (BLOCK_M, BLOCK_N, num_warps, num_stages) of the grouped GEMMs, picked by T*k (never by an expert's count); speed
+# only: every one gives the same bits (tests/test_triton_moe.py, on the GPU).
+CONFIGS = (
+    (16, 64, 4, 5),  # decode: T*k <= 256, one or a few rows per expert: stream the weights over many CTAs
+    (64, 128, 4, 4),  # T*k <= 4096
+    (128, 128, 8, 3),  # prefill and training
+)
+INTERPRET_CONFIG = (16, 32, 4, 1)
+# (BLOCK_N, BLOCK_K, num_warps, num_stages) of the dW tiles; the reduction over an expert's rows is in tiles of
+# BLOCK_K rows whatever this says.
+WGRAD_CONFIG = (64, 64, 4, 3)
+INTERPRET_WGRAD_CONFIG = (32, 32, 4, 1)
+COMBINE_BLOCK = 1024  # numerics: lanes of the d-weights dot product over H (its reduction tree)
+
+
+def pick_config(pairs: int, interpret: bool = False) -> tuple[int, int, int, int]:
+    """The grouped GEMM tile for ``pairs = T * k`` (speed only)."""
+    if interpret:
+        return INTERPRET_CONFIG
+    if pairs <= 256:
+        return CONFIGS[0]
+    if pairs <= 4096:
+        return CONFIGS[1]
+    return CONFIGS[2]
+
+
+@triton.jit
+def _grouped_mm_kernel(
+    a_ptr, a_rows_ptr, b_ptr, c_ptr, tile_expert_ptr, tile_row_ptr, offsets_ptr,
+    N, K, E,
+    stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn,
+    GATHER: tl.constexpr, INTERPRET: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_TILES: tl.constexpr,
+):  # fmt: skip
+    """``c[rows] = a[a_rows[rows]] @ b[e].T`` for one (M tile, N tile); the M tile's expert ``e`` and first sorted row
+    come from the schedule, its last row from ``offsets[e + 1]``. K is reduced as ``matmul._matmul_kernel`` does."""
+    pid = tl.program_id(0)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    pid_m = pid // num_pid_n
+    pid_n = pid % num_pid_n
+    e = tl.load(tile_expert_ptr + pid_m)
+    if e >= E:  # past the last expert's tiles: the grid is a bound fixed by (T, k, E)
+        return
+    row0 = tl.load(tile_row_ptr + pid_m)
+    row_end = tl.load(offsets_ptr + e + 1)
+    offs_m = row0 + tl.arange(0, BLOCK_M).to(tl.int64)
+    mask_m = offs_m < row_end
+    if GATHER:
+        a_rows = tl.load(a_rows_ptr + offs_m, mask=mask_m, other=0).to(tl.int64)
+    else:
+        a_rows = offs_m
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    a_base = a_ptr + a_rows[:, None] * stride_am
+    b_base = b_ptr + e.to(tl.int64) * stride_be + offs_n[None, :].to(tl.int64) * stride_bn
+    mask_a = mask_m[:, None]
+    mask_n = offs_n[None, :] < N
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kt in range(0, k_tiles):
+        kk = kt * BLOCK_K + offs_k
+        a = tl.load(a_base + kk[None, :].to(tl.int64) * stride_ak, mask=mask_a & (kk[None, :] < K), other=0.0)
+        b = tl.load(b_base + kk[:, None].to(tl.int64) * stride_bk, mask=mask_n & (kk[:, None] < K), other=0.0)
+        if INTERPRET:
+            # numpy's BLAS behind the interpreter's tl.dot makes a row's bits depend on its place in the tile
+            acc += tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], axis=1)
+        else:
+            acc = tl.dot(a, b, acc)
+        if (kt % SPLIT_TILES == SPLIT_TILES - 1) or (kt == k_tiles - 1):
+            total += acc
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :].to(tl.int64) * stride_cn
+    tl.store(c_ptrs, total.to(c_ptr.dtype.element_ty), mask=mask_a & mask_n)
+
+
+@triton.jit
+def _grouped_wgrad_kernel(
+    dy_ptr, x_ptr, x_rows_ptr, dw_ptr, offsets_ptr,
+    N, K,
+    stride_dym, stride_dyn, stride_xm, stride_xk, stride_we, stride_wn, stride_wk,
+    GATHER: tl.constexpr, INTERPRET: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, SPLIT_TILES: tl.constexpr,
+):  # fmt: skip
+    """``dw[e] = dy[rows_e].T @ x[x_rows[rows_e]]`` for one (N tile, K tile) of expert ``program_id(1)``: the expert's
+    sorted rows in order, ``BLOCK_R`` rows per ``tl.dot``, partials of ``SPLIT_TILES`` tiles added in split order."""
+    pid = tl.program_id(0)
+    e = tl.program_id(1)
+    num_pid_k = tl.cdiv(K, BLOCK_K)
+    pid_n = pid // num_pid_k
+    pid_k = pid % num_pid_k
+    start = tl.load(offsets_ptr + e)
+    end = tl.load(offsets_ptr + e + 1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
+    offs_r = tl.arange(0, BLOCK_R).to(tl.int64)
+    mask_n = offs_n < N
+    mask_k = offs_k < K
+    r_tiles = tl.cdiv(end - start, BLOCK_R)
+    total = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for rt in range(0, r_tiles):
+        rows = start + rt * BLOCK_R + offs_r
+        mask_r = rows < end
+        if GATHER:
+            x_rows = tl.load(x_rows_ptr + rows, mask=mask_r, other=0).to(tl.int64)
+        else:
+            x_rows = rows
+        a = tl.load(
+            dy_ptr + rows[None, :] * stride_dym + offs_n[:, None].to(tl.int64) * stride_dyn,
+            mask=mask_n[:, None] & mask_r[None, :],
+            other=0.0,
+        )  # [BLOCK_N, BLOCK_R]
+        b = tl.load(
+            x_ptr + x_rows[:, None] * stride_xm + offs_k[None, :].to(tl.int64) * stride_xk,
+            mask=mask_r[:, None] & mask_k[None, :],
+            other=0.0,
+        )  # [BLOCK_R, BLOCK_K]
+        if INTERPRET:
+            acc += tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], axis=1)
+        else:
+            acc = tl.dot(a, b, acc)
+        if (rt % SPLIT_TILES == SPLIT_TILES - 1) or (rt == r_tiles - 1):
+            total += acc
+            acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    w_ptrs = (
+        dw_ptr + e.to(tl.int64) * stride_we + offs_n[:, None].to(tl.int64) * stride_wn
+        + offs_k[None, :].to(tl.int64) * stride_wk
+    )  # fmt: skip
+    tl.store(w_ptrs, total.to(dw_ptr.dtype.element_ty), mask=mask_n[:, None] & mask_k[None, :])
+
+
+@triton.jit
+def _combine_kernel(
+    y_ptr, w_ptr, inv_ptr, out_ptr, H, stride_y, stride_o,
+    TOPK: tl.constexpr, HAS_W: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """``out[t] = ((0 + w[t,0] y[inv[t,0]]) + w[t,1] y[inv[t,1]]) + ...`` in fp32, rank order, cast once."""
+    t = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < H
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for r in tl.static_range(TOPK):
+        row = tl.load(inv_ptr + t * TOPK + r)
+        v = tl.load(y_ptr + row * stride_y + cols, mask=mask, other=0.0).to(tl.float32)
+        if HAS_W:
+            v = tl.load(w_ptr + t * TOPK + r).to(tl.float32) * v
+        acc = acc + v
+    tl.store(out_ptr + t * stride_o + cols, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _combine_bwd_kernel(
+    g_ptr, w_ptr, y_ptr, inv_ptr, dy_ptr, dw_ptr, H, stride_g, stride_y, stride_dy,
+    TOPK: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """Per token: ``dy[pair] = w[t, r] * g[t]`` (cast to dy's dtype) and ``dw[t, r] = sum_h g[t, h] * y[pair, h]``."""
+    t = tl.program_id(0).to(tl.int64)
+    for r in tl.static_range(TOPK):
+        row = tl.load(inv_ptr + t * TOPK + r)
+        w = tl.load(w_ptr + t * TOPK + r).to(tl.float32)
+        acc = tl.zeros((BLOCK,), dtype=tl.float32)
+        for h0 in range(0, H, BLOCK):
+            cols = h0 + tl.arange(0, BLOCK)
+            mask = cols < H
+            g = tl.load(g_ptr + t * stride_g + cols, mask=mask, other=0.0).to(tl.float32)
+            y = tl.load(y_ptr + row * stride_y + cols, mask=mask, other=0.0)
+            acc += g * y
+            tl.store(dy_ptr + row * stride_dy + cols, (w * g).to(dy_ptr.dtype.element_ty), mask=mask)
+        tl.store(dw_ptr + t * TOPK + r, tl.sum(acc, axis=0))
+
+
+class _Plan:
+    """Where each pair goes: ``tok [T*k]`` (sorted row -> token), ``inv [T*k]`` (pair -> sorted row), ``offsets
+    [E+1]`` (expert -> first sorted row); all on the device, computed without a host sync."""
+
+    def __init__(self, topk_ids: torch.Tensor, num_experts: int):
+        t, k = topk_ids.shape
+        flat = topk_ids.reshape(-1).to(torch.int64)
+        sorted_ids, order = torch.sort(flat, stable=True)  # pairs of an expert contiguous, in token order
+        dev = flat.device
+        self.num_experts, self.topk, self.pairs = num_experts, k, t * k
+        self.offsets = torch.searchsorted(sorted_ids, torch.arange(num_experts + 1, device=dev))
+        self.tok = order // k
+        self.inv = torch.empty_like(order).scatter_(0, order, torch.arange(t * k, device=dev))
+        self._tiles: dict[int, tuple[int, torch.Tensor, torch.Tensor]] = {}
+
+    def tiles(self, block_m: int) -> tuple[int, torch.Tensor, torch.Tensor]:
+        """``(num_tiles, expert [num_tiles], first_row [num_tiles])``; ``expert == E`` marks a tile with no work."""
+        if block_m not in self._tiles:
+            e = self.num_experts
+            num_tiles = triton.cdiv(self.pairs, block_m) + min(e, self.pairs)  # a bound fixed by (T, k, E)
+            counts = self.offsets[1:] - self.offsets[:-1]
+            per_expert = (counts + block_m - 1) // block_m
+            end = torch.cumsum(per_expert, 0)
+            pid = torch.arange(num_tiles, device=end.device)
+            expert = torch.searchsorted(end, pid, right=True)
+            ec = expert.clamp(max=e - 1)
+            first_row = self.offsets[ec] + (pid - (end - per_expert)[ec]) * block_m
+            self._tiles[block_m] = (num_tiles, expert, first_row)
+        return self._tiles[block_m]
+
+
+def _grouped_mm(a, a_rows, b, b_strides, n, k, plan: _Plan, out_dtype, config) -> torch.Tensor:
+    """``[T*k, n]`` in sorted-row order: row ``i`` is ``a[a_rows[i]] @ B_e.T`` with ``B_e[n', k'] = b[e] at
+    (n' * b_strides[0] + k' * b_strides[1])``; ``a_rows`` None reads ``a`` in sorted-row order."""
+    from . import interpreting
+
+    bm, bn, warps, stages = config
+    c = torch.empty(plan.pairs, n, dtype=out_dtype, device=a.device)
+    num_tiles, expert, first_row = plan.tiles(bm)
+    _grouped_mm_kernel[(num_tiles * triton.cdiv(n, bn),)](
+        a, a_rows if a_rows is not None else a, b, c, expert, first_row, plan.offsets,
+        n, k, plan.num_experts,
+        a.stride(0), a.stride(1), b.stride(0), b_strides[0], b_strides[1], c.stride(0), c.stride(1),
+        GATHER=a_rows is not None, INTERPRET=interpreting(),
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=BLOCK_K, SPLIT_TILES=SPLIT_TILES,
+        num_warps=warps, num_stages=stages,
+    )  # fmt: skip
+    return c
+
+
+def _grouped_wgrad(dy, x, x_rows, plan: _Plan, out_dtype) -> torch.Tensor:
+    """``dw [E, N, K]``: ``dw[e] = dy[rows_e].T @ x[x_rows[rows_e]]``, reduced over the expert's rows in order."""
+    from . import interpreting
+
+    n, k = dy.shape[1], x.shape[1]
+    bn, bk, warps, stages = INTERPRET_WGRAD_CONFIG if interpreting() else WGRAD_CONFIG
+    dw = torch.empty(plan.num_experts, n, k, dtype=out_dtype, device=dy.device)
+    _grouped_wgrad_kernel[(triton.cdiv(n, bn) * triton.cdiv(k, bk), plan.num_experts)](
+        dy, x, x_rows if x_rows is not None else x, dw, plan.offsets,
+        n, k,
+        dy.stride(0), dy.stride(1), x.stride(0), x.stride(1), dw.stride(0), dw.stride(1), dw.stride(2),
+        GATHER=x_rows is not None, INTERPRET=interpreting(),
+        BLOCK_N=bn, BLOCK_K=bk, BLOCK_R=BLOCK_K, SPLIT_TILES=SPLIT_TILES,
+        num_warps=warps, num_stages=stages,
+    )  # fmt: skip
+    return dw
+
+
+def _combine(y, w, plan: _Plan, t: int, out_dtype) -> torch.Tensor:
+    """``[T, H]``: each token's k sorted rows of ``y`` (times ``w`` unless None) added in rank order, cast once."""
+    h = y.shape[1]
+    out = torch.empty(t, h, dtype=out_dtype, device=y.device)
+    _combine_kernel[(t, triton.cdiv(h, COMBINE_BLOCK))](
+        y, w if w is not None else y, plan.inv, out, h, y.stride(0), out.stride(0),
+        TOPK=plan.topk, HAS_W=w is not None, BLOCK=COMBINE_BLOCK, num_warps=4, enable_fp_fusion=False,
+    )  # fmt: skip
+    return out
+
+
+def _forward(x, w_gate_up, w_down, topk_weights, plan: _Plan, config):
+    t, hid = x.shape
+    inter = w_down.shape[2]
+    # h [T*k, 2I] = x[tok] @ w_gate_up[e].T, in x's dtype
+    h = _grouped_mm(x, plan.tok, w_gate_up, (w_gate_up.stride(1), w_gate_up.stride(2)), 2 * inter, hid, plan,
+                    x.dtype, config)  # fmt: skip
+    act = silu_and_mul_fwd(h[:, :inter], h[:, inter:])  # [T*k, I], fp32 inside, cast once
+    # y [T*k, H] = act @ w_down[e].T, fp32
+    y = _grouped_mm(act, None, w_down, (w_down.stride(1), w_down.stride(2)), hid, inter, plan, torch.float32, config)
+    return h, act, y, _combine(y, topk_weights, plan, t, x.dtype)
+
+
+def _check(x, w_gate_up, w_down, topk_weights, topk_ids, config) -> None:
+    if x.dim() != 2 or w_gate_up.dim() != 3 or w_down.dim() != 3 or topk_ids.dim() != 2:
+        raise ValueError(
+            f"triton_fused_moe: expected x [T, H], w_gate_up [E, 2I, H], w_down [E, H, I], topk_ids [T, k]; got "
+            f"{tuple(x.shape)}, {tuple(w_gate_up.shape)}, {tuple(w_down.shape)}, {tuple(topk_ids.shape)}"
+        )
+    e, two_i, hid = w_gate_up.shape
+    if two_i % 2 or hid != x.shape[1] or tuple(w_down.shape) != (e, hid, two_i // 2):
+        raise ValueError(
+            f"triton_fused_moe: shapes do not agree: x {tuple(x.shape)}, w_gate_up {tuple(w_gate_up.shape)}, "
+            f"w_down {tuple(w_down.shape)}"
+        )
+    if topk_ids.shape[0] != x.shape[0] or tuple(topk_weights.shape) != tuple(topk_ids.shape):
+        raise ValueError(
+            f"triton_fused_moe: topk_ids {tuple(topk_ids.shape)} and topk_weights {tuple(topk_weights.shape)} must "
+            f"be [T={x.shape[0]}, k]"
+        )
+    if x.dtype != w_gate_up.dtype or x.dtype != w_down.dtype:
+        raise TypeError(f"triton_fused_moe: x {x.dtype}, w_gate_up {w_gate_up.dtype}, w_down {w_down.dtype} differ")
+    devices = {t.device for t in (x, w_gate_up, w_down, topk_weights, topk_ids)}
+    if len(devices) != 1:
+        raise ValueError(f"triton_fused_moe: inputs are on several devices: {sorted(map(str, devices))}")
+    if config is not None and (len(config) != 4 or config[0] < 16 or config[1] < 16):
+        raise ValueError(f"triton_fused_moe: config must be (BLOCK_M>=16, BLOCK_N>=16, warps, stages); got {config}")
+
+
+class FusedMoEFunction(torch.autograd.Function):
+    """The fused MoE with its deterministic backward (grads for x, both weights and the routing weights)."""
+
+    @staticmethod
+    def forward(ctx, x, w_gate_up, w_down, topk_weights, topk_ids, config):
+        plan = _Plan(topk_ids, w_gate_up.shape[0])
+        h, act, y, out = _forward(x, w_gate_up, w_down, topk_weights, plan, config)
+        ctx.save_for_backward(x, w_gate_up, w_down, topk_weights, h, act, y)
+        ctx.plan, ctx.config = plan, config
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x, w_gate_up, w_down, topk_weights, h, act, y = ctx.saved_tensors
+        plan, config = ctx.plan, ctx.config
+        t, hid = x.shape
+        inter = w_down.shape[2]
+        need_x, need_gu, need_down, need_w = ctx.needs_input_grad[:4]
+        g = grad_out.contiguous()
+        dy = torch.empty(plan.pairs, hid, dtype=x.dtype, device=x.device)  # sorted rows
+        d_topk = torch.empty(t, plan.topk, dtype=torch.float32, device=x.device)
+        _combine_bwd_kernel[(t,)](
+            g, topk_weights, y, plan.inv, dy, d_topk, hid, g.stride(0), y.stride(0), dy.stride(0),
+            TOPK=plan.topk, BLOCK=COMBINE_BLOCK, num_warps=4, enable_fp_fusion=False,
+        )  # fmt: skip
+        dx = d_gu = d_down = None
+        if need_down:
+            d_down = _grouped_wgrad(dy, act, None, plan, w_down.dtype)  # [E, H, I]
+        if need_x or need_gu:
+            # d act [T*k, I] = dy @ w_down[e]: w_down[e] read as [I, H] through its transposed strides
+            d_act = _grouped_mm(dy, None, w_down, (w_down.stride(2), w_down.stride(1)), inter, hid, plan, x.dtype,
+                                config)  # fmt: skip
+            dh = torch.empty(plan.pairs, 2 * inter, dtype=x.dtype, device=x.device)
+            if dh.numel():
+                _silu_and_mul_bwd_kernel[(plan.pairs, triton.cdiv(inter, ACT_BLOCK))](
+                    d_act, h, h[:, inter:], dh, dh[:, inter:], inter,
+                    d_act.stride(0), h.stride(0), h.stride(0), dh.stride(0), BLOCK=ACT_BLOCK,
+                    num_warps=ACT_NUM_WARPS, enable_fp_fusion=False,
+                )  # fmt: skip
+            if need_gu:
+                d_gu = _grouped_wgrad(dh, x, plan.tok, plan, w_gate_up.dtype)  # [E, 2I, H]
+            if need_x:
+                dx_pairs = _grouped_mm(dh, None, w_gate_up, (w_gate_up.stride(2), w_gate_up.stride(1)), hid,
+                                       2 * inter, plan, torch.float32, config)  # fmt: skip
+                dx = _combine(dx_pairs, None, plan, t, x.dtype)
+        return dx, d_gu, d_down, d_topk.to(topk_weights.dtype) if need_w else None, None, None
+
+
+def triton_fused_moe(
+    x: torch.Tensor,
+    w_gate_up: torch.Tensor,
+    w_down: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    config: tuple[int, int, int, int] | None = None,
+) -> torch.Tensor:
+    """``sum_r topk_weights[t, r] * down_e(silu(gate_e(x_t)) * up_e(x_t))`` -> ``[T, H]`` in x's dtype.
+
+    Any strides for x and the weights. ``config`` forces the grouped GEMM tile ``(BLOCK_M, BLOCK_N, warps, stages)``
+    (default: picked from ``T * k``); it never changes a bit. Expert ids must lie in ``[0, E)`` (not checked here: a
+    check would sync with the host; ``moe.fused_moe`` checks them outside a graph capture).
+    """
+    from . import interpreting
+
+    _check(x, w_gate_up, w_down, topk_weights, topk_ids, config)
+    t, k = topk_ids.shape
+    if t == 0:
+        return x.new_zeros(x.shape)
+    config = tuple(config) if config is not None else pick_config(t * k, interpreting())
+    tw = topk_weights.float().contiguous()
+    ids = topk_ids.contiguous()
+    if torch.is_grad_enabled() and (x.requires_grad or w_gate_up.requires_grad or w_down.requires_grad
+                                    or topk_weights.requires_grad):  # fmt: skip
+        out = FusedMoEFunction.apply(x, w_gate_up, w_down, tw, ids, config)
+        return out
+    _, _, _, out = _forward(x, w_gate_up, w_down, tw, _Plan(ids, w_gate_up.shape[0]), config)
+    return out
