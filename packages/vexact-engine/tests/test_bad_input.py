@@ -45,9 +45,16 @@ BAD_PROMPTS = [
 ]
 
 BAD_PARAMS = [
-    pytest.param(_bad_params(temperature=-0.5), r"temperature must be >= 0, got -0.5", id="temperature"),
-    pytest.param(_bad_params(top_p=0.0), r"top_p must be in \(0, 1\], got 0.0", id="top_p-0"),
-    pytest.param(_bad_params(top_p=1.5), r"top_p must be in \(0, 1\], got 1.5", id="top_p-1.5"),
+    pytest.param(
+        _bad_params(temperature=-0.5), r"temperature must be a finite number >= 0, got -0.5", id="temperature"
+    ),
+    pytest.param(_bad_params(top_p=0.0), r"top_p must be a finite number in \(0, 1\], got 0.0", id="top_p-0"),
+    pytest.param(_bad_params(top_p=1.5), r"top_p must be a finite number in \(0, 1\], got 1.5", id="top_p-1.5"),
+    pytest.param(_bad_params(temperature=float("nan")), r"temperature must be a finite number >= 0, got nan", id="nan"),
+    pytest.param(_bad_params(temperature=float("inf")), r"temperature must be a finite number >= 0, got inf", id="inf"),
+    pytest.param(
+        _bad_params(top_p=float("nan")), r"top_p must be a finite number in \(0, 1\], got nan", id="top_p-nan"
+    ),
     pytest.param(_bad_params(max_tokens=0), r"max_tokens must be >= 1, got 0", id="max_tokens"),
     pytest.param(_bad_params(top_k=-3), r"top_k must be -1 \(off\), 0 \(off\) or >= 1, got -3", id="top_k"),
     pytest.param(_bad_params(seed=-1), r"seed must be a non-negative integer or None, got -1", id="seed"),
@@ -70,10 +77,15 @@ def test_bad_sampling_params_rejected_at_add_request(engine, params, message):
 @pytest.mark.parametrize(
     "kw,message",
     [
-        ({"temperature": -0.1}, r"temperature must be >= 0, got -0.1"),
-        ({"temperature": "hot"}, r"temperature must be >= 0, got 'hot'"),
-        ({"top_p": 0}, r"top_p must be in \(0, 1\], got 0"),
-        ({"top_p": 1.5}, r"top_p must be in \(0, 1\], got 1.5"),
+        ({"temperature": -0.1}, r"temperature must be a finite number >= 0, got -0.1"),
+        ({"temperature": "hot"}, r"temperature must be a finite number >= 0, got 'hot'"),
+        ({"temperature": float("nan")}, r"temperature must be a finite number >= 0, got nan"),
+        ({"temperature": float("inf")}, r"temperature must be a finite number >= 0, got inf"),
+        ({"temperature": float("-inf")}, r"temperature must be a finite number >= 0, got -inf"),
+        ({"top_p": 0}, r"top_p must be a finite number in \(0, 1\], got 0"),
+        ({"top_p": 1.5}, r"top_p must be a finite number in \(0, 1\], got 1.5"),
+        ({"top_p": float("nan")}, r"top_p must be a finite number in \(0, 1\], got nan"),
+        ({"top_p": float("inf")}, r"top_p must be a finite number in \(0, 1\], got inf"),
         ({"max_tokens": 0}, r"max_tokens must be >= 1, got 0"),
         ({"max_tokens": 2.5}, r"max_tokens must be >= 1, got 2.5"),
         ({"top_k": -2}, r"top_k must be -1"),
@@ -166,8 +178,10 @@ BAD_IN_A_BATCH = [
     pytest.param([3, 300], None, "token id 300 at position 1 is outside the vocabulary", id="oov"),
     pytest.param([3, 4.5], None, "token ids must be integers", id="non-int"),
     pytest.param("some text", None, "no tokenizer", id="text"),
-    pytest.param([3, 4], _bad_params(temperature=-1.0), "temperature must be >= 0", id="temperature"),
-    pytest.param([3, 4], _bad_params(top_p=0.0), "top_p must be in (0, 1]", id="top_p"),
+    pytest.param([3, 4], _bad_params(temperature=-1.0), "temperature must be a finite number >= 0", id="temperature"),
+    pytest.param([3, 4], _bad_params(temperature=float("nan")), "finite number >= 0, got nan", id="nan"),
+    pytest.param([3, 4], _bad_params(temperature=float("inf")), "finite number >= 0, got inf", id="inf"),
+    pytest.param([3, 4], _bad_params(top_p=0.0), "top_p must be a finite number in (0, 1]", id="top_p"),
     pytest.param([3, 4], _bad_params(max_tokens=0), "max_tokens must be >= 1", id="max_tokens"),
     pytest.param([3, 4], SamplingParams(max_tokens=60), "KV pages", id="never-fits"),
 ]

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 
@@ -25,10 +26,13 @@ class SamplingParams:
         self.validate()
 
     def validate(self) -> None:
-        if not isinstance(self.temperature, (int, float)) or self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature!r}")
-        if not isinstance(self.top_p, (int, float)) or not (0.0 < self.top_p <= 1.0):
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        # NaN fails every comparison (so passes `< 0`), and the sampler would then draw it at temperature 1
+        t = self.temperature
+        if not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
+            raise ValueError(f"temperature must be a finite number >= 0, got {t!r}")
+        p = self.top_p
+        if not isinstance(p, (int, float)) or not math.isfinite(p) or not (0.0 < p <= 1.0):
+            raise ValueError(f"top_p must be a finite number in (0, 1], got {p!r}")
         if not isinstance(self.top_k, int) or self.top_k < -1:
             raise ValueError(f"top_k must be -1 (off), 0 (off) or >= 1, got {self.top_k!r}")
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
