@@ -109,19 +109,28 @@ def to_engine_params(
     else:
         max_tokens = min(settings.response_length, settings.prompt_length + settings.response_length - prompt_len)
     sp.pop("max_new_tokens", None)
-    max_tokens = max(1, min(int(max_tokens), room))
+    max_tokens = max(1, min(_number(int, "max_tokens", max_tokens), room))
     want_logprobs = bool(sp.pop("logprobs", False))
     top_k = sp.pop("top_k", -1)
+    # SamplingParams refuses a NaN or infinite temperature / top_p by value
     params = SamplingParams(
-        temperature=float(sp.pop("temperature", 1.0)),
-        top_p=float(sp.pop("top_p", 1.0)),
-        top_k=-1 if top_k is None else int(top_k),
+        temperature=_number(float, "temperature", sp.pop("temperature", 1.0)),
+        top_p=_number(float, "top_p", sp.pop("top_p", 1.0)),
+        top_k=-1 if top_k is None else _number(int, "top_k", top_k),
         max_tokens=max_tokens,
         seed=sp.pop("seed", None),
         stop_token_ids=list(sp.pop("stop_token_ids", None) or []),
         ignore_eos=bool(sp.pop("ignore_eos", settings.ignore_eos)),
     )
     return params, want_logprobs
+
+
+def _number(kind: type, key: str, value: Any):
+    """``kind(value)``, or a ValueError naming the sampling key (``int(nan)`` alone would not say which one)."""
+    try:
+        return kind(value)
+    except (TypeError, ValueError, OverflowError) as e:
+        raise ValueError(f"sampling param {key} must be a finite {kind.__name__}, got {value!r}") from e
 
 
 def _free_port() -> tuple[int, socket.socket]:
@@ -162,7 +171,6 @@ class VexactServer:
         self._missing: set[str] = set()  # weights discarded by a level-2 sleep and not reloaded yet
         self._futures: dict[str, asyncio.Future] = {}  # every request not answered yet
         self._in_engine: set[str] = set()  # those of them the engine holds
-        self._want_logprobs: dict[str, bool] = {}
         self._prompts: dict[str, list[int]] = {}
         self._loop_task: asyncio.Task | None = None
         self._paused = False  # abort_all_requests closes the gate until resume_generation
@@ -246,7 +254,10 @@ class VexactServer:
         if kwargs:
             raise ValueError(f"generate() got arguments the vexact rollout does not support: {sorted(kwargs)}")
         prompt_ids = [int(t) for t in (prompt_ids.tolist() if hasattr(prompt_ids, "tolist") else prompt_ids)]
-        params, want_logprobs = to_engine_params(sampling_params, len(prompt_ids), self.settings)
+        try:
+            params, want_logprobs = to_engine_params(sampling_params, len(prompt_ids), self.settings)
+        except ValueError as e:  # raised to the caller (verl's agent loop), never dropped
+            raise ValueError(f"request {request_id}: {e}") from e
         while self._paused:  # a weight sync is under way: wait for it (or be told to re-route)
             if self._reject:
                 steps = {"global_steps": self.global_steps}
@@ -257,7 +268,6 @@ class VexactServer:
             raise ValueError(f"request id {request_id!r} is already in use")
         fut = asyncio.get_running_loop().create_future()
         self._futures[request_id] = fut
-        self._want_logprobs[request_id] = want_logprobs
         self._prompts[request_id] = prompt_ids
         try:
             while not fut.done():
@@ -279,12 +289,11 @@ class VexactServer:
             self._futures.pop(request_id, None)
             self._prompts.pop(request_id, None)
             self._in_engine.discard(request_id)
-        return self._token_output(out)
+        return self._token_output(out, want_logprobs)
 
-    def _token_output(self, out):
+    def _token_output(self, out, want: bool):
         from verl.workers.rollout.replica import TokenOutput
 
-        want = self._want_logprobs.pop(out.request_id, False)
         reasons = {"stop": "completed", "length": "completed", "abort": "aborted"}
         stop = reasons.get(out.finish_reason, out.finish_reason)
         return TokenOutput(
