@@ -9,6 +9,7 @@ and ``torch.cpu`` lends verl's checkpoint a ``set_rng_state``, both by monkeypat
 group is gloo, world size 1. Every test also has a ``cuda`` variant (marked ``gpu``, skipped without a
 GPU) that runs the same path on verl's real CUDA platform (NCCL; the ref's FSDP2 CPU-offload policy is active there).
 Not exercised here: verl's Ray trainer workers (``TrainingWorker``) and a PPO step driven by verl's trainer.
+Scoring, the per-tensor export and the HF export also run on the tiny Qwen3-MoE checkpoint (``family`` ``qwen3_moe``).
 """
 
 from __future__ import annotations
@@ -26,7 +27,13 @@ from verl.workers.config import FSDPEngineConfig, FSDPOptimizerConfig, HFModelCo
 from verl.workers.engine.base import EngineRegistry  # noqa: E402
 from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding  # noqa: E402
 
-from vexact_models import default_checkpoint, iter_checkpoint, load_model  # noqa: E402
+from vexact_models import (  # noqa: E402
+    checkpoint_pieces,
+    default_checkpoint,
+    expected_tensors,
+    iter_checkpoint,
+    load_model,
+)
 from vexact_trainer import Actor, init_distributed  # noqa: E402
 from vexact_verl.cpu_platform import CPUPlatform  # noqa: E402
 from vexact_verl.engine import VexactEngineWithLMHead, is_engine_registered, register_engine  # noqa: E402
@@ -56,8 +63,14 @@ def device(request, monkeypatch):
     return request.param
 
 
-def make_engine(forward_only: bool, checkpoint_config: CheckpointConfig | None = None, **engine_kw):
-    model_config = HFModelConfig(path=str(default_checkpoint()), enable_gradient_checkpointing=not forward_only)
+FAMILIES = ["qwen3", "qwen3_moe"]  # default_checkpoint families: the tiny Qwen3 and the tiny Qwen3-MoE
+
+
+def make_engine(
+    forward_only: bool, checkpoint_config: CheckpointConfig | None = None, family: str = "qwen3", **engine_kw
+):
+    path = default_checkpoint(family)
+    model_config = HFModelConfig(path=str(path), enable_gradient_checkpointing=not forward_only)
     model_config.model_type = "language_model"  # what verl's TrainingWorker sets before EngineRegistry.new
     engine_config = FSDPEngineConfig(forward_only=forward_only, use_torch_compile=False, **engine_kw)
     object.__setattr__(engine_config, "strategy", "vexact")  # as FSDPActorConfig.__post_init__ copies actor.strategy
@@ -125,20 +138,21 @@ def verl_log_probs(engine, temperature):
     return lp.cpu(), ent.cpu()
 
 
-def trainer_log_probs(temperature, device):
+def trainer_log_probs(temperature, device, family: str = "qwen3"):
     temps = temperature.tolist() if isinstance(temperature, torch.Tensor) else temperature
-    model = load_model(default_checkpoint(), device=device)
+    model = load_model(default_checkpoint(family), device=device)
     return Actor(model).compute_log_probs(PROMPTS, RESPONSES, temps, with_entropy=True)
 
 
+@pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("forward_only", [False, True], ids=["actor", "ref"])
 @pytest.mark.parametrize("temperature", [0.7, torch.tensor(TEMPS)], ids=["scalar", "per_sample"])
-def test_verl_engine_logprobs_equal_trainer(device, temperature, forward_only):
+def test_verl_engine_logprobs_equal_trainer(device, temperature, forward_only, family):
     assert is_engine_registered()
-    engine = make_engine(forward_only=forward_only)
+    engine = make_engine(forward_only=forward_only, family=family)
     assert type(engine) is VexactEngineWithLMHead
     lp, ent = verl_log_probs(engine, temperature)
-    want = trainer_log_probs(temperature, device)
+    want = trainer_log_probs(temperature, device, family)
     for i, r in enumerate(RESPONSES):
         assert torch.equal(lp[i, : len(r)], want.logprobs[i].cpu()), f"sequence {i}"
         assert torch.equal(ent[i, : len(r)], want.entropy[i].cpu()), f"sequence {i}"
@@ -152,14 +166,20 @@ def test_fast_kernels_fail_the_same_check(device):
     assert not all(torch.equal(lp[i, : len(r)], want.logprobs[i].cpu()) for i, r in enumerate(RESPONSES))
 
 
-def test_weight_export_keeps_hf_names(device):
-    engine = make_engine(forward_only=False)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_weight_export_keeps_hf_names(device, family):
+    """verl's per-tensor export carries the checkpoint's names: the module's HF names, and for an MoE layer the
+    stacked experts (``mlp.experts.gate_up_proj [E, 2I, H]``, transformers' layout) split one tensor per expert and
+    projection by verl's own ``unfuse_moe_params``, as the rollout's ``update_weights`` receives them."""
+    engine = make_engine(forward_only=False, family=family)
     params, peft = engine.get_per_tensor_param()
     got = dict(params)
-    want = dict(iter_checkpoint(default_checkpoint()))
+    want = dict(iter_checkpoint(default_checkpoint(family)))
     assert peft is None and sorted(got) == sorted(want)
     for name, t in want.items():
         assert torch.equal(got[name].to(t.dtype).cpu(), t), name  # fp32 master of a bf16 checkpoint: exact
+    stacked = [n for n, _ in engine.module.named_parameters() if n.endswith("experts.gate_up_proj")]
+    assert bool(stacked) == (family == "qwen3_moe")
 
 
 def test_refusals_name_the_setting(device):
@@ -178,9 +198,11 @@ def _response_rows(seq_lens: list[int]) -> torch.Tensor:
     return torch.tensor(rows)
 
 
-def test_training_gradients_equal_trainer(device):
+@pytest.mark.parametrize("family", FAMILIES)
+def test_training_gradients_equal_trainer(device, family):
     """One verl training micro-batch (gradient checkpointing on, as verl's default) == the vexact trainer's FSDP2
-    gradients for the same loss, bitwise (seen failing with ``kernel_backend="fast"``)."""
+    gradients for the same loss, bitwise (seen failing with ``kernel_backend="fast"``); the MoE's router and stacked
+    experts included."""
     from vexact_trainer import pack, parallelize
 
     seq_lens = [len(p) + len(r) for p, r in zip(PROMPTS, RESPONSES, strict=True)]
@@ -190,7 +212,7 @@ def test_training_gradients_equal_trainer(device):
         loss = -model_output["log_probs"].values()[rows].sum()
         return loss, {}
 
-    engine = make_engine(forward_only=False)
+    engine = make_engine(forward_only=False, family=family)
     data = verl_batch(1.0)
     tu.assign_non_tensor(data, micro_batch_size_per_gpu=len(PROMPTS))  # one micro-batch: no accumulation order
     with engine.train_mode(zero_grad_on_exit=False):
@@ -198,7 +220,7 @@ def test_training_gradients_equal_trainer(device):
         engine.forward_backward_batch(data, loss_fn, forward_only=False)
     got = {n: p.grad.full_tensor() for n, p in engine.module.named_parameters()}
 
-    model = load_model(default_checkpoint(), dtype="float32").requires_grad_(True)
+    model = load_model(default_checkpoint(family), dtype="float32").requires_grad_(True)
     model = parallelize(model, init_distributed(device))
     cfg = model.config
     batch = pack(PROMPTS, RESPONSES, cfg.vocab_size, cfg.max_position_embeddings)
@@ -246,24 +268,28 @@ def test_checkpoint_round_trip(device, tmp_path):
     assert all(torch.equal(got[n], want[n]) for n in want)
 
 
-def test_hf_model_checkpoint_holds_the_trained_weights(device, tmp_path):
+@pytest.mark.parametrize("family", FAMILIES)
+def test_hf_model_checkpoint_holds_the_trained_weights(device, tmp_path, family):
     """``hf_model`` in ``save_contents``: verl's HF export of the trained actor loads back, by vexact-models and by
-    transformers, with exactly the engine's weights."""
+    transformers (``Qwen3MoeForCausalLM`` for the MoE), with exactly the engine's weights."""
     from transformers import AutoModelForCausalLM
 
     contents = ["model", "optimizer", "extra", "hf_model"]
-    engine = make_engine(False, CheckpointConfig(save_contents=contents, load_contents=contents))
+    engine = make_engine(False, CheckpointConfig(save_contents=contents, load_contents=contents), family=family)
     with engine.train_mode():
         engine.train_batch(verl_batch(1.0), _sum_loss)
     engine.save_checkpoint(str(tmp_path), global_step=1)
-    trained = {n: t.detach().cpu() for n, t in engine.get_per_tensor_param()[0]}
+    trained = {n: t.detach().cpu() for n, t in engine.get_per_tensor_param()[0]}  # checkpoint names
     hf_dir = tmp_path / "huggingface"
     saved = dict(iter_checkpoint(hf_dir))
     assert set(saved) <= set(trained) and len(saved) >= len(trained) - 1  # a tied lm_head may be dropped
     for name, t in saved.items():
         assert torch.equal(t.to(trained[name].dtype), trained[name]), name
-    ours = dict(load_model(hf_dir, dtype=torch.float32).named_parameters())
-    hf = dict(AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).named_parameters())
+    # both models hold an MoE layer's experts stacked: compare their per-expert views under the checkpoint names
+    ours = expected_tensors(load_model(hf_dir, dtype=torch.float32))
+    hf_model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
+    assert type(hf_model).__name__ == {"qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}[family]
+    hf = {piece: t for n, p in hf_model.named_parameters() for piece, t in checkpoint_pieces(n, p)}
     for name, t in trained.items():
         assert torch.equal(ours[name].detach(), t.float()), name
         assert torch.equal(hf[name].detach(), t.float()), name
