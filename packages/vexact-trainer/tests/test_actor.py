@@ -119,15 +119,72 @@ def test_pack_layout():
         ([[1] * 90], [[2] * 7], {}, "sequence 0 has 97 tokens; the model's max length is 96"),
         ([[1, 2]], [[3, VOCAB]], {}, rf"sequence 0: token id {VOCAB} is outside the vocabulary \[0, {VOCAB}\)"),
         ([[1, -5]], [[3]], {}, r"sequence 0: token id -5 is outside the vocabulary"),
-        ([[1]], [[2]], {"temperature": 0}, "temperature must be > 0, got 0"),
-        ([[1]], [[2]], {"temperature": -1.5}, r"temperature must be > 0, got -1.5"),
-        ([[1], [2]], [[3], [4]], {"temperature": [1.0, 0.0]}, r"temperature must be > 0, got 0.0"),
+        ([[1]], [[2]], {"temperature": 0}, "temperature must be a finite number > 0, got 0"),
+        ([[1]], [[2]], {"temperature": -1.5}, r"temperature must be a finite number > 0, got -1.5"),
+        ([[1], [2]], [[3], [4]], {"temperature": [1.0, 0.0]}, r"temperature\[1\] must be a finite number > 0, got 0.0"),
         ([[1], [2]], [[3], [4]], {"temperature": [1.0]}, "1 temperatures for 2 sequences"),
     ],
 )
 def test_bad_input(model, prompts, responses, kw, message):
     with pytest.raises(ValueError, match=message):
         Actor(model).compute_log_probs(prompts, responses, **kw)
+
+
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize(
+    "temperature,message",
+    [
+        (NAN, r"^temperature must be a finite number > 0, got nan$"),
+        (INF, r"^temperature must be a finite number > 0, got inf$"),
+        (-INF, r"^temperature must be a finite number > 0, got -inf$"),
+        (1e39, r"^temperature must be a finite number > 0, got 1e\+39 \(inf in fp32\)$"),
+        (1e-50, r"^temperature must be a finite number > 0, got 1e-50 \(0.0 in fp32\)$"),
+        ("hot", r"^temperature must be a finite number > 0, got 'hot'$"),
+        (True, r"^temperature must be a finite number > 0, got True$"),
+        (torch.tensor(NAN), r"^temperature must be a finite number > 0, got nan$"),
+        ([1.0, 0.5, NAN], r"^temperature\[2\] must be a finite number > 0, got nan$"),
+        ([1.0, INF, 1.0], r"^temperature\[1\] must be a finite number > 0, got inf$"),
+        ((0.7, -INF, 1.0), r"^temperature\[1\] must be a finite number > 0, got -inf$"),
+        ([1.0, None, 1.0], r"^temperature\[1\] must be a finite number > 0, got None$"),
+        (torch.tensor([1.0, 1.0, NAN]), r"^temperature\[2\] must be a finite number > 0, got nan$"),
+        (torch.tensor([-1.0, NAN, 1.0]), r"^temperature\[0\] must be a finite number > 0, got -1.0$"),
+        (torch.tensor([0.5, 1.0]), r"^2 temperatures for 3 sequences$"),
+        (torch.ones(3, 1), r"^temperature must be a scalar or 1-D, got a tensor of shape \(3, 1\)$"),
+    ],
+)
+def test_non_finite_temperature_is_refused_by_value_and_index(model, temperature, message):
+    """A NaN temperature gave NaN logprobs (NaN passes ``t <= 0``); now refused, naming the value and where it is."""
+    prompts, responses = _batch(3, seed=4)
+    with pytest.raises(ValueError, match=message):
+        Actor(model).compute_log_probs(prompts, responses, temperature=temperature)
+
+
+def test_temperature_as_tensor_equals_list(model):
+    prompts, responses = _batch(3, seed=5)
+    want = Actor(model).compute_log_probs(prompts, responses, temperature=[0.5, 1.0, 1.5]).logprobs
+    for t in (torch.tensor([0.5, 1.0, 1.5]), torch.tensor([0.5, 1.0, 1.5], dtype=torch.float64)):
+        got = Actor(model).compute_log_probs(prompts, responses, temperature=t).logprobs
+        assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+    got = Actor(model).compute_log_probs(prompts, responses, temperature=torch.tensor(0.7)).logprobs
+    want = Actor(model).compute_log_probs(prompts, responses, temperature=0.7).logprobs
+    assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+
+
+def test_forward_packed_refuses_a_non_finite_temperature(model):
+    prompts, responses = _batch(2, seed=6)
+    batch = pack(prompts, responses, VOCAB, 96)
+    per_token = torch.ones(len(batch.input_ids))
+    per_token[3] = NAN
+    with pytest.raises(ValueError, match=r"^temperature\[3\] must be a finite number > 0, got nan$"):
+        Actor(model).forward_packed(batch, per_token)
+    with pytest.raises(
+        ValueError, match=rf"^{len(batch.input_ids) - 1} temperatures for {len(batch.input_ids)} tokens"
+    ):
+        Actor(model).forward_packed(batch, per_token[1:])
+    with pytest.raises(ValueError, match=r"^temperature must be a finite number > 0, got inf$"):
+        Actor(model).forward_packed(batch, INF)
 
 
 def test_bad_config():

@@ -219,7 +219,9 @@ def test_nan_loss_skips_the_step_and_changes_nothing(mesh, caplog):
         (dict(loss_masks=[[1]] * 4), r"sequence \d: loss mask has shape \(1,\) for \d response tokens"),
         (dict(loss_masks="twos"), r"loss mask values must be 0 or 1, got \[2.0\]"),
         (dict(rollout_logprobs=[torch.zeros(1)] * 4), r"rollout_logprobs has shape \(1,\) for \d response tokens"),
-        (dict(temperature=0.0), "temperature must be > 0, got 0.0"),
+        (dict(temperature=0.0), "temperature must be a finite number > 0, got 0.0"),
+        (dict(temperature=float("nan")), "temperature must be a finite number > 0, got nan"),
+        (dict(temperature=[1.0, 1.0, float("inf"), 1.0]), r"temperature\[2\] must be a finite number > 0, got inf"),
         (dict(responses=[[]] * 4), "no response tokens to train on"),
     ],
 )

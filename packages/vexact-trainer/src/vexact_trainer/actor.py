@@ -14,7 +14,7 @@ import torch
 import vexact_kernels as vk
 from vexact_models import record_router
 
-from .batch import PackedBatch, pack
+from .batch import PackedBatch, check_temperatures, pack
 
 
 @dataclass
@@ -53,8 +53,10 @@ class Actor:
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logprob of every position's next token over the whole packed batch: ``([T], [T] or None)``.
 
-        ``temperature``: a scalar, or one value per token ``[T]``.
+        ``temperature``: a scalar, or one value per token ``[T]``; each finite and > 0 (ValueError naming the first
+        that is not, and its token index).
         """
+        check_temperatures(temperature, len(batch.input_ids), "tokens")
         dev = next(self.model.parameters()).device
         batch = batch.to(dev)
         if isinstance(temperature, torch.Tensor):
@@ -74,23 +76,17 @@ class Actor:
     ) -> LogprobOutput:
         """Logprobs of each response token given its prompt and the response tokens before it.
 
-        ``temperature``: one for all sequences or one per sequence; logits are divided by it in fp32, as the
+        ``temperature``: one for all sequences or one per sequence (a list or a 1-D tensor), each finite and > 0 (a
+        ValueError names the first that is not, and its index); logits are divided by it in fp32, as the
         engine's sampler does. ``with_router``: also return each token's chosen experts per sparse layer
         (:attr:`LogprobOutput.router`; MoE models only). Recording changes no logprob.
         """
-        temps = list(temperature) if isinstance(temperature, (list, tuple)) else [temperature] * len(prompts)
-        if len(temps) != len(prompts):
-            raise ValueError(f"{len(temps)} temperatures for {len(prompts)} sequences")
-        for t in temps:
-            if isinstance(t, bool) or not isinstance(t, (int, float)) or t <= 0:
-                raise ValueError(f"temperature must be > 0, got {t!r}")
+        temps = check_temperatures(temperature, len(prompts))
         cfg = self.model.config
         if with_router and not getattr(cfg, "num_experts", 0):
             raise ValueError(f"with_router=True needs an MoE model; {type(cfg).__name__} has no experts")
         batch = pack(prompts, responses, cfg.vocab_size, cfg.max_position_embeddings)
-        per_token = torch.repeat_interleave(
-            torch.tensor(temps, dtype=torch.float32), torch.tensor(batch.seq_lens), output_size=len(batch.input_ids)
-        )
+        per_token = torch.repeat_interleave(temps, torch.tensor(batch.seq_lens), output_size=len(batch.input_ids))
         with record_router() if with_router else contextlib.nullcontext() as recorded:
             lp, ent = self.forward_packed(batch, per_token, with_entropy)
         if with_router and not recorded:

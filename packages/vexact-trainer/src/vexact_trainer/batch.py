@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -59,3 +61,44 @@ def pack(prompts: list[list[int]], responses: list[list[int]], vocab_size: int, 
     pos = torch.cat([torch.arange(n) for n in lens])
     targets = torch.cat([torch.tensor(s[1:] + [0], dtype=torch.int64) for s in seqs])
     return PackedBatch(ids, pos, AttentionMetadata.packed(lens), targets, prompt_lens, lens)
+
+
+def check_temperatures(temperature, n: int, unit: str = "sequences") -> torch.Tensor:
+    """The temperatures as fp32 ``[n]`` on the CPU, from a scalar (one for all), a list or a 1-D tensor (one each).
+
+    Each must be a number that is finite and > 0 once in fp32 (logits are divided by it in fp32): a NaN or an
+    infinite temperature would give NaN or flat logprobs. Raises ValueError naming the first offending value and its
+    index (``unit`` names what the values are for in a length mismatch).
+    """
+    if isinstance(temperature, torch.Tensor) and temperature.dim() == 0:
+        temperature = temperature.item()
+    if isinstance(temperature, torch.Tensor):
+        if temperature.dim() != 1:
+            raise ValueError(f"temperature must be a scalar or 1-D, got a tensor of shape {tuple(temperature.shape)}")
+        values, given = temperature.detach().to("cpu", torch.float32), temperature
+    elif isinstance(temperature, (list, tuple)):
+        for i, t in enumerate(temperature):
+            if isinstance(t, bool) or not isinstance(t, numbers.Real):
+                raise ValueError(f"temperature[{i}] must be a finite number > 0, got {t!r}")
+        values, given = torch.tensor([float(t) for t in temperature], dtype=torch.float32), temperature
+    else:
+        if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real):
+            raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
+        t32 = torch.tensor(float(temperature), dtype=torch.float32)
+        _check_one(temperature, t32, "temperature")
+        return t32.expand(n).clone()
+    if len(values) != n:
+        raise ValueError(f"{len(values)} temperatures for {n} {unit}")
+    bad = ~(torch.isfinite(values) & (values > 0))
+    if bool(bad.any()):
+        i = int(bad.nonzero()[0])
+        v = given[i]
+        _check_one(v.item() if isinstance(v, torch.Tensor) else v, values[i], f"temperature[{i}]")
+    return values
+
+
+def _check_one(value, t32: torch.Tensor, name: str) -> None:
+    if not (bool(torch.isfinite(t32)) and t32 > 0):
+        # a value that is fine in float64 but not in fp32 (1e39, 1e-50): say what it became
+        fp32 = f" ({float(t32)} in fp32)" if math.isfinite(value) and value > 0 else ""
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}{fp32}")

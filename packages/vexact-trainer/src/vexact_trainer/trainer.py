@@ -25,7 +25,7 @@ from torch.distributed.tensor import DTensor
 from vexact_models import record_router
 
 from .actor import Actor, ActorConfig, LogprobOutput
-from .batch import PackedBatch, pack
+from .batch import PackedBatch, check_temperatures, pack
 from .losses import ppo_clip_loss, rollout_correction, sequence_load_balancing_loss
 from .parallel import init_distributed, parallelize
 from .weights import DEFAULT_BUCKET_BYTES, save_hf_checkpoint, sync_weights
@@ -226,12 +226,7 @@ class Trainer:
             raise ValueError("empty batch: no sequences to train on")
         if len(batch.responses) != n:
             raise ValueError(f"{n} prompts but {len(batch.responses)} responses")
-        temps = list(batch.temperature) if isinstance(batch.temperature, (list, tuple)) else [batch.temperature] * n
-        if len(temps) != n:
-            raise ValueError(f"{len(temps)} temperatures for {n} sequences")
-        for t in temps:
-            if isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0:
-                raise ValueError(f"temperature must be > 0, got {t!r}")
+        temps = check_temperatures(batch.temperature, n).tolist()
         per_token_adv = not isinstance(batch.advantages, torch.Tensor) and any(
             isinstance(a, torch.Tensor) and a.dim() == 1 for a in batch.advantages
         )
