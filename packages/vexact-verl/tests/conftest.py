@@ -29,10 +29,11 @@ def subprocess_env():
 
 @pytest.fixture(scope="module")
 def compose_rollout_config():
-    """``compose(*extra)``: verl's ``ppo_trainer`` config, as ``python -m vexact_verl.main_ppo <overrides>`` builds it,
-    with the vexact rollout on the tiny checkpoint (small lengths and KV cache) plus ``extra`` overrides."""
+    """``compose(*extra, family="qwen3")``: verl's ``ppo_trainer`` config, as ``python -m vexact_verl.main_ppo
+    <overrides>`` builds it, with the vexact rollout on the tiny checkpoint of ``family`` (``qwen3`` or ``qwen3_moe``;
+    small lengths and KV cache) plus ``extra`` overrides."""
 
-    def compose(*extra: str):
+    def compose(*extra: str, family: str = "qwen3"):
         import verl
         from hydra import compose as hydra_compose
         from hydra import initialize_config_dir
@@ -41,7 +42,7 @@ def compose_rollout_config():
 
         overrides = [
             "actor_rollout_ref.rollout.name=vexact",
-            f"actor_rollout_ref.model.path={default_checkpoint()}",
+            f"actor_rollout_ref.model.path={default_checkpoint(family)}",
             "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
             "actor_rollout_ref.rollout.prompt_length=16",
             "actor_rollout_ref.rollout.response_length=8",

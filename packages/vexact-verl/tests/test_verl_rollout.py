@@ -5,12 +5,14 @@ replica through verl's registry and launch its server (hybrid mode, next to a st
 workers need GPUs, which a CPU test cannot have); requests go through verl's load balancer and ``LLMServerClient``,
 as the agent loop sends them. A ServerAdapter built through verl's ``(name, mode)`` table does what verl's workers do
 around a weight sync (release, resume weights, update_weights from a generator, resume kv_cache). Every logprob
-returned is checked against the trainer with ``torch.equal``.
+returned is checked against the trainer with ``torch.equal``. The replica runs once per model family: the tiny Qwen3,
+then the tiny Qwen3-MoE, whose weight sync carries the experts one tensor per expert as verl's FSDP actor sends them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 import types
 from importlib.metadata import entry_points
 
@@ -25,8 +27,16 @@ from verl.workers.rollout.llm_server import LLMServerManager  # noqa: E402
 from verl.workers.rollout.replica import get_rollout_replica_class  # noqa: E402
 
 import vexact_verl  # noqa: E402  (registers the backend)
-from vexact_models import default_checkpoint, load_model, load_weights, random_model, tiny_qwen3_config  # noqa: E402
+from vexact_models import (  # noqa: E402
+    default_checkpoint,
+    load_model,
+    load_weights,
+    random_model,
+    tiny_qwen3_config,
+    tiny_qwen3_moe_config,
+)
 from vexact_trainer import Actor  # noqa: E402
+from vexact_verl.rollout import server_actor_name  # noqa: E402
 
 PROMPTS = [[257, 72, 101, 108, 108, 111], [257, 49, 43, 49, 61], [257, 84, 104, 101], [257, 97] * 5, [257, 10]]
 TEMPERATURE = 0.7
@@ -46,10 +56,16 @@ def ray_local():
     ray.shutdown()
 
 
+@pytest.fixture(scope="module", params=["qwen3", "qwen3_moe"])
+def family(request) -> str:
+    """The checkpoint family the replica serves (one replica at a time: both would take the same actor name)."""
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def config(compose_rollout_config):
+def config(compose_rollout_config, family):
     """verl's own trainer config with the vexact rollout, as `python -m vexact_verl.main_ppo <overrides>` builds it."""
-    return compose_rollout_config("trainer.n_gpus_per_node=1")
+    return compose_rollout_config("trainer.n_gpus_per_node=1", family=family)
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +76,18 @@ def manager(ray_local, config, loop):
 
     workers = types.SimpleNamespace(workers=[StandInWorker.remote()], world_size=1)
     mgr = LLMServerManager.create(config, worker_group=workers)  # verl's @auto_await: runs it when no loop is running
-    return loop.run_until_complete(mgr) if asyncio.iscoroutine(mgr) else mgr
+    mgr = loop.run_until_complete(mgr) if asyncio.iscoroutine(mgr) else mgr
+    yield mgr
+    # the next family's server takes the same name (verl's adapter finds its server by name): free it first
+    for rep in mgr.rollout_replicas:
+        ray.kill(rep.server_handle, no_restart=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            ray.get_actor(server_actor_name(0, 0))
+        except ValueError:
+            break
+        time.sleep(0.1)
 
 
 @pytest.fixture(scope="module")
@@ -140,10 +167,10 @@ def check_registered_in_a_fresh_ray_worker_by_importing_verl():
     assert registered and not already
 
 
-def check_generate_matches_trainer_bitwise(manager, replica, loop):
+def check_generate_matches_trainer_bitwise(manager, replica, loop, family):
     server = replica.server_handle
     outs = loop.run_until_complete(generate_via_verl(manager, PROMPTS, "gen"))
-    assert_trainer_equal(load_model(default_checkpoint()), PROMPTS, outs)
+    assert_trainer_equal(load_model(default_checkpoint(family)), PROMPTS, outs)
     assert all(len(o.token_ids) <= 8 for o in outs)  # response_length caps max_tokens when none is given
     stats = ray.get(server.get_stats.remote())
     assert stats["max_in_flight"] > 1, stats  # the concurrent calls shared engine steps
@@ -162,9 +189,12 @@ def check_bad_sampling_params_are_refused_by_name(replica, loop):
         loop.run_until_complete(generate_all(server, [[257, 9999]], "vocab"))
 
 
-def check_sleep_abort_wake_update_weights(replica, adapter, loop):
+def check_sleep_abort_wake_update_weights(replica, adapter, loop, family):
     """verl's weight-sync sequence on a sleeping engine, with an abort in between; then new weights, bitwise."""
+    from verl.workers.engine.fsdp.utils import unfuse_moe_params
+
     server = replica.server_handle
+    make_config = tiny_qwen3_moe_config if family == "qwen3_moe" else tiny_qwen3_config
 
     async def scenario():
         await adapter.release()  # engine.sleep(level=2): hybrid mode re-sends every weight after it
@@ -181,10 +211,12 @@ def check_sleep_abort_wake_update_weights(replica, adapter, loop):
         await replica.resume_generation()
 
         # the actor's fp32 master weights; the engine must end up with their bf16 cast
-        master = random_model(tiny_qwen3_config(torch_dtype="float32"), seed=7)
+        master = random_model(make_config(torch_dtype="float32"), seed=7)
         await adapter.resume(tags=["weights"])
-        adapter.bucket_bytes = 64 << 10  # several buckets for the 245 kB model
-        await adapter.update_weights(((n, p.detach()) for n, p in master.named_parameters()), global_steps=3)
+        adapter.bucket_bytes = 64 << 10  # several buckets for the 245 kB model (the MoE: 400 kB)
+        # what verl's FSDP actor sends (get_per_tensor_param): stacked MoE experts split one tensor per expert
+        named = unfuse_moe_params(((n, p.detach()) for n, p in master.named_parameters()), family)
+        await adapter.update_weights(named, global_steps=3)
         await adapter.resume(tags=["kv_cache"])
         return master, await generate_all(server, PROMPTS, "new")
 
@@ -192,20 +224,22 @@ def check_sleep_abort_wake_update_weights(replica, adapter, loop):
     stats = ray.get(server.get_stats.remote())
     assert stats["weight_buckets"] > 1, stats
     assert all(o.extra_fields["global_steps"] == 3 for o in outs)
-    actor_model = load_model(default_checkpoint())  # bf16 like the FSDP forward
+    actor_model = load_model(default_checkpoint(family))  # bf16 like the FSDP forward
     load_weights(actor_model, [(n, p.to(torch.bfloat16)) for n, p in master.named_parameters()])
     assert_trainer_equal(actor_model, PROMPTS, outs)
     # and the old weights would not have produced them (the update took effect)
-    old = Actor(load_model(default_checkpoint())).compute_log_probs(
+    old = Actor(load_model(default_checkpoint(family))).compute_log_probs(
         PROMPTS, [o.token_ids for o in outs], temperature=TEMPERATURE
     )
     assert any(not torch.equal(torch.tensor(o.log_probs), w) for o, w in zip(outs, old.logprobs, strict=True))
 
 
-def test_replica_served_the_way_verl_drives_its_vllm_backend(manager, replica, adapter, loop):
-    """One test, one Ray cluster: the checks share the replica and run in this order (the last one changes its
-    weights), whichever xdist worker runs it."""
-    check_registered_in_a_fresh_ray_worker_by_importing_verl()
-    check_generate_matches_trainer_bitwise(manager, replica, loop)
-    check_bad_sampling_params_are_refused_by_name(replica, loop)
-    check_sleep_abort_wake_update_weights(replica, adapter, loop)
+def test_replica_served_the_way_verl_drives_its_vllm_backend(manager, replica, adapter, loop, family):
+    """One test per family, one Ray cluster: the checks share the replica and run in this order (the last one changes
+    its weights), whichever xdist worker runs it. The family-independent checks run once."""
+    if family == "qwen3":
+        check_registered_in_a_fresh_ray_worker_by_importing_verl()
+    check_generate_matches_trainer_bitwise(manager, replica, loop, family)
+    if family == "qwen3":
+        check_bad_sampling_params_are_refused_by_name(replica, loop)
+    check_sleep_abort_wake_update_weights(replica, adapter, loop, family)

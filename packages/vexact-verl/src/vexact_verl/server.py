@@ -386,9 +386,12 @@ class VexactServer:
         level = self.settings.sleep_level if self.rollout_mode == "hybrid" else 1
         async with self._lock:
             if not self.engine.sleep_level:
+                # named while the weights still have their shapes: a discarded MoE expert stack cannot be split
+                # into its per-expert names
+                names = self.engine.weight_names()
                 _engine_call(self.engine, "sleep", level=level)
                 if level == 2:
-                    self._missing = self.engine.weight_names()
+                    self._missing = names
 
     async def wake_up(self, tags: list[str] | None = None) -> None:
         """Restore what :meth:`sleep` freed. The engine restores weights and KV together, so any tag wakes it."""
