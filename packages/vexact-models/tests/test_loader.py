@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from vexact_models import (
@@ -13,6 +15,7 @@ from vexact_models import (
     CheckpointError,
     Qwen3ForCausalLM,
     iter_checkpoint,
+    load_config,
     load_model,
     load_weights,
     make_tiny_checkpoint,
@@ -121,6 +124,82 @@ def test_no_weights_at_all(tmp_path, reference):
     (tmp_path / SINGLE).unlink()
     with pytest.raises(FileNotFoundError, match="no safetensors weights"):
         load_model(tmp_path)
+
+
+@pytest.fixture
+def tiny_dir(tmp_path):
+    return make_tiny_checkpoint(tmp_path / "tiny", tokenizer=False)
+
+
+def _raises_naming(path, file_name: str, cause: type[Exception], match: str = ""):
+    """load_model raises CheckpointError naming the file, chained to the reader's own error."""
+    with pytest.raises(CheckpointError, match=re.escape(file_name) + match) as info:
+        load_model(path)
+    assert isinstance(info.value.__cause__, cause), repr(info.value.__cause__)
+    return info.value
+
+
+@pytest.mark.parametrize("damage", ["half", "garbage", "empty"])
+def test_unreadable_safetensors_names_the_file(tiny_dir, damage):
+    f = tiny_dir / SINGLE
+    data = f.read_bytes()
+    f.write_bytes({"half": data[: len(data) // 2], "garbage": bytes(range(256)) * 8, "empty": b""}[damage])
+    err = _raises_naming(tiny_dir, SINGLE, SafetensorError, r" is not a readable safetensors file")
+    assert str(tiny_dir / SINGLE) in str(err)
+    with pytest.raises(CheckpointError, match=re.escape(SINGLE)):
+        list(iter_checkpoint(tiny_dir))
+
+
+def test_truncated_shard_of_a_sharded_checkpoint_names_it(tmp_path, reference):
+    save_checkpoint(reference, tmp_path, max_shard_bytes=40_000)
+    victim = sorted(set(json.loads((tmp_path / INDEX).read_text())["weight_map"].values()))[1]
+    data = (tmp_path / victim).read_bytes()
+    (tmp_path / victim).write_bytes(data[: len(data) // 2])
+    _raises_naming(tmp_path, victim, SafetensorError, r" is not a readable safetensors file")
+
+
+@pytest.mark.parametrize(
+    "content,cause,match",
+    [
+        (b'{"model_type": "qwen3",', json.JSONDecodeError, r" is not valid JSON: Expecting"),
+        (b"\x80\x81 not utf-8", UnicodeDecodeError, r" is not valid JSON"),
+        (b"", json.JSONDecodeError, r" is not valid JSON"),
+    ],
+)
+def test_config_json_that_is_not_json_names_the_file(tiny_dir, content, cause, match):
+    (tiny_dir / "config.json").write_bytes(content)
+    _raises_naming(tiny_dir, "config.json", cause, match)
+    with pytest.raises(CheckpointError, match=re.escape(str(tiny_dir / "config.json")) + match):
+        load_config(tiny_dir)
+
+
+def test_config_json_that_is_not_an_object_names_the_file(tiny_dir):
+    (tiny_dir / "config.json").write_text("[1, 2]")
+    with pytest.raises(CheckpointError, match=r"config.json must hold a JSON object, got a list"):
+        load_model(tiny_dir)
+
+
+def test_index_that_is_not_json_names_the_file(tmp_path, reference):
+    save_checkpoint(reference, tmp_path, max_shard_bytes=40_000)
+    text = (tmp_path / INDEX).read_text()
+    (tmp_path / INDEX).write_text(text[: len(text) // 2])
+    _raises_naming(tmp_path, INDEX, json.JSONDecodeError, r" is not valid JSON")
+    with pytest.raises(CheckpointError, match=re.escape(INDEX)):
+        list(iter_checkpoint(tmp_path))
+
+
+@pytest.mark.parametrize("index", [{}, {"weight_map": ["model.norm.weight"]}, [1]])
+def test_index_without_a_weight_map_names_the_file(tmp_path, reference, index):
+    save_checkpoint(reference, tmp_path, max_shard_bytes=40_000)
+    (tmp_path / INDEX).write_text(json.dumps(index))
+    with pytest.raises(CheckpointError, match=re.escape(INDEX) + r" (has no weight_map|must hold a JSON object)"):
+        load_model(tmp_path)
+
+
+def test_checkpoint_error_is_one_class_wherever_imported():
+    from vexact_models import errors, loader
+
+    assert loader.CheckpointError is errors.CheckpointError is CheckpointError
 
 
 def test_config_shape_mismatch(tmp_path, reference):

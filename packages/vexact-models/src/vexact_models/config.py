@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from .errors import read_json_object
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -171,14 +172,14 @@ CONFIG_CLASSES: dict[str, type] = {"qwen3": Qwen3Config, "qwen3_moe": Qwen3MoeCo
 
 
 def load_config(path: str | Path):
-    """Read ``config.json`` from a checkpoint directory (or the file itself)."""
+    """Read ``config.json`` from a checkpoint directory (or the file itself); CheckpointError naming the file if it
+    is not a valid JSON object."""
     p = Path(path)
     if p.is_dir():
         p = p / "config.json"
     if not p.is_file():
         raise FileNotFoundError(f"no config.json at {p}")
-    d = json.loads(p.read_text())
-    return config_from_dict(d)
+    return config_from_dict(read_json_object(p))
 
 
 def config_from_dict(d: dict):

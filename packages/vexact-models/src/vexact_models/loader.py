@@ -8,11 +8,12 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import nn
 
 from .config import load_config, parse_dtype
+from .errors import CheckpointError, read_json_object
 from .layers import checkpoint_pieces
 from .models import MODEL_CLASSES
 
@@ -20,16 +21,19 @@ INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 
 
-class CheckpointError(ValueError):
-    """The checkpoint does not match the model (missing/unexpected tensors, wrong shapes or dtypes, bad shards)."""
-
-
-def _shard_files(path: Path) -> list[Path]:
+def _weight_map(path: Path) -> dict[str, str] | None:
+    """The index's tensor name -> shard file map; None for a checkpoint without an index."""
     index = path / INDEX_FILE
-    if index.is_file():
-        weight_map = json.loads(index.read_text()).get("weight_map")
-        if not weight_map:
-            raise CheckpointError(f"{index} has no weight_map")
+    if not index.is_file():
+        return None
+    weight_map = read_json_object(index).get("weight_map")
+    if not weight_map or not isinstance(weight_map, dict):
+        raise CheckpointError(f"{index} has no weight_map (an object of tensor name -> shard file)")
+    return weight_map
+
+
+def _shard_files(path: Path, weight_map: dict[str, str] | None) -> list[Path]:
+    if weight_map is not None:
         shards = sorted(set(weight_map.values()))
         missing = [s for s in shards if not (path / s).is_file()]
         if missing:
@@ -44,21 +48,28 @@ def _shard_files(path: Path) -> list[Path]:
 
 
 def iter_checkpoint(path: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield ``(hf_name, tensor)`` for every tensor of every shard."""
+    """Yield ``(hf_name, tensor)`` for every tensor of every shard.
+
+    A shard that safetensors cannot read (truncated, corrupt) or an index that is not valid JSON raises
+    CheckpointError naming the file and the cause.
+    """
     p = Path(path)
-    index = p / INDEX_FILE
-    weight_map = json.loads(index.read_text())["weight_map"] if index.is_file() else None
-    for shard in _shard_files(p):
-        with safe_open(str(shard), framework="pt") as f:
-            names = list(f.keys())
-            if weight_map is not None:
-                listed = {n for n, s in weight_map.items() if s == shard.name}
-                if listed - set(names):
-                    raise CheckpointError(
-                        f"shard {shard.name} lacks tensors its index lists: {sorted(listed - set(names))[:5]}"
-                    )
-            for name in names:
-                yield name, f.get_tensor(name)
+    weight_map = _weight_map(p)
+    for shard in _shard_files(p, weight_map):
+        try:
+            # a consumer's exception is not thrown into the generator, so only reading the shard is caught here
+            with safe_open(str(shard), framework="pt") as f:
+                names = list(f.keys())
+                if weight_map is not None:
+                    listed = {n for n, s in weight_map.items() if s == shard.name}
+                    if listed - set(names):
+                        raise CheckpointError(
+                            f"shard {shard.name} lacks tensors its index lists: {sorted(listed - set(names))[:5]}"
+                        )
+                for name in names:
+                    yield name, f.get_tensor(name)
+        except SafetensorError as e:
+            raise CheckpointError(f"{shard} is not a readable safetensors file (truncated or corrupt?): {e}") from e
 
 
 def expected_tensors(model: nn.Module, remove_duplicate: bool = True) -> dict[str, torch.Tensor]:
