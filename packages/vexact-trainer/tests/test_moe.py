@@ -27,6 +27,7 @@ from vexact_trainer import (
     Trainer,
     TrainerConfig,
     grpo_advantages,
+    hf_name,
     init_distributed,
     iter_weight_buckets,
     pack,
@@ -105,12 +106,18 @@ def _step_grads(trainer: Trainer, batch: RolloutBatch):
 def test_aux_loss_reaches_the_router_and_is_split_independent(mesh):
     batch = _batch(6, seed=4)
     runs = {}
-    for coef, budget in ((0.0, None), (0.5, None), (0.5, 12)):
+    for coef, budget, ac in ((0.0, None, False), (0.5, None, False), (0.5, 12, False), (0.5, None, True)):
         master, _ = _models()
-        trainer = Trainer(master, TrainerConfig(lr=1e-3, max_grad_norm=None, router_aux_loss_coef=coef,
-                                                micro_batch_tokens=budget), mesh=mesh)  # fmt: skip
-        runs[coef, budget] = _step_grads(trainer, batch)
-    (m0, g0), (m1, g1), (m2, g2) = runs[0.0, None], runs[0.5, None], runs[0.5, 12]
+        cfg = TrainerConfig(lr=1e-3, max_grad_norm=None, router_aux_loss_coef=coef, micro_batch_tokens=budget,
+                            activation_checkpointing=ac)  # fmt: skip
+        trainer = Trainer(master, cfg, mesh=mesh)
+        runs[coef, budget, ac] = (*_step_grads(trainer, batch), trainer.last_micro_batches[0])
+    (m0, g0, _), (m1, g1, _), (m2, g2, n2) = runs[0.0, None, False], runs[0.5, None, False], runs[0.5, 12, False]
+    # activation checkpointing's recomputation (outside the recording) changes no bit of the loss or the gradient
+    m_ac, g_ac, _ = runs[0.5, None, True]
+    g_ac = {hf_name(n): g for n, g in g_ac.items()}
+    assert m_ac.router_aux_loss == m1.router_aux_loss and g_ac.keys() == g1.keys()
+    assert all(torch.equal(g_ac[n], g) for n, g in g1.items())
     assert m0.router_aux_loss == 0.0 and m1.router_aux_loss > 0 and m1.loss == m0.loss  # the policy loss alone
     # the aux loss moves every router and what feeds the last router (layer 0's experts), nothing after it
     routers = ("model.layers.0.mlp.gate.weight", "model.layers.2.mlp.gate.weight")
@@ -128,7 +135,7 @@ def test_aux_loss_reaches_the_router_and_is_split_independent(mesh):
         start += n
     assert math.isclose(m1.router_aux_loss, want, rel_tol=1e-5)
     # micro-batches (and, by the same sum, ranks) change neither the value nor, beyond rounding, the gradient
-    assert m2.tokens == m1.tokens and trainer.last_micro_batches[0] > 1
+    assert m2.tokens == m1.tokens and n2 > 1
     assert math.isclose(m2.router_aux_loss, m1.router_aux_loss, rel_tol=1e-6)
     for name in routers:
         # the backward runs in bf16, so a gradient summed over micro-batches differs from one pass by rounding
