@@ -20,9 +20,8 @@ def model(device, request):
     if request.param == "qwen3":
         cfg = tiny_qwen3_config() if device == "cpu" else tiny_qwen3_config(**QWEN3_06B)
     else:  # GPU: the real Qwen3-30B-A3B layer shape, two layers
-        cfg = (
-            tiny_qwen3_moe_config() if device == "cpu" else tiny_qwen3_moe_config(**QWEN3_30B_A3B, num_hidden_layers=2)
-        )
+        gpu = {**QWEN3_30B_A3B, "num_hidden_layers": 2}
+        cfg = tiny_qwen3_moe_config() if device == "cpu" else tiny_qwen3_moe_config(**gpu)
     return random_model(cfg, seed=7, embed_std=1.0 if device == "cpu" else 0.02, device=device)
 
 
