@@ -15,7 +15,7 @@ import argparse
 import json
 from pathlib import Path
 
-from vexact_models import make_tiny_checkpoint, tiny_qwen3_config
+from vexact_models import make_tiny_checkpoint, tiny_qwen3_config, tiny_qwen3_moe_config
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -29,13 +29,15 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=256, help="hidden size (head_dim 64, 2 query heads per KV head)")
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--experts", type=int, default=0, help="> 0: a Qwen3-MoE with this many experts in every layer")
+    ap.add_argument("--top-k", type=int, default=4, help="experts per token (with --experts)")
     args = ap.parse_args()
     if args.hidden < 64 or args.hidden % 64:
         raise ValueError(f"--hidden must be a positive multiple of 64, got {args.hidden}")
     if args.layers < 1:
         raise ValueError(f"--layers must be >= 1, got {args.layers}")
     heads = args.hidden // 64
-    cfg = tiny_qwen3_config(
+    shape = dict(
         hidden_size=args.hidden,
         intermediate_size=3 * args.hidden,
         num_hidden_layers=args.layers,
@@ -44,12 +46,18 @@ def main() -> None:
         head_dim=64,
         max_position_embeddings=1024,
     )
+    if args.experts:
+        moe = dict(num_experts=args.experts, num_experts_per_tok=args.top_k, mlp_only_layers=())
+        cfg = tiny_qwen3_moe_config(**shape, **moe, moe_intermediate_size=args.hidden // 2)
+    else:
+        cfg = tiny_qwen3_config(**shape)
     path = make_tiny_checkpoint(args.out, cfg, seed=args.seed)
     tok_cfg = path / "tokenizer_config.json"
     meta = json.loads(tok_cfg.read_text())
     meta.update(chat_template=CHAT_TEMPLATE, model_max_length=cfg.max_position_embeddings)
     tok_cfg.write_text(json.dumps(meta, indent=2) + "\n")
-    print(f"wrote {path} (hidden {args.hidden}, {args.layers} layers, vocab {cfg.vocab_size})")
+    moe = f", {args.experts} experts top-{args.top_k}" if args.experts else ""
+    print(f"wrote {path} (hidden {args.hidden}, {args.layers} layers{moe}, vocab {cfg.vocab_size})")
 
 
 if __name__ == "__main__":
