@@ -296,24 +296,9 @@ def _forward(x, w_gate_up, w_down, topk_weights, plan: _Plan, config):
 
 
 def _check(x, w_gate_up, w_down, topk_weights, topk_ids, config) -> None:
-    if x.dim() != 2 or w_gate_up.dim() != 3 or w_down.dim() != 3 or topk_ids.dim() != 2:
-        raise ValueError(
-            f"triton_fused_moe: expected x [T, H], w_gate_up [E, 2I, H], w_down [E, H, I], topk_ids [T, k]; got "
-            f"{tuple(x.shape)}, {tuple(w_gate_up.shape)}, {tuple(w_down.shape)}, {tuple(topk_ids.shape)}"
-        )
-    e, two_i, hid = w_gate_up.shape
-    if two_i % 2 or hid != x.shape[1] or tuple(w_down.shape) != (e, hid, two_i // 2):
-        raise ValueError(
-            f"triton_fused_moe: shapes do not agree: x {tuple(x.shape)}, w_gate_up {tuple(w_gate_up.shape)}, "
-            f"w_down {tuple(w_down.shape)}"
-        )
-    if topk_ids.shape[0] != x.shape[0] or tuple(topk_weights.shape) != tuple(topk_ids.shape):
-        raise ValueError(
-            f"triton_fused_moe: topk_ids {tuple(topk_ids.shape)} and topk_weights {tuple(topk_weights.shape)} must "
-            f"be [T={x.shape[0]}, k]"
-        )
-    if x.dtype != w_gate_up.dtype or x.dtype != w_down.dtype:
-        raise TypeError(f"triton_fused_moe: x {x.dtype}, w_gate_up {w_gate_up.dtype}, w_down {w_down.dtype} differ")
+    from ..moe import _check_moe_args  # the public op's shape, dtype and id checks (a lazy import: moe imports us)
+
+    _check_moe_args(x, w_gate_up, w_down, topk_weights, topk_ids)
     devices = {t.device for t in (x, w_gate_up, w_down, topk_weights, topk_ids)}
     if len(devices) != 1:
         raise ValueError(f"triton_fused_moe: inputs are on several devices: {sorted(map(str, devices))}")
