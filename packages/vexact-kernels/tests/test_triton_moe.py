@@ -198,12 +198,7 @@ def test_bad_inputs_are_errors():
     moe = _ops()
     x, w13, w2 = torch.zeros(2, 8), torch.zeros(3, 6, 8), torch.zeros(3, 8, 3)
     w, ids = torch.ones(2, 2), torch.zeros(2, 2, dtype=torch.long)
-    with pytest.raises(ValueError, match="do not agree"):
-        moe.triton_fused_moe(x, w13, torch.zeros(3, 8, 4), w, ids)
-    with pytest.raises(ValueError, match="must both be"):
-        moe.triton_fused_moe(x, w13, w2, torch.ones(2, 3), ids)
-    with pytest.raises(TypeError, match="cast them first"):
-        moe.triton_fused_moe(x.bfloat16(), w13, w2, w, ids)
+    # shapes, dtypes and ids are the public op's checks (tests/test_moe.py); here what only the kernel checks
     with pytest.raises(ValueError, match="config"):
         moe.triton_fused_moe(x, w13, w2, w, ids, config=(8, 16, 4, 1))
 

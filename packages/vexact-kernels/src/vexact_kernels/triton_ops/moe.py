@@ -296,9 +296,7 @@ def _forward(x, w_gate_up, w_down, topk_weights, plan: _Plan, config):
 
 
 def _check(x, w_gate_up, w_down, topk_weights, topk_ids, config) -> None:
-    from ..moe import _check_moe_args  # the public op's shape, dtype and id checks (a lazy import: moe imports us)
-
-    _check_moe_args(x, w_gate_up, w_down, topk_weights, topk_ids)
+    """What the public ``vexact_kernels.fused_moe`` has not checked already (shapes, dtypes, ids: it checks those)."""
     devices = {t.device for t in (x, w_gate_up, w_down, topk_weights, topk_ids)}
     if len(devices) != 1:
         raise ValueError(f"triton_fused_moe: inputs are on several devices: {sorted(map(str, devices))}")
