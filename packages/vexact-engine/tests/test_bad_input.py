@@ -52,6 +52,7 @@ BAD_PARAMS = [
     pytest.param(_bad_params(top_p=1.5), r"top_p must be a finite number in \(0, 1\], got 1.5", id="top_p-1.5"),
     pytest.param(_bad_params(temperature=float("nan")), r"temperature must be a finite number >= 0, got nan", id="nan"),
     pytest.param(_bad_params(temperature=float("inf")), r"temperature must be a finite number >= 0, got inf", id="inf"),
+    pytest.param(_bad_params(temperature=True), r"temperature must be a finite number >= 0, got True", id="bool"),
     pytest.param(
         _bad_params(top_p=float("nan")), r"top_p must be a finite number in \(0, 1\], got nan", id="top_p-nan"
     ),

@@ -39,3 +39,19 @@ def test_bad_layouts_are_refused():
         packed_log_probs(model, torch.tensor([1, 2]), torch.tensor([0, 1]))
     with pytest.raises(ValueError, match="2 temperatures for 1 sequences"):
         packed_log_probs(model, nested([[1, 2]]), nested([[0, 1]]), torch.tensor([1.0, 2.0]))
+
+
+@pytest.mark.parametrize(
+    "temperature, message",
+    [
+        (float("nan"), r"temperature must be a finite number > 0, got nan"),
+        (torch.tensor(float("inf")), r"temperature must be a finite number > 0, got inf"),
+        (torch.tensor([0.5, float("nan"), 1.0]), r"temperature\[1\] must be a finite number > 0, got nan"),
+    ],
+)
+def test_non_finite_temperatures_are_refused_by_value(temperature, message):
+    """A NaN passed the kernel's `t <= 0` check and gave NaN logprobs: refused with the trainer's check."""
+    model = load_model(default_checkpoint())
+    seqs = [p + r for p, r in zip(PROMPTS, RESPONSES, strict=True)]
+    with pytest.raises(ValueError, match=message):
+        packed_log_probs(model, nested(seqs), nested([list(range(len(s))) for s in seqs]), temperature)

@@ -28,7 +28,7 @@ class SamplingParams:
     def validate(self) -> None:
         # NaN fails every comparison (so passes `< 0`), and the sampler would then draw it at temperature 1
         t = self.temperature
-        if not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
             raise ValueError(f"temperature must be a finite number >= 0, got {t!r}")
         p = self.top_p
         if not isinstance(p, (int, float)) or not math.isfinite(p) or not (0.0 < p <= 1.0):

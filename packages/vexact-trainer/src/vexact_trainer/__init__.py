@@ -1,7 +1,7 @@
 """vexact-trainer: the VeXact training actor and its FSDP2 trainer (parallelism applied from outside the model)."""
 
 from .actor import Actor, ActorConfig, LogprobOutput
-from .batch import PackedBatch, pack
+from .batch import PackedBatch, check_temperatures, pack
 from .losses import (
     PPOOutput,
     check_finite_loss,
@@ -31,6 +31,7 @@ __all__ = [
     "TrainerConfig",
     "__version__",
     "check_finite_loss",
+    "check_temperatures",
     "grpo_advantages",
     "hf_name",
     "init_distributed",

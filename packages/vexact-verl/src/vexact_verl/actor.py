@@ -15,6 +15,7 @@ import torch
 
 import vexact_kernels as vk
 from vexact_models import AttentionMetadata
+from vexact_trainer import check_temperatures
 
 
 def packed_log_probs(
@@ -43,6 +44,11 @@ def packed_log_probs(
     if pos.shape != ids.shape:
         raise ValueError(f"position_ids hold {tuple(pos.shape)} values for {tuple(ids.shape)} input ids")
     lens = offsets[1:] - offsets[:-1]
+    # a NaN would pass the kernel's `t <= 0` check and give NaN logprobs: the trainer's check, by value and index
+    given = temperature
+    if isinstance(temperature, torch.Tensor):
+        given = temperature.flatten() if temperature.numel() > 1 else temperature.reshape(()).item()
+    check_temperatures(given, len(lens))
     if isinstance(temperature, torch.Tensor) and temperature.numel() > 1:
         if temperature.numel() != len(lens):
             raise ValueError(f"{temperature.numel()} temperatures for {len(lens)} sequences")
