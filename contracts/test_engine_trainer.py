@@ -70,28 +70,30 @@ def trainer_logprobs(model, outs, params, backend="invariant"):
     return actor.compute_log_probs([o.prompt_token_ids for o in outs], [o.token_ids for o in outs], temps).logprobs
 
 
-@settings(
-    max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
-)
-@given(workloads())
-def test_engine_equals_trainer(tiny_model, workload):
+def _examples(n: int):
+    slow = [HealthCheck.too_slow, HealthCheck.data_too_large]
+    return settings(max_examples=n, deadline=None, suppress_health_check=slow)
+
+
+def _engine_equals_trainer(model, workload) -> None:
     prompts, params, cfg = workload
-    outs, llm = run_engine(tiny_model, prompts, params, cfg)
+    outs, llm = run_engine(model, prompts, params, cfg)
     event(f"preempted: {llm.num_preemptions > 0}")
     event(f"chunked prefill: {cfg.enable_chunked_prefill}")
-    assert logprob_mismatches(outs, trainer_logprobs(tiny_model, outs, params)) == []
+    assert logprob_mismatches(outs, trainer_logprobs(model, outs, params)) == []
 
 
-@settings(
-    max_examples=MOE_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
-)
+@_examples(EXAMPLES)
+@given(workloads())
+def test_engine_equals_trainer(tiny_model, workload):
+    _engine_equals_trainer(tiny_model, workload)
+
+
+@_examples(MOE_EXAMPLES)
 @given(workloads())
 def test_moe_engine_equals_trainer(tiny_moe_model, workload):
     """The same contract on the tiny Qwen3-MoE: a token's experts and output never depend on the step's other tokens."""
-    prompts, params, cfg = workload
-    outs, llm = run_engine(tiny_moe_model, prompts, params, cfg)
-    event(f"preempted: {llm.num_preemptions > 0}")
-    assert logprob_mismatches(outs, trainer_logprobs(tiny_moe_model, outs, params)) == []
+    _engine_equals_trainer(tiny_moe_model, workload)
 
 
 @pytest.mark.parametrize("family", ["qwen3", "qwen3_moe"])

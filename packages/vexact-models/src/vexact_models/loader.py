@@ -80,9 +80,8 @@ def expected_tensors(model: nn.Module, remove_duplicate: bool = True) -> dict[st
     return {hf: t for n, p in named for hf, t in checkpoint_pieces(n, p)}
 
 
-def _split_stacked(model: nn.Module, name: str, tensor: torch.Tensor) -> list[tuple[str, torch.Tensor]] | None:
+def _split_stacked(params: dict[str, torch.Tensor], name: str, tensor: torch.Tensor) -> list | None:
     """A whole stacked expert tensor (transformers' in-memory layout) as its per-expert pieces, or None."""
-    params = dict(model.named_parameters())
     if name not in params or len(checkpoint_pieces(name, params[name])) == 1:
         return None
     if tuple(tensor.shape) != tuple(params[name].shape):
@@ -103,11 +102,12 @@ def load_weights(model: nn.Module, named_tensors: Iterable[tuple[str, torch.Tens
     ``strict``: every model parameter must be provided (a full checkpoint); otherwise a partial update is allowed.
     """
     targets = expected_tensors(model)
+    params = dict(model.named_parameters())
     tied = getattr(getattr(model, "config", None), "tie_word_embeddings", False)
     loaded, unexpected = [], []
     with torch.no_grad():
         for name, tensor in named_tensors:
-            pieces = [(name, tensor)] if name in targets else _split_stacked(model, name, tensor)
+            pieces = [(name, tensor)] if name in targets else _split_stacked(params, name, tensor)
             if pieces is None:
                 if tied and name == "lm_head.weight":
                     continue  # some tied checkpoints still store the head; the model uses the embedding
