@@ -46,6 +46,38 @@ SPLIT_PROGRAMS_MAX_TILES = (131, 48, 0)
 
 
 @triton.jit
+def k_reduce(
+    a_base, b_base, stride_ak, stride_bk, mask_a, mask_b, K, kt_lo, kt_hi,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_TILES: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):  # fmt: skip
+    """The K reduction of every invariant GEMM tile (this module's and the grouped MoE GEMMs'): K tiles ``kt_lo ..
+    kt_hi - 1`` of ``BLOCK_K`` in order, one ``tl.dot`` per tile into an fp32 partial, which is added to the fp32 total
+    and restarted from zero at every split boundary (``SPLIT_TILES`` tiles, positions fixed by K alone). ``a_base``
+    ``[BLOCK_M, 1]`` / ``b_base`` ``[1, BLOCK_N]`` pointers at k = 0, with their row / column masks."""
+    offs_k = tl.arange(0, BLOCK_K)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    # One loop over the K tiles (one software pipeline); a split boundary is a uniform branch that adds the split's
+    # partial to the total and restarts it from zero.
+    total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kt in range(kt_lo, kt_hi):
+        kk = kt * BLOCK_K + offs_k
+        a = tl.load(a_base + kk[None, :].to(tl.int64) * stride_ak, mask=mask_a & (kk[None, :] < K), other=0.0)
+        b = tl.load(b_base + kk[:, None].to(tl.int64) * stride_bk, mask=mask_b & (kk[:, None] < K), other=0.0)
+        if INTERPRET:
+            # The interpreter's tl.dot is numpy's BLAS, whose result for a row depends on its place in the tile (and
+            # which mishandles 16-bit floats): an explicit fp32 product-and-sum stands in for the tensor-core MMA.
+            acc += tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], axis=1)
+        else:
+            acc = tl.dot(a, b, acc)
+        if (kt % SPLIT_TILES == SPLIT_TILES - 1) or (kt == k_tiles - 1):
+            total += acc
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    return total
+
+
+@triton.jit
 def _matmul_kernel(
     a_ptr, b_ptr, c_ptr, bias_ptr,
     M, N, K,
@@ -67,7 +99,6 @@ def _matmul_kernel(
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
     a_base = a_ptr + offs_m[:, None].to(tl.int64) * stride_am
     b_base = b_ptr + offs_n[None, :].to(tl.int64) * stride_bn
     mask_m = offs_m[:, None] < M
@@ -80,23 +111,10 @@ def _matmul_kernel(
     else:
         kt_lo = 0
         kt_hi = k_tiles
-    # One loop over the K tiles (one software pipeline); a split boundary is a uniform branch that adds the split's
-    # partial to the total and restarts it from zero.
-    total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for kt in range(kt_lo, kt_hi):
-        kk = kt * BLOCK_K + offs_k
-        a = tl.load(a_base + kk[None, :].to(tl.int64) * stride_ak, mask=mask_m & (kk[None, :] < K), other=0.0)
-        b = tl.load(b_base + kk[:, None].to(tl.int64) * stride_bk, mask=mask_n & (kk[:, None] < K), other=0.0)
-        if INTERPRET:
-            # The interpreter's tl.dot is numpy's BLAS, whose result for a row depends on its place in the tile (and
-            # which mishandles 16-bit floats): an explicit fp32 product-and-sum stands in for the tensor-core MMA.
-            acc += tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], axis=1)
-        else:
-            acc = tl.dot(a, b, acc)
-        if (kt % SPLIT_TILES == SPLIT_TILES - 1) or (kt == k_tiles - 1):
-            total += acc
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    total = k_reduce(
+        a_base, b_base, stride_ak, stride_bk, mask_m, mask_n, K, kt_lo, kt_hi,
+        BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_TILES, INTERPRET,
+    )  # fmt: skip
     if SPLIT_OUT:
         c_ptrs = c_ptr + split.to(tl.int64) * M * N + offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
         tl.store(c_ptrs, total, mask=mask_m & mask_n)

@@ -9,11 +9,11 @@ come from ``searchsorted`` on the sorted ids, and a tile schedule (expert and fi
 ``cumsum`` of the per-expert tile counts. The grid has ``cdiv(T*k, BLOCK_M) + min(E, T*k)`` M tiles, a bound that
 depends on ``(T, k, E)`` alone; tiles past the last expert's return at once.
 
-Invariance: every pair row is reduced over K exactly as ``matmul._matmul_kernel`` reduces a row: ``BLOCK_K`` (64)
-tiles in K order, one ``tl.dot`` per tile into an fp32 partial, partials of ``SPLIT_TILES`` tiles added in split
-order. A row never shares a reduction with another row; which rows share its M tile (that depends on the expert
-loads) only decides which lanes are masked. The tile shape is picked from ``T*k`` for speed and checked on the GPU
-not to change a bit (``config=`` forces one). Then: gate/up cast to x's dtype, silu-and-mul in fp32 cast once
+Invariance: every pair row is reduced over K by ``matmul.k_reduce``, the loop ``matmul._matmul_kernel`` runs:
+``BLOCK_K`` (64) tiles in K order, one ``tl.dot`` per tile into an fp32 partial, partials of ``SPLIT_TILES`` tiles added
+in split order. A row never shares a reduction with another row; which rows share its M tile (that depends on the expert
+loads) only decides which lanes are masked. The tile shape is picked from ``T*k`` for speed and checked on the GPU not
+to change a bit (``config=`` forces one). Then: gate/up cast to x's dtype, silu-and-mul in fp32 cast once
 (``activation.py``), down kept in fp32, and the combine ``((0 + w_0 y_0) + w_1 y_1) + ...`` in the token's own rank
 order, cast once. No atomics.
 
@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from .activation import ACT_BLOCK, ACT_NUM_WARPS, _silu_and_mul_bwd_kernel, silu_and_mul_fwd
-from .matmul import BLOCK_K, SPLIT_TILES
+from .matmul import BLOCK_K, SPLIT_TILES, k_reduce
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages) of the grouped GEMMs, picked by T*k (never by an expert's count); speed
 # only: every one gives the same bits (tests/test_triton_moe.py, on the GPU). H100 sweep at the Qwen3-30B-A3B layer
@@ -67,7 +67,7 @@ def _grouped_mm_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_TILES: tl.constexpr,
 ):  # fmt: skip
     """``c[rows] = a[a_rows[rows]] @ b[e].T`` for one (M tile, N tile); the M tile's expert ``e`` and first sorted row
-    come from the schedule, its last row from ``offsets[e + 1]``. K is reduced as ``matmul._matmul_kernel`` does."""
+    come from the schedule, its last row from ``offsets[e + 1]``. K is reduced by ``matmul.k_reduce``."""
     pid = tl.program_id(0)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     pid_m = pid // num_pid_n
@@ -84,26 +84,14 @@ def _grouped_mm_kernel(
     else:
         a_rows = offs_m
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
     a_base = a_ptr + a_rows[:, None] * stride_am
     b_base = b_ptr + e.to(tl.int64) * stride_be + offs_n[None, :].to(tl.int64) * stride_bn
     mask_a = mask_m[:, None]
     mask_n = offs_n[None, :] < N
-    k_tiles = tl.cdiv(K, BLOCK_K)
-    total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for kt in range(0, k_tiles):
-        kk = kt * BLOCK_K + offs_k
-        a = tl.load(a_base + kk[None, :].to(tl.int64) * stride_ak, mask=mask_a & (kk[None, :] < K), other=0.0)
-        b = tl.load(b_base + kk[:, None].to(tl.int64) * stride_bk, mask=mask_n & (kk[:, None] < K), other=0.0)
-        if INTERPRET:
-            # numpy's BLAS behind the interpreter's tl.dot makes a row's bits depend on its place in the tile
-            acc += tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], axis=1)
-        else:
-            acc = tl.dot(a, b, acc)
-        if (kt % SPLIT_TILES == SPLIT_TILES - 1) or (kt == k_tiles - 1):
-            total += acc
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    total = k_reduce(
+        a_base, b_base, stride_ak, stride_bk, mask_a, mask_n, K, 0, tl.cdiv(K, BLOCK_K),
+        BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_TILES, INTERPRET,
+    )  # fmt: skip
     c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :].to(tl.int64) * stride_cn
     tl.store(c_ptrs, total.to(c_ptr.dtype.element_ty), mask=mask_a & mask_n)
 
