@@ -5,7 +5,7 @@ from .attention import Attention
 from .embed_head import LMHead, VocabEmbedding
 from .layernorm import RMSNorm
 from .linear import Linear
-from .moe import RouterOutput, SparseMoeBlock, checkpoint_pieces, load_balancing_loss, record_router, stacked_name
+from .moe import RouterOutput, SparseMoeBlock, checkpoint_pieces, load_balancing_loss, record_router
 from .rotary import RotaryEmbedding
 
 __all__ = [
@@ -21,5 +21,4 @@ __all__ = [
     "checkpoint_pieces",
     "load_balancing_loss",
     "record_router",
-    "stacked_name",
 ]

@@ -95,7 +95,6 @@ def load_balancing_loss(router: list[RouterOutput], num_experts: int, top_k: int
 
 
 _STACKED = re.compile(r"^(?P<prefix>.*\.experts)\.(?P<proj>gate_up_proj|down_proj)$")
-_PIECE = re.compile(r"^(?P<prefix>.*\.experts)\.(?P<e>\d+)\.(?P<proj>gate|up|down)_proj\.weight$")
 
 
 def checkpoint_pieces(name: str, tensor: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
@@ -113,11 +112,3 @@ def checkpoint_pieces(name: str, tensor: torch.Tensor) -> list[tuple[str, torch.
         out.append((f"{prefix}.{e}.gate_proj.weight", tensor[e, :inter]))
         out.append((f"{prefix}.{e}.up_proj.weight", tensor[e, inter:]))
     return out
-
-
-def stacked_name(piece: str) -> str | None:
-    """The stacked parameter a per-expert checkpoint name belongs to (None for any other name)."""
-    m = _PIECE.match(piece)
-    if m is None:
-        return None
-    return f"{m['prefix']}.{'down_proj' if m['proj'] == 'down' else 'gate_up_proj'}"
