@@ -10,7 +10,7 @@ from .aten_mode import disable_invariant_mode, enable_invariant_mode, invariant_
 from .attention import ATTN_BLOCK_N, attention_packed, attention_paged, write_kv_cache
 from .linear import LINEAR_BLOCK_K, linear
 from .logprobs import compute_logits, entropy_from_logprobs, log_softmax, logprobs_from_hidden
-from .moe import fused_moe, moe_route
+from .moe import fused_moe, moe_route, moe_route_grouped
 from .rms_norm import rms_norm
 from .rotary import apply_rotary, rope_cos_sin
 
@@ -34,6 +34,7 @@ __all__ = [
     "linear",
     "log_softmax",
     "moe_route",
+    "moe_route_grouped",
     "logprobs_from_hidden",
     "rms_norm",
     "rope_cos_sin",

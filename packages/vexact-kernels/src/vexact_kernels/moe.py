@@ -75,6 +75,150 @@ def moe_route(
     return w, ids
 
 
+SCORING_FUNCS = ("sigmoid", "softmax")
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check_grouped_args(
+    router_logits, top_k, bias, n_group, topk_group, norm_topk_prob, routed_scaling_factor, scoring_func
+) -> None:
+    op = "moe_route_grouped"
+    check_float(op, "router_logits", router_logits)
+    if router_logits.dim() != 2:
+        raise ValueError(f"{op}: router_logits must be [T, E]; got {tuple(router_logits.shape)}")
+    e = router_logits.shape[1]
+    if not _is_int(n_group) or n_group < 1 or e % n_group:
+        raise ValueError(f"{op}: n_group must be an int >= 1 that divides num_experts={e}; got {n_group!r}")
+    if not _is_int(topk_group) or not 1 <= topk_group <= n_group:
+        raise ValueError(f"{op}: topk_group must be an int in [1, n_group={n_group}]; got {topk_group!r}")
+    if topk_group < n_group and e // n_group < 2:
+        raise ValueError(f"{op}: a group's score is its top-2 sum, so groups need >= 2 experts; got {e // n_group}")
+    kept = topk_group * (e // n_group)
+    if not _is_int(top_k) or not 1 <= top_k <= kept:
+        raise ValueError(
+            f"{op}: top_k must be an int in [1, topk_group * num_experts / n_group = {kept}]; got {top_k!r}"
+        )
+    if bias is not None:
+        if not isinstance(bias, torch.Tensor) or bias.dtype != torch.float32 or tuple(bias.shape) != (e,):
+            what = f"{bias.dtype} {tuple(bias.shape)}" if isinstance(bias, torch.Tensor) else type(bias).__name__
+            raise TypeError(f"{op}: bias must be a float32 tensor of shape ({e},) or None; got {what}")
+        if bias.device != router_logits.device:
+            raise ValueError(f"{op}: bias is on {bias.device} but router_logits on {router_logits.device}")
+    if not isinstance(norm_topk_prob, bool):
+        raise TypeError(f"{op}: norm_topk_prob must be a bool; got {norm_topk_prob!r}")
+    if isinstance(routed_scaling_factor, bool) or not isinstance(routed_scaling_factor, int | float):
+        raise TypeError(f"{op}: routed_scaling_factor must be a float; got {routed_scaling_factor!r}")
+    if scoring_func not in SCORING_FUNCS:
+        raise ValueError(f"{op}: scoring_func must be one of {SCORING_FUNCS}; got {scoring_func!r}")
+
+
+class _Sigmoid(torch.autograd.Function):
+    """``1 / (1 + exp(-x))``: exp and an IEEE division, whose bits never depend on a value's position in the tensor
+    (torch's own CPU sigmoid may differ between its vector body and scalar tail). The backward is ``g * s * (1 - s)``
+    from the output, which stays finite where autograd through ``exp(-x)`` would give ``inf * 0``."""
+
+    @staticmethod
+    def forward(ctx, x):
+        s = 1.0 / (1.0 + torch.exp(-x))
+        ctx.save_for_backward(s)
+        return s
+
+    @staticmethod
+    def backward(ctx, g):
+        (s,) = ctx.saved_tensors
+        return g * s * (1.0 - s)
+
+
+def _grouped_scores(router_logits: torch.Tensor, scoring_func: str) -> torch.Tensor:
+    x = router_logits.float()
+    if scoring_func == "sigmoid":
+        return _Sigmoid.apply(x)
+    x = x - x.amax(dim=-1, keepdim=True)
+    ex = torch.exp(x)
+    return ex / tree_sum(ex, dim=-1).unsqueeze(-1)
+
+
+def _grouped_weights(scores, ids, norm_topk_prob: bool, routed_scaling_factor: float) -> torch.Tensor:
+    """The chosen experts' unbiased scores, renormalised in rank order (``+ 1e-20`` as transformers), scaled."""
+    w = scores.gather(1, ids)
+    if norm_topk_prob:
+        total = w[:, 0]
+        for r in range(1, ids.shape[1]):
+            total = total + w[:, r]
+        w = w / (total + 1e-20).unsqueeze(-1)
+    return w * routed_scaling_factor
+
+
+def _grouped_route_fast(router_logits, top_k, bias, n_group, topk_group, norm, scale, scoring_func):
+    """transformers' DeepseekV3 router in plain torch ops (``torch.topk``), ranks sorted: the mismatch baseline."""
+    if scoring_func == "sigmoid":
+        scores = torch.sigmoid(router_logits.float())
+    else:
+        scores = F.softmax(router_logits, dim=-1, dtype=torch.float32)
+    choice = scores if bias is None else scores + bias
+    t, e = choice.shape
+    if topk_group < n_group:
+        group_scores = choice.view(t, n_group, e // n_group).topk(2, dim=-1)[0].sum(dim=-1)
+        group_idx = torch.topk(group_scores, k=topk_group, dim=-1, sorted=False)[1]
+        group_mask = torch.zeros_like(group_scores).scatter_(1, group_idx, 1).bool()
+        choice = choice.masked_fill(~group_mask.repeat_interleave(e // n_group, dim=1), float("-inf"))
+    ids = torch.topk(choice, k=top_k, dim=-1)[1]
+    w = scores.gather(1, ids)
+    if norm:
+        w = w / (w.sum(dim=-1, keepdim=True) + 1e-20)
+    return w * scale, ids
+
+
+def moe_route_grouped(
+    router_logits: torch.Tensor,
+    top_k: int,
+    *,
+    bias: torch.Tensor | None = None,
+    n_group: int = 1,
+    topk_group: int = 1,
+    norm_topk_prob: bool = True,
+    routed_scaling_factor: float = 1.0,
+    scoring_func: str = "sigmoid",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """DeepSeek-V3 routing: ``(topk_weights [T, k] fp32, topk_ids [T, k] int64)`` from ``router_logits [T, E]``.
+
+    transformers' ``DeepseekV3MoE.route_tokens_to_experts``, with every order fixed: ``scores = sigmoid(logits)``
+    (fp32; ``"softmax"`` as :func:`moe_route`); ``choice = scores + bias`` (``bias [E]`` fp32, the
+    ``e_score_correction_bias``, for the selection only); the E experts in ``n_group`` groups of ``E / n_group``, a
+    group's score the sum of its two largest choice scores (larger + smaller); the ``topk_group`` best groups kept
+    (ties: the lower group index), the others' experts masked to ``-inf``; the ``top_k`` best masked choice scores
+    (ties: the lower expert index), ranks ordered by that choice score. The weights are the chosen experts' UNBIASED
+    scores, divided (``norm_topk_prob``) by their sum in rank order ``+ 1e-20``, times ``routed_scaling_factor``.
+    A token's result depends on its own row only. Differentiable in ``router_logits`` through the weights.
+    """
+    _check_grouped_args(
+        router_logits, top_k, bias, n_group, topk_group, norm_topk_prob, routed_scaling_factor, scoring_func
+    )
+    args = (router_logits, top_k, bias, n_group, topk_group, norm_topk_prob, float(routed_scaling_factor))
+    if get_backend() == "fast":
+        return _grouped_route_fast(*args, scoring_func)
+    if use_triton(router_logits):
+        from .triton_ops.moe_route import triton_moe_route_grouped
+
+        return triton_moe_route_grouped(*args, scoring_func)
+    invariant_device_check("moe_route_grouped", router_logits)
+    scores = _grouped_scores(router_logits, scoring_func)
+    choice = scores.detach() if bias is None else scores.detach() + bias
+    t, e = choice.shape
+    if topk_group < n_group:
+        grouped = choice.view(t, n_group, e // n_group)
+        top2 = torch.sort(grouped, dim=-1, descending=True, stable=True).values
+        group_scores = top2[..., 0] + top2[..., 1]
+        keep = torch.sort(group_scores, dim=-1, descending=True, stable=True).indices[:, :topk_group]
+        group_mask = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, keep, True)
+        choice = choice.masked_fill(~group_mask.repeat_interleave(e // n_group, dim=1), float("-inf"))
+    ids = torch.sort(choice, dim=-1, descending=True, stable=True).indices[:, :top_k]
+    return _grouped_weights(scores, ids, norm_topk_prob, float(routed_scaling_factor)), ids
+
+
 def _check_moe_args(x, w_gate_up, w_down, topk_weights, topk_ids) -> None:
     check_float("fused_moe", "x", x)
     check_float("fused_moe", "w_gate_up", w_gate_up)
