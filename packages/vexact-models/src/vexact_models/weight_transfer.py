@@ -87,50 +87,65 @@ class BucketPacker:
         self.dtype = dtype
         self.device = torch.device(device)
         self.buffers = [torch.empty(bucket_bytes, dtype=torch.uint8, device=self.device) for _ in range(num_buffers)]
+        self._index, self._specs, self._offset = 0, [], 0
 
     def buckets(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterator[PackedBucket]:
-        index, specs, offset = 0, [], 0
+        """Pack every tensor; yield each bucket once it is full, and the last one at the end."""
         for name, tensor in named_tensors:
-            if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point():
-                got = getattr(tensor, "dtype", type(tensor).__name__)
-                raise TypeError(f"{name}: weights must be floating-point tensors, got {got}")
-            t = tensor.detach()
-            shape = tuple(t.shape)
-            nbytes = t.numel() * self.dtype.itemsize
-            start = 0
-            while True:
-                offset = -(-offset // ALIGN) * ALIGN
-                room = self.bucket_bytes - offset
-                if nbytes - start * _row_bytes(shape, self.dtype) <= room:  # the rest fits
-                    rows = None if start == 0 else (start, shape[0])
-                    specs.append(self._pack(index, offset, name, t, rows))
-                    offset += specs[-1].nbytes
-                    break
-                if specs and (nbytes <= self.bucket_bytes or room < _row_bytes(shape, self.dtype)):
-                    yield PackedBucket(index, specs, offset)  # start a fresh bucket rather than split a tensor
-                    index, specs, offset = (index + 1) % len(self.buffers), [], 0
-                    continue
-                row = _row_bytes(shape, self.dtype)
-                if not shape or row > self.bucket_bytes:
-                    raise ValueError(
-                        f"{name} {shape}: one row takes {row} bytes, more than bucket_bytes={self.bucket_bytes}; "
-                        "use larger buckets"
-                    )
-                stop = start + room // row
-                specs.append(self._pack(index, offset, name, t, (start, stop)))
-                offset += specs[-1].nbytes
-                start = stop
-                yield PackedBucket(index, specs, offset)
-                index, specs, offset = (index + 1) % len(self.buffers), [], 0
-        if specs:
-            yield PackedBucket(index, specs, offset)
+            yield from self.add(name, tensor)
+        last = self.finish()
+        if last is not None:
+            yield last
 
-    def _pack(self, index: int, offset: int, name: str, t: torch.Tensor, rows) -> TensorSpec:
-        spec = TensorSpec(name, tuple(t.shape), self.dtype, offset, rows)
+    def add(self, name: str, tensor: torch.Tensor) -> Iterator[PackedBucket]:
+        """Pack one tensor; yields the buckets it fills (none while it fits the current one). Drain it before
+        adding the next tensor (an async caller: ``for bucket in packer.add(n, t): await send(bucket)``)."""
+        if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point():
+            got = getattr(tensor, "dtype", type(tensor).__name__)
+            raise TypeError(f"{name}: weights must be floating-point tensors, got {got}")
+        t = tensor.detach()
+        shape = tuple(t.shape)
+        row = _row_bytes(shape, self.dtype)
+        nbytes = t.numel() * self.dtype.itemsize
+        start = 0
+        while True:
+            self._offset = -(-self._offset // ALIGN) * ALIGN
+            room = self.bucket_bytes - self._offset
+            if nbytes - start * row <= room:  # the rest fits
+                self._pack(name, t, None if start == 0 else (start, shape[0]))
+                return
+            if self._specs and (nbytes <= self.bucket_bytes or room < row):
+                yield self._next()  # start a fresh bucket rather than split a tensor that fits one
+                continue
+            if not shape or row > self.bucket_bytes:
+                raise ValueError(
+                    f"{name} {shape}: one row takes {row} bytes, more than bucket_bytes={self.bucket_bytes}; "
+                    "use larger buckets"
+                )
+            stop = start + room // row
+            self._pack(name, t, (start, stop))
+            start = stop
+            yield self._next()
+
+    def finish(self) -> PackedBucket | None:
+        """The last, partly filled bucket (None if empty); the packer starts over afterwards."""
+        last = self._next() if self._specs else None
+        self._index = 0
+        return last
+
+    def _next(self) -> PackedBucket:
+        bucket = PackedBucket(self._index, self._specs, self._offset)
+        self._index, self._specs, self._offset = (self._index + 1) % len(self.buffers), [], 0
+        return bucket
+
+    def _pack(self, name: str, t: torch.Tensor, rows) -> None:
+        spec = TensorSpec(name, tuple(t.shape), self.dtype, self._offset, rows)
         src = t if rows is None else t[rows[0] : rows[1]]
         # copy_ casts elementwise (round to nearest even), exactly as tensor.to(dtype)
-        self.buffers[index][offset : offset + spec.nbytes].view(self.dtype).view(spec.piece_shape).copy_(src)
-        return spec
+        dst = self.buffers[self._index][spec.offset : spec.offset + spec.nbytes]
+        dst.view(self.dtype).view(spec.piece_shape).copy_(src)
+        self._specs.append(spec)
+        self._offset += spec.nbytes
 
     def synchronize(self) -> None:
         """Wait until the packing copies have landed (before another process reads the buffer)."""
