@@ -31,7 +31,8 @@ from vexact_models import (
 )
 from vexact_trainer import Actor, iter_weights, sync_weights_broadcast
 
-ENGINE = dict(max_num_seqs=4, max_num_batched_tokens=64, block_size=4, num_kv_blocks=64, enforce_eager=True)
+# CUDA graphs on (on CUDA): an in-place sync must leave the captured decode graphs valid
+ENGINE = dict(max_num_seqs=4, max_num_batched_tokens=64, block_size=4, num_kv_blocks=64)
 BUCKET_BYTES = 24 << 10  # small: many buckets, and the embedding (and a stacked expert) split by rows
 LAYERS = 3
 
