@@ -315,9 +315,12 @@ class WeightSyncGroup:
         store = dist.TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout)
         self.store = dist.PrefixStore("vexact_weight_sync", store)
         if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
             opts = dist.ProcessGroupNCCL.Options()
             opts._timeout = timeout
             self.pg = dist.ProcessGroupNCCL(self.store, rank, world_size, opts)
+            self.pg._set_sequence_number_for_group()
+            self.pg.eager_connect_single_device(self.device)  # the communicator now, not at the first bucket
         else:
             self.pg = dist.ProcessGroupGloo(self.store, rank, world_size, timeout)
         self.backend = "nccl" if self.device.type == "cuda" else "gloo"
