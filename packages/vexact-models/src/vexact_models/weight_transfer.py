@@ -315,6 +315,8 @@ class WeightSyncGroup:
         store = dist.TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout)
         self.store = dist.PrefixStore("vexact_weight_sync", store)
         if self.device.type == "cuda":
+            if self.device.index is None:
+                self.device = torch.device("cuda", torch.cuda.current_device())
             torch.cuda.set_device(self.device)
             opts = dist.ProcessGroupNCCL.Options()
             opts._timeout = timeout
