@@ -460,7 +460,8 @@ class VexactServer:
 
         def load():
             loaded = self.engine.load_bucket(buffer[:nbytes], specs)
-            torch.cuda.current_stream().synchronize()
+            if buffer.is_cuda:
+                torch.cuda.current_stream(buffer.device).synchronize()
             return loaded
 
         async with self._lock:
