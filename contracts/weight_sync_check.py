@@ -33,6 +33,7 @@ from vexact_trainer import Actor, iter_weights, sync_weights_broadcast
 
 # CUDA graphs on (on CUDA): an in-place sync must leave the captured decode graphs valid
 ENGINE = dict(max_num_seqs=4, max_num_batched_tokens=64, block_size=4, num_kv_blocks=64)
+TIMEOUT_S = 120  # a member that never comes fails the check instead of hanging it
 BUCKET_BYTES = 24 << 10  # small: many buckets, and the embedding (and a stacked expert) split by rows
 LAYERS = 3
 
@@ -100,12 +101,12 @@ def _broadcast_rank(rank: int, world: int, ports: tuple[int, int], family: str, 
     sync_port, pp_port = ports
     try:
         if rank == 0:
-            group = WeightSyncGroup("127.0.0.1", sync_port, 0, world)
+            group = WeightSyncGroup("127.0.0.1", sync_port, 0, world, timeout_s=TIMEOUT_S)
             sent = sync_weights_broadcast(master(family), group, BUCKET_BYTES)
             queue.put((rank, {"sent": sent}))
         elif rank == 1:
             llm = LLM(model=engine_model(family), **ENGINE)
-            group = WeightSyncGroup("127.0.0.1", sync_port, 1, world)
+            group = WeightSyncGroup("127.0.0.1", sync_port, 1, world, timeout_s=TIMEOUT_S)
             loaded = llm.receive_weights(group)
             queue.put((rank, {"loaded": len(loaded), **generate(llm)}))
         else:
@@ -115,7 +116,7 @@ def _broadcast_rank(rank: int, world: int, ports: tuple[int, int], family: str, 
             try:
                 llm = PipelineLLM(model=engine_model(family), **ENGINE)
                 if llm.is_driver:
-                    llm.join_weight_sync("127.0.0.1", sync_port, 2, world)
+                    llm.join_weight_sync("127.0.0.1", sync_port, 2, world, TIMEOUT_S)
                     loaded = llm.receive_weights()
                     out = generate(llm)
                     llm.shutdown()
