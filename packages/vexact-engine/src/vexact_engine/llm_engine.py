@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from vexact_models import expected_tensors, load_model, load_weights
+from vexact_models import expected_tensors, load_bucket, load_model, load_weights, receive_weights, weight_targets
 
 from .block_manager import BlockManager
 from .config import CPU_KV_CACHE_BYTES, EngineConfig
@@ -111,6 +111,7 @@ class LLMEngine:
         self._host_copies: dict[str, torch.Tensor] = {}  # weights offloaded by sleep(level=1), reused across cycles
         self._shapes: dict[str, tuple[torch.Size, torch.dtype]] = {}
         self._weights_pending: set[str] = set()  # names to reload after sleep(level=2)
+        self._targets: dict | None = None  # name -> parameter (view) for packed buckets; rebuilt after sleep/wake
 
     def _make_runner(self, model: torch.nn.Module, num_blocks: int):
         """The step executor (a pipeline-parallel engine substitutes its own; see ``pipeline.py``)."""
@@ -177,6 +178,7 @@ class LLMEngine:
         """
         self._refuse_sleep(level)
         self.runner.release()
+        self._targets = None
         on_cuda = self.runner.device.type == "cuda"
         for name, t, is_param in self._named_tensors():
             self._shapes[name] = (t.shape, t.dtype)
@@ -330,6 +332,28 @@ class LLMEngine:
         if self.model.config.tie_word_embeddings and "lm_head.weight" in self._weights_pending:
             self._weights_pending.discard("lm_head.weight")
         return loaded
+
+    def load_bucket(self, buffer: torch.Tensor, specs: list, skip=None) -> list[str]:
+        """Load one packed bucket (``vexact_models.BucketPacker``'s layout: a uint8 buffer on the model's device and
+        its ``TensorSpec`` list) into the parameters in place; returns the checkpoint names completed.
+
+        Every spec is checked (name, the parameter's exact dtype and shape, byte range) before any byte is copied,
+        so a bad bucket raises ``CheckpointError`` and changes nothing. Parameters keep their storage, so captured
+        CUDA graphs stay valid. The copies are queued on the current stream (the caller synchronises before the
+        buffer is reused). Refused while requests are unfinished or while asleep, as :meth:`update_weights`.
+        """
+        self._refuse_update()
+        if self._targets is None:
+            self._targets = weight_targets(self.model)
+        loaded = load_bucket(self.model, buffer, specs, targets=self._targets, skip=skip)
+        self._weights_pending.difference_update(loaded)
+        return loaded
+
+    def receive_weights(self, group) -> list[str]:
+        """Receive a whole weight sync broadcast by rank 0 of ``group`` (a ``vexact_models.WeightSyncGroup`` whose
+        device is this engine's) and load it bucket by bucket; returns the names loaded."""
+        self._refuse_update()
+        return receive_weights(group, self.load_bucket)
 
     def weight_names(self) -> set[str]:
         """The checkpoint names of the weights this engine holds (stacked experts one by one, as published

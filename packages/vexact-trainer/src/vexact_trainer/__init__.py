@@ -15,7 +15,14 @@ from .losses import (
 )
 from .parallel import init_distributed, parallelize
 from .trainer import RolloutBatch, StepMetrics, Trainer, TrainerConfig
-from .weights import hf_name, iter_weight_buckets, save_hf_checkpoint, sync_weights
+from .weights import (
+    hf_name,
+    iter_weight_buckets,
+    iter_weights,
+    save_hf_checkpoint,
+    sync_weights,
+    sync_weights_broadcast,
+)
 
 __version__ = "0.3.0"
 
@@ -36,6 +43,7 @@ __all__ = [
     "hf_name",
     "init_distributed",
     "iter_weight_buckets",
+    "iter_weights",
     "masked_mean",
     "mismatch_metrics",
     "pack",
@@ -46,4 +54,5 @@ __all__ = [
     "save_hf_checkpoint",
     "sequence_load_balancing_loss",
     "sync_weights",
+    "sync_weights_broadcast",
 ]
