@@ -69,6 +69,7 @@ def engine_kwargs_from_verl(config, replica_rank: int = 0) -> dict[str, Any]:
         "max_num_batched_tokens": int(config.max_num_batched_tokens),
         "max_model_len": int(config.max_model_len or (config.prompt_length + config.response_length)),
         "enable_chunked_prefill": bool(config.enable_chunked_prefill),
+        "enable_prefix_caching": bool(config.enable_prefix_caching),
         "gpu_memory_utilization": float(config.gpu_memory_utilization),
         "enforce_eager": bool(config.enforce_eager),
         "dtype": str(config.dtype),
