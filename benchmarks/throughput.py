@@ -239,6 +239,43 @@ def hf_throughput(model, prompts, args) -> dict:
     return dict(tokens=tokens, wall=wall, tok_s=tokens / wall)
 
 
+def base_rows(model, weight_bytes: int, bw: float, modes, batch_limits, args) -> list[str]:
+    """The random workload at each batch limit per mode (and HF generate), ratios, and the batch-1 decode step."""
+    prompts, params = workload(args, model.config.vocab_size)
+    lines: list[str] = []
+    lines += ["| batch limit | mode | output tok/s | wall s | tokens | preemptions | KV pages | graphs |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    results: dict[tuple[int, str], dict] = {}
+    for limit in batch_limits:
+        for mode in (m for m in modes if m != "hf"):
+            r = engine_throughput(model, mode, limit, prompts, params, args)
+            results[(limit, mode)] = r
+            lines.append(
+                f"| {limit} | {mode} | {r['tok_s']:.0f} | {r['wall']:.1f} | {r['tokens']} | {r['preemptions']} "
+                f"| {r['kv_pages']} | {r['graphs']} |"
+            )
+    hf = hf_throughput(model, prompts, args) if "hf" in modes else None
+    if hf:
+        lines.append(f"| {args.hf_prompts} (one batch) | HF generate | {hf['tok_s']:.0f} | {hf['wall']:.1f} | "
+                     f"{hf['tokens']} | - | - | - |")  # fmt: skip
+    lines += ["", "| batch limit | invariant / fast (goal >= 0.85) | invariant / HF generate (goal >= 10) |",
+              "| --- | --- | --- |"]  # fmt: skip
+    for limit in batch_limits:
+        inv, fast = results.get((limit, "invariant")), results.get((limit, "fast"))
+        r_fast = f"{inv['tok_s'] / fast['tok_s']:.2f}" if inv and fast else "-"
+        r_hf = f"{inv['tok_s'] / hf['tok_s']:.1f}" if inv and hf else "-"
+        lines.append(f"| {limit} | {r_fast} | {r_hf} |")
+    bound = weight_bytes / bw
+    lines += ["", f"Decode step at batch 1 (median of {args.decode_steps}, host work included); bound = weight "
+              f"bytes / copy bandwidth = {bound * 1e3:.3f} ms (goal <= 1.3x)", "",
+              "| mode | step ms | x bound |", "| --- | --- | --- |"]  # fmt: skip
+    for mode in (m for m in modes if m != "hf"):
+        t = decode_step_time(model, mode, args)
+        lines.append(f"| {mode} | {t * 1e3:.3f} | {t / bound:.2f} |")
+    lines.append("")
+    return lines
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="1.7b", help=f"comma-separated shapes from {','.join(SHAPES)}")
@@ -257,6 +294,7 @@ def main(argv=None) -> int:
     ap.add_argument("--grpo-prompt-len", type=int, nargs=2, default=[512, 2048], metavar=("LO", "HI"))
     ap.add_argument("--grpo-gen-len", type=int, nargs=2, default=[128, 512], metavar=("LO", "HI"))
     ap.add_argument("--grpo-max-num-seqs", type=int, default=256, help="GRPO row: batch limit")
+    ap.add_argument("--grpo-only", action="store_true", help="only the GRPO-shaped row")
     ap.add_argument("--decode-steps", type=int, default=64, help="decode steps timed at batch 1")
     ap.add_argument("--enforce-eager", action="store_true", help="engine without CUDA graphs")
     ap.add_argument("--seed", type=int, default=0)
@@ -289,38 +327,9 @@ def main(argv=None) -> int:
     for shape in tqdm(args.models.split(","), desc="models"):
         model = make_model(shape, args.layers, seed=args.seed)
         weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-        prompts, params = workload(args, model.config.vocab_size)
         lines += [f"## Qwen3-{shape.upper()}-shaped ({weight_bytes / GIB:.2f} GiB of bf16 weights)", ""]
-        lines += ["| batch limit | mode | output tok/s | wall s | tokens | preemptions | KV pages | graphs |",
-                  "| --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
-        results: dict[tuple[int, str], dict] = {}
-        for limit in batch_limits:
-            for mode in (m for m in modes if m != "hf"):
-                r = engine_throughput(model, mode, limit, prompts, params, args)
-                results[(limit, mode)] = r
-                lines.append(
-                    f"| {limit} | {mode} | {r['tok_s']:.0f} | {r['wall']:.1f} | {r['tokens']} | {r['preemptions']} "
-                    f"| {r['kv_pages']} | {r['graphs']} |"
-                )
-        hf = hf_throughput(model, prompts, args) if "hf" in modes else None
-        if hf:
-            lines.append(f"| {args.hf_prompts} (one batch) | HF generate | {hf['tok_s']:.0f} | {hf['wall']:.1f} | "
-                         f"{hf['tokens']} | - | - | - |")  # fmt: skip
-        lines += ["", "| batch limit | invariant / fast (goal >= 0.85) | invariant / HF generate (goal >= 10) |",
-                  "| --- | --- | --- |"]  # fmt: skip
-        for limit in batch_limits:
-            inv, fast = results.get((limit, "invariant")), results.get((limit, "fast"))
-            r_fast = f"{inv['tok_s'] / fast['tok_s']:.2f}" if inv and fast else "-"
-            r_hf = f"{inv['tok_s'] / hf['tok_s']:.1f}" if inv and hf else "-"
-            lines.append(f"| {limit} | {r_fast} | {r_hf} |")
-        bound = weight_bytes / bw
-        lines += ["", f"Decode step at batch 1 (median of {args.decode_steps}, host work included); bound = weight "
-                  f"bytes / copy bandwidth = {bound * 1e3:.3f} ms (goal <= 1.3x)", "",
-                  "| mode | step ms | x bound |", "| --- | --- | --- |"]  # fmt: skip
-        for mode in (m for m in modes if m != "hf"):
-            t = decode_step_time(model, mode, args)
-            lines.append(f"| {mode} | {t * 1e3:.3f} | {t / bound:.2f} |")
-        lines.append("")
+        if not args.grpo_only:
+            lines += base_rows(model, weight_bytes, bw, modes, batch_limits, args)
         if args.grpo_prompts > 0:
             lines += grpo_rows(model, [m for m in modes if m != "hf"], args)
         del model
