@@ -76,3 +76,18 @@ def test_refused_while_asleep_or_busy_and_level_2_needs_every_weight():
     for b in buckets[1:]:
         llm.load_bucket(*b)
     assert _same(_gen(llm), _gen(LLM(model=new, **KW)))
+
+
+def test_a_bucket_sync_drops_the_prefix_cache():
+    """Cached K/V was computed with the old weights: after a packed sync the same prompts must not hit it (they would
+    give the old model's next tokens), and the engine must equal a fresh one with the new weights."""
+    new = random_model(tiny_qwen3_config(), seed=2)
+    llm = LLM(model=random_model(tiny_qwen3_config(), seed=1), **KW)
+    _gen(llm)
+    assert llm.blocks.num_cached > 0
+    for buf, specs in _buckets(new):
+        llm.load_bucket(buf, specs)
+    assert llm.blocks.num_cached == 0
+    after = _gen(llm)
+    assert all(o.num_cached_tokens == 0 for o in after)
+    assert _same(after, _gen(LLM(model=new, **KW)))

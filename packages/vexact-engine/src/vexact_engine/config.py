@@ -18,6 +18,11 @@ class EngineConfig:
     what ``max_num_seqs`` sequences of ``max_model_len`` tokens can use); else (CPU) 256 MiB.
     ``max_num_batched_tokens`` is the token budget of one step (decode tokens plus prefill chunks).
 
+    ``enable_prefix_caching`` (default on): full KV pages are cached by their token prefix and reused by later
+    requests that start with the same tokens (the n samples of a GRPO group share their prompt's pages); the
+    chunk-invariant kernels make a reused page bitwise the page the request would compute. Off: every request
+    computes its whole prompt (the same tokens and logprobs, more work).
+
     Decode steps on CUDA run as CUDA graphs captured for each of ``cuda_graph_batch_sizes`` (default
     1, 2, 4, ..., 256, capped at ``max_num_seqs``, plus ``max_num_seqs`` itself when it falls between two sizes): a
     decode step of B sequences is padded to the next captured size (pad rows write no KV and are dropped). Larger
@@ -33,6 +38,7 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9
     max_model_len: int | None = None
     enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = True
     backend: str = "invariant"
     dtype: str | None = None
     device: str = "cpu"
@@ -51,6 +57,9 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"EngineConfig.{name} must be a positive integer, got {value!r}")
+        if not isinstance(self.enable_prefix_caching, bool):
+            value = self.enable_prefix_caching
+            raise TypeError(f"EngineConfig.enable_prefix_caching must be True or False, got {value!r}")
         u = self.gpu_memory_utilization
         if isinstance(u, bool) or not isinstance(u, (int, float)) or not 0.0 < u <= 1.0:
             raise ValueError(f"EngineConfig.gpu_memory_utilization must be in (0, 1], got {u!r}")

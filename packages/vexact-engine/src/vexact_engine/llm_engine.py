@@ -99,7 +99,7 @@ class LLMEngine:
                 "one step"
             )
         num_blocks = self._num_kv_blocks()
-        self.blocks = BlockManager(num_blocks, self.config.block_size)
+        self.blocks = BlockManager(num_blocks, self.config.block_size, self.config.enable_prefix_caching)
         self.scheduler = Scheduler(self.config, self.blocks)
         self.runner = self._make_runner(model, num_blocks)
         self.eos_token_ids = set(mcfg.eos_token_ids)
@@ -179,6 +179,7 @@ class LLMEngine:
         self._refuse_sleep(level)
         self.runner.release()
         self._targets = None
+        self.blocks.reset_prefix_cache()  # the cached pages' K/V goes with the KV cache
         on_cuda = self.runner.device.type == "cuda"
         for name, t, is_param in self._named_tensors():
             self._shapes[name] = (t.shape, t.dtype)
@@ -327,6 +328,8 @@ class LLMEngine:
         running requests was computed with the old weights, so updating while requests are in flight is refused.
         """
         self._refuse_update()
+        # cached K/V was computed with the old weights; dropped first, so a load that fails half way drops it too
+        self.blocks.reset_prefix_cache()
         loaded = load_weights(self.model, named_tensors, strict=False)
         self._weights_pending.difference_update(loaded)
         if self.model.config.tie_word_embeddings and "lm_head.weight" in self._weights_pending:
@@ -343,6 +346,7 @@ class LLMEngine:
         buffer is reused). Refused while requests are unfinished or while asleep, as :meth:`update_weights`.
         """
         self._refuse_update()
+        self.blocks.reset_prefix_cache()  # as update_weights: cached K/V was computed with the old weights
         if self._targets is None:
             self._targets = weight_targets(self.model)
         loaded = load_bucket(self.model, buffer, specs, targets=self._targets, skip=skip)
@@ -359,6 +363,18 @@ class LLMEngine:
         """The checkpoint names of the weights this engine holds (stacked experts one by one, as published
         checkpoints and the trainer's export name them): what a full :meth:`update_weights` sends."""
         return set(expected_tensors(self.model))
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached KV page (pages of running requests stay theirs). :meth:`update_weights` and
+        :meth:`sleep` do it themselves; verl's ``clear_kv_cache`` calls it."""
+        self.blocks.reset_prefix_cache()
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """Counters since construction: ``prompt_tokens`` of admitted requests and ``cached_prompt_tokens`` of those
+        reused from the prefix cache (hit rate = their ratio), ``recompute_tokens_cached`` (tokens of preempted
+        requests found cached when re-admitted), ``num_preemptions``, and ``cached_blocks`` now."""
+        return dict(self.scheduler.stats, num_preemptions=self.num_preemptions, cached_blocks=self.blocks.num_cached)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -382,7 +398,12 @@ class LLMEngine:
             if self.scheduler.has_unfinished():
                 raise RuntimeError(f"scheduler made no progress with {len(self.scheduler.waiting)} waiting requests")
             return []
-        results = self.runner.run(batch, self.blocks)
+        try:
+            results = self.runner.run(batch, self.blocks)
+        except BaseException:
+            # pages registered for this step may not hold their K/V: never let a later request reuse them
+            self.blocks.reset_prefix_cache()
+            raise
         for item in batch:
             item.seq.num_computed_tokens += item.num_new_tokens
         finished = []
@@ -415,6 +436,7 @@ class LLMEngine:
             finish_reason=seq.finish_reason or seq.status.value,
             text=text,
             num_preemptions=seq.num_preemptions,
+            num_cached_tokens=seq.num_cached_tokens or 0,
         )
 
     def running_sequences(self) -> list[Sequence]:

@@ -4,7 +4,15 @@ Backends: ``invariant`` (fixed-order reductions; the CPU reference in this relea
 cuBLAS/MKL, SDPA; the training-inference mismatch baseline). Select with :func:`use_backend`.
 """
 
-from ._backend import BACKENDS, get_backend, set_backend, use_backend
+from ._backend import (
+    BACKENDS,
+    FP32_MATMUL_PRECISIONS,
+    get_backend,
+    get_fp32_matmul_precision,
+    set_backend,
+    use_backend,
+    use_fp32_matmul_precision,
+)
 from .activation import silu_and_mul
 from .aten_mode import disable_invariant_mode, enable_invariant_mode, invariant_mode
 from .attention import ATTN_BLOCK_N, attention_packed, attention_paged, write_kv_cache
@@ -19,6 +27,7 @@ __version__ = "0.3.0"
 __all__ = [
     "ATTN_BLOCK_N",
     "BACKENDS",
+    "FP32_MATMUL_PRECISIONS",
     "LINEAR_BLOCK_K",
     "__version__",
     "apply_rotary",
@@ -30,6 +39,7 @@ __all__ = [
     "fused_moe",
     "entropy_from_logprobs",
     "get_backend",
+    "get_fp32_matmul_precision",
     "invariant_mode",
     "linear",
     "log_softmax",
@@ -41,5 +51,6 @@ __all__ = [
     "set_backend",
     "silu_and_mul",
     "use_backend",
+    "use_fp32_matmul_precision",
     "write_kv_cache",
 ]

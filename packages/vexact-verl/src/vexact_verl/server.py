@@ -69,6 +69,7 @@ def engine_kwargs_from_verl(config, replica_rank: int = 0) -> dict[str, Any]:
         "max_num_batched_tokens": int(config.max_num_batched_tokens),
         "max_model_len": int(config.max_model_len or (config.prompt_length + config.response_length)),
         "enable_chunked_prefill": bool(config.enable_chunked_prefill),
+        "enable_prefix_caching": bool(config.enable_prefix_caching),
         "gpu_memory_utilization": float(config.gpu_memory_utilization),
         "enforce_eager": bool(config.enforce_eager),
         "dtype": str(config.dtype),
@@ -415,7 +416,12 @@ class VexactServer:
         await self.wake_up(["kv_cache"])
 
     async def clear_kv_cache(self) -> None:
-        """No prefix cache is kept across requests: nothing computed with old weights survives a request."""
+        """Drop the engine's prefix cache. The engine drops it by itself on every weight update and sleep (its K/V
+        would be stale), so nothing computed with old weights is ever reused; this is for callers that ask."""
+        if self.engine is None:
+            return
+        async with self._lock:
+            self.engine.reset_prefix_cache()
 
     # ---- weights
     async def update_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> int:
@@ -488,9 +494,11 @@ class VexactServer:
 
     async def get_stats(self) -> dict[str, int]:
         """Counters for tests and logs: engine steps, most requests in the engine when a step started, weight
-        buckets loaded, requests not answered yet, CUDA memory allocated by this process."""
+        buckets loaded, requests not answered yet, CUDA memory allocated by this process, and the engine's prompt
+        tokens and those reused from its prefix cache."""
         device_bytes = torch.cuda.memory_allocated() if torch.cuda.is_initialized() else 0
-        return dict(self.stats, in_flight=len(self._futures), device_bytes=device_bytes)
+        engine = {k: v for k, v in getattr(self.engine, "stats", {}).items() if k.endswith("prompt_tokens")}
+        return dict(self.stats, **engine, in_flight=len(self._futures), device_bytes=device_bytes)
 
 
 def _see_devices(cuda_visible_devices: str | None) -> None:
