@@ -1,10 +1,11 @@
 """vexact-kernels: batch-invariant ops with an explicit backend switch.
 
 Backends: ``invariant`` (fixed-order reductions; the CPU reference in this release) and ``fast`` (plain torch:
-cuBLAS/MKL, SDPA; the training-inference mismatch baseline). Select with :func:`use_backend`.
+cuBLAS/MKL, SDPA; the training-inference mismatch baseline). Select with :func:`use_backend`, for all op families
+or per family (:data:`OPS`): ``use_backend("fast", ops={"attention"})``.
 """
 
-from ._backend import BACKENDS, get_backend, set_backend, use_backend
+from ._backend import BACKENDS, OPS, backend_map, check_backend, get_backend, set_backend, use_backend
 from .activation import silu_and_mul
 from .aten_mode import disable_invariant_mode, enable_invariant_mode, invariant_mode
 from .attention import ATTN_BLOCK_N, attention_packed, attention_paged, write_kv_cache
@@ -19,11 +20,14 @@ __version__ = "0.3.0"
 __all__ = [
     "ATTN_BLOCK_N",
     "BACKENDS",
+    "OPS",
     "LINEAR_BLOCK_K",
     "__version__",
     "apply_rotary",
     "attention_packed",
     "attention_paged",
+    "backend_map",
+    "check_backend",
     "compute_logits",
     "disable_invariant_mode",
     "enable_invariant_mode",
