@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -159,20 +160,18 @@ def attribute(
 
     rows = []
     invariant = Actor(model)
-    base = generate("invariant") if mode == "trainer" else None
+    if mode == "trainer":
+        base = generate("invariant")
+        base_scored = rescore(invariant, base, with_top1=False, progress=False)
     for spec in specs:
         if mode == "engine":
             rollouts = generate(spec)
             scored = rescore(invariant, rollouts, with_top1=False, progress=False)
         else:
-            rollouts = base
+            # the trainer on ``spec`` plays the engine, the invariant trainer the trainer, on the same tokens
             fast = rescore(Actor(model, ActorConfig(backend=spec)), base, with_top1=False, progress=False)
-            scored = rescore(invariant, base, with_top1=False, progress=False)
-            # "engine" = the trainer on spec, "trainer" = the invariant trainer, on the same tokens
-            rollouts = [
-                type(r)(r.prompt_token_ids, r.token_ids, lp, r.temperature, r.row)
-                for r, lp in zip(base, fast.logprobs, strict=True)
-            ]
+            rollouts = [replace(r, logprobs=lp) for r, lp in zip(base, fast.logprobs, strict=True)]
+            scored = base_scored
         s = compare(rollouts, scored, worst=0)
         rows.append(
             {
