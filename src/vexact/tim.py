@@ -18,6 +18,7 @@ isolated (no decode path). Shares are each family's K3 over the sum of the famil
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sys
 from dataclasses import replace
@@ -156,6 +157,10 @@ def attribute(
         kw = dict(max_num_seqs=prompts, max_num_batched_tokens=max(256, prompts), device=device, enforce_eager=True)
         llm = LLM(model_path, backend=backend, dtype=dtype, **kw)
         outs = llm.generate(prompt_ids, params, use_tqdm=False)
+        del llm  # one engine (and its KV cache) at a time
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
         return rollouts_from_outputs(outs, temperature)
 
     rows = []
