@@ -29,7 +29,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--preset", default="medium", choices=sorted(PRESETS))
     ap.add_argument("--prompts", type=int, default=256)
-    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/tim_gpu"))
     args = ap.parse_args()
     import torch
