@@ -6,6 +6,7 @@ import vexact_kernels as vk
 
 DEFAULT_GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 CPU_KV_CACHE_BYTES = 256 << 20
+LM_HEAD_DTYPES = ("float32", "bfloat16", "float16")
 
 
 @dataclass
@@ -45,10 +46,25 @@ class EngineConfig:
     seed: int = 0
     enforce_eager: bool = False
     cuda_graph_batch_sizes: tuple[int, ...] | list[int] | None = None
+    # Mismatch injection, for training-inference mismatch studies only (both off by default; see the README):
+    # Gaussian noise of this standard deviation added to the fp32 sampling logits (seeded per request and token), and
+    # the lm_head output rounded to this dtype before sampling. The reported logprob is then the engine's own
+    # (perturbed) log_softmax of the sampled token, so a trainer sees a mismatch that grows from exactly 0.
+    logit_noise_std: float = 0.0
+    lm_head_dtype: str = "float32"
 
     def __post_init__(self) -> None:
-        if self.backend not in vk.BACKENDS:
-            raise ValueError(f"backend must be one of {vk.BACKENDS}, got {self.backend!r}")
+        try:
+            vk.check_backend(self.backend)  # a name, or "fast:<op>,..." for per-op-family fast kernels
+        except (ValueError, TypeError):
+            raise ValueError(
+                f"backend must be one of {vk.BACKENDS}, got {self.backend!r} (or 'fast:<op>,...' with ops in {vk.OPS})"
+            ) from None
+        noise = self.logit_noise_std
+        if isinstance(noise, bool) or not isinstance(noise, (int, float)) or not 0.0 <= noise < float("inf"):
+            raise ValueError(f"EngineConfig.logit_noise_std must be a finite number >= 0, got {noise!r}")
+        if self.lm_head_dtype not in LM_HEAD_DTYPES:
+            raise ValueError(f"EngineConfig.lm_head_dtype must be one of {LM_HEAD_DTYPES}, got {self.lm_head_dtype!r}")
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -78,6 +94,10 @@ class EngineConfig:
                     f"EngineConfig.cuda_graph_batch_sizes must be a non-empty list of positive integers, got {sizes!r}"
                 )
             self.cuda_graph_batch_sizes = tuple(sorted(set(sizes)))
+
+    @property
+    def injects_mismatch(self) -> bool:
+        return self.logit_noise_std > 0 or self.lm_head_dtype != "float32"
 
     def graph_batch_sizes(self, on_cuda: bool) -> list[int]:
         """The padded decode sizes in force: none when eager (or on CPU without an explicit list)."""

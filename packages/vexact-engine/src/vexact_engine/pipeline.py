@@ -122,7 +122,9 @@ class _StageRunner:
             if not step["rows"]:
                 return [], []
             rows = torch.tensor(step["rows"], dtype=torch.int64, device=dev)
-            return sample_rows(self.model, self.config.backend, x[rows], step["params"], step["seeds"], step["indices"])
+            return sample_rows(
+                self.model, self.config.backend, x[rows], step["params"], step["seeds"], step["indices"], self.config
+            )
 
     # ---- driver side
     def run(self, batch: list[ScheduledSeq], blocks: BlockManager) -> list[tuple[ScheduledSeq, int, float]]:

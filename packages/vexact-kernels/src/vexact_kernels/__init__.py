@@ -1,12 +1,16 @@
 """vexact-kernels: batch-invariant ops with an explicit backend switch.
 
 Backends: ``invariant`` (fixed-order reductions; the CPU reference in this release) and ``fast`` (plain torch:
-cuBLAS/MKL, SDPA; the training-inference mismatch baseline). Select with :func:`use_backend`.
+cuBLAS/MKL, SDPA; the training-inference mismatch baseline). Select with :func:`use_backend`, for all op families
+or per family (:data:`OPS`): ``use_backend("fast", ops={"attention"})``.
 """
 
 from ._backend import (
     BACKENDS,
     FP32_MATMUL_PRECISIONS,
+    OPS,
+    backend_map,
+    check_backend,
     get_backend,
     get_fp32_matmul_precision,
     set_backend,
@@ -28,11 +32,14 @@ __all__ = [
     "ATTN_BLOCK_N",
     "BACKENDS",
     "FP32_MATMUL_PRECISIONS",
+    "OPS",
     "LINEAR_BLOCK_K",
     "__version__",
     "apply_rotary",
     "attention_packed",
     "attention_paged",
+    "backend_map",
+    "check_backend",
     "compute_logits",
     "disable_invariant_mode",
     "enable_invariant_mode",

@@ -111,7 +111,7 @@ def attention_packed(
     q [T, Hq, D], k/v [T, Hkv, D], ``cu_seqlens [B+1]`` (int) marks sequence boundaries. Returns [T, Hq, Dv].
     """
     _check_qkv("attention_packed", q, k, v)
-    if get_backend() == "invariant" and use_triton(q, k, v):
+    if get_backend("attention") == "invariant" and use_triton(q, k, v):
         from .triton_ops import attention as tri
 
         return tri.attention_packed(q, k, v, cu_seqlens, scale)
@@ -119,7 +119,7 @@ def attention_packed(
     cu_seqlens = cu_seqlens.to(torch.int64).cpu()
     _check_cu("attention_packed", cu_seqlens, total)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    if get_backend() == "fast":
+    if get_backend("attention") == "fast":
         outs = []
         for b in range(cu_seqlens.numel() - 1):
             s, e = int(cu_seqlens[b]), int(cu_seqlens[b + 1])
@@ -145,7 +145,7 @@ def write_kv_cache(
     """
     if k_cache.dtype != k.dtype:
         raise TypeError(f"write_kv_cache: cache dtype {k_cache.dtype} != key dtype {k.dtype}")
-    if get_backend() == "invariant" and use_triton(k, v, k_cache, v_cache):
+    if get_backend("attention") == "invariant" and use_triton(k, v, k_cache, v_cache):
         from .triton_ops import attention as tri
 
         return tri.write_kv_cache(k, v, k_cache, v_cache, slot_mapping)
@@ -240,12 +240,12 @@ def attention_paged(
     Query ``i`` of sequence ``b`` sits at position ``context_lens[b] - n_q[b] + i``.
     """
     _check_qkv("attention_paged", q, k_cache, v_cache)
-    if get_backend() == "invariant" and use_triton(q, k_cache, v_cache):
+    if get_backend("attention") == "invariant" and use_triton(q, k_cache, v_cache):
         from .triton_ops import attention as tri
 
         return tri.attention_paged(q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, scale)
     total = q.shape[0]
-    if get_backend() == "fast" and q.is_cuda:
+    if get_backend("attention") == "fast" and q.is_cuda:
         # No validation here: it would sync with the host every layer. Every sequence brings >= 1 query (as the
         # engine's steps do), so one query per sequence is a decode batch.
         dev = q.device
@@ -271,7 +271,7 @@ def attention_paged(
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     seq = _seq_index(cu, total)
     last_pos = ctx[seq] - n_q[seq] + (torch.arange(total) - cu[:-1][seq])
-    if get_backend() == "fast":
+    if get_backend("attention") == "fast":
         if total == 0:
             return q.new_empty(0, q.shape[1], v_cache.shape[-1])
         return _fast_paged(q, k_cache, v_cache, tables, ctx, cu, scale)

@@ -54,7 +54,7 @@ def moe_route(
     router gradient of training flows through the weights; the choice itself has none).
     """
     _check_route_args(router_logits, top_k)
-    if get_backend() == "fast":
+    if get_backend("moe") == "fast":
         probs = F.softmax(router_logits, dim=-1, dtype=torch.float32)
         w, ids = torch.topk(probs, top_k, dim=-1)
         if norm_topk_prob:
@@ -312,7 +312,7 @@ def fused_moe(
     _check_moe_args(x, w_gate_up, w_down, topk_weights, topk_ids)
     if x.shape[0] == 0:
         return x.new_zeros(x.shape)
-    if get_backend() == "fast":
+    if get_backend("moe") == "fast":
         return _fused_moe_fast(x, w_gate_up, w_down, topk_weights, topk_ids)
     if use_triton(x, w_gate_up, w_down):
         from .triton_ops.moe import triton_fused_moe
