@@ -202,7 +202,7 @@ def moe_route_grouped(
         router_logits, top_k, bias, n_group, topk_group, norm_topk_prob, routed_scaling_factor, scoring_func
     )
     args = (router_logits, top_k, bias, n_group, topk_group, norm_topk_prob, float(routed_scaling_factor))
-    if get_backend() == "fast":
+    if get_backend("moe") == "fast":
         return _grouped_route_fast(*args, scoring_func)
     if use_triton(router_logits):
         from .triton_ops.moe_route import triton_moe_route_grouped
