@@ -1,10 +1,20 @@
 """vexact-kernels: batch-invariant ops with an explicit backend switch.
 
 Backends: ``invariant`` (fixed-order reductions; the CPU reference in this release) and ``fast`` (plain torch:
-cuBLAS/MKL, SDPA; the training-inference mismatch baseline). Select with :func:`use_backend`.
+cuBLAS/MKL, SDPA; the training-inference mismatch baseline). Select with :func:`use_backend`. The invariant
+backend's attention on CUDA is ``triton`` or ``fa4`` (FlashAttention 4), one per process: :func:`set_attention_impl`
+or ``$VEXACT_ATTENTION``.
 """
 
-from ._backend import BACKENDS, get_backend, set_backend, use_backend
+from ._backend import (
+    ATTENTION_IMPLS,
+    BACKENDS,
+    get_attention_impl,
+    get_backend,
+    set_attention_impl,
+    set_backend,
+    use_backend,
+)
 from .activation import silu_and_mul
 from .aten_mode import disable_invariant_mode, enable_invariant_mode, invariant_mode
 from .attention import ATTN_BLOCK_N, attention_packed, attention_paged, write_kv_cache
@@ -17,6 +27,7 @@ from .rotary import apply_rotary, rope_cos_sin
 __version__ = "0.3.0"
 
 __all__ = [
+    "ATTENTION_IMPLS",
     "ATTN_BLOCK_N",
     "BACKENDS",
     "LINEAR_BLOCK_K",
@@ -29,6 +40,7 @@ __all__ = [
     "enable_invariant_mode",
     "fused_moe",
     "entropy_from_logprobs",
+    "get_attention_impl",
     "get_backend",
     "invariant_mode",
     "linear",
@@ -37,6 +49,7 @@ __all__ = [
     "logprobs_from_hidden",
     "rms_norm",
     "rope_cos_sin",
+    "set_attention_impl",
     "set_backend",
     "silu_and_mul",
     "use_backend",
