@@ -12,9 +12,10 @@ Columns: ours (the invariant Triton kernel, ``triton_ops/attention.py``), FA4 (F
 - forward + backward (training): TFLOP/s counting 3.5x the forward FLOPs; ours and FA4 with their deterministic
   backward.
 
-Usage: ``PYTHONPATH=<packages' src dirs>:. python benchmarks/attention.py [--out FILE] [--quick]`` (about 3 minutes
-on an H100). ``--sweep`` times a few alternative Triton tile configurations instead (for choosing the fixed constants;
-a change of the forward's constants changes the numerics of every GPU target).
+Usage: ``PYTHONPATH=<packages' src dirs>:. python benchmarks/attention.py [--out FILE] [--quick]`` (meant to take
+under 4 minutes on an H100; the FA4 and SDPA columns are written against their APIs and not yet run on a GPU).
+``--sweep`` times a few alternative Triton tile configurations instead (for choosing the fixed constants; a change
+of the forward's constants changes the numerics of every GPU target).
 """
 
 from __future__ import annotations
@@ -291,6 +292,8 @@ def main():
     ap.add_argument("--cross-config", action="store_true")
     ap.add_argument("--fwd-config", help="sweep only this forward config, e.g. 64,64,4,3 (one per process)")
     args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("benchmarks/attention.py measures GPU kernels: no CUDA device is visible")
     t0 = time.time()
     lines: list[str] = []
 

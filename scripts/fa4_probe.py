@@ -1,4 +1,5 @@
 """Probe FlashAttention 4 (flash-attn-4, CuTe DSL) on the GPU machine: does it give VeXact's invariances?
+(Written against flash-attn-4 4.0.0b36; checked on CPU against a stand-in only, not yet run on a GPU.)
 
     bash scripts/fa4_device_wheels.sh stage && bash scripts/fa4_device_wheels.sh install   # (see that script)
     source scripts/device_env.sh && python3 scripts/fa4_probe.py 2>&1 | tee $OUT/fa4-probe.txt

@@ -2,7 +2,8 @@
 errors (CPU), and on a Hopper/Blackwell GPU with flash_attn.cute installed (``-m gpu``): packed == chunked prefill ==
 paged decode == a sequence alone, per query token (torch.equal), across lengths, head shapes and page sizes; a decode
 step inside a CUDA graph; a deterministic backward; correctness against fp32 SDPA; a perturbed setting in one driver
-(``num_splits=2``, another KV tile) caught.
+(``num_splits=2``, another KV tile) caught. The GPU tests are written against flash-attn-4 4.0.0b36 and have not run
+on a GPU yet (scripts/fa4_gpu.sh <target> kernels); on CPU the drivers' wiring is checked against a stand-in.
 """
 
 from __future__ import annotations
@@ -106,6 +107,128 @@ def test_fa4_missing_says_how_to_install():
     assert not ok and "vexact-kernels[fa4]" in why and "VEXACT_ATTENTION=triton" in why
     with pytest.raises(ImportError, match=r"attention implementation 'fa4' needs flash_attn\.cute"):
         fa4_attention._interface()
+
+
+# ---- the drivers' wiring, on CPU, against a stand-in for flash_attn.cute.interface
+class _FA4StandIn:
+    """``flash_attn_varlen_func`` as FA4 documents it (fp32 math, no tiles): varlen q and k by ``cu_seqlens_*``, or
+    paged k/v ``[num_pages, page_size, Hkv, D]`` read through ``page_table [B, W]`` (int32) up to ``seqused_k``;
+    causal aligned to the bottom right (query i of n sits at key position seqused_k - n + i). Records each call."""
+
+    def __init__(self):
+        self.calls: list[dict] = []
+
+    def flash_attn_varlen_func(self, q, k, v, **kw):
+        self.calls.append(kw)
+        cq = kw["cu_seqlens_q"]
+        assert cq.dtype == torch.int32 and kw["causal"] is True
+        out = torch.empty(q.shape[0], q.shape[1], v.shape[-1], dtype=q.dtype)
+        for b in range(cq.numel() - 1):
+            qs, qe = int(cq[b]), int(cq[b + 1])
+            if kw.get("page_table") is not None:
+                table, used = kw["page_table"], kw["seqused_k"]
+                assert table.dtype == torch.int32 and used.dtype == torch.int32 and table.shape[0] == cq.numel() - 1
+                n_k = int(used[b])
+                kk, vv = (c[table[b].long()].flatten(0, 1)[:n_k] for c in (k, v))
+            else:
+                ks, ke = int(kw["cu_seqlens_k"][b]), int(kw["cu_seqlens_k"][b + 1])
+                kk, vv = k[ks:ke], v[ks:ke]
+            g = q.shape[1] // k.shape[-2]
+            qq = q[qs:qe].float().transpose(0, 1)
+            kk, vv = (t.float().repeat_interleave(g, 1).transpose(0, 1) for t in (kk, vv))
+            n_q, n_k = qq.shape[1], kk.shape[1]
+            mask = torch.arange(n_k)[None, :] <= torch.arange(n_q)[:, None] + (n_k - n_q)
+            o = F.scaled_dot_product_attention(qq, kk, vv, attn_mask=mask, scale=kw["softmax_scale"])
+            out[qs:qe] = o.transpose(0, 1).to(q.dtype)
+        return out, None
+
+
+@pytest.fixture
+def stand_in(fresh_choice):
+    fake = _FA4StandIn()
+    fresh_choice.setattr(fa4_attention, "_interface", lambda: fake)
+    fresh_choice.setattr(fa4_attention, "check_device", lambda op, device, capability=None: 9)
+    return fake
+
+
+def _cpu_paged(q, k, v, lens, page, chunk, paged_op):
+    """Chunks of ``chunk`` tokens per step through a shuffled int64 block table (the engine's dtypes), a table wider
+    than needed; returns outputs laid out like the packed batch."""
+    cu = [0, *torch.tensor(lens).cumsum(0).tolist()]
+    pages = [-(-n // page) for n in lens]
+    order = torch.randperm(sum(pages) + 2, generator=torch.Generator().manual_seed(7))
+    bt = torch.zeros(len(lens), max(pages) + 1, dtype=torch.int64)
+    used = 0
+    for b, p in enumerate(pages):
+        bt[b, :p] = order[used : used + p]
+        used += p
+    kc = torch.zeros(sum(pages) + 2, page, *k.shape[1:], dtype=k.dtype)
+    vc = torch.zeros_like(kc)
+    out = torch.full_like(q, float("nan"))
+    for start in range(0, max(lens), chunk):
+        active = [b for b, n in enumerate(lens) if n > start]
+        idx, cuq, ctx = [], [0], []
+        for b in active:
+            n = min(chunk, lens[b] - start)
+            pos = torch.arange(start, start + n)
+            vk.write_kv_cache(
+                k[cu[b] + start : cu[b] + start + n],
+                v[cu[b] + start : cu[b] + start + n],
+                kc,
+                vc,
+                bt[b, pos // page] * page + pos % page,
+            )
+            idx += range(cu[b] + start, cu[b] + start + n)
+            cuq.append(cuq[-1] + n)
+            ctx.append(start + n)
+        ridx = torch.tensor(idx)
+        out[ridx] = paged_op(q[ridx], kc, vc, bt[active], torch.tensor(ctx), torch.tensor(cuq))
+    return out
+
+
+@pytest.mark.parametrize(("chunk", "page"), [(1, 4), (5, 4), (64, 16)])
+def test_drivers_wiring_against_fa4_semantics(stand_in, chunk, page):
+    """The packed and paged drivers hand FA4 the same settings, and their tensors mean what FA4 reads them as:
+    packed, chunked and decode steps all give the attention of the same keys (checked against the CPU reference)."""
+    lens = [23, 1, 9, 16]
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(sum(lens), h, 16, generator=g).bfloat16() for h in (4, 2, 2))
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()])
+    ref = vk.attention_packed(q, k, v, cu)
+    packed = fa4_attention.attention_packed(q, k, v, cu)
+    paged = _cpu_paged(q, k, v, lens, page, chunk, fa4_attention.attention_paged)
+    for out in (packed, paged):
+        torch.testing.assert_close(out.float(), ref.float(), atol=2e-2, rtol=2e-2)
+    first, *rest = stand_in.calls
+    same = ("causal", "num_splits", "deterministic", "pack_gqa", "softmax_scale")
+    assert first["num_splits"] == 1 and first["deterministic"] is True and first["pack_gqa"] is True
+    assert first["max_seqlen_q"] == max(lens)  # host cu_seqlens: a host bound, no sync
+    for call in rest:
+        assert {n: call[n] for n in same} == {n: first[n] for n in same}
+        assert call["max_seqlen_q"] == (1 if chunk == 1 else None)  # one query per sequence: FA4 told so
+
+
+def test_public_ops_dispatch_to_fa4_when_chosen(stand_in, monkeypatch):
+    from vexact_kernels import attention as attn
+
+    monkeypatch.setattr(attn, "_on_cuda", lambda *t: "fa4")  # as on CUDA tensors with VEXACT_ATTENTION=fa4
+    q, k, v = (torch.randn(6, h, 16).bfloat16() for h in (4, 2, 2))
+    vk.attention_packed(q, k, v, torch.tensor([0, 6]), 0.5)
+    assert len(stand_in.calls) == 1 and stand_in.calls[0]["softmax_scale"] == 0.5
+    kc = torch.zeros(2, 4, 2, 16).bfloat16()
+    vk.attention_paged(q[:1], kc, kc, torch.tensor([[1]]), torch.tensor([3]), torch.tensor([0, 1]))
+    assert len(stand_in.calls) == 2 and stand_in.calls[1]["page_table"].tolist() == [[1]]
+
+
+def test_paged_driver_refuses_mismatched_metadata(stand_in):
+    q = torch.randn(2, 4, 16).bfloat16()
+    kc = torch.zeros(3, 4, 2, 16).bfloat16()
+    with pytest.raises(ValueError, match=r"2 sequences \(cu_seqlens_q\) need context_lens \[2\]"):
+        fa4_attention.attention_paged(q, kc, kc, torch.zeros(2, 1), torch.tensor([1]), torch.tensor([0, 1, 2]))
+    with pytest.raises(ValueError, match=r"k_cache must be contiguous"):
+        fa4_attention.attention_paged(
+            q, kc.transpose(1, 2), kc, torch.zeros(2, 1), torch.tensor([1, 1]), torch.tensor([0, 1, 2])
+        )
 
 
 # ---- on the GPU

@@ -9,10 +9,15 @@ SM90 refuses a split anyway), ``pack_gqa`` fixed by the head counts alone. The p
 ``cu_seqlens`` for q and k; the paged path gives it the engine's cache as it is (``[num_blocks, page_size, Hkv, D]``
 is FA4's paged layout), the block table as ``page_table`` and ``context_lens`` as ``seqused_k``, so query ``i`` of
 sequence ``b`` sits at ``context_lens[b] - n_q[b] + i`` (causal attention aligned to the bottom right), as in the
-Triton and CPU paths. Measured on an H100 (scripts/fa4_probe.py, tests/test_fa4_attention.py): a sequence alone ==
-its rows of a packed batch == a chunked prefill == a paged decode, bitwise, for pages of 16 to 256 tokens; the
-backward (``deterministic=True``) is bitwise run to run. The bits differ from the Triton kernel's (other tiles,
-other exp), so trainer and engine must run the same implementation, and golden fixtures are per implementation.
+Triton and CPU paths. A probe of ``flash_attn_varlen_func`` itself on an H100 (issue #15; flash-attn-4 4.0.0b36,
+nvidia-cutlass-dsl 4.8.1, GQA 32/8, hd128) measured: a sequence alone == its rows of a packed batch == a chunked
+prefill == a paged decode, bitwise, for pages of 16 to 256 tokens; the backward (``deterministic=True``) bitwise run
+to run. The bits differ from the Triton kernel's (other tiles, other exp), so trainer and engine must run the same
+implementation, and golden fixtures are per implementation.
+
+Status: this module is written against flash-attn-4 4.0.0b36's API (read from its source) and NOT YET RUN ON A GPU;
+its wiring is checked on CPU against a stand-in that follows FA4's documented semantics
+(tests/test_fa4_attention.py). Before relying on it: scripts/fa4_gpu.sh (probe, kernels, contracts). Not the default.
 
 Cache rule of FA4's paged path: rows of a sequence's last page past its context are read (masked, but a NaN there
 would poison ``P @ V``), so they must be finite. The engine's caches start as zeros and hold only K/V after that.
