@@ -151,7 +151,8 @@ def attention_paged(
     fi = _interface()
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     dev = q.device
-    table = block_tables[:nseq].to(device=dev, dtype=torch.int32).contiguous()
+    table = block_tables if block_tables.shape[0] == nseq else block_tables[:nseq]
+    table = table.to(device=dev, dtype=torch.int32).contiguous()
     seqused = context_lens.to(device=dev, dtype=torch.int32).contiguous()
     cu = cu_seqlens_q.to(device=dev, dtype=torch.int32).contiguous()
     out, _ = fi.flash_attn_varlen_func(
