@@ -2,17 +2,21 @@
 
 Backends: ``invariant`` (fixed-order reductions; the CPU reference in this release) and ``fast`` (plain torch:
 cuBLAS/MKL, SDPA; the training-inference mismatch baseline). Select with :func:`use_backend`, for all op families
-or per family (:data:`OPS`): ``use_backend("fast", ops={"attention"})``.
+or per family (:data:`OPS`): ``use_backend("fast", ops={"attention"})``. The invariant backend's attention on CUDA
+is ``triton`` or ``fa4`` (FlashAttention 4), one per process: :func:`set_attention_impl` or ``$VEXACT_ATTENTION``.
 """
 
 from ._backend import (
+    ATTENTION_IMPLS,
     BACKENDS,
     FP32_MATMUL_PRECISIONS,
     OPS,
     backend_map,
     check_backend,
+    get_attention_impl,
     get_backend,
     get_fp32_matmul_precision,
+    set_attention_impl,
     set_backend,
     use_backend,
     use_fp32_matmul_precision,
@@ -29,6 +33,7 @@ from .rotary import apply_rotary, rope_cos_sin
 __version__ = "0.3.0"
 
 __all__ = [
+    "ATTENTION_IMPLS",
     "ATTN_BLOCK_N",
     "BACKENDS",
     "FP32_MATMUL_PRECISIONS",
@@ -45,6 +50,7 @@ __all__ = [
     "enable_invariant_mode",
     "fused_moe",
     "entropy_from_logprobs",
+    "get_attention_impl",
     "get_backend",
     "get_fp32_matmul_precision",
     "invariant_mode",
@@ -55,6 +61,7 @@ __all__ = [
     "logprobs_from_hidden",
     "rms_norm",
     "rope_cos_sin",
+    "set_attention_impl",
     "set_backend",
     "silu_and_mul",
     "use_backend",

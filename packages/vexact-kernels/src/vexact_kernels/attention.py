@@ -7,9 +7,13 @@ reading a paged cache, whatever the page size, the other sequences, or the numbe
 packed and paged entry points differ only in how a key position is turned into a row of K/V storage; both then call
 the same ``_attend``. No split-KV: one pass over the keys per query.
 
-On the ``invariant`` backend CUDA tensors go to the Triton kernel family in ``triton_ops/attention.py`` (the same
-rule, with its own fixed tile of 64 positions; GPU results are invariant among themselves, not equal to the CPU
-reference's). The CPU code below is the exact reference and its numerics are pinned by a golden fixture.
+On the ``invariant`` backend CUDA tensors go to one of two implementations, chosen once per process
+(``$VEXACT_ATTENTION`` or :func:`vexact_kernels.set_attention_impl`): ``triton`` (default), the Triton kernel family
+in ``triton_ops/attention.py`` (the same rule, with its own fixed tile of 64 positions), or ``fa4``, FlashAttention 4
+on Hopper/Blackwell (``fa4_attention.py``: the same rule with FA4's tiles). GPU results are invariant among
+themselves within one implementation, not equal to the CPU reference's nor to the other implementation's. The CPU
+code below is the exact reference (whatever the implementation choice) and its numerics are pinned by a golden
+fixture.
 
 Scores and the softmax statistics are fp32; the output is cast once to q's dtype. The ``fast`` backend is
 ``torch.nn.functional.scaled_dot_product_attention`` (per sequence, except the decode rows of a paged step: one
@@ -23,7 +27,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ._backend import check_float, get_backend, invariant_device_check
+from ._backend import attention_impl_in_use, check_float, get_backend, invariant_device_check
 from ._reduce import tree_sum
 from .triton_ops import use_triton
 
@@ -43,6 +47,11 @@ def _check_qkv(op: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> No
         raise ValueError(f"{op}: q head_dim {q.shape[-1]} != k head_dim {k.shape[-1]}")
     if k.dtype != v.dtype:
         raise TypeError(f"{op}: k dtype {k.dtype} != v dtype {v.dtype}")
+
+
+def _on_cuda(*tensors: torch.Tensor) -> str | None:
+    """The attention implementation for CUDA tensors (fixed for the process once used); None off CUDA."""
+    return attention_impl_in_use() if any(t.is_cuda for t in tensors) else None
 
 
 def _attend(q, k_store, v_store, key_rows, last_pos, scale: float) -> torch.Tensor:
@@ -111,6 +120,10 @@ def attention_packed(
     q [T, Hq, D], k/v [T, Hkv, D], ``cu_seqlens [B+1]`` (int) marks sequence boundaries. Returns [T, Hq, Dv].
     """
     _check_qkv("attention_packed", q, k, v)
+    if get_backend("attention") == "invariant" and _on_cuda(q, k, v) == "fa4":
+        from . import fa4_attention
+
+        return fa4_attention.attention_packed(q, k, v, cu_seqlens, scale)
     if get_backend("attention") == "invariant" and use_triton(q, k, v):
         from .triton_ops import attention as tri
 
@@ -240,6 +253,10 @@ def attention_paged(
     Query ``i`` of sequence ``b`` sits at position ``context_lens[b] - n_q[b] + i``.
     """
     _check_qkv("attention_paged", q, k_cache, v_cache)
+    if get_backend("attention") == "invariant" and _on_cuda(q, k_cache, v_cache) == "fa4":
+        from . import fa4_attention
+
+        return fa4_attention.attention_paged(q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, scale)
     if get_backend("attention") == "invariant" and use_triton(q, k_cache, v_cache):
         from .triton_ops import attention as tri
 
