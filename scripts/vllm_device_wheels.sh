@@ -16,7 +16,11 @@
 #   call 1: carry [".whl-vllm/p1"]  command: bash .whl-vllm/p1/vllm_device_wheels.sh install 2>&1 | tee $OUT/vllm_install_p1.log
 #   call 2: carry [".whl-vllm/p2"]  command: bash .whl-vllm/p2/vllm_device_wheels.sh install 2>&1 | tee $OUT/vllm_install_p2.log
 #   call 3: carry [".whl-vllm/p3"]  command: bash .whl-vllm/p3/vllm_device_wheels.sh install 2>&1 | tee $OUT/vllm_install_p3.log
-#           (the last call installs and prints `vllm 0.26.0 ...`; the benchmark may follow in the same call or the next)
+#           (the last call installs and prints `vllm 0.26.0 ... FA3 True`)
+#   call 4 (same warm machine, no carry; needs benchmarks/peers.py and throughput.py on the travelling checkout):
+#     source scripts/device_env.sh && python benchmarks/throughput.py --vllm-site /tmp/vllmsite --ckpt-dir /tmp/peers \
+#       --out $OUT/throughput-h100.md 2>&1 | tee $OUT/throughput.log; cp /tmp/peers/*.log $OUT/
+#   (add --quick for a first look; the full run is sized for under 8 minutes on one H100)
 #
 # What is carried, and why: the set the OFFLINE path imports (`from vllm import LLM, SamplingParams`; v1 LLMEngine,
 # EngineCore in its own process over ZMQ/msgspec, GPU worker and model runner, Qwen3, FlashAttention and Triton
