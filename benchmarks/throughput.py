@@ -178,13 +178,19 @@ def hf_model(model):
 HF_SAMPLING = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, pad_token_id=0, eos_token_id=None)
 
 
+def hf_kwargs(args) -> dict:
+    """HF generate's sampling settings; ``--hf-static-cache`` adds the static KV cache, with which transformers
+    compiles the decode step (its CUDA-graph path). Off by default: the compile's time is not bounded here."""
+    return {**HF_SAMPLING, **({"cache_implementation": "static"} if args.hf_static_cache else {})}
+
+
 def hf_decode_step(model, args) -> float:
     """HF generate's seconds per decode step at batch 1 (``peers.batch1_step``: prefill cancelled out)."""
     hf = [hf_model(model)]
     ids = torch.arange(1, 129, device=DEV)[None]
     with torch.no_grad():
         step = peers.batch1_step(
-            lambda n: hf[0].generate(ids, max_new_tokens=n, min_new_tokens=n, **HF_SAMPLING), args.decode_steps
+            lambda n: hf[0].generate(ids, max_new_tokens=n, min_new_tokens=n, **hf_kwargs(args)), args.decode_steps
         )
     hf.clear()
     free_memory()
@@ -201,7 +207,7 @@ def hf_throughput(model, prompts, args) -> dict:
         ids[i, width - len(p) :] = torch.tensor(p)
         mask[i, width - len(p) :] = 1
     ids, mask = ids.to(DEV), mask.to(DEV)
-    kw = HF_SAMPLING
+    kw = hf_kwargs(args)
     with torch.no_grad():
         hf.generate(ids[:2], attention_mask=mask[:2], max_new_tokens=4, **kw)  # warm up
         sync()
@@ -280,7 +286,8 @@ def peer_section(model, shape: str, args, bw: float, modes, batch_limits, workdi
         need = peers.roofline_bytes(weight_bytes, kv_tok, hf["prompt_lens"], [n] * len(hf["prompt_lens"]),
                                     len(hf["prompt_lens"]), args.max_num_batched_tokens)  # fmt: skip
         frac = need / bw / hf["wall"]
-        lines.append(f"| {args.hf_prompts} (one batch, {n} new tokens) | HF generate (eager, sdpa) | "
+        hf_mode = "static cache, compiled" if args.hf_static_cache else "eager"
+        lines.append(f"| {args.hf_prompts} (one batch, {n} new tokens) | HF generate ({hf_mode}, sdpa) | "
                      f"{hf['tok_s']:.0f} | - | {frac:.2f} | {hf['wall']:.1f} | {hf['tokens']} |")  # fmt: skip
     # the goals of issue 14, measured in this run
     goal_rows = []
@@ -324,6 +331,7 @@ def main(argv=None) -> int:
     ap.add_argument("--modes", default="invariant,fast,vllm,vllm-bi,hf", help=f"comma-separated from {MODE_NAMES}")
     ap.add_argument("--hf-prompts", type=int, default=64, help="prompts in HF generate's one batch")
     ap.add_argument("--hf-new-tokens", type=int, default=256)
+    ap.add_argument("--hf-static-cache", action="store_true", help="HF generate with a static cache (compiled)")
     ap.add_argument("--decode-steps", type=int, default=64, help="decode steps timed at batch 1")
     ap.add_argument("--enforce-eager", action="store_true", help="engines without CUDA graphs")
     ap.add_argument("--vllm-site", help="directory holding vLLM (scripts/vllm_device_wheels.sh: /tmp/vllmsite)")
@@ -365,7 +373,8 @@ def main(argv=None) -> int:
         f"the same weights from an HF checkpoint directory (skip_tokenizer_init, token-id prompts), one subprocess "
         f"per mode and batch limit, gpu_memory_utilization {args.gpu_memory_utilization}. HF generate: one "
         f"left-padded batch of {args.hf_prompts} of the same prompts, {args.hf_new_tokens} new tokens each, sdpa "
-        f"attention, bf16, eager. Random weights, {args.layers} layers. Roofline fraction: least bytes the run must "
+        f"attention, bf16, {'static cache (compiled)' if args.hf_static_cache else 'eager'}. Random weights, "
+        f"{args.layers} layers. Roofline fraction: least bytes the run must "
         "read (a full weight pass per decode step at the batch limit + the KV each step attends + a weight pass per "
         "prefill chunk) / copy bandwidth / wall time (benchmarks/peers.py). VeXact fast is the mismatch baseline "
         "only, not a speed anchor.",
