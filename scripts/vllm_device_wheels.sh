@@ -167,7 +167,7 @@ install() {  # run from the repo root on the device (where .whl-vllm/pN was carr
   cd - > /dev/null
   PYTHONPATH="$SITE:${PYTHONPATH:-}" python3 -m pip check 2>&1 | grep -i vllm || true
   PYTHONPATH="$SITE:${PYTHONPATH:-}" python3 -c "
-import torch, vllm
+import torch, vllm, vllm._C_stable_libtorch  # the compiled ops must load against this torch
 from vllm import LLM, SamplingParams
 import vllm.v1.engine.core, vllm.v1.worker.gpu_worker, vllm.v1.worker.gpu_model_runner, vllm.model_executor.models.qwen3
 import vllm.v1.attention.backends.flash_attn, vllm.model_executor.layers.batch_invariant
