@@ -21,7 +21,7 @@ EXAMPLES = int(os.environ.get("VEXACT_CONTRACT_EXAMPLES", "400"))
 MOE_EXAMPLES = int(os.environ.get("VEXACT_CONTRACT_MOE_EXAMPLES", str(max(1, EXAMPLES // 4))))
 # the other dense families share the Qwen3 decoder and kernels; what they add (biases, no q/k norm, llama3 rope, tied
 # head) is in every forward, so fewer examples each (~1 s per example on CPU; half of them force preemption)
-DENSE_EXAMPLES = int(os.environ.get("VEXACT_CONTRACT_DENSE_EXAMPLES", str(max(1, EXAMPLES // 50))))
+DENSE_EXAMPLES = int(os.environ.get("VEXACT_CONTRACT_DENSE_EXAMPLES", str(max(1, EXAMPLES // 80))))
 DENSE_FAMILIES = ["llama", "qwen2", "mistral"]
 ALL_FAMILIES = ["qwen3", "qwen3_moe", *DENSE_FAMILIES]
 MAX_LEN = 96  # engine max_model_len in these runs
