@@ -33,3 +33,16 @@ def tiny_model(device):
 def tiny_moe_model(device):
     """The committed tiny Qwen3-MoE checkpoint (bf16): 3 layers, the middle one dense, 8 experts, top-2."""
     return load_model(default_checkpoint("qwen3_moe"), device=device)
+
+
+@pytest.fixture(scope="session")
+def family_model(device):
+    """``family_model(family)``: the committed tiny checkpoint of a family (bf16), loaded once per session."""
+    loaded = {}
+
+    def get(family: str):
+        if family not in loaded:
+            loaded[family] = load_model(default_checkpoint(family), device=device)
+        return loaded[family]
+
+    return get

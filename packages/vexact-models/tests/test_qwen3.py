@@ -1,5 +1,6 @@
-"""Qwen3 and Qwen3-MoE forward: a sequence's hidden states do not depend on the batch, and the paged (engine) layout
-gives the packed (trainer) result bit for bit, whatever the prefill chunking and page size."""
+"""Every family's forward (Qwen3, Qwen3-MoE, Llama, Qwen2, Mistral): a sequence's hidden states do not depend on the
+batch, and the paged (engine) layout gives the packed (trainer) result bit for bit, whatever the prefill chunking and
+page size. The property tests draw few examples per family (the contracts draw hundreds on the tiny Qwen3 and MoE)."""
 
 from __future__ import annotations
 
@@ -9,13 +10,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import vexact_kernels as vk
-from vexact_models import AttentionMetadata, random_model, tiny_qwen3_config, tiny_qwen3_moe_config
+from vexact_models import AttentionMetadata, random_model, tiny_config, tiny_qwen3_config, tiny_qwen3_moe_config
+
+FAMILIES = ["qwen3", "qwen3_moe", "llama", "qwen2", "mistral"]
+EXAMPLES = 10  # per family and property
 
 
-@pytest.fixture(scope="module", params=["qwen3", "qwen3_moe"])
+@pytest.fixture(scope="module", params=FAMILIES)
 def model(request):
     """Each family's tiny model: every test below holds for dense and MoE alike."""
-    cfg = tiny_qwen3_config() if request.param == "qwen3" else tiny_qwen3_moe_config()
+    cfg = tiny_qwen3_moe_config() if request.param == "qwen3_moe" else tiny_config(request.param)
     return random_model(cfg, seed=1)
 
 
@@ -103,7 +107,7 @@ def test_different_inputs_give_different_outputs(model):
     assert not torch.equal(_packed(model, [a])[-1], _packed(model, [c])[-1])
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=EXAMPLES, deadline=None)
 @given(lens=st.lists(st.integers(1, 40), min_size=2, max_size=4), seed=st.integers(0, 2**16))
 def test_packed_batch_equals_each_sequence_alone(model, lens, seed):
     seqs = _seqs(lens, seed, model.config.vocab_size)
@@ -121,7 +125,7 @@ def _chunking(n: int):
     return st.lists(st.integers(0, n), max_size=4).map(to_sizes)
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=EXAMPLES, deadline=None)
 @given(
     lens=st.lists(st.integers(1, 36), min_size=1, max_size=3),
     page=st.sampled_from([1, 4, 16]),
@@ -145,7 +149,8 @@ def test_fast_backend_is_close_but_is_the_other_code_path(model):
     inv = model.logits(_packed(model, seqs))
     with vk.use_backend("fast"):
         fast = model.logits(_packed(model, seqs))
-    torch.testing.assert_close(fast, inv, rtol=0.05, atol=0.1)
+    # tied embeddings (the tiny Llama) give logits ~10x larger, and bf16 rounding grows with them
+    torch.testing.assert_close(fast, inv, rtol=0.05, atol=max(0.1, 0.01 * inv.abs().max().item()))
 
 
 def test_input_errors(model):

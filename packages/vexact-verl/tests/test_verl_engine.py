@@ -9,7 +9,8 @@ and ``torch.cpu`` lends verl's checkpoint a ``set_rng_state``, both by monkeypat
 group is gloo, world size 1. Every test also has a ``cuda`` variant (marked ``gpu``, skipped without a
 GPU) that runs the same path on verl's real CUDA platform (NCCL; the ref's FSDP2 CPU-offload policy is active there).
 Not exercised here: verl's Ray trainer workers (``TrainingWorker``) and a PPO step driven by verl's trainer.
-Scoring, the per-tensor export and the HF export also run on the tiny Qwen3-MoE checkpoint (``family`` ``qwen3_moe``).
+Scoring, the per-tensor export and the HF export also run on the tiny Qwen3-MoE checkpoint (``family`` ``qwen3_moe``)
+and the tiny Llama (``llama``: ``actor.strategy=vexact`` accepts a family other than Qwen3; its head is tied).
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ def device(request, monkeypatch):
     return request.param
 
 
-FAMILIES = ["qwen3", "qwen3_moe"]  # default_checkpoint families: the tiny Qwen3 and the tiny Qwen3-MoE
+FAMILIES = ["qwen3", "qwen3_moe", "llama"]  # default_checkpoint families: the tiny Qwen3, Qwen3-MoE and Llama (tied)
 
 
 def make_engine(
@@ -175,6 +176,8 @@ def test_weight_export_keeps_hf_names(device, family):
     params, peft = engine.get_per_tensor_param()
     got = dict(params)
     want = dict(iter_checkpoint(default_checkpoint(family)))
+    if engine.module.config.tie_word_embeddings:  # sent under both names, as verl sends an HF model's state dict
+        assert torch.equal(got.pop("lm_head.weight"), got["model.embed_tokens.weight"])
     assert peft is None and sorted(got) == sorted(want)
     for name, t in want.items():
         assert torch.equal(got[name].to(t.dtype).cpu(), t), name  # fp32 master of a bf16 checkpoint: exact
@@ -286,10 +289,13 @@ def test_hf_model_checkpoint_holds_the_trained_weights(device, tmp_path, family)
     for name, t in saved.items():
         assert torch.equal(t.to(trained[name].dtype), trained[name]), name
     # both models hold an MoE layer's experts stacked: compare their per-expert views under the checkpoint names
-    ours = expected_tensors(load_model(hf_dir, dtype=torch.float32))
+    ours = expected_tensors(load_model(hf_dir, dtype=torch.float32), remove_duplicate=False)  # tied: both names
     hf_model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
-    assert type(hf_model).__name__ == {"qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}[family]
-    hf = {piece: t for n, p in hf_model.named_parameters() for piece, t in checkpoint_pieces(n, p)}
+    want = {"qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM", "llama": "LlamaForCausalLM"}[family]
+    assert type(hf_model).__name__ == want
+    hf = {
+        piece: t for n, p in hf_model.named_parameters(remove_duplicate=False) for piece, t in checkpoint_pieces(n, p)
+    }
     for name, t in trained.items():
         assert torch.equal(ours[name].detach(), t.float()), name
         assert torch.equal(hf[name].detach(), t.float()), name

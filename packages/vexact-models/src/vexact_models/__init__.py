@@ -1,16 +1,38 @@
 """vexact-models: one model definition shared by the VeXact trainer and engine."""
 
 from .attention_metadata import AttentionMetadata
-from .config import Qwen3Config, Qwen3MoeConfig, config_from_dict, load_config, parse_dtype
+from .config import (
+    DenseConfig,
+    LlamaConfig,
+    MistralConfig,
+    Qwen2Config,
+    Qwen3Config,
+    Qwen3MoeConfig,
+    config_from_dict,
+    load_config,
+    parse_dtype,
+)
 from .layers import RouterOutput, checkpoint_pieces, load_balancing_loss, record_router
 from .loader import CheckpointError, expected_tensors, iter_checkpoint, load_model, load_weights, save_checkpoint
-from .models import MODEL_CLASSES, Qwen3ForCausalLM, Qwen3MoeForCausalLM
+from .models import (
+    MODEL_CLASSES,
+    DenseForCausalLM,
+    LlamaForCausalLM,
+    MistralForCausalLM,
+    Qwen2ForCausalLM,
+    Qwen3ForCausalLM,
+    Qwen3MoeForCausalLM,
+)
 from .tiny import (
+    LLAMA_SHAPES,
+    MISTRAL_SHAPES,
+    QWEN2_SHAPES,
     QWEN3_MOE_SHAPES,
     QWEN3_SHAPES,
     default_checkpoint,
     make_tiny_checkpoint,
     random_model,
+    tiny_config,
     tiny_qwen3_config,
     tiny_qwen3_moe_config,
 )
@@ -32,13 +54,24 @@ from .weight_transfer import (
 __version__ = "0.2.0"
 
 __all__ = [
+    "LLAMA_SHAPES",
+    "MISTRAL_SHAPES",
     "MODEL_CLASSES",
+    "QWEN2_SHAPES",
     "QWEN3_MOE_SHAPES",
     "QWEN3_SHAPES",
     "AttentionMetadata",
     "BucketPacker",
     "CheckpointError",
     "PackedBucket",
+    "DenseConfig",
+    "DenseForCausalLM",
+    "LlamaConfig",
+    "LlamaForCausalLM",
+    "MistralConfig",
+    "MistralForCausalLM",
+    "Qwen2Config",
+    "Qwen2ForCausalLM",
     "Qwen3Config",
     "Qwen3ForCausalLM",
     "Qwen3MoeConfig",
@@ -68,6 +101,7 @@ __all__ = [
     "record_router",
     "save_checkpoint",
     "send_buckets",
+    "tiny_config",
     "tiny_qwen3_config",
     "tiny_qwen3_moe_config",
     "weight_targets",

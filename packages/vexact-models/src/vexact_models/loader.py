@@ -152,7 +152,7 @@ def load_model(path: str | Path, dtype: str | torch.dtype | None = None, device:
 
 def _reset_buffers(model: nn.Module, cfg) -> None:
     # Non-persistent buffers (rotary tables) are not in the checkpoint: rebuild them after meta init.
-    fresh = type(model.model.rotary_emb)(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta)
+    fresh = type(model.model.rotary_emb).from_config(cfg)
     model.model.rotary_emb.cos = fresh.cos
     model.model.rotary_emb.sin = fresh.sin
     if cfg.tie_word_embeddings:
