@@ -17,7 +17,8 @@ implementation, and golden fixtures are per implementation.
 
 Status: this module is written against flash-attn-4 4.0.0b36's API (read from its source) and NOT YET RUN ON A GPU;
 its wiring is checked on CPU against a stand-in that follows FA4's documented semantics
-(tests/test_fa4_attention.py). Before relying on it: scripts/fa4_gpu.sh (probe, kernels, contracts). Not the default.
+(tests/test_fa4_attention.py). Before relying on it: scripts/gpu_checks.sh <target> fa4-probe fa4-kernels
+fa4-contracts. Not the default.
 
 Cache rule of FA4's paged path: rows of a sequence's last page past its context are read (masked, but a NaN there
 would poison ``P @ V``), so they must be finite. The engine's caches start as zeros and hold only K/V after that.

@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# Every GPU check of the repo, on the GPU machine (the `device` tool), one step or several per call:
+#   source scripts/device_env.sh && bash scripts/gpu_checks.sh <h100|h200|b200> <step>...
+# Results land in $OUT (the device tool brings back at most 8 files, two folders deep: keep a call to <= 8 outputs).
+#
+# Steps without extra wheels:
+#   golden          record contracts/fixtures/<target>/<family> for $FAMILIES (default: every family of
+#                   contracts.golden) -> $OUT/golden-<target>.tgz (one file; unpack in the repo root and commit)
+#   contracts       the whole contract suite for the target -> $OUT/contracts-<target>.log
+#   kernels         every GPU test of vexact-kernels (matmul incl. the fp32-precision test, MoE, moe_route and
+#                   moe_route_grouped, logprobs, attention, ...) -> $OUT/kernels-<target>.log
+#   packages        the GPU tests of vexact-models, -engine and -trainer (weight sync over CUDA IPC between two
+#                   processes on one GPU, padded decode, ...) -> $OUT/packages-<target>.log
+#   bench-weight-sync   benchmarks/weight_sync.py (host path, CUDA IPC, copy bound) -> $OUT/weight-sync-<target>.md
+#   bench-mla       benchmarks/mla.py, Moonlight and DeepSeek-V3 layer shapes -> $OUT/mla-<target>.md, mla-v3-...
+#   bench-grpo      benchmarks/throughput.py --grpo-only (prefix caching on/off) -> $OUT/throughput-grpo-<target>.md
+#   bench-moe       benchmarks/moe.py -> $OUT/moe-<target>.md
+#   tim             scripts/tim_gpu.py: `vexact tim` on fast and invariant GPU rollouts + attribution -> $OUT/tim/
+# Steps that need carried wheels (installed earlier in the same warm machine):
+#   fa4-probe | fa4-kernels | fa4-contracts | fa4-golden | fa4-bench
+#                   FlashAttention 4 (scripts/fa4_device_wheels.sh): the probe, its kernel tests, the contracts and
+#                   golden fixtures with VEXACT_ATTENTION=fa4 (fixtures/<target>-fa4), benchmarks/attention.py
+#   bench-throughput    the peer table: VeXact vs vLLM default / batch-invariant / HF generate
+#                   (scripts/vllm_device_wheels.sh puts vLLM in /tmp/vllmsite) -> $OUT/throughput-<target>.md
+#   verl-rollout    the verl rollout GPU test (weight sync through CUDA IPC); verl + Ray wheels
+#                   (scripts/verl_device_wheels.sh). The GRPO runs are scripts/verl_gpu.sh.
+# Two GPUs:
+#   nccl            benchmarks/weight_sync.py --mode nccl under torchrun --nproc_per_node 2
+set -uo pipefail
+cd "$(dirname "$0")/.."
+TARGET=${1:?target: h100 | h200 | b200}
+shift
+OUT=${OUT:-/tmp/vexact-out}
+mkdir -p "$OUT"
+# FA4 compiles each kernel variant on first use; keep them on disk for later steps on the same warm machine
+export FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=/tmp/fa4-jit-cache
+PYTEST=(python3 -m pytest -q -p no:xdist -rs)
+status=0
+
+record_golden() {  # $1: fixture dir suffix ("" or "-fa4")
+  local fams=${FAMILIES:-$(python3 -c "from contracts.golden import FAMILIES; print(' '.join(FAMILIES))")}
+  for fam in $fams; do
+    python3 -m contracts.golden --target "$TARGET" --family "$fam" || status=1
+  done
+  tar czf "$OUT/golden-$TARGET$1.tgz" "contracts/fixtures/$TARGET$1"
+}
+
+for step in "$@"; do
+  echo "=== $step ($TARGET) $(date +%T)"
+  case "$step" in
+    golden) record_golden "" ;;
+    contracts)
+      "${PYTEST[@]}" contracts --target "$TARGET" 2>&1 | tee "$OUT/contracts-$TARGET.log" || status=1 ;;
+    kernels)
+      "${PYTEST[@]}" -m gpu packages/vexact-kernels/tests 2>&1 | tee "$OUT/kernels-$TARGET.log" || status=1 ;;
+    packages)
+      "${PYTEST[@]}" -m gpu packages/vexact-models/tests packages/vexact-engine/tests packages/vexact-trainer/tests \
+        2>&1 | tee "$OUT/packages-$TARGET.log" || status=1 ;;
+    bench-weight-sync)
+      python3 benchmarks/weight_sync.py --out "$OUT/weight-sync-$TARGET.md" || status=1 ;;
+    bench-mla)
+      python3 benchmarks/mla.py --out "$OUT/mla-$TARGET.md" || status=1
+      python3 benchmarks/mla.py --shape deepseek-v3 --out "$OUT/mla-v3-$TARGET.md" || status=1 ;;
+    bench-grpo)
+      python3 benchmarks/throughput.py --grpo-only --modes invariant,fast --out "$OUT/throughput-grpo-$TARGET.md" \
+        2>&1 | grep -v "it/s\]" || status=1 ;;
+    bench-moe)
+      python3 benchmarks/moe.py --out "$OUT/moe-$TARGET.md" || status=1 ;;
+    tim)
+      python3 scripts/tim_gpu.py --out "$OUT/tim" || status=1 ;;
+    fa4-probe)
+      python3 scripts/fa4_probe.py 2>&1 | tee "$OUT/fa4-probe.txt" || status=1 ;;
+    fa4-kernels)
+      "${PYTEST[@]}" -m gpu packages/vexact-kernels/tests/test_fa4_attention.py 2>&1 \
+        | tee "$OUT/fa4-kernels-$TARGET.log" || status=1 ;;
+    fa4-contracts)
+      VEXACT_ATTENTION=fa4 "${PYTEST[@]}" contracts --target "$TARGET" 2>&1 | tee "$OUT/fa4-contracts-$TARGET.log" \
+        || status=1 ;;
+    fa4-golden) VEXACT_ATTENTION=fa4 record_golden "-fa4" ;;
+    fa4-bench)
+      python3 benchmarks/attention.py --out "$OUT/attention-$TARGET.md" || status=1 ;;
+    bench-throughput)
+      site=(); [ -d /tmp/vllmsite ] && site=(--vllm-site /tmp/vllmsite)
+      python3 benchmarks/throughput.py "${site[@]}" --ckpt-dir /tmp/peers --out "$OUT/throughput-$TARGET.md" 2>&1 \
+        | grep -v "it/s\]" | tee "$OUT/throughput-$TARGET.log" || status=1 ;;
+    verl-rollout)
+      "${PYTEST[@]}" packages/vexact-verl/tests/test_verl_rollout_gpu.py 2>&1 | tee "$OUT/verl-rollout-$TARGET.log" \
+        || status=1 ;;
+    nccl)
+      torchrun --standalone --nproc_per_node 2 benchmarks/weight_sync.py --mode nccl \
+        --out "$OUT/weight-sync-nccl-$TARGET.md" 2>&1 | tee "$OUT/weight-sync-nccl-$TARGET.log" || status=1 ;;
+    *) echo "unknown step $step"; exit 2 ;;
+  esac
+done
+exit $status
