@@ -54,11 +54,13 @@ def make_engine(family: str = "qwen3", **veomni_kw):
     return engine
 
 
-def rollout(family: str):
+def rollout(family: str, device: str):
     """Prompts, sampled responses, their rollout logprobs and temperatures from the vexact engine (invariant)."""
     prompts = [[257, 72, 101], [257, 49, 43, 49, 61, 50], [257, 10], [257, 120, 61]]
     temps = [0.7, 1.0, 1.3, 0.9]  # 0.7 and 1.3 are not bf16-representable: the temperature must stay fp32
-    llm = LLM(str(default_checkpoint(family)), config=EngineConfig(max_model_len=64, seed=3))
+    llm = LLM(
+        str(default_checkpoint(family)), config=EngineConfig(max_model_len=64, seed=3, device=device, num_kv_blocks=64)
+    )
     params = [SamplingParams(temperature=t, max_tokens=6, seed=i, ignore_eos=True) for i, t in enumerate(temps)]
     outs = llm.generate(prompts, params, use_tqdm=False)
     return prompts, [o.token_ids for o in outs], [o.logprobs for o in outs], temps
@@ -126,11 +128,12 @@ def actor_log_probs(engine, prompts, responses, temps) -> list[torch.Tensor]:
 @needs_veomni
 @pytest.mark.parametrize("family", ["qwen3", "qwen3_moe"])
 def test_veomni_actor_log_probs_equal_the_rollout(device, family):
-    prompts, responses, rollout_lp, temps = rollout(family)
+    prompts, responses, rollout_lp, temps = rollout(family, device)
     engine = make_engine(family)
     assert isinstance(engine, VexactVeOmniEngineWithLMHead)
     assert type(engine.optimizer).__module__.startswith("torch.optim")  # VeOmni's builder returns torch's AdamW
     actor_lp = actor_log_probs(engine, prompts, responses, temps)
+    rollout_lp = [r.cpu() for r in rollout_lp]
     for i, (a, r) in enumerate(zip(actor_lp, rollout_lp, strict=True)):
         assert torch.equal(a, r.to(a.dtype)), (i, a, r)
     engine.kernel_backend = "fast"  # the mismatch baseline must be seen failing the same check
