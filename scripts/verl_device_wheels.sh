@@ -16,7 +16,9 @@
 # transformers 5.9.0's, and the modules verl's default trainer imports beyond those: TransferQueue, pyzmq, msgspec,
 # fastapi, uvicorn, cachetools; see packages/vexact-verl/pyproject.toml) that the device image does not have, plus the two the image has at versions verl cannot use:
 # transformers (image: 5.17; verl 0.9.1 needs <5.11, we pin 5.9.0) and tokenizers (image: 0.23.2; transformers
-# 5.9.0 needs <=0.23.0). Versions are the ones the CPU CI installs (requirements/test.txt), so both run the same
+# 5.9.0 needs <=0.23.0). veomni 0.1.12 (model_engine=veomni, 1.9 MB) is installed like every wheel here, with no
+# deps: its pins (datasets<=2.21, a CUDA torch via timm) are not what verl's path imports (requirements/veomni.txt).
+# Versions are the ones the CPU CI installs (requirements/test.txt, requirements/veomni.txt), so both run the same
 # code. The list was computed from the installed closure minus the device's package list (.library device KINDS.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -40,6 +42,7 @@ WHEELS=(
   sniffio==1.3.1 tzdata==2026.6 lazy-importer==0.1.0 cwevals==0.0.1b1
   transferqueue==0.1.11 pyzmq==27.3.0 msgspec==0.22.0 fastapi==0.165.0 starlette==1.10.0 uvicorn==0.54.0
   cachetools==8.0.1
+  veomni==0.1.12
 )
 # Published as a source archive only (omegaconf 2.3 needs antlr4 4.9.*): built here into a pure-Python wheel.
 SDIST_ONLY=(antlr4-python3-runtime==4.9.3)
@@ -121,6 +124,9 @@ install() {
 import verl.trainer.main_ppo, verl.trainer.ppo.v1, verl.workers.engine_workers, verl.experimental.agent_loop
 print('verl', verl.__version__, 'ray', ray.__version__, 'transformers', transformers.__version__, 'tokenizers',
       tokenizers.__version__, 'torch', torch.__version__)"
+  # model_engine=veomni (ENGINE=veomni in verl_gpu.sh): reported, not fatal, so the other runs do not depend on it
+  PYTHONPATH=/tmp/site python3 -c "import veomni, verl.workers.engine.veomni; print('veomni', veomni.__version__)" \
+    2>&1 | tail -1 || true
 }
 
 case "${1:-}" in

@@ -13,6 +13,15 @@
 # byte vocabulary; the device has no hub), the shaped reward examples/verl_grpo/reward.py, LR default 3e-6.
 # A pair of 20-step runs takes about 11 minutes on one H100, over the device's 10-minute call limit: run `invariant`
 # and `fast` in consecutive calls, then compare.py here. JSONL and logs land in RESULTS_DIR.
+#
+# ENGINE (env) picks the actor's and ref's model engine:
+# - fsdp (default): actor_rollout_ref.actor.strategy=vexact (the vexact FSDP engine)
+# - veomni: model_engine=veomni with the vexact VeOmni engine (vexact_verl.veomni_engine.VexactVeOmniEngineConfig as
+#   the _target_ of actor.veomni and ref.veomni); needs veomni in /tmp/site (verl_device_wheels.sh carries it).
+#   `invariant`: K3 exactly 0.0 at every step; `fast`: the fast rollout against the same actor, K3 > 0.
+# - veomni-verl: verl's own VeOmni engine (VeOmni's HF model, SDPA attention), the baseline a VeOmni user has today;
+#   one GPU needs init_device=cuda there (VeOmni shards only when the data-parallel world is > 1). Not a contract.
+# e.g. ENGINE=veomni bash scripts/verl_gpu.sh $OUT 1 20 invariant; then the same with `fast` in the next call.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RESULTS=${1:?usage: verl_gpu.sh RESULTS_DIR N_GPUS STEPS tests|invariant|fast|pair [LR]}
@@ -37,10 +46,23 @@ MODEL=/tmp/verl-model-e$EXPERTS
   --experts "$EXPERTS"
 [ -f /tmp/verl-data/train.parquet ] || python3 examples/verl_grpo/make_dataset.py --out /tmp/verl-data
 # 32 prompts x rollout.n=4 a step; N_GPUS=2: 2 FSDP ranks and 2 rollout replicas (verl: world / TP)
-ARGS=(trainer.n_gpus_per_node="$NGPU" actor_rollout_ref.actor.strategy=vexact
+ENGINE=${ENGINE:-fsdp}
+VEOMNI_TARGET=vexact_verl.veomni_engine.VexactVeOmniEngineConfig
+case "$ENGINE" in
+  fsdp) ENGINE_ARGS=(actor_rollout_ref.actor.strategy=vexact) ;;
+  veomni) ENGINE_ARGS=(model_engine=veomni actor_rollout_ref.actor.veomni._target_=$VEOMNI_TARGET
+                       actor_rollout_ref.ref.veomni._target_=$VEOMNI_TARGET) ;;
+  veomni-verl) ENGINE_ARGS=(model_engine=veomni actor_rollout_ref.actor.veomni.attn_implementation=sdpa
+                            actor_rollout_ref.actor.veomni.init_device=cuda actor_rollout_ref.ref.veomni.init_device=cuda) ;;
+  *) echo "unknown ENGINE: $ENGINE (fsdp, veomni, veomni-verl)" >&2; exit 2 ;;
+esac
+if [ "$ENGINE" != fsdp ]; then
+  python3 -c "import veomni, verl.workers.engine.veomni; print('veomni', veomni.__version__)"
+fi
+ARGS=(trainer.n_gpus_per_node="$NGPU" "${ENGINE_ARGS[@]}"
       reward.custom_reward_function.path=examples/verl_grpo/reward.py)
 export MODEL DATA=/tmp/verl-data STEPS LR RUN_DIR="$RESULTS"
-TAG="$([ "$EXPERTS" -gt 0 ] && echo "-moe$EXPERTS")-${NGPU}gpu-lr${LR}"
+TAG="$([ "$ENGINE" != fsdp ] && echo "-$ENGINE")$([ "$EXPERTS" -gt 0 ] && echo "-moe$EXPERTS")-${NGPU}gpu-lr${LR}"
 LOG="$RESULTS/$WHAT$TAG.log"
 rc=0
 case "$WHAT" in

@@ -207,11 +207,13 @@ def _check_supported(model_config, engine_config) -> None:
     from verl.workers.config import FSDPEngineConfig
 
     if not isinstance(engine_config, FSDPEngineConfig):
-        # e.g. model_engine=veomni: VeOmni's engine config describes VeOmni's own parallel plan, which this engine
-        # does not read; silently ignoring it would train something other than what was configured
+        # e.g. model_engine=veomni: VeOmni's engine config describes VeOmni's own parallel plan, which only the
+        # VeOmni variant reads; silently ignoring it would train something other than what was configured
         raise NotImplementedError(
             f"strategy=vexact replaces verl's FSDP engine and reads an FSDPEngineConfig; got "
-            f"{type(engine_config).__name__}. Use the default model_engine (fsdp) with actor.strategy=vexact"
+            f"{type(engine_config).__name__}. Use the default model_engine (fsdp) with actor.strategy=vexact, or "
+            f"with model_engine=veomni set actor_rollout_ref.{{actor,ref}}.veomni._target_="
+            f"vexact_verl.veomni_engine.VexactVeOmniEngineConfig"
         )
     hf_type = model_config.hf_config.model_type
     if hf_type not in vexact_models.MODEL_CLASSES:
@@ -235,13 +237,18 @@ def _check_supported(model_config, engine_config) -> None:
 
 
 def register_engine() -> None:
-    """Make ``actor.strategy=vexact`` (and ``ref.strategy``) resolvable by verl's ``EngineRegistry``. Idempotent."""
-    if not is_engine_registered():
-        EngineRegistry.register(model_type=MODEL_TYPE, backend=ENGINE_BACKEND, device=list(DEVICES))(
-            VexactEngineWithLMHead
-        )
+    """Make ``actor.strategy=vexact`` (and ``ref.strategy``) resolvable by verl's ``EngineRegistry``, and the
+    VeOmni variant (backend ``vexact_veomni``, :mod:`vexact_verl.veomni_engine`). Idempotent."""
+    from .veomni_engine import VEOMNI_BACKEND, VexactVeOmniEngineWithLMHead
+
+    for backend, cls in ((ENGINE_BACKEND, VexactEngineWithLMHead), (VEOMNI_BACKEND, VexactVeOmniEngineWithLMHead)):
+        if backend not in EngineRegistry._engines.get(MODEL_TYPE, {}):
+            EngineRegistry.register(model_type=MODEL_TYPE, backend=backend, device=list(DEVICES))(cls)
 
 
 def is_engine_registered() -> bool:
-    """Whether verl's ``EngineRegistry`` knows ``vexact`` for ``language_model`` in this process."""
-    return ENGINE_BACKEND in EngineRegistry._engines.get(MODEL_TYPE, {})
+    """Whether verl's ``EngineRegistry`` knows ``vexact`` (and ``vexact_veomni``) for ``language_model`` here."""
+    from .veomni_engine import VEOMNI_BACKEND
+
+    known = EngineRegistry._engines.get(MODEL_TYPE, {})
+    return ENGINE_BACKEND in known and VEOMNI_BACKEND in known
