@@ -1,7 +1,7 @@
 import vexact_verl
 
 PUBLIC = ["ROLLOUT_NAME", "ServerSettings", "VexactServer", "__version__", "is_registered", "packed_log_probs"]
-PUBLIC += ["register"]
+PUBLIC += ["register", "tim_step_metrics"]
 
 
 def test_public_api():
