@@ -1,4 +1,4 @@
-"""Contract 4: parity with Hugging Face transformers' own Qwen3 and Qwen3-MoE, within tolerance ("consistent" is also
+"""Contract 4: parity with Hugging Face transformers' own Qwen3, Qwen3-MoE and DeepSeek-V3, within tolerance ("consistent" is also
 correct).
 
 The reference is HF's model of the family run in fp32 on the checkpoint's (bf16) weights. Tolerances on per-token
@@ -41,8 +41,8 @@ def _ours_logprobs(model, seqs, device):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("family,tied", [("qwen3", False), ("qwen3", True), ("qwen3_moe", False)],
-                         ids=["qwen3-untied", "qwen3-tied", "qwen3_moe"])  # fmt: skip
+@pytest.mark.parametrize("family,tied", [("qwen3", False), ("qwen3", True), ("qwen3_moe", False), ("deepseek_v3", False)],
+                         ids=["qwen3-untied", "qwen3-tied", "qwen3_moe", "deepseek_v3"])  # fmt: skip
 def test_logprobs_match_transformers(tmp_path, device, dtype, family, tied):
     if device != "cpu" and dtype == torch.float32:
         pytest.skip("the GPU attention kernels take bf16/fp16 only; fp32 parity is checked on target cpu")
@@ -96,7 +96,7 @@ def _tokens_before_routing_flip(routers, hf_router_logits, seq: int, lens: list[
     return first
 
 
-@pytest.mark.parametrize("family", ["qwen3", "qwen3_moe"])
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_moe", "deepseek_v3"])
 def test_greedy_generation_matches_transformers(device, family):
     """The engine's paged, chunked path generates what HF generate does (fp32, greedy), up to a near-tie."""
     path = default_checkpoint(family)

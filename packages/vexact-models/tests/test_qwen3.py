@@ -1,5 +1,5 @@
-"""Qwen3 and Qwen3-MoE forward: a sequence's hidden states do not depend on the batch, and the paged (engine) layout
-gives the packed (trainer) result bit for bit, whatever the prefill chunking and page size."""
+"""Qwen3, Qwen3-MoE and DeepSeek-V3 (MLA) forward: a sequence's hidden states do not depend on the batch, and the
+paged (engine) layout gives the packed (trainer) result bit for bit, whatever the prefill chunking and page size."""
 
 from __future__ import annotations
 
@@ -9,14 +9,21 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import vexact_kernels as vk
-from vexact_models import AttentionMetadata, random_model, tiny_qwen3_config, tiny_qwen3_moe_config
+from vexact_models import (
+    AttentionMetadata,
+    random_model,
+    tiny_deepseek_v3_config,
+    tiny_qwen3_config,
+    tiny_qwen3_moe_config,
+)
+
+CONFIGS = {"qwen3": tiny_qwen3_config, "qwen3_moe": tiny_qwen3_moe_config, "deepseek_v3": tiny_deepseek_v3_config}
 
 
-@pytest.fixture(scope="module", params=["qwen3", "qwen3_moe"])
+@pytest.fixture(scope="module", params=list(CONFIGS))
 def model(request):
-    """Each family's tiny model: every test below holds for dense and MoE alike."""
-    cfg = tiny_qwen3_config() if request.param == "qwen3" else tiny_qwen3_moe_config()
-    return random_model(cfg, seed=1)
+    """Each family's tiny model: every test below holds for dense, MoE and MLA alike."""
+    return random_model(CONFIGS[request.param](), seed=1)
 
 
 def _seqs(lens: list[int], seed: int, vocab: int) -> list[torch.Tensor]:
@@ -32,9 +39,13 @@ def _packed(model, seqs: list[torch.Tensor]) -> torch.Tensor:
 
 def _kv_caches(model, num_blocks: int, page: int):
     cfg = model.config
-    shape = (num_blocks, page, cfg.num_key_value_heads, cfg.head_dim)
+    heads, dk, dv = cfg.kv_cache_dims
     return [
-        (torch.zeros(shape, dtype=cfg.dtype), torch.zeros(shape, dtype=cfg.dtype)) for _ in range(cfg.num_hidden_layers)
+        (
+            torch.zeros(num_blocks, page, heads, dk, dtype=cfg.dtype),
+            torch.zeros(num_blocks, page, heads, dv, dtype=cfg.dtype),
+        )
+        for _ in range(cfg.num_hidden_layers)
     ]
 
 

@@ -1,16 +1,26 @@
 """vexact-models: one model definition shared by the VeXact trainer and engine."""
 
 from .attention_metadata import AttentionMetadata
-from .config import Qwen3Config, Qwen3MoeConfig, config_from_dict, load_config, parse_dtype
+from .config import (
+    DeepseekV3Config,
+    Qwen3Config,
+    Qwen3MoeConfig,
+    YarnScaling,
+    config_from_dict,
+    load_config,
+    parse_dtype,
+)
 from .layers import RouterOutput, checkpoint_pieces, load_balancing_loss, record_router
 from .loader import CheckpointError, expected_tensors, iter_checkpoint, load_model, load_weights, save_checkpoint
-from .models import MODEL_CLASSES, Qwen3ForCausalLM, Qwen3MoeForCausalLM
+from .models import MODEL_CLASSES, DeepseekV3ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM
 from .tiny import (
+    DEEPSEEK_V3_SHAPES,
     QWEN3_MOE_SHAPES,
     QWEN3_SHAPES,
     default_checkpoint,
     make_tiny_checkpoint,
     random_model,
+    tiny_deepseek_v3_config,
     tiny_qwen3_config,
     tiny_qwen3_moe_config,
 )
@@ -18,11 +28,14 @@ from .tiny import (
 __version__ = "0.2.0"
 
 __all__ = [
+    "DEEPSEEK_V3_SHAPES",
     "MODEL_CLASSES",
     "QWEN3_MOE_SHAPES",
     "QWEN3_SHAPES",
     "AttentionMetadata",
     "CheckpointError",
+    "DeepseekV3Config",
+    "DeepseekV3ForCausalLM",
     "Qwen3Config",
     "Qwen3ForCausalLM",
     "Qwen3MoeConfig",
@@ -43,6 +56,8 @@ __all__ = [
     "random_model",
     "record_router",
     "save_checkpoint",
+    "YarnScaling",
+    "tiny_deepseek_v3_config",
     "tiny_qwen3_config",
     "tiny_qwen3_moe_config",
 ]

@@ -89,10 +89,11 @@ class Qwen3Model(nn.Module):
 class Qwen3ForCausalLM(nn.Module):
     config_class = Qwen3Config
 
-    def __init__(self, cfg: Qwen3Config, make_mlp=None):
+    def __init__(self, cfg: Qwen3Config, make_mlp=None, model: nn.Module | None = None):
+        """``model``: the decoder body (default: Qwen3's, with ``make_mlp``); another family passes its own."""
         super().__init__()
         self.config = cfg
-        self.model = Qwen3Model(cfg, make_mlp)
+        self.model = model if model is not None else Qwen3Model(cfg, make_mlp)
         self.lm_head = LMHead(cfg.vocab_size, cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
