@@ -1,7 +1,7 @@
 """Golden logprob fixtures, one set per target: what the engine and trainer produced for a fixed checkpoint,
 prompts and seeds, stored with the sha256 of the tensors and the package versions that made them.
 
-One fixture per model family (``qwen3``, ``qwen3_moe``: the committed tiny checkpoints), under
+One fixture per model family (``qwen3``, ``qwen3_moe``, ``deepseek_v3``: the committed tiny checkpoints), under
 ``fixtures/<target>/<family>/``.
 
 Record (after a deliberate numerics change, together with a version bump):
@@ -30,7 +30,7 @@ from vexact_trainer import Actor
 
 FIXTURES = Path(__file__).parent / "fixtures"
 N_PROMPTS = 8
-FAMILIES = ("qwen3", "qwen3_moe")
+FAMILIES = ("qwen3", "qwen3_moe", "deepseek_v3")
 
 
 def versions() -> dict[str, str]:

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import torch
 
-from vexact_models import QWEN3_MOE_SHAPES, QWEN3_SHAPES
+from vexact_models import DEEPSEEK_V3_SHAPES, QWEN3_MOE_SHAPES, QWEN3_SHAPES
 
 
 def row_invariance_violations(
@@ -38,3 +38,6 @@ def logprob_mismatches(engine_outputs, trainer_logprobs) -> list[tuple[str, int]
 QWEN3_06B = QWEN3_SHAPES["qwen3-0.6b"]
 QWEN3_17B = QWEN3_SHAPES["qwen3-1.7b"]
 QWEN3_30B_A3B = QWEN3_MOE_SHAPES["qwen3-30b-a3b"]
+# Moonlight-16B-A3B's real per-layer shapes, three layers (the first dense, as in the real model): the GPU-target
+# DeepSeek-V3-family model.
+MOONLIGHT_3L = {**DEEPSEEK_V3_SHAPES["moonlight-16b-a3b"], "num_hidden_layers": 3}

@@ -13,12 +13,14 @@ import torch
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from contracts.conftest import FAMILY_FIXTURES
 from contracts.harness import QWEN3_06B, logprob_mismatches
 from vexact_engine import LLM, EngineConfig, SamplingParams
 from vexact_trainer import Actor, ActorConfig
 
 EXAMPLES = int(os.environ.get("VEXACT_CONTRACT_EXAMPLES", "400"))
 MOE_EXAMPLES = int(os.environ.get("VEXACT_CONTRACT_MOE_EXAMPLES", str(max(1, EXAMPLES // 4))))
+DS_EXAMPLES = int(os.environ.get("VEXACT_CONTRACT_DS_EXAMPLES", str(max(1, EXAMPLES // 20))))
 MAX_LEN = 96  # engine max_model_len in these runs
 
 
@@ -96,10 +98,18 @@ def test_moe_engine_equals_trainer(tiny_moe_model, workload):
     _engine_equals_trainer(tiny_moe_model, workload)
 
 
-@pytest.mark.parametrize("family", ["qwen3", "qwen3_moe"])
+@_examples(DS_EXAMPLES)
+@given(workloads())
+def test_deepseek_engine_equals_trainer(tiny_ds_model, workload):
+    """The same contract on the tiny DeepSeek-V3: MLA's expanded K/V in the paged cache, grouped routing, shared
+    experts."""
+    _engine_equals_trainer(tiny_ds_model, workload)
+
+
+@pytest.mark.parametrize("family", list(FAMILY_FIXTURES))
 def test_engine_equals_trainer_under_forced_preemption(request, family):
     """A burst that cannot fit the cache at once: requests are preempted, recomputed, and still match."""
-    tiny_model = request.getfixturevalue("tiny_model" if family == "qwen3" else "tiny_moe_model")
+    tiny_model = request.getfixturevalue(FAMILY_FIXTURES[family])
     g = torch.Generator().manual_seed(1)
     prompts = [
         torch.randint(0, 256, (int(torch.randint(8, 40, (1,), generator=g)),), generator=g).tolist() for _ in range(12)
@@ -116,10 +126,10 @@ def test_engine_equals_trainer_under_forced_preemption(request, family):
         assert a.token_ids == b.token_ids and torch.equal(a.logprobs, b.logprobs)
 
 
-@pytest.mark.parametrize("family", ["qwen3", "qwen3_moe"])
+@pytest.mark.parametrize("family", list(FAMILY_FIXTURES))
 def test_contract_fails_with_fast_backend_on_one_side(request, family):
     """The contract can fail: with the fast backend on the engine side, logprobs no longer match."""
-    tiny_model = request.getfixturevalue("tiny_model" if family == "qwen3" else "tiny_moe_model")
+    tiny_model = request.getfixturevalue(FAMILY_FIXTURES[family])
     g = torch.Generator().manual_seed(2)
     prompts = [torch.randint(0, 256, (20,), generator=g).tolist() for _ in range(6)]
     params = [SamplingParams(temperature=1.0, max_tokens=12, seed=i, ignore_eos=True) for i in range(6)]

@@ -1,5 +1,5 @@
-"""Contract 4: parity with Hugging Face transformers' own Qwen3, Qwen3-MoE and DeepSeek-V3, within tolerance ("consistent" is also
-correct).
+"""Contract 4: parity with Hugging Face transformers' own Qwen3, Qwen3-MoE and DeepSeek-V3, within tolerance
+("consistent" is also correct).
 
 The reference is HF's model of the family run in fp32 on the checkpoint's (bf16) weights. Tolerances on per-token
 logprobs (max |delta| over all tokens and the whole vocabulary):
@@ -41,7 +41,8 @@ def _ours_logprobs(model, seqs, device):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("family,tied", [("qwen3", False), ("qwen3", True), ("qwen3_moe", False), ("deepseek_v3", False)],
+@pytest.mark.parametrize("family,tied", [("qwen3", False), ("qwen3", True), ("qwen3_moe", False),
+                                         ("deepseek_v3", False)],
                          ids=["qwen3-untied", "qwen3-tied", "qwen3_moe", "deepseek_v3"])  # fmt: skip
 def test_logprobs_match_transformers(tmp_path, device, dtype, family, tied):
     if device != "cpu" and dtype == torch.float32:

@@ -73,7 +73,9 @@ def test_sliding_window_is_not_implemented():
 @pytest.mark.parametrize("model_type", ["llama", "qwen2_moe", None])
 def test_unknown_model_type_raises_naming_it(model_type):
     d = _hf_dict(model_type=model_type)
-    with pytest.raises(ValueError, match=rf"unknown model_type {model_type!r}; supported: \['deepseek_v3', 'qwen3', 'qwen3_moe'\]"):
+    with pytest.raises(
+        ValueError, match=rf"unknown model_type {model_type!r}; supported: \['deepseek_v3', 'qwen3', 'qwen3_moe'\]"
+    ):
         config_from_dict(d)
 
 

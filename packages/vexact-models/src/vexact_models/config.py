@@ -332,6 +332,12 @@ class DeepseekV3Config:
     eos_token_ids = Qwen3Config.eos_token_ids
 
     @property
+    def num_experts(self) -> int:
+        """``n_routed_experts`` under the name the trainer's router outputs use (transformers maps
+        ``num_local_experts`` to it)."""
+        return self.n_routed_experts
+
+    @property
     def qk_head_dim(self) -> int:
         return self.qk_nope_head_dim + self.qk_rope_head_dim
 
