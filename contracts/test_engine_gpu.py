@@ -1,9 +1,10 @@
 """GPU engine contracts (targets h100/h200/b200): the engine on CUDA with sampling on the device, CUDA-graph decode,
 sleep/wake and weight updates still returns exactly the trainer's logprobs.
 
-Models: Qwen3-0.6B-, Qwen3-1.7B- and Qwen3-30B-A3B-shaped (real HF config shapes, random weights) with ``LAYERS``
-decoder layers instead of 28 / 48 to keep the run short: every per-layer shape (hidden, heads, head_dim, intermediate,
-experts, vocabulary) is the real one, so every kernel runs at its real size; only the depth is cut.
+Models: Qwen3-0.6B-, Qwen3-1.7B-, Qwen3-30B-A3B- and Moonlight-16B-A3B-shaped (real HF config shapes, random weights)
+with ``LAYERS`` decoder layers instead of 28 / 48 (Moonlight: 3 of 27, the first dense as in the real model) to keep
+the run short: every per-layer shape (hidden, heads, head_dim, MLA ranks, intermediate, experts, vocabulary) is the
+real one, so every kernel runs at its real size; only the depth is cut.
 
 Run on the GPU machine: ``python -m pytest -q -p no:xdist contracts/test_engine_gpu.py --target h100 -s``
 (``-s`` shows the memory figures of the sleep/wake cycles; ``VEXACT_SLEEP_CYCLES`` sets their number, default 100).
@@ -16,15 +17,20 @@ import os
 import pytest
 import torch
 
-from contracts.harness import QWEN3_06B, QWEN3_17B, QWEN3_30B_A3B, logprob_mismatches
+from contracts.harness import MOONLIGHT_3L, QWEN3_06B, QWEN3_17B, QWEN3_30B_A3B, logprob_mismatches
 from vexact_engine import LLM, EngineConfig, SamplingParams
 from vexact_engine.model_runner import ModelRunner
-from vexact_models import random_model, tiny_qwen3_config, tiny_qwen3_moe_config
+from vexact_models import random_model, tiny_deepseek_v3_config, tiny_qwen3_config, tiny_qwen3_moe_config
 
 pytestmark = pytest.mark.gpu
 
 LAYERS = int(os.environ.get("VEXACT_GPU_CONTRACT_LAYERS", "4"))
-SHAPES = {"qwen3-0.6b": QWEN3_06B, "qwen3-1.7b": QWEN3_17B, "qwen3-30b-a3b": QWEN3_30B_A3B}
+SHAPES = {
+    "qwen3-0.6b": QWEN3_06B,
+    "qwen3-1.7b": QWEN3_17B,
+    "qwen3-30b-a3b": QWEN3_30B_A3B,
+    "moonlight-16b-a3b": MOONLIGHT_3L,
+}
 MAX_LEN = 1024
 
 
@@ -36,8 +42,11 @@ def cuda(device):
 
 
 def _model(shape: str, seed: int, cuda) -> torch.nn.Module:
-    make = tiny_qwen3_moe_config if "num_experts" in SHAPES[shape] else tiny_qwen3_config
-    cfg = make(**{**SHAPES[shape], "num_hidden_layers": LAYERS})
+    if "kv_lora_rank" in SHAPES[shape]:  # Moonlight: its own three layers (one dense, two MoE)
+        cfg = tiny_deepseek_v3_config(**SHAPES[shape])
+    else:
+        make = tiny_qwen3_moe_config if "num_experts" in SHAPES[shape] else tiny_qwen3_config
+        cfg = make(**{**SHAPES[shape], "num_hidden_layers": LAYERS})
     return random_model(cfg, seed=seed, embed_std=0.02, device=cuda)  # drawn on the GPU: an MoE is ~6 GB at 4 layers
 
 
