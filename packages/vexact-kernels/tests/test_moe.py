@@ -256,3 +256,190 @@ def test_tie_checker_fails_on_ties_to_the_higher_index():
         return w, logits.shape[-1] - 1 - ids
 
     assert _tie_violations(higher_index) != []
+
+
+# moe_route_grouped: DeepSeek-V3 routing (sigmoid scores, bias for the selection only, group-limited top-k).
+
+MOONLIGHT = dict(e=64, k=6, n_group=1, topk_group=1, scale=2.446)
+DEEPSEEK_V3 = dict(e=256, k=8, n_group=8, topk_group=4, scale=2.5)
+
+
+def _grouped(logits, shape, bias=None, norm=True, route=None):
+    route = route or vk.moe_route_grouped
+    kw = dict(n_group=shape["n_group"], topk_group=shape["topk_group"], routed_scaling_factor=shape["scale"])
+    return route(logits, shape["k"], bias=bias, norm_topk_prob=norm, **kw)
+
+
+def _hf_route(logits, shape, bias, norm):
+    """transformers' own DeepseekV3MoE.route_tokens_to_experts (ids unsorted: it calls topk with sorted=False)."""
+    from transformers import DeepseekV3Config
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3MoE
+
+    cfg = DeepseekV3Config(
+        hidden_size=8, moe_intermediate_size=4, n_routed_experts=shape["e"], num_experts_per_tok=shape["k"],
+        n_group=shape["n_group"], topk_group=shape["topk_group"], routed_scaling_factor=shape["scale"],
+        norm_topk_prob=norm,
+    )  # fmt: skip
+    layer = DeepseekV3MoE(cfg)
+    layer.gate.e_score_correction_bias.copy_(bias)
+    ids, w = layer.route_tokens_to_experts(logits)
+    return w, ids
+
+
+def _hf_parity_violations(route, shape, norm, seed=0, t=64):
+    """Where ``route`` disagrees with transformers: the chosen sets (HF's ranks are unordered, so both sides are
+    sorted by expert id) must be equal; the weights equal within fp32 rounding. Why ``rtol = 2e-6`` (17 * 2^-23):
+    transformers' ``torch.sigmoid`` and our ``1 / (1 + exp(-x))`` differ by <= 2 ulp per score; its sum of the
+    k <= 8 scores runs in another order (<= k - 1 ulp); the division and the scale add 1 ulp each: <= 12 ulp. A weight
+    from the biased score, a lost group mask or a lost renormalisation is off by far more (percent). Measured: at
+    most 3.1 * 2^-23 over 2,560 rows of both shapes."""
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(t, shape["e"], generator=g) * 2
+    bias = torch.randn(shape["e"], generator=g) * 0.5  # large enough that it changes the choice
+    hw, hids = _hf_route(logits, shape, bias, norm)
+    w, ids = _grouped(logits, shape, bias, norm, route)
+    hids, horder = hids.sort(-1)
+    sids, order = ids.sort(-1)
+    if not torch.equal(hids, sids):
+        return [f"ids differ in {int((hids != sids).any(-1).sum())} rows"]
+    hw, sw = hw.gather(1, horder), w.gather(1, order)
+    if not torch.allclose(sw, hw, rtol=2e-6, atol=0):
+        return [f"weights differ by up to {((sw - hw).abs() / hw.abs()).max().item():.3g} (relative)"]
+    return []
+
+
+@pytest.mark.parametrize("shape", [MOONLIGHT, DEEPSEEK_V3], ids=["moonlight", "deepseek_v3"])
+@pytest.mark.parametrize("norm", [True, False])
+def test_grouped_route_matches_transformers(shape, norm):
+    assert _hf_parity_violations(None, shape, norm) == []
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(64, shape["e"], generator=g) * 2
+    w, ids = _grouped(logits, shape)
+    assert w.dtype == torch.float32 and ids.dtype == torch.int64 and w.shape == ids.shape == (64, shape["k"])
+    choice = torch.sigmoid(logits).gather(1, ids)
+    assert (choice[:, :-1] >= choice[:, 1:]).all()  # ranks ordered by the selection score
+    torch.testing.assert_close(w.sum(-1), torch.full((64,), shape["scale"]), rtol=1e-6, atol=0)
+    with vk.use_backend("fast"):
+        fw, fids = _grouped(logits, shape)
+    assert torch.equal(fids, ids)
+    torch.testing.assert_close(fw, w, rtol=2e-6, atol=0)
+
+
+def test_grouped_route_softmax_scoring_is_moe_route_when_ungrouped():
+    g = torch.Generator().manual_seed(2)
+    logits = torch.randn(9, 16, generator=g) * 3
+    w, ids = vk.moe_route_grouped(logits, 4, scoring_func="softmax")
+    ref_w, ref_ids = vk.moe_route(logits, 4, True)
+    assert torch.equal(ids, ref_ids)
+    torch.testing.assert_close(w, ref_w, rtol=1e-6, atol=0)  # the same softmax; only the 1e-20 differs
+
+
+def _grouped_tie_violations(route):
+    """Rows where equal scores or equal group scores did not go to the lower index (E=16 in 4 groups, keep 2)."""
+    a, b, c = 3.0, 2.0, -1.0
+    logits = torch.tensor(
+        [
+            [0.0] * 16,  # every expert and group ties: groups 0, 1, experts 0, 1, 2
+            [c, c, c, c, a, b, c, c, b, a, c, c, c, c, a, b],  # groups 1, 2, 3 tie (a + b); 1 and 2 kept
+            [a, c, c, c, c, c, c, c, c, c, c, a, c, c, a, a],  # group 3 best; 0 and 2 tie, 0 kept (not 11)
+        ]
+    )
+    expect = [[0, 1, 2], [4, 9, 5], [0, 14, 15]]
+    _, ids = route(logits, 3, n_group=4, topk_group=2)
+    return [r for r in range(3) if ids[r].tolist() != expect[r]]
+
+
+def test_grouped_route_ties_go_to_the_lower_index():
+    assert _grouped_tie_violations(vk.moe_route_grouped) == []
+    w, ids = vk.moe_route_grouped(torch.zeros(2, 8), 4, bias=torch.zeros(8), routed_scaling_factor=2.0)
+    assert ids.tolist() == [[0, 1, 2, 3]] * 2 and torch.equal(w, torch.full((2, 4), 0.5))
+
+
+def test_grouped_tie_checker_fails_on_ties_to_the_higher_index():
+    def higher_index(logits, k, **kw):  # flipping E reverses both the group order and the order inside groups
+        w, ids = vk.moe_route_grouped(logits.flip(-1), k, **kw)
+        return w, logits.shape[-1] - 1 - ids
+
+    assert _grouped_tie_violations(higher_index) != []
+
+
+def test_grouped_parity_checker_fails_on_perturbed_routers():
+    def bias_in_weights(logits, k, *, bias, norm_topk_prob, routed_scaling_factor, **kw):
+        _, ids = vk.moe_route_grouped(
+            logits, k, bias=bias, norm_topk_prob=norm_topk_prob, routed_scaling_factor=routed_scaling_factor, **kw
+        )
+        w = (torch.sigmoid(logits) + bias).gather(1, ids)
+        w = w / w.sum(-1, keepdim=True) if norm_topk_prob else w
+        return w * routed_scaling_factor, ids
+
+    def groups_ignored(logits, k, *, n_group, topk_group, **kw):
+        return vk.moe_route_grouped(logits, k, **kw)
+
+    assert _hf_parity_violations(bias_in_weights, DEEPSEEK_V3, True) != []
+    assert _hf_parity_violations(groups_ignored, DEEPSEEK_V3, True) != []
+
+
+@settings(max_examples=15, deadline=None)
+@given(t=st.integers(1, 48), rows=st.data(), shape=st.sampled_from([MOONLIGHT, DEEPSEEK_V3]))
+def test_grouped_route_row_alone_equals_row_in_batch(t, rows, shape):
+    g = torch.Generator().manual_seed(t)
+    logits = (torch.randn(t, shape["e"], generator=g) * 2).bfloat16()
+    bias = torch.randn(shape["e"], generator=g) * 0.5
+    w, ids = _grouped(logits, shape, bias)
+    for r in rows.draw(st.lists(st.integers(0, t - 1), min_size=1, max_size=3)):
+        wr, idr = _grouped(logits[r : r + 1], shape, bias)
+        assert torch.equal(wr[0], w[r]) and torch.equal(idr[0], ids[r])
+    cut = rows.draw(st.integers(0, t))
+    parts = [_grouped(p, shape, bias) for p in (logits[:cut], logits[cut:])]
+    assert torch.equal(torch.cat([p[0] for p in parts]), w) and torch.equal(torch.cat([p[1] for p in parts]), ids)
+
+
+def test_grouped_route_gradient_matches_transformers_autograd():
+    g = torch.Generator().manual_seed(3)
+    shape = dict(e=32, k=4, n_group=4, topk_group=2, scale=2.5)
+    logits = torch.randn(6, 32, generator=g, dtype=torch.float64) * 2
+    bias = torch.randn(32, generator=g) * 0.5
+    upstream = torch.randn(6, 4, generator=g)
+    ours = logits.float().requires_grad_(True)
+    w, ids = _grouped(ours, shape, bias)
+    (w * upstream).sum().backward()
+    ref = logits.clone().requires_grad_(True)  # float64: the exact gradient, through torch.sigmoid
+    rw = torch.sigmoid(ref).gather(1, ids)
+    (rw / rw.sum(-1, keepdim=True) * 2.5 * upstream.double()).sum().backward()
+    assert ours.grad.abs().sum() > 0
+    torch.testing.assert_close(ours.grad.double(), ref.grad, rtol=1e-5, atol=1e-6)
+    far = torch.full((1, 32), -200.0, requires_grad=True)  # exp(200) overflows: the gradient must stay finite
+    (_grouped(far, shape)[0] * upstream[:1]).sum().backward()
+    assert torch.isfinite(far.grad).all()
+
+
+def test_grouped_route_bad_inputs_are_errors():
+    x = torch.zeros(3, 16)
+    ok = dict(n_group=4, topk_group=2)
+    for kw, err, match in [
+        (dict(n_group=3), ValueError, "n_group"),
+        (dict(n_group=0), ValueError, "n_group"),
+        (dict(n_group=4.0), ValueError, "n_group"),
+        (dict(n_group=4, topk_group=5), ValueError, "topk_group"),
+        (dict(n_group=4, topk_group=0), ValueError, "topk_group"),
+        (dict(n_group=4, topk_group=True), ValueError, "topk_group"),
+        (dict(n_group=16, topk_group=2), ValueError, ">= 2 experts"),
+        (dict(ok, bias=torch.zeros(15)), TypeError, "bias"),
+        (dict(ok, bias=torch.zeros(16, dtype=torch.bfloat16)), TypeError, "bias"),
+        (dict(ok, bias=[0.0] * 16), TypeError, "bias"),
+        (dict(ok, norm_topk_prob=1), TypeError, "norm_topk_prob"),
+        (dict(ok, routed_scaling_factor=True), TypeError, "routed_scaling_factor"),
+        (dict(ok, routed_scaling_factor=torch.tensor(2.5)), TypeError, "routed_scaling_factor"),
+        (dict(ok, scoring_func="softplus"), ValueError, "scoring_func"),
+    ]:
+        with pytest.raises(err, match=match):
+            vk.moe_route_grouped(x, 2, **kw)
+    for k in (9, 0, True, 2.0):  # two groups of four kept: at most 8 experts
+        with pytest.raises(ValueError, match=r"top_k must be an int in \[1, .* = 8\]"):
+            vk.moe_route_grouped(x, k, **ok)
+    with pytest.raises(ValueError, match=r"\[T, E\]"):
+        vk.moe_route_grouped(torch.zeros(16), 2)
+    with pytest.raises(TypeError, match="dtype"):
+        vk.moe_route_grouped(x.long(), 2)
+    w, ids = vk.moe_route_grouped(x[:0], 8, **ok)
+    assert w.shape == ids.shape == (0, 8)

@@ -1,4 +1,5 @@
-"""Mixture of experts: top-k routing (:func:`moe_route`) and the fused expert MLP (:func:`fused_moe`).
+"""Mixture of experts: top-k routing (:func:`moe_route`, softmax; :func:`moe_route_grouped`, DeepSeek-V3's sigmoid
+scores with a selection bias and group-limited top-k) and the fused expert MLP (:func:`fused_moe`).
 
 Layout (transformers' own, in memory): ``w_gate_up [E, 2I, H]`` (gate rows ``[0, I)``, up rows ``[I, 2I)``) and
 ``w_down [E, H, I]``; a token ``t`` goes through experts ``topk_ids[t, 0..k-1]`` with weights ``topk_weights[t]``.
@@ -10,6 +11,9 @@ chunking, or whether a training batch, a prefill chunk or a decode step ran it:
 * routing: softmax over the experts in fp32 (max, ``exp``, a fixed-order sum over E); top-k by a stable descending
   sort (on CUDA: one Triton program per token, ``triton_ops/moe_route.py``, k rounds of arg-max), so ties go to the
   lower expert index; renormalisation sums the k weights in rank order;
+* grouped routing: sigmoid as ``1 / (1 + exp(-x))``, a group's score the sum of its two largest choice scores,
+  groups and experts chosen by stable descending sorts (ties: the lower index), the k unbiased scores added in
+  rank order;
 * experts: each (token, rank) pair is one row of a grouped GEMM over the pairs sorted (stably) by expert. A row is
   reduced over K in a fixed order that depends on K alone (the CPU reference: ``linear``'s blocks of
   ``LINEAR_BLOCK_K``; the Triton kernel: ``matmul``'s ``BLOCK_K`` tiles in K order), never shared with another row;

@@ -1,4 +1,5 @@
-"""Softmax top-k routing in one Triton program per token (the invariant backend's ``moe_route`` on CUDA).
+"""Top-k routing in one Triton program per token: the invariant backend's ``moe_route`` (softmax) and
+``moe_route_grouped`` (DeepSeek-V3, below) on CUDA.
 
 Invariance: a token's program reads only its own row of router logits; the max, the softmax sum (``tl.sum`` over one
 block of ``next_pow2(E)`` lanes, a reduction tree fixed by E alone) and the k rounds of "largest probability, lowest
@@ -77,3 +78,121 @@ class _Route(torch.autograd.Function):
 
 def triton_moe_route(logits: torch.Tensor, top_k: int, norm: bool) -> tuple[torch.Tensor, torch.Tensor]:
     return _Route.apply(logits, top_k, norm)
+
+
+# DeepSeek-V3 grouped routing (``moe_route_grouped``): one program per token over its row seen as
+# [n_group, E / n_group] (both padded to powers of two). Every step reads that row only: the scores (sigmoid as
+# ``1 / (1 + exp(-x))``; softmax as above), each group's two largest choice scores added (larger + smaller), the
+# ``topk_group`` rounds of "best group, lowest index among equals", then k rounds of "best masked choice score, lowest
+# expert index among equals", the k unbiased scores added in rank order. Index keys of padded lanes lie past E, so a
+# tie at -inf can never pick one.
+
+
+@triton.jit
+def _grouped_route_kernel(
+    logits_ptr, bias_ptr, w_ptr, ids_ptr, stride_t, scale,
+    K: tl.constexpr, N_GROUP: tl.constexpr, GROUP_SIZE: tl.constexpr, TOPK_GROUP: tl.constexpr,
+    NORM: tl.constexpr, SOFTMAX: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    t = tl.program_id(0).to(tl.int64)
+    g = tl.arange(0, BLOCK_G)
+    s = tl.arange(0, BLOCK_S)
+    valid = (g[:, None] < N_GROUP) & (s[None, :] < GROUP_SIZE)
+    expert = g[:, None] * GROUP_SIZE + s[None, :]  # [BLOCK_G, BLOCK_S]
+    key = tl.where(valid, expert, BLOCK_G * BLOCK_S)
+    x = tl.load(logits_ptr + t * stride_t + expert, mask=valid, other=0.0).to(tl.float32)
+    if SOFTMAX:
+        x = tl.where(valid, x, float("-inf"))
+        ex = tl.where(valid, tl.exp(x - tl.max(tl.max(x, axis=1), axis=0)), 0.0)
+        scores = ex / tl.sum(tl.sum(ex, axis=1), axis=0)
+    else:
+        scores = 1.0 / (1.0 + tl.exp(-x))
+    choice = scores
+    if HAS_BIAS:
+        choice = choice + tl.load(bias_ptr + expert, mask=valid, other=0.0)
+    choice = tl.where(valid, choice, float("-inf"))
+    if TOPK_GROUP < N_GROUP:
+        top1 = tl.max(choice, axis=1)
+        first = tl.min(tl.where(choice == top1[:, None], s[None, :], BLOCK_S), axis=1)
+        top2 = tl.max(tl.where(s[None, :] == first[:, None], float("-inf"), choice), axis=1)
+        group_score = top1 + top2
+        group_key = tl.where(g < N_GROUP, g, BLOCK_G)
+        kept = tl.zeros([BLOCK_G], dtype=tl.int32)
+        for _ in tl.static_range(TOPK_GROUP):
+            cand = tl.where(kept == 0, group_score, float("-inf"))
+            best = tl.max(cand, axis=0)
+            gi = tl.min(tl.where((cand == best) & (kept == 0), group_key, BLOCK_G), axis=0)
+            kept = tl.where(g == gi, 1, kept)
+        choice = tl.where(kept[:, None] == 1, choice, float("-inf"))
+    ranks = tl.arange(0, BLOCK_K)
+    w = tl.zeros([BLOCK_K], dtype=tl.float32)
+    ids = tl.zeros([BLOCK_K], dtype=tl.int64)
+    taken = tl.zeros([BLOCK_G, BLOCK_S], dtype=tl.int32)
+    total = 0.0
+    for r in tl.static_range(K):
+        cand = tl.where(taken == 0, choice, float("-inf"))
+        best = tl.max(tl.max(cand, axis=1), axis=0)
+        idx = tl.min(tl.min(tl.where((cand == best) & (taken == 0), key, BLOCK_G * BLOCK_S), axis=1), axis=0)
+        hit = key == idx
+        score = tl.max(tl.max(tl.where(hit, scores, float("-inf")), axis=1), axis=0)
+        taken = tl.where(hit, 1, taken)
+        w = tl.where(ranks == r, score, w)
+        ids = tl.where(ranks == r, idx.to(tl.int64), ids)
+        total += score
+    if NORM:
+        w = w / (total + 1e-20)
+    w = w * scale
+    tl.store(w_ptr + t * K + ranks, w, mask=ranks < K)
+    tl.store(ids_ptr + t * K + ranks, ids, mask=ranks < K)
+
+
+def _grouped_route_torch(logits, ids, norm, scale, scoring_func) -> torch.Tensor:
+    """The same weights as a differentiable torch expression (for the backward only)."""
+    x = logits.float()
+    scores = torch.sigmoid(x) if scoring_func == "sigmoid" else torch.softmax(x, dim=-1)
+    w = scores.gather(1, ids)
+    if norm:
+        total = w[:, 0]
+        for r in range(1, ids.shape[1]):
+            total = total + w[:, r]
+        w = w / (total + 1e-20).unsqueeze(-1)
+    return w * scale
+
+
+class _GroupedRoute(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits, bias, top_k, n_group, topk_group, norm, scale, scoring_func):
+        t, e = logits.shape
+        w = torch.empty(t, top_k, dtype=torch.float32, device=logits.device)
+        ids = torch.empty(t, top_k, dtype=torch.int64, device=logits.device)
+        if t:
+            lg = logits if logits.stride(-1) == 1 else logits.contiguous()
+            b = lg if bias is None else bias.contiguous()
+            group_size = e // n_group
+            block_g, block_s = triton.next_power_of_2(n_group), triton.next_power_of_2(group_size)
+            _grouped_route_kernel[(t,)](
+                lg, b, w, ids, lg.stride(0), scale,
+                K=top_k, N_GROUP=n_group, GROUP_SIZE=group_size, TOPK_GROUP=topk_group, NORM=norm,
+                SOFTMAX=scoring_func == "softmax", HAS_BIAS=bias is not None,
+                BLOCK_G=block_g, BLOCK_S=block_s, BLOCK_K=triton.next_power_of_2(top_k),
+                num_warps=4 if block_g * block_s >= 512 else 1,
+            )  # fmt: skip
+        ctx.save_for_backward(logits, ids)
+        ctx.args = (norm, scale, scoring_func)
+        ctx.mark_non_differentiable(ids)
+        return w, ids
+
+    @staticmethod
+    def backward(ctx, grad_w, _grad_ids):
+        logits, ids = ctx.saved_tensors
+        with torch.enable_grad():
+            lg = logits.detach().requires_grad_(True)
+            (g,) = torch.autograd.grad(_grouped_route_torch(lg, ids, *ctx.args), lg, grad_w)
+        return g.to(logits.dtype), None, None, None, None, None, None, None
+
+
+def triton_moe_route_grouped(
+    logits, top_k, bias, n_group, topk_group, norm, scale, scoring_func
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return _GroupedRoute.apply(logits, bias, top_k, n_group, topk_group, norm, scale, scoring_func)
