@@ -53,6 +53,7 @@ def main() -> None:
         max_position_embeddings=1024,
     )
     if args.family == "deepseek_v3":
+        args.experts = args.experts or 16
         cfg = _deepseek_v3(args)
     elif args.experts:
         moe = dict(num_experts=args.experts, num_experts_per_tok=args.top_k, mlp_only_layers=())
@@ -69,7 +70,7 @@ def main() -> None:
 
 
 def _deepseek_v3(args):
-    experts = args.experts or 16
+    experts = args.experts
     if experts % 4 or args.top_k > experts // 2:
         raise ValueError(f"--family deepseek_v3: --experts must be a multiple of 4 (4 groups, 2 kept) and >= 2 * "
                          f"--top-k; got {experts} and {args.top_k}")  # fmt: skip

@@ -83,7 +83,7 @@ class MLAttention(nn.Module):
         c_kv, k_pe = self.kv_a_proj_with_mqa(x).split([self.kv_lora_rank, self.rope], -1)  # [T, r], [T, rope]
         kv = self.kv_b_proj(self.kv_a_layernorm(c_kv.contiguous())).view(t, h, self.nope + self.v_dim)
         k_nope, v = kv.split([self.nope, self.v_dim], -1)
-        q_pe, k_pe = q_pe.contiguous(), k_pe.reshape(t, 1, self.rope)
+        q_pe, k_pe = q_pe.contiguous(), k_pe.reshape(t, 1, self.rope).contiguous()  # kernels take dense rows
         if self.interleave:
             q_pe, k_pe = deinterleave(q_pe), deinterleave(k_pe)
         q_pe, k_pe = self.rotary[0](positions, q_pe, k_pe)
