@@ -39,6 +39,3 @@ def tiny_moe_model(device):
 def tiny_ds_model(device):
     """The committed tiny DeepSeek-V3 checkpoint (bf16): 3 layers, the first dense, MLA, 8 grouped experts, top-2."""
     return load_model(default_checkpoint("deepseek_v3"), device=device)
-
-
-FAMILY_FIXTURES = {"qwen3": "tiny_model", "qwen3_moe": "tiny_moe_model", "deepseek_v3": "tiny_ds_model"}

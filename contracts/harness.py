@@ -34,6 +34,9 @@ def logprob_mismatches(engine_outputs, trainer_logprobs) -> list[tuple[str, int]
     return out
 
 
+# Each family's committed tiny checkpoint, as a conftest fixture name.
+FAMILY_FIXTURES = {"qwen3": "tiny_model", "qwen3_moe": "tiny_moe_model", "deepseek_v3": "tiny_ds_model"}
+
 # Real Qwen3 shapes (vexact_models.QWEN3_SHAPES), for the GPU-target contracts that run real-sized random models.
 QWEN3_06B = QWEN3_SHAPES["qwen3-0.6b"]
 QWEN3_17B = QWEN3_SHAPES["qwen3-1.7b"]

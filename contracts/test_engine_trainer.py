@@ -13,8 +13,7 @@ import torch
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from contracts.conftest import FAMILY_FIXTURES
-from contracts.harness import QWEN3_06B, logprob_mismatches
+from contracts.harness import FAMILY_FIXTURES, QWEN3_06B, logprob_mismatches
 from vexact_engine import LLM, EngineConfig, SamplingParams
 from vexact_trainer import Actor, ActorConfig
 
