@@ -92,7 +92,10 @@ class DeepseekMoeBlock(SparseMoeBlock):
     transformers adds them).
 
     The bias is a parameter in the model's dtype (transformers keeps it an fp32 buffer): the engine and the FSDP
-    trainer (which casts every parameter to bf16) then route with the same value. It gets no gradient.
+    trainer (which casts every parameter to bf16) then route with the same value. It gets no gradient. Cost: a
+    published fp32 bias is rounded to bf16 on load, so on a real checkpoint an expert choice can differ from
+    transformers' at a near-tie (engine == trainer is unaffected). Keeping it fp32 in both drivers (a persistent
+    buffer that FSDP does not cast, loaded and exported with the parameters) is the follow-up.
     """
 
     def __init__(
