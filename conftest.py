@@ -26,6 +26,16 @@ def pytest_addoption(parser):
     )
 
 
+def pytest_report_header(config):
+    """Which attention implementation CUDA tests run (``$VEXACT_ATTENTION``): their bits and fixtures depend on it."""
+    try:
+        import vexact_kernels
+
+        return f"vexact attention implementation on CUDA: {vexact_kernels.get_attention_impl()}"
+    except (ImportError, ValueError) as e:
+        return f"vexact attention implementation on CUDA: {e}"
+
+
 def pytest_configure(config):
     # One intra-op thread per test process: the CPU suite's tensors are small, and with xdist workers (or anything
     # else) sharing the two CI cores, torch's threads otherwise wait on each other (seen: 2.5 s -> 51 s). Results do

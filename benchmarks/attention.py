@@ -1,14 +1,21 @@
-"""Invariant attention on the GPU, measured side by side in one run (prints markdown tables).
+"""GPU attention side by side in one run, as markdown tables (printed, and written to ``--out``).
 
-- decode: one new token per sequence over a paged KV cache (page 16, pages shuffled); achieved HBM bandwidth (K/V
-  bytes read + q/o) as a fraction of a device-to-device copy's bandwidth measured in the same run;
-- prefill / training forward: TFLOP/s of the packed causal kernel vs ``scaled_dot_product_attention`` (flash backend)
-  on the same shapes (equal-length sequences, so SDPA sees a dense [B, H, L, D] batch);
-- backward: TFLOP/s of the deterministic backward vs SDPA's backward (flash).
+Columns: ours (the invariant Triton kernel, ``triton_ops/attention.py``), FA4 (FlashAttention 4 through
+``vexact_kernels.fa4_attention``, the ``VEXACT_ATTENTION=fa4`` path, when flash_attn.cute imports), torch's default
+``scaled_dot_product_attention`` (cuDNN on H100) and SDPA's FLASH_ATTENTION backend.
 
-Usage: ``PYTHONPATH=<packages' src dirs>:. python benchmarks/attention.py [--sweep]``. ``--sweep`` also times a few
-alternative tile configurations (for choosing the fixed constants; a change of the forward's constants changes the
-numerics of every GPU target).
+- decode: one new token per sequence; ours and FA4 over a paged KV cache (page 16, pages shuffled) inside a CUDA
+  graph, as the engine runs it; SDPA over a dense [B, Hkv, ctx, D] cache (``enable_gqa``). Reported as achieved HBM
+  bandwidth (K/V bytes read + q/o) in TB/s and as a fraction of a device-to-device copy measured in the same run;
+- prefill / training forward: TFLOP/s of the causal kernels on packed equal-length sequences (SDPA sees a dense
+  [B, H, L, D] batch, K/V heads repeated outside the timed region);
+- forward + backward (training): TFLOP/s counting 3.5x the forward FLOPs; ours and FA4 with their deterministic
+  backward.
+
+Usage: ``PYTHONPATH=<packages' src dirs>:. python benchmarks/attention.py [--out FILE] [--quick]`` (meant to take
+under 4 minutes on an H100; the FA4 and SDPA columns are written against their APIs and not yet run on a GPU).
+``--sweep`` times a few alternative Triton tile configurations instead (for choosing the fixed constants; a change
+of the forward's constants changes the numerics of every GPU target).
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import itertools
+import time
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +31,7 @@ import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench, do_bench_cudagraph
 
+from vexact_kernels import fa4_attention
 from vexact_kernels.triton_ops import attention as ta
 
 HQ, HKV, D = 32, 8, 128  # Qwen3-8B-shaped attention
@@ -177,19 +186,137 @@ def cross_config_check():
             print(f"- D={d} {cfg} vs (128, 64, 8, 3): equal={torch.equal(o, base)} max diff {(o - base).abs().max()}")
 
 
+DECODE_BATCHES, DECODE_CONTEXTS = [1, 16, 64, 256], [1024, 4096, 16384]
+
+
+def _tflops(flops, ms):
+    return flops / (ms * 1e-3) / 1e12
+
+
+def _try(fn):
+    """A column's timing, or why it has none (a backend refusing a shape is a result, not a crash)."""
+    try:
+        return fn()
+    except Exception as e:
+        return f"n/a ({type(e).__name__})"
+
+
+def _fmt(x, spec):
+    return format(x, spec) if isinstance(x, float) else str(x)
+
+
+def _graphed_tbs(fn, nbytes: int) -> float:
+    fn()
+    return nbytes / (do_bench_cudagraph(fn, rep=30) * 1e-3) / 1e12
+
+
+def _paged_decode(batch: int, ctx: int, fa4: bool, nbytes: int) -> list:
+    """Ours and FA4 over one paged cache (page 16, pages shuffled), as the engine's decode graph runs them."""
+    pages_per_seq = ctx // PAGE
+    num_pages = batch * pages_per_seq
+    kc = torch.randn(num_pages, PAGE, HKV, D, device=DEV, dtype=torch.bfloat16)
+    vc = torch.randn_like(kc)
+    bt = torch.randperm(num_pages, device=DEV, dtype=torch.int32).view(batch, pages_per_seq)
+    q = torch.randn(batch, HQ, D, device=DEV, dtype=torch.bfloat16)
+    ctx_lens = torch.full((batch,), ctx, device=DEV, dtype=torch.int32)
+    cu = torch.arange(batch + 1, device=DEV, dtype=torch.int32)
+    ours = _graphed_tbs(lambda: ta.attention_paged(q, kc, vc, bt, ctx_lens, cu), nbytes)
+    if not fa4:
+        return [ours, "-"]
+    return [
+        ours,
+        _try(lambda: _graphed_tbs(lambda: fa4_attention.attention_paged(q, kc, vc, bt, ctx_lens, cu), nbytes)),
+    ]
+
+
+def decode_row(batch: int, ctx: int, fa4: bool, copy_bw: float) -> list:
+    """Achieved TB/s per implementation for one decode step of `batch` sequences at context `ctx`, then the best
+    one's fraction of the copy bandwidth."""
+    nbytes = 2 * 2 * batch * ctx * HKV * D + 2 * 2 * batch * HQ * D  # K and V read, q read and o written (bf16)
+    row = _paged_decode(batch, ctx, fa4, nbytes)
+    torch.cuda.empty_cache()
+    kd = torch.randn(batch, HKV, ctx, D, device=DEV, dtype=torch.bfloat16)
+    vd = torch.randn_like(kd)
+    qd = torch.randn(batch, HQ, 1, D, device=DEV, dtype=torch.bfloat16)
+
+    def sdpa():
+        return F.scaled_dot_product_attention(qd, kd, vd, enable_gqa=True)
+
+    def sdpa_flash():
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            return F.scaled_dot_product_attention(qd, kd, vd, enable_gqa=True)
+
+    row += [_try(lambda: _graphed_tbs(sdpa, nbytes)), _try(lambda: _graphed_tbs(sdpa_flash, nbytes))]
+    best = max(x for x in row if isinstance(x, float))
+    return [*row, best * 1e12 / copy_bw]
+
+
+def prefill_row(batch: int, seqlen: int, fa4: bool, backward: bool) -> list:
+    """TFLOP/s per implementation, forward only or forward + backward."""
+    q, k, v, cu = _dense(batch, seqlen)
+    qs, ks, vs = _sdpa_inputs(q, k, v, batch, seqlen)
+    flops = causal_flops(batch, seqlen) * (3.5 if backward else 1.0)
+
+    def timed(fwd, inputs):
+        if not backward:
+            with torch.no_grad():
+                return _tflops(flops, do_bench(fwd, warmup=5, rep=30))
+        leaves = [t.detach().requires_grad_() for t in inputs]
+        do = torch.randn_like(fwd(*leaves))
+
+        def step():
+            torch.autograd.grad(fwd(*leaves), leaves, do)
+
+        return _tflops(flops, do_bench(step, warmup=5, rep=30))
+
+    def flash(a, b, c):
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            return F.scaled_dot_product_attention(a, b, c, is_causal=True)
+
+    def bind(fn, inputs):
+        return lambda *t: fn(*(t or inputs))
+
+    row = [timed(bind(lambda a, b, c: ta.attention_packed(a, b, c, cu), (q, k, v)), (q, k, v))]
+    fa = bind(lambda a, b, c: fa4_attention.attention_packed(a, b, c, cu), (q, k, v))
+    row.append(_try(lambda: timed(fa, (q, k, v))) if fa4 else "-")
+    sd = bind(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=True), (qs, ks, vs))
+    row += [_try(lambda: timed(sd, (qs, ks, vs))), _try(lambda: timed(bind(flash, (qs, ks, vs)), (qs, ks, vs)))]
+    return row
+
+
 def main():
     ap = argparse.ArgumentParser()
+    ap.add_argument("--out", help="also write the markdown tables to this file")
+    ap.add_argument("--quick", action="store_true", help="fewer shapes (a smoke run)")
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--cross-config", action="store_true")
     ap.add_argument("--fwd-config", help="sweep only this forward config, e.g. 64,64,4,3 (one per process)")
     args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("benchmarks/attention.py measures GPU kernels: no CUDA device is visible")
+    t0 = time.time()
+    lines: list[str] = []
+
+    def emit(line: str = "") -> None:
+        print(line, flush=True)
+        lines.append(line)
+
     free = torch.cuda.mem_get_info()[0]
-    print(f"# Invariant attention, {torch.cuda.get_device_name()}, {datetime.date.today()}")
-    print(f"torch {torch.__version__}, triton {triton.__version__}; Hq={HQ}, Hkv={HKV}, D={D}, bf16")
-    print(
-        f"forward tiles: BLOCK_M={ta.BLOCK_M} BLOCK_N={ta.BLOCK_N} warps={ta.NUM_WARPS} stages={ta.NUM_STAGES}; "
-        f"backward: {ta.BWD_BLOCK_M}x{ta.BWD_BLOCK_N} warps={ta.BWD_NUM_WARPS} stages={ta.BWD_NUM_STAGES}"
+    fa4, why = fa4_attention.fa4_importable()
+    emit(f"# Attention on the GPU, {torch.cuda.get_device_name()}, {datetime.date.today()}")
+    emit()
+    emit(f"torch {torch.__version__}, triton {triton.__version__}; Hq={HQ}, Hkv={HKV}, D={D}, bf16, causal")
+    emit(
+        f"ours (Triton) forward tiles: BLOCK_M={ta.BLOCK_M} BLOCK_N={ta.BLOCK_N} warps={ta.NUM_WARPS} "
+        f"stages={ta.NUM_STAGES}; backward: {ta.BWD_BLOCK_M}x{ta.BWD_BLOCK_N} warps={ta.BWD_NUM_WARPS} "
+        f"stages={ta.BWD_NUM_STAGES}"
     )
+    if fa4:
+        from importlib import metadata
+
+        emit(f"FA4: flash-attn-4 {metadata.version('flash-attn-4')}, settings {fa4_attention.FA4_SETTINGS}")
+    else:
+        emit(f"FA4: not importable here ({why})")
     if args.sweep or args.cross_config:  # exploration runs: only what was asked for
         if args.sweep and args.fwd_config:
             sweep([tuple(int(x) for x in args.fwd_config.split(","))], [])
@@ -199,31 +326,41 @@ def main():
             cross_config_check()
         return
     copy_bw = copy_bandwidth()
-    print(f"\ndevice-to-device copy: {copy_bw / 1e12:.2f} TB/s (read + write)\n")
-    print("## Decode (1 query token per sequence, paged KV, page 16)\n")
-    print("| batch | context | time (us), CUDA graph | achieved TB/s | fraction of copy | eager time (us) |")
-    print("|---|---|---|---|---|---|")
-    for batch, ctx in itertools.product([1, 16, 64, 256], [512, 4096, 16384]):
-        need = 2 * batch * ctx * HKV * D * 2
+    emit(f"\ndevice-to-device copy: {copy_bw / 1e12:.2f} TB/s (read + write)\n")
+    emit("## Decode (1 query token per sequence; achieved TB/s; ours and FA4 paged, page 16, in a CUDA graph)\n")
+    emit("| batch | context | ours | FA4 | SDPA default | SDPA flash | best / copy |")
+    emit("|---|---|---|---|---|---|---|")
+    batches, contexts = ([1, 64], [4096]) if args.quick else (DECODE_BATCHES, DECODE_CONTEXTS)
+    for batch, ctx in itertools.product(batches, contexts):
+        need = 2 * batch * ctx * HKV * D * 2  # K and V, paged then (freed) dense
         if need > 0.6 * free:
-            print(f"| {batch} | {ctx} | skipped: {need / 2**30:.0f} GiB of KV | | | |")
+            emit(f"| {batch} | {ctx} | skipped: {need / 2**30:.0f} GiB of KV | | | | |")
             continue
-        ms, bw, eager = decode_case(batch, ctx)
-        print(f"| {batch} | {ctx} | {ms * 1e3:.1f} | {bw / 1e12:.2f} | {bw / copy_bw:.2f} | {eager * 1e3:.1f} |")
+        row = decode_row(batch, ctx, fa4, copy_bw)
+        emit(f"| {batch} | {ctx} | " + " | ".join(_fmt(x, ".2f") for x in row) + " |")
         torch.cuda.empty_cache()
-    print("\n## Prefill / training forward (causal, packed equal-length sequences)\n")
-    print("| batch x seqlen | ours TFLOP/s | SDPA flash TFLOP/s | ratio |")
-    print("|---|---|---|---|")
-    for batch, seqlen in PREFILL_SHAPES:
-        ours, ref = prefill_case(batch, seqlen)
-        print(f"| {batch} x {seqlen} | {ours:.0f} | {ref:.0f} | {ours / ref:.2f} |")
-    print("\n## Backward (dQ, dK, dV; 2.5x forward FLOPs)\n")
-    print("| batch x seqlen | ours TFLOP/s | SDPA flash TFLOP/s | ratio |")
-    print("|---|---|---|---|")
-    for batch, seqlen in PREFILL_SHAPES:
-        ours, ref = backward_case(batch, seqlen)
-        print(f"| {batch} x {seqlen} | {ours:.0f} | {ref:.0f} | {ours / ref:.2f} |")
-        torch.cuda.empty_cache()
+    shapes = [(4, 4096), (32, 512)] if args.quick else PREFILL_SHAPES
+    for backward in (False, True):
+        title = "Forward + backward (training; 3.5x forward FLOPs)" if backward else "Prefill / training forward"
+        emit(f"\n## {title}: TFLOP/s, causal, packed equal-length sequences\n")
+        emit("| batch x seqlen | ours | FA4 | SDPA default | SDPA flash | ours / best | FA4 / best |")
+        emit("|---|---|---|---|---|---|---|")
+        for batch, seqlen in shapes:
+            row = prefill_row(batch, seqlen, fa4, backward)
+            best = max(x for x in row if isinstance(x, float))
+            ratios = [row[0] / best, row[1] / best if isinstance(row[1], float) else "-"]
+            emit(
+                f"| {batch} x {seqlen} | "
+                + " | ".join(_fmt(x, ".0f") for x in row)
+                + " | "
+                + " | ".join(_fmt(x, ".2f") for x in ratios)
+                + " |"
+            )
+            torch.cuda.empty_cache()
+    emit(f"\n(run took {time.time() - t0:.0f} s, FA4 compilation included)")
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -5,7 +5,10 @@ For each model shape (Qwen3-1.7B and/or 0.6B, random bf16 weights, real HF confi
   transformers ``generate`` (same weights, bf16, sdpa attention, left-padded batches), with ratios; goals:
   invariant >= 0.85x fast and >= 10x HF generate;
 - decode step time at batch 1 against the bound ``weight bytes / copy bandwidth`` (bandwidth of a device-to-device
-  copy measured in the same run, bytes read + written); goal <= 1.3x.
+  copy measured in the same run, bytes read + written); goal <= 1.3x;
+- a GRPO-shaped row: ``--grpo-prompts`` prompts of ``--grpo-prompt-len LO HI`` tokens, each sampled ``--grpo-n``
+  times (n requests share a prompt, distinct seeds), with prefix caching on and off: output tokens/s, the prompt
+  tokens served from the cache (hit rate), and whether on and off gave the same tokens and logprobs (torch.equal).
 
 Workload: ``--num-prompts`` random prompts of ``--prompt-len LO HI`` tokens, each generating a length drawn from
 ``--gen-len LO HI`` (ignore_eos, so lengths are exact), at each ``--max-num-seqs``. HF generate runs one left-padded
@@ -13,7 +16,8 @@ batch of ``--hf-prompts`` prompts for ``--hf-new-tokens`` tokens (it cannot stop
 count). The defaults finish in about 3-4 minutes on an H100 (most of it the two engines at two batch sizes).
 
 Usage: ``PYTHONPATH=<packages' src dirs>:. python benchmarks/throughput.py [--models 1.7b,0.6b] [--num-prompts 64]
-[--prompt-len 128 512] [--gen-len 128 256] [--max-num-seqs 64] [--modes invariant,fast,hf] [--out results.md]``
+[--prompt-len 128 512] [--gen-len 128 256] [--max-num-seqs 64] [--modes invariant,fast,hf] [--grpo-prompts 32]
+[--out results.md]`` (``--grpo-prompts 0`` skips the GRPO row).
 """
 
 from __future__ import annotations
@@ -106,14 +110,16 @@ def free_memory() -> None:
         torch.cuda.empty_cache()
 
 
-def engine_throughput(model, mode: str, max_num_seqs: int, prompts, params, args) -> dict:
+def engine_throughput(model, mode: str, max_num_seqs: int, prompts, params, args, keep_outputs=False, **kw) -> dict:
+    kw.setdefault("max_model_len", args.prompt_len[1] + args.gen_len[1])
     llm = LLM(
         model=model, backend=mode, max_num_seqs=max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-        max_model_len=args.prompt_len[1] + args.gen_len[1], gpu_memory_utilization=args.gpu_memory_utilization,
-        enforce_eager=args.enforce_eager,
+        gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager, **kw,
     )  # fmt: skip
     warm = prompts[:4]
     llm.generate(warm, [SamplingParams(max_tokens=8, seed=1, ignore_eos=True)] * len(warm), use_tqdm=False)  # warm up
+    llm.reset_prefix_cache()  # the timed run must not find the warm-up's prompts cached
+    before = llm.stats
     sync()
     t = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=True)
@@ -121,13 +127,66 @@ def engine_throughput(model, mode: str, max_num_seqs: int, prompts, params, args
     wall = time.perf_counter() - t
     tokens = sum(len(o.token_ids) for o in outs)
     assert tokens == sum(p.max_tokens for p in params), "a request came back short"
+    stats = {k: v - before[k] for k, v in llm.stats.items() if k.endswith("prompt_tokens")}
     res = dict(
         tokens=tokens, wall=wall, tok_s=tokens / wall, preemptions=llm.num_preemptions,
-        kv_pages=llm.blocks.num_blocks, graphs=llm.runner.num_graphs,
+        kv_pages=llm.blocks.num_blocks, graphs=llm.runner.num_graphs, **stats,
+        outputs=outs if keep_outputs else None,
     )  # fmt: skip
     del llm, outs
     free_memory()
     return res
+
+
+def grpo_workload(args, vocab: int):
+    """``--grpo-prompts`` prompts, each repeated ``--grpo-n`` times with its own seed (one GRPO group each)."""
+    g = torch.Generator().manual_seed(args.seed + 1)
+    lo, hi = args.grpo_prompt_len
+    glo, ghi = args.grpo_gen_len
+    prompts, params = [], []
+    for i in range(args.grpo_prompts):
+        prompt = torch.randint(0, vocab, (int(torch.randint(lo, hi + 1, (1,), generator=g)),), generator=g).tolist()
+        for j in range(args.grpo_n):
+            max_tokens = int(torch.randint(glo, ghi + 1, (1,), generator=g))
+            prompts.append(prompt)
+            params.append(SamplingParams(temperature=1.0, max_tokens=max_tokens, seed=i * args.grpo_n + j,
+                                         ignore_eos=True))  # fmt: skip
+    return prompts, params
+
+
+def grpo_rows(model, modes, args) -> list[str]:
+    """The GRPO-shaped workload with prefix caching on and off, per engine mode: a markdown table."""
+    prompts, params = grpo_workload(args, model.config.vocab_size)
+    limit = args.grpo_max_num_seqs
+    lines = [
+        f"GRPO-shaped: {args.grpo_prompts} prompts of {args.grpo_prompt_len[0]}-{args.grpo_prompt_len[1]} tokens, "
+        f"n = {args.grpo_n} samples each ({len(prompts)} requests), {args.grpo_gen_len[0]}-{args.grpo_gen_len[1]} "
+        f"generated tokens each, batch limit {limit}, {args.max_num_batched_tokens} tokens per step.",
+        "",
+        "| mode | prefix caching | output tok/s | wall s | prompt tokens | from cache | preemptions | on / off | "
+        "on == off (torch.equal) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    max_len = args.grpo_prompt_len[1] + args.grpo_gen_len[1]
+    for mode in modes:
+        runs = {}
+        for caching in (True, False):
+            runs[caching] = engine_throughput(model, mode, limit, prompts, params, args, keep_outputs=True,
+                                              max_model_len=max_len, enable_prefix_caching=caching)  # fmt: skip
+        on, off = runs[True], runs[False]
+        same = all(a.token_ids == b.token_ids and torch.equal(a.logprobs, b.logprobs)
+                   for a, b in zip(on["outputs"], off["outputs"], strict=True))  # fmt: skip
+        for caching, r in runs.items():
+            hit = r["cached_prompt_tokens"] / max(1, r["prompt_tokens"])
+            ratio = f"{on['tok_s'] / off['tok_s']:.2f}" if caching else "-"
+            lines.append(
+                f"| {mode} | {'on' if caching else 'off'} | {r['tok_s']:.0f} | {r['wall']:.1f} | {r['prompt_tokens']} "
+                f"| {r['cached_prompt_tokens']} ({hit:.0%}) | {r['preemptions']} | {ratio} | "
+                f"{('yes' if same else 'NO') if caching else '-'} |"
+            )
+        del runs, on, off
+        free_memory()
+    return lines + [""]
 
 
 def decode_step_time(model, mode: str, args) -> float:
@@ -180,6 +239,43 @@ def hf_throughput(model, prompts, args) -> dict:
     return dict(tokens=tokens, wall=wall, tok_s=tokens / wall)
 
 
+def base_rows(model, weight_bytes: int, bw: float, modes, batch_limits, args) -> list[str]:
+    """The random workload at each batch limit per mode (and HF generate), ratios, and the batch-1 decode step."""
+    prompts, params = workload(args, model.config.vocab_size)
+    lines: list[str] = []
+    lines += ["| batch limit | mode | output tok/s | wall s | tokens | preemptions | KV pages | graphs |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    results: dict[tuple[int, str], dict] = {}
+    for limit in batch_limits:
+        for mode in (m for m in modes if m != "hf"):
+            r = engine_throughput(model, mode, limit, prompts, params, args)
+            results[(limit, mode)] = r
+            lines.append(
+                f"| {limit} | {mode} | {r['tok_s']:.0f} | {r['wall']:.1f} | {r['tokens']} | {r['preemptions']} "
+                f"| {r['kv_pages']} | {r['graphs']} |"
+            )
+    hf = hf_throughput(model, prompts, args) if "hf" in modes else None
+    if hf:
+        lines.append(f"| {args.hf_prompts} (one batch) | HF generate | {hf['tok_s']:.0f} | {hf['wall']:.1f} | "
+                     f"{hf['tokens']} | - | - | - |")  # fmt: skip
+    lines += ["", "| batch limit | invariant / fast (goal >= 0.85) | invariant / HF generate (goal >= 10) |",
+              "| --- | --- | --- |"]  # fmt: skip
+    for limit in batch_limits:
+        inv, fast = results.get((limit, "invariant")), results.get((limit, "fast"))
+        r_fast = f"{inv['tok_s'] / fast['tok_s']:.2f}" if inv and fast else "-"
+        r_hf = f"{inv['tok_s'] / hf['tok_s']:.1f}" if inv and hf else "-"
+        lines.append(f"| {limit} | {r_fast} | {r_hf} |")
+    bound = weight_bytes / bw
+    lines += ["", f"Decode step at batch 1 (median of {args.decode_steps}, host work included); bound = weight "
+              f"bytes / copy bandwidth = {bound * 1e3:.3f} ms (goal <= 1.3x)", "",
+              "| mode | step ms | x bound |", "| --- | --- | --- |"]  # fmt: skip
+    for mode in (m for m in modes if m != "hf"):
+        t = decode_step_time(model, mode, args)
+        lines.append(f"| {mode} | {t * 1e3:.3f} | {t / bound:.2f} |")
+    lines.append("")
+    return lines
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="1.7b", help=f"comma-separated shapes from {','.join(SHAPES)}")
@@ -193,6 +289,12 @@ def main(argv=None) -> int:
     ap.add_argument("--modes", default="invariant,fast,hf")
     ap.add_argument("--hf-prompts", type=int, default=64, help="prompts in HF generate's one batch")
     ap.add_argument("--hf-new-tokens", type=int, default=256)
+    ap.add_argument("--grpo-prompts", type=int, default=32, help="GRPO row: prompts (0: no GRPO row)")
+    ap.add_argument("--grpo-n", type=int, default=8, help="GRPO row: samples per prompt")
+    ap.add_argument("--grpo-prompt-len", type=int, nargs=2, default=[512, 2048], metavar=("LO", "HI"))
+    ap.add_argument("--grpo-gen-len", type=int, nargs=2, default=[128, 512], metavar=("LO", "HI"))
+    ap.add_argument("--grpo-max-num-seqs", type=int, default=256, help="GRPO row: batch limit")
+    ap.add_argument("--grpo-only", action="store_true", help="only the GRPO-shaped row")
     ap.add_argument("--decode-steps", type=int, default=64, help="decode steps timed at batch 1")
     ap.add_argument("--enforce-eager", action="store_true", help="engine without CUDA graphs")
     ap.add_argument("--seed", type=int, default=0)
@@ -225,38 +327,11 @@ def main(argv=None) -> int:
     for shape in tqdm(args.models.split(","), desc="models"):
         model = make_model(shape, args.layers, seed=args.seed)
         weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-        prompts, params = workload(args, model.config.vocab_size)
         lines += [f"## Qwen3-{shape.upper()}-shaped ({weight_bytes / GIB:.2f} GiB of bf16 weights)", ""]
-        lines += ["| batch limit | mode | output tok/s | wall s | tokens | preemptions | KV pages | graphs |",
-                  "| --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
-        results: dict[tuple[int, str], dict] = {}
-        for limit in batch_limits:
-            for mode in (m for m in modes if m != "hf"):
-                r = engine_throughput(model, mode, limit, prompts, params, args)
-                results[(limit, mode)] = r
-                lines.append(
-                    f"| {limit} | {mode} | {r['tok_s']:.0f} | {r['wall']:.1f} | {r['tokens']} | {r['preemptions']} "
-                    f"| {r['kv_pages']} | {r['graphs']} |"
-                )
-        hf = hf_throughput(model, prompts, args) if "hf" in modes else None
-        if hf:
-            lines.append(f"| {args.hf_prompts} (one batch) | HF generate | {hf['tok_s']:.0f} | {hf['wall']:.1f} | "
-                         f"{hf['tokens']} | - | - | - |")  # fmt: skip
-        lines += ["", "| batch limit | invariant / fast (goal >= 0.85) | invariant / HF generate (goal >= 10) |",
-                  "| --- | --- | --- |"]  # fmt: skip
-        for limit in batch_limits:
-            inv, fast = results.get((limit, "invariant")), results.get((limit, "fast"))
-            r_fast = f"{inv['tok_s'] / fast['tok_s']:.2f}" if inv and fast else "-"
-            r_hf = f"{inv['tok_s'] / hf['tok_s']:.1f}" if inv and hf else "-"
-            lines.append(f"| {limit} | {r_fast} | {r_hf} |")
-        bound = weight_bytes / bw
-        lines += ["", f"Decode step at batch 1 (median of {args.decode_steps}, host work included); bound = weight "
-                  f"bytes / copy bandwidth = {bound * 1e3:.3f} ms (goal <= 1.3x)", "",
-                  "| mode | step ms | x bound |", "| --- | --- | --- |"]  # fmt: skip
-        for mode in (m for m in modes if m != "hf"):
-            t = decode_step_time(model, mode, args)
-            lines.append(f"| {mode} | {t * 1e3:.3f} | {t / bound:.2f} |")
-        lines.append("")
+        if not args.grpo_only:
+            lines += base_rows(model, weight_bytes, bw, modes, batch_limits, args)
+        if args.grpo_prompts > 0:
+            lines += grpo_rows(model, [m for m in modes if m != "hf"], args)
         del model
         free_memory()
     report = "\n".join(lines)

@@ -2,11 +2,14 @@
 prompts and seeds, stored with the sha256 of the tensors and the package versions that made them.
 
 One fixture per model family (``qwen3``, ``qwen3_moe``, ``deepseek_v3``: the committed tiny checkpoints), under
-``fixtures/<target>/<family>/``.
+``fixtures/<target>/<family>/``; on a GPU target with an attention implementation other than the default ``triton``
+(``$VEXACT_ATTENTION``, see vexact_kernels.set_attention_impl) under ``fixtures/<target>-<impl>/<family>/``, since
+the implementations give different bits.
 
 Record (after a deliberate numerics change, together with a version bump):
     python -m contracts.golden --target cpu            # every family
     python -m contracts.golden --target h100 --family qwen3_moe
+    VEXACT_ATTENTION=fa4 python -m contracts.golden --target h100   # -> fixtures/h100-fa4/
 """
 
 from __future__ import annotations
@@ -40,6 +43,16 @@ def versions() -> dict[str, str]:
         "vexact-engine": vexact_engine.__version__,
         "vexact-trainer": vexact_trainer.__version__,
     }
+
+
+def attention_impl(target: str) -> str | None:
+    """The attention implementation a target's fixtures are recorded with (None on cpu: the CPU reference)."""
+    return None if target == "cpu" else vexact_kernels.get_attention_impl()
+
+
+def fixture_dir(target: str, family: str) -> Path:
+    impl = attention_impl(target)
+    return FIXTURES / (target if impl in (None, "triton") else f"{target}-{impl}") / family
 
 
 def produce(device: str = "cpu", family: str = "qwen3") -> dict[str, torch.Tensor]:
@@ -81,24 +94,31 @@ def tensors_sha256(tensors: dict[str, torch.Tensor]) -> str:
     return h.hexdigest()
 
 
+def record_command(target: str, family: str) -> str:
+    impl = attention_impl(target)
+    env = f"VEXACT_ATTENTION={impl} " if impl not in (None, "triton") else ""
+    return f"{env}python -m contracts.golden --target {target} --family {family}"
+
+
 def load(target: str, family: str = "qwen3") -> tuple[dict[str, torch.Tensor], dict]:
-    d = FIXTURES / target / family
+    d = fixture_dir(target, family)
     if not (d / "golden.json").is_file():
         raise FileNotFoundError(
-            f"no golden fixture recorded for target {target!r}, family {family!r}: "
-            f"python -m contracts.golden --target {target} --family {family}"
+            f"no golden fixture recorded for target {target!r}, family {family!r}, attention "
+            f"{attention_impl(target) or 'cpu reference'} (looked in {d}): {record_command(target, family)}"
         )
     return load_file(str(d / "golden.safetensors")), json.loads((d / "golden.json").read_text())
 
 
 def record(target: str, device: str, family: str = "qwen3") -> Path:
     tensors = produce(device, family)
-    d = FIXTURES / target / family
+    d = fixture_dir(target, family)
     d.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(d / "golden.safetensors"))
     meta = {
         "target": target,
         "family": family,
+        **({"attention": attention_impl(target)} if target != "cpu" else {}),
         "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
         "sha256": tensors_sha256(tensors),
         "versions": versions(),

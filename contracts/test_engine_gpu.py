@@ -166,6 +166,32 @@ def test_sleep_wake_and_update_weights(shape_model, cuda):
     assert any(a.token_ids != b.token_ids for a, b in zip(after, before, strict=True))
 
 
+def test_prefix_cache_grpo_groups_equal_no_cache(shape_model):
+    """GRPO-shaped: n = 8 samples of each of 6 prompts (100-700 tokens). Prefix caching on (CUDA graphs) == off,
+    torch.equal, and == the trainer; a second generate() finds every prompt cached; a tight KV pool preempts (a
+    preempted request finds its pages cached or recomputes them) and still equals."""
+    _, model = shape_model
+    base, _ = _workload(6, seed=8, lo=100, hi=700)
+    prompts = [p for p in base for _ in range(8)]
+    params = [SamplingParams(temperature=[1.0, 0.7][i % 2], top_p=0.95, max_tokens=24 - i % 5, seed=2000 + i,
+                             ignore_eos=True) for i in range(len(prompts))]  # fmt: skip
+    kw = dict(max_num_seqs=64, max_num_batched_tokens=2048, num_kv_blocks=2048)
+    off, _ = _run(model, prompts, params, enable_prefix_caching=False, **kw)
+    on, llm = _run(model, prompts, params, **kw)
+    assert llm.runner.num_padded_steps > 0 and llm.stats["cached_prompt_tokens"] > 0
+    _same(on, off)
+    assert logprob_mismatches(on, _trainer_logprobs(model, on, params)) == []
+    again = llm.generate(prompts, params, use_tqdm=False)
+    _same(again, off)
+    assert [o.num_cached_tokens for o in again] == [(len(p) - 1) // 16 * 16 for p in prompts]
+    del llm
+    tight, llm = _run(model, prompts, params, max_num_seqs=48, max_num_batched_tokens=512, num_kv_blocks=80)
+    assert llm.num_preemptions > 0, "the KV cache was meant to be tight enough to preempt"
+    _same(tight, off)
+    del llm
+    torch.cuda.empty_cache()
+
+
 def test_burst_ten_times_the_kv_capacity(cuda):
     """Requests whose tokens add up to ~10x the KV cache all finish (preemption + recompute), none lost, and every
     logprob equals the unloaded run, bitwise."""

@@ -1,7 +1,8 @@
 """Contract 2: the engine's returned logprobs == the trainer's recomputed logprobs, torch.equal, every token.
 
 Random prompt sets, sampling settings and engine settings (batch size, token budget / chunk size, page size, KV
-cache size small enough to force preemption, chunked prefill on/off).
+cache size small enough to force preemption, chunked prefill on/off, prefix caching on/off with prompts that share
+prefixes, as a GRPO group's do). The dedicated prefix-cache contracts are in ``test_prefix_cache.py``.
 """
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ MAX_LEN = 96  # engine max_model_len in these runs
 def workloads(draw):
     n = draw(st.integers(1, 6))
     prompts = [draw(st.lists(st.integers(0, 271), min_size=1, max_size=40)) for _ in range(n)]
+    for i in range(1, n):  # some prompts start with (or are) an earlier one's leading tokens: prefix-cache hits
+        if draw(st.booleans()):
+            j = draw(st.integers(0, i - 1))
+            prompts[i] = (prompts[j][: draw(st.integers(0, len(prompts[j])))] + prompts[i])[:40]
     params = []
     for _ in range(n):
         temperature = draw(st.sampled_from([0.0, 0.6, 1.0, 1.4]))
@@ -52,6 +57,7 @@ def workloads(draw):
         # half the time barely more than the largest request needs (forces preemption), else plenty
         num_kv_blocks=draw(st.one_of(st.integers(min_blocks, min_blocks + 3), st.just(None))),
         enable_chunked_prefill=chunked,
+        enable_prefix_caching=draw(st.booleans()),
         max_model_len=MAX_LEN,
         seed=draw(st.integers(0, 1000)),
     )
@@ -81,6 +87,7 @@ def _engine_equals_trainer(model, workload) -> None:
     outs, llm = run_engine(model, prompts, params, cfg)
     event(f"preempted: {llm.num_preemptions > 0}")
     event(f"chunked prefill: {cfg.enable_chunked_prefill}")
+    event(f"prefix-cache hits: {llm.stats['cached_prompt_tokens'] > 0}")
     assert logprob_mismatches(outs, trainer_logprobs(model, outs, params)) == []
 
 

@@ -1,7 +1,8 @@
 """Contract 3: the recorded golden logprobs of this target still reproduce, bit for bit.
 
 A numerics change must come with a version bump and a re-recorded fixture, never silently; fixtures are per
-target (bitwise holds within a target, not across CPU and GPU).
+target (bitwise holds within a target, not across CPU and GPU) and, on GPU targets, per attention implementation
+(``fixtures/<target>-fa4/`` with ``VEXACT_ATTENTION=fa4``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,12 @@ def family(request) -> str:
 
 @pytest.fixture(scope="module")
 def recorded(target, family):
+    impl = golden.attention_impl(target)
+    if impl not in (None, "triton") and not (golden.fixture_dir(target, family) / "golden.json").is_file():
+        pytest.skip(
+            f"no golden fixture yet for {target} with attention {impl!r} (each implementation has its own bits); "
+            f"record it on the GPU: {golden.record_command(target, family)}"
+        )
     return golden.load(target, family)
 
 
@@ -26,6 +33,9 @@ def test_fixture_belongs_to_this_target(recorded, target, family):
     tensors, meta = recorded
     assert meta["target"] == target, f"fixture in fixtures/{target} was recorded for {meta['target']}"
     assert meta["family"] == family
+    if target != "cpu":  # fixtures from before the choice existed were all made with the Triton kernel
+        made_with = meta.get("attention", "triton")
+        assert made_with == golden.attention_impl(target), f"fixture was recorded with attention {made_with!r}"
     assert golden.tensors_sha256(tensors) == meta["sha256"], "fixture tensors do not match their recorded sha256"
 
 
@@ -56,3 +66,13 @@ def test_hash_catches_a_one_bit_change(recorded):
     lp.view(torch.int32)[0] ^= 1
     t["engine_logprobs"] = lp
     assert golden.tensors_sha256(t) != meta["sha256"]
+
+
+def test_fixture_dir_is_per_attention_impl(monkeypatch):
+    """GPU fixtures of a non-default attention implementation live beside the default's, never over them."""
+    monkeypatch.setattr(golden.vexact_kernels, "get_attention_impl", lambda: "fa4")
+    assert golden.fixture_dir("h100", "qwen3") == golden.FIXTURES / "h100-fa4" / "qwen3"
+    assert golden.fixture_dir("cpu", "qwen3") == golden.FIXTURES / "cpu" / "qwen3"  # CPU: the reference, always
+    assert golden.record_command("h200", "qwen3_moe").startswith("VEXACT_ATTENTION=fa4 python -m contracts.golden")
+    monkeypatch.setattr(golden.vexact_kernels, "get_attention_impl", lambda: "triton")
+    assert golden.fixture_dir("h100", "qwen3") == golden.FIXTURES / "h100" / "qwen3"

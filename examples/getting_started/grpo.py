@@ -52,6 +52,7 @@ class RunConfig:
     group_size: int = 8
     lr: float = 1e-3
     rollout_correction: str = "tis"
+    logit_noise_std: float = 0.0  # injected mismatch (EngineConfig.logit_noise_std): examples/tim_study sweeps it
     seed: int = 0
     out: str | None = None  # JSONL path (default: results/<backend>.jsonl next to this file)
     quiet: bool = False
@@ -87,6 +88,7 @@ def run(cfg: RunConfig) -> list[dict]:
         llm = LLM(
             path,
             backend=cfg.rollout_backend,
+            logit_noise_std=cfg.logit_noise_std,
             device=device,
             max_num_seqs=n,
             max_num_batched_tokens=max(512, n),
@@ -125,6 +127,8 @@ def run(cfg: RunConfig) -> list[dict]:
             row = {
                 "step": step,
                 "rollout_backend": cfg.rollout_backend,
+                "logit_noise_std": cfg.logit_noise_std,
+                "rollout_correction": cfg.rollout_correction,
                 "task": cfg.task,
                 "model": cfg.model,
                 "reward": float(rewards.mean()),
@@ -154,7 +158,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     for f in dataclasses.fields(RunConfig):
         kw = {"action": "store_true"} if f.type == "bool" else {"type": int if f.type == "int" else None}
-        if f.name == "lr":
+        if f.type == "float":
             kw = {"type": float}
         ap.add_argument("--" + f.name.replace("_", "-"), default=f.default, **kw)
     cfg = RunConfig(**vars(ap.parse_args(argv)))

@@ -14,9 +14,16 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--max-tokens", type=int, default=48, help="tokens generated per rollout")
     demo.add_argument("--dtypes", default="bfloat16,float32", help="comma-separated model dtypes to run")
     demo.add_argument("--seed", type=int, default=0)
+    from .tim import add_parser as add_tim
+
+    add_tim(sub)
     args = ap.parse_args(argv)
     if args.command == "demo":
         from .demo import run_demo
 
         return run_demo(args.model, args.prompts, args.max_tokens, args.dtypes.split(","), args.seed)
+    if args.command == "tim":
+        from .tim import main as tim_main
+
+        return tim_main(args)
     return 2

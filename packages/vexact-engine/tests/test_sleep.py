@@ -28,7 +28,9 @@ def test_sleep_level_1_frees_and_wake_restores_bitwise():
     before = _gen(llm)
     state = {n: p.clone() for n, p in llm.model.state_dict().items()}
     for _ in range(3):
+        assert llm.blocks.num_cached > 0  # the prompts' full pages are cached...
         llm.sleep(level=1)
+        assert llm.blocks.num_cached == 0  # ...and go with the KV cache: after waking they are recomputed
         assert llm.sleep_level == 1 and llm.runner.kv_caches is None
         assert all(p.numel() == 0 for p in llm.model.parameters())
         assert all(b.numel() == 0 for b in llm.model.buffers())

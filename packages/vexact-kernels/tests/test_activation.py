@@ -87,6 +87,11 @@ def test_fast_backend_is_torch_silu():
         fast = vk.silu_and_mul(gate, up)
     assert torch.equal(fast, F.silu(gate) * up)
     torch.testing.assert_close(fast, vk.silu_and_mul(gate, up), rtol=1e-6, atol=1e-7)
+    gb, ub = gate.bfloat16(), up.bfloat16()
+    with vk.use_backend("fast", ops={"activation"}):
+        fast_bf16 = vk.silu_and_mul(gb, ub)
+    assert torch.equal(fast_bf16, F.silu(gb) * ub)  # rounded twice in bf16, like HF: differs from fp32-then-cast
+    assert not torch.equal(fast_bf16, vk.silu_and_mul(gb, ub))
 
 
 @settings(max_examples=30, deadline=None)

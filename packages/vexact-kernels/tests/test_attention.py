@@ -243,6 +243,9 @@ def test_invariant_backend_on_cuda_runs_the_triton_kernels():
     """CUDA tensors on the invariant backend go to triton_ops.attention (its own tests: test_triton_attention.py)."""
     from vexact_kernels.triton_ops import attention as tri
 
+    if vk.get_attention_impl() != "triton":
+        pytest.skip(f"the public ops run attention implementation {vk.get_attention_impl()!r} ($VEXACT_ATTENTION)")
+
     q, k, v = (t.cuda() for t in _qkv(70, d=64))
     out = vk.attention_packed(q, k, v, _cu([30, 40]).cuda())
     assert torch.equal(out, tri.attention_packed(q, k, v, _cu([30, 40]).cuda()))

@@ -136,3 +136,59 @@ def test_cuda_tensors_run_on_both_backends(op):
         out = call()
     tol = 3e-2 if op.startswith("attention") else 2e-3  # bf16 attention I/O; TF32 may be on for CUDA matmuls
     torch.testing.assert_close(out.cpu(), on_cpu, rtol=tol, atol=tol)
+
+
+def test_per_op_backend_sets_only_the_listed_families():
+    assert vk.OPS == ("linear", "attention", "rms_norm", "rotary", "activation", "logprobs", "moe")
+    with vk.use_backend("fast", ops={"linear", "moe"}):
+        assert vk.get_backend("linear") == "fast" and vk.get_backend("moe") == "fast"
+        assert vk.get_backend("attention") == "invariant"
+        assert vk.get_backend() == "fast:linear,moe"
+        with vk.use_backend("fast", ops=["rotary"]):  # the others keep the enclosing context's backend
+            assert vk.get_backend() == "fast:linear,rotary,moe"
+        with vk.use_backend({"linear": "invariant"}):
+            assert vk.get_backend() == "fast:moe"
+        with vk.use_backend("invariant"):  # a name sets every family
+            assert vk.get_backend() == "invariant"
+    assert vk.get_backend() == "invariant"
+    with vk.use_backend("fast:attention,logprobs"):  # a spec string: listed fast, the rest invariant
+        assert vk.backend_map() == {op: "fast" if op in ("attention", "logprobs") else "invariant" for op in vk.OPS}
+    with vk.use_backend("fast", ops=vk.OPS):
+        assert vk.get_backend() == "fast"
+    assert vk.check_backend("fast:moe, linear") == "fast:linear,moe"
+
+
+@pytest.mark.parametrize(
+    "spec, ops, match",
+    [
+        ("fast", {"matmul"}, "op families must be a non-empty subset of"),
+        ("fast", set(), "op families must be a non-empty subset of"),
+        ("fast:", None, "op families must be a non-empty subset of"),
+        ("fast:linear,softmax", None, "op families must be a non-empty subset of"),
+        ("quick:linear", None, "unknown kernel backend 'quick'"),
+        ({"linear": "slow"}, None, "unknown kernel backend 'slow'"),
+    ],
+)
+def test_bad_per_op_spec_raises_naming_it(spec, ops, match):
+    with pytest.raises(ValueError, match=match), vk.use_backend(spec, ops=ops):
+        pass
+    assert vk.get_backend() == "invariant"
+
+
+def test_ops_string_is_refused():
+    with pytest.raises(TypeError, match="not the string 'linear'"), vk.use_backend("fast", ops="linear"):
+        pass
+    with pytest.raises(ValueError, match="unknown op family 'matmul'"):
+        vk.get_backend("matmul")
+
+
+def test_lm_head_follows_the_logprobs_family_not_linear():
+    g = torch.Generator().manual_seed(1)
+    h, nw, w = torch.randn(5, 64, generator=g), torch.ones(64), torch.randn(300, 64, generator=g)
+    inv = vk.compute_logits(h, nw, 1e-6, w)
+    with vk.use_backend("fast", ops={"linear"}):
+        assert torch.equal(vk.compute_logits(h, nw, 1e-6, w), inv)
+    with vk.use_backend("fast", ops={"logprobs"}):
+        fast = vk.compute_logits(h, nw, 1e-6, w)
+    assert not torch.equal(fast, inv)
+    assert torch.equal(fast, F.linear(vk.rms_norm(h, nw, 1e-6), w))

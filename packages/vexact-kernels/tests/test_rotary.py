@@ -74,12 +74,21 @@ def test_token_result_depends_only_on_its_position(n, seed, data):
     assert torch.equal(cos2[:256], cos) and torch.equal(sin2[:256], sin)
 
 
-def test_same_result_on_both_backends():
+def test_fast_backend_is_transformers_bf16_rotation():
     cos, sin = vk.rope_cos_sin(16, 64, 10_000.0)
     x, pos = _rand(10, 4, 16, seed=4), torch.arange(10) * 3
     with vk.use_backend("fast"):
         fast = vk.apply_rotary(x, pos, cos, sin)
-    assert torch.equal(fast, vk.apply_rotary(x, pos, cos, sin))
+    # HF's apply_rotary_pos_emb: cos/sin cast to x's dtype, x * cos + rotate_half(x) * sin in that dtype
+    c = torch.cat([cos[pos], cos[pos]], -1)[:, None].to(x.dtype)
+    s = torch.cat([sin[pos], sin[pos]], -1)[:, None].to(x.dtype)
+    assert torch.equal(fast, x * c + torch.cat([-x[..., 8:], x[..., :8]], -1) * s)
+    inv = vk.apply_rotary(x, pos, cos, sin)
+    assert not torch.equal(fast, inv)  # bf16 rounding per product: the mismatch baseline differs in the last bits
+    assert torch.allclose(fast.float(), inv.float(), atol=0.05)
+    with vk.use_backend("fast"):  # in fp32 the two are the same arithmetic
+        fast32 = vk.apply_rotary(x.float(), pos, cos, sin)
+    assert torch.equal(fast32, vk.apply_rotary(x.float(), pos, cos, sin))
 
 
 def test_odd_head_dim_raises():

@@ -77,6 +77,69 @@ def test_dtype_mismatch_is_an_error():
         mm.matmul(torch.zeros(2, 4), torch.zeros(3, 5))
 
 
+def test_fp32_precision_is_an_explicit_choice():
+    """fp32 means fp32 unless tf32 is asked for; a bad name is refused; 16-bit operands are not affected."""
+    mm = _mm()
+    assert vk.get_fp32_matmul_precision() == "ieee" and mm.input_precision(torch.float32) == "ieee"
+    with vk.use_fp32_matmul_precision("tf32"):
+        assert mm.input_precision(torch.float32) == "tf32"
+        assert mm.input_precision(torch.bfloat16) == "tf32"  # Triton's default: not applied to 16-bit operands
+    assert vk.get_fp32_matmul_precision() == "ieee"
+    with pytest.raises(ValueError, match=r"fp32 matmul precision 'fp16'; expected one of \('ieee', 'tf32', 'tf32x3'\)"):
+        with vk.use_fp32_matmul_precision("fp16"):
+            pass
+
+
+@interp
+def test_interpreted_fp32_matmul_ignores_the_precision_choice():
+    """The interpreter path sums fp32 products explicitly (no tl.dot), and the CPU reference is exact fp32: neither
+    depends on the choice."""
+    mm = _mm()
+    g = torch.Generator().manual_seed(5)
+    a, w = torch.randn(6, 150, generator=g), torch.randn(20, 150, generator=g)
+    ieee, ref = mm.matmul(a, w), vk.linear(a, w)
+    with vk.use_fp32_matmul_precision("tf32"):
+        assert torch.equal(mm.matmul(a, w), ieee) and torch.equal(vk.linear(a, w), ref)
+
+
+@pytest.mark.gpu
+def test_gpu_fp32_linear_runs_in_the_chosen_precision():
+    """fp32 linear on the GPU: ``ieee`` by default, within fp32 rounding of torch's fp32 matmul with TF32 off, and
+    row-invariant; ``tf32`` when chosen, which the same check catches (so it can fail)."""
+    mm = _mm()
+    # 1 + 2**-12 is an fp32 number that a tf32 operand (10-bit mantissa) rounds to 1: the product shows what ran
+    for m in (1, 40, 300, 5000):
+        a = torch.full((m, 2100), 1 + 2**-12, device="cuda")
+        w = torch.zeros(64, 2100, device="cuda")
+        w[:, 0] = 1.0
+        assert torch.equal(vk.linear(a, w), torch.full((m, 64), 1 + 2**-12, device="cuda")), f"M={m}"
+        with vk.use_fp32_matmul_precision("tf32"):
+            assert torch.equal(vk.linear(a, w), torch.ones(m, 64, device="cuda")), f"M={m}: tf32 was asked for"
+    g = torch.Generator(device="cuda").manual_seed(4)
+    k = 4096
+    a = torch.randn(777, k, device="cuda", generator=g)
+    w = torch.randn(1536, k, device="cuda", generator=g)
+    b = torch.randn(1536, device="cuda", generator=g)
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        ref = (a.double() @ w.double().T + b.double()).float()
+        ref_torch = torch.nn.functional.linear(a, w, b)  # cuBLAS fp32, TF32 off
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+    bound = 1e-6 * (a.abs() @ w.abs().T + b.abs())  # fp32 rounding; tf32 operands err ~10x more
+    y = vk.linear(a, w, b)
+    assert ((y - ref).abs() <= bound).all() and ((ref_torch - ref).abs() <= bound).all()
+    with vk.use_fp32_matmul_precision("tf32"):
+        assert not ((vk.linear(a, w, b) - ref).abs() <= bound).all()
+    # fp32 keeps the invariance: a row alone, any config, split programs or not, gives the same bits
+    for i in (0, 400, 776):
+        assert torch.equal(vk.linear(a[i : i + 1], w, b)[0], y[i])
+    for cfg in (*(c[:4] for c in mm.FP32_CONFIGS), (32, 32, 4, 2)):
+        for split in (False, True):
+            assert torch.equal(mm.matmul(a, w, b, config=cfg, split_programs=split), y), (cfg, split)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("kn", [(4096, 4096), (2048, 6144), (6144, 2048)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16])

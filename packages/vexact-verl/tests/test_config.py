@@ -22,6 +22,8 @@ def test_engine_kwargs_follow_verl_and_engine_kwargs_vexact():
     assert kw["max_model_len"] == 24 and kw["max_num_seqs"] == 4 and kw["seed"] == 7
     assert kw["backend"] == "fast" and kw["block_size"] == 8 and kw["dtype"] == "bfloat16"
     assert "device" not in kw  # decided by the server process, which owns the GPU
+    assert kw["enable_prefix_caching"] is True  # verl's rollout.enable_prefix_caching (default True) is honoured
+    assert engine_kwargs_from_verl(rollout(enable_prefix_caching=False))["enable_prefix_caching"] is False
     with pytest.raises(ValueError, match=r"unknown key\(s\) \['blocksize'\]"):
         engine_kwargs_from_verl(rollout(engine_kwargs={"vexact": {"blocksize": 8}}))
 

@@ -1,5 +1,6 @@
 """The vexact rollout through verl's registry on a GPU: placement, sleep frees device memory, weight sync from CUDA
-tensors, and logprobs == the vexact trainer on the same GPU, bitwise. Needs verl + Ray on the GPU machine
+tensors (CUDA IPC handles of device buckets: the test process shares the server's GPU), and logprobs == the vexact
+trainer on the same GPU, bitwise. Needs verl + Ray on the GPU machine
 (scripts/verl_device_wheels.sh)."""
 
 from __future__ import annotations
@@ -82,6 +83,7 @@ def _scenario(monkeypatch):
 
     asleep = loop.run_until_complete(sync())
     assert asleep < awake, (asleep, awake)  # sleep gave weights and KV back
+    assert adapter._ipc is True  # this process shares the server's GPU: the weights went through CUDA IPC handles
     outs = loop.run_until_complete(generate("b"))
     actor_model = load_model(default_checkpoint())
     load_weights(actor_model, [(n, p.to(torch.bfloat16)) for n, p in master.named_parameters()])

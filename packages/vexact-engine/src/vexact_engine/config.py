@@ -6,6 +6,7 @@ import vexact_kernels as vk
 
 DEFAULT_GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 CPU_KV_CACHE_BYTES = 256 << 20
+LM_HEAD_DTYPES = ("float32", "bfloat16", "float16")
 
 
 @dataclass
@@ -17,6 +18,11 @@ class EngineConfig:
     engine may use: the KV cache gets that budget minus the model's weights and a measured activation peak, capped at
     what ``max_num_seqs`` sequences of ``max_model_len`` tokens can use); else (CPU) 256 MiB.
     ``max_num_batched_tokens`` is the token budget of one step (decode tokens plus prefill chunks).
+
+    ``enable_prefix_caching`` (default on): full KV pages are cached by their token prefix and reused by later
+    requests that start with the same tokens (the n samples of a GRPO group share their prompt's pages); the
+    chunk-invariant kernels make a reused page bitwise the page the request would compute. Off: every request
+    computes its whole prompt (the same tokens and logprobs, more work).
 
     Decode steps on CUDA run as CUDA graphs captured for each of ``cuda_graph_batch_sizes`` (default
     1, 2, 4, ..., 256, capped at ``max_num_seqs``, plus ``max_num_seqs`` itself when it falls between two sizes): a
@@ -33,16 +39,32 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9
     max_model_len: int | None = None
     enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = True
     backend: str = "invariant"
     dtype: str | None = None
     device: str = "cpu"
     seed: int = 0
     enforce_eager: bool = False
     cuda_graph_batch_sizes: tuple[int, ...] | list[int] | None = None
+    # Mismatch injection, for training-inference mismatch studies only (both off by default; see the README):
+    # Gaussian noise of this standard deviation added to the fp32 sampling logits (seeded per request and token), and
+    # the lm_head output rounded to this dtype before sampling. The reported logprob is then the engine's own
+    # (perturbed) log_softmax of the sampled token, so a trainer sees a mismatch that grows from exactly 0.
+    logit_noise_std: float = 0.0
+    lm_head_dtype: str = "float32"
 
     def __post_init__(self) -> None:
-        if self.backend not in vk.BACKENDS:
-            raise ValueError(f"backend must be one of {vk.BACKENDS}, got {self.backend!r}")
+        try:
+            vk.check_backend(self.backend)  # a name, or "fast:<op>,..." for per-op-family fast kernels
+        except (ValueError, TypeError):
+            raise ValueError(
+                f"backend must be one of {vk.BACKENDS}, got {self.backend!r} (or 'fast:<op>,...' with ops in {vk.OPS})"
+            ) from None
+        noise = self.logit_noise_std
+        if isinstance(noise, bool) or not isinstance(noise, (int, float)) or not 0.0 <= noise < float("inf"):
+            raise ValueError(f"EngineConfig.logit_noise_std must be a finite number >= 0, got {noise!r}")
+        if self.lm_head_dtype not in LM_HEAD_DTYPES:
+            raise ValueError(f"EngineConfig.lm_head_dtype must be one of {LM_HEAD_DTYPES}, got {self.lm_head_dtype!r}")
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -51,6 +73,9 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"EngineConfig.{name} must be a positive integer, got {value!r}")
+        if not isinstance(self.enable_prefix_caching, bool):
+            value = self.enable_prefix_caching
+            raise TypeError(f"EngineConfig.enable_prefix_caching must be True or False, got {value!r}")
         u = self.gpu_memory_utilization
         if isinstance(u, bool) or not isinstance(u, (int, float)) or not 0.0 < u <= 1.0:
             raise ValueError(f"EngineConfig.gpu_memory_utilization must be in (0, 1], got {u!r}")
@@ -69,6 +94,10 @@ class EngineConfig:
                     f"EngineConfig.cuda_graph_batch_sizes must be a non-empty list of positive integers, got {sizes!r}"
                 )
             self.cuda_graph_batch_sizes = tuple(sorted(set(sizes)))
+
+    @property
+    def injects_mismatch(self) -> bool:
+        return self.logit_noise_std > 0 or self.lm_head_dtype != "float32"
 
     def graph_batch_sizes(self, on_cuda: bool) -> list[int]:
         """The padded decode sizes in force: none when eager (or on CPU without an explicit list)."""

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from vexact_models import expected_tensors, load_model, load_weights
+from vexact_models import expected_tensors, load_bucket, load_model, load_weights, receive_weights, weight_targets
 
 from .block_manager import BlockManager
 from .config import CPU_KV_CACHE_BYTES, EngineConfig
@@ -99,7 +99,7 @@ class LLMEngine:
                 "one step"
             )
         num_blocks = self._num_kv_blocks()
-        self.blocks = BlockManager(num_blocks, self.config.block_size)
+        self.blocks = BlockManager(num_blocks, self.config.block_size, self.config.enable_prefix_caching)
         self.scheduler = Scheduler(self.config, self.blocks)
         self.runner = self._make_runner(model, num_blocks)
         self.eos_token_ids = set(mcfg.eos_token_ids)
@@ -111,6 +111,7 @@ class LLMEngine:
         self._host_copies: dict[str, torch.Tensor] = {}  # weights offloaded by sleep(level=1), reused across cycles
         self._shapes: dict[str, tuple[torch.Size, torch.dtype]] = {}
         self._weights_pending: set[str] = set()  # names to reload after sleep(level=2)
+        self._targets: dict | None = None  # name -> parameter (view) for packed buckets; rebuilt after sleep/wake
 
     def _make_runner(self, model: torch.nn.Module, num_blocks: int):
         """The step executor (a pipeline-parallel engine substitutes its own; see ``pipeline.py``)."""
@@ -177,6 +178,8 @@ class LLMEngine:
         """
         self._refuse_sleep(level)
         self.runner.release()
+        self._targets = None
+        self.blocks.reset_prefix_cache()  # the cached pages' K/V goes with the KV cache
         on_cuda = self.runner.device.type == "cuda"
         for name, t, is_param in self._named_tensors():
             self._shapes[name] = (t.shape, t.dtype)
@@ -325,16 +328,53 @@ class LLMEngine:
         running requests was computed with the old weights, so updating while requests are in flight is refused.
         """
         self._refuse_update()
+        # cached K/V was computed with the old weights; dropped first, so a load that fails half way drops it too
+        self.blocks.reset_prefix_cache()
         loaded = load_weights(self.model, named_tensors, strict=False)
         self._weights_pending.difference_update(loaded)
         if self.model.config.tie_word_embeddings and "lm_head.weight" in self._weights_pending:
             self._weights_pending.discard("lm_head.weight")
         return loaded
 
+    def load_bucket(self, buffer: torch.Tensor, specs: list, skip=None) -> list[str]:
+        """Load one packed bucket (``vexact_models.BucketPacker``'s layout: a uint8 buffer on the model's device and
+        its ``TensorSpec`` list) into the parameters in place; returns the checkpoint names completed.
+
+        Every spec is checked (name, the parameter's exact dtype and shape, byte range) before any byte is copied,
+        so a bad bucket raises ``CheckpointError`` and changes nothing. Parameters keep their storage, so captured
+        CUDA graphs stay valid. The copies are queued on the current stream (the caller synchronises before the
+        buffer is reused). Refused while requests are unfinished or while asleep, as :meth:`update_weights`.
+        """
+        self._refuse_update()
+        self.blocks.reset_prefix_cache()  # as update_weights: cached K/V was computed with the old weights
+        if self._targets is None:
+            self._targets = weight_targets(self.model)
+        loaded = load_bucket(self.model, buffer, specs, targets=self._targets, skip=skip)
+        self._weights_pending.difference_update(loaded)
+        return loaded
+
+    def receive_weights(self, group) -> list[str]:
+        """Receive a whole weight sync broadcast by rank 0 of ``group`` (a ``vexact_models.WeightSyncGroup`` whose
+        device is this engine's) and load it bucket by bucket; returns the names loaded."""
+        self._refuse_update()
+        return receive_weights(group, self.load_bucket)
+
     def weight_names(self) -> set[str]:
         """The checkpoint names of the weights this engine holds (stacked experts one by one, as published
         checkpoints and the trainer's export name them): what a full :meth:`update_weights` sends."""
         return set(expected_tensors(self.model))
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached KV page (pages of running requests stay theirs). :meth:`update_weights` and
+        :meth:`sleep` do it themselves; verl's ``clear_kv_cache`` calls it."""
+        self.blocks.reset_prefix_cache()
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """Counters since construction: ``prompt_tokens`` of admitted requests and ``cached_prompt_tokens`` of those
+        reused from the prefix cache (hit rate = their ratio), ``recompute_tokens_cached`` (tokens of preempted
+        requests found cached when re-admitted), ``num_preemptions``, and ``cached_blocks`` now."""
+        return dict(self.scheduler.stats, num_preemptions=self.num_preemptions, cached_blocks=self.blocks.num_cached)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -358,7 +398,12 @@ class LLMEngine:
             if self.scheduler.has_unfinished():
                 raise RuntimeError(f"scheduler made no progress with {len(self.scheduler.waiting)} waiting requests")
             return []
-        results = self.runner.run(batch, self.blocks)
+        try:
+            results = self.runner.run(batch, self.blocks)
+        except BaseException:
+            # pages registered for this step may not hold their K/V: never let a later request reuse them
+            self.blocks.reset_prefix_cache()
+            raise
         for item in batch:
             item.seq.num_computed_tokens += item.num_new_tokens
         finished = []
@@ -391,6 +436,7 @@ class LLMEngine:
             finish_reason=seq.finish_reason or seq.status.value,
             text=text,
             num_preemptions=seq.num_preemptions,
+            num_cached_tokens=seq.num_cached_tokens or 0,
         )
 
     def running_sequences(self) -> list[Sequence]:

@@ -20,7 +20,7 @@ from vexact_models import AttentionMetadata
 
 from .block_manager import BlockManager
 from .config import EngineConfig
-from .sampler import sample
+from .sampler import sample, token_seed
 from .sampling_params import SamplingParams
 from .scheduler import ScheduledSeq
 
@@ -210,6 +210,7 @@ class ModelRunner:
             [it.seq.params for it in items],
             [it.seq.seed for it in items],
             [len(it.seq.output_token_ids) for it in items],
+            self.config,
         )
         return [(it, t, lp) for it, t, lp in zip(items, tokens, logprobs, strict=True)]
 
@@ -252,6 +253,22 @@ def step_tensors(step: dict[str, list], device: torch.device) -> tuple[torch.Ten
     return ids, pos, meta
 
 
+NOISE_SALT = 0x7E5A  # the logit noise of a token is drawn from a stream apart from its sampling draw
+
+
+def inject_mismatch(logits: torch.Tensor, config: EngineConfig, seeds: list[int], indices: list[int]) -> torch.Tensor:
+    """fp32 ``logits [S, V]`` rounded to ``config.lm_head_dtype``, plus ``N(0, logit_noise_std^2)`` noise drawn per row
+    from a generator seeded by (request seed, token index): a row's noise depends on nothing else in the batch."""
+    logits = logits.to(getattr(torch, config.lm_head_dtype)).float()
+    if config.logit_noise_std > 0:
+        noise = torch.empty_like(logits)
+        gen = torch.Generator(device=logits.device)
+        for i, (seed, index) in enumerate(zip(seeds, indices, strict=True)):
+            noise[i].normal_(generator=gen.manual_seed(token_seed(seed ^ NOISE_SALT, index)))
+        logits = logits + config.logit_noise_std * noise
+    return logits
+
+
 @torch.no_grad()
 def sample_rows(
     model: torch.nn.Module,
@@ -260,16 +277,24 @@ def sample_rows(
     params: list[SamplingParams],
     seeds: list[int],
     indices: list[int],
+    config: EngineConfig | None = None,
 ) -> tuple[list[int], list[float]]:
     """Tokens and their logprobs for pre-norm ``hidden [S, H]`` rows (token ``indices[i]`` of a request seeded
     ``seeds[i]``); the logprob is the trainer's ``model.logprobs``. Shared by the runner and the last pipeline stage.
+
+    With mismatch injection on (``config.logit_noise_std`` / ``config.lm_head_dtype``), the logits are perturbed
+    before the draw and the reported logprob is the engine's own log_softmax of those perturbed logits.
     """
     dev = hidden.device
     with vk.use_backend(backend):
         logits = model.logits(hidden)
-        tokens, _ = sample(logits, params, seeds, indices)
-        temps = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params], dtype=torch.float32)
-        logprobs, _ = model.logprobs(hidden, tokens, temps.to(dev))
+        if config is not None and config.injects_mismatch:
+            logits = inject_mismatch(logits, config, seeds, indices)
+            tokens, logprobs = sample(logits, params, seeds, indices)
+        else:
+            tokens, _ = sample(logits, params, seeds, indices)
+            temps = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params], dtype=torch.float32)
+            logprobs, _ = model.logprobs(hidden, tokens, temps.to(dev))
     # fp32 logprobs and token ids (< 2**53) are exact in float64: one transfer for both
     both = torch.stack([tokens.to(torch.float64), logprobs.to(torch.float64)]).cpu()
     return [int(t) for t in both[0].tolist()], both[1].tolist()

@@ -35,7 +35,7 @@ import torch.distributed as dist
 from torch import nn
 
 import vexact_kernels as vk
-from vexact_models import expected_tensors, load_model
+from vexact_models import WeightSyncGroup, expected_tensors, load_model, receive_weights
 
 from .block_manager import BlockManager
 from .config import EngineConfig
@@ -119,7 +119,9 @@ class _StageRunner:
             if not step["rows"]:
                 return [], []
             rows = torch.tensor(step["rows"], dtype=torch.int64, device=dev)
-            return sample_rows(self.model, self.config.backend, x[rows], step["params"], step["seeds"], step["indices"])
+            return sample_rows(
+                self.model, self.config.backend, x[rows], step["params"], step["seeds"], step["indices"], self.config
+            )
 
     # ---- driver side
     def run(self, batch: list[ScheduledSeq], blocks: BlockManager) -> list[tuple[ScheduledSeq, int, float]]:
@@ -232,6 +234,7 @@ class PipelineLLM(LLM):
         super().__init__(model=model, tokenizer=tokenizer, config=config)
         self._own_names = _weight_names(self.model)
         self._remote_pending: set[str] = set()  # driver: weights other stages still miss
+        self._sync_group: WeightSyncGroup | None = None  # this stage's member of a trainer's weight sync group
         log.info("pipeline rank %d/%d holds layers %s", self.rank, self.world, list(self.stage))
 
     def _make_runner(self, model: nn.Module, num_blocks: int) -> _StageRunner:
@@ -263,6 +266,19 @@ class PipelineLLM(LLM):
         elif op == "update_weights":
             loaded = LLM.update_weights(self, [(n, t) for n, t in message["tensors"] if n in self._own_names])
             return loaded, sorted(self._weights_pending)
+        elif op == "join_weight_sync":
+            host, port, first, world, timeout_s = message["args"]
+            self._sync_group = WeightSyncGroup(host, port, first + self.rank, world, self.runner.device, timeout_s)
+        elif op == "receive_weights":
+            if self._sync_group is None:
+                raise RuntimeError("receive_weights before join_weight_sync")
+            others = self._all_names - self._own_names  # known, held by another stage: skipped here
+
+            def load(buffer, specs):
+                return LLM.load_bucket(self, buffer, specs, skip=others.__contains__)
+
+            loaded = receive_weights(self._sync_group, load)
+            return loaded, sorted(self._weights_pending)
         else:
             raise ValueError(f"unknown pipeline control message {op!r}")
         return [], sorted(self._weights_pending)
@@ -274,7 +290,7 @@ class PipelineLLM(LLM):
         # refuse on the driver, before any stage acts, what a one-device engine would refuse
         if op == "sleep":
             self._refuse_sleep(message["level"])
-        elif op == "update_weights":
+        elif op in ("update_weights", "receive_weights"):
             self._refuse_update()
         answers = self.runner.control(message, self._apply)
         # every stage's weights must be back before the next step (the driver's own: LLMEngine.step checks them)
@@ -306,6 +322,18 @@ class PipelineLLM(LLM):
         answers = self._drive({"op": "update_weights", "tensors": tensors})
         loaded = {n for names, _ in answers for n in names}
         return [n for n, _ in tensors if n in loaded]
+
+    def join_weight_sync(self, host: str, port: int, first_rank: int, world_size: int, timeout_s: float = 600.0):
+        """Every stage joins a trainer's weight sync group (``vexact_models.WeightSyncGroup``) as rank
+        ``first_rank + stage``; the trainer is rank 0 and joins at the same time. Called on rank 0."""
+        self._drive({"op": "join_weight_sync", "args": (host, port, first_rank, world_size, timeout_s)})
+
+    def receive_weights(self, group=None) -> list[str]:
+        """Every stage receives the trainer's broadcast (``vexact_models.broadcast_weights``) on the group it joined
+        and loads the tensors it holds, straight from the wire (no hop through rank 0). Returns the names loaded on
+        any stage. Called on rank 0 (``group`` is ignored: each stage uses its own member)."""
+        answers = self._drive({"op": "receive_weights"})
+        return sorted({n for names, _ in answers for n in names})
 
 
 def _weight_names(model: nn.Module) -> set[str]:

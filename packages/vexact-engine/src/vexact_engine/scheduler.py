@@ -3,8 +3,13 @@
 Each step, running sequences are served first, in arrival order: a decoding sequence gets one token, a sequence
 still in prefill gets its next chunk. When the KV cache cannot hold a sequence's next tokens, the most recently
 admitted running sequence is preempted: its pages are freed and it goes back to the front of the queue, keeping the
-tokens it has generated; it will be recomputed from scratch (same numerics, so the same KV and the same logprobs).
+tokens it has generated; it will be recomputed (same numerics, so the same KV and the same logprobs).
 Waiting sequences are then admitted while the budget, ``max_num_seqs`` and free pages allow.
+
+With prefix caching (``EngineConfig.enable_prefix_caching``), a sequence being admitted first takes the cached pages
+of its longest cached prefix of full pages (``BlockManager.match_prefix``) and is prefilled from there: a chunked
+prefill from a cached context. A preempted sequence's full pages stay cached while nothing evicts them, so its
+recompute often starts near where it stopped. Every page a step fills is registered as it is scheduled.
 """
 
 from __future__ import annotations
@@ -35,6 +40,9 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        # prompt tokens of admitted requests and how many of those came from the prefix cache (first admission);
+        # tokens a preempted request got back from the cache when re-admitted
+        self.stats = {"prompt_tokens": 0, "cached_prompt_tokens": 0, "recompute_tokens_cached": 0}
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -67,6 +75,7 @@ class Scheduler:
             if seq.status is not SequenceStatus.RUNNING:
                 break
             self.blocks.allocate(seq, seq.num_computed_tokens + n)
+            self.blocks.cache_full_blocks(seq, seq.num_computed_tokens + n)
             out.append(ScheduledSeq(seq, n))
             budget -= n
             i += 1
@@ -74,18 +83,31 @@ class Scheduler:
             return out
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
-            n = min(seq.num_uncomputed, budget)
-            if n < seq.num_uncomputed and not self.config.enable_chunked_prefill:
+            prefix = self.blocks.match_prefix(seq)  # a waiting sequence holds no pages
+            computed = len(prefix) * self.blocks.block_size
+            n = min(seq.num_tokens - computed, budget)
+            if n < seq.num_tokens - computed and not self.config.enable_chunked_prefill:
                 break
-            if not self.blocks.can_allocate(seq, seq.num_computed_tokens + n):
+            if not self.blocks.can_allocate_with_prefix(seq, prefix, computed + n):
                 break
             self.waiting.popleft()
-            self.blocks.allocate(seq, seq.num_computed_tokens + n)
+            self.blocks.take_prefix(seq, prefix)
+            self.blocks.allocate(seq, computed + n)
+            self.blocks.cache_full_blocks(seq, computed + n)
+            self._count_admission(seq, computed)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             out.append(ScheduledSeq(seq, n))
             budget -= n
         return out
+
+    def _count_admission(self, seq: Sequence, cached: int) -> None:
+        if seq.num_cached_tokens is None:  # first admission
+            seq.num_cached_tokens = cached
+            self.stats["prompt_tokens"] += len(seq.prompt_token_ids)
+            self.stats["cached_prompt_tokens"] += cached
+        else:
+            self.stats["recompute_tokens_cached"] += cached
 
     def finish(self, seq: Sequence, reason: str) -> None:
         seq.status = SequenceStatus.FINISHED

@@ -25,6 +25,8 @@ class Sequence:
         self.status = SequenceStatus.WAITING
         self.num_computed_tokens = 0  # tokens whose K/V are in the cache
         self.block_table: list[int] = []
+        self.block_content_ids: list[int] = []  # prefix-cache content ids of the full pages of block_table
+        self.num_cached_tokens: int | None = None  # prompt tokens reused from the prefix cache at first admission
         self.finish_reason: str | None = None
         self.num_preemptions = 0
 

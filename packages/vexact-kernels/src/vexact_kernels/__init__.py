@@ -1,10 +1,26 @@
 """vexact-kernels: batch-invariant ops with an explicit backend switch.
 
 Backends: ``invariant`` (fixed-order reductions; the CPU reference in this release) and ``fast`` (plain torch:
-cuBLAS/MKL, SDPA; the training-inference mismatch baseline). Select with :func:`use_backend`.
+cuBLAS/MKL, SDPA; the training-inference mismatch baseline). Select with :func:`use_backend`, for all op families
+or per family (:data:`OPS`): ``use_backend("fast", ops={"attention"})``. The invariant backend's attention on CUDA
+is ``triton`` or ``fa4`` (FlashAttention 4), one per process: :func:`set_attention_impl` or ``$VEXACT_ATTENTION``.
 """
 
-from ._backend import BACKENDS, get_backend, set_backend, use_backend
+from ._backend import (
+    ATTENTION_IMPLS,
+    BACKENDS,
+    FP32_MATMUL_PRECISIONS,
+    OPS,
+    backend_map,
+    check_backend,
+    get_attention_impl,
+    get_backend,
+    get_fp32_matmul_precision,
+    set_attention_impl,
+    set_backend,
+    use_backend,
+    use_fp32_matmul_precision,
+)
 from .activation import silu_and_mul
 from .aten_mode import disable_invariant_mode, enable_invariant_mode, invariant_mode
 from .attention import ATTN_BLOCK_N, attention_packed, attention_paged, write_kv_cache
@@ -17,19 +33,26 @@ from .rotary import apply_rotary, rope_cos_sin
 __version__ = "0.3.0"
 
 __all__ = [
+    "ATTENTION_IMPLS",
     "ATTN_BLOCK_N",
     "BACKENDS",
+    "FP32_MATMUL_PRECISIONS",
+    "OPS",
     "LINEAR_BLOCK_K",
     "__version__",
     "apply_rotary",
     "attention_packed",
     "attention_paged",
+    "backend_map",
+    "check_backend",
     "compute_logits",
     "disable_invariant_mode",
     "enable_invariant_mode",
     "fused_moe",
     "entropy_from_logprobs",
+    "get_attention_impl",
     "get_backend",
+    "get_fp32_matmul_precision",
     "invariant_mode",
     "linear",
     "log_softmax",
@@ -38,8 +61,10 @@ __all__ = [
     "logprobs_from_hidden",
     "rms_norm",
     "rope_cos_sin",
+    "set_attention_impl",
     "set_backend",
     "silu_and_mul",
     "use_backend",
+    "use_fp32_matmul_precision",
     "write_kv_cache",
 ]

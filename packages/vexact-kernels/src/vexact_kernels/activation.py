@@ -3,7 +3,8 @@
 torch's CPU ``silu``/``sigmoid`` are not position-invariant (measured on torch 2.13: the same value gives a different
 result in the vector body and in the scalar tail of a launch), so the invariant path builds silu from exp and
 division, whose results were measured position-invariant (see tests/test_activation.py). On CUDA the ``invariant``
-backend runs the same formula as a Triton kernel (``triton_ops/activation.py``, with a backward).
+backend runs the same formula as a Triton kernel (``triton_ops/activation.py``, with a backward). The ``fast`` backend
+is the mismatch baseline as transformers runs it: ``F.silu(gate) * up`` in the input dtype (two roundings in bf16).
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ def silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     check_float("silu_and_mul", "gate", gate)
     if gate.shape != up.shape:
         raise ValueError(f"silu_and_mul: gate {tuple(gate.shape)} and up {tuple(up.shape)} differ in shape")
-    if get_backend() == "fast":
-        return (F.silu(gate.float()) * up.float()).to(gate.dtype)
+    if get_backend("activation") == "fast":
+        # as transformers and vLLM run it: silu rounded to the input dtype, then the product rounded again
+        return F.silu(gate) * up
     if use_triton(gate, up):
         from .triton_ops.activation import triton_silu_and_mul
 

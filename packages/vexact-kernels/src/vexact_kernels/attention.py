@@ -7,9 +7,13 @@ reading a paged cache, whatever the page size, the other sequences, or the numbe
 packed and paged entry points differ only in how a key position is turned into a row of K/V storage; both then call
 the same ``_attend``. No split-KV: one pass over the keys per query.
 
-On the ``invariant`` backend CUDA tensors go to the Triton kernel family in ``triton_ops/attention.py`` (the same
-rule, with its own fixed tile of 64 positions; GPU results are invariant among themselves, not equal to the CPU
-reference's). The CPU code below is the exact reference and its numerics are pinned by a golden fixture.
+On the ``invariant`` backend CUDA tensors go to one of two implementations, chosen once per process
+(``$VEXACT_ATTENTION`` or :func:`vexact_kernels.set_attention_impl`): ``triton`` (default), the Triton kernel family
+in ``triton_ops/attention.py`` (the same rule, with its own fixed tile of 64 positions), or ``fa4``, FlashAttention 4
+on Hopper/Blackwell (``fa4_attention.py``: the same rule with FA4's tiles). GPU results are invariant among
+themselves within one implementation, not equal to the CPU reference's nor to the other implementation's. The CPU
+code below is the exact reference (whatever the implementation choice) and its numerics are pinned by a golden
+fixture.
 
 Scores and the softmax statistics are fp32; the output is cast once to q's dtype. The ``fast`` backend is
 ``torch.nn.functional.scaled_dot_product_attention`` (per sequence, except the decode rows of a paged step: one
@@ -23,7 +27,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ._backend import check_float, get_backend, invariant_device_check
+from ._backend import attention_impl_in_use, check_float, get_backend, invariant_device_check
 from ._reduce import tree_sum
 from .triton_ops import use_triton
 
@@ -43,6 +47,11 @@ def _check_qkv(op: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> No
         raise ValueError(f"{op}: q head_dim {q.shape[-1]} != k head_dim {k.shape[-1]}")
     if k.dtype != v.dtype:
         raise TypeError(f"{op}: k dtype {k.dtype} != v dtype {v.dtype}")
+
+
+def _on_cuda(*tensors: torch.Tensor) -> str | None:
+    """The attention implementation for CUDA tensors (fixed for the process once used); None off CUDA."""
+    return attention_impl_in_use() if any(t.is_cuda for t in tensors) else None
 
 
 def _attend(q, k_store, v_store, key_rows, last_pos, scale: float) -> torch.Tensor:
@@ -111,7 +120,11 @@ def attention_packed(
     q [T, Hq, D], k/v [T, Hkv, D], ``cu_seqlens [B+1]`` (int) marks sequence boundaries. Returns [T, Hq, Dv].
     """
     _check_qkv("attention_packed", q, k, v)
-    if get_backend() == "invariant" and use_triton(q, k, v):
+    if get_backend("attention") == "invariant" and _on_cuda(q, k, v) == "fa4":
+        from . import fa4_attention
+
+        return fa4_attention.attention_packed(q, k, v, cu_seqlens, scale)
+    if get_backend("attention") == "invariant" and use_triton(q, k, v):
         from .triton_ops import attention as tri
 
         return tri.attention_packed(q, k, v, cu_seqlens, scale)
@@ -119,7 +132,7 @@ def attention_packed(
     cu_seqlens = cu_seqlens.to(torch.int64).cpu()
     _check_cu("attention_packed", cu_seqlens, total)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    if get_backend() == "fast":
+    if get_backend("attention") == "fast":
         outs = []
         for b in range(cu_seqlens.numel() - 1):
             s, e = int(cu_seqlens[b]), int(cu_seqlens[b + 1])
@@ -145,7 +158,7 @@ def write_kv_cache(
     """
     if k_cache.dtype != k.dtype:
         raise TypeError(f"write_kv_cache: cache dtype {k_cache.dtype} != key dtype {k.dtype}")
-    if get_backend() == "invariant" and use_triton(k, v, k_cache, v_cache):
+    if get_backend("attention") == "invariant" and use_triton(k, v, k_cache, v_cache):
         from .triton_ops import attention as tri
 
         return tri.write_kv_cache(k, v, k_cache, v_cache, slot_mapping)
@@ -240,12 +253,16 @@ def attention_paged(
     Query ``i`` of sequence ``b`` sits at position ``context_lens[b] - n_q[b] + i``.
     """
     _check_qkv("attention_paged", q, k_cache, v_cache)
-    if get_backend() == "invariant" and use_triton(q, k_cache, v_cache):
+    if get_backend("attention") == "invariant" and _on_cuda(q, k_cache, v_cache) == "fa4":
+        from . import fa4_attention
+
+        return fa4_attention.attention_paged(q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, scale)
+    if get_backend("attention") == "invariant" and use_triton(q, k_cache, v_cache):
         from .triton_ops import attention as tri
 
         return tri.attention_paged(q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, scale)
     total = q.shape[0]
-    if get_backend() == "fast" and q.is_cuda:
+    if get_backend("attention") == "fast" and q.is_cuda:
         # No validation here: it would sync with the host every layer. Every sequence brings >= 1 query (as the
         # engine's steps do), so one query per sequence is a decode batch.
         dev = q.device
@@ -271,7 +288,7 @@ def attention_paged(
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     seq = _seq_index(cu, total)
     last_pos = ctx[seq] - n_q[seq] + (torch.arange(total) - cu[:-1][seq])
-    if get_backend() == "fast":
+    if get_backend("attention") == "fast":
         if total == 0:
             return q.new_empty(0, q.shape[1], v_cache.shape[-1])
         return _fast_paged(q, k_cache, v_cache, tables, ctx, cu, scale)

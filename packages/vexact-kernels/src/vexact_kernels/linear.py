@@ -53,7 +53,7 @@ def linear(
     if x.shape[-1] != weight.shape[-1]:
         raise ValueError(f"linear: x has K={x.shape[-1]} but weight is {tuple(weight.shape)} (expected [N, K])")
     out_dtype = out_dtype or x.dtype
-    if get_backend() == "fast":
+    if get_backend("linear") == "fast":
         y = F.linear(x, weight.to(x.dtype), None if bias is None else bias.to(x.dtype))
         return y.to(out_dtype)
     if use_triton(x, weight):

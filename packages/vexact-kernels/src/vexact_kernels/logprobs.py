@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from ._backend import get_backend, invariant_device_check
+from ._backend import get_backend, invariant_device_check, use_backend
 from ._reduce import tree_sum
 from .linear import linear
 from .rms_norm import rms_norm
@@ -32,9 +32,13 @@ from .triton_ops import use_triton
 def compute_logits(
     hidden: torch.Tensor, norm_weight: torch.Tensor, eps: float, lm_head_weight: torch.Tensor
 ) -> torch.Tensor:
-    """Final norm then lm_head: ``hidden [T, H]`` -> fp32 logits ``[T, V]``."""
+    """Final norm then lm_head: ``hidden [T, H]`` -> fp32 logits ``[T, V]``.
+
+    The final norm belongs to the ``rms_norm`` op family, the lm_head matmul to ``logprobs`` (not ``linear``).
+    """
     normed = rms_norm(hidden, norm_weight, eps)
-    return linear(normed, lm_head_weight, out_dtype=torch.float32)
+    with use_backend({"linear": get_backend("logprobs")}):
+        return linear(normed, lm_head_weight, out_dtype=torch.float32)
 
 
 def _temperature_column(temperature, rows: int) -> torch.Tensor:
@@ -53,12 +57,12 @@ def log_softmax(logits: torch.Tensor, temperature: float | torch.Tensor = 1.0) -
     if logits.dtype != torch.float32:
         raise TypeError(f"log_softmax: logits must be float32, got {logits.dtype}")
     temps = _temperature_column(temperature, logits.shape[0]).to(logits.device)
-    if get_backend() == "invariant" and use_triton(logits):
+    if get_backend("logprobs") == "invariant" and use_triton(logits):
         from .triton_ops.logprobs import triton_log_softmax
 
         return triton_log_softmax(logits, temps.squeeze(1))
     z = logits / temps
-    if get_backend() == "fast":
+    if get_backend("logprobs") == "fast":
         return torch.log_softmax(z, dim=-1)
     invariant_device_check("log_softmax", logits)
     shifted = z - z.amax(dim=-1, keepdim=True)
@@ -70,7 +74,7 @@ def entropy_from_logprobs(logp: torch.Tensor) -> torch.Tensor:
     """``-sum p log p`` per row, fixed-order."""
     p = torch.exp(logp)
     terms = torch.where(p > 0, p * logp, 0.0)
-    if get_backend() == "fast":
+    if get_backend("logprobs") == "fast":
         return -terms.sum(-1)
     return -tree_sum(terms, dim=-1)
 
@@ -100,7 +104,7 @@ def logprobs_from_hidden(
             f"target token id out of range [0, {vocab}): min {int(targets.min())}, max {int(targets.max())}"
         )
     temps = _temperature_column(temperature, n).squeeze(1)
-    if get_backend() == "invariant" and use_triton(hidden, lm_head_weight):
+    if get_backend("logprobs") == "invariant" and use_triton(hidden, lm_head_weight):
         from .triton_ops.logprobs import triton_logprobs
 
         if hidden.dim() != 2:

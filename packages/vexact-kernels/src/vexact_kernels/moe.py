@@ -54,7 +54,7 @@ def moe_route(
     router gradient of training flows through the weights; the choice itself has none).
     """
     _check_route_args(router_logits, top_k)
-    if get_backend() == "fast":
+    if get_backend("moe") == "fast":
         probs = F.softmax(router_logits, dim=-1, dtype=torch.float32)
         w, ids = torch.topk(probs, top_k, dim=-1)
         if norm_topk_prob:
@@ -202,7 +202,7 @@ def moe_route_grouped(
         router_logits, top_k, bias, n_group, topk_group, norm_topk_prob, routed_scaling_factor, scoring_func
     )
     args = (router_logits, top_k, bias, n_group, topk_group, norm_topk_prob, float(routed_scaling_factor))
-    if get_backend() == "fast":
+    if get_backend("moe") == "fast":
         return _grouped_route_fast(*args, scoring_func)
     if use_triton(router_logits):
         from .triton_ops.moe_route import triton_moe_route_grouped
@@ -312,7 +312,7 @@ def fused_moe(
     _check_moe_args(x, w_gate_up, w_down, topk_weights, topk_ids)
     if x.shape[0] == 0:
         return x.new_zeros(x.shape)
-    if get_backend() == "fast":
+    if get_backend("moe") == "fast":
         return _fused_moe_fast(x, w_gate_up, w_down, topk_weights, topk_ids)
     if use_triton(x, w_gate_up, w_down):
         from .triton_ops.moe import triton_fused_moe

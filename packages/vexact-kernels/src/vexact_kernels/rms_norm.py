@@ -20,12 +20,12 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch
     if weight.shape != x.shape[-1:]:
         raise ValueError(f"rms_norm: weight shape {tuple(weight.shape)} does not match x's last dim {x.shape[-1]}")
     out_dtype = out_dtype or x.dtype
-    if get_backend() == "invariant" and use_triton(x, weight):
+    if get_backend("rms_norm") == "invariant" and use_triton(x, weight):
         from .triton_ops.rms_norm import triton_rms_norm
 
         return triton_rms_norm(x, weight, eps, out_dtype)
     xf = x.float()
-    if get_backend() == "fast":
+    if get_backend("rms_norm") == "fast":
         var = xf.pow(2).mean(-1, keepdim=True)
         return (xf * torch.rsqrt(var + eps) * weight.float()).to(out_dtype)
     invariant_device_check("rms_norm", x, weight)

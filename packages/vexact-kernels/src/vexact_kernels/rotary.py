@@ -2,8 +2,10 @@
 
 The cos/sin table is built once for all positions by :func:`rope_cos_sin` and indexed by position, so a token's
 rotation depends only on its position, never on how many tokens are computed with it. The rotation itself is
-elementwise fp32 (no fused multiply-add), identical on both backends; on CUDA the ``invariant`` backend runs the
-Triton kernel of ``triton_ops/rotary.py`` (same arithmetic, FMA contraction off, with a backward).
+elementwise fp32 (no fused multiply-add); on CUDA the ``invariant`` backend runs the Triton kernel of
+``triton_ops/rotary.py`` (same arithmetic, FMA contraction off, with a backward). The ``fast`` backend is the
+mismatch baseline as transformers runs it: ``x * cos + rotate_half(x) * sin`` with cos/sin cast to x's dtype, each
+product and the sum rounded to that dtype (bf16), so it differs from the fp32 rotation in the last bits.
 """
 
 from __future__ import annotations
@@ -30,11 +32,16 @@ def apply_rotary(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, si
     capturing = positions.is_cuda and torch.cuda.is_current_stream_capturing()  # no host sync in a CUDA graph capture
     if positions.numel() and not capturing and int(positions.max()) >= cos.shape[0]:
         raise ValueError(f"rotary: position {int(positions.max())} >= table size {cos.shape[0]}")
-    if get_backend() == "invariant" and use_triton(x, positions, cos, sin):
+    if get_backend("rotary") == "invariant" and use_triton(x, positions, cos, sin):
         from .triton_ops.rotary import triton_apply_rotary
 
         return triton_apply_rotary(x, positions, cos, sin)
     half = x.shape[-1] // 2
+    if get_backend("rotary") == "fast":
+        c = torch.cat([cos[positions], cos[positions]], dim=-1).unsqueeze(1).to(x.dtype)  # [tokens, 1, head_dim]
+        s = torch.cat([sin[positions], sin[positions]], dim=-1).unsqueeze(1).to(x.dtype)
+        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+        return x * c + rotated * s
     c = cos[positions].unsqueeze(1)  # [tokens, 1, half]
     s = sin[positions].unsqueeze(1)
     xf = x.float()

@@ -14,6 +14,8 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from vexact_models import checkpoint_pieces
+
 from .parallel import rank
 
 # Module-name parts that wrappers insert (activation checkpointing, torch.compile, FSDP1); never part of an HF name.
@@ -41,8 +43,6 @@ def iter_weight_buckets(
     """
     if isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int) or bucket_bytes < 1:
         raise ValueError(f"bucket_bytes must be a positive integer, got {bucket_bytes!r}")
-    from vexact_models import checkpoint_pieces
-
     bucket: list[tuple[str, torch.Tensor]] = []
     size = 0
     for name, p in model.named_parameters():
@@ -58,6 +58,33 @@ def iter_weight_buckets(
             size += nbytes
     if bucket:
         yield bucket
+
+
+def iter_weights(model: nn.Module, dtype: torch.dtype = torch.bfloat16) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield ``(hf_name, full tensor in dtype)`` one at a time (the tensors :func:`iter_weight_buckets` groups): for
+    packing into device buckets (``vexact_models.BucketPacker``). Collective like :func:`iter_weight_buckets`."""
+    for name, p in model.named_parameters():
+        t = p.detach().to(dtype)
+        if isinstance(t, DTensor):
+            t = t.full_tensor()
+        yield from checkpoint_pieces(hf_name(name), t)
+
+
+def sync_weights_broadcast(model: nn.Module, group, bucket_bytes: int = DEFAULT_BUCKET_BYTES, src_rank: int = 0):
+    """Separate placement: broadcast the model's bf16 weights on ``group`` (a ``vexact_models.WeightSyncGroup`` in
+    which this trainer's ``src_rank`` is rank 0 and every rollout engine or pipeline stage a receiver, calling
+    ``receive_weights``). Every trainer rank calls this (the gathers are collective); ``group`` may be None on the
+    ranks other than ``src_rank``. Returns the number of pieces sent on ``src_rank``, None elsewhere."""
+    from vexact_models import broadcast_weights
+
+    me = rank()
+    if me == src_rank and group is None:
+        raise ValueError(f"rank {me} is the source rank but no weight sync group was given")
+    if me != src_rank:
+        for _ in iter_weights(model):  # take part in the gathers
+            pass
+        return None
+    return broadcast_weights(group, iter_weights(model), bucket_bytes)
 
 
 def sync_weights(

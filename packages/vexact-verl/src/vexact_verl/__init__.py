@@ -12,6 +12,7 @@ import importlib.util
 from .actor import packed_log_probs
 from .registration import ROLLOUT_NAME, is_registered, register
 from .server import ServerSettings, VexactServer
+from .tim import tim_step_metrics
 
 __version__ = "0.3.0"
 
@@ -23,6 +24,7 @@ __all__ = [
     "is_registered",
     "packed_log_probs",
     "register",
+    "tim_step_metrics",
 ]
 
 if importlib.util.find_spec("verl") is not None:

@@ -45,6 +45,9 @@ def register() -> None:
     from .engine import register_engine
 
     register_engine()
+    from .tim import install
+
+    install()  # tim/* metrics beside verl's rollout_probs_diff ones
 
 
 def is_registered() -> bool:

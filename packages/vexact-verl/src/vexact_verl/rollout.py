@@ -190,6 +190,7 @@ class ServerAdapter(BaseRollout):
         self.bucket_bytes = int(self.config.checkpoint_engine.update_weights_bucket_megabytes) << 20
         dtype = getattr(torch, str(self.config.dtype))
         self._wire_dtype = dtype if isinstance(dtype, torch.dtype) and dtype.is_floating_point else None
+        self._ipc: bool | None = None  # decided at the first update_weights (same GPU as the server: CUDA IPC)
 
     @property
     def is_leader_rank(self) -> bool:
@@ -224,6 +225,12 @@ class ServerAdapter(BaseRollout):
         if kwargs.get("peft_config") is not None:
             raise NotImplementedError("LoRA adapters are not supported by the vexact rollout; merge them (lora.merge)")
         server = self._server()
+        if await self._colocated(server):
+            sent = await self._update_weights_ipc(server, weights)
+            if global_steps is not None:
+                await server.set_global_steps.remote(global_steps)
+            log.info("vexact replica %d: %d tensors updated through CUDA IPC", self.replica_rank, sent)
+            return
         limit = self.bucket_bytes
         bucket: list[tuple[str, torch.Tensor]] = []
         size = 0
@@ -248,6 +255,57 @@ class ServerAdapter(BaseRollout):
         if global_steps is not None:
             await server.set_global_steps.remote(global_steps)
         log.info("vexact replica %d: %d tensors updated", self.replica_rank, sent)
+
+    async def _colocated(self, server) -> bool:
+        """True when this worker and the server share a CUDA device: weights then go through CUDA IPC handles."""
+        if self._ipc is None:
+            self._ipc = False
+            if server is not None and torch.cuda.is_available() and self.config.pipeline_model_parallel_size == 1:
+                from vexact_models import device_uuid
+
+                theirs = await server.weight_sync_device.remote()
+                self._ipc = theirs is not None and theirs == device_uuid()
+        return self._ipc
+
+    async def _update_weights_ipc(self, server, weights) -> int:
+        """Colocated path: pack the weights (cast to the rollout dtype, round to nearest even) into two device
+        buffers of half a bucket each, hand the server their CUDA IPC handles once, then per bucket only its specs;
+        bucket i+1 is packed while the engine copies bucket i into its parameters. No byte touches host memory."""
+        from vexact_models import BucketPacker, ipc_handle
+
+        dtype = self._wire_dtype or torch.bfloat16
+        packer = BucketPacker(max(self.bucket_bytes // 2, 1 << 20), torch.device("cuda", torch.cuda.current_device()),
+                              dtype)  # fmt: skip
+        await server.open_weight_buffers.remote([ipc_handle(b) for b in packer.buffers])
+        pending, sent = None, 0
+
+        async def submit(bucket):
+            nonlocal pending, sent
+            packer.synchronize()  # the bucket's bytes are in place before the engine reads them
+            if pending is not None:
+                sent += await pending  # the engine is done with the other buffer, which is packed next
+            pending = server.load_weight_bucket.remote(bucket.index, bucket.specs, bucket.nbytes)
+
+        try:
+            async for name, tensor in _aiter(weights):
+                for bucket in packer.add(name, tensor):
+                    await submit(bucket)
+            last = packer.finish()
+            if last is not None:
+                await submit(last)
+            if pending is not None:
+                sent += await pending
+                pending = None
+        finally:
+            if pending is not None:  # an error: let the engine finish with the buffer before it is freed
+                try:
+                    await pending
+                except Exception:
+                    pass
+            await server.close_weight_buffers.remote()
+            packer.buffers.clear()
+            torch.cuda.empty_cache()
+        return sent
 
     def generate_sequences(self, prompts):
         raise NotImplementedError("the vexact rollout is server-based: verl's agent loop calls its server")

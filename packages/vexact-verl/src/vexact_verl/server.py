@@ -69,6 +69,7 @@ def engine_kwargs_from_verl(config, replica_rank: int = 0) -> dict[str, Any]:
         "max_num_batched_tokens": int(config.max_num_batched_tokens),
         "max_model_len": int(config.max_model_len or (config.prompt_length + config.response_length)),
         "enable_chunked_prefill": bool(config.enable_chunked_prefill),
+        "enable_prefix_caching": bool(config.enable_prefix_caching),
         "gpu_memory_utilization": float(config.gpu_memory_utilization),
         "enforce_eager": bool(config.enforce_eager),
         "dtype": str(config.dtype),
@@ -179,6 +180,7 @@ class VexactServer:
         self._reject = False
         self._ip = "127.0.0.1"
         self._port, self._port_sock = _free_port()
+        self._weight_buffers: list[torch.Tensor] = []  # a colocated trainer's bucket buffers (CUDA IPC), one sync
 
     # ---- lifecycle
     async def launch_server(self, dist_address: tuple[str, int] | None = None) -> None:
@@ -414,7 +416,12 @@ class VexactServer:
         await self.wake_up(["kv_cache"])
 
     async def clear_kv_cache(self) -> None:
-        """No prefix cache is kept across requests: nothing computed with old weights survives a request."""
+        """Drop the engine's prefix cache. The engine drops it by itself on every weight update and sleep (its K/V
+        would be stale), so nothing computed with old weights is ever reused; this is for callers that ask."""
+        if self.engine is None:
+            return
+        async with self._lock:
+            self.engine.reset_prefix_cache()
 
     # ---- weights
     async def update_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> int:
@@ -427,6 +434,55 @@ class VexactServer:
         self._set_ready()
         return len(loaded)
 
+    # ---- weights without host copies: a colocated trainer's device buffers, opened through CUDA IPC handles
+    def weight_sync_device(self) -> str | None:
+        """The UUID of this server's GPU when a trainer on the same GPU may hand it CUDA IPC handles (a one-device
+        engine on CUDA), else None (the host path)."""
+        if self.engine is None or self.settings.pipeline_parallel_size > 1:
+            return None
+        device = next(self.engine.model.parameters(), torch.empty(0)).device
+        if device.type != "cuda":
+            return None
+        from vexact_models import device_uuid
+
+        return device_uuid(device)
+
+    async def open_weight_buffers(self, handles: list) -> None:
+        """Open the trainer's bucket buffers (``vexact_models.ipc_handle``) for one sync; no bytes are copied."""
+        from vexact_models import open_ipc_handle
+
+        device = torch.cuda.current_device()
+        self._weight_buffers = [open_ipc_handle(h, device) for h in handles]
+
+    async def load_weight_bucket(self, index: int, specs: list, nbytes: int) -> int:
+        """Copy one packed bucket (buffer ``index``, its ``TensorSpec`` list) into the engine's parameters in place;
+        returns the number of tensors completed. Returns once the copies are done: the trainer then refills the
+        buffer. Refused while requests are in flight (as :meth:`update_weights`)."""
+        if not 0 <= index < len(self._weight_buffers):
+            raise ValueError(f"weight buffer {index} is not open ({len(self._weight_buffers)} open)")
+        buffer = self._weight_buffers[index]
+        if not 0 <= nbytes <= buffer.numel():
+            raise ValueError(f"bucket of {nbytes} bytes in a buffer of {buffer.numel()}")
+
+        def load():
+            loaded = self.engine.load_bucket(buffer[:nbytes], specs)
+            if buffer.is_cuda:
+                torch.cuda.current_stream(buffer.device).synchronize()
+            return loaded
+
+        async with self._lock:
+            loaded = await asyncio.to_thread(load)
+            self.stats["weight_buckets"] += 1
+            self._missing.difference_update(loaded)
+        self._set_ready()
+        return len(loaded)
+
+    async def close_weight_buffers(self) -> None:
+        """Let go of the trainer's buffers at the end of a sync (so the trainer's allocator can free them)."""
+        self._weight_buffers = []
+        if torch.cuda.is_available():
+            torch.cuda.ipc_collect()
+
     async def collective_rpc(self, method: str, timeout=None, args: tuple = (), kwargs: dict | None = None):
         raise NotImplementedError(f"the vexact rollout has no collective_rpc ({method!r})")
 
@@ -438,9 +494,11 @@ class VexactServer:
 
     async def get_stats(self) -> dict[str, int]:
         """Counters for tests and logs: engine steps, most requests in the engine when a step started, weight
-        buckets loaded, requests not answered yet, CUDA memory allocated by this process."""
+        buckets loaded, requests not answered yet, CUDA memory allocated by this process, and the engine's prompt
+        tokens and those reused from its prefix cache."""
         device_bytes = torch.cuda.memory_allocated() if torch.cuda.is_initialized() else 0
-        return dict(self.stats, in_flight=len(self._futures), device_bytes=device_bytes)
+        engine = {k: v for k, v in getattr(self.engine, "stats", {}).items() if k.endswith("prompt_tokens")}
+        return dict(self.stats, **engine, in_flight=len(self._futures), device_bytes=device_bytes)
 
 
 def _see_devices(cuda_visible_devices: str | None) -> None:

@@ -209,11 +209,6 @@ def _log_softmax_kernel(x_ptr, temp_ptr, out_ptr, V, BLOCK: tl.constexpr):
         tl.store(o_row + cols, (z - mx) - lse, mask=mask)
 
 
-def _precision(dtype: torch.dtype) -> str:
-    # fp32 operands would otherwise go through tf32 tensor cores (10-bit mantissa)
-    return "ieee" if dtype == torch.float32 else "tf32"
-
-
 def n_vocab_splits(vocab: int) -> int:
     """How many vocabulary splits the fused forward uses: a function of V alone."""
     return triton.cdiv(triton.cdiv(vocab, LOGPROBS_VOCAB_BLOCK), LOGPROBS_SPLIT_TILES)
@@ -237,7 +232,7 @@ def logprobs_fwd(
     _logprobs_fwd_split_kernel[(triton.cdiv(t, LOGPROBS_BLOCK_T), n_splits)](
         normed, weight, targets, temps, pm, ps, pe, pz, t, v, h,
         BLOCK_T=LOGPROBS_BLOCK_T, BLOCK_V=LOGPROBS_VOCAB_BLOCK, BLOCK_K=LOGPROBS_BLOCK_K,
-        SPLIT_TILES=LOGPROBS_SPLIT_TILES, PREC=_precision(normed.dtype), INTERPRET=interpreting(),
+        SPLIT_TILES=LOGPROBS_SPLIT_TILES, PREC=mm.input_precision(normed.dtype), INTERPRET=interpreting(),
         num_warps=LOGPROBS_NUM_WARPS, num_stages=LOGPROBS_NUM_STAGES,
     )  # fmt: skip
     _logprobs_fwd_combine_kernel[(triton.cdiv(t, LOGPROBS_COMBINE_ROWS),)](
@@ -266,7 +261,7 @@ def logprobs_bwd(
             ent[rows] if grad_ent is not None else mx, grad_lp[rows] if grad_lp is not None else mx,
             grad_ent[rows] if grad_ent is not None else mx, gc, s1 - s0, v, h,
             BLOCK_T=LOGPROBS_BLOCK_T, BLOCK_V=LOGPROBS_VOCAB_BLOCK, BLOCK_K=LOGPROBS_BLOCK_K,
-            PREC=_precision(normed.dtype), INTERPRET=interpreting(),
+            PREC=mm.input_precision(normed.dtype), INTERPRET=interpreting(),
             HAS_GLP=grad_lp is not None, HAS_GENT=grad_ent is not None,
             num_warps=LOGPROBS_NUM_WARPS, num_stages=LOGPROBS_NUM_STAGES,
         )  # fmt: skip

@@ -15,6 +15,11 @@ The M/N tile shape is chosen per M bucket for speed; ``BLOCK_K`` and ``SPLIT_TIL
 does not change any element's bits (the tensor-core instruction reduces each element's K slice the same way) is
 checked, not assumed: the GPU tests compare every config against every other, bitwise.
 
+fp32 operands: ``tl.dot`` multiplies them with the precision :func:`input_precision` names (``ieee`` by default:
+fp32 products and sums on the CUDA cores, so an fp32 linear means fp32; ``tf32`` is selectable with
+``vexact_kernels.use_fp32_matmul_precision``). They run the pointer kernel with ``FP32_CONFIGS`` (smaller tiles: fp32
+stages take twice the shared memory, and the CUDA-core dot gains nothing from large ones).
+
 Backward (``LinearFunction``): dX = dY @ W and dW = dY.T @ X with the same kernel on strided views; both are
 deterministic run to run (fixed reduction order; dW reduces over tokens in the same fixed splits).
 """
@@ -40,6 +45,8 @@ CONFIGS = (
     (128, 128, 8, 3),  # larger M when the persistent TMA kernel cannot take the operands
 )
 INTERPRET_CONFIG = (16, 16, 4, 1)
+# fp32 operands (speed only): (BLOCK_M, BLOCK_N, num_warps, num_stages, split-programs max tiles) for M <= 32 and above
+FP32_CONFIGS = ((16, 32, 4, 4, 131), (64, 64, 4, 3, 48))
 # Split programs (one per K split, then the combine) pay when the output has fewer tiles than this, per config above
 # (H100 sweep, scripts/tune_kernels.py `cold`/`small`). Speed only: the bits are the same either way.
 SPLIT_PROGRAMS_MAX_TILES = (131, 48, 0)
@@ -49,11 +56,12 @@ SPLIT_PROGRAMS_MAX_TILES = (131, 48, 0)
 def k_reduce(
     a_base, b_base, stride_ak, stride_bk, mask_a, mask_b, K, kt_lo, kt_hi,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_TILES: tl.constexpr,
-    INTERPRET: tl.constexpr,
+    INTERPRET: tl.constexpr, INPUT_PRECISION: tl.constexpr,
 ):  # fmt: skip
     """The K reduction of every invariant GEMM tile (this module's and the grouped MoE GEMMs'): K tiles ``kt_lo ..
     kt_hi - 1`` of ``BLOCK_K`` in order, one ``tl.dot`` per tile into an fp32 partial, which is added to the fp32 total
-    and restarted from zero at every split boundary (``SPLIT_TILES`` tiles, positions fixed by K alone). ``a_base``
+    and restarted from zero at every split boundary (``SPLIT_TILES`` tiles, positions fixed by K alone), with
+    ``INPUT_PRECISION`` (:func:`input_precision`) for fp32 operands. ``a_base``
     ``[BLOCK_M, 1]`` / ``b_base`` ``[1, BLOCK_N]`` pointers at k = 0, with their row / column masks."""
     offs_k = tl.arange(0, BLOCK_K)
     k_tiles = tl.cdiv(K, BLOCK_K)
@@ -70,7 +78,7 @@ def k_reduce(
             # which mishandles 16-bit floats): an explicit fp32 product-and-sum stands in for the tensor-core MMA.
             acc += tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], axis=1)
         else:
-            acc = tl.dot(a, b, acc)
+            acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
         if (kt % SPLIT_TILES == SPLIT_TILES - 1) or (kt == k_tiles - 1):
             total += acc
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -84,7 +92,7 @@ def _matmul_kernel(
     stride_am, stride_ak, stride_bn, stride_bk, stride_cm, stride_cn,
     HAS_BIAS: tl.constexpr, INTERPRET: tl.constexpr, SPLIT_OUT: tl.constexpr, ACCUMULATE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    SPLIT_TILES: tl.constexpr,
+    SPLIT_TILES: tl.constexpr, INPUT_PRECISION: tl.constexpr,
 ):  # fmt: skip
     """One output tile; all K splits in order (``SPLIT_OUT=False``) or the one split ``program_id(1)``, whose fp32
     partial goes to ``c_ptr[split, M, N]`` (``SPLIT_OUT=True``). ``ACCUMULATE``: ``c = c + result`` (fp32 ``c``)."""
@@ -113,7 +121,7 @@ def _matmul_kernel(
         kt_hi = k_tiles
     total = k_reduce(
         a_base, b_base, stride_ak, stride_bk, mask_m, mask_n, K, kt_lo, kt_hi,
-        BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_TILES, INTERPRET,
+        BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_TILES, INTERPRET, INPUT_PRECISION,
     )  # fmt: skip
     if SPLIT_OUT:
         c_ptrs = c_ptr + split.to(tl.int64) * M * N + offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
@@ -153,7 +161,7 @@ def _matmul_tma_kernel(
     M, N, K, stride_cm, stride_cn,
     HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    SPLIT_TILES: tl.constexpr, NUM_SMS: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
+    SPLIT_TILES: tl.constexpr, NUM_SMS: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, INPUT_PRECISION: tl.constexpr,
 ):  # fmt: skip
     """Persistent Hopper variant (TMA loads): the same per-element K structure as ``_matmul_kernel``, for large M."""
     start = tl.program_id(0)
@@ -171,7 +179,7 @@ def _matmul_tma_kernel(
         for kt in range(k_tiles):
             a = a_desc.load([pid_m * BLOCK_M, kt * BLOCK_K])  # out-of-bounds reads are zero, like the masks
             b = b_desc.load([pid_n * BLOCK_N, kt * BLOCK_K])
-            acc = tl.dot(a, b.T, acc)
+            acc = tl.dot(a, b.T, acc, input_precision=INPUT_PRECISION)
             if (kt % SPLIT_TILES == SPLIT_TILES - 1) or (kt == k_tiles - 1):
                 total += acc
                 acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -213,9 +221,19 @@ def _launch_tma(a, b_t, c, bias, cfg) -> None:
         m, n, k, c.stride(0), c.stride(1),
         HAS_BIAS=bias is not None,
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=BLOCK_K, GROUP_M=GROUP_M, SPLIT_TILES=SPLIT_TILES, NUM_SMS=num_sms,
-        WARP_SPECIALIZE=ws,
+        WARP_SPECIALIZE=ws, INPUT_PRECISION=input_precision(a.dtype),
         num_warps=warps, num_stages=stages,
     )  # fmt: skip
+
+
+def input_precision(dtype: torch.dtype) -> str:
+    """The ``tl.dot`` input precision for operands of ``dtype``: for fp32 the one in force
+    (``vexact_kernels.get_fp32_matmul_precision()``, default ``ieee``); for 16-bit operands Triton's default ``tf32``,
+    which does not apply to them (they always run on the tensor cores at full precision), so their kernels are the
+    ones compiled before the choice existed."""
+    from .._backend import get_fp32_matmul_precision
+
+    return get_fp32_matmul_precision() if dtype == torch.float32 else "tf32"
 
 
 def pick_config(m: int, n: int, interpret: bool = False) -> int:
@@ -238,7 +256,8 @@ def matmul(
 ) -> torch.Tensor:
     """``a [M, K] @ b_t[N, K].T (+ bias [N])`` -> ``[M, N]``; any strides.
 
-    ``config`` overrides the tile choice: 4 values for the pointer kernel, 5 for the persistent TMA kernel.
+    ``config`` overrides the tile choice: 4 values for the pointer kernel, 5 for the persistent TMA kernel (fp32
+    operands: the pointer kernel with ``FP32_CONFIGS`` unless ``config`` says otherwise).
     ``split_programs`` overrides whether K splits run as separate programs plus a combine (default: when the output
     has few tiles). Neither changes a single bit of the result.
     ``accumulate_into``: an fp32 ``[M, N]`` tensor (any strides) that gets ``+= result`` in place and is returned.
@@ -268,18 +287,27 @@ def matmul(
             return c if bias is None else c.add_(bias.float().expand(m, n))
         return c.zero_() if bias is None else c.copy_(bias.expand(m, n))
     num_splits = triton.cdiv(triton.cdiv(k, BLOCK_K), SPLIT_TILES)
+    fp32 = a.dtype == torch.float32
     want_tma = config is None and m > 256 and split_programs is not True or config is not None and len(config) == 5
-    if want_tma and not acc_in and _tma_ok(a, b_t):
+    if want_tma and not acc_in and _tma_ok(a, b_t) and (config is not None or not fp32):
         if config is None:
             config = TMA_CONFIG if m * n >= TMA_MIN_OUTPUTS else TMA_CONFIG_MID
             config = TMA_CONFIG_FP32_OUT if c.element_size() == 4 else config
         _launch_tma(a, b_t, c, bias, config)
         return c
     idx = pick_config(m, n, interpreting())
-    bm, bn, warps, stages = config[:4] if config is not None else INTERPRET_CONFIG if interpreting() else CONFIGS[idx]
+    max_tiles = SPLIT_PROGRAMS_MAX_TILES[idx]
+    if config is not None:
+        bm, bn, warps, stages = config[:4]
+    elif interpreting():
+        bm, bn, warps, stages = INTERPRET_CONFIG
+    elif fp32:
+        bm, bn, warps, stages, max_tiles = FP32_CONFIGS[0 if m <= 32 else 1]
+    else:
+        bm, bn, warps, stages = CONFIGS[idx]
     tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
     if split_programs is None:
-        split_programs = num_splits > 1 and tiles <= SPLIT_PROGRAMS_MAX_TILES[idx]
+        split_programs = num_splits > 1 and tiles <= max_tiles
     split_programs = split_programs and num_splits > 1
     out = torch.empty(num_splits, m, n, dtype=torch.float32, device=a.device) if split_programs else c
     _matmul_kernel[(tiles, num_splits if split_programs else 1)](
@@ -288,6 +316,7 @@ def matmul(
         a.stride(0), a.stride(1), b_t.stride(0), b_t.stride(1), c.stride(0), c.stride(1),
         HAS_BIAS=bias is not None, INTERPRET=interpreting(), SPLIT_OUT=split_programs, ACCUMULATE=acc_in,
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=BLOCK_K, GROUP_M=GROUP_M, SPLIT_TILES=SPLIT_TILES,
+        INPUT_PRECISION=input_precision(a.dtype),
         num_warps=warps, num_stages=stages,
     )  # fmt: skip
     if split_programs:

@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from .activation import ACT_BLOCK, ACT_NUM_WARPS, _silu_and_mul_bwd_kernel, silu_and_mul_fwd
-from .matmul import BLOCK_K, SPLIT_TILES, k_reduce
+from .matmul import BLOCK_K, SPLIT_TILES, input_precision, k_reduce
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages) of the grouped GEMMs, picked by T*k (never by an expert's count); speed
 # only: every one gives the same bits (tests/test_triton_moe.py, on the GPU). H100 sweep at the Qwen3-30B-A3B layer
@@ -63,7 +63,7 @@ def _grouped_mm_kernel(
     a_ptr, a_rows_ptr, b_ptr, c_ptr, tile_expert_ptr, tile_row_ptr, offsets_ptr,
     N, K, E,
     stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn,
-    GATHER: tl.constexpr, INTERPRET: tl.constexpr,
+    GATHER: tl.constexpr, INTERPRET: tl.constexpr, INPUT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_TILES: tl.constexpr,
 ):  # fmt: skip
     """``c[rows] = a[a_rows[rows]] @ b[e].T`` for one (M tile, N tile); the M tile's expert ``e`` and first sorted row
@@ -90,7 +90,7 @@ def _grouped_mm_kernel(
     mask_n = offs_n[None, :] < N
     total = k_reduce(
         a_base, b_base, stride_ak, stride_bk, mask_a, mask_n, K, 0, tl.cdiv(K, BLOCK_K),
-        BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_TILES, INTERPRET,
+        BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_TILES, INTERPRET, INPUT_PRECISION,
     )  # fmt: skip
     c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :].to(tl.int64) * stride_cn
     tl.store(c_ptrs, total.to(c_ptr.dtype.element_ty), mask=mask_a & mask_n)
@@ -101,7 +101,7 @@ def _grouped_wgrad_kernel(
     dy_ptr, x_ptr, x_rows_ptr, dw_ptr, offsets_ptr,
     N, K,
     stride_dym, stride_dyn, stride_xm, stride_xk, stride_we, stride_wn, stride_wk,
-    GATHER: tl.constexpr, INTERPRET: tl.constexpr,
+    GATHER: tl.constexpr, INTERPRET: tl.constexpr, INPUT_PRECISION: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, SPLIT_TILES: tl.constexpr,
 ):  # fmt: skip
     """``dw[e] = dy[rows_e].T @ x[x_rows[rows_e]]`` for one (N tile, K tile) of expert ``program_id(1)``: the expert's
@@ -141,7 +141,7 @@ def _grouped_wgrad_kernel(
         if INTERPRET:
             acc += tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], axis=1)
         else:
-            acc = tl.dot(a, b, acc)
+            acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
         if (rt % SPLIT_TILES == SPLIT_TILES - 1) or (rt == r_tiles - 1):
             total += acc
             acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
@@ -235,7 +235,7 @@ def _grouped_mm(a, a_rows, b, b_strides, n, k, plan: _Plan, out_dtype, config) -
         a, a_rows if a_rows is not None else a, b, c, expert, first_row, plan.offsets,
         n, k, plan.num_experts,
         a.stride(0), a.stride(1), b.stride(0), b_strides[0], b_strides[1], c.stride(0), c.stride(1),
-        GATHER=a_rows is not None, INTERPRET=interpreting(),
+        GATHER=a_rows is not None, INTERPRET=interpreting(), INPUT_PRECISION=input_precision(a.dtype),
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=BLOCK_K, SPLIT_TILES=SPLIT_TILES,
         num_warps=warps, num_stages=stages,
     )  # fmt: skip
@@ -253,7 +253,7 @@ def _grouped_wgrad(dy, x, x_rows, plan: _Plan, out_dtype) -> torch.Tensor:
         dy, x, x_rows if x_rows is not None else x, dw, plan.offsets,
         n, k,
         dy.stride(0), dy.stride(1), x.stride(0), x.stride(1), dw.stride(0), dw.stride(1), dw.stride(2),
-        GATHER=x_rows is not None, INTERPRET=interpreting(),
+        GATHER=x_rows is not None, INTERPRET=interpreting(), INPUT_PRECISION=input_precision(dy.dtype),
         BLOCK_N=bn, BLOCK_K=bk, BLOCK_R=BLOCK_K, SPLIT_TILES=SPLIT_TILES,
         num_warps=warps, num_stages=stages,
     )  # fmt: skip

@@ -1,0 +1,427 @@
+"""Weight sync benchmark (GPU): seconds per full sync of a model's bf16 weights from the trainer to the engine, and
+GB/s, against the bound measured in the same run.
+
+``--mode colocated`` (default; one GPU): the trainer is this process, the engine (``vexact_engine.LLM``) a spawned
+process on the same GPU, as in verl's hybrid mode. Paths:
+
+- ``host`` (the old ``ServerAdapter`` path): per tensor a copy to host memory, the bucket handed over through shared
+  host memory (as Ray's object store does), the engine's ``update_weights`` copies it back to the device; one bucket
+  at a time.
+- ``ipc`` (the new one): the trainer packs into two device buffers of half a bucket each, the engine opens their CUDA
+  IPC handles once and per bucket gets only its ``TensorSpec`` list, copying into its parameters in place while the
+  trainer packs the next bucket (``vexact_models.BucketPacker`` / ``send_buckets``, the code the adapter runs).
+- ``bound``: bytes / device-to-device copy bandwidth (one ``copy_`` of 1 GiB, measured here): one copy of every
+  weight. The IPC path copies twice (pack, then unpack), so 2x the bound is its natural floor.
+
+``--mode nccl`` (two GPUs, ``torchrun --nproc_per_node 2``): rank 0 is the trainer on GPU 0, rank 1 an engine on GPU 1;
+``vexact_models.broadcast_weights`` over a ``WeightSyncGroup`` (NCCL), bound = bytes / measured NCCL broadcast
+bandwidth (1 GiB) in the same group.
+
+After every path the engine's weights are checked against the trainer's (a per-tensor fingerprint of the bf16 bits:
+sum and position-weighted sum of the int16 view); a mismatch is reported in the table.
+
+Shapes: Qwen3-1.7B, Qwen3-8B (dense), Qwen3-30B-A3B (MoE: its 61 GB must fit twice on the device, so it is skipped on
+an 80 GB H100). Random bf16 weights drawn on the GPU; values do not change the speed.
+
+Usage (on the GPU machine, after ``source scripts/device_env.sh``)::
+
+    python benchmarks/weight_sync.py --out benchmarks/results/weight-sync-h100.md
+    torchrun --standalone --nproc_per_node 2 benchmarks/weight_sync.py --mode nccl --out weight-sync-nccl.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+import torch.multiprocessing as mp
+
+from vexact_engine import LLM
+from vexact_models import (
+    MODEL_CLASSES,
+    QWEN3_MOE_SHAPES,
+    QWEN3_SHAPES,
+    BucketPacker,
+    WeightSyncGroup,
+    broadcast_weights,
+    expected_tensors,
+    ipc_handle,
+    open_ipc_handle,
+    random_model,
+    send_buckets,
+    tiny_qwen3_config,
+    tiny_qwen3_moe_config,
+)
+from vexact_trainer import iter_weights
+
+GB = 1e9
+QWEN3_8B = dict(
+    vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
+    num_key_value_heads=8, head_dim=128, max_position_embeddings=40960, rope_theta=1_000_000.0,
+    tie_word_embeddings=False,
+)  # fmt: skip
+SHAPES = {"qwen3-1.7b": ("dense", QWEN3_SHAPES["qwen3-1.7b"]), "qwen3-8b": ("dense", QWEN3_8B),
+          "qwen3-30b-a3b": ("moe", QWEN3_MOE_SHAPES["qwen3-30b-a3b"])}  # fmt: skip
+ENGINE = dict(max_num_seqs=4, max_num_batched_tokens=256, max_model_len=1024, block_size=16, num_kv_blocks=64,
+              enforce_eager=True)  # fmt: skip
+
+
+def shape_config(name: str):
+    kind, over = SHAPES[name]
+    return tiny_qwen3_moe_config(**over) if kind == "moe" else tiny_qwen3_config(**over)
+
+
+def empty_model(cfg, device):
+    """The engine's model: real parameter shapes, contents left to the sync."""
+    with torch.device("meta"):
+        model = MODEL_CLASSES[cfg.model_type](cfg)
+    model = model.to_empty(device=device)
+    if cfg.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    return model.eval().requires_grad_(False)
+
+
+def fingerprint(named) -> dict[str, tuple[int, int]]:
+    """Per tensor: the sum and a position-weighted sum of its bf16 bits (int16), in chunks (little extra memory)."""
+    out = {}
+    for name, t in named:
+        flat = t.detach().contiguous().view(torch.int16).reshape(-1)
+        plain = weighted = 0
+        for start in range(0, flat.numel(), 1 << 25):
+            bits = flat[start : start + (1 << 25)].to(torch.int64)
+            weight = (torch.arange(start, start + bits.numel(), device=bits.device) % 251) + 1
+            plain += int(bits.sum())
+            weighted += int((bits * weight).sum())
+        out[name] = (plain, weighted)
+    return out
+
+
+def host_blob(nbytes: int, path: str | None = None) -> tuple[torch.Tensor, str]:
+    """A host buffer both processes map (in /dev/shm when it has room, else /tmp): the object store's role."""
+    import shutil
+    import uuid
+
+    if path is None:
+        root = (
+            "/dev/shm"
+            if os.path.isdir("/dev/shm") and shutil.disk_usage("/dev/shm").free > nbytes + (1 << 30)
+            else "/tmp"
+        )
+        path = os.path.join(root, f"vexact-weight-sync-{uuid.uuid4().hex}")
+    return torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8), path
+
+
+def copy_bandwidth(device) -> float:
+    """Bytes per second of one device-to-device ``copy_`` of 1 GiB (median of 5)."""
+    src = torch.empty(1 << 30, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    times = []
+    for _ in range(5):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        dst.copy_(src)
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t)
+    return src.numel() / statistics.median(times)
+
+
+# ---- colocated: the engine process
+
+
+def _engine_main(conn, shape: str) -> None:
+    try:
+        torch.cuda.set_device(0)
+        cfg = shape_config(shape)
+        llm = LLM(model=empty_model(cfg, "cuda"), **ENGINE)
+        buffers = []
+        conn.send("ready")
+        while True:
+            msg = conn.recv()
+            op = msg[0]
+            if op == "quit":
+                break
+            if op == "zero":
+                for p in llm.model.parameters():
+                    p.data.zero_()
+                torch.cuda.synchronize()
+                conn.send("ok")
+            elif op == "open":
+                buffers = [open_ipc_handle(h, 0) for h in msg[1]]
+                conn.send("ok")
+            elif op == "close":
+                buffers = []
+                torch.cuda.ipc_collect()
+                conn.send("ok")
+            elif op == "bucket":
+                _, index, specs, nbytes = msg
+                llm.load_bucket(buffers[index][:nbytes], specs)
+                torch.cuda.current_stream().synchronize()
+                conn.send("ok")
+            elif op == "open_host":
+                blob, _ = host_blob(msg[1], msg[2])
+                conn.send("ok")
+            elif op == "host":  # views of the shared blob (a zero-copy get), then update_weights copies to device
+                named = [(s.name, blob[s.offset : s.offset + s.nbytes].view(s.dtype).view(s.shape)) for s in msg[1]]
+                llm.update_weights(named)
+                torch.cuda.synchronize()
+                conn.send("ok")
+            elif op == "fingerprint":
+                conn.send(fingerprint(expected_tensors(llm.model).items()))
+    except Exception:
+        conn.send(("error", traceback.format_exc()))
+        raise
+
+
+def _ask(conn, *msg):
+    conn.send(msg)
+    return _answer(conn)
+
+
+def _answer(conn):
+    ans = conn.recv()
+    if isinstance(ans, tuple) and ans and ans[0] == "error":
+        raise RuntimeError(f"engine process failed:\n{ans[1]}")
+    return ans
+
+
+def _host_sync(conn, model, bucket_bytes: int, blob: torch.Tensor) -> None:
+    """The old path: each tensor copied to host memory (``t.to("cpu", copy=True)``), a bucket put into shared host
+    memory (what ``ray.put`` does), the engine's ``update_weights`` copies it back; one bucket at a time."""
+    from vexact_models import TensorSpec
+
+    specs, size = [], 0
+    for name, t in iter_weights(model):
+        h = t.to("cpu", copy=True)
+        n = h.numel() * h.element_size()
+        blob[size : size + n].view(h.dtype).view(h.shape).copy_(h)
+        specs.append(TensorSpec(name, tuple(h.shape), h.dtype, size))
+        size += -(-n // 256) * 256
+        if size >= bucket_bytes:
+            _ask(conn, "host", specs)
+            specs, size = [], 0
+    if specs:
+        _ask(conn, "host", specs)
+
+
+def _ipc_sync(conn, model, bucket_bytes: int) -> int:
+    packer = BucketPacker(bucket_bytes // 2, "cuda")
+    _ask(conn, "open", [ipc_handle(b) for b in packer.buffers])
+    count = [0]
+
+    def submit(bucket):
+        conn.send(("bucket", bucket.index, bucket.specs, bucket.nbytes))
+        count[0] += 1
+
+    send_buckets(iter_weights(model), packer, submit, lambda _: _answer(conn))
+    _ask(conn, "close")
+    return count[0]
+
+
+def _timed(fn, reps: int) -> list[float]:
+    times = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t)
+    return times
+
+
+def run_colocated(shape: str, bucket_bytes: int, copy_bw: float, reps: int) -> list[dict]:
+    cfg = shape_config(shape)
+    nbytes = sum(p.numel() for p in empty_model(cfg, "meta").parameters()) * 2
+    free, total = torch.cuda.mem_get_info()
+    need = 2 * nbytes + bucket_bytes + (2 << 30)
+    if need > free:
+        return [{"shape": shape, "path": "skipped", "note": f"needs {need / GB:.0f} GB (the weights twice), "
+                 f"{free / GB:.0f} GB free of {total / GB:.0f} GB"}]  # fmt: skip
+    model = random_model(cfg, seed=0, embed_std=0.02, device="cuda")
+    want = fingerprint(iter_weights(model))
+    ctx = mp.get_context("spawn")
+    here, there = ctx.Pipe()
+    proc = ctx.Process(target=_engine_main, args=(there, shape))
+    proc.start()
+    rows = []
+    try:
+        assert here.recv() == "ready"
+        ntensors = len(want)
+        base = {"shape": shape, "GB": nbytes / GB, "tensors": ntensors}
+        rows.append({**base, "path": "bound (one device copy)", "s": nbytes / copy_bw, "ok": ""})
+        largest = max(t.numel() * 2 for _, t in iter_weights(model))
+        blob, blob_path = host_blob(bucket_bytes + largest + 256)
+        _ask(here, "open_host", blob.numel(), blob_path)
+        for path in ("host", "ipc"):
+            _ask(here, "zero")
+            if path == "host":
+                times = _timed(lambda: _host_sync(here, model, bucket_bytes, blob), 1)
+                where = "/dev/shm" if blob_path.startswith("/dev/shm") else "a /tmp file"
+                label = f"host (old: D2H, shared host memory in {where}, H2D)"
+                del blob
+                os.unlink(blob_path)
+            else:
+                _ipc_sync(here, model, bucket_bytes)  # warm-up (and a first check)
+                times = _timed(lambda: _ipc_sync(here, model, bucket_bytes), reps)
+                label = "CUDA IPC (new: pack, engine copies in place)"
+            got = _ask(here, "fingerprint")
+            ok = got == want
+            rows.append({**base, "path": label, "s": statistics.median(times), "ok": "yes" if ok else "NO"})
+        _ask_quiet(here)
+    finally:
+        proc.join(timeout=60)
+        if proc.is_alive():
+            proc.kill()
+        torch.cuda.empty_cache()
+    return rows
+
+
+def _ask_quiet(conn) -> None:
+    conn.send(("quit",))
+
+
+# ---- separate placement: NCCL broadcast between two GPUs (torchrun --nproc_per_node 2)
+
+
+def run_nccl(shapes: list[str], bucket_bytes: int, reps: int) -> list[dict]:
+    import torch.distributed as dist
+
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group("nccl")
+    rank = dist.get_rank()
+    if dist.get_world_size() != 2:
+        raise SystemExit("--mode nccl runs under torchrun --nproc_per_node 2")
+    port = int(os.environ.get("MASTER_PORT", "29500")) + 1
+    group = WeightSyncGroup(os.environ.get("MASTER_ADDR", "127.0.0.1"), port, rank, 2, f"cuda:{rank}")
+    probe = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    times = []
+    for _ in range(5):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        group.broadcast(probe).wait()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t)
+    nccl_bw = probe.numel() / statistics.median(times[1:])
+    del probe
+    rows = []
+    for shape in shapes:
+        cfg = shape_config(shape)
+        nbytes = sum(p.numel() for p in empty_model(cfg, "meta").parameters()) * 2
+        free = torch.cuda.mem_get_info()[0]
+        if nbytes + 2 * bucket_bytes + (2 << 30) > free:
+            rows.append({"shape": shape, "path": "skipped", "note": f"{nbytes / GB:.0f} GB does not fit"})
+            continue
+        if rank == 0:
+            model = random_model(cfg, seed=0, embed_std=0.02, device="cuda")
+            want = fingerprint(iter_weights(model))
+
+            def once(model=model):
+                broadcast_weights(group, iter_weights(model), bucket_bytes)
+        else:
+            llm = LLM(model=empty_model(cfg, "cuda"), **ENGINE)
+
+            def once(llm=llm):
+                llm.receive_weights(group)
+
+        once()
+        dist.barrier()
+        ts = []
+        for _ in range(reps):
+            torch.cuda.synchronize()
+            dist.barrier()
+            t = time.perf_counter()
+            once()
+            torch.cuda.synchronize()
+            dist.barrier()
+            ts.append(time.perf_counter() - t)
+        fp = [None, None]
+        dist.all_gather_object(fp, fingerprint(expected_tensors(llm.model).items()) if rank == 1 else None)
+        if rank == 0:
+            base = {"shape": shape, "GB": nbytes / GB, "tensors": len(want)}
+            rows.append({**base, "path": "bound (one NCCL broadcast)", "s": nbytes / nccl_bw, "ok": ""})
+            rows.append({**base, "path": "NCCL broadcast (new)", "s": statistics.median(ts),
+                         "ok": "yes" if fp[1] == want else "NO"})  # fmt: skip
+            del model
+        else:
+            del llm
+        torch.cuda.empty_cache()
+    group.close()
+    dist.destroy_process_group()
+    return rows if rank == 0 else []
+
+
+def table(rows: list[dict], title: str, notes: list[str]) -> str:
+    head = "| shape | GB (bf16) | tensors | path | s / sync | GB/s | x bound | engine == trainer |"
+    out = [f"# {title}", "", *notes, "", head, "| --- | ---: | ---: | --- | ---: | ---: | ---: | --- |"]
+    bound = {}
+    for r in rows:
+        if r["path"].startswith("bound"):
+            bound[r["shape"]] = r["s"]
+    for r in rows:
+        if r["path"] == "skipped":
+            out.append(f"| {r['shape']} | | | skipped: {r['note']} | | | | |")
+            continue
+        x = r["s"] / bound[r["shape"]] if r["shape"] in bound else float("nan")
+        out.append(f"| {r['shape']} | {r['GB']:.2f} | {r['tensors']} | {r['path']} | {r['s']:.3f} | "
+                   f"{r['GB'] / r['s']:.1f} | {x:.2f} | {r.get('ok', '')} |")  # fmt: skip
+    return "\n".join(out) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--mode", choices=("colocated", "nccl"), default="colocated")
+    ap.add_argument("--shapes", default="qwen3-1.7b,qwen3-8b,qwen3-30b-a3b")
+    ap.add_argument("--bucket-mb", type=int, default=1024, help="verl's update_weights_bucket_megabytes")
+    ap.add_argument("--reps", type=int, default=3, help="timed syncs per path (the host path runs once)")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args(argv)
+    shapes = [s for s in args.shapes.split(",") if s]
+    unknown = [s for s in shapes if s not in SHAPES]
+    if unknown:
+        ap.error(f"unknown shape(s) {unknown}; choose from {sorted(SHAPES)}")
+    if not torch.cuda.is_available():
+        ap.error("the weight sync benchmark needs CUDA")
+    bucket_bytes = args.bucket_mb << 20
+    device = torch.cuda.get_device_name()
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    if args.mode == "nccl":
+        rows = run_nccl(shapes, bucket_bytes, args.reps)
+        if not rows:
+            return 0
+        notes = [f"{device} x2, torch {torch.__version__}, {stamp}; bucket {args.bucket_mb} MB (two buffers on the "
+                 "sender); trainer rank 0 (GPU 0) broadcasts to an engine on GPU 1 (NCCL)."]  # fmt: skip
+        title = "Weight sync, separate placement (NCCL broadcast)"
+    else:
+        copy_bw = copy_bandwidth("cuda")
+        rows = []
+        for shape in shapes:
+            t = time.perf_counter()
+            try:
+                rows += run_colocated(shape, bucket_bytes, copy_bw, args.reps)
+            except Exception:
+                traceback.print_exc()
+                rows.append({"shape": shape, "path": "skipped", "note": "failed: " + traceback.format_exc(limit=1)
+                             .strip().splitlines()[-1]})  # fmt: skip
+            print(f"{shape}: {time.perf_counter() - t:.1f} s", file=sys.stderr, flush=True)
+        notes = [f"{device}, torch {torch.__version__}, {stamp}; bucket {args.bucket_mb} MB (the IPC path: two "
+                 f"device buffers of half a bucket); device copy bandwidth measured here: {copy_bw / GB:.0f} GB/s. "
+                 "Trainer = this process, engine = a spawned process on the same GPU. Seconds are the median of "
+                 f"{args.reps} syncs after a warm-up (IPC); the host path runs once."]  # fmt: skip
+        title = "Weight sync, colocated (one GPU)"
+    text = table(rows, title, notes)
+    print(text)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

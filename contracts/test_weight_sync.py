@@ -1,0 +1,85 @@
+"""Contract: after a weight sync the engine's logprobs == the trainer's (on the bf16 cast of its fp32 master),
+``torch.equal``, through each transport: the host path (``sync_weights`` -> ``update_weights``), packed buckets
+loaded in place (the colocated path's format, in one process), a ``torch.distributed`` broadcast from the trainer to
+a one-device engine and to both stages of a pipeline replica (gloo on CPU), and CUDA IPC handles between two
+processes on one GPU (gpu-marked; also after a level-2 sleep, wake, sync). One ulp changed in a bucket fails it.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from contracts import weight_sync_check as w
+from vexact_engine import LLM
+from vexact_models import BucketPacker, send_buckets
+from vexact_trainer import iter_weights, sync_weights
+
+FAMILIES = ["qwen3", "qwen3_moe"]
+
+
+def _packed_sync(llm, model, perturb: bool = False) -> list[str]:
+    packer = BucketPacker(w.BUCKET_BYTES, next(model.parameters()).device)
+    loaded = []
+
+    def submit(bucket):
+        buf = packer.buffers[bucket.index][: bucket.nbytes]
+        for spec in bucket.specs:
+            if perturb and spec.name == "model.norm.weight":
+                buf[spec.offset] ^= 1  # one ulp of one bf16 weight of the final norm
+        loaded.extend(llm.load_bucket(buf, bucket.specs))
+        return bucket.index
+
+    send_buckets(iter_weights(model), packer, submit, lambda _: None)
+    return loaded
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("path", ["host", "packed"])
+def test_engine_equals_trainer_after_a_sync(device, family, path):
+    model = w.master(family, device)
+    llm = LLM(model=w.engine_model(family, device), **w.ENGINE)
+    assert w.mismatches(model, w.generate(llm))  # the engine starts from other weights
+    if path == "host":
+        llm.sleep(level=2)  # verl's colocated order: weights discarded, woken, then synced
+        llm.wake_up()
+        loaded = sync_weights(model, llm, bucket_bytes=w.BUCKET_BYTES)
+    else:  # awake: in place, so the decode graphs captured before the sync (on CUDA) replay the new weights
+        loaded = _packed_sync(llm, model)
+    assert sorted(loaded) == sorted(llm.weight_names())
+    assert w.mismatches(model, w.generate(llm)) == []
+
+
+def test_contract_fails_when_a_bucket_changes_one_bit(device):
+    model = w.master("qwen3", device)
+    llm = LLM(model=w.engine_model("qwen3", device), **w.ENGINE)
+    _packed_sync(llm, model, perturb=True)
+    assert w.mismatches(model, w.generate(llm))
+
+
+def test_broadcast_to_an_engine_and_a_pipeline_replica_gloo(target):
+    """Separate placement on CPU: trainer rank 0 broadcasts over gloo to a one-device engine and to both stages of a
+    pipeline replica (each stage takes its own layers straight from the wire). Four processes."""
+    if target != "cpu":
+        pytest.skip("the NCCL version needs 2 GPUs: benchmarks/weight_sync.py --mode nccl under torchrun")
+    results = w.run_broadcast("qwen3", world=4)
+    errors = {r: res["error"] for r, res in results.items() if "error" in res}
+    assert not errors, errors
+    assert set(results) == {0, 1, 2}
+    model = w.master("qwen3")
+    for rank in (1, 2):
+        assert results[rank]["loaded"] == len(list(iter_weights(model))), rank
+        assert w.mismatches(model, results[rank]) == [], rank
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("sleep_first", [False, True], ids=["awake", "sleep2-wake-sync"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_cuda_ipc_two_processes_one_gpu(family, sleep_first):
+    """Colocated: the trainer process packs into two device buffers, the engine process opens their IPC handles
+    and copies each bucket into its parameters in place."""
+    res = w.run_ipc(family, sleep_first=sleep_first)
+    assert "error" not in res, res.get("error")
+    assert res["loaded"] == len(list(iter_weights(w.master(family, "cuda"))))
+    assert res["mismatches"] == []
+    torch.cuda.synchronize()

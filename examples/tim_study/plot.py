@@ -1,0 +1,58 @@
+"""One figure of a TIM sweep: reward, K3 KL and gradient norm per step (rows), one column per rollout correction,
+one line per injected mismatch magnitude.
+
+    python examples/tim_study/plot.py results/cpu.jsonl    # writes results/cpu.png
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def main(path: str) -> Path:
+    rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    corrections = list(dict.fromkeys(r["rollout_correction"] for r in rows))
+    mags = sorted({r["logit_noise_std"] for r in rows})
+    metrics = (
+        ("reward", "reward", "linear"),
+        ("k3_kl", "K3 KL (rollout || trainer)", "symlog"),
+        ("grad_norm", "grad norm", "linear"),
+    )
+    fig, axes = plt.subplots(
+        len(metrics), len(corrections), figsize=(4.2 * len(corrections), 8), squeeze=False, sharex=True
+    )
+    colors = plt.cm.viridis([i / max(1, len(mags) - 1) for i in range(len(mags))])
+    for j, corr in enumerate(corrections):
+        for i, (key, label, scale) in enumerate(metrics):
+            ax = axes[i][j]
+            for mag, color in zip(mags, colors, strict=True):
+                sel = [r for r in rows if r["rollout_correction"] == corr and r["logit_noise_std"] == mag]
+                ax.plot([r["step"] for r in sel], [r[key] for r in sel], color=color, lw=1.2, label=f"noise {mag:g}")
+            if scale == "symlog":
+                ax.set_yscale("symlog", linthresh=1e-6)
+            if j == 0:
+                ax.set_ylabel(label)
+            if i == 0:
+                ax.set_title(f"rollout correction: {corr}")
+            if i == len(metrics) - 1:
+                ax.set_xlabel("GRPO step")
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(
+        f"GRPO with injected logit noise on the rollout side ({rows[0]['model']} model, task {rows[0]['task']})"
+    )
+    fig.tight_layout()
+    out = Path(path).with_suffix(".png")
+    fig.savefig(out, dpi=90)
+    print(f"written: {out}")
+    return out
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else str(Path(__file__).parent / "results" / "cpu.jsonl"))

@@ -1,0 +1,168 @@
+"""FlashAttention 4 (flash-attn-4's CuTe-DSL kernels) behind the invariant backend's attention ops, on Hopper and
+Blackwell. Selected per process with ``VEXACT_ATTENTION=fa4`` or :func:`vexact_kernels.set_attention_impl`.
+
+Why it is invariant: FA4's forward walks a query's keys in tiles of ``tile_n`` positions, in order, with one
+online-softmax update, and its tile shape on a given GPU depends on the head dims and the causal flag only (on SM90,
+hd128: 128 x 128), not on the batch, the lengths or the page size. Both drivers call one function,
+``flash_attn_varlen_func``, with the same settings (:data:`FA4_SETTINGS`): causal, ``num_splits=1`` (no split-KV;
+SM90 refuses a split anyway), ``pack_gqa`` fixed by the head counts alone. The packed path gives it
+``cu_seqlens`` for q and k; the paged path gives it the engine's cache as it is (``[num_blocks, page_size, Hkv, D]``
+is FA4's paged layout), the block table as ``page_table`` and ``context_lens`` as ``seqused_k``, so query ``i`` of
+sequence ``b`` sits at ``context_lens[b] - n_q[b] + i`` (causal attention aligned to the bottom right), as in the
+Triton and CPU paths. A probe of ``flash_attn_varlen_func`` itself on an H100 (issue #15; flash-attn-4 4.0.0b36,
+nvidia-cutlass-dsl 4.8.1, GQA 32/8, hd128) measured: a sequence alone == its rows of a packed batch == a chunked
+prefill == a paged decode, bitwise, for pages of 16 to 256 tokens; the backward (``deterministic=True``) bitwise run
+to run. The bits differ from the Triton kernel's (other tiles, other exp), so trainer and engine must run the same
+implementation, and golden fixtures are per implementation.
+
+Status: this module is written against flash-attn-4 4.0.0b36's API (read from its source) and NOT YET RUN ON A GPU;
+its wiring is checked on CPU against a stand-in that follows FA4's documented semantics
+(tests/test_fa4_attention.py). Before relying on it: scripts/fa4_gpu.sh (probe, kernels, contracts). Not the default.
+
+Cache rule of FA4's paged path: rows of a sequence's last page past its context are read (masked, but a NaN there
+would poison ``P @ V``), so they must be finite. The engine's caches start as zeros and hold only K/V after that.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+# The settings both drivers pass (besides causal=True and the softmax scale). Changing one changes the numerics.
+FA4_SETTINGS = {"num_splits": 1, "deterministic": True}
+# Compute capability majors FA4 runs on here: 9 (H100, H200), 10 (B200, GB200, B300).
+FA4_CAPABILITY_MAJORS = (9, 10)
+
+_INSTALL_HINT = (
+    "install the extra vexact-kernels[fa4] (flash-attn-4 and nvidia-cutlass-dsl[cu13]; on the GPU machine "
+    "scripts/fa4_device_wheels.sh), or choose VEXACT_ATTENTION=triton"
+)
+
+
+@functools.cache
+def _interface():
+    try:
+        from flash_attn.cute import interface
+    except ImportError as e:
+        raise ImportError(f"attention implementation 'fa4' needs flash_attn.cute ({e}); {_INSTALL_HINT}") from e
+    return interface
+
+
+def fa4_importable() -> tuple[bool, str]:
+    """Whether flash_attn.cute imports here, and if not, why (for skips and error messages)."""
+    try:
+        _interface()
+    except ImportError as e:
+        return False, str(e)
+    return True, ""
+
+
+def check_head_dims(op: str, head_dim: int, head_dim_v: int, capability_major: int) -> None:
+    """FA4's head-dim rules for bf16/fp16 (multiples of 8): SM90 8..256; SM100 8..128, or 256/256, or 192/128."""
+    aligned = head_dim % 8 == 0 and head_dim_v % 8 == 0
+    if capability_major == 9:
+        ok = aligned and 8 <= head_dim <= 256 and 8 <= head_dim_v <= 256
+        allowed = "multiples of 8 from 8 to 256"
+    else:
+        ok = aligned and (
+            (8 <= head_dim <= 128 and 8 <= head_dim_v <= 128) or (head_dim, head_dim_v) in ((256, 256), (192, 128))
+        )
+        allowed = "multiples of 8 from 8 to 128, or (256, 256), or (192, 128)"
+    if not ok:
+        raise ValueError(
+            f"{op}: attention implementation 'fa4' does not take head_dim {head_dim} / head_dim_v {head_dim_v} on "
+            f"compute capability {capability_major}.x (allowed: {allowed}); use VEXACT_ATTENTION=triton"
+        )
+
+
+@functools.cache
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
+def check_device(op: str, device: torch.device, capability: tuple[int, int] | None = None) -> int:
+    """Refuse a device FA4 has no (deterministic) kernels for here; returns the capability major."""
+    if device.type != "cuda":
+        raise ValueError(f"{op}: attention implementation 'fa4' runs on CUDA tensors; got device {device}")
+    major, minor = capability if capability is not None else _capability(device.index or 0)
+    if major not in FA4_CAPABILITY_MAJORS:
+        raise RuntimeError(
+            f"{op}: attention implementation 'fa4' runs on Hopper (9.x) and Blackwell (10.x) GPUs; this device has "
+            f"compute capability {major}.{minor}; use VEXACT_ATTENTION=triton"
+        )
+    return major
+
+
+def _check(op: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    if q.dtype not in (torch.bfloat16, torch.float16) or k.dtype != q.dtype or v.dtype != q.dtype:
+        raise TypeError(f"{op}: FA4 takes bf16 or fp16 q/k/v of one dtype; got {q.dtype}/{k.dtype}/{v.dtype}")
+    major = check_device(op, q.device)
+    check_head_dims(op, q.shape[-1], v.shape[-1], major)
+
+
+def _settings(q: torch.Tensor, k: torch.Tensor, scale: float) -> dict:
+    # pack_gqa from the head counts only, identical in both drivers (FA4's own default, made explicit)
+    return {**FA4_SETTINGS, "causal": True, "softmax_scale": scale, "pack_gqa": q.shape[-2] > k.shape[-2]}
+
+
+def attention_packed(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, scale: float | None = None
+) -> torch.Tensor:
+    """Causal attention within each packed sequence (q [T, Hq, D], k/v [T, Hkv, D], ``cu_seqlens [B+1]``);
+    differentiable, with FA4's deterministic backward. No host sync when ``cu_seqlens`` is on the GPU."""
+    _check("attention_packed", q, k, v)
+    fi = _interface()
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    cu = cu_seqlens.to(device=q.device, dtype=torch.int32).contiguous()
+    # a host bound is a scheduling hint (free when cu_seqlens is on the host); FA4 derives one otherwise
+    max_len = int((cu_seqlens[1:] - cu_seqlens[:-1]).max()) if not cu_seqlens.is_cuda and cu.numel() > 1 else None
+    out, _ = fi.flash_attn_varlen_func(
+        q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max_len, max_seqlen_k=max_len, **_settings(q, k, scale)
+    )
+    return out
+
+
+def attention_paged(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """New queries over the paged cache (prefill chunks and decode); no host sync, CUDA-graph capturable.
+
+    Caches ``[num_blocks, page_size, Hkv, D]`` (contiguous); ``block_tables [B, W]``; ``context_lens [B]``;
+    ``cu_seqlens_q [B+1]``. Every sequence brings >= 1 query (as the engine's steps do): a step with as many queries
+    as sequences is then a decode step, and FA4 is told its queries are one per sequence.
+    """
+    _check("attention_paged", q, k_cache, v_cache)
+    for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if not c.is_contiguous():
+            raise ValueError(f"attention_paged: {name} must be contiguous for 'fa4'; strides {c.stride()}")
+    nseq = cu_seqlens_q.numel() - 1
+    if context_lens.numel() != nseq or block_tables.dim() != 2 or block_tables.shape[0] < nseq:
+        raise ValueError(
+            f"attention_paged: {nseq} sequences (cu_seqlens_q) need context_lens [{nseq}] and block_tables "
+            f"[>= {nseq}, pages]; got {tuple(context_lens.shape)} and {tuple(block_tables.shape)}"
+        )
+    fi = _interface()
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    dev = q.device
+    table = block_tables if block_tables.shape[0] == nseq else block_tables[:nseq]
+    table = table.to(device=dev, dtype=torch.int32).contiguous()
+    seqused = context_lens.to(device=dev, dtype=torch.int32).contiguous()
+    cu = cu_seqlens_q.to(device=dev, dtype=torch.int32).contiguous()
+    out, _ = fi.flash_attn_varlen_func(
+        q,
+        k_cache,
+        v_cache,
+        cu_seqlens_q=cu,
+        seqused_k=seqused,
+        page_table=table,
+        max_seqlen_q=1 if q.shape[0] == nseq else None,
+        **_settings(q, k_cache, scale),
+    )
+    return out

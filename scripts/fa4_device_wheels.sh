@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# FlashAttention 4 (flash-attn-4, CuTe DSL) on the GPU device, which has no internet. Three verbs:
+#
+#   here (a machine with internet), in the repo root:
+#     bash scripts/fa4_device_wheels.sh download   # wheels for Linux x86_64 / CPython 3.12 into .whl-fa4/p1, p2, ...
+#                                                  # (each part under 60 MiB; a wheel over that is cut with split -b
+#                                                  # and joined back by `install`); prints the carry plan
+#   on the device, one call per part (carry .whl-fa4/pN), back to back on the same warm machine:
+#     bash scripts/fa4_device_wheels.sh stage      # copy the carried part(s) to /tmp/fa4parts
+#   on the device, in the call that carries the last part (after its `stage`):
+#     bash scripts/fa4_device_wheels.sh install    # join split wheels, pip install --target /tmp/fa4site (no index,
+#                                                  # no deps), then check that flash_attn.cute imports
+#     source scripts/device_env.sh                 # puts /tmp/fa4site and the DSL's dsl_packages on PYTHONPATH
+#
+# What is carried: flash-attn-4 and the runtime packages it needs that the device image lacks (the image's list:
+# .library device KINDS.md, last table). The image has torch 2.11+cu130, einops, typing-extensions, protobuf,
+# packaging and cuda-bindings; it lacks the CuTe DSL (nvidia-cutlass-dsl: the meta package, libs-base = the Python
+# DSL and MLIR bindings, libs-core, libs-cu13 = the CUDA 13 runtime libraries), quack-kernels (FA4 imports its
+# helpers), apache-tvm-ffi and torch-c-dlpack-ext. The cu12 libs that nvidia-cutlass-dsl names unconditionally are
+# not carried: the device is CUDA 13 and the DSL looks for cu13/lib as well as cu12/lib.
+# A `--target` install does not run .pth files, so nvidia_cutlass_dsl_packages.pth (it puts
+# nvidia_cutlass_dsl/dsl_packages on sys.path, where the `cutlass` package lives) is replaced by device_env.sh.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DIR=${FA4_WHL_DIR:-.whl-fa4}
+STAGE=/tmp/fa4parts
+SITE=/tmp/fa4site
+PART_MIB=56  # a call carries 64 MiB together with the working tree (about 3 MiB)
+
+WHEELS=(
+  flash-attn-4==4.0.0b36 nvidia-cutlass-dsl==4.8.1 nvidia-cutlass-dsl-libs-base==4.8.1
+  nvidia-cutlass-dsl-libs-core==4.8.1 nvidia-cutlass-dsl-libs-cu13==4.8.1 quack-kernels==0.6.5
+  apache-tvm-ffi==0.1.15.post2 torch-c-dlpack-ext==0.1.5
+)
+
+download() {
+  rm -rf "$DIR" && mkdir -p "$DIR/all"
+  python3 -m pip download -q --no-deps --pre --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 \
+    --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d "$DIR/all" "${WHEELS[@]}"
+  # cut what is over 60 MiB (the CUDA 13 libs, 92 MB) into 50 MiB pieces; `install` joins them back
+  find "$DIR/all" -name '*.whl' -size +60M | while read -r f; do
+    split -b 50M -d "$f" "$f.part-" && rm "$f"
+  done
+  # greedy parts of at most PART_MIB, biggest files first
+  python3 - "$DIR" "$PART_MIB" <<'EOF'
+import os, sys, shutil
+root, cap = sys.argv[1], int(sys.argv[2]) << 20
+files = sorted((os.path.join(root, "all", f) for f in os.listdir(os.path.join(root, "all"))), key=os.path.getsize,
+               reverse=True)
+parts = []  # [size, [files]]
+for f in files:
+    size = os.path.getsize(f)
+    for p in parts:
+        if p[0] + size <= cap:
+            p[0] += size; p[1].append(f); break
+    else:
+        parts.append([size, [f]])
+for i, (size, fs) in enumerate(parts, 1):
+    d = os.path.join(root, f"p{i}")
+    os.makedirs(d, exist_ok=True)
+    for f in fs:
+        shutil.move(f, d)
+    print(f"{d}: {len(fs)} files, {size / 2**20:.1f} MiB: {' '.join(sorted(os.path.basename(f) for f in fs))}")
+os.rmdir(os.path.join(root, "all"))
+EOF
+  n=$(ls -d "$DIR"/p* | wc -l)
+  echo
+  echo "carry plan: $n device calls, one part each, back to back on the same warm machine (it keeps /tmp only"
+  echo "while warm, about 30 s after a call):"
+  for i in $(seq 1 "$n"); do
+    if [ "$i" -lt "$n" ]; then
+      echo "  call $i: carry [\"$(basename "$DIR")/p$i\"]  command: bash scripts/fa4_device_wheels.sh stage"
+    else
+      echo "  call $i: carry [\"$(basename "$DIR")/p$i\"]  command: bash scripts/fa4_device_wheels.sh stage && \\"
+      echo "          bash scripts/fa4_device_wheels.sh install && source scripts/device_env.sh && ..."
+    fi
+  done
+}
+
+stage() {
+  mkdir -p "$STAGE"
+  compgen -G "$DIR/p*/*" > /dev/null || { echo "no part carried under $DIR/" >&2; exit 1; }
+  cp "$DIR"/p*/* "$STAGE"/
+  echo "staged: $(ls "$STAGE" | wc -l) files in $STAGE: $(ls "$STAGE" | tr '\n' ' ')"
+}
+
+install() {
+  for first in "$STAGE"/*.whl.part-00; do
+    [ -e "$first" ] || continue
+    whl="${first%.part-00}"
+    cat "$whl".part-* > "$whl.tmp" && mv "$whl.tmp" "$whl" && rm "$whl".part-*
+  done
+  missing=0
+  for spec in "${WHEELS[@]}"; do
+    name="${spec%%==*}"; norm="$(echo "$name" | tr '-' '_')"
+    compgen -G "$STAGE/${norm}-*.whl" > /dev/null || { echo "missing wheel: $spec" >&2; missing=1; }
+  done
+  [ "$missing" = 0 ] || { echo "stage every part first (see the carry plan of 'download')" >&2; exit 1; }
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
+    "$STAGE"/*.whl
+  PYTHONPATH="$SITE/nvidia_cutlass_dsl/dsl_packages:$SITE${PYTHONPATH:+:$PYTHONPATH}" python3 -c "
+import torch, cutlass, flash_attn.cute.interface as fi
+print('fa4 installed:', fi.__file__, 'cutlass', getattr(cutlass, '__version__', '?'), 'torch', torch.__version__)"
+}
+
+case "${1:-}" in
+  download) download ;;
+  stage) stage ;;
+  install) install ;;
+  *) echo "usage: $0 download|stage|install" >&2; exit 2 ;;
+esac

@@ -1,0 +1,63 @@
+"""Roll out a checkpoint with vLLM's offline API and write the rows ``vexact tim rescore --layout vllm`` reads.
+
+Run on the GPU machine where vLLM is installed (untested here: vLLM is not installed on the CPU machine):
+
+    python scripts/tim_vllm_rollouts.py CKPT $OUT/vllm.jsonl [--batch-invariant]
+    python -m vexact tim rescore $OUT/vllm.jsonl --model CKPT --layout vllm --device cuda --out $OUT/vllm
+
+``logprobs_mode="processed_logprobs"`` makes vLLM report logprobs after temperature (as verl runs it; vLLM's default
+``raw_logprobs`` is before it: then pass ``--vllm-logprobs-mode raw``). ``--batch-invariant`` sets
+``VLLM_BATCH_INVARIANT=1`` (vLLM's batch-invariant kernels) before vLLM is imported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("checkpoint")
+    ap.add_argument("out")
+    ap.add_argument("--prompts", type=int, default=256)
+    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--batch-invariant", action="store_true")
+    args = ap.parse_args()
+    if args.batch_invariant:
+        os.environ["VLLM_BATCH_INVARIANT"] = "1"
+    import random
+
+    from vllm import LLM, SamplingParams
+
+    rng = random.Random(0)
+    prompts = [[rng.randrange(256) for _ in range(rng.randrange(8, 64))] for _ in range(args.prompts)]
+    llm = LLM(model=args.checkpoint, logprobs_mode="processed_logprobs", enable_prefix_caching=False, seed=0)
+    params = [
+        SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, seed=i, logprobs=1)
+        for i in range(args.prompts)
+    ]
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+    with open(args.out, "w") as f:
+        for o in outs:
+            row = {
+                "prompt_token_ids": list(o.prompt_token_ids),
+                "temperature": args.temperature,
+                "outputs": [
+                    {
+                        "token_ids": list(c.token_ids),
+                        "logprobs": [
+                            {str(t): {"logprob": lp.logprob, "rank": lp.rank} for t, lp in d.items()}
+                            for d in c.logprobs
+                        ],
+                    }
+                    for c in o.outputs
+                ],
+            }
+            f.write(json.dumps(row) + "\n")
+
+
+if __name__ == "__main__":
+    main()
