@@ -1,22 +1,32 @@
-"""Engine throughput on the GPU, side by side in one run (prints a markdown report; ``--out`` also writes it).
+"""Engine throughput on the GPU against the engines users would pick instead, side by side in one run (prints a
+markdown report; ``--out`` also writes it).
 
-For each model shape (Qwen3-1.7B and/or 0.6B, random bf16 weights, real HF config shapes):
-- output tokens/s of the engine on the ``invariant`` backend, on the ``fast`` backend (cuBLAS + SDPA), and of HF
-  transformers ``generate`` (same weights, bf16, sdpa attention, left-padded batches), with ratios; goals:
-  invariant >= 0.85x fast and >= 10x HF generate;
-- decode step time at batch 1 against the bound ``weight bytes / copy bandwidth`` (bandwidth of a device-to-device
-  copy measured in the same run, bytes read + written); goal <= 1.3x;
-- a GRPO-shaped row: ``--grpo-prompts`` prompts of ``--grpo-prompt-len LO HI`` tokens, each sampled ``--grpo-n``
-  times (n requests share a prompt, distinct seeds), with prefix caching on and off: output tokens/s, the prompt
-  tokens served from the cache (hit rate), and whether on and off gave the same tokens and logprobs (torch.equal).
+For each model shape (Qwen3-1.7B and/or 0.6B, random bf16 weights, real HF config shapes), on the same prompts,
+lengths, ``ignore_eos``, sampling settings (temperature 1, no top-k/top-p, a seed per request) and CUDA graphs on:
+- output tokens/s of VeXact ``invariant``, vLLM default (``vllm``), vLLM with ``VLLM_BATCH_INVARIANT=1``
+  (``vllm-bi``), each with its ratio to vLLM default (goals: invariant >= 0.85x vLLM default and > vLLM
+  batch-invariant) and its fraction of the roofline (``benchmarks/peers.py``: least bytes the run must read / copy
+  bandwidth / wall time); VeXact ``fast`` only as the mismatch baseline (no ratio); HF ``generate`` on one
+  left-padded batch (its own workload, so its own roofline);
+- decode step time at batch 1 of each engine against the bound ``weight bytes / copy bandwidth`` (bandwidth of a
+  device-to-device copy measured in the same run, bytes read + written); goal for VeXact <= 1.3x.
+vLLM (0.26.0, from ``scripts/vllm_device_wheels.sh``; ``--vllm-site /tmp/vllmsite``) loads the same weights from an
+HF checkpoint directory the run writes (``--ckpt-dir``), one subprocess per mode and batch limit; without vLLM its
+cells say "not installed". The vLLM and HF peer code is written against their APIs and NOT YET RUN ON A GPU.
+Then a GRPO-shaped row (VeXact's own engine): ``--grpo-prompts`` prompts of ``--grpo-prompt-len LO HI`` tokens, each
+  sampled ``--grpo-n`` times (n requests share a prompt, distinct seeds), with prefix caching on and off: output
+  tokens/s, the prompt tokens served from the cache (hit rate), and whether on and off gave the same tokens and
+  logprobs (torch.equal).
 
 Workload: ``--num-prompts`` random prompts of ``--prompt-len LO HI`` tokens, each generating a length drawn from
 ``--gen-len LO HI`` (ignore_eos, so lengths are exact), at each ``--max-num-seqs``. HF generate runs one left-padded
 batch of ``--hf-prompts`` prompts for ``--hf-new-tokens`` tokens (it cannot stop rows early; only real tokens
-count). The defaults finish in about 3-4 minutes on an H100 (most of it the two engines at two batch sizes).
+count). Sized to finish in under 8 minutes on an H100 with every peer (estimate; four vLLM engine starts of about a
+minute each are most of it); ``--quick`` is a smaller workload for a first look.
 
-Usage: ``PYTHONPATH=<packages' src dirs>:. python benchmarks/throughput.py [--models 1.7b,0.6b] [--num-prompts 64]
-[--prompt-len 128 512] [--gen-len 128 256] [--max-num-seqs 64] [--modes invariant,fast,hf] [--grpo-prompts 32]
+Usage: ``PYTHONPATH=<packages' src dirs>:. python benchmarks/throughput.py [--quick] [--models 1.7b,0.6b]
+[--num-prompts 64] [--prompt-len 128 512] [--gen-len 128 256] [--max-num-seqs 64]
+[--modes invariant,fast,vllm,vllm-bi,hf] [--vllm-site /tmp/vllmsite] [--grpo-prompts 32] [--grpo-only]
 [--out results.md]`` (``--grpo-prompts 0`` skips the GRPO row).
 """
 
@@ -26,13 +36,18 @@ import argparse
 import datetime
 import gc
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
 from vexact_engine import LLM, SamplingParams
 from vexact_models import QWEN3_SHAPES, Qwen3ForCausalLM, tiny_qwen3_config
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import peers  # noqa: E402  (benchmarks/peers.py: vLLM workers, roofline, HF checkpoint)
 
 SHAPES = {
     # for a CPU smoke run of the script only
@@ -206,7 +221,8 @@ def decode_step_time(model, mode: str, args) -> float:
     return sorted(times[2:])[len(times[2:]) // 2]
 
 
-def hf_throughput(model, prompts, args) -> dict:
+def hf_model(model):
+    """HF transformers Qwen3 (sdpa attention, bf16) holding the same weights as ``model``."""
     import transformers
 
     hf_cfg = transformers.Qwen3Config(**model.config.to_hf_dict())
@@ -216,6 +232,33 @@ def hf_throughput(model, prompts, args) -> dict:
     missing, unexpected = hf.load_state_dict(model.state_dict(), strict=False)
     assert not unexpected and all(m == "lm_head.weight" for m in missing), (missing, unexpected)
     hf.tie_weights()
+    return hf
+
+
+HF_SAMPLING = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, pad_token_id=0, eos_token_id=None)
+
+
+def hf_kwargs(args) -> dict:
+    """HF generate's sampling settings; ``--hf-static-cache`` adds the static KV cache, with which transformers
+    compiles the decode step (its CUDA-graph path). Off by default: the compile's time is not bounded here."""
+    return {**HF_SAMPLING, **({"cache_implementation": "static"} if args.hf_static_cache else {})}
+
+
+def hf_decode_step(model, args) -> float:
+    """HF generate's seconds per decode step at batch 1 (``peers.batch1_step``: prefill cancelled out)."""
+    hf = [hf_model(model)]
+    ids = torch.arange(1, 129, device=DEV)[None]
+    with torch.no_grad():
+        step = peers.batch1_step(
+            lambda n: hf[0].generate(ids, max_new_tokens=n, min_new_tokens=n, **hf_kwargs(args)), args.decode_steps
+        )
+    hf.clear()
+    free_memory()
+    return step
+
+
+def hf_throughput(model, prompts, args) -> dict:
+    hf = hf_model(model)
     batch = prompts[: args.hf_prompts]
     width = max(len(p) for p in batch)
     ids = torch.zeros(len(batch), width, dtype=torch.int64)
@@ -224,7 +267,7 @@ def hf_throughput(model, prompts, args) -> dict:
         ids[i, width - len(p) :] = torch.tensor(p)
         mask[i, width - len(p) :] = 1
     ids, mask = ids.to(DEV), mask.to(DEV)
-    kw = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, pad_token_id=0, eos_token_id=None)
+    kw = hf_kwargs(args)
     with torch.no_grad():
         hf.generate(ids[:2], attention_mask=mask[:2], max_new_tokens=4, **kw)  # warm up
         sync()
@@ -236,42 +279,100 @@ def hf_throughput(model, prompts, args) -> dict:
     tokens = (out.shape[1] - width) * len(batch)
     del hf, out
     free_memory()
-    return dict(tokens=tokens, wall=wall, tok_s=tokens / wall)
+    return dict(tokens=tokens, wall=wall, tok_s=tokens / wall, prompt_lens=[len(p) for p in batch], gen_len=n)
 
 
-def base_rows(model, weight_bytes: int, bw: float, modes, batch_limits, args) -> list[str]:
-    """The random workload at each batch limit per mode (and HF generate), ratios, and the batch-1 decode step."""
-    prompts, params = workload(args, model.config.vocab_size)
-    lines: list[str] = []
-    lines += ["| batch limit | mode | output tok/s | wall s | tokens | preemptions | KV pages | graphs |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
-    results: dict[tuple[int, str], dict] = {}
+ENGINE_MODES = ("invariant", "fast")  # VeXact's own backends
+PEER_MODES = ("vllm", "vllm-bi")  # vLLM default, vLLM with VLLM_BATCH_INVARIANT=1
+MODE_NAMES = {
+    "invariant": "VeXact invariant", "fast": "VeXact fast (mismatch baseline)", "vllm": "vLLM default",
+    "vllm-bi": "vLLM VLLM_BATCH_INVARIANT=1", "hf": "HF generate",
+}  # fmt: skip
+QUICK = dict(num_prompts=64, prompt_len=[128, 512], gen_len=[64, 128], hf_prompts=32, hf_new_tokens=64, decode_steps=32)
+
+
+def peer_section(model, shape: str, args, bw: float, modes, batch_limits, workdir: Path | None, vllm_ver) -> list[str]:
+    """The markdown section of one model shape: throughput per engine and batch limit, ratios to vLLM default,
+    roofline fractions, decode step at batch 1 against the weight-bytes bound."""
+    cfg = model.config
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    kv_tok = peers.kv_bytes_per_token(cfg)
+    prompts, params = workload(args, cfg.vocab_size)
+    max_tokens, seeds = [p.max_tokens for p in params], [p.seed for p in params]
+    ckpt = None
+    if any(m in PEER_MODES for m in modes) and vllm_ver:
+        ckpt = peers.save_hf_checkpoint(model, workdir / f"qwen3-{shape}")
+    results: dict[tuple[int, str], dict | str] = {}
+    step_s: dict[str, float | str] = {}
     for limit in batch_limits:
-        for mode in (m for m in modes if m != "hf"):
-            r = engine_throughput(model, mode, limit, prompts, params, args)
-            results[(limit, mode)] = r
-            lines.append(
-                f"| {limit} | {mode} | {r['tok_s']:.0f} | {r['wall']:.1f} | {r['tokens']} | {r['preemptions']} "
-                f"| {r['kv_pages']} | {r['graphs']} |"
-            )
+        for mode in modes:
+            if mode in ENGINE_MODES:
+                results[(limit, mode)] = engine_throughput(model, mode, limit, prompts, params, args)
+            elif mode in PEER_MODES:
+                if not vllm_ver:
+                    results[(limit, mode)] = peers.NOT_INSTALLED
+                    continue
+                batch1 = limit == batch_limits[0]  # time batch-1 decode in the first engine of each vLLM mode
+                r = peers.run_vllm(mode, ckpt, prompts, max_tokens, seeds, limit, args, workdir, batch1)
+                results[(limit, mode)] = r
+                if batch1:
+                    step_s[mode] = r.get("step_s", "-") if isinstance(r, dict) else r
     hf = hf_throughput(model, prompts, args) if "hf" in modes else None
-    if hf:
-        lines.append(f"| {args.hf_prompts} (one batch) | HF generate | {hf['tok_s']:.0f} | {hf['wall']:.1f} | "
-                     f"{hf['tokens']} | - | - | - |")  # fmt: skip
-    lines += ["", "| batch limit | invariant / fast (goal >= 0.85) | invariant / HF generate (goal >= 10) |",
-              "| --- | --- | --- |"]  # fmt: skip
+
+    def fraction(r: dict, limit: int) -> str:
+        need = peers.roofline_bytes(weight_bytes, kv_tok, [len(p) for p in prompts], max_tokens, limit,
+                                    args.max_num_batched_tokens)  # fmt: skip
+        return f"{need / bw / r['wall']:.2f}"
+
+    lines = [
+        f"## Qwen3-{shape.upper()}-shaped ({weight_bytes / GIB:.2f} GiB of bf16 weights, "
+        f"{kv_tok / 1024:.0f} KiB of KV per token)",
+        "",
+        "| batch limit | engine | output tok/s | / vLLM default | roofline fraction | wall s | tokens |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for limit in batch_limits:
-        inv, fast = results.get((limit, "invariant")), results.get((limit, "fast"))
-        r_fast = f"{inv['tok_s'] / fast['tok_s']:.2f}" if inv and fast else "-"
-        r_hf = f"{inv['tok_s'] / hf['tok_s']:.1f}" if inv and hf else "-"
-        lines.append(f"| {limit} | {r_fast} | {r_hf} |")
+        ref = results.get((limit, "vllm"))
+        for mode in (m for m in modes if m != "hf"):
+            r = results[(limit, mode)]
+            if not isinstance(r, dict):
+                lines.append(f"| {limit} | {MODE_NAMES[mode]} | {r} | - | - | - | - |")
+                continue
+            ratio = f"{r['tok_s'] / ref['tok_s']:.2f}" if isinstance(ref, dict) and mode != "fast" else "-"
+            lines.append(f"| {limit} | {MODE_NAMES[mode]} | {r['tok_s']:.0f} | {ratio} | {fraction(r, limit)} "
+                         f"| {r['wall']:.1f} | {r['tokens']} |")  # fmt: skip
+    if hf:
+        n = hf["gen_len"]
+        need = peers.roofline_bytes(weight_bytes, kv_tok, hf["prompt_lens"], [n] * len(hf["prompt_lens"]),
+                                    len(hf["prompt_lens"]), args.max_num_batched_tokens)  # fmt: skip
+        frac = need / bw / hf["wall"]
+        hf_mode = "static cache, compiled" if args.hf_static_cache else "eager"
+        lines.append(f"| {args.hf_prompts} (one batch, {n} new tokens) | HF generate ({hf_mode}, sdpa) | "
+                     f"{hf['tok_s']:.0f} | - | {frac:.2f} | {hf['wall']:.1f} | {hf['tokens']} |")  # fmt: skip
+    # the goals of issue 14, measured in this run
+    goal_rows = []
+    for limit in batch_limits:
+        inv, ref, bi = (results.get((limit, m)) for m in ("invariant", "vllm", "vllm-bi"))
+        if isinstance(inv, dict) and isinstance(ref, dict):
+            vs_bi = f"{inv['tok_s'] / bi['tok_s']:.2f}" if isinstance(bi, dict) else "-"
+            goal_rows.append(f"| {limit} | {inv['tok_s'] / ref['tok_s']:.2f} | {vs_bi} |")
+    if goal_rows:
+        lines += ["", "| batch limit | invariant / vLLM default (goal >= 0.85) | invariant / vLLM batch-invariant "
+                  "(goal > 1) |", "| --- | --- | --- |", *goal_rows]  # fmt: skip
     bound = weight_bytes / bw
-    lines += ["", f"Decode step at batch 1 (median of {args.decode_steps}, host work included); bound = weight "
-              f"bytes / copy bandwidth = {bound * 1e3:.3f} ms (goal <= 1.3x)", "",
-              "| mode | step ms | x bound |", "| --- | --- | --- |"]  # fmt: skip
-    for mode in (m for m in modes if m != "hf"):
-        t = decode_step_time(model, mode, args)
-        lines.append(f"| {mode} | {t * 1e3:.3f} | {t / bound:.2f} |")
+    lines += ["", f"Decode step at batch 1 (host work included); bound = weight bytes / copy bandwidth = "
+              f"{bound * 1e3:.3f} ms (goal for VeXact <= 1.3x). VeXact: median of {args.decode_steps} steps; vLLM "
+              f"and HF: (time of 1 + {args.decode_steps} tokens - time of 1 token) / {args.decode_steps}, best of 3.",
+              "", "| engine | step ms | x bound |", "| --- | --- | --- |"]  # fmt: skip
+    for mode in modes:
+        if mode in ENGINE_MODES:
+            t = decode_step_time(model, mode, args)
+        elif mode in PEER_MODES:
+            t = step_s.get(mode, peers.NOT_INSTALLED if not vllm_ver else "-")
+        else:
+            t = hf_decode_step(model, args)
+        cells = f"{t * 1e3:.3f} | {t / bound:.2f}" if isinstance(t, float) else f"{t} | -"
+        lines.append(f"| {MODE_NAMES[mode]} | {cells} |")
     lines.append("")
     return lines
 
@@ -280,13 +381,14 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="1.7b", help=f"comma-separated shapes from {','.join(SHAPES)}")
     ap.add_argument("--layers", type=int, default=28, help="decoder layers (28 in both real models)")
+    ap.add_argument("--quick", action="store_true", help=f"a smaller workload for a first look: {QUICK}")
     ap.add_argument("--num-prompts", type=int, default=256)
     ap.add_argument("--prompt-len", type=int, nargs=2, default=[128, 1024], metavar=("LO", "HI"))
-    ap.add_argument("--gen-len", type=int, nargs=2, default=[256, 512], metavar=("LO", "HI"))
+    ap.add_argument("--gen-len", type=int, nargs=2, default=[128, 384], metavar=("LO", "HI"))
     ap.add_argument("--max-num-seqs", default="64,256", help="comma-separated batch limits")
     ap.add_argument("--max-num-batched-tokens", type=int, default=4096)
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.85)
-    ap.add_argument("--modes", default="invariant,fast,hf")
+    ap.add_argument("--modes", default="invariant,fast,vllm,vllm-bi,hf", help=f"comma-separated from {MODE_NAMES}")
     ap.add_argument("--hf-prompts", type=int, default=64, help="prompts in HF generate's one batch")
     ap.add_argument("--hf-new-tokens", type=int, default=256)
     ap.add_argument("--grpo-prompts", type=int, default=32, help="GRPO row: prompts (0: no GRPO row)")
@@ -295,43 +397,63 @@ def main(argv=None) -> int:
     ap.add_argument("--grpo-gen-len", type=int, nargs=2, default=[128, 512], metavar=("LO", "HI"))
     ap.add_argument("--grpo-max-num-seqs", type=int, default=256, help="GRPO row: batch limit")
     ap.add_argument("--grpo-only", action="store_true", help="only the GRPO-shaped row")
+    ap.add_argument("--hf-static-cache", action="store_true", help="HF generate with a static cache (compiled)")
     ap.add_argument("--decode-steps", type=int, default=64, help="decode steps timed at batch 1")
-    ap.add_argument("--enforce-eager", action="store_true", help="engine without CUDA graphs")
+    ap.add_argument("--enforce-eager", action="store_true", help="engines without CUDA graphs")
+    ap.add_argument("--vllm-site", help="directory holding vLLM (scripts/vllm_device_wheels.sh: /tmp/vllmsite)")
+    ap.add_argument("--vllm-timeout", type=int, default=300, help="seconds for one vLLM subprocess")
+    ap.add_argument("--ckpt-dir", help="where the HF checkpoint for vLLM and the worker logs go (default: a temp dir)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", help="also write the markdown report to this file")
     ap.add_argument("--device", default="cuda", help="cuda; cpu only to smoke-test the script with --models tiny")
     args = ap.parse_args(argv)
+    if args.quick:
+        for k, v in QUICK.items():
+            if getattr(args, k) == ap.get_default(k):
+                setattr(args, k, v)
+    modes = args.modes.split(",")
+    bad = [m for m in modes if m not in MODE_NAMES]
+    if bad:
+        ap.error(f"--modes: unknown {bad}; allowed: {','.join(MODE_NAMES)}")
     global DEV
     DEV = torch.device(args.device)
     if DEV.type == "cuda" and not torch.cuda.is_available():
         print("throughput.py needs a CUDA device", file=sys.stderr)
         return 2
-    modes = args.modes.split(",")
     batch_limits = [int(x) for x in args.max_num_seqs.split(",")]
+    vllm_ver = peers.vllm_version(args.vllm_site) if any(m in PEER_MODES for m in modes) else None
+    workdir = None  # the HF checkpoint and the vLLM workers' specs, results and logs
+    if vllm_ver:
+        workdir = Path(args.ckpt_dir or tempfile.mkdtemp(prefix="vexact-peers-"))
+        workdir.mkdir(parents=True, exist_ok=True)
     lines = [
-        f"# Engine throughput ({torch.cuda.get_device_name() if DEV.type == 'cuda' else 'CPU'}, "
-        f"{datetime.date.today()}, torch {torch.__version__})",
+        f"# Engine throughput against vLLM ({torch.cuda.get_device_name() if DEV.type == 'cuda' else 'CPU'}, "
+        f"{datetime.date.today()}, torch {torch.__version__}, vLLM {vllm_ver or peers.NOT_INSTALLED})",
         "",
         f"Run: `{' '.join(sys.argv)}`",
         "",
-        f"Workload: {args.num_prompts} prompts of {args.prompt_len[0]}-{args.prompt_len[1]} tokens, "
-        f"{args.gen_len[0]}-{args.gen_len[1]} generated tokens each (ignore_eos; temperature 1), batch limits "
-        f"{batch_limits}, {args.max_num_batched_tokens} tokens per step, CUDA graphs "
-        f"{'off' if args.enforce_eager else 'on'}. HF generate: one left-padded batch of {args.hf_prompts} of the "
-        f"same prompts, {args.hf_new_tokens} new tokens each, sdpa attention, bf16. Random weights, "
-        f"{args.layers} layers.",
+        f"Workload: {args.num_prompts} prompts of {args.prompt_len[0]}-{args.prompt_len[1]} random tokens, "
+        f"{args.gen_len[0]}-{args.gen_len[1]} generated tokens each (ignore_eos; temperature 1, no top-k/top-p, a "
+        f"seed per request), batch limits {batch_limits}, {args.max_num_batched_tokens} tokens per step, CUDA graphs "
+        f"{'off' if args.enforce_eager else 'on'}; the same prompts, lengths and seeds in every engine. vLLM loads "
+        f"the same weights from an HF checkpoint directory (skip_tokenizer_init, token-id prompts), one subprocess "
+        f"per mode and batch limit, gpu_memory_utilization {args.gpu_memory_utilization}. HF generate: one "
+        f"left-padded batch of {args.hf_prompts} of the same prompts, {args.hf_new_tokens} new tokens each, sdpa "
+        f"attention, bf16, {'static cache (compiled)' if args.hf_static_cache else 'eager'}. Random weights, "
+        f"{args.layers} layers. Roofline fraction: least bytes the run must "
+        "read (a full weight pass per decode step at the batch limit + the KV each step attends + a weight pass per "
+        "prefill chunk) / copy bandwidth / wall time (benchmarks/peers.py). VeXact fast is the mismatch baseline "
+        "only, not a speed anchor.",
         "",
     ]
     bw = copy_bandwidth()
     lines += [f"Device-to-device copy bandwidth (read + write): {bw / 1e9:.0f} GB/s", ""]
     for shape in tqdm(args.models.split(","), desc="models"):
         model = make_model(shape, args.layers, seed=args.seed)
-        weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-        lines += [f"## Qwen3-{shape.upper()}-shaped ({weight_bytes / GIB:.2f} GiB of bf16 weights)", ""]
         if not args.grpo_only:
-            lines += base_rows(model, weight_bytes, bw, modes, batch_limits, args)
+            lines += peer_section(model, shape, args, bw, modes, batch_limits, workdir, vllm_ver)
         if args.grpo_prompts > 0:
-            lines += grpo_rows(model, [m for m in modes if m != "hf"], args)
+            lines += grpo_rows(model, [m for m in modes if m in ENGINE_MODES], args)
         del model
         free_memory()
     report = "\n".join(lines)

@@ -36,6 +36,13 @@ def tiny_moe_model(device):
 
 
 @pytest.fixture(scope="session")
-def tiny_ds_model(device):
-    """The committed tiny DeepSeek-V3 checkpoint (bf16): 3 layers, the first dense, MLA, 8 grouped experts, top-2."""
-    return load_model(default_checkpoint("deepseek_v3"), device=device)
+def family_model(device):
+    """``family_model(family)``: the committed tiny checkpoint of a family (bf16), loaded once per session."""
+    loaded = {}
+
+    def get(family: str):
+        if family not in loaded:
+            loaded[family] = load_model(default_checkpoint(family), device=device)
+        return loaded[family]
+
+    return get

@@ -6,7 +6,14 @@ from collections.abc import Callable
 
 import torch
 
-from vexact_models import DEEPSEEK_V3_SHAPES, QWEN3_MOE_SHAPES, QWEN3_SHAPES
+from vexact_models import (
+    DEEPSEEK_V3_SHAPES,
+    LLAMA_SHAPES,
+    MISTRAL_SHAPES,
+    QWEN2_SHAPES,
+    QWEN3_MOE_SHAPES,
+    QWEN3_SHAPES,
+)
 
 
 def row_invariance_violations(
@@ -34,9 +41,6 @@ def logprob_mismatches(engine_outputs, trainer_logprobs) -> list[tuple[str, int]
     return out
 
 
-# Each family's committed tiny checkpoint, as a conftest fixture name.
-FAMILY_FIXTURES = {"qwen3": "tiny_model", "qwen3_moe": "tiny_moe_model", "deepseek_v3": "tiny_ds_model"}
-
 # Real Qwen3 shapes (vexact_models.QWEN3_SHAPES), for the GPU-target contracts that run real-sized random models.
 QWEN3_06B = QWEN3_SHAPES["qwen3-0.6b"]
 QWEN3_17B = QWEN3_SHAPES["qwen3-1.7b"]
@@ -44,3 +48,12 @@ QWEN3_30B_A3B = QWEN3_MOE_SHAPES["qwen3-30b-a3b"]
 # Moonlight-16B-A3B's real per-layer shapes, three layers (the first dense, as in the real model): the GPU-target
 # DeepSeek-V3-family model.
 MOONLIGHT_3L = {**DEEPSEEK_V3_SHAPES["moonlight-16b-a3b"], "num_hidden_layers": 3}
+
+# Real shapes of the other dense families, as (family, overrides of vexact_models.tiny_config(family)): head_dim 64
+# and a tied 128k vocabulary (Llama-3.2-1B), q/k/v biases at hidden 3584 (Qwen2.5-7B), a 4096 window that the
+# contracts' sequences fit in (Mistral-7B-v0.1).
+DENSE_SHAPES = {
+    "llama-3.2-1b": ("llama", LLAMA_SHAPES["llama-3.2-1b"]),
+    "qwen2.5-7b": ("qwen2", QWEN2_SHAPES["qwen2.5-7b"]),
+    "mistral-7b-v0.1": ("mistral", MISTRAL_SHAPES["mistral-7b-v0.1"]),
+}

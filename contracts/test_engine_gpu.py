@@ -1,10 +1,12 @@
 """GPU engine contracts (targets h100/h200/b200): the engine on CUDA with sampling on the device, CUDA-graph decode,
 sleep/wake and weight updates still returns exactly the trainer's logprobs.
 
-Models: Qwen3-0.6B-, Qwen3-1.7B-, Qwen3-30B-A3B- and Moonlight-16B-A3B-shaped (real HF config shapes, random weights)
-with ``LAYERS`` decoder layers instead of 28 / 48 (Moonlight: 3 of 27, the first dense as in the real model) to keep
-the run short: every per-layer shape (hidden, heads, head_dim, MLA ranks, intermediate, experts, vocabulary) is the
-real one, so every kernel runs at its real size; only the depth is cut.
+Models: Qwen3-0.6B-, Qwen3-1.7B-, Qwen3-30B-A3B-, Llama-3.2-1B-, Qwen2.5-7B-, Mistral-7B-v0.1- and
+Moonlight-16B-A3B-shaped (real HF config shapes, random weights) with ``LAYERS`` decoder layers instead of 16 to 48
+(Moonlight: 3 of 27, the first dense as in the real model) to keep the run short: every per-layer shape (hidden, heads,
+head_dim, MLA ranks, intermediate, experts, vocabulary, biases, rope scaling) is the real one, so every kernel runs at
+its real size; only the depth is cut. ``-k`` picks shapes by name (``-k "llama or qwen2.5 or mistral"``,
+``-k moonlight``).
 
 Run on the GPU machine: ``python -m pytest -q -p no:xdist contracts/test_engine_gpu.py --target h100 -s``
 (``-s`` shows the memory figures of the sleep/wake cycles; ``VEXACT_SLEEP_CYCLES`` sets their number, default 100).
@@ -12,25 +14,22 @@ Run on the GPU machine: ``python -m pytest -q -p no:xdist contracts/test_engine_
 
 from __future__ import annotations
 
+import functools
 import os
 
 import pytest
 import torch
 
-from contracts.harness import MOONLIGHT_3L, QWEN3_06B, QWEN3_17B, QWEN3_30B_A3B, logprob_mismatches
+from contracts.harness import DENSE_SHAPES, MOONLIGHT_3L, QWEN3_06B, QWEN3_17B, QWEN3_30B_A3B, logprob_mismatches
 from vexact_engine import LLM, EngineConfig, SamplingParams
 from vexact_engine.model_runner import ModelRunner
-from vexact_models import random_model, tiny_deepseek_v3_config, tiny_qwen3_config, tiny_qwen3_moe_config
+from vexact_models import random_model, tiny_config, tiny_deepseek_v3_config, tiny_qwen3_config, tiny_qwen3_moe_config
 
 pytestmark = pytest.mark.gpu
 
 LAYERS = int(os.environ.get("VEXACT_GPU_CONTRACT_LAYERS", "4"))
-SHAPES = {
-    "qwen3-0.6b": QWEN3_06B,
-    "qwen3-1.7b": QWEN3_17B,
-    "qwen3-30b-a3b": QWEN3_30B_A3B,
-    "moonlight-16b-a3b": MOONLIGHT_3L,
-}
+SHAPES = {"qwen3-0.6b": QWEN3_06B, "qwen3-1.7b": QWEN3_17B, "qwen3-30b-a3b": QWEN3_30B_A3B,
+          **{name: shape for name, (_, shape) in DENSE_SHAPES.items()}, "moonlight-16b-a3b": MOONLIGHT_3L}  # fmt: skip
 MAX_LEN = 1024
 
 
@@ -43,10 +42,12 @@ def cuda(device):
 
 def _model(shape: str, seed: int, cuda) -> torch.nn.Module:
     if "kv_lora_rank" in SHAPES[shape]:  # Moonlight: its own three layers (one dense, two MoE)
-        cfg = tiny_deepseek_v3_config(**SHAPES[shape])
+        return random_model(tiny_deepseek_v3_config(**SHAPES[shape]), seed=seed, embed_std=0.02, device=cuda)
+    if shape in DENSE_SHAPES:
+        make = functools.partial(tiny_config, DENSE_SHAPES[shape][0])
     else:
         make = tiny_qwen3_moe_config if "num_experts" in SHAPES[shape] else tiny_qwen3_config
-        cfg = make(**{**SHAPES[shape], "num_hidden_layers": LAYERS})
+    cfg = make(**{**SHAPES[shape], "num_hidden_layers": LAYERS})
     return random_model(cfg, seed=seed, embed_std=0.02, device=cuda)  # drawn on the GPU: an MoE is ~6 GB at 4 layers
 
 
@@ -101,7 +102,7 @@ ENGINE_SETTINGS = [
 def test_engine_equals_trainer_across_settings(shape_model):
     """Every setting gives the same tokens and logprobs as every other, and they equal the trainer's."""
     _, model = shape_model
-    prompts, params = _workload(40, seed=1)
+    prompts, params = _workload(40, seed=1, vocab=model.config.vocab_size)
     ref = None
     for name, kw in ENGINE_SETTINGS:
         outs, llm = _run(model, prompts, params, **{"num_kv_blocks": 1024, **kw})
@@ -124,7 +125,7 @@ def test_engine_equals_trainer_across_settings(shape_model):
 def test_padded_graph_decode_contract_fails_on_a_wrong_pad_row(shape_model, monkeypatch):
     """The graph-padding contract can fail: pad rows that write their K/V (slot 0 instead of -1) corrupt a page."""
     _, model = shape_model
-    prompts, params = _workload(6, seed=2, hi=64, max_tokens=12)
+    prompts, params = _workload(6, seed=2, hi=64, max_tokens=12, vocab=model.config.vocab_size)
     monkeypatch.setattr(ModelRunner, "PAD_ROW", (0, 0, 0, 1))
     outs, llm = _run(model, prompts, params, max_num_seqs=8, num_kv_blocks=256)
     assert llm.runner.num_padded_steps > 0
@@ -136,7 +137,7 @@ def test_same_seed_same_tokens_whatever_the_batch(shape_model):
     target = list(range(100, 180))
     p = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=20, seed=77, ignore_eos=True)
     (alone,), _ = _run(model, [target], [p], max_num_seqs=8, num_kv_blocks=512)
-    prompts, params = _workload(63, seed=3, hi=200)  # a batch of 64 with it
+    prompts, params = _workload(63, seed=3, hi=200, vocab=model.config.vocab_size)  # a batch of 64 with it
     prompts.insert(17, target)
     params.insert(17, p)
     outs, _ = _run(model, prompts, params, max_num_seqs=64, max_num_batched_tokens=512, num_kv_blocks=1024)
@@ -147,7 +148,7 @@ def test_sleep_wake_and_update_weights(shape_model, cuda):
     """After sleep(1)/wake_up generation is bitwise unchanged; after sleep(2)/wake_up/update_weights (buckets) it
     equals a fresh engine loaded with those weights and the trainer on them."""
     shape, model = shape_model
-    prompts, params = _workload(16, seed=4, hi=200)
+    prompts, params = _workload(16, seed=4, hi=200, vocab=model.config.vocab_size)
     llm = LLM(model=_model(shape, seed=7, cuda=cuda), max_model_len=MAX_LEN, max_num_seqs=16, num_kv_blocks=512)
     before = llm.generate(prompts, params, use_tqdm=False)
     llm.sleep(level=1)

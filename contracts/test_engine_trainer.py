@@ -14,13 +14,18 @@ import torch
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from contracts.harness import FAMILY_FIXTURES, QWEN3_06B, logprob_mismatches
+from contracts.harness import QWEN3_06B, logprob_mismatches
 from vexact_engine import LLM, EngineConfig, SamplingParams
 from vexact_trainer import Actor, ActorConfig
 
 EXAMPLES = int(os.environ.get("VEXACT_CONTRACT_EXAMPLES", "400"))
 MOE_EXAMPLES = int(os.environ.get("VEXACT_CONTRACT_MOE_EXAMPLES", str(max(1, EXAMPLES // 4))))
 DS_EXAMPLES = int(os.environ.get("VEXACT_CONTRACT_DS_EXAMPLES", str(max(1, EXAMPLES // 20))))
+# the other dense families share the Qwen3 decoder and kernels; what they add (biases, no q/k norm, llama3 rope, tied
+# head) is in every forward, so fewer examples each (~1 s per example on CPU; half of them force preemption)
+DENSE_EXAMPLES = int(os.environ.get("VEXACT_CONTRACT_DENSE_EXAMPLES", str(max(1, EXAMPLES // 80))))
+DENSE_FAMILIES = ["llama", "qwen2", "mistral"]
+ALL_FAMILIES = ["qwen3", "qwen3_moe", *DENSE_FAMILIES, "deepseek_v3"]
 MAX_LEN = 96  # engine max_model_len in these runs
 
 
@@ -104,18 +109,26 @@ def test_moe_engine_equals_trainer(tiny_moe_model, workload):
     _engine_equals_trainer(tiny_moe_model, workload)
 
 
+@pytest.mark.parametrize("family", DENSE_FAMILIES)
+@_examples(DENSE_EXAMPLES)
+@given(workloads())
+def test_dense_families_engine_equals_trainer(family_model, family, workload):
+    """The same contract on the tiny Llama (llama3 rope, tied head), Qwen2 (q/k/v biases) and Mistral."""
+    _engine_equals_trainer(family_model(family), workload)
+
+
 @_examples(DS_EXAMPLES)
 @given(workloads())
-def test_deepseek_engine_equals_trainer(tiny_ds_model, workload):
+def test_deepseek_engine_equals_trainer(family_model, workload):
     """The same contract on the tiny DeepSeek-V3: MLA's expanded K/V in the paged cache, grouped routing, shared
     experts."""
-    _engine_equals_trainer(tiny_ds_model, workload)
+    _engine_equals_trainer(family_model("deepseek_v3"), workload)
 
 
-@pytest.mark.parametrize("family", list(FAMILY_FIXTURES))
-def test_engine_equals_trainer_under_forced_preemption(request, family):
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_moe", "deepseek_v3"])
+def test_engine_equals_trainer_under_forced_preemption(family_model, family):
     """A burst that cannot fit the cache at once: requests are preempted, recomputed, and still match."""
-    tiny_model = request.getfixturevalue(FAMILY_FIXTURES[family])
+    tiny_model = family_model(family)
     g = torch.Generator().manual_seed(1)
     prompts = [
         torch.randint(0, 256, (int(torch.randint(8, 40, (1,), generator=g)),), generator=g).tolist() for _ in range(12)
@@ -132,10 +145,10 @@ def test_engine_equals_trainer_under_forced_preemption(request, family):
         assert a.token_ids == b.token_ids and torch.equal(a.logprobs, b.logprobs)
 
 
-@pytest.mark.parametrize("family", list(FAMILY_FIXTURES))
-def test_contract_fails_with_fast_backend_on_one_side(request, family):
+@pytest.mark.parametrize("family", ALL_FAMILIES)
+def test_contract_fails_with_fast_backend_on_one_side(family_model, family):
     """The contract can fail: with the fast backend on the engine side, logprobs no longer match."""
-    tiny_model = request.getfixturevalue(FAMILY_FIXTURES[family])
+    tiny_model = family_model(family)
     g = torch.Generator().manual_seed(2)
     prompts = [torch.randint(0, 256, (20,), generator=g).tolist() for _ in range(6)]
     params = [SamplingParams(temperature=1.0, max_tokens=12, seed=i, ignore_eos=True) for i in range(6)]

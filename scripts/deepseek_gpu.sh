@@ -23,7 +23,7 @@ for step in "$@"; do
       mkdir -p "$OUT/golden-deepseek_v3"
       cp "contracts/fixtures/$TARGET/deepseek_v3/"golden.* "$OUT/golden-deepseek_v3/" ;;
     contracts)
-      python3 -m pytest -q -p no:xdist contracts --target "$TARGET" -rs -k "deepseek or moonlight or ds_model" 2>&1 \
+      python3 -m pytest -q -p no:xdist contracts --target "$TARGET" -rs -k "deepseek or moonlight" 2>&1 \
         | tee "$OUT/ds-contracts-$TARGET.log" || status=1 ;;
     bench)
       python3 benchmarks/mla.py --out "$OUT/mla-$TARGET.md" 2>&1 | tee "$OUT/mla-bench-$TARGET.log" || status=1

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from vexact_engine import LLM, EngineConfig, LLMEngine, SamplingParams
-from vexact_models import random_model, tiny_qwen3_config
+from vexact_models import random_model, tiny_config, tiny_qwen3_config
 
 VOCAB = 272
 
@@ -212,3 +212,13 @@ def test_generate_rejects_one_bad_request_and_runs_the_others_untouched(model, b
         assert got.prompt_token_ids == ref.prompt_token_ids
         assert got.token_ids == ref.token_ids
         assert torch.equal(got.logprobs, ref.logprobs)
+
+
+def test_max_model_len_beyond_a_sliding_window_is_refused_at_construction():
+    """The kernels attend to every earlier key, which is the model's window only while a sequence fits in it: a
+    max_model_len larger than ``sliding_window`` is refused; without one, the window caps it."""
+    windowed = random_model(tiny_config("mistral", sliding_window=24, num_hidden_layers=1), seed=1)
+    with pytest.raises(ValueError, match=r"max_model_len 25 > the model's sliding_window 24: sliding-window attention"):
+        LLMEngine(model=windowed, max_model_len=25)
+    assert LLMEngine(model=windowed, num_kv_blocks=16).max_model_len == 24
+    assert LLMEngine(model=windowed, max_model_len=20, num_kv_blocks=16).max_model_len == 20

@@ -1,4 +1,4 @@
-"""Qwen3Config: validation at construction, HF config.json mapping, clear errors."""
+"""Dense configs (Qwen3, Qwen2, Llama, Mistral): validation at construction, HF config.json mapping, clear errors."""
 
 from __future__ import annotations
 
@@ -8,7 +8,16 @@ import json
 import pytest
 import torch
 
-from vexact_models import Qwen3Config, config_from_dict, load_config, parse_dtype, tiny_qwen3_config
+from vexact_models import (
+    MODEL_CLASSES,
+    LlamaConfig,
+    Qwen3Config,
+    config_from_dict,
+    load_config,
+    parse_dtype,
+    tiny_config,
+    tiny_qwen3_config,
+)
 
 
 def _hf_dict(**overrides) -> dict:
@@ -52,29 +61,78 @@ def test_rope_theta_from_rope_parameters_and_unknown_keys_ignored():
 
 
 @pytest.mark.parametrize(
-    "rope",
+    "rope,field",
     [
-        {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}},
-        {"rope_scaling": {"type": "linear", "factor": 2.0}},
-        {"rope_parameters": {"rope_type": "llama3", "rope_theta": 1e6}},
+        ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_scaling"),
+        ({"rope_scaling": {"type": "longrope", "factor": 2.0}}, "rope_scaling"),
+        ({"rope_parameters": {"rope_type": "su", "rope_theta": 1e6}}, "rope_parameters"),
     ],
 )
-def test_non_default_rope_is_not_implemented(rope):
+def test_unknown_rope_type_raises_naming_the_field(rope, field):
     name = next(iter(rope.values())).get("rope_type", next(iter(rope.values())).get("type"))
-    with pytest.raises(NotImplementedError, match=rf"rope_type '{name}' is not supported"):
+    with pytest.raises(ValueError, match=rf"{field}.rope_type '{name}' is not supported; supported: \['default', "):
         config_from_dict(_hf_dict(**rope))
 
 
-def test_sliding_window_is_not_implemented():
-    with pytest.raises(NotImplementedError, match="sliding-window"):
-        config_from_dict(_hf_dict(use_sliding_window=True))
+def test_rope_scaling_types_read_from_either_field():
+    llama3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+              "original_max_position_embeddings": 64}  # fmt: skip
+    cfg = config_from_dict(_hf_dict(model_type="llama", rope_scaling=llama3))
+    assert cfg.rope_scaling == llama3 and isinstance(cfg, LlamaConfig)
+    d = _hf_dict(rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 5e3})
+    del d["rope_theta"]  # transformers 5.x keeps theta inside rope_parameters
+    cfg = config_from_dict(d)
+    assert cfg.rope_scaling == {"rope_type": "linear", "factor": 2.0} and cfg.rope_theta == 5e3
+    assert config_from_dict(_hf_dict(rope_scaling={"type": "dynamic", "factor": 2.0})).rope_scaling["rope_type"] == (
+        "dynamic"
+    )
+    assert config_from_dict(_hf_dict(rope_parameters={"rope_type": "default", "rope_theta": 5.0})).rope_scaling is None
+    with pytest.raises(ValueError, match=r"rope_scaling \(llama3\) lacks \['low_freq_factor', 'high_freq_factor'"):
+        config_from_dict(_hf_dict(rope_scaling={"rope_type": "llama3", "factor": 8.0}))
+    with pytest.raises(ValueError, match=r"rope_scaling \(linear\): \['factor'\] must be > 0"):
+        tiny_config("llama", rope_scaling={"rope_type": "linear", "factor": 0})
 
 
-@pytest.mark.parametrize("model_type", ["llama", "qwen2_moe", None])
+def test_hidden_act_other_than_silu_raises_naming_it():
+    for family in ("qwen3", "llama", "qwen2", "mistral"):
+        with pytest.raises(ValueError, match=r"hidden_act 'gelu' is not supported; supported: \['silu'\]"):
+            config_from_dict(_hf_dict(model_type=family, hidden_act="gelu"))
+
+
+def test_sliding_window_per_family():
+    """Qwen: the window counts only with use_sliding_window and on layers >= max_window_layers (or layer_types);
+    Mistral: whenever set; Llama: never."""
+    assert (
+        config_from_dict(_hf_dict(model_type="qwen2", sliding_window=32, use_sliding_window=False)).sliding_window
+        is None
+    )
+    assert config_from_dict(_hf_dict(model_type="qwen2", sliding_window=32, use_sliding_window=True,
+                                     max_window_layers=1)).sliding_window == 32  # fmt: skip
+    assert (
+        config_from_dict(_hf_dict(sliding_window=32, use_sliding_window=True, max_window_layers=2)).sliding_window
+        is None
+    )
+    assert config_from_dict(_hf_dict(sliding_window=32, use_sliding_window=True,
+                                     layer_types=["full_attention"] * 2)).sliding_window is None  # fmt: skip
+    assert config_from_dict(_hf_dict(model_type="mistral", sliding_window=32)).sliding_window == 32
+    assert config_from_dict(_hf_dict(model_type="mistral", sliding_window=None)).sliding_window is None
+    with pytest.raises(ValueError, match="MistralConfig.sliding_window must be a positive integer or None, got 0"):
+        config_from_dict(_hf_dict(model_type="mistral", sliding_window=0))
+
+
+@pytest.mark.parametrize("family", ["qwen3", "llama", "qwen2", "mistral"])
+def test_every_family_round_trips_and_names_its_architecture(family):
+    cfg = tiny_config(family)
+    d = json.loads(json.dumps(cfg.to_hf_dict()))
+    assert d["model_type"] == family and d["architectures"] == [MODEL_CLASSES[family].__name__]
+    assert config_from_dict(d) == cfg
+
+
+@pytest.mark.parametrize("model_type", ["qwen2_moe", "gemma", None])
 def test_unknown_model_type_raises_naming_it(model_type):
     d = _hf_dict(model_type=model_type)
     with pytest.raises(
-        ValueError, match=rf"unknown model_type {model_type!r}; supported: \['deepseek_v3', 'qwen3', 'qwen3_moe'\]"
+        ValueError, match=rf"unknown model_type {model_type!r}; supported: \['deepseek_v3', 'llama', 'mistral', "
     ):
         config_from_dict(d)
 
@@ -83,8 +141,8 @@ def test_load_config_from_dir_and_file(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(_hf_dict()))
     assert load_config(tmp_path) == tiny_qwen3_config()
     assert load_config(tmp_path / "config.json") == tiny_qwen3_config()
-    (tmp_path / "config.json").write_text(json.dumps(_hf_dict(model_type="mistral")))
-    with pytest.raises(ValueError, match="unknown model_type 'mistral'"):
+    (tmp_path / "config.json").write_text(json.dumps(_hf_dict(model_type="gemma")))
+    with pytest.raises(ValueError, match="unknown model_type 'gemma'"):
         load_config(tmp_path)
 
 

@@ -1,5 +1,7 @@
-"""Qwen3, Qwen3-MoE and DeepSeek-V3 (MLA) forward: a sequence's hidden states do not depend on the batch, and the
-paged (engine) layout gives the packed (trainer) result bit for bit, whatever the prefill chunking and page size."""
+"""Every family's forward (Qwen3, Qwen3-MoE, Llama, Qwen2, Mistral, DeepSeek-V3 with MLA): a sequence's hidden
+states do not depend on the batch, and the paged (engine) layout gives the packed (trainer) result bit for bit, whatever
+the prefill chunking and page size. The property tests draw few examples per family (the contracts draw hundreds on
+the tiny Qwen3 and MoE)."""
 
 from __future__ import annotations
 
@@ -12,18 +14,22 @@ import vexact_kernels as vk
 from vexact_models import (
     AttentionMetadata,
     random_model,
+    tiny_config,
     tiny_deepseek_v3_config,
     tiny_qwen3_config,
     tiny_qwen3_moe_config,
 )
 
-CONFIGS = {"qwen3": tiny_qwen3_config, "qwen3_moe": tiny_qwen3_moe_config, "deepseek_v3": tiny_deepseek_v3_config}
+FAMILIES = ["qwen3", "qwen3_moe", "llama", "qwen2", "mistral", "deepseek_v3"]
+NON_DENSE = {"qwen3_moe": tiny_qwen3_moe_config, "deepseek_v3": tiny_deepseek_v3_config}
+EXAMPLES = 10  # per family and property
 
 
-@pytest.fixture(scope="module", params=list(CONFIGS))
+@pytest.fixture(scope="module", params=FAMILIES)
 def model(request):
     """Each family's tiny model: every test below holds for dense, MoE and MLA alike."""
-    return random_model(CONFIGS[request.param](), seed=1)
+    cfg = NON_DENSE[request.param]() if request.param in NON_DENSE else tiny_config(request.param)
+    return random_model(cfg, seed=1)
 
 
 def _seqs(lens: list[int], seed: int, vocab: int) -> list[torch.Tensor]:
@@ -114,7 +120,7 @@ def test_different_inputs_give_different_outputs(model):
     assert not torch.equal(_packed(model, [a])[-1], _packed(model, [c])[-1])
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=EXAMPLES, deadline=None)
 @given(lens=st.lists(st.integers(1, 40), min_size=2, max_size=4), seed=st.integers(0, 2**16))
 def test_packed_batch_equals_each_sequence_alone(model, lens, seed):
     seqs = _seqs(lens, seed, model.config.vocab_size)
@@ -132,7 +138,7 @@ def _chunking(n: int):
     return st.lists(st.integers(0, n), max_size=4).map(to_sizes)
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=EXAMPLES, deadline=None)
 @given(
     lens=st.lists(st.integers(1, 36), min_size=1, max_size=3),
     page=st.sampled_from([1, 4, 16]),
@@ -156,7 +162,8 @@ def test_fast_backend_is_close_but_is_the_other_code_path(model):
     inv = model.logits(_packed(model, seqs))
     with vk.use_backend("fast"):
         fast = model.logits(_packed(model, seqs))
-    torch.testing.assert_close(fast, inv, rtol=0.05, atol=0.1)
+    # tied embeddings (the tiny Llama) give logits ~10x larger, and bf16 rounding grows with them
+    torch.testing.assert_close(fast, inv, rtol=0.05, atol=max(0.1, 0.01 * inv.abs().max().item()))
 
 
 def test_input_errors(model):

@@ -30,8 +30,8 @@ def subprocess_env():
 @pytest.fixture(scope="module")
 def compose_rollout_config():
     """``compose(*extra, family="qwen3")``: verl's ``ppo_trainer`` config, as ``python -m vexact_verl.main_ppo
-    <overrides>`` builds it, with the vexact rollout on the tiny checkpoint of ``family`` (``qwen3`` or ``qwen3_moe``;
-    small lengths and KV cache) plus ``extra`` overrides."""
+    <overrides>`` builds it, with the vexact rollout on the tiny checkpoint of ``family`` (``qwen3``, ``qwen3_moe``,
+    ``llama``, ...; small lengths and KV cache) plus ``extra`` overrides."""
 
     def compose(*extra: str, family: str = "qwen3"):
         import verl

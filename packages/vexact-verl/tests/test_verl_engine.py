@@ -9,8 +9,9 @@ and ``torch.cpu`` lends verl's checkpoint a ``set_rng_state``, both by monkeypat
 group is gloo, world size 1. Every test also has a ``cuda`` variant (marked ``gpu``, skipped without a
 GPU) that runs the same path on verl's real CUDA platform (NCCL; the ref's FSDP2 CPU-offload policy is active there).
 Not exercised here: verl's Ray trainer workers (``TrainingWorker``) and a PPO step driven by verl's trainer.
-Scoring, the per-tensor export and the HF export also run on the tiny Qwen3-MoE and DeepSeek-V3 checkpoints
-(``family`` ``qwen3_moe``, ``deepseek_v3``).
+Scoring, the per-tensor export and the HF export also run on the tiny Qwen3-MoE checkpoint (``family`` ``qwen3_moe``),
+the tiny Llama (``llama``: ``actor.strategy=vexact`` accepts a family other than Qwen3; its head is tied) and the tiny
+DeepSeek-V3 (``deepseek_v3``).
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ def device(request, monkeypatch):
     return request.param
 
 
-FAMILIES = ["qwen3", "qwen3_moe", "deepseek_v3"]  # default_checkpoint families: the tiny Qwen3, Qwen3-MoE, DeepSeek-V3
+FAMILIES = ["qwen3", "qwen3_moe", "llama", "deepseek_v3"]  # default_checkpoint families (Llama: tied head)
 
 
 def make_engine(
@@ -176,11 +177,13 @@ def test_weight_export_keeps_hf_names(device, family):
     params, peft = engine.get_per_tensor_param()
     got = dict(params)
     want = dict(iter_checkpoint(default_checkpoint(family)))
+    if engine.module.config.tie_word_embeddings:  # sent under both names, as verl sends an HF model's state dict
+        assert torch.equal(got.pop("lm_head.weight"), got["model.embed_tokens.weight"])
     assert peft is None and sorted(got) == sorted(want)
     for name, t in want.items():
         assert torch.equal(got[name].to(t.dtype).cpu(), t), name  # fp32 master of a bf16 checkpoint: exact
     stacked = [n for n, _ in engine.module.named_parameters() if n.endswith("experts.gate_up_proj")]
-    assert bool(stacked) == (family != "qwen3")
+    assert bool(stacked) == (family in ("qwen3_moe", "deepseek_v3"))
 
 
 def test_refusals_name_the_setting(device):
@@ -289,11 +292,12 @@ def test_hf_model_checkpoint_holds_the_trained_weights(device, tmp_path, family)
     for name, t in saved.items():
         assert torch.equal(t.to(trained[name].dtype), trained[name]), name
     # both models hold an MoE layer's experts stacked: compare their per-expert views under the checkpoint names
-    ours = expected_tensors(load_model(hf_dir, dtype=torch.float32))
+    ours = expected_tensors(load_model(hf_dir, dtype=torch.float32), remove_duplicate=False)  # tied: both names
     hf_model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
-    names = {"qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM"}
+    names = {"qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM", "llama": "LlamaForCausalLM",
+             "deepseek_v3": "DeepseekV3ForCausalLM"}  # fmt: skip
     assert type(hf_model).__name__ == names[family]
-    # state_dict: DeepSeek's e_score_correction_bias is a buffer in transformers
+    # state_dict: both names of a tied weight, and DeepSeek's e_score_correction_bias (a buffer in transformers)
     hf = {piece: t for n, p in hf_model.state_dict().items() for piece, t in checkpoint_pieces(n, p)}
     for name, t in trained.items():
         assert torch.equal(ours[name].detach(), t.float()), name

@@ -4,6 +4,9 @@
 server beside that worker. All on CPU through ``vexact_verl.cpu_platform`` (``VERL_PLATFORM=cpu`` in Ray's workers,
 one declared GPU slot).
 
+The replica serves the tiny Llama (llama3 rope, tied head): a family other than Qwen3 through ``rollout.name=vexact``
+(the tiny Qwen3 and Qwen3-MoE run in ``test_verl_rollout.py``).
+
 Checked: requests through verl's load balancer and client come back with logprobs equal to the trainer's, bitwise;
 standalone replicas sleep at level 1 (weights kept on the host), and after ``sleep``/``wake_up`` new requests are
 still equal to the trainer. Not checked here: a weight update in standalone mode, which arrives through a
@@ -30,6 +33,7 @@ from vexact_verl.cpu_platform import CPUPlatform  # noqa: E402
 
 PROMPTS = [[257, 72, 101, 108], [257, 49, 43, 49, 61], [257, 10], [257, 120, 61, 51, 52, 53]]
 TEMPERATURE = 0.8
+FAMILY = "llama"
 
 
 @pytest.fixture
@@ -38,7 +42,9 @@ def standalone(monkeypatch, compose_rollout_config):
     monkeypatch.setattr(platform_manager, "_current_platform", CPUPlatform())  # this process: the driver
     ray.init(num_cpus=4, num_gpus=1, include_dashboard=False, log_to_driver=False, configure_logging=False,
              runtime_env={"env_vars": {"VERL_PLATFORM": "cpu"}})  # fmt: skip
-    config = compose_rollout_config("actor_rollout_ref.rollout.nnodes=1", "actor_rollout_ref.rollout.n_gpus_per_node=1")
+    config = compose_rollout_config(
+        "actor_rollout_ref.rollout.nnodes=1", "actor_rollout_ref.rollout.n_gpus_per_node=1", family=FAMILY
+    )
     loop = asyncio.new_event_loop()
     try:
         mgr = LLMServerManager.create(config, worker_group=None)
@@ -61,7 +67,7 @@ def test_standalone_replica_serves_trainer_exact_logprobs_across_sleep(standalon
             *[client.generate(f"{tag}-{i}", prompt_ids=p, sampling_params=sampling) for i, p in enumerate(PROMPTS)]
         )
 
-    actor = Actor(load_model(default_checkpoint()))
+    actor = Actor(load_model(default_checkpoint(FAMILY)))
 
     def assert_trainer_equal(outputs):
         trainer = actor.compute_log_probs(PROMPTS, [o.token_ids for o in outputs], temperature=TEMPERATURE)

@@ -89,9 +89,17 @@ class LLMEngine:
         self.tokenizer = tokenizer
         mcfg = model.config
         self.vocab_size = mcfg.vocab_size
-        self.max_model_len = min(
-            self.config.max_model_len or mcfg.max_position_embeddings, mcfg.max_position_embeddings
-        )
+        limit = mcfg.max_position_embeddings
+        window = getattr(mcfg, "sliding_window", None)
+        if window is not None:
+            # the kernels attend to every earlier key: equal to the model's window only while a sequence fits in it
+            if self.config.max_model_len is not None and self.config.max_model_len > window:
+                raise ValueError(
+                    f"max_model_len {self.config.max_model_len} > the model's sliding_window {window}: "
+                    f"sliding-window attention is not implemented; set max_model_len <= {window}"
+                )
+            limit = min(limit, window)
+        self.max_model_len = min(self.config.max_model_len or limit, limit)
         if not self.config.enable_chunked_prefill and self.config.max_num_batched_tokens < self.max_model_len:
             raise ValueError(
                 f"with chunked prefill off, max_num_batched_tokens ({self.config.max_num_batched_tokens}) must be >= "

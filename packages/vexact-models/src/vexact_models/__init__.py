@@ -3,6 +3,10 @@
 from .attention_metadata import AttentionMetadata
 from .config import (
     DeepseekV3Config,
+    DenseConfig,
+    LlamaConfig,
+    MistralConfig,
+    Qwen2Config,
     Qwen3Config,
     Qwen3MoeConfig,
     YarnScaling,
@@ -12,14 +16,27 @@ from .config import (
 )
 from .layers import RouterOutput, checkpoint_pieces, load_balancing_loss, record_router
 from .loader import CheckpointError, expected_tensors, iter_checkpoint, load_model, load_weights, save_checkpoint
-from .models import MODEL_CLASSES, DeepseekV3ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM
+from .models import (
+    MODEL_CLASSES,
+    DeepseekV3ForCausalLM,
+    DenseForCausalLM,
+    LlamaForCausalLM,
+    MistralForCausalLM,
+    Qwen2ForCausalLM,
+    Qwen3ForCausalLM,
+    Qwen3MoeForCausalLM,
+)
 from .tiny import (
     DEEPSEEK_V3_SHAPES,
+    LLAMA_SHAPES,
+    MISTRAL_SHAPES,
+    QWEN2_SHAPES,
     QWEN3_MOE_SHAPES,
     QWEN3_SHAPES,
     default_checkpoint,
     make_tiny_checkpoint,
     random_model,
+    tiny_config,
     tiny_deepseek_v3_config,
     tiny_qwen3_config,
     tiny_qwen3_moe_config,
@@ -43,7 +60,10 @@ __version__ = "0.2.0"
 
 __all__ = [
     "DEEPSEEK_V3_SHAPES",
+    "LLAMA_SHAPES",
+    "MISTRAL_SHAPES",
     "MODEL_CLASSES",
+    "QWEN2_SHAPES",
     "QWEN3_MOE_SHAPES",
     "QWEN3_SHAPES",
     "AttentionMetadata",
@@ -51,7 +71,15 @@ __all__ = [
     "CheckpointError",
     "DeepseekV3Config",
     "DeepseekV3ForCausalLM",
+    "DenseConfig",
+    "DenseForCausalLM",
+    "LlamaConfig",
+    "LlamaForCausalLM",
+    "MistralConfig",
+    "MistralForCausalLM",
     "PackedBucket",
+    "Qwen2Config",
+    "Qwen2ForCausalLM",
     "Qwen3Config",
     "Qwen3ForCausalLM",
     "Qwen3MoeConfig",
@@ -59,6 +87,7 @@ __all__ = [
     "RouterOutput",
     "TensorSpec",
     "WeightSyncGroup",
+    "YarnScaling",
     "__version__",
     "broadcast_weights",
     "checkpoint_pieces",
@@ -80,9 +109,9 @@ __all__ = [
     "receive_weights",
     "record_router",
     "save_checkpoint",
-    "YarnScaling",
-    "tiny_deepseek_v3_config",
     "send_buckets",
+    "tiny_config",
+    "tiny_deepseek_v3_config",
     "tiny_qwen3_config",
     "tiny_qwen3_moe_config",
     "weight_targets",

@@ -1,8 +1,9 @@
-"""Tiny Qwen3-shaped checkpoints for tests, contracts and the demo, made deterministically.
+"""Tiny checkpoints of every family for tests, contracts and the demo, made deterministically.
 
 Weights come from a seeded ``torch.Generator`` on CPU; the tokenizer is byte-level (256 byte tokens plus
 specials), built with the ``tokenizers`` library when it is installed. The demo's default checkpoint
-(``assets/tiny-qwen3``) is committed; ``scripts/make_tiny_checkpoint.py`` rewrites it.
+(``assets/tiny-qwen3``) and one per family (``assets/tiny-<family>``) are committed;
+``scripts/make_tiny_checkpoint.py`` rewrites them.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from .config import DeepseekV3Config, Qwen3Config, Qwen3MoeConfig, YarnScaling
+from .config import CONFIG_CLASSES, DeepseekV3Config, DenseConfig, Qwen3Config, Qwen3MoeConfig, YarnScaling
 from .loader import _reset_buffers, save_checkpoint
 from .models import MODEL_CLASSES
 
@@ -79,6 +80,93 @@ DEEPSEEK_V3_SHAPES = {
 }  # fmt: skip
 
 
+_LLAMA3_ROPE = dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                    original_max_position_embeddings=8192)  # fmt: skip
+
+# Real shapes of the other dense families (their Hugging Face config.json values), as overrides of
+# tiny_config(family). Published Qwen2.5 configs set use_sliding_window false (no window); Mistral-7B-v0.1 sets a
+# 4096 window, so it runs sequences of up to 4096 tokens.
+LLAMA_SHAPES = {
+    "llama-3.1-8b": dict(
+        vocab_size=128256,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        max_position_embeddings=131072,
+        rope_theta=500_000.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        rope_scaling=_LLAMA3_ROPE,
+    ),
+    "llama-3.2-1b": dict(
+        vocab_size=128256,
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=64,
+        max_position_embeddings=131072,
+        rope_theta=500_000.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+        rope_scaling={**_LLAMA3_ROPE, "factor": 32.0},
+    ),
+    "llama-3.2-3b": dict(
+        vocab_size=128256,
+        hidden_size=3072,
+        intermediate_size=8192,
+        num_hidden_layers=28,
+        num_attention_heads=24,
+        num_key_value_heads=8,
+        head_dim=128,
+        max_position_embeddings=131072,
+        rope_theta=500_000.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+        rope_scaling={**_LLAMA3_ROPE, "factor": 32.0},
+    ),
+}
+QWEN2_SHAPES = {
+    "qwen2.5-1.5b": dict(
+        vocab_size=151936,
+        hidden_size=1536,
+        intermediate_size=8960,
+        num_hidden_layers=28,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+        head_dim=128,
+        max_position_embeddings=131072,
+        rope_theta=1_000_000.0,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+    ),
+    "qwen2.5-7b": dict(
+        vocab_size=152064,
+        hidden_size=3584,
+        intermediate_size=18944,
+        num_hidden_layers=28,
+        num_attention_heads=28,
+        num_key_value_heads=4,
+        head_dim=128,
+        max_position_embeddings=131072,
+        rope_theta=1_000_000.0,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+    ),
+}
+MISTRAL_SHAPES = {
+    "mistral-7b-v0.1": dict(
+        vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+        num_key_value_heads=8, head_dim=128, max_position_embeddings=32768, rope_theta=10_000.0, rms_norm_eps=1e-5,
+        tie_word_embeddings=False, sliding_window=4096,
+    ),
+}  # fmt: skip
+
+
 def tiny_qwen3_config(**overrides) -> Qwen3Config:
     """A two-layer, 64-wide Qwen3 with GQA (4 query heads, 2 KV heads) and a byte-level vocabulary."""
     base = dict(
@@ -129,6 +217,26 @@ def tiny_deepseek_v3_config(**overrides) -> DeepseekV3Config:
     )  # fmt: skip
     base.update(overrides)
     return DeepseekV3Config(**base)
+
+
+# What each tiny dense family adds to tiny_qwen3_config's shape (q/k norm and biases follow from the family):
+# llama: tied embeddings and llama3 rope with an original context of 64, so its low-, medium- and high-frequency
+# bands all occur at head_dim 16; qwen2: q/k/v biases; mistral: a 4096 window, which a 512-position model never fills.
+_TINY_FAMILIES = {
+    "qwen3": {},
+    "llama": dict(rms_norm_eps=1e-5, tie_word_embeddings=True,
+                  rope_scaling={**_LLAMA3_ROPE, "original_max_position_embeddings": 64}),
+    "qwen2": {},
+    "mistral": dict(rms_norm_eps=1e-5, sliding_window=4096),
+}  # fmt: skip
+
+
+def tiny_config(family: str = "qwen3", **overrides) -> DenseConfig:
+    """The tiny two-layer model of a dense family (``qwen3``, ``qwen2``, ``llama``, ``mistral``)."""
+    if family not in _TINY_FAMILIES:
+        raise ValueError(f"no tiny config for family {family!r}; have {sorted(_TINY_FAMILIES)}")
+    base = {**tiny_qwen3_config().__dict__, "model_type": family, **_TINY_FAMILIES[family], **overrides}
+    return CONFIG_CLASSES[family](**base)
 
 
 def random_model(cfg: Qwen3Config, seed: int = 0, embed_std: float = 1.0, device: str | torch.device = "cpu"):
@@ -197,9 +305,10 @@ def make_tiny_checkpoint(
 
 
 def default_checkpoint(family: str = "qwen3") -> Path:
-    """The committed tiny checkpoint of a family (``qwen3``: the demo's; ``qwen3_moe``; ``deepseek_v3``) that the
-    golden fixtures use."""
-    names = {"qwen3": "tiny-qwen3", "qwen3_moe": "tiny-qwen3-moe", "deepseek_v3": "tiny-deepseek-v3"}
+    """The committed tiny checkpoint of a family (``qwen3``: the demo's; ``qwen3_moe``, ``qwen2``, ``llama``,
+    ``mistral``, ``deepseek_v3``) that the golden fixtures use."""
+    families = ("qwen3", "qwen3_moe", "qwen2", "llama", "mistral", "deepseek_v3")
+    names = {f: "tiny-" + f.replace("_", "-") for f in families}
     if family not in names:
         raise ValueError(f"no committed tiny checkpoint for family {family!r}; have {sorted(names)}")
     return Path(str(resources.files("vexact_models") / "assets" / names[family]))

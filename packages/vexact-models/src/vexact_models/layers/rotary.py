@@ -1,3 +1,6 @@
+"""Rotary embedding: one fp32 cos/sin table per model, built once from the config (any ``rope_scaling`` folded into
+its frequencies) and read by every layer in both drivers, so a token's rotation depends on its position only."""
+
 from __future__ import annotations
 
 import math
@@ -8,10 +11,28 @@ from torch import nn
 import vexact_kernels as vk
 
 
-def yarn_cos_sin(head_dim: int, max_position: int, theta: float, yarn) -> tuple[torch.Tensor, torch.Tensor]:
-    """fp32 cos/sin tables ``[max_position, head_dim // 2]`` of YaRN rope (transformers' ``_compute_yarn_parameters``:
-    inverse frequencies blended between interpolation and extrapolation, cos/sin times ``attention_factor``).
-    ``yarn``: a :class:`~vexact_models.config.YarnScaling`."""
+def scaled_inv_freq(head_dim: int, theta: float, scaling: dict) -> torch.Tensor:
+    """transformers' inverse frequencies for ``rope_type`` ``linear`` and ``llama3`` (the same fp32 arithmetic)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    factor = scaling["factor"]
+    if scaling["rope_type"] == "linear":
+        return inv_freq / factor
+    if scaling["rope_type"] != "llama3":
+        raise ValueError(f"rope_scaling.rope_type {scaling['rope_type']!r} has no scaled frequencies here")
+    low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+    old_len = scaling["original_max_position_embeddings"]
+    low_wavelen, high_wavelen = old_len / low, old_len / high
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)  # long waves: divided by factor
+    smooth = (old_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+    return torch.where(medium, smoothed, scaled)
+
+
+def yarn_inv_freq(head_dim: int, theta: float, yarn) -> torch.Tensor:
+    """YaRN inverse frequencies (transformers' ``_compute_yarn_parameters``): blended between interpolation and
+    extrapolation. ``yarn``: a :class:`~vexact_models.config.YarnScaling`."""
     dim, base = head_dim, theta
 
     def correction_dim(rotations: float) -> float:
@@ -28,22 +49,42 @@ def yarn_cos_sin(head_dim: int, max_position: int, theta: float, yarn) -> tuple[
     ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
     pos_freqs = base ** (torch.arange(0, dim, 2).float() / dim)
     extrapolation = 1 - ramp
-    inv_freq = (1.0 / (yarn.factor * pos_freqs)) * (1 - extrapolation) + (1.0 / pos_freqs) * extrapolation
+    return (1.0 / (yarn.factor * pos_freqs)) * (1 - extrapolation) + (1.0 / pos_freqs) * extrapolation
+
+
+def rope_tables(head_dim: int, max_position: int, theta: float, scaling=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 ``cos, sin [max_position, head_dim // 2]``, the one table builder of every family.
+
+    ``scaling``: None (default rope), a dense family's ``{"rope_type": "linear" | "llama3" | "dynamic", ...}``, or a
+    :class:`~vexact_models.config.YarnScaling` (cos/sin then times its ``attention_factor``, as transformers does).
+    ``dynamic`` NTK scaling only changes positions beyond ``max_position_embeddings``, which the model refuses, so its
+    table is the default one."""
+    if scaling is None or (isinstance(scaling, dict) and scaling["rope_type"] == "dynamic"):
+        return vk.rope_cos_sin(head_dim, max_position, theta)
+    is_yarn = not isinstance(scaling, dict)
+    inv_freq = yarn_inv_freq(head_dim, theta, scaling) if is_yarn else scaled_inv_freq(head_dim, theta, scaling)
     freqs = torch.outer(torch.arange(max_position, dtype=torch.int64).float(), inv_freq)
-    return freqs.cos() * yarn.attention_factor, freqs.sin() * yarn.attention_factor
+    if is_yarn:
+        return freqs.cos() * scaling.attention_factor, freqs.sin() * scaling.attention_factor
+    return freqs.cos(), freqs.sin()
 
 
 class RotaryEmbedding(nn.Module):
     """Holds the fp32 cos/sin table for every position up to ``max_position`` (a buffer, not a parameter).
 
-    ``yarn``: a YaRN scaling (``config.YarnScaling``) or None for the default rope."""
+    ``scaling``: see :func:`rope_tables`."""
 
-    def __init__(self, head_dim: int, max_position: int, theta: float, yarn=None):
+    def __init__(self, head_dim: int, max_position: int, theta: float, scaling=None):
         super().__init__()
-        self.args = (head_dim, max_position, theta, yarn)  # plain attributes: survive a meta init (see rebuilt)
-        cos, sin = vk.rope_cos_sin(head_dim, max_position, theta) if yarn is None else yarn_cos_sin(*self.args)
+        self.args = (head_dim, max_position, theta, scaling)  # plain attributes: survive a meta init (see rebuilt)
+        cos, sin = rope_tables(*self.args)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
+
+    @classmethod
+    def from_config(cls, cfg) -> RotaryEmbedding:
+        """The table of ``cfg.head_dim`` (the rotary width: MLA's ``qk_rope_head_dim``) with its rope scaling."""
+        return cls(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling)
 
     def rebuilt(self) -> RotaryEmbedding:
         """A fresh copy with real tables (after the model was built on the meta device)."""

@@ -15,7 +15,7 @@ from torch import nn
 
 from ..config import DeepseekV3Config
 from ..layers import DeepseekMoeBlock, Linear, MLAttention, RMSNorm, RotaryEmbedding, SiluAndMul, VocabEmbedding
-from .qwen3 import KVCache, Qwen3ForCausalLM
+from .dense import DenseForCausalLM, KVCache
 
 
 class DeepseekV3MLP(nn.Module):
@@ -57,9 +57,7 @@ class DeepseekV3DecoderLayer(nn.Module):
 class DeepseekV3Model(nn.Module):
     def __init__(self, cfg: DeepseekV3Config):
         super().__init__()
-        self.rotary_emb = RotaryEmbedding(
-            cfg.qk_rope_head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling
-        )
+        self.rotary_emb = RotaryEmbedding.from_config(cfg)  # cfg.head_dim is the rotary width, qk_rope_head_dim
         self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, cfg.dtype)
         self.layers = nn.ModuleList(
             DeepseekV3DecoderLayer(cfg, self.rotary_emb, i) for i in range(cfg.num_hidden_layers)
@@ -73,8 +71,9 @@ class DeepseekV3Model(nn.Module):
         return x
 
 
-class DeepseekV3ForCausalLM(Qwen3ForCausalLM):
-    """Qwen3's causal-LM shell (input checks, ``logits``, ``logprobs``, tied head) around the DeepSeek-V3 body."""
+class DeepseekV3ForCausalLM(DenseForCausalLM):
+    """The dense decoder's causal-LM shell (input checks, ``logits``, ``logprobs``, tied head) around the DeepSeek-V3
+    body."""
 
     config_class = DeepseekV3Config
 

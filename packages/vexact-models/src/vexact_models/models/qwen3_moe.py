@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from ..config import Qwen3MoeConfig
 from ..layers import SparseMoeBlock
-from .qwen3 import Qwen3ForCausalLM, Qwen3MLP
+from .dense import DenseMLP, Qwen3ForCausalLM
 
 
 def _mlp(cfg: Qwen3MoeConfig, i: int):
     if not cfg.is_sparse_layer(i):
-        return Qwen3MLP(cfg)
+        return DenseMLP(cfg)
     return SparseMoeBlock(
         cfg.num_experts, cfg.num_experts_per_tok, cfg.hidden_size, cfg.moe_intermediate_size, cfg.norm_topk_prob,
         cfg.dtype,

@@ -1,0 +1,200 @@
+"""Peer engines for ``benchmarks/throughput.py``: vLLM (default and ``VLLM_BATCH_INVARIANT=1``), HF generate at batch
+1, and the roofline bound every engine is measured against.
+
+Written against vLLM 0.26.0's offline API (``vllm.LLM``, ``SamplingParams``, token-id prompts with
+``skip_tokenizer_init=True``); NOT YET RUN ON A GPU (no device was lent in the session that wrote it). vLLM comes from
+``scripts/vllm_device_wheels.sh`` (installed into ``/tmp/vllmsite`` on the device); without it every vLLM cell says
+"not installed" and the rest of the run is unaffected.
+
+Each vLLM mode and batch limit runs in its own subprocess (``python benchmarks/peers.py --worker SPEC.json``) so its
+GPU memory, its EngineCore process and its environment (``VLLM_BATCH_INVARIANT``) end with it. Both engines load the
+same weights: the parent saves the random model as an HF checkpoint directory (``config.json`` + safetensors, no
+tokenizer) and vLLM reads it.
+
+Roofline: a decode step must read every weight once and the KV of every position its sequences attend. For a run of
+requests with prompt lengths ``p_i`` and output lengths ``g_i`` at batch limit ``B`` the least it can read is
+``ceil(sum g_i / B) * weight_bytes + sum_i sum_{t<g_i} (p_i + t) * kv_bytes_per_token`` (every step full; prefill
+reads counted as one weight pass per ``max_num_batched_tokens`` prompt tokens). Divided by the measured device copy
+bandwidth (bytes read + written, as elsewhere in the benchmarks) it is the least time; ``roofline fraction = that /
+measured wall time``. The same bound holds for every engine on the same workload, so the column compares engines on
+one scale and says how far each is from the memory wall.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+NOT_INSTALLED = "not installed"
+
+
+def kv_bytes_per_token(cfg) -> int:
+    """K and V of one position in every layer (bf16)."""
+    return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 2
+
+
+def roofline_bytes(
+    weight_bytes: int, kv_per_token: int, prompt_lens, gen_lens, batch_limit: int, tokens_per_step: int
+) -> int:
+    """Least bytes a run must read (module docstring): full decode steps + KV attended + prefill weight passes."""
+    if len(prompt_lens) != len(gen_lens):
+        raise ValueError(f"prompt_lens and gen_lens differ in length: {len(prompt_lens)} != {len(gen_lens)}")
+    if batch_limit < 1 or tokens_per_step < 1:
+        raise ValueError(f"batch_limit and tokens_per_step must be >= 1, got {batch_limit}, {tokens_per_step}")
+    # the first output token comes from the prefill step; every later one from a decode step
+    decode_tokens = sum(max(g - 1, 0) for g in gen_lens)
+    steps = math.ceil(decode_tokens / batch_limit) + math.ceil(sum(prompt_lens) / tokens_per_step)
+    # a decode step for output t (t >= 1) attends p + t positions (the prompt and the t tokens before it, itself)
+    kv = sum(g * p + g * (g - 1) // 2 for p, g in zip(prompt_lens, gen_lens, strict=True)) - sum(
+        p for p, g in zip(prompt_lens, gen_lens, strict=True) if g > 0
+    )
+    return steps * weight_bytes + kv * kv_per_token
+
+
+def save_hf_checkpoint(model, path: str | Path) -> Path:
+    """Save ``model`` (vexact Qwen3) as an HF checkpoint directory vLLM and transformers can load (no tokenizer)."""
+    from vexact_models import save_checkpoint
+
+    path = Path(path)
+    save_checkpoint(model, path)
+    cfg = json.loads((path / "config.json").read_text())
+    cfg.setdefault("model_type", "qwen3")
+    cfg["torch_dtype"] = cfg["dtype"] = "bfloat16"
+    (path / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    return path
+
+
+def vllm_version(site: str | None) -> str | None:
+    """vLLM's version as seen by a subprocess with ``site`` on its path, or None if it does not import."""
+    try:
+        r = subprocess.run(
+            [sys.executable, "-c", "import vllm; print(vllm.__version__)"], env=_env(site, False),
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return None
+    return r.stdout.strip().splitlines()[-1] if r.returncode == 0 and r.stdout.strip() else None
+
+
+def _env(site: str | None, batch_invariant: bool) -> dict:
+    env = dict(os.environ)
+    if site:
+        env["PYTHONPATH"] = site + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["VLLM_BATCH_INVARIANT"] = "1" if batch_invariant else "0"
+    env.setdefault("VLLM_NO_USAGE_STATS", "1")
+    env.setdefault("DO_NOT_TRACK", "1")
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def run_vllm(
+    mode: str, ckpt: Path, prompts, max_tokens, seeds, batch_limit: int, args, workdir: Path, batch1: bool
+) -> dict | str:
+    """One vLLM engine in a subprocess; returns its results, or a short reason why there are none."""
+    if mode not in ("vllm", "vllm-bi"):
+        raise ValueError(f"mode must be 'vllm' or 'vllm-bi', got {mode!r}")
+    spec = dict(
+        ckpt=str(ckpt), prompts=prompts, max_tokens=max_tokens, seeds=seeds, max_num_seqs=batch_limit,
+        max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.prompt_len[1] + args.gen_len[1],
+        gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager,
+        decode_steps=args.decode_steps if batch1 else 0,
+    )  # fmt: skip
+    tag = f"{mode}-{batch_limit}"
+    spec_path, out_path, log_path = (workdir / f"{tag}.{ext}" for ext in ("spec.json", "result.json", "log"))
+    spec_path.write_text(json.dumps(spec))
+    with open(log_path, "w") as log:
+        try:
+            r = subprocess.run(
+                [sys.executable, __file__, "--worker", str(spec_path), "--result", str(out_path)],
+                env=_env(args.vllm_site, mode == "vllm-bi"), stdout=log, stderr=subprocess.STDOUT,
+                timeout=args.vllm_timeout,
+            )  # fmt: skip
+        except subprocess.TimeoutExpired:
+            return f"timed out after {args.vllm_timeout} s (log {log_path})"
+    if r.returncode != 0 or not out_path.exists():
+        tail = log_path.read_text().strip().splitlines()[-1:] or ["(no output)"]
+        return f"failed (rc {r.returncode}): {tail[0][:160]} (log {log_path})"
+    res = json.loads(out_path.read_text())
+    if res.get("batch_invariant") != (mode == "vllm-bi"):
+        return f"VLLM_BATCH_INVARIANT was {res.get('batch_invariant')} in the {mode} worker (log {log_path})"
+    return res
+
+
+def _worker(spec_path: str, result_path: str) -> int:
+    """Runs inside the subprocess: build the vLLM engine, time the workload (and batch-1 decode), write JSON."""
+    from vllm import LLM, SamplingParams
+
+    spec = json.loads(Path(spec_path).read_text())
+    llm = LLM(
+        model=spec["ckpt"], skip_tokenizer_init=True, dtype="bfloat16", seed=0,
+        max_num_seqs=spec["max_num_seqs"], max_num_batched_tokens=spec["max_num_batched_tokens"],
+        max_model_len=spec["max_model_len"], gpu_memory_utilization=spec["gpu_memory_utilization"],
+        enforce_eager=spec["enforce_eager"],
+    )  # fmt: skip
+
+    def params(n: int, seed: int | None):
+        return SamplingParams(
+            temperature=1.0, top_p=1.0, top_k=0, max_tokens=n, seed=seed, ignore_eos=True, detokenize=False
+        )
+
+    def gen(prompts, ps):
+        return llm.generate([{"prompt_token_ids": p} for p in prompts], ps, use_tqdm=False)
+
+    prompts, max_tokens, seeds = spec["prompts"], spec["max_tokens"], spec["seeds"]
+    gen(prompts[:4], [params(8, 1)] * min(4, len(prompts)))  # warm up
+    _sync()
+    t = time.perf_counter()
+    outs = gen(prompts, [params(n, s) for n, s in zip(max_tokens, seeds, strict=True)])
+    _sync()
+    wall = time.perf_counter() - t
+    tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+    if tokens != sum(max_tokens):
+        raise RuntimeError(f"vLLM returned {tokens} tokens, asked for {sum(max_tokens)} (ignore_eos)")
+    res = dict(tokens=tokens, wall=wall, tok_s=tokens / wall)
+    if spec["decode_steps"]:
+        res["step_s"] = batch1_step(lambda n: gen([list(range(1, 129))], [params(n, 0)]), spec["decode_steps"])
+    import vllm
+
+    res["version"] = vllm.__version__
+    res["batch_invariant"] = os.environ.get("VLLM_BATCH_INVARIANT", "0") == "1"
+    Path(result_path).write_text(json.dumps(res))
+    return 0
+
+
+def _sync() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def batch1_step(generate, steps: int, repeats: int = 3) -> float:
+    """Seconds per decode step at batch 1 from whole calls: (time of 1 + steps tokens - time of 1 token) / steps,
+    the best of ``repeats`` each (host work included, prefill cancelled out). ``generate(n)`` makes n tokens."""
+
+    def best(n: int) -> float:
+        ts = []
+        for _ in range(repeats):
+            _sync()
+            t = time.perf_counter()
+            generate(n)
+            _sync()
+            ts.append(time.perf_counter() - t)
+        return min(ts)
+
+    generate(2)  # warm up
+    return max(best(1 + steps) - best(1), 0.0) / steps
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description="vLLM worker for benchmarks/throughput.py (not for direct use)")
+    ap.add_argument("--worker", required=True)
+    ap.add_argument("--result", required=True)
+    a = ap.parse_args()
+    sys.exit(_worker(a.worker, a.result))

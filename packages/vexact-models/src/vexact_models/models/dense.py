@@ -1,0 +1,156 @@
+"""The dense decoder shared by Qwen3, Qwen2/Qwen2.5, Llama 3.x and Mistral: GQA attention, NeoX rotary, SwiGLU MLP,
+pre-norm residual blocks.
+
+A family is a config (``config.py``), not a copy of this file. What differs between them:
+- Qwen3: RMSNorm on each q and k head before rotary (``qk_norm``); ``attention_bias`` on all four projections.
+- Qwen2: biases on q/k/v, none on o_proj; no q/k norm.
+- Llama 3.x: ``attention_bias`` (all four), ``mlp_bias``, rope type ``llama3``, often tied embeddings.
+- Mistral: no biases; a ``sliding_window`` the kernels honour only while a sequence fits in it.
+The rotary table (any scaling folded in) is built once per model and shared by every layer and both drivers.
+
+Module and parameter names follow Hugging Face's, so a checkpoint maps one to one. The forward pass returns the
+hidden states *before* the final norm; logits and logprobs come from :meth:`DenseForCausalLM.logits` /
+:meth:`DenseForCausalLM.logprobs`, which the engine's sampler and the trainer both call.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..attention_metadata import AttentionMetadata
+from ..config import DenseConfig, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+from ..layers import Attention, Linear, LMHead, RMSNorm, RotaryEmbedding, SiluAndMul, VocabEmbedding
+
+KVCache = tuple[torch.Tensor, torch.Tensor]
+
+
+class DenseAttention(nn.Module):
+    def __init__(self, cfg: DenseConfig, rotary: RotaryEmbedding):
+        super().__init__()
+        dt, d = cfg.dtype, cfg.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, d
+        self.q_proj = Linear(cfg.hidden_size, self.num_heads * d, cfg.qkv_bias, dt)
+        self.k_proj = Linear(cfg.hidden_size, self.num_kv_heads * d, cfg.qkv_bias, dt)
+        self.v_proj = Linear(cfg.hidden_size, self.num_kv_heads * d, cfg.qkv_bias, dt)
+        self.o_proj = Linear(self.num_heads * d, cfg.hidden_size, cfg.o_bias, dt)
+        self.q_norm = RMSNorm(d, cfg.rms_norm_eps, dt) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(d, cfg.rms_norm_eps, dt) if cfg.qk_norm else None
+        self.rotary = [rotary]  # shared table, kept out of this module's state_dict
+        self.attn = Attention(self.num_heads, self.num_kv_heads, d)
+
+    def forward(self, x, positions, meta: AttentionMetadata, kv_cache: KVCache | None):
+        t = x.shape[0]
+        q = self.q_proj(x).view(t, self.num_heads, self.head_dim)  # [T, Hq, D]
+        k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
+        v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary[0](positions, q, k)
+        o = self.attn(q, k, v, meta, kv_cache)  # [T, Hq, D]
+        return self.o_proj(o.reshape(t, self.num_heads * self.head_dim))
+
+
+class DenseMLP(nn.Module):
+    def __init__(self, cfg: DenseConfig):
+        super().__init__()
+        dt, bias = cfg.dtype, cfg.mlp_bias
+        self.gate_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias, dt)
+        self.up_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias, dt)
+        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias, dt)
+        self.act = SiluAndMul()
+
+    def forward(self, x):
+        return self.down_proj(self.act(self.gate_proj(x), self.up_proj(x)))
+
+
+class DenseDecoderLayer(nn.Module):
+    def __init__(self, cfg: DenseConfig, rotary: RotaryEmbedding, mlp: nn.Module | None = None):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype)
+        self.self_attn = DenseAttention(cfg, rotary)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype)
+        self.mlp = mlp if mlp is not None else DenseMLP(cfg)
+
+    def forward(self, x, positions, meta, kv_cache):
+        x = x + self.self_attn(self.input_layernorm(x), positions, meta, kv_cache)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DenseModel(nn.Module):
+    def __init__(self, cfg: DenseConfig, make_mlp=None):
+        """``make_mlp(cfg, i)``: the MLP of layer ``i`` (default: the dense SwiGLU)."""
+        super().__init__()
+        self.rotary_emb = RotaryEmbedding.from_config(cfg)
+        self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, cfg.dtype)
+        make_mlp = make_mlp or (lambda cfg, i: DenseMLP(cfg))
+        self.layers = nn.ModuleList(
+            DenseDecoderLayer(cfg, self.rotary_emb, make_mlp(cfg, i)) for i in range(cfg.num_hidden_layers)
+        )
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype)
+
+    def forward(self, input_ids, positions, meta, kv_caches: list[KVCache] | None = None):
+        x = self.embed_tokens(input_ids)  # [T, H]
+        for i, layer in enumerate(self.layers):
+            x = layer(x, positions, meta, None if kv_caches is None else kv_caches[i])
+        return x
+
+
+class DenseForCausalLM(nn.Module):
+    config_class = DenseConfig
+
+    def __init__(self, cfg: DenseConfig, make_mlp=None, model: nn.Module | None = None):
+        """``model``: the decoder body (default: the dense one, with ``make_mlp``); another family passes its own."""
+        super().__init__()
+        self.config = cfg
+        self.model = model if model is not None else DenseModel(cfg, make_mlp)
+        self.lm_head = LMHead(cfg.vocab_size, cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [T]
+        positions: torch.Tensor,  # [T]
+        meta: AttentionMetadata,
+        kv_caches: list[KVCache] | None = None,
+    ) -> torch.Tensor:
+        """Hidden states before the final norm, ``[T, hidden]``."""
+        if input_ids.dim() != 1 or positions.shape != input_ids.shape:
+            raise ValueError(
+                f"expected flat input_ids and positions of equal shape [T]; got {tuple(input_ids.shape)} and "
+                f"{tuple(positions.shape)}"
+            )
+        capturing = positions.is_cuda and torch.cuda.is_current_stream_capturing()  # no host sync in a capture
+        if positions.numel() and not capturing:
+            top, cfg = int(positions.max()), self.config
+            if top >= cfg.max_position_embeddings:
+                raise ValueError(f"position {top} >= max_position_embeddings {cfg.max_position_embeddings}")
+            if cfg.sliding_window is not None and top >= cfg.sliding_window:
+                raise ValueError(
+                    f"position {top} >= sliding_window {cfg.sliding_window}: sliding-window attention is not "
+                    "implemented, so sequences must fit in the window (where it equals full attention)"
+                )
+        return self.model(input_ids, positions, meta, kv_caches)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head.logits(hidden, self.model.norm.weight)
+
+    def logprobs(self, hidden, targets, temperature=1.0, chunk_size=1024, with_entropy=False):
+        return self.lm_head.logprobs(hidden, self.model.norm.weight, targets, temperature, chunk_size, with_entropy)
+
+
+class Qwen3ForCausalLM(DenseForCausalLM):
+    config_class = Qwen3Config
+
+
+class Qwen2ForCausalLM(DenseForCausalLM):
+    config_class = Qwen2Config
+
+
+class LlamaForCausalLM(DenseForCausalLM):
+    config_class = LlamaConfig
+
+
+class MistralForCausalLM(DenseForCausalLM):
+    config_class = MistralConfig

@@ -1,0 +1,101 @@
+"""benchmarks/throughput.py's peer columns on CPU: the roofline bound, the HF checkpoint vLLM reads, and the vLLM
+subprocess plumbing (against a stand-in ``vllm`` package: the real one needs a GPU), with and without vLLM."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from vexact_models import tiny_qwen3_config
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import peers  # noqa: E402
+import throughput  # noqa: E402
+
+TINY = ["--device", "cpu", "--models", "tiny", "--layers", "2", "--num-prompts", "3", "--prompt-len", "4", "9",
+        "--gen-len", "2", "5", "--max-num-seqs", "2,4", "--decode-steps", "2", "--max-num-batched-tokens", "32",
+        "--enforce-eager"]  # fmt: skip
+
+# a stand-in for vLLM 0.26's offline API: checks the checkpoint directory (transformers loads it in the test above)
+# and returns ignore_eos-length outputs; it records the prompts it got to compare with the engine's workload
+FAKE_VLLM = textwrap.dedent("""
+    import json, os, pathlib, types
+    __version__ = "0.0-fake"
+    class SamplingParams:
+        def __init__(self, **kw):
+            assert kw["ignore_eos"] and kw["detokenize"] is False and kw["temperature"] == 1.0, kw
+            self.max_tokens = kw["max_tokens"]
+    class LLM:
+        def __init__(self, model, skip_tokenizer_init, dtype, **kw):
+            assert skip_tokenizer_init and dtype == "bfloat16"
+            self.dir = pathlib.Path(model)
+            cfg = json.loads((self.dir / "config.json").read_text())
+            assert cfg["architectures"] == ["Qwen3ForCausalLM"] and cfg["torch_dtype"] == "bfloat16", cfg
+            assert (self.dir / "model.safetensors").exists()
+        def generate(self, prompts, params, use_tqdm):
+            with open(self.dir / f"seen-{os.getpid()}.jsonl", "a") as f:
+                f.write(json.dumps([p["prompt_token_ids"] for p in prompts]) + "\\n")
+            return [types.SimpleNamespace(outputs=[types.SimpleNamespace(token_ids=[0] * p.max_tokens)])
+                    for p in params]
+""")
+
+
+def test_roofline_bytes_counts_full_steps_kv_attended_and_prefill_passes():
+    # two requests, prompts 10 and 20, outputs 3 and 1, batch limit 2, 16 prompt tokens a step:
+    # decode tokens 2 -> 1 step; prefill 30 tokens -> 2 passes; KV: request 0 attends 11 + 12, request 1 nothing
+    assert peers.roofline_bytes(1000, 7, [10, 20], [3, 1], 2, 16) == 3 * 1000 + (11 + 12) * 7
+    assert peers.roofline_bytes(1000, 7, [10], [0], 1, 16) == 1000
+    with pytest.raises(ValueError, match="prompt_lens and gen_lens"):
+        peers.roofline_bytes(1, 1, [1, 2], [1], 1, 1)
+    with pytest.raises(ValueError, match="batch_limit"):
+        peers.roofline_bytes(1, 1, [1], [1], 0, 1)
+
+
+def test_hf_checkpoint_holds_the_same_weights(tmp_path):
+    import transformers
+
+    throughput.DEV = torch.device("cpu")
+    model = throughput.make_model("tiny", 2)
+    path = peers.save_hf_checkpoint(model, tmp_path / "ckpt")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path)
+    assert hf.config.model_type == "qwen3" and hf.dtype == torch.bfloat16
+    ours = model.state_dict()
+    for name, t in hf.state_dict().items():
+        assert torch.equal(t, ours[name]), name
+
+
+def test_without_vllm_the_peer_cells_say_not_installed(tmp_path, capsys):
+    assert throughput.main([*TINY, "--modes", "vllm,vllm-bi", "--vllm-site", str(tmp_path / "none")]) == 0
+    out = capsys.readouterr().out
+    assert "vLLM not installed" in out
+    assert out.count(f"| {peers.NOT_INSTALLED} |") == 6  # 2 modes x 2 batch limits + 2 batch-1 rows
+
+
+def test_vllm_workers_get_the_same_workload_and_their_mode(tmp_path, capsys):
+    site = tmp_path / "site"
+    (site / "vllm").mkdir(parents=True)
+    (site / "vllm" / "__init__.py").write_text(FAKE_VLLM)
+    work = tmp_path / "work"
+    argv = [*TINY, "--modes", "vllm,vllm-bi", "--max-num-seqs", "2", "--vllm-site", str(site), "--ckpt-dir", str(work)]
+    assert throughput.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "vLLM 0.0-fake" in out
+    rows = [ln for ln in out.splitlines() if ln.startswith("| 2 | vLLM")]
+    assert len(rows) == 2 and rows[0].split("|")[4].strip() == "1.00", rows  # vLLM default / itself
+    for row in rows:
+        assert float(row.split("|")[3]) > 0 and float(row.split("|")[5]) > 0, row
+    # every worker saw the engine's own prompts (after a warm-up call on the first 4, then batch-1 calls)
+    spec = argparse.Namespace(seed=0, prompt_len=[4, 9], gen_len=[2, 5], num_prompts=3)
+    prompts, _ = throughput.workload(spec, tiny_qwen3_config().vocab_size)
+    seen = sorted((work / "qwen3-tiny").glob("seen-*.jsonl"))
+    assert len(seen) == 2  # one worker process per mode
+    for f in seen:
+        calls = [json.loads(line) for line in f.read_text().splitlines()]
+        assert calls[1] == prompts  # calls[0] is the warm-up, the rest batch-1 decode
