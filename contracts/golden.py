@@ -1,9 +1,9 @@
 """Golden logprob fixtures, one set per target: what the engine and trainer produced for a fixed checkpoint,
 prompts and seeds, stored with the sha256 of the tensors and the package versions that made them.
 
-One fixture per model family (``qwen3``, ``qwen3_moe``, ``qwen2``, ``llama``, ``mistral``: the committed tiny
-checkpoints), under ``fixtures/<target>/<family>/``; on a GPU target with an attention implementation other than the
-default ``triton`` (``$VEXACT_ATTENTION``, see vexact_kernels.set_attention_impl) under
+One fixture per model family (``qwen3``, ``qwen3_moe``, ``qwen2``, ``llama``, ``mistral``, ``deepseek_v3``: the
+committed tiny checkpoints), under ``fixtures/<target>/<family>/``; on a GPU target with an attention implementation
+other than the default ``triton`` (``$VEXACT_ATTENTION``, see vexact_kernels.set_attention_impl) under
 ``fixtures/<target>-<impl>/<family>/``, since the implementations give different bits.
 
 Record (after a deliberate numerics change, together with a version bump):
@@ -33,7 +33,7 @@ from vexact_trainer import Actor
 
 FIXTURES = Path(__file__).parent / "fixtures"
 N_PROMPTS = 8
-FAMILIES = ("qwen3", "qwen3_moe", "qwen2", "llama", "mistral")
+FAMILIES = ("qwen3", "qwen3_moe", "qwen2", "llama", "mistral", "deepseek_v3")
 
 
 def versions() -> dict[str, str]:

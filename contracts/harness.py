@@ -6,7 +6,14 @@ from collections.abc import Callable
 
 import torch
 
-from vexact_models import LLAMA_SHAPES, MISTRAL_SHAPES, QWEN2_SHAPES, QWEN3_MOE_SHAPES, QWEN3_SHAPES
+from vexact_models import (
+    DEEPSEEK_V3_SHAPES,
+    LLAMA_SHAPES,
+    MISTRAL_SHAPES,
+    QWEN2_SHAPES,
+    QWEN3_MOE_SHAPES,
+    QWEN3_SHAPES,
+)
 
 
 def row_invariance_violations(
@@ -38,6 +45,9 @@ def logprob_mismatches(engine_outputs, trainer_logprobs) -> list[tuple[str, int]
 QWEN3_06B = QWEN3_SHAPES["qwen3-0.6b"]
 QWEN3_17B = QWEN3_SHAPES["qwen3-1.7b"]
 QWEN3_30B_A3B = QWEN3_MOE_SHAPES["qwen3-30b-a3b"]
+# Moonlight-16B-A3B's real per-layer shapes, three layers (the first dense, as in the real model): the GPU-target
+# DeepSeek-V3-family model.
+MOONLIGHT_3L = {**DEEPSEEK_V3_SHAPES["moonlight-16b-a3b"], "num_hidden_layers": 3}
 
 # Real shapes of the other dense families, as (family, overrides of vexact_models.tiny_config(family)): head_dim 64
 # and a tied 128k vocabulary (Llama-3.2-1B), q/k/v biases at hidden 3584 (Qwen2.5-7B), a 4096 window that the

@@ -81,7 +81,7 @@ def test_logprobs_rows_and_chunks(device, data, m, temp, chunk):
     assert torch.equal(sub, ref[rows])
 
 
-def _paged_run(q, k, v, lens, chunks, page, perm_seed, n_hkv, d):
+def _paged_run(q, k, v, lens, chunks, page, perm_seed, n_hkv, d, scale=None):
     dev = q.device
     """Run sequences through the paged path in the given chunks; pages assigned in a shuffled order."""
     cu = [0]
@@ -100,8 +100,8 @@ def _paged_run(q, k, v, lens, chunks, page, perm_seed, n_hkv, d):
         bt[b, : len(t)] = t
     bt = bt.to(dev)
     kc = torch.zeros(total_pages, page, n_hkv, d, dtype=k.dtype, device=dev)
-    vc = torch.zeros_like(kc)
-    out = torch.empty_like(q)
+    vc = torch.zeros(total_pages, page, n_hkv, v.shape[-1], dtype=v.dtype, device=dev)
+    out = q.new_empty(q.shape[0], q.shape[1], v.shape[-1])
     done = [0] * len(lens)
     # each step: every unfinished sequence advances by its next chunk (mixed prefill / decode batch)
     while any(done[b] < lens[b] for b in range(len(lens))):
@@ -123,7 +123,7 @@ def _paged_run(q, k, v, lens, chunks, page, perm_seed, n_hkv, d):
         ridx = torch.tensor(idx, device=dev)
         vk.write_kv_cache(k[ridx], v[ridx], kc, vc, torch.cat(slots))
         out[ridx] = vk.attention_paged(
-            q[ridx], kc, vc, bt[active], torch.tensor(ctx, device=dev), torch.tensor(cuq, device=dev)
+            q[ridx], kc, vc, bt[active], torch.tensor(ctx, device=dev), torch.tensor(cuq, device=dev), scale
         )
     return out
 
@@ -134,23 +134,27 @@ def _paged_run(q, k, v, lens, chunks, page, perm_seed, n_hkv, d):
     lens=st.lists(st.integers(1, 48), min_size=1, max_size=5),
     page=st.sampled_from([1, 2, 4, 8, 16, 32]),
     heads=st.sampled_from([(4, 2), (4, 4), (6, 1)]),
-    d=st.sampled_from([16, 32]),  # tensor-core tiles need head_dim >= 16 on GPU targets
+    # (k head_dim, v head_dim, softmax scale): tensor-core tiles need head_dim >= 16 on GPU targets; (48, 32, 0.2)
+    # is MLA's expanded layout (K = nope + rope wider than V, a YaRN-scaled softmax scale), non-power-of-2 K
+    dims=st.sampled_from([(16, 16, None), (32, 32, None), (48, 32, 0.2)]),
 )
-def test_attention_packed_equals_chunked_paged(device, data, lens, page, heads, d):
+def test_attention_packed_equals_chunked_paged(device, data, lens, page, heads, dims):
     """Packed training attention == chunked-prefill/decode attention over a paged cache, per query, bitwise."""
     hq, hkv = heads
+    d, dv, scale = dims
     total = sum(lens)
     g = torch.Generator().manual_seed(total * 13 + page)
-    q, k, v = (_rand(g, total, h, d).to(device) for h in (hq, hkv, hkv))
+    q, k = (_rand(g, total, h, d).to(device) for h in (hq, hkv))
+    v = _rand(g, total, hkv, dv).to(device)
     cu = torch.tensor([0] + [sum(lens[: i + 1]) for i in range(len(lens))], device=device)
-    packed = vk.attention_packed(q, k, v, cu)
+    packed = vk.attention_packed(q, k, v, cu, scale)
     chunks = [data.draw(st.lists(st.integers(1, 16), max_size=6)) for _ in lens]
-    paged = _paged_run(q, k, v, lens, chunks, page, total, hkv, d)
+    paged = _paged_run(q, k, v, lens, chunks, page, total, hkv, d, scale)
     assert torch.equal(packed, paged)
     # and a single sequence alone in a packed batch gives the same rows
     b = data.draw(st.integers(0, len(lens) - 1))
     s, e = int(cu[b]), int(cu[b + 1])
-    alone = vk.attention_packed(q[s:e], k[s:e], v[s:e], torch.tensor([0, e - s], device=device))
+    alone = vk.attention_packed(q[s:e], k[s:e], v[s:e], torch.tensor([0, e - s], device=device), scale)
     assert torch.equal(alone, packed[s:e])
 
 

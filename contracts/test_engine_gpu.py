@@ -1,11 +1,12 @@
 """GPU engine contracts (targets h100/h200/b200): the engine on CUDA with sampling on the device, CUDA-graph decode,
 sleep/wake and weight updates still returns exactly the trainer's logprobs.
 
-Models: Qwen3-0.6B-, Qwen3-1.7B-, Qwen3-30B-A3B-, Llama-3.2-1B-, Qwen2.5-7B- and Mistral-7B-v0.1-shaped (real HF
-config shapes, random weights) with ``LAYERS`` decoder layers instead of 16 to 48 to keep the run short: every
-per-layer shape (hidden, heads, head_dim, intermediate, experts, vocabulary, biases, rope scaling) is the real one, so
-every kernel runs at its real size; only the depth is cut. ``-k`` picks shapes by name (``-k "llama or qwen2.5 or
-mistral"``).
+Models: Qwen3-0.6B-, Qwen3-1.7B-, Qwen3-30B-A3B-, Llama-3.2-1B-, Qwen2.5-7B-, Mistral-7B-v0.1- and
+Moonlight-16B-A3B-shaped (real HF config shapes, random weights) with ``LAYERS`` decoder layers instead of 16 to 48
+(Moonlight: 3 of 27, the first dense as in the real model) to keep the run short: every per-layer shape (hidden, heads,
+head_dim, MLA ranks, intermediate, experts, vocabulary, biases, rope scaling) is the real one, so every kernel runs at
+its real size; only the depth is cut. ``-k`` picks shapes by name (``-k "llama or qwen2.5 or mistral"``,
+``-k moonlight``).
 
 Run on the GPU machine: ``python -m pytest -q -p no:xdist contracts/test_engine_gpu.py --target h100 -s``
 (``-s`` shows the memory figures of the sleep/wake cycles; ``VEXACT_SLEEP_CYCLES`` sets their number, default 100).
@@ -19,16 +20,16 @@ import os
 import pytest
 import torch
 
-from contracts.harness import DENSE_SHAPES, QWEN3_06B, QWEN3_17B, QWEN3_30B_A3B, logprob_mismatches
+from contracts.harness import DENSE_SHAPES, MOONLIGHT_3L, QWEN3_06B, QWEN3_17B, QWEN3_30B_A3B, logprob_mismatches
 from vexact_engine import LLM, EngineConfig, SamplingParams
 from vexact_engine.model_runner import ModelRunner
-from vexact_models import random_model, tiny_config, tiny_qwen3_config, tiny_qwen3_moe_config
+from vexact_models import random_model, tiny_config, tiny_deepseek_v3_config, tiny_qwen3_config, tiny_qwen3_moe_config
 
 pytestmark = pytest.mark.gpu
 
 LAYERS = int(os.environ.get("VEXACT_GPU_CONTRACT_LAYERS", "4"))
 SHAPES = {"qwen3-0.6b": QWEN3_06B, "qwen3-1.7b": QWEN3_17B, "qwen3-30b-a3b": QWEN3_30B_A3B,
-          **{name: shape for name, (_, shape) in DENSE_SHAPES.items()}}  # fmt: skip
+          **{name: shape for name, (_, shape) in DENSE_SHAPES.items()}, "moonlight-16b-a3b": MOONLIGHT_3L}  # fmt: skip
 MAX_LEN = 1024
 
 
@@ -40,6 +41,8 @@ def cuda(device):
 
 
 def _model(shape: str, seed: int, cuda) -> torch.nn.Module:
+    if "kv_lora_rank" in SHAPES[shape]:  # Moonlight: its own three layers (one dense, two MoE)
+        return random_model(tiny_deepseek_v3_config(**SHAPES[shape]), seed=seed, embed_std=0.02, device=cuda)
     if shape in DENSE_SHAPES:
         make = functools.partial(tiny_config, DENSE_SHAPES[shape][0])
     else:

@@ -20,11 +20,12 @@ from vexact_trainer import Actor, ActorConfig
 
 EXAMPLES = int(os.environ.get("VEXACT_CONTRACT_EXAMPLES", "400"))
 MOE_EXAMPLES = int(os.environ.get("VEXACT_CONTRACT_MOE_EXAMPLES", str(max(1, EXAMPLES // 4))))
+DS_EXAMPLES = int(os.environ.get("VEXACT_CONTRACT_DS_EXAMPLES", str(max(1, EXAMPLES // 20))))
 # the other dense families share the Qwen3 decoder and kernels; what they add (biases, no q/k norm, llama3 rope, tied
 # head) is in every forward, so fewer examples each (~1 s per example on CPU; half of them force preemption)
 DENSE_EXAMPLES = int(os.environ.get("VEXACT_CONTRACT_DENSE_EXAMPLES", str(max(1, EXAMPLES // 80))))
 DENSE_FAMILIES = ["llama", "qwen2", "mistral"]
-ALL_FAMILIES = ["qwen3", "qwen3_moe", *DENSE_FAMILIES]
+ALL_FAMILIES = ["qwen3", "qwen3_moe", *DENSE_FAMILIES, "deepseek_v3"]
 MAX_LEN = 96  # engine max_model_len in these runs
 
 
@@ -116,7 +117,15 @@ def test_dense_families_engine_equals_trainer(family_model, family, workload):
     _engine_equals_trainer(family_model(family), workload)
 
 
-@pytest.mark.parametrize("family", ["qwen3", "qwen3_moe"])
+@_examples(DS_EXAMPLES)
+@given(workloads())
+def test_deepseek_engine_equals_trainer(family_model, workload):
+    """The same contract on the tiny DeepSeek-V3: MLA's expanded K/V in the paged cache, grouped routing, shared
+    experts."""
+    _engine_equals_trainer(family_model("deepseek_v3"), workload)
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_moe", "deepseek_v3"])
 def test_engine_equals_trainer_under_forced_preemption(family_model, family):
     """A burst that cannot fit the cache at once: requests are preempted, recomputed, and still match."""
     tiny_model = family_model(family)

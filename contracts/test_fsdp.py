@@ -3,8 +3,9 @@
 
 The checks live in ``vexact_trainer.fsdp_check`` (also the torchrun entry point for GPUs); here they run in-process
 (world size 1) and under torchrun with two gloo ranks. ``--perturb export-fp16`` shows the contract failing. Each
-family runs: Qwen3 and Qwen3-MoE (the tiny MoE's stacked experts are sharded with their decoder layer and exported one
-tensor per expert; at world size 2 with the router's load-balancing loss on, which no rank split may change).
+family runs: Qwen3, Qwen3-MoE (the tiny MoE's stacked experts are sharded with their decoder layer and exported one
+tensor per expert; at world size 2 with the router's load-balancing loss on, which no rank split may change) and
+DeepSeek-V3 (MLA, grouped routing with the score-correction bias, shared experts).
 """
 
 from __future__ import annotations
@@ -31,12 +32,16 @@ def _torchrun(nproc: int, *args: str, timeout: float = 240) -> subprocess.Comple
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
 
 
-FAMILIES = ["qwen3", "qwen3_moe"]
+FAMILIES = ["qwen3", "qwen3_moe", "deepseek_v3"]
 
 
 def _model_for(device: str, family: str = "qwen3") -> str:
+    # the MoE families run their tiny checkpoints on GPU too: a real MoE shape's fp32 master does not fit one device
+    # at world size 1
     if family == "qwen3_moe":
-        return "tiny-moe"  # on GPU too: a real MoE shape's fp32 master does not fit one device at world size 1
+        return "tiny-moe"
+    if family == "deepseek_v3":
+        return "tiny-ds"
     return "tiny" if device == "cpu" else "qwen3-0.6b"
 
 

@@ -1,6 +1,7 @@
 """Contract 4: parity with Hugging Face transformers' own class of each family (Qwen3, Qwen3-MoE, Llama, Qwen2,
-Mistral), within tolerance ("consistent" is also correct). The tiny Llama is tied and uses llama3 rope; the tiny Qwen2
-has q/k/v biases; the tiny Mistral a window (4096) its sequences never fill.
+Mistral, DeepSeek-V3), within tolerance ("consistent" is also correct). The tiny Llama is tied and uses llama3 rope;
+the tiny Qwen2 has q/k/v biases; the tiny Mistral a window (4096) its sequences never fill; the tiny DeepSeek-V3 MLA,
+grouped routing and YaRN rope.
 
 The reference is HF's model of the family run in fp32 on the checkpoint's (bf16) weights. Tolerances on per-token
 logprobs (max |delta| over all tokens and the whole vocabulary):
@@ -43,8 +44,9 @@ def _ours_logprobs(model, seqs, device):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("family,tied", [("qwen3", False), ("qwen3", True), ("qwen3_moe", False), ("llama", False),
-                                        ("qwen2", False), ("mistral", False)],
-                         ids=["qwen3-untied", "qwen3-tied", "qwen3_moe", "llama", "qwen2", "mistral"])  # fmt: skip
+                                         ("qwen2", False), ("mistral", False), ("deepseek_v3", False)],
+                         ids=["qwen3-untied", "qwen3-tied", "qwen3_moe", "llama", "qwen2", "mistral",
+                              "deepseek_v3"])  # fmt: skip
 def test_logprobs_match_transformers(tmp_path, device, dtype, family, tied):
     if device != "cpu" and dtype == torch.float32:
         pytest.skip("the GPU attention kernels take bf16/fp16 only; fp32 parity is checked on target cpu")
@@ -98,7 +100,7 @@ def _tokens_before_routing_flip(routers, hf_router_logits, seq: int, lens: list[
     return first
 
 
-@pytest.mark.parametrize("family", ["qwen3", "qwen3_moe", "llama", "qwen2", "mistral"])
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_moe", "llama", "qwen2", "mistral", "deepseek_v3"])
 def test_greedy_generation_matches_transformers(device, family):
     """The engine's paged, chunked path generates what HF generate does (fp32, greedy), up to a near-tie."""
     path = default_checkpoint(family)

@@ -16,16 +16,17 @@ import torch
 from contracts.harness import logprob_mismatches
 from vexact_engine import LLM, EngineConfig, SamplingParams
 from vexact_engine.block_manager import BlockManager
-from vexact_models import random_model, tiny_qwen3_config, tiny_qwen3_moe_config
+from vexact_models import random_model, tiny_deepseek_v3_config, tiny_qwen3_config, tiny_qwen3_moe_config
 from vexact_trainer import Actor
 
-FAMILIES = ["qwen3", "qwen3_moe"]
+FAMILIES = ["qwen3", "qwen3_moe", "deepseek_v3"]  # deepseek_v3: MLA pages, K wider than V (kv_cache_dims)
+CONFIGS = {"qwen3": tiny_qwen3_config, "qwen3_moe": tiny_qwen3_moe_config, "deepseek_v3": tiny_deepseek_v3_config}
 BLOCK = 4
 MAX_LEN = 96
 
 
 def _model(request, family: str):
-    return request.getfixturevalue("tiny_model" if family == "qwen3" else "tiny_moe_model")
+    return request.getfixturevalue("family_model")(family)
 
 
 def _tokens(n: int, seed: int) -> list[int]:
@@ -105,8 +106,7 @@ def test_cache_hit_equals_miss_under_preemption(request, family):
 
 
 def _fresh(family: str, seed: int):
-    cfg = tiny_qwen3_config() if family == "qwen3" else tiny_qwen3_moe_config()
-    return random_model(cfg, seed=seed)
+    return random_model(CONFIGS[family](), seed=seed)
 
 
 def _after_update_weights(family: str) -> tuple[list, list]:

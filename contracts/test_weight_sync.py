@@ -15,7 +15,7 @@ from vexact_engine import LLM
 from vexact_models import BucketPacker, send_buckets
 from vexact_trainer import iter_weights, sync_weights
 
-FAMILIES = ["qwen3", "qwen3_moe"]
+FAMILIES = ["qwen3", "qwen3_moe", "deepseek_v3"]
 
 
 def _packed_sync(llm, model, perturb: bool = False) -> list[str]:

@@ -26,6 +26,7 @@ from vexact_models import (
     open_ipc_handle,
     random_model,
     send_buckets,
+    tiny_deepseek_v3_config,
     tiny_qwen3_config,
     tiny_qwen3_moe_config,
 )
@@ -39,7 +40,8 @@ LAYERS = 3
 
 
 def config(family: str = "qwen3", dtype: str = "bfloat16"):
-    cfg = tiny_qwen3_moe_config() if family == "qwen3_moe" else tiny_qwen3_config(num_hidden_layers=LAYERS)
+    configs = {"qwen3_moe": tiny_qwen3_moe_config, "deepseek_v3": tiny_deepseek_v3_config}
+    cfg = configs[family]() if family in configs else tiny_qwen3_config(num_hidden_layers=LAYERS)
     return dataclasses.replace(cfg, torch_dtype=dtype)
 
 

@@ -40,10 +40,13 @@ if [ "$WHAT" = tests ]; then
 fi
 
 # EXPERTS=32 (env): a Qwen3-MoE of the same width, 32 experts top-4 in every layer (issue #16's verl pair)
+# FAMILY=deepseek_v3 (env): a DeepSeek-V3 / Moonlight-style model instead (MLA, first layer dense, EXPERTS routed
+# experts (default 16) in 4 groups, top-4, one shared expert; issue #12's verl pair)
 EXPERTS=${EXPERTS:-0}
-MODEL=/tmp/verl-model-e$EXPERTS
+FAMILY=${FAMILY:-qwen3}
+MODEL=/tmp/verl-model-$FAMILY-e$EXPERTS
 [ -f "$MODEL/config.json" ] || python3 examples/verl_grpo/make_model.py --out "$MODEL" --hidden 1024 --layers 8 \
-  --experts "$EXPERTS"
+  --experts "$EXPERTS" --family "$FAMILY"
 [ -f /tmp/verl-data/train.parquet ] || python3 examples/verl_grpo/make_dataset.py --out /tmp/verl-data
 # 32 prompts x rollout.n=4 a step; N_GPUS=2: 2 FSDP ranks and 2 rollout replicas (verl: world / TP)
 ENGINE=${ENGINE:-fsdp}
@@ -62,7 +65,8 @@ fi
 ARGS=(trainer.n_gpus_per_node="$NGPU" "${ENGINE_ARGS[@]}"
       reward.custom_reward_function.path=examples/verl_grpo/reward.py)
 export MODEL DATA=/tmp/verl-data STEPS LR RUN_DIR="$RESULTS"
-TAG="$([ "$ENGINE" != fsdp ] && echo "-$ENGINE")$([ "$EXPERTS" -gt 0 ] && echo "-moe$EXPERTS")-${NGPU}gpu-lr${LR}"
+TAG="$([ "$ENGINE" != fsdp ] && echo "-$ENGINE")$([ "$FAMILY" != qwen3 ] && echo "-$FAMILY")"
+TAG="$TAG$([ "$EXPERTS" -gt 0 ] && echo "-moe$EXPERTS")-${NGPU}gpu-lr${LR}"
 LOG="$RESULTS/$WHAT$TAG.log"
 rc=0
 case "$WHAT" in

@@ -7,6 +7,11 @@ rollout/actor mismatch metrics are meaningful on it. Use a real Qwen3 checkpoint
 
 ``python examples/verl_grpo/make_model.py --out data/qwen3-random`` then ``MODEL=data/qwen3-random bash
 examples/verl_grpo/run_grpo.sh``.
+
+``--family deepseek_v3`` writes a DeepSeek-V3 / Moonlight-style model instead (``tiny_deepseek_v3_config`` widened:
+MLA with 128/64/128 head dims and a KV latent of ``--hidden / 2``, the first layer dense, ``--experts`` routed
+experts (default 16) in 4 groups with 2 kept, top ``--top-k``, 1 shared expert, YaRN rope), e.g.
+``--family deepseek_v3 --hidden 1024 --layers 8 --experts 32``.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import argparse
 import json
 from pathlib import Path
 
-from vexact_models import make_tiny_checkpoint, tiny_qwen3_config, tiny_qwen3_moe_config
+from vexact_models import make_tiny_checkpoint, tiny_deepseek_v3_config, tiny_qwen3_config, tiny_qwen3_moe_config
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -29,6 +34,7 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=256, help="hidden size (head_dim 64, 2 query heads per KV head)")
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--family", choices=["qwen3", "deepseek_v3"], default="qwen3")
     ap.add_argument("--experts", type=int, default=0, help="> 0: a Qwen3-MoE with this many experts in every layer")
     ap.add_argument("--top-k", type=int, default=4, help="experts per token (with --experts)")
     args = ap.parse_args()
@@ -46,7 +52,10 @@ def main() -> None:
         head_dim=64,
         max_position_embeddings=1024,
     )
-    if args.experts:
+    if args.family == "deepseek_v3":
+        args.experts = args.experts or 16
+        cfg = _deepseek_v3(args)
+    elif args.experts:
         moe = dict(num_experts=args.experts, num_experts_per_tok=args.top_k, mlp_only_layers=())
         cfg = tiny_qwen3_moe_config(**shape, **moe, moe_intermediate_size=args.hidden // 2)
     else:
@@ -57,7 +66,22 @@ def main() -> None:
     meta.update(chat_template=CHAT_TEMPLATE, model_max_length=cfg.max_position_embeddings)
     tok_cfg.write_text(json.dumps(meta, indent=2) + "\n")
     moe = f", {args.experts} experts top-{args.top_k}" if args.experts else ""
-    print(f"wrote {path} (hidden {args.hidden}, {args.layers} layers{moe}, vocab {cfg.vocab_size})")
+    print(f"wrote {path} ({args.family}, hidden {args.hidden}, {args.layers} layers{moe}, vocab {cfg.vocab_size})")
+
+
+def _deepseek_v3(args):
+    experts = args.experts
+    if experts % 4 or args.top_k > experts // 2:
+        raise ValueError(f"--family deepseek_v3: --experts must be a multiple of 4 (4 groups, 2 kept) and >= 2 * "
+                         f"--top-k; got {experts} and {args.top_k}")  # fmt: skip
+    heads = args.hidden // 64
+    return tiny_deepseek_v3_config(
+        hidden_size=args.hidden, intermediate_size=3 * args.hidden, moe_intermediate_size=args.hidden // 2,
+        num_hidden_layers=args.layers, num_attention_heads=heads, q_lora_rank=None, kv_lora_rank=args.hidden // 2,
+        qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, n_routed_experts=experts,
+        num_experts_per_tok=args.top_k, n_group=4, topk_group=2, first_k_dense_replace=min(1, args.layers - 1),
+        max_position_embeddings=1024,
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -131,7 +131,9 @@ def test_every_family_round_trips_and_names_its_architecture(family):
 @pytest.mark.parametrize("model_type", ["qwen2_moe", "gemma", None])
 def test_unknown_model_type_raises_naming_it(model_type):
     d = _hf_dict(model_type=model_type)
-    with pytest.raises(ValueError, match=rf"unknown model_type {model_type!r}; supported: \['llama', 'mistral', "):
+    with pytest.raises(
+        ValueError, match=rf"unknown model_type {model_type!r}; supported: \['deepseek_v3', 'llama', 'mistral', "
+    ):
         config_from_dict(d)
 
 

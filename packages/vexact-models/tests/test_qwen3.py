@@ -1,6 +1,7 @@
-"""Every family's forward (Qwen3, Qwen3-MoE, Llama, Qwen2, Mistral): a sequence's hidden states do not depend on the
-batch, and the paged (engine) layout gives the packed (trainer) result bit for bit, whatever the prefill chunking and
-page size. The property tests draw few examples per family (the contracts draw hundreds on the tiny Qwen3 and MoE)."""
+"""Every family's forward (Qwen3, Qwen3-MoE, Llama, Qwen2, Mistral, DeepSeek-V3 with MLA): a sequence's hidden
+states do not depend on the batch, and the paged (engine) layout gives the packed (trainer) result bit for bit, whatever
+the prefill chunking and page size. The property tests draw few examples per family (the contracts draw hundreds on
+the tiny Qwen3 and MoE)."""
 
 from __future__ import annotations
 
@@ -10,16 +11,24 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import vexact_kernels as vk
-from vexact_models import AttentionMetadata, random_model, tiny_config, tiny_qwen3_config, tiny_qwen3_moe_config
+from vexact_models import (
+    AttentionMetadata,
+    random_model,
+    tiny_config,
+    tiny_deepseek_v3_config,
+    tiny_qwen3_config,
+    tiny_qwen3_moe_config,
+)
 
-FAMILIES = ["qwen3", "qwen3_moe", "llama", "qwen2", "mistral"]
+FAMILIES = ["qwen3", "qwen3_moe", "llama", "qwen2", "mistral", "deepseek_v3"]
+NON_DENSE = {"qwen3_moe": tiny_qwen3_moe_config, "deepseek_v3": tiny_deepseek_v3_config}
 EXAMPLES = 10  # per family and property
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
 def model(request):
-    """Each family's tiny model: every test below holds for dense and MoE alike."""
-    cfg = tiny_qwen3_moe_config() if request.param == "qwen3_moe" else tiny_config(request.param)
+    """Each family's tiny model: every test below holds for dense, MoE and MLA alike."""
+    cfg = NON_DENSE[request.param]() if request.param in NON_DENSE else tiny_config(request.param)
     return random_model(cfg, seed=1)
 
 
@@ -36,9 +45,13 @@ def _packed(model, seqs: list[torch.Tensor]) -> torch.Tensor:
 
 def _kv_caches(model, num_blocks: int, page: int):
     cfg = model.config
-    shape = (num_blocks, page, cfg.num_key_value_heads, cfg.head_dim)
+    heads, dk, dv = cfg.kv_cache_dims
     return [
-        (torch.zeros(shape, dtype=cfg.dtype), torch.zeros(shape, dtype=cfg.dtype)) for _ in range(cfg.num_hidden_layers)
+        (
+            torch.zeros(num_blocks, page, heads, dk, dtype=cfg.dtype),
+            torch.zeros(num_blocks, page, heads, dv, dtype=cfg.dtype),
+        )
+        for _ in range(cfg.num_hidden_layers)
     ]
 
 

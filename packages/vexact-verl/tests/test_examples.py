@@ -47,16 +47,20 @@ def test_compare_expect_exact_verdict(tmp_path, inv, want_rc):
     assert (tmp_path / "k3.png").is_file()
 
 
-def test_random_model_checkpoint_has_a_chat_template_verl_can_use(tmp_path):
+@pytest.mark.parametrize(
+    "extra", [[], ["--family", "deepseek_v3", "--experts", "8", "--top-k", "2"]], ids=["qwen3", "deepseek_v3"]
+)
+def test_random_model_checkpoint_has_a_chat_template_verl_can_use(tmp_path, extra):
     from transformers import AutoTokenizer
 
     from vexact_models import load_model
 
     out = tmp_path / "m"
     subprocess.run([sys.executable, str(ROOT / "examples/verl_grpo/make_model.py"), "--out", str(out), "--hidden",
-                    "64", "--layers", "1"], check=True)  # fmt: skip
+                    "64", "--layers", "1", *extra], check=True)  # fmt: skip
     tok = AutoTokenizer.from_pretrained(str(out))
     ids = tok.apply_chat_template([{"role": "user", "content": "What is 2 + 3?"}], add_generation_prompt=True)
     ids = ids["input_ids"] if hasattr(ids, "keys") else ids
     assert tok.decode(ids).endswith("<|im_start|>assistant\n")
-    assert load_model(out).config.num_hidden_layers == 1
+    cfg = load_model(out).config
+    assert cfg.num_hidden_layers == 1 and cfg.model_type == ("deepseek_v3" if extra else "qwen3")

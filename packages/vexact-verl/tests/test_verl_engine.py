@@ -9,8 +9,9 @@ and ``torch.cpu`` lends verl's checkpoint a ``set_rng_state``, both by monkeypat
 group is gloo, world size 1. Every test also has a ``cuda`` variant (marked ``gpu``, skipped without a
 GPU) that runs the same path on verl's real CUDA platform (NCCL; the ref's FSDP2 CPU-offload policy is active there).
 Not exercised here: verl's Ray trainer workers (``TrainingWorker``) and a PPO step driven by verl's trainer.
-Scoring, the per-tensor export and the HF export also run on the tiny Qwen3-MoE checkpoint (``family`` ``qwen3_moe``)
-and the tiny Llama (``llama``: ``actor.strategy=vexact`` accepts a family other than Qwen3; its head is tied).
+Scoring, the per-tensor export and the HF export also run on the tiny Qwen3-MoE checkpoint (``family`` ``qwen3_moe``),
+the tiny Llama (``llama``: ``actor.strategy=vexact`` accepts a family other than Qwen3; its head is tied) and the tiny
+DeepSeek-V3 (``deepseek_v3``).
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ def device(request, monkeypatch):
     return request.param
 
 
-FAMILIES = ["qwen3", "qwen3_moe", "llama"]  # default_checkpoint families: the tiny Qwen3, Qwen3-MoE and Llama (tied)
+FAMILIES = ["qwen3", "qwen3_moe", "llama", "deepseek_v3"]  # default_checkpoint families (Llama: tied head)
 
 
 def make_engine(
@@ -182,7 +183,7 @@ def test_weight_export_keeps_hf_names(device, family):
     for name, t in want.items():
         assert torch.equal(got[name].to(t.dtype).cpu(), t), name  # fp32 master of a bf16 checkpoint: exact
     stacked = [n for n, _ in engine.module.named_parameters() if n.endswith("experts.gate_up_proj")]
-    assert bool(stacked) == (family == "qwen3_moe")
+    assert bool(stacked) == (family in ("qwen3_moe", "deepseek_v3"))
 
 
 def test_refusals_name_the_setting(device):
@@ -221,7 +222,8 @@ def test_training_gradients_equal_trainer(device, family):
     with engine.train_mode(zero_grad_on_exit=False):
         engine.optimizer_zero_grad()
         engine.forward_backward_batch(data, loss_fn, forward_only=False)
-    got = {n: p.grad.full_tensor() for n, p in engine.module.named_parameters()}
+    # DeepSeek's e_score_correction_bias only steers the expert choice: it gets no gradient, in either trainer
+    got = {n: p.grad.full_tensor() for n, p in engine.module.named_parameters() if p.grad is not None}
 
     model = load_model(default_checkpoint(family), dtype="float32").requires_grad_(True)
     model = parallelize(model, init_distributed(device))
@@ -229,8 +231,9 @@ def test_training_gradients_equal_trainer(device, family):
     batch = pack(PROMPTS, RESPONSES, cfg.vocab_size, cfg.max_position_embeddings)
     lp, _ = Actor(model).forward_packed(batch, 1.0)
     (-lp[rows].sum()).backward()
-    want = {n: p.grad.full_tensor() for n, p in model.named_parameters()}
+    want = {n: p.grad.full_tensor() for n, p in model.named_parameters() if p.grad is not None}
     assert sorted(got) == sorted(want)
+    assert all(n.endswith("e_score_correction_bias") for n, _ in model.named_parameters() if n not in want)
     assert all(torch.equal(got[n], want[n]) for n in want), [n for n in want if not torch.equal(got[n], want[n])]
     assert any(want[n].abs().sum() > 0 for n in want)
 
@@ -291,11 +294,11 @@ def test_hf_model_checkpoint_holds_the_trained_weights(device, tmp_path, family)
     # both models hold an MoE layer's experts stacked: compare their per-expert views under the checkpoint names
     ours = expected_tensors(load_model(hf_dir, dtype=torch.float32), remove_duplicate=False)  # tied: both names
     hf_model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
-    want = {"qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM", "llama": "LlamaForCausalLM"}[family]
-    assert type(hf_model).__name__ == want
-    hf = {
-        piece: t for n, p in hf_model.named_parameters(remove_duplicate=False) for piece, t in checkpoint_pieces(n, p)
-    }
+    names = {"qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM", "llama": "LlamaForCausalLM",
+             "deepseek_v3": "DeepseekV3ForCausalLM"}  # fmt: skip
+    assert type(hf_model).__name__ == names[family]
+    # state_dict: both names of a tied weight, and DeepSeek's e_score_correction_bias (a buffer in transformers)
+    hf = {piece: t for n, p in hf_model.state_dict().items() for piece, t in checkpoint_pieces(n, p)}
     for name, t in trained.items():
         assert torch.equal(ours[name].detach(), t.float()), name
         assert torch.equal(hf[name].detach(), t.float()), name

@@ -27,6 +27,13 @@ from .scheduler import ScheduledSeq
 log = logging.getLogger("vexact_engine")
 
 
+def kv_cache_shapes(model_config, num_blocks: int, block_size: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """One layer's K and V cache shapes, from what the model says its cache holds per token
+    (``config.kv_cache_dims = (kv_heads, k_head_dim, v_head_dim)``; MLA's K and V differ in width)."""
+    heads, dk, dv = model_config.kv_cache_dims
+    return (num_blocks, block_size, heads, dk), (num_blocks, block_size, heads, dv)
+
+
 class ModelRunner:
     # A pad row of a padded decode step: token 0 at position 0, KV slot -1 (write_kv_cache skips it), context 1.
     PAD_ROW = (0, 0, -1, 1)
@@ -36,7 +43,7 @@ class ModelRunner:
         self.config = config
         self.num_blocks = num_blocks
         cfg = model.config
-        self.kv_shape = (num_blocks, config.block_size, cfg.num_key_value_heads, cfg.head_dim)
+        self.kv_shapes = kv_cache_shapes(cfg, num_blocks, config.block_size)
         self.dtype = next(model.parameters()).dtype
         self.device = next(model.parameters()).device  # the model decides; config.device only places a loaded model
         # Static block tables are as wide as the longest sequence can need, so one capture serves every step.
@@ -53,16 +60,14 @@ class ModelRunner:
     # ---- memory
     @staticmethod
     def kv_bytes_per_block(model_config, block_size: int, dtype: torch.dtype) -> int:
-        per_token = 2 * model_config.num_hidden_layers * model_config.num_key_value_heads * model_config.head_dim
+        heads, dk, dv = model_config.kv_cache_dims
+        per_token = model_config.num_hidden_layers * heads * (dk + dv)
         return per_token * block_size * torch.empty(0, dtype=dtype).element_size()
 
     def allocate(self) -> None:
         """Allocate the KV cache and the static decode buffers; capture the decode graphs on CUDA."""
         self.kv_caches = [
-            (
-                torch.zeros(self.kv_shape, dtype=self.dtype, device=self.device),
-                torch.zeros(self.kv_shape, dtype=self.dtype, device=self.device),
-            )
+            tuple(torch.zeros(shape, dtype=self.dtype, device=self.device) for shape in self.kv_shapes)
             for _ in range(self.model.config.num_hidden_layers)
         ]
         if self.graph_sizes:

@@ -41,7 +41,7 @@ from .block_manager import BlockManager
 from .config import EngineConfig
 from .llm import LLM
 from .llm_engine import load_tokenizer
-from .model_runner import sample_rows, step_lists, step_tensors
+from .model_runner import kv_cache_shapes, sample_rows, step_lists, step_tensors
 from .scheduler import ScheduledSeq
 
 log = logging.getLogger("vexact_engine")
@@ -73,16 +73,13 @@ class _StageRunner:
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self.hidden_size = cfg.hidden_size
-        self.kv_shape = (num_blocks, config.block_size, cfg.num_key_value_heads, cfg.head_dim)
+        self.kv_shapes = kv_cache_shapes(cfg, num_blocks, config.block_size)
         self.allocate()
 
     def allocate(self) -> None:
         """This stage's KV cache (its layers only); ``LLMEngine.wake_up`` calls it."""
         self.kv_caches = {
-            i: (
-                torch.zeros(self.kv_shape, dtype=self.dtype, device=self.device),
-                torch.zeros(self.kv_shape, dtype=self.dtype, device=self.device),
-            )
+            i: tuple(torch.zeros(shape, dtype=self.dtype, device=self.device) for shape in self.kv_shapes)
             for i in self.layers
         }
 

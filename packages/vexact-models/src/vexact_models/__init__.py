@@ -2,12 +2,14 @@
 
 from .attention_metadata import AttentionMetadata
 from .config import (
+    DeepseekV3Config,
     DenseConfig,
     LlamaConfig,
     MistralConfig,
     Qwen2Config,
     Qwen3Config,
     Qwen3MoeConfig,
+    YarnScaling,
     config_from_dict,
     load_config,
     parse_dtype,
@@ -16,6 +18,7 @@ from .layers import RouterOutput, checkpoint_pieces, load_balancing_loss, record
 from .loader import CheckpointError, expected_tensors, iter_checkpoint, load_model, load_weights, save_checkpoint
 from .models import (
     MODEL_CLASSES,
+    DeepseekV3ForCausalLM,
     DenseForCausalLM,
     LlamaForCausalLM,
     MistralForCausalLM,
@@ -24,6 +27,7 @@ from .models import (
     Qwen3MoeForCausalLM,
 )
 from .tiny import (
+    DEEPSEEK_V3_SHAPES,
     LLAMA_SHAPES,
     MISTRAL_SHAPES,
     QWEN2_SHAPES,
@@ -33,6 +37,7 @@ from .tiny import (
     make_tiny_checkpoint,
     random_model,
     tiny_config,
+    tiny_deepseek_v3_config,
     tiny_qwen3_config,
     tiny_qwen3_moe_config,
 )
@@ -54,6 +59,7 @@ from .weight_transfer import (
 __version__ = "0.2.0"
 
 __all__ = [
+    "DEEPSEEK_V3_SHAPES",
     "LLAMA_SHAPES",
     "MISTRAL_SHAPES",
     "MODEL_CLASSES",
@@ -63,13 +69,15 @@ __all__ = [
     "AttentionMetadata",
     "BucketPacker",
     "CheckpointError",
-    "PackedBucket",
+    "DeepseekV3Config",
+    "DeepseekV3ForCausalLM",
     "DenseConfig",
     "DenseForCausalLM",
     "LlamaConfig",
     "LlamaForCausalLM",
     "MistralConfig",
     "MistralForCausalLM",
+    "PackedBucket",
     "Qwen2Config",
     "Qwen2ForCausalLM",
     "Qwen3Config",
@@ -79,6 +87,7 @@ __all__ = [
     "RouterOutput",
     "TensorSpec",
     "WeightSyncGroup",
+    "YarnScaling",
     "__version__",
     "broadcast_weights",
     "checkpoint_pieces",
@@ -102,6 +111,7 @@ __all__ = [
     "save_checkpoint",
     "send_buckets",
     "tiny_config",
+    "tiny_deepseek_v3_config",
     "tiny_qwen3_config",
     "tiny_qwen3_moe_config",
     "weight_targets",

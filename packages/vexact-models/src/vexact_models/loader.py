@@ -107,6 +107,7 @@ def load_weights(model: nn.Module, named_tensors: Iterable[tuple[str, torch.Tens
     loaded, unexpected = [], []
     with torch.no_grad():
         for name, tensor in named_tensors:
+            _refuse_quantized(name, tensor)
             pieces = [(name, tensor)] if name in targets else _split_stacked(params, name, tensor)
             if pieces is None:
                 if tied and name == "lm_head.weight":
@@ -123,6 +124,21 @@ def load_weights(model: nn.Module, named_tensors: Iterable[tuple[str, torch.Tens
         if missing:
             raise CheckpointError(f"checkpoint is missing {len(missing)} tensor(s), e.g. {missing[:5]}")
     return loaded
+
+
+_FP8 = {
+    getattr(torch, n)
+    for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
+    if hasattr(torch, n)
+}
+
+
+def _refuse_quantized(name: str, tensor: torch.Tensor) -> None:
+    if tensor.dtype in _FP8 or name.endswith(("weight_scale_inv", "weight_scale")):
+        raise CheckpointError(
+            f"{name} ({tensor.dtype}) is an FP8 checkpoint's tensor: quantized checkpoints are not supported; "
+            "dequantize the weights to bf16 first"
+        )
 
 
 def _copy_checked(name: str, tensor: torch.Tensor, dst: torch.Tensor) -> None:
@@ -152,7 +168,7 @@ def load_model(path: str | Path, dtype: str | torch.dtype | None = None, device:
 
 def _reset_buffers(model: nn.Module, cfg) -> None:
     # Non-persistent buffers (rotary tables) are not in the checkpoint: rebuild them after meta init.
-    fresh = type(model.model.rotary_emb).from_config(cfg)
+    fresh = model.model.rotary_emb.rebuilt()
     model.model.rotary_emb.cos = fresh.cos
     model.model.rotary_emb.sin = fresh.sin
     if cfg.tie_word_embeddings:

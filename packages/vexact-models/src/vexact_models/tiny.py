@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from .config import CONFIG_CLASSES, DenseConfig, Qwen3Config, Qwen3MoeConfig
+from .config import CONFIG_CLASSES, DeepseekV3Config, DenseConfig, Qwen3Config, Qwen3MoeConfig, YarnScaling
 from .loader import _reset_buffers, save_checkpoint
 from .models import MODEL_CLASSES
 
@@ -51,6 +51,31 @@ QWEN3_MOE_SHAPES = {
         num_key_value_heads=4, head_dim=128, max_position_embeddings=40960, rope_theta=1_000_000.0,
         tie_word_embeddings=False, num_experts=128, num_experts_per_tok=8, moe_intermediate_size=1536,
         norm_topk_prob=True, mlp_only_layers=(),
+    ),
+}  # fmt: skip
+
+# Real DeepSeek-V3-family shapes (the published config.json values), as overrides of tiny_deepseek_v3_config.
+# DeepSeek-V3's published weights are FP8 (not loadable here); its shape is for random-weight models.
+DEEPSEEK_V3_SHAPES = {
+    "moonlight-16b-a3b": dict(
+        vocab_size=163840, hidden_size=2048, intermediate_size=11264, moe_intermediate_size=1408,
+        num_hidden_layers=27, num_attention_heads=16, num_key_value_heads=16, q_lora_rank=None, kv_lora_rank=512,
+        qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, n_routed_experts=64, n_shared_experts=2,
+        num_experts_per_tok=6, n_group=1, topk_group=1, routed_scaling_factor=2.446, norm_topk_prob=True,
+        first_k_dense_replace=1, moe_layer_freq=1, scoring_func="sigmoid", topk_method="noaux_tc",
+        max_position_embeddings=8192, rms_norm_eps=1e-5, rope_theta=50000.0, rope_scaling=None,
+        tie_word_embeddings=False,
+    ),
+    "deepseek-v3": dict(
+        vocab_size=129280, hidden_size=7168, intermediate_size=18432, moe_intermediate_size=2048,
+        num_hidden_layers=61, num_attention_heads=128, num_key_value_heads=128, q_lora_rank=1536, kv_lora_rank=512,
+        qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, n_routed_experts=256, n_shared_experts=1,
+        num_experts_per_tok=8, n_group=8, topk_group=4, routed_scaling_factor=2.5, norm_topk_prob=True,
+        first_k_dense_replace=3, moe_layer_freq=1, scoring_func="sigmoid", topk_method="noaux_tc",
+        max_position_embeddings=163840, rms_norm_eps=1e-6, rope_theta=10000.0,
+        rope_scaling=YarnScaling(factor=40.0, original_max_position_embeddings=4096, beta_fast=32.0, beta_slow=1.0,
+                                 mscale=1.0, mscale_all_dim=1.0),
+        tie_word_embeddings=False,
     ),
 }  # fmt: skip
 
@@ -175,6 +200,25 @@ def tiny_qwen3_moe_config(**overrides) -> Qwen3MoeConfig:
     return Qwen3MoeConfig(**{**tiny_qwen3_config().__dict__, "model_type": "qwen3_moe", **base})
 
 
+def tiny_deepseek_v3_config(**overrides) -> DeepseekV3Config:
+    """A three-layer, 64-wide DeepSeek-V3: layer 0 dense, layers 1-2 MoE (8 experts of width 32 in 2 groups, 1 group
+    kept, top-2, sigmoid with the correction bias, scaled by 2.5, one shared expert); MLA with a q LoRA of 48, a KV
+    latent of 32, 4 heads of 16 + 8 (rope) / 16 (value); YaRN rope (factor 4, mscale_all_dim set, so the softmax
+    scale and the cos/sin tables both carry it); the byte-level vocabulary of the tiny Qwen3."""
+    q = tiny_qwen3_config()
+    base = dict(
+        vocab_size=q.vocab_size, hidden_size=64, intermediate_size=160, moe_intermediate_size=32, num_hidden_layers=3,
+        num_attention_heads=4, q_lora_rank=48, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8,
+        v_head_dim=16, n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, n_group=2, topk_group=1,
+        routed_scaling_factor=2.5, norm_topk_prob=True, first_k_dense_replace=1, max_position_embeddings=512,
+        rope_theta=10_000.0,
+        rope_scaling=YarnScaling(factor=4.0, original_max_position_embeddings=128, mscale=1.0, mscale_all_dim=0.5),
+        bos_token_id=q.bos_token_id, eos_token_id=q.eos_token_id,
+    )  # fmt: skip
+    base.update(overrides)
+    return DeepseekV3Config(**base)
+
+
 # What each tiny dense family adds to tiny_qwen3_config's shape (q/k norm and biases follow from the family):
 # llama: tied embeddings and llama3 rope with an original context of 64, so its low-, medium- and high-frequency
 # bands all occur at head_dim 16; qwen2: q/k/v biases; mistral: a 4096 window, which a 512-position model never fills.
@@ -262,8 +306,9 @@ def make_tiny_checkpoint(
 
 def default_checkpoint(family: str = "qwen3") -> Path:
     """The committed tiny checkpoint of a family (``qwen3``: the demo's; ``qwen3_moe``, ``qwen2``, ``llama``,
-    ``mistral``) that the golden fixtures use."""
-    names = {f: "tiny-" + f.replace("_", "-") for f in ("qwen3", "qwen3_moe", "qwen2", "llama", "mistral")}
+    ``mistral``, ``deepseek_v3``) that the golden fixtures use."""
+    families = ("qwen3", "qwen3_moe", "qwen2", "llama", "mistral", "deepseek_v3")
+    names = {f: "tiny-" + f.replace("_", "-") for f in families}
     if family not in names:
         raise ValueError(f"no committed tiny checkpoint for family {family!r}; have {sorted(names)}")
     return Path(str(resources.files("vexact_models") / "assets" / names[family]))

@@ -59,7 +59,7 @@ from .weights import iter_weight_buckets
 # are real model shapes (HF config.json values) for random-weight runs on GPU.
 SHAPES = {"tiny-tied": dict(tie_word_embeddings=True), **QWEN3_SHAPES}
 MOE_SHAPES = QWEN3_MOE_SHAPES
-CHECKPOINTS = {"tiny": "qwen3", "tiny-moe": "qwen3_moe"}  # name -> default_checkpoint family
+CHECKPOINTS = {"tiny": "qwen3", "tiny-moe": "qwen3_moe", "tiny-ds": "deepseek_v3"}  # name -> default_checkpoint family
 
 
 def build_models(model: str, device: str, seed: int = 0, engine: bool = True):

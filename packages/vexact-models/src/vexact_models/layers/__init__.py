@@ -5,13 +5,16 @@ from .attention import Attention
 from .embed_head import LMHead, VocabEmbedding
 from .layernorm import RMSNorm
 from .linear import Linear
-from .moe import RouterOutput, SparseMoeBlock, checkpoint_pieces, load_balancing_loss, record_router
+from .mla import MLAttention
+from .moe import DeepseekMoeBlock, RouterOutput, SparseMoeBlock, checkpoint_pieces, load_balancing_loss, record_router
 from .rotary import RotaryEmbedding
 
 __all__ = [
     "Attention",
+    "DeepseekMoeBlock",
     "LMHead",
     "Linear",
+    "MLAttention",
     "RMSNorm",
     "RotaryEmbedding",
     "RouterOutput",

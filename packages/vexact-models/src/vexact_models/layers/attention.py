@@ -15,10 +15,11 @@ class Attention(nn.Module):
     keys from the cache, so a prefill chunk and a decode step see keys through the same path.
     """
 
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int):
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float | None = None):
+        """``scale``: the softmax scale (default ``head_dim ** -0.5``), passed to the kernel in both layouts."""
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
-        self.scale = head_dim**-0.5
+        self.scale = head_dim**-0.5 if scale is None else scale
 
     def forward(
         self,

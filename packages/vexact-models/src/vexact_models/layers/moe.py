@@ -71,13 +71,68 @@ class SparseMoeBlock(nn.Module):
         self.gate = Linear(hidden, num_experts, False, dtype)  # read in fp32 out, not through its forward
         self.experts = Experts(num_experts, hidden, inter, dtype)
 
+    def route(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(topk_weights [T, k] fp32, topk_ids [T, k])`` from fp32 router logits ``[T, E]``."""
+        return vk.moe_route(logits, self.top_k, self.norm_topk_prob)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         logits = vk.linear(x, self.gate.weight, out_dtype=torch.float32)  # [T, E]
-        weights, ids = vk.moe_route(logits, self.top_k, self.norm_topk_prob)  # [T, k] each
+        weights, ids = self.route(logits)  # [T, k] each
         rec = _recorder.get()
         if rec is not None:
             rec.append(RouterOutput(logits, ids))
         return vk.fused_moe(x, self.experts.gate_up_proj, self.experts.down_proj, weights, ids)
+
+
+class DeepseekMoeBlock(SparseMoeBlock):
+    """DeepSeek's MoE (V3, Moonlight): the sparse block with vexact-kernels' ``moe_route_grouped`` routing (sigmoid
+    or softmax scores; ``gate.e_score_correction_bias`` added for the choice only; group-limited top-k; weights from
+    the unbiased scores, renormalised, times ``routed_scaling_factor``) and the shared experts, one dense MLP of the
+    caller's making, added at one fixed place: ``out = fused_moe(routed) + shared_experts(x)`` (in x's dtype, as
+    transformers adds them).
+
+    The bias is a parameter in the model's dtype (transformers keeps it an fp32 buffer): the engine and the FSDP
+    trainer (which casts every parameter to bf16) then route with the same value. It gets no gradient. Cost: a
+    published fp32 bias is rounded to bf16 on load, so on a real checkpoint an expert choice can differ from
+    transformers' at a near-tie (engine == trainer is unaffected). Keeping it fp32 in both drivers (a persistent
+    buffer that FSDP does not cast, loaded and exported with the parameters) is the follow-up.
+    """
+
+    def __init__(
+        self,
+        num_experts: int,
+        top_k: int,
+        hidden: int,
+        inter: int,
+        shared_experts: nn.Module,
+        *,
+        n_group: int,
+        topk_group: int,
+        norm_topk_prob: bool,
+        routed_scaling_factor: float,
+        scoring_func: str,
+        dtype: torch.dtype | None = None,
+    ):
+        super().__init__(num_experts, top_k, hidden, inter, norm_topk_prob, dtype)
+        self.gate.e_score_correction_bias = nn.Parameter(torch.zeros(num_experts, dtype=dtype))
+        self.shared_experts = shared_experts
+        self.n_group, self.topk_group = n_group, topk_group
+        self.routed_scaling_factor, self.scoring_func = routed_scaling_factor, scoring_func
+
+    def route(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return vk.moe_route_grouped(
+            logits,
+            self.top_k,
+            bias=self.gate.e_score_correction_bias.detach().float(),
+            n_group=self.n_group,
+            topk_group=self.topk_group,
+            norm_topk_prob=self.norm_topk_prob,
+            routed_scaling_factor=self.routed_scaling_factor,
+            scoring_func=self.scoring_func,
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x) + self.shared_experts(x)
 
 
 def load_balancing_loss(router: list[RouterOutput], num_experts: int, top_k: int) -> torch.Tensor:

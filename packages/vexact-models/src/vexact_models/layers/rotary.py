@@ -30,29 +30,65 @@ def scaled_inv_freq(head_dim: int, theta: float, scaling: dict) -> torch.Tensor:
     return torch.where(medium, smoothed, scaled)
 
 
-def rope_tables(head_dim: int, max_position: int, theta: float, scaling: dict | None = None):
-    """fp32 ``cos, sin [max_position, head_dim // 2]``. ``dynamic`` NTK scaling only changes positions beyond
-    ``max_position_embeddings``, which the model refuses, so its table is the default one."""
-    if scaling is None or scaling["rope_type"] == "dynamic":
+def yarn_inv_freq(head_dim: int, theta: float, yarn) -> torch.Tensor:
+    """YaRN inverse frequencies (transformers' ``_compute_yarn_parameters``): blended between interpolation and
+    extrapolation. ``yarn``: a :class:`~vexact_models.config.YarnScaling`."""
+    dim, base = head_dim, theta
+
+    def correction_dim(rotations: float) -> float:
+        return (dim * math.log(yarn.original_max_position_embeddings / (rotations * 2 * math.pi))) / (
+            2 * math.log(base)
+        )
+
+    low, high = correction_dim(yarn.beta_fast), correction_dim(yarn.beta_slow)
+    if yarn.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+    pos_freqs = base ** (torch.arange(0, dim, 2).float() / dim)
+    extrapolation = 1 - ramp
+    return (1.0 / (yarn.factor * pos_freqs)) * (1 - extrapolation) + (1.0 / pos_freqs) * extrapolation
+
+
+def rope_tables(head_dim: int, max_position: int, theta: float, scaling=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 ``cos, sin [max_position, head_dim // 2]``, the one table builder of every family.
+
+    ``scaling``: None (default rope), a dense family's ``{"rope_type": "linear" | "llama3" | "dynamic", ...}``, or a
+    :class:`~vexact_models.config.YarnScaling` (cos/sin then times its ``attention_factor``, as transformers does).
+    ``dynamic`` NTK scaling only changes positions beyond ``max_position_embeddings``, which the model refuses, so its
+    table is the default one."""
+    if scaling is None or (isinstance(scaling, dict) and scaling["rope_type"] == "dynamic"):
         return vk.rope_cos_sin(head_dim, max_position, theta)
-    freqs = torch.outer(
-        torch.arange(max_position, dtype=torch.int64).float(), scaled_inv_freq(head_dim, theta, scaling)
-    )
+    is_yarn = not isinstance(scaling, dict)
+    inv_freq = yarn_inv_freq(head_dim, theta, scaling) if is_yarn else scaled_inv_freq(head_dim, theta, scaling)
+    freqs = torch.outer(torch.arange(max_position, dtype=torch.int64).float(), inv_freq)
+    if is_yarn:
+        return freqs.cos() * scaling.attention_factor, freqs.sin() * scaling.attention_factor
     return freqs.cos(), freqs.sin()
 
 
 class RotaryEmbedding(nn.Module):
-    """Holds the fp32 cos/sin table for every position up to ``max_position`` (a buffer, not a parameter)."""
+    """Holds the fp32 cos/sin table for every position up to ``max_position`` (a buffer, not a parameter).
 
-    def __init__(self, head_dim: int, max_position: int, theta: float, scaling: dict | None = None):
+    ``scaling``: see :func:`rope_tables`."""
+
+    def __init__(self, head_dim: int, max_position: int, theta: float, scaling=None):
         super().__init__()
-        cos, sin = rope_tables(head_dim, max_position, theta, scaling)
+        self.args = (head_dim, max_position, theta, scaling)  # plain attributes: survive a meta init (see rebuilt)
+        cos, sin = rope_tables(*self.args)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
 
     @classmethod
     def from_config(cls, cfg) -> RotaryEmbedding:
+        """The table of ``cfg.head_dim`` (the rotary width: MLA's ``qk_rope_head_dim``) with its rope scaling."""
         return cls(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling)
+
+    def rebuilt(self) -> RotaryEmbedding:
+        """A fresh copy with real tables (after the model was built on the meta device)."""
+        return RotaryEmbedding(*self.args)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return vk.apply_rotary(q, positions, self.cos, self.sin), vk.apply_rotary(k, positions, self.cos, self.sin)

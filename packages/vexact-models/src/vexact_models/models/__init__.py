@@ -1,3 +1,4 @@
+from .deepseek_v3 import DeepseekV3ForCausalLM
 from .dense import DenseForCausalLM, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM
 from .qwen3_moe import Qwen3MoeForCausalLM
 
@@ -7,10 +8,12 @@ MODEL_CLASSES = {
     "qwen2": Qwen2ForCausalLM,
     "llama": LlamaForCausalLM,
     "mistral": MistralForCausalLM,
+    "deepseek_v3": DeepseekV3ForCausalLM,
 }
 
 __all__ = [
     "MODEL_CLASSES",
+    "DeepseekV3ForCausalLM",
     "DenseForCausalLM",
     "LlamaForCausalLM",
     "MistralForCausalLM",

@@ -99,10 +99,11 @@ class DenseModel(nn.Module):
 class DenseForCausalLM(nn.Module):
     config_class = DenseConfig
 
-    def __init__(self, cfg: DenseConfig, make_mlp=None):
+    def __init__(self, cfg: DenseConfig, make_mlp=None, model: nn.Module | None = None):
+        """``model``: the decoder body (default: the dense one, with ``make_mlp``); another family passes its own."""
         super().__init__()
         self.config = cfg
-        self.model = DenseModel(cfg, make_mlp)
+        self.model = model if model is not None else DenseModel(cfg, make_mlp)
         self.lm_head = LMHead(cfg.vocab_size, cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
