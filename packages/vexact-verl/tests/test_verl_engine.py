@@ -38,7 +38,8 @@ from vexact_models import (  # noqa: E402
 )
 from vexact_trainer import Actor, init_distributed  # noqa: E402
 from vexact_verl.cpu_platform import CPUPlatform  # noqa: E402
-from vexact_verl.engine import VexactEngineWithLMHead, is_engine_registered, register_engine  # noqa: E402
+from vexact_verl.engine import VexactEngineWithLMHead  # noqa: E402
+from vexact_verl.registration import is_engine_registered, register_engine  # noqa: E402
 
 PROMPTS = [[257, 72, 101], [257, 49, 43, 49, 61, 50], [257, 10], [257, 120, 61]]
 RESPONSES = [[50, 51, 52, 256], [33], [97, 98, 99, 100, 101], [55, 56]]

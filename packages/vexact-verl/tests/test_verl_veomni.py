@@ -73,7 +73,7 @@ def device(request, monkeypatch):
 
     from vexact_trainer import init_distributed
     from vexact_verl.cpu_platform import CPUPlatform
-    from vexact_verl.engine import register_engine
+    from vexact_verl.registration import register_engine
 
     if request.param == "cpu":
         monkeypatch.setattr(platform_manager, "_current_platform", CPUPlatform())

@@ -40,7 +40,6 @@ from verl.utils.dataset.dataset_utils import DatasetPadMode
 from verl.utils.device import get_device_id, get_device_name
 from verl.utils.model import extract_multi_modal_inputs
 from verl.utils.torch_dtypes import PrecisionType
-from verl.workers.engine.base import EngineRegistry
 from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
 from verl.workers.engine.utils import detach_tree
 
@@ -234,21 +233,3 @@ def _check_supported(model_config, engine_config) -> None:
     if bad:
         allowed = {k: ok for k, (v, ok) in refused.items() if k in bad}
         raise NotImplementedError(f"strategy=vexact does not support {bad}; set {allowed}")
-
-
-def register_engine() -> None:
-    """Make ``actor.strategy=vexact`` (and ``ref.strategy``) resolvable by verl's ``EngineRegistry``, and the
-    VeOmni variant (backend ``vexact_veomni``, :mod:`vexact_verl.veomni_engine`). Idempotent."""
-    from .veomni_engine import VEOMNI_BACKEND, VexactVeOmniEngineWithLMHead
-
-    for backend, cls in ((ENGINE_BACKEND, VexactEngineWithLMHead), (VEOMNI_BACKEND, VexactVeOmniEngineWithLMHead)):
-        if backend not in EngineRegistry._engines.get(MODEL_TYPE, {}):
-            EngineRegistry.register(model_type=MODEL_TYPE, backend=backend, device=list(DEVICES))(cls)
-
-
-def is_engine_registered() -> bool:
-    """Whether verl's ``EngineRegistry`` knows ``vexact`` (and ``vexact_veomni``) for ``language_model`` here."""
-    from .veomni_engine import VEOMNI_BACKEND
-
-    known = EngineRegistry._engines.get(MODEL_TYPE, {})
-    return ENGINE_BACKEND in known and VEOMNI_BACKEND in known

@@ -42,12 +42,34 @@ def register() -> None:
     replica.RolloutReplicaRegistry.register(ROLLOUT_NAME, _load_replica)
     base._ROLLOUT_REGISTRY[(ROLLOUT_NAME, "async")] = SERVER_ADAPTER
     # after the rollout, so that a failure to import verl's engine stack cannot take the rollout backend with it
-    from .engine import register_engine
-
     register_engine()
     from .tim import install
 
     install()  # tim/* metrics beside verl's rollout_probs_diff ones
+
+
+def register_engine() -> None:
+    """Make ``actor.strategy=vexact`` (and ``ref.strategy``) resolvable by verl's ``EngineRegistry``, and the
+    VeOmni variant (backend ``vexact_veomni``, :mod:`vexact_verl.veomni_engine`). Idempotent."""
+    from verl.workers.engine.base import EngineRegistry
+
+    from .engine import DEVICES, ENGINE_BACKEND, MODEL_TYPE, VexactEngineWithLMHead
+    from .veomni_engine import VEOMNI_BACKEND, VexactVeOmniEngineWithLMHead
+
+    for backend, cls in ((ENGINE_BACKEND, VexactEngineWithLMHead), (VEOMNI_BACKEND, VexactVeOmniEngineWithLMHead)):
+        if backend not in EngineRegistry._engines.get(MODEL_TYPE, {}):
+            EngineRegistry.register(model_type=MODEL_TYPE, backend=backend, device=list(DEVICES))(cls)
+
+
+def is_engine_registered() -> bool:
+    """Whether verl's ``EngineRegistry`` knows ``vexact`` (and ``vexact_veomni``) for ``language_model`` here."""
+    from verl.workers.engine.base import EngineRegistry
+
+    from .engine import ENGINE_BACKEND, MODEL_TYPE
+    from .veomni_engine import VEOMNI_BACKEND
+
+    known = EngineRegistry._engines.get(MODEL_TYPE, {})
+    return ENGINE_BACKEND in known and VEOMNI_BACKEND in known
 
 
 def is_registered() -> bool:
