@@ -23,7 +23,15 @@ import torch
 from contracts.harness import DENSE_SHAPES, MOONLIGHT_3L, QWEN3_06B, QWEN3_17B, QWEN3_30B_A3B, logprob_mismatches
 from vexact_engine import LLM, EngineConfig, SamplingParams
 from vexact_engine.model_runner import ModelRunner
-from vexact_models import random_model, tiny_config, tiny_deepseek_v3_config, tiny_qwen3_config, tiny_qwen3_moe_config
+from vexact_models import (
+    named_weights,
+    random_model,
+    tiny_config,
+    tiny_deepseek_v3_config,
+    tiny_qwen3_config,
+    tiny_qwen3_moe_config,
+    weight_dtype,
+)
 
 pytestmark = pytest.mark.gpu
 
@@ -157,7 +165,7 @@ def test_sleep_wake_and_update_weights(shape_model, cuda):
     new = _model(shape, seed=8, cuda=cuda)
     llm.sleep(level=2)
     llm.wake_up()
-    named = [(n, p.detach().to(torch.bfloat16)) for n, p in new.named_parameters()]
+    named = [(n, p.detach().to(weight_dtype(n, torch.bfloat16))) for n, p in named_weights(new)]  # fp32 bias too
     for i in range(0, len(named), 5):
         llm.update_weights(iter(named[i : i + 5]))
     after = llm.generate(prompts, params, use_tqdm=False)

@@ -16,7 +16,7 @@ import torch
 from contracts.harness import logprob_mismatches
 from vexact_engine import LLM, EngineConfig, SamplingParams
 from vexact_engine.block_manager import BlockManager
-from vexact_models import random_model, tiny_deepseek_v3_config, tiny_qwen3_config, tiny_qwen3_moe_config
+from vexact_models import named_weights, random_model, tiny_deepseek_v3_config, tiny_qwen3_config, tiny_qwen3_moe_config
 from vexact_trainer import Actor
 
 FAMILIES = ["qwen3", "qwen3_moe", "deepseek_v3"]  # deepseek_v3: MLA pages, K wider than V (kv_cache_dims)
@@ -117,7 +117,7 @@ def _after_update_weights(family: str) -> tuple[list, list]:
     _gen(llm, prompts, params)
     assert llm.blocks.num_cached > 0
     new = _fresh(family, seed=2)
-    llm.update_weights([(n, p.detach().clone()) for n, p in new.named_parameters()])
+    llm.update_weights([(n, p.detach().clone()) for n, p in named_weights(new)])  # DeepSeek's bias buffer too
     return _gen(llm, prompts, params), _gen(_engine(new, caching=True), prompts, params)
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from vexact_engine import LLM, SamplingParams
-from vexact_models import random_model, tiny_qwen3_config
+from vexact_models import named_weights, random_model, tiny_deepseek_v3_config, tiny_qwen3_config
 
 KW = dict(max_num_seqs=4, max_num_batched_tokens=16, block_size=4, num_kv_blocks=64, cuda_graph_batch_sizes=[2, 4])
 PROMPTS = [[5, 6, 7, 8, 9], [10, 11], list(range(30, 45))]
@@ -58,6 +58,30 @@ def test_sleep_level_2_then_update_weights_equals_a_fresh_engine():
     llm.update_weights(named[len(named) // 2 :])
     fresh = LLM(model=random_model(tiny_qwen3_config(), seed=2), **KW)
     _same(_gen(llm), _gen(fresh))
+
+
+def test_deepseek_fp32_bias_buffer_survives_both_levels_bitwise():
+    """DeepSeek's ``e_score_correction_bias`` is an fp32 buffer: both levels keep it bit for bit, so level 2 waits
+    only for the parameters; an update may still send it, in fp32."""
+    llm = LLM(model=random_model(tiny_deepseek_v3_config(), seed=1), **KW)
+    name = "model.layers.1.mlp.gate.e_score_correction_bias"
+    before = dict(named_weights(llm.model))[name].clone()
+    assert before.dtype == torch.float32 and not torch.equal(before, before.bfloat16().float())
+    for level in (1, 2):
+        llm.sleep(level=level)
+        llm.wake_up()
+        bias = dict(named_weights(llm.model))[name]
+        assert bias.dtype == torch.float32 and torch.equal(bias, before)
+    new = random_model(tiny_deepseek_v3_config(), seed=2)
+    llm.update_weights([(n, p.detach().clone()) for n, p in new.named_parameters()])  # the parameters only
+    for n, t in named_weights(new):
+        if n.endswith("e_score_correction_bias"):
+            t.copy_(dict(named_weights(llm.model))[n])  # the kept bias
+    fresh = LLM(model=new, **KW)
+    _same(_gen(llm), _gen(fresh))
+    other = random_model(tiny_deepseek_v3_config(), seed=3)
+    llm.update_weights([(n, t.detach().clone()) for n, t in named_weights(other)])
+    assert torch.equal(dict(named_weights(llm.model))[name], dict(named_weights(other))[name])
 
 
 def test_sleep_and_wake_errors():

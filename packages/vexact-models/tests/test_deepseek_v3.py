@@ -124,6 +124,11 @@ def test_transformers_save_pretrained_and_stacked_layouts_load(tmp_path):
     assert "model.layers.1.mlp.experts.7.up_proj.weight" in saved
     assert saved["model.layers.1.mlp.gate.e_score_correction_bias"].dtype == torch.float32
     loaded = load_model(tmp_path / "hf")
+    for i in (1, 2):  # the fp32 bias comes back bit-exact in the bf16 model (its values are not bf16-representable)
+        bias = saved[f"model.layers.{i}.mlp.gate.e_score_correction_bias"]
+        assert not torch.equal(bias, bias.bfloat16().float())
+        got = loaded.model.layers[i].mlp.gate.e_score_correction_bias
+        assert got.dtype == torch.float32 and torch.equal(got, bias)
     for (n, a), b in zip(ref.named_parameters(), loaded.parameters(), strict=True):
         assert torch.equal(a, b), n
     stacked = hf.state_dict()
@@ -132,6 +137,71 @@ def test_transformers_save_pretrained_and_stacked_layouts_load(tmp_path):
     load_weights(model, stacked.items())
     for (n, a), b in zip(ref.named_parameters(), model.parameters(), strict=True):
         assert torch.equal(a, b), n
+
+
+def test_bias_is_an_fp32_buffer_in_every_path(tmp_path):
+    """The bias is a persistent fp32 buffer: a checkpoint tensor (saved, exported, packed in fp32), not a parameter
+    (no gradient, no FSDP cast); a bf16 checkpoint bias loads (exactly, widened), a wrong shape is refused, and a
+    packed bucket carries it in fp32 while the receiver refuses it in bf16."""
+    from vexact_models import BucketPacker, TensorSpec, expected_tensors, load_bucket, named_weights, weight_dtype
+
+    model = random_model(tiny_deepseek_v3_config(), seed=3)
+    name = "model.layers.1.mlp.gate.e_score_correction_bias"
+    bias = model.model.layers[1].mlp.gate.e_score_correction_bias
+    assert bias.dtype == torch.float32 and name not in dict(model.named_parameters())
+    assert name in expected_tensors(model) and name in dict(named_weights(model))
+    assert weight_dtype(name, torch.bfloat16) == torch.float32
+    assert weight_dtype("model.layers.1.mlp.gate.weight", torch.bfloat16) == torch.bfloat16
+    save_checkpoint(model, tmp_path / "ck")
+    assert load_file(tmp_path / "ck" / "model.safetensors")[name].dtype == torch.float32
+    half = torch.randn(8).bfloat16()
+    load_weights(model, [(name, half)], strict=False)
+    assert torch.equal(bias, half.float())
+    with pytest.raises(CheckpointError, match=f"{name}: checkpoint shape \\(9,\\) != model shape \\(8,\\)"):
+        load_weights(model, [(name, torch.zeros(9))], strict=False)
+
+    src = random_model(tiny_deepseek_v3_config(), seed=4)
+    packer = BucketPacker(1 << 16, "cpu", torch.bfloat16, num_buffers=1)
+    for bucket in packer.buckets(named_weights(src)):
+        specs = {spec.name: spec for spec in bucket.specs}
+        if name in specs:
+            assert specs[name].dtype == torch.float32
+        load_bucket(model, packer.buffers[bucket.index], bucket.specs)
+    for (n, a), (_, b) in zip(named_weights(model), named_weights(src), strict=True):
+        assert a.dtype == weight_dtype(n, torch.bfloat16) and torch.equal(a, b.to(a.dtype)), n
+    assert torch.equal(bias, src.model.layers[1].mlp.gate.e_score_correction_bias)
+    bad = TensorSpec(name, (8,), torch.bfloat16, 0)
+    with pytest.raises(CheckpointError, match="dtype torch.bfloat16 != the engine's torch.float32"):
+        load_bucket(model, torch.zeros(256, dtype=torch.uint8), [bad])
+
+
+def test_near_tie_routes_like_transformers_and_a_bf16_bias_would_not():
+    """Three experts whose biased scores differ by 5e-4, below bf16's resolution at 0.5 (2^-8): with the fp32 bias
+    our choice is transformers' ({1, 2}); the bias rounded to bf16 (the old parameter) ties them all, and the lower
+    index wins ({0, 1}), so the comparison fails on it."""
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(default_checkpoint("deepseek_v3")), dtype=torch.bfloat16)
+    ours = load_model(default_checkpoint("deepseek_v3")).model.layers[1].mlp
+    theirs = hf.model.layers[1].mlp
+    bias = torch.tensor([0.5005, 0.5010, 0.5015, -1.0, -1.0, -1.0, -1.0, -1.0])
+    assert len(set(bias[:3].bfloat16().tolist())) == 1  # one bf16 value for the three
+    assert theirs.gate.e_score_correction_bias.dtype == torch.float32  # transformers keeps it fp32 (and loads it so)
+    theirs.gate.e_score_correction_bias.copy_(bias)
+    ours.gate.e_score_correction_bias.copy_(bias)
+    logits = torch.zeros(3, 8)  # equal unbiased scores: the bias alone decides
+    want_ids, want_w = theirs.route_tokens_to_experts(logits)
+
+    def agrees(block) -> bool:
+        weights, ids = block.route(logits)
+        order = ids.argsort(dim=-1)
+        got = ids.gather(1, order), weights.gather(1, order)
+        ref_order = want_ids.argsort(dim=-1)
+        ref = want_ids.gather(1, ref_order), want_w.gather(1, ref_order)
+        return torch.equal(got[0], ref[0]) and torch.allclose(got[1], ref[1])
+
+    assert sorted(want_ids[0].tolist()) == [1, 2]
+    assert agrees(ours)
+    ours.gate.e_score_correction_bias.copy_(bias.bfloat16().float())  # the old bf16 parameter's value
+    assert not agrees(ours)
 
 
 def test_checkpoint_round_trip(tmp_path):

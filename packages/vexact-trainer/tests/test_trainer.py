@@ -120,6 +120,29 @@ def test_weight_export_is_the_bf16_forward_weights_by_hf_name_in_bounded_buckets
         next(iter_weight_buckets(trainer.model, bucket_bytes=0))
 
 
+def test_deepseek_bias_stays_an_fp32_buffer_through_fsdp_export_and_save(mesh, tmp_path):
+    """FSDP's mixed precision casts parameters only: DeepSeek's fp32 ``e_score_correction_bias`` buffer stays fp32,
+    unsharded and untouched by a step, and the export and the HF checkpoint carry it in fp32, bit for bit."""
+    from vexact_models import expected_tensors
+
+    path = default_checkpoint("deepseek_v3")
+    master = load_model(path, dtype="float32")
+    name = "model.layers.1.mlp.gate.e_score_correction_bias"
+    bias = master.model.layers[1].mlp.gate.e_score_correction_bias.clone()
+    trainer = Trainer(master, TrainerConfig(lr=1e-2, activation_checkpointing=True), mesh=mesh)
+    trainer.train_step(_batch())
+    held = dict(trainer.model.named_buffers())
+    held = {hf_name(n): b for n, b in held.items()}[name]
+    assert not isinstance(held, DTensor) and held.dtype == torch.float32 and torch.equal(held, bias)
+    sent = dict(p for b in iter_weight_buckets(trainer.model) for p in b)
+    assert sent.keys() == expected_tensors(load_model(path)).keys()
+    assert sent[name].dtype == torch.float32 and torch.equal(sent[name], bias)
+    assert all(t.dtype == torch.bfloat16 for n, t in sent.items() if not n.endswith("e_score_correction_bias"))
+    save_hf_checkpoint(trainer.model, tmp_path / "hf")
+    back = load_model(tmp_path / "hf").model.layers[1].mlp.gate.e_score_correction_bias
+    assert back.dtype == torch.float32 and torch.equal(back, bias)
+
+
 def test_train_step_metrics_and_update(mesh):
     master, _ = _models()
     trainer = Trainer(master, TrainerConfig(lr=1e-2, rollout_correction="tis"), mesh=mesh)

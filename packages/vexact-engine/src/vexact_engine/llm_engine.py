@@ -180,9 +180,11 @@ class LLMEngine:
         """Free the KV cache, the decode graphs and the weights' device memory.
 
         ``level=1`` keeps the weights in (pinned) host memory and restores them on :meth:`wake_up`; ``level=2``
-        discards them: after :meth:`wake_up` the caller must load every weight with :meth:`update_weights` before
-        the next step. Refused while requests are unfinished (their KV would be lost): finish or abort them first.
-        Requests may be added while asleep; they run after waking. On CPU the same happens with host storages.
+        discards the parameters: after :meth:`wake_up` the caller must load every one with :meth:`update_weights`
+        before the next step. Buffers (DeepSeek's fp32 ``e_score_correction_bias`` too) are kept in host memory at
+        either level and come back bit for bit. Refused while requests are unfinished (their KV would be lost):
+        finish or abort them first. Requests may be added while asleep; they run after waking. On CPU the same
+        happens with host storages.
         """
         self._refuse_sleep(level)
         self.runner.release()
@@ -191,7 +193,8 @@ class LLMEngine:
         on_cuda = self.runner.device.type == "cuda"
         for name, t, is_param in self._named_tensors():
             self._shapes[name] = (t.shape, t.dtype)
-            # Buffers (rotary tables) are not part of a weight update, so they are kept at either level.
+            # Buffers are kept at either level, bit for bit: rotary tables are no weights, and DeepSeek's fp32 bias
+            # buffer (a checkpoint tensor, which an update may also send) stays valid when a sender omits it.
             if level == 1 or not is_param:
                 if on_cuda:
                     host = self._host_copies.get(name)
@@ -243,7 +246,8 @@ class LLMEngine:
                 if dev.type != "cuda":
                     del self._host_copies[name]
         if self.sleep_level == 2:
-            self._weights_pending = self.weight_names()
+            kept = {name for name, _ in self.model.named_buffers()}
+            self._weights_pending = self.weight_names() - kept
         self.runner.allocate()
         self.sleep_level = 0
 

@@ -14,7 +14,7 @@ from .config import (
     load_config,
     parse_dtype,
 )
-from .layers import RouterOutput, checkpoint_pieces, load_balancing_loss, record_router
+from .layers import RouterOutput, checkpoint_pieces, load_balancing_loss, named_weights, record_router, weight_dtype
 from .loader import CheckpointError, expected_tensors, iter_checkpoint, load_model, load_weights, save_checkpoint
 from .models import (
     MODEL_CLASSES,
@@ -103,6 +103,7 @@ __all__ = [
     "load_model",
     "load_weights",
     "make_tiny_checkpoint",
+    "named_weights",
     "open_ipc_handle",
     "parse_dtype",
     "random_model",
@@ -114,5 +115,6 @@ __all__ = [
     "tiny_deepseek_v3_config",
     "tiny_qwen3_config",
     "tiny_qwen3_moe_config",
+    "weight_dtype",
     "weight_targets",
 ]

@@ -14,7 +14,7 @@ from torch import nn
 
 from .config import load_config, parse_dtype
 from .errors import CheckpointError, read_json_object
-from .layers import checkpoint_pieces
+from .layers import checkpoint_pieces, named_weights
 from .models import MODEL_CLASSES
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -74,9 +74,10 @@ def iter_checkpoint(path: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
 
 def expected_tensors(model: nn.Module, remove_duplicate: bool = True) -> dict[str, torch.Tensor]:
     """Checkpoint name -> the model tensor (or view of one) it loads into, in the published layout: stacked expert
-    parameters appear as one view per expert and projection. Tied weights appear once, under their first name
+    parameters appear as one view per expert and projection; persistent buffers (DeepSeek's fp32
+    ``e_score_correction_bias``) are checkpoint tensors too. Tied weights appear once, under their first name
     (under each of their names with ``remove_duplicate=False``)."""
-    named = model.named_parameters(remove_duplicate=remove_duplicate)
+    named = named_weights(model, remove_duplicate=remove_duplicate)
     return {hf: t for n, p in named for hf, t in checkpoint_pieces(n, p)}
 
 

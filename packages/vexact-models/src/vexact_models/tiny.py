@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from .config import CONFIG_CLASSES, DeepseekV3Config, DenseConfig, Qwen3Config, Qwen3MoeConfig, YarnScaling
+from .layers import named_weights
 from .loader import _reset_buffers, save_checkpoint
 from .models import MODEL_CLASSES
 
@@ -253,7 +254,7 @@ def random_model(cfg: Qwen3Config, seed: int = 0, embed_std: float = 1.0, device
     _reset_buffers(model, cfg)  # rotary tables (built on CPU) and tied weights
     model.model.rotary_emb.to(device)
     with torch.no_grad():
-        for name, p in model.named_parameters():
+        for name, p in named_weights(model):  # parameters and the persistent buffers, module by module
             rand = torch.randn(p.shape, generator=g, device=device)
             if name.endswith("norm.weight") or "layernorm" in name:
                 w = 1.0 + 0.1 * rand

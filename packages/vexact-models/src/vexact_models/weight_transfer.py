@@ -23,7 +23,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .errors import CheckpointError
-from .layers import checkpoint_pieces
+from .layers import checkpoint_pieces, named_weights, weight_dtype
 
 ALIGN = 256  # each piece starts on a 256-byte boundary: any dtype can view it, copies stay aligned
 
@@ -105,8 +105,9 @@ class BucketPacker:
             raise TypeError(f"{name}: weights must be floating-point tensors, got {got}")
         t = tensor.detach()
         shape = tuple(t.shape)
-        row = _row_bytes(shape, self.dtype)
-        nbytes = t.numel() * self.dtype.itemsize
+        dtype = weight_dtype(name, self.dtype)
+        row = _row_bytes(shape, dtype)
+        nbytes = t.numel() * dtype.itemsize
         start = 0
         while True:
             self._offset = -(-self._offset // ALIGN) * ALIGN
@@ -139,11 +140,11 @@ class BucketPacker:
         return bucket
 
     def _pack(self, name: str, t: torch.Tensor, rows) -> None:
-        spec = TensorSpec(name, tuple(t.shape), self.dtype, self._offset, rows)
+        spec = TensorSpec(name, tuple(t.shape), weight_dtype(name, self.dtype), self._offset, rows)
         src = t if rows is None else t[rows[0] : rows[1]]
         # copy_ casts elementwise (round to nearest even), exactly as tensor.to(dtype)
         dst = self.buffers[self._index][spec.offset : spec.offset + spec.nbytes]
-        dst.view(self.dtype).view(spec.piece_shape).copy_(src)
+        dst.view(spec.dtype).view(spec.piece_shape).copy_(src)
         self._specs.append(spec)
         self._offset += spec.nbytes
 
@@ -191,14 +192,14 @@ def weight_targets(model: nn.Module) -> dict[str, tuple[torch.Tensor, list[str]]
     per expert for stacked experts) and whole parameter names (a stacked expert tensor at once) are both accepted.
     Rebuild it whenever the model's parameters get new storage (a level-2 sleep and wake)."""
     targets = {name: (t, [name]) for name, t in _pieces(model)}
-    for name, p in model.named_parameters():
+    for name, p in named_weights(model):
         if name not in targets:
             targets[name] = (p, [piece for piece, _ in checkpoint_pieces(name, p)])
     return targets
 
 
 def _pieces(model: nn.Module):
-    for name, p in model.named_parameters():
+    for name, p in named_weights(model):
         yield from checkpoint_pieces(name, p)
 
 

@@ -2,7 +2,8 @@
 
 FSDP's mixed precision casts each fp32 master shard to bf16 elementwise (round-to-nearest-even) before gathering
 it; casting a shard and then gathering equals gathering and then casting, so ``shard.to(bf16).full_tensor()`` is
-bitwise the parameter the forward sees. Only bf16 crosses the wire (half the bytes of the fp32 master).
+bitwise the parameter the forward sees. Only bf16 crosses the wire (half the bytes of the fp32 master), except the
+persistent fp32 buffers (DeepSeek's ``e_score_correction_bias``, which FSDP does not cast), sent as they are.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from vexact_models import checkpoint_pieces
+from vexact_models import checkpoint_pieces, named_weights, weight_dtype
 
 from .parallel import rank
 
@@ -45,8 +46,8 @@ def iter_weight_buckets(
         raise ValueError(f"bucket_bytes must be a positive integer, got {bucket_bytes!r}")
     bucket: list[tuple[str, torch.Tensor]] = []
     size = 0
-    for name, p in model.named_parameters():
-        t = p.detach().to(dtype)
+    for name, p in named_weights(model):
+        t = p.detach().to(weight_dtype(name, dtype))  # DeepSeek's fp32 bias buffer stays fp32
         if isinstance(t, DTensor):
             t = t.full_tensor()
         for piece, view in checkpoint_pieces(hf_name(name), t):  # stacked experts go out one expert at a time
@@ -63,8 +64,8 @@ def iter_weight_buckets(
 def iter_weights(model: nn.Module, dtype: torch.dtype = torch.bfloat16) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield ``(hf_name, full tensor in dtype)`` one at a time (the tensors :func:`iter_weight_buckets` groups): for
     packing into device buckets (``vexact_models.BucketPacker``). Collective like :func:`iter_weight_buckets`."""
-    for name, p in model.named_parameters():
-        t = p.detach().to(dtype)
+    for name, p in named_weights(model):
+        t = p.detach().to(weight_dtype(name, dtype))  # DeepSeek's fp32 bias buffer stays fp32
         if isinstance(t, DTensor):
             t = t.full_tensor()
         yield from checkpoint_pieces(hf_name(name), t)

@@ -23,6 +23,8 @@ from verl.workers.config import HFModelConfig, RolloutConfig
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica
 
+from vexact_models import weight_dtype
+
 from .server import ServerSettings, VexactServer, VexactStage, engine_kwargs_from_verl
 
 log = logging.getLogger("vexact_verl")
@@ -240,7 +242,7 @@ class ServerAdapter(BaseRollout):
                 continue  # not this rank's to send, but the generator must still be drained
             t = tensor.detach()
             if self._wire_dtype is not None and t.is_floating_point():
-                t = t.to(self._wire_dtype)
+                t = t.to(weight_dtype(name, self._wire_dtype))  # DeepSeek's bias buffer travels in fp32
             # a copy: producers reuse their buffers for the next bucket
             t = t.to("cpu", copy=True)
             bucket.append((name, t))

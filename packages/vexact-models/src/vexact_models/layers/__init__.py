@@ -6,7 +6,16 @@ from .embed_head import LMHead, VocabEmbedding
 from .layernorm import RMSNorm
 from .linear import Linear
 from .mla import MLAttention
-from .moe import DeepseekMoeBlock, RouterOutput, SparseMoeBlock, checkpoint_pieces, load_balancing_loss, record_router
+from .moe import (
+    DeepseekMoeBlock,
+    RouterOutput,
+    SparseMoeBlock,
+    checkpoint_pieces,
+    load_balancing_loss,
+    named_weights,
+    record_router,
+    weight_dtype,
+)
 from .rotary import RotaryEmbedding
 
 __all__ = [
@@ -23,5 +32,7 @@ __all__ = [
     "VocabEmbedding",
     "checkpoint_pieces",
     "load_balancing_loss",
+    "named_weights",
     "record_router",
+    "weight_dtype",
 ]

@@ -25,6 +25,10 @@ import vexact_kernels as vk
 
 from .linear import Linear
 
+FP32 = torch.float32
+# Checkpoint tensors held, loaded and sent in fp32 whatever the model dtype (suffixes of their HF names).
+FP32_WEIGHTS = ("mlp.gate.e_score_correction_bias",)
+
 
 @dataclass
 class RouterOutput:
@@ -91,11 +95,12 @@ class DeepseekMoeBlock(SparseMoeBlock):
     caller's making, added at one fixed place: ``out = fused_moe(routed) + shared_experts(x)`` (in x's dtype, as
     transformers adds them).
 
-    The bias is a parameter in the model's dtype (transformers keeps it an fp32 buffer): the engine and the FSDP
-    trainer (which casts every parameter to bf16) then route with the same value. It gets no gradient. Cost: a
-    published fp32 bias is rounded to bf16 on load, so on a real checkpoint an expert choice can differ from
-    transformers' at a near-tie (engine == trainer is unaffected). Keeping it fp32 in both drivers (a persistent
-    buffer that FSDP does not cast, loaded and exported with the parameters) is the follow-up.
+    The bias is a persistent fp32 buffer, as in transformers and the published checkpoints: it is loaded, saved and
+    exported with the weights under its HF name, but no dtype cast of the model touches it where it matters: FSDP's
+    mixed precision casts parameters only, the engine builds the model in its dtype around an fp32 buffer, and weight
+    export sends it in fp32 (:func:`weight_dtype`). Both drivers therefore route with the checkpoint's fp32 value,
+    as transformers does, also at a near-tie below bf16 resolution. It gets no gradient (DeepSeek updates it by a
+    load-balancing rule outside the loss).
     """
 
     def __init__(
@@ -114,7 +119,7 @@ class DeepseekMoeBlock(SparseMoeBlock):
         dtype: torch.dtype | None = None,
     ):
         super().__init__(num_experts, top_k, hidden, inter, norm_topk_prob, dtype)
-        self.gate.e_score_correction_bias = nn.Parameter(torch.zeros(num_experts, dtype=dtype))
+        self.gate.register_buffer("e_score_correction_bias", torch.zeros(num_experts, dtype=FP32), persistent=True)
         self.shared_experts = shared_experts
         self.n_group, self.topk_group = n_group, topk_group
         self.routed_scaling_factor, self.scoring_func = routed_scaling_factor, scoring_func
@@ -123,7 +128,7 @@ class DeepseekMoeBlock(SparseMoeBlock):
         return vk.moe_route_grouped(
             logits,
             self.top_k,
-            bias=self.gate.e_score_correction_bias.detach().float(),
+            bias=self.gate.e_score_correction_bias,
             n_group=self.n_group,
             topk_group=self.topk_group,
             norm_topk_prob=self.norm_topk_prob,
@@ -147,6 +152,28 @@ def load_balancing_loss(router: list[RouterOutput], num_experts: int, top_k: int
     tokens_per_expert = mask.mean(dim=0)  # [k, E]
     prob_per_expert = probs.mean(dim=0)  # [E]
     return (tokens_per_expert * prob_per_expert.unsqueeze(0)).sum() * num_experts
+
+
+def weight_dtype(name: str, dtype: torch.dtype) -> torch.dtype:
+    """The dtype in which the checkpoint tensor ``name`` is held and sent when the model's dtype is ``dtype``: fp32
+    for DeepSeek's ``e_score_correction_bias`` (an fp32 buffer), ``dtype`` for every other weight."""
+    return FP32 if name.endswith(FP32_WEIGHTS) else dtype
+
+
+def named_weights(model: nn.Module, remove_duplicate: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(name, tensor)`` of every checkpoint tensor of ``model``, module by module: its parameters, then its
+    persistent buffers (DeepSeek's ``e_score_correction_bias``), the order of ``state_dict``. Non-persistent buffers
+    (rotary tables) are left out; a tied tensor appears once, under its first name, unless ``remove_duplicate`` is
+    False."""
+    seen: set[int] = set()
+    for mod_name, mod in model.named_modules(remove_duplicate=False):
+        prefix = f"{mod_name}." if mod_name else ""
+        buffers = [(n, b) for n, b in mod._buffers.items() if n not in mod._non_persistent_buffers_set]
+        for n, t in [*mod._parameters.items(), *buffers]:
+            if t is None or (remove_duplicate and id(t) in seen):
+                continue
+            seen.add(id(t))
+            yield prefix + n, t
 
 
 _STACKED = re.compile(r"^(?P<prefix>.*\.experts)\.(?P<proj>gate_up_proj|down_proj)$")

@@ -1,7 +1,7 @@
 """DeepSeek-V3 / Moonlight: MLA attention (``layers/mla.py``, expanded K/V in both drivers), pre-norm residual
 blocks, the first ``first_k_dense_replace`` layers a dense SwiGLU MLP, the rest DeepSeek MoE (``DeepseekMoeBlock``:
-grouped sigmoid routing with the score-correction bias, routed experts through ``fused_moe``, shared experts added
-after them).
+grouped sigmoid routing with the score-correction bias, an fp32 persistent buffer as in transformers, routed
+experts through ``fused_moe``, shared experts added after them).
 
 Names are transformers' ``DeepseekV3ForCausalLM``: ``self_attn.{q_a_proj, q_a_layernorm, q_b_proj | q_proj,
 kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj, o_proj}``, ``mlp.gate.weight``, ``mlp.gate.e_score_correction_bias``,
