@@ -45,3 +45,41 @@ def test_verl_debug_metrics_carry_tim_metrics():
     )
     out = verl_metrics.calculate_debug_metrics(batch)
     assert "training/rollout_probs_diff_max" in out and out["tim/tokens_differ"] == 1
+
+
+def test_attribution_config_from_env_and_bad_values_name_the_variable():
+    from vexact_verl.tim import AttributionConfig
+
+    assert AttributionConfig.from_env({}) == AttributionConfig(every=0, samples=4, ops=None)  # off by default
+    cfg = AttributionConfig.from_env(
+        {
+            "VEXACT_TIM_ATTRIBUTE_EVERY": "5",
+            "VEXACT_TIM_ATTRIBUTE_SAMPLES": "2",
+            "VEXACT_TIM_ATTRIBUTE_OPS": "linear, moe",
+        }
+    )
+    assert (cfg.every, cfg.samples, cfg.ops) == (5, 2, ("linear", "moe"))
+    assert cfg.specs(object()) == ["fast:linear", "fast:moe", "fast"]
+    dense = AttributionConfig(every=1).specs(object())
+    assert "fast:moe" not in dense and dense[-1] == "fast"
+    assert "fast:moe" in AttributionConfig(every=1).specs(type("C", (), {"num_experts": 4})())
+    for env, match in (
+        ({"VEXACT_TIM_ATTRIBUTE_EVERY": "often"}, "VEXACT_TIM_ATTRIBUTE_EVERY must be an integer"),
+        ({"VEXACT_TIM_ATTRIBUTE_EVERY": "-1"}, "VEXACT_TIM_ATTRIBUTE_EVERY must be an integer >= 0"),
+        ({"VEXACT_TIM_ATTRIBUTE_SAMPLES": "0"}, "VEXACT_TIM_ATTRIBUTE_SAMPLES must be an integer >= 1"),
+        ({"VEXACT_TIM_ATTRIBUTE_OPS": "linear,matmul"}, "unknown op family 'matmul'; allowed: linear"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            AttributionConfig.from_env(env)
+
+
+def test_attribution_metrics_compare_each_spec_with_the_reference():
+    from vexact_verl.tim import attribution_metrics
+
+    lp = {"invariant": torch.tensor([[-1.0, -2.0, -5.0]]), "fast:linear": torch.tensor([[-1.0, -2.5, 0.0]])}
+    lp["fast"] = lp["fast:linear"]
+    m = attribution_metrics(lp.__getitem__, ["invariant", "fast:linear", "fast"], torch.tensor([[1, 1, 0]]))
+    assert m["tim_attr/invariant/abs_delta_mean"] == 0.0 and m["tim_attr/invariant/fraction_differ"] == 0.0
+    assert m["tim_attr/linear/abs_delta_mean"] == 0.25 and m["tim_attr/linear/fraction_differ"] == 0.5
+    assert m["tim_attr/linear/abs_delta_max"] == 0.5 and m["tim_attr/all/kl_k3"] == m["tim_attr/linear/kl_k3"] > 0
+    assert sorted({k.split("/")[2] for k in m}) == ["abs_delta_max", "abs_delta_mean", "fraction_differ", "kl_k3"]

@@ -16,6 +16,8 @@ DeepSeek-V3 (``deepseek_v3``).
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -40,6 +42,7 @@ from vexact_trainer import Actor, init_distributed  # noqa: E402
 from vexact_verl.cpu_platform import CPUPlatform  # noqa: E402
 from vexact_verl.engine import VexactEngineWithLMHead  # noqa: E402
 from vexact_verl.registration import is_engine_registered, register_engine  # noqa: E402
+from vexact_verl.tim import ATTR_KEYS, AttributionConfig  # noqa: E402
 
 PROMPTS = [[257, 72, 101], [257, 49, 43, 49, 61, 50], [257, 10], [257, 120, 61]]
 RESPONSES = [[50, 51, 52, 256], [33], [97, 98, 99, 100, 101], [55, 56]]
@@ -351,3 +354,74 @@ def test_a_veomni_engine_config_is_refused_by_name(device):
             optimizer_config=FSDPOptimizerConfig(lr=1e-3, total_training_steps=1),
             checkpoint_config=CheckpointConfig(),
         )
+
+
+ATTR_ENV = ("VEXACT_TIM_ATTRIBUTE_EVERY", "VEXACT_TIM_ATTRIBUTE_SAMPLES", "VEXACT_TIM_ATTRIBUTE_OPS")
+
+
+def _step(engine):
+    """One verl training step (``train_batch``): its output, the training forward's logprobs, the gradients and the
+    stepped weights."""
+    seen = []
+
+    def loss(model_output, data, dp_group=None):
+        seen.append(model_output["log_probs"].values().detach().clone())
+        return _sum_loss(model_output, data, dp_group)
+
+    with engine.train_mode(zero_grad_on_exit=False):
+        out = engine.train_batch(verl_batch(torch.tensor(TEMPS)), loss)
+    grads = {n: p.grad.full_tensor() for n, p in engine.module.named_parameters() if p.grad is not None}
+    return out, torch.cat(seen), grads, dict(engine.get_per_tensor_param()[0])
+
+
+def test_tim_attribution_is_off_by_default_and_leaves_the_step_unchanged(device, monkeypatch):
+    """``VEXACT_TIM_ATTRIBUTE_EVERY=N``: every N-th step logs ``tim_attr/<family>/*`` from rescoring a sample of the
+    step's sequences with one op family on ``fast`` at a time; the step itself (loss, its logprobs, gradient norm,
+    the weights it writes) is bitwise the step without attribution, and all-invariant gives exactly zero."""
+    for name in ATTR_ENV:
+        monkeypatch.delenv(name, raising=False)
+    off = make_engine(forward_only=False)
+    assert off.tim_attribution.every == 0
+    m_off, lp_off, g_off, w_off = _step(off)
+    assert not [k for k in m_off["metrics"] if k.startswith("tim_attr/")]
+
+    monkeypatch.setenv("VEXACT_TIM_ATTRIBUTE_EVERY", "1")
+    monkeypatch.setenv("VEXACT_TIM_ATTRIBUTE_SAMPLES", "3")
+    on = make_engine(forward_only=False)
+    data = verl_batch(torch.tensor(TEMPS))
+    control = on.tim_attribute(data, ["invariant"])  # before the step: the same weights as the step's attribution
+    m_on, lp_on, g_on, w_on = _step(on)
+    assert torch.equal(lp_on, lp_off)
+    assert g_off and sorted(g_on) == sorted(g_off) and all(torch.equal(g_on[n], g_off[n]) for n in g_off)
+    assert m_on["loss"] == m_off["loss"] and m_on["metrics"]["grad_norm"] == m_off["metrics"]["grad_norm"]
+    assert sorted(w_on) == sorted(w_off) and all(torch.equal(w_on[n], w_off[n]) for n in w_off)
+    leak = make_engine(forward_only=False)  # what a fast kernel left set by the attribution would do: caught
+    leak.kernel_backend = "fast"
+    assert not torch.equal(_step(leak)[1], lp_off)
+
+    assert control == {f"tim_attr/invariant/{k}": 0.0 for k in ATTR_KEYS}
+    attr = {k: v[0] for k, v in m_on["metrics"].items() if k.startswith("tim_attr/")}
+    families = ["linear", "attention", "rms_norm", "rotary", "activation", "logprobs", "all"]  # no MoE in qwen3
+    assert sorted(attr) == sorted(f"tim_attr/{f}/{k}" for f in families for k in ATTR_KEYS)
+    assert all(v >= 0 and math.isfinite(v) for v in attr.values())
+    # the engine computes in bf16 (FSDP mixed precision); on CPU, where MKL's bf16 GEMM rounds like the invariant
+    # one, linear / attention / rms_norm agree and these three families move (fp32 moves the others: test_tim_cli)
+    moved = ["rotary", "activation", "logprobs", "all"] if device == "cpu" else ["all"]
+    for f in moved:
+        assert attr[f"tim_attr/{f}/abs_delta_mean"] > 0 and attr[f"tim_attr/{f}/fraction_differ"] > 0, f
+
+
+def test_tim_attribution_runs_every_nth_step_once_per_step(device):
+    """A step is verl's ``update_actor``: ``train_batch`` per mini-batch, the last flagged ``update_lr_scheduler``;
+    the attribution runs on the first mini-batch of every N-th step only."""
+    engine = make_engine(forward_only=False)
+    engine.tim_attribution = AttributionConfig(every=2, samples=1, ops=("rotary",))
+    logged = []
+    for last in (False, True, False, True, True):  # steps 1 (two mini-batches), 2 (two), 3 (one)
+        data = verl_batch(1.0)
+        tu.assign_non_tensor(data, update_lr_scheduler=last)
+        with engine.train_mode():
+            out = engine.train_batch(data, _sum_loss)
+        logged.append(sorted(k for k in out["metrics"] if k.startswith("tim_attr/")))
+    want = sorted(f"tim_attr/{f}/{k}" for f in ("rotary", "all") for k in ATTR_KEYS)
+    assert logged == [[], [], want, [], []]

@@ -7,8 +7,9 @@ What runs is all of verl's path: Hydra config, Ray TaskRunner, the TransferQueue
 GRPO advantages, the actor update, verl's weight sync into the rollout, and verl's rollout-correction metrics.
 
 The invariant run must log K3 KL, KL and verl's largest |p_rollout - p_actor| as exactly 0.0 at both steps, with a
-nonzero gradient (the second step's rollout runs on weights verl synced after a real update). The fast rollout backend
-against the same actor must not: that is the check seen failing, on the same metrics.
+nonzero gradient (the second step's rollout runs on weights verl synced after a real update), and at step 2 (only) the
+per-op attribution's ``actor/tim_attr/*`` (``VEXACT_TIM_ATTRIBUTE_EVERY=2``), which leaves the steps exact. The fast
+rollout backend against the same actor must not: that is the check seen failing, on the same metrics.
 """
 
 from __future__ import annotations
@@ -41,10 +42,10 @@ def inputs(tmp_path_factory, subprocess_env):
     return d
 
 
-def run_grpo(inputs: Path, backend: str, subprocess_env) -> list[dict]:
+def run_grpo(inputs: Path, backend: str, subprocess_env, **extra_env: str) -> list[dict]:
     out = inputs / f"run-{backend}"
     env = subprocess_env(VERL_PLATFORM="cpu", MODEL=str(inputs / "model"), DATA=str(inputs / "data"), BACKEND=backend,
-               STEPS=str(STEPS), LR="1e-4", RUN_DIR=str(out), NAME=f"cpu-{backend}")  # fmt: skip
+               STEPS=str(STEPS), LR="1e-4", RUN_DIR=str(out), NAME=f"cpu-{backend}", **extra_env)  # fmt: skip
     env.pop("RAY_ADDRESS", None)  # a cluster of its own
     cmd = ["bash", str(ROOT / "examples/verl_grpo/run_grpo.sh"),
            "+ray_kwargs.ray_init.num_gpus=1", "+ray_kwargs.ray_init.num_cpus=16",
@@ -65,8 +66,13 @@ def run_grpo(inputs: Path, backend: str, subprocess_env) -> list[dict]:
 
 
 def test_verl_grpo_on_cpu_invariant_is_exact_and_fast_is_not(inputs, subprocess_env):
-    inv = run_grpo(inputs, "invariant", subprocess_env)
+    # with the per-op attribution on at step 2 (and the step still exact: it does not touch the step's numerics)
+    attr = {"VEXACT_TIM_ATTRIBUTE_EVERY": "2", "VEXACT_TIM_ATTRIBUTE_SAMPLES": "3"}
+    inv = run_grpo(inputs, "invariant", subprocess_env, **attr)
     assert len(inv) == STEPS
+    assert not [k for k in inv[0] if "tim_attr/" in k]
+    assert inv[1]["actor/tim_attr/all/abs_delta_mean"] > 0 and inv[1]["actor/tim_attr/all/fraction_differ"] > 0
+    assert {k.split("/")[2] for k in inv[1] if k.startswith("actor/tim_attr/")} >= {"linear", "attention", "rotary"}
     for step, m in enumerate(inv, 1):
         assert m["rollout_corr/k3_kl"] == 0.0, (step, m["rollout_corr/k3_kl"])
         assert m["rollout_corr/kl"] == 0.0, (step, m["rollout_corr/kl"])

@@ -27,6 +27,10 @@ Tested on CPU (``tests/test_verl_engine.py``) with verl's engine constructed for
 the only thing the test replaces is verl's platform singleton (a CPU platform, in the slot verl's ``set_platform``
 fills), because verl 0.9.1 has no CPU platform. The same tests' ``cuda`` variants (``-m gpu``) run the path on
 verl's CUDA platform.
+
+``train_batch`` also runs the TIM attribution by op family on a sample of the step's sequences when
+``VEXACT_TIM_ATTRIBUTE_EVERY`` asks for it (off by default; :mod:`vexact_verl.tim`), adding ``tim_attr/*`` to the
+step's metrics without touching the step's numerics.
 """
 
 from __future__ import annotations
@@ -42,11 +46,13 @@ from verl.utils.model import extract_multi_modal_inputs
 from verl.utils.torch_dtypes import PrecisionType
 from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
 from verl.workers.engine.utils import detach_tree
+from verl.workers.utils.padding import no_padding_2_padding
 
 import vexact_kernels as vk
 import vexact_models
 
 from .actor import packed_log_probs
+from .tim import AttributionConfig, attribution_metrics
 
 ENGINE_BACKEND = "vexact"
 MODEL_TYPE = "language_model"
@@ -64,6 +70,9 @@ class VexactEngineWithLMHead(FSDPEngineWithLMHead):
 
     def __init__(self, model_config, engine_config, optimizer_config, checkpoint_config):
         _check_supported(model_config, engine_config)
+        self.tim_attribution = AttributionConfig.from_env()  # off unless VEXACT_TIM_ATTRIBUTE_EVERY >= 1
+        self._tim_step = 0  # training steps begun (verl's update_actor: one step, one or more train_batch calls)
+        self._tim_step_open = False
         super().__init__(model_config, engine_config, optimizer_config, checkpoint_config)
 
     def _build_module(self):
@@ -135,6 +144,55 @@ class VexactEngineWithLMHead(FSDPEngineWithLMHead):
         with vk.use_backend(self.kernel_backend):
             return super().forward_backward_batch(data, loss_function, forward_only)
 
+    def train_batch(self, data: TensorDict, loss_function):
+        # verl's train_mini_batch flags a step's last mini-batch with update_lr_scheduler; a call without the flag
+        # (a direct caller) is a step of its own. The attribution runs before the step's first update, so on the
+        # weights that scored the step's old_log_prob, and on every data-parallel rank alike (FSDP's collectives)
+        first = not self._tim_step_open
+        if first:
+            self._tim_step += 1
+        self._tim_step_open = not tu.get_non_tensor_data(data=data, key="update_lr_scheduler", default=True)
+        cfg = self.tim_attribution
+        attr = self.tim_attribute(data) if first and cfg.every and self._tim_step % cfg.every == 0 else None
+        outputs = super().train_batch(data, loss_function)
+        if attr is not None and self.is_mp_src_rank_with_outputs():
+            outputs["metrics"].update({k: [v] for k, v in attr.items()})  # verl's layout: one value per micro-batch
+        return outputs
+
+    def tim_attribute(self, data: TensorDict, specs: list[str] | None = None) -> dict:
+        """``tim_attr/<family>/*`` of ``self.tim_attribution.samples`` evenly spaced sequences of ``data`` (verl's
+        no-padding batch): their response logprobs on each backend spec (default: each op family on ``fast`` alone,
+        then all of them, ``all``) against all-invariant, under ``torch.no_grad``; each spec holds only inside its
+        own rescore."""
+        input_ids, position_ids = data["input_ids"], data["position_ids"]
+        n = len(input_ids.offsets()) - 1
+        idx = torch.linspace(0, n - 1, min(self.tim_attribution.samples, n)).round().long().unique().tolist()
+        ids = torch.nested.as_nested_tensor([input_ids[i] for i in idx], layout=torch.jagged)
+        pos = torch.nested.as_nested_tensor([position_ids[i] for i in idx], layout=torch.jagged)
+        temperature = data["temperature"]
+        if isinstance(temperature, torch.Tensor) and temperature.numel() > 1:
+            temperature = temperature.flatten()[idx]
+        mask = data["response_mask"]
+        mask = (mask.to_padded_tensor(0) if mask.is_nested else mask)[idx]
+        sub = TensorDict(
+            {k: _rows(data[k], idx).cpu() for k in ("prompts", "responses", "attention_mask") if k in data.keys()},
+            batch_size=[len(idx)],
+        )
+        tu.assign_non_tensor(sub, max_response_len=mask.shape[1])
+        device = get_device_id()
+        ids, pos = ids.to(device), pos.to(device)
+        if isinstance(temperature, torch.Tensor):
+            temperature = temperature.to(device)
+
+        def score(spec: str) -> torch.Tensor:
+            lp, _ = packed_log_probs(
+                self.module, ids, pos, temperature, backend=spec, chunk_size=self.logprob_chunk_size
+            )
+            return no_padding_2_padding(lp.cpu(), sub).float()
+
+        with torch.no_grad():
+            return attribution_metrics(score, specs or self.tim_attribution.specs(self.module.config), mask)
+
     def forward_step(self, micro_batch: TensorDict, loss_function, forward_only):
         micro_batch = micro_batch.to(get_device_id())
         model_output = self.vexact_model_output(micro_batch)
@@ -200,6 +258,12 @@ class VexactEngineWithLMHead(FSDPEngineWithLMHead):
         finally:
             module.config = own_config
             del module.can_generate
+
+
+def _rows(t: torch.Tensor, idx: list[int]) -> torch.Tensor:
+    if t.is_nested:
+        return torch.nested.as_nested_tensor([t[i] for i in idx], layout=torch.jagged)
+    return t[idx]
 
 
 def _check_supported(model_config, engine_config) -> None:

@@ -5,13 +5,23 @@ when the batch holds ``rollout_log_probs`` (the rollout's) beside ``old_log_prob
 imports that function at the call. :func:`install` wraps it (no copy of verl code) so the same dict also carries
 ``tim/*``: fraction of tokens whose logprobs differ (fp32 bitwise), |delta| mean and max, KL k1 and K3, chi-square,
 log-perplexity difference. The vexact plugin installs it in every process that loads it (so with
-``rollout.name=vexact``, and with any rollout while the plugin is loaded); the attribution by op family is not run
-inside verl (``vexact tim attribute`` runs it on a checkpoint).
+``rollout.name=vexact``, and with any rollout while the plugin is loaded).
+
+Attribution by op family inside verl (off by default): with ``VEXACT_TIM_ATTRIBUTE_EVERY=N`` (N >= 1) in the actor
+workers' environment, the ``vexact`` actor engine (``actor.strategy=vexact``) rescores, on every N-th training step,
+``VEXACT_TIM_ATTRIBUTE_SAMPLES`` (default 4) of the step's sequences once per op family with that family on the
+``fast`` kernel and the rest invariant, once all-``fast`` and once all-invariant, before the step's first update (the
+weights that scored ``old_log_prob``), under ``torch.no_grad``; :func:`attribution_metrics` turns the rescores into
+``tim_attr/<family>/*`` (``all``: the whole fast backend), which the engine adds to the step's metrics, so they
+reach verl's logger with the ``actor/`` prefix. ``VEXACT_TIM_ATTRIBUTE_OPS`` (comma-separated) narrows the families.
 """
 
 from __future__ import annotations
 
 import functools
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -64,3 +74,74 @@ def install() -> bool:
     calculate_debug_metrics._vexact_tim = True
     verl_metrics.calculate_debug_metrics = calculate_debug_metrics
     return True
+
+
+ATTR_KEYS = ("abs_delta_mean", "abs_delta_max", "fraction_differ", "kl_k3")
+ENV_EVERY, ENV_SAMPLES, ENV_OPS = (
+    "VEXACT_TIM_ATTRIBUTE_EVERY",
+    "VEXACT_TIM_ATTRIBUTE_SAMPLES",
+    "VEXACT_TIM_ATTRIBUTE_OPS",
+)
+
+
+@dataclass(frozen=True)
+class AttributionConfig:
+    """``every``: attribute on every ``every``-th training step (0: never, the default); ``samples``: sequences
+    rescored per step (per data-parallel rank); ``ops``: op families (None: every family the model has)."""
+
+    every: int = 0
+    samples: int = 4
+    ops: tuple[str, ...] | None = None
+
+    def __post_init__(self):
+        import vexact_kernels as vk
+
+        if not isinstance(self.every, int) or self.every < 0:
+            raise ValueError(f"{ENV_EVERY} must be an integer >= 0 (0: off), got {self.every!r}")
+        if not isinstance(self.samples, int) or self.samples < 1:
+            raise ValueError(f"{ENV_SAMPLES} must be an integer >= 1, got {self.samples!r}")
+        for op in self.ops or ():
+            if op not in vk.OPS:
+                raise ValueError(f"{ENV_OPS}: unknown op family {op!r}; allowed: {', '.join(vk.OPS)}")
+
+    @classmethod
+    def from_env(cls, env: dict | None = None) -> AttributionConfig:
+        env = os.environ if env is None else env
+
+        def integer(name: str, default: int) -> int:
+            raw = env.get(name, "").strip()
+            if not raw:
+                return default
+            try:
+                return int(raw)
+            except ValueError:
+                raise ValueError(f"{name} must be an integer, got {raw!r}") from None
+
+        ops = env.get(ENV_OPS, "").strip()
+        return cls(
+            integer(ENV_EVERY, 0), integer(ENV_SAMPLES, 4), tuple(o.strip() for o in ops.split(",")) if ops else None
+        )
+
+    def specs(self, model_config) -> list[str]:
+        """Backend specs to rescore with: ``fast:<family>`` each, then ``fast`` (MoE only for a model with experts)."""
+        import vexact_kernels as vk
+
+        moe = bool(getattr(model_config, "num_experts", 0) or getattr(model_config, "n_routed_experts", 0))
+        ops = self.ops or tuple(op for op in vk.OPS if op != "moe" or moe)
+        return [f"fast:{op}" for op in ops] + ["fast"]
+
+
+def attribution_metrics(
+    score: Callable[[str], torch.Tensor], specs: list[str], response_mask: torch.Tensor, reference: str = "invariant"
+) -> dict:
+    """``tim_attr/<family>/*`` of one sample: ``score(spec)`` gives the sample's ``[M, R]`` response logprobs on
+    backend ``spec``; each spec's are compared with ``reference``'s (the engine's, ``spec`` playing the engine) by
+    :func:`tim_step_metrics` over ``response_mask``. ``<family>`` is the spec's family, ``all`` for ``fast``,
+    ``invariant`` for ``invariant`` (a control: exactly 0)."""
+    base = score(reference)
+    out = {}
+    for spec in specs:
+        name = spec.partition(":")[2] or ("all" if spec == "fast" else spec)
+        s = tim_step_metrics(score(spec), base, response_mask)
+        out.update({f"tim_attr/{name}/{k}": s[f"tim/{k}"] for k in ATTR_KEYS if f"tim/{k}" in s})
+    return out
