@@ -10,9 +10,9 @@ import torch
 
 import vexact_kernels as vk
 from vexact.cli import main
-from vexact.tim import attribute
+from vexact.tim import attribute, default_families
 from vexact_engine import LLM, SamplingParams
-from vexact_models import default_checkpoint
+from vexact_models import default_checkpoint, load_config
 from vexact_trainer import rollouts_from_outputs, rollouts_to_jsonl
 
 
@@ -90,3 +90,12 @@ def test_injected_logit_noise_grows_from_exactly_zero():
         LLM(default_checkpoint(), logit_noise_std=-1)
     with pytest.raises(ValueError, match="lm_head_dtype must be one of"):
         LLM(default_checkpoint(), lm_head_dtype="int8")
+
+
+@pytest.mark.parametrize("family", ["qwen3", "llama", "qwen3_moe", "deepseek_v3"])
+def test_attribute_default_families_follow_the_model(family):
+    """Without --ops, every op family the model runs: moe only for the families with routed experts (a dense config
+    has no expert count at all, which once crashed the default)."""
+    fams = default_families(load_config(default_checkpoint(family)))
+    assert ("moe" in fams) == (family in ("qwen3_moe", "deepseek_v3"))
+    assert set(fams) - {"moe"} == set(vk.OPS) - {"moe"}

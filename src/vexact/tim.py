@@ -197,13 +197,21 @@ def attribute(
     return rows
 
 
+def default_families(config) -> list[str]:
+    """The op families a model of ``config`` runs: every one of ``vk.OPS``, ``moe`` only with routed experts."""
+    import vexact_kernels as vk
+
+    has_experts = bool(getattr(config, "num_experts", 0))  # Qwen3-MoE; DeepSeek-V3 aliases n_routed_experts
+    return [f for f in vk.OPS if f != "moe" or has_experts]
+
+
 def run_attribute(args: argparse.Namespace) -> int:
     import vexact_kernels as vk
     from vexact_models import default_checkpoint, load_config
 
     device = _device(args.device)
     path = Path(args.model) if args.model else default_checkpoint()
-    families = args.ops.split(",") if args.ops else [f for f in vk.OPS if f != "moe" or load_config(path).num_experts]
+    families = args.ops.split(",") if args.ops else default_families(load_config(path))
     for f in families:
         vk.check_backend(f"fast:{f}")
     rows = attribute(
