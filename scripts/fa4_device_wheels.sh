@@ -3,12 +3,13 @@
 #
 #   here (a machine with internet), in the repo root:
 #     bash scripts/fa4_device_wheels.sh download   # wheels for Linux x86_64 / CPython 3.12 into .whl-fa4/p1, p2, ...
-#                                                  # (each part under 60 MiB; a wheel over that is cut with split -b
-#                                                  # and joined back by `install`); prints the carry plan
+#                                                  # (each part <= PART_MIB; a wheel over that is cut into pieces by
+#                                                  # scripts/wheel_parts.py and joined back by `install`); prints the
+#                                                  # carry plan
 #   on the device, one call per part (carry .whl-fa4/pN), back to back on the same warm machine:
 #     bash scripts/fa4_device_wheels.sh stage      # copy the carried part(s) to /tmp/fa4parts
 #   on the device, in the call that carries the last part (after its `stage`):
-#     bash scripts/fa4_device_wheels.sh install    # join split wheels, pip install --target /tmp/fa4site (no index,
+#     bash scripts/fa4_device_wheels.sh install    # join cut wheels (sha256 checked), pip install --target /tmp/fa4site (no index,
 #                                                  # no deps), then check that flash_attn.cute imports
 #     source scripts/device_env.sh                 # puts /tmp/fa4site and the DSL's dsl_packages on PYTHONPATH
 #
@@ -38,32 +39,8 @@ download() {
   python3 -m pip download -q --no-deps --pre --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 \
     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d "$DIR/all" "${WHEELS[@]}"
-  # cut what is over 60 MiB (the CUDA 13 libs, 92 MB) into 50 MiB pieces; `install` joins them back
-  find "$DIR/all" -name '*.whl' -size +60M | while read -r f; do
-    split -b 50M -d "$f" "$f.part-" && rm "$f"
-  done
-  # greedy parts of at most PART_MIB, biggest files first
-  python3 - "$DIR" "$PART_MIB" <<'EOF'
-import os, sys, shutil
-root, cap = sys.argv[1], int(sys.argv[2]) << 20
-files = sorted((os.path.join(root, "all", f) for f in os.listdir(os.path.join(root, "all"))), key=os.path.getsize,
-               reverse=True)
-parts = []  # [size, [files]]
-for f in files:
-    size = os.path.getsize(f)
-    for p in parts:
-        if p[0] + size <= cap:
-            p[0] += size; p[1].append(f); break
-    else:
-        parts.append([size, [f]])
-for i, (size, fs) in enumerate(parts, 1):
-    d = os.path.join(root, f"p{i}")
-    os.makedirs(d, exist_ok=True)
-    for f in fs:
-        shutil.move(f, d)
-    print(f"{d}: {len(fs)} files, {size / 2**20:.1f} MiB: {' '.join(sorted(os.path.basename(f) for f in fs))}")
-os.rmdir(os.path.join(root, "all"))
-EOF
+  # parts p1, p2, ... of at most PART_MIB (the CUDA 13 libs cut into pieces), each with the MANIFEST `install` checks
+  python3 scripts/wheel_parts.py pack "$DIR" "$PART_MIB" p
   n=$(ls -d "$DIR"/p* | wc -l)
   echo
   echo "carry plan: $n device calls, one part each, back to back on the same warm machine (it keeps /tmp only"
@@ -86,17 +63,8 @@ stage() {
 }
 
 install() {
-  for first in "$STAGE"/*.whl.part-00; do
-    [ -e "$first" ] || continue
-    whl="${first%.part-00}"
-    cat "$whl".part-* > "$whl.tmp" && mv "$whl.tmp" "$whl" && rm "$whl".part-*
-  done
-  missing=0
-  for spec in "${WHEELS[@]}"; do
-    name="${spec%%==*}"; norm="$(echo "$name" | tr '-' '_')"
-    compgen -G "$STAGE/${norm}-*.whl" > /dev/null || { echo "missing wheel: $spec" >&2; missing=1; }
-  done
-  [ "$missing" = 0 ] || { echo "stage every part first (see the carry plan of 'download')" >&2; exit 1; }
+  python3 scripts/wheel_parts.py join "$STAGE" \
+    || { echo "stage every part first (see the carry plan of 'download')" >&2; exit 1; }
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
     "$STAGE"/*.whl
   PYTHONPATH="$SITE/nvidia_cutlass_dsl/dsl_packages:$SITE${PYTHONPATH:+:$PYTHONPATH}" python3 -c "

@@ -3,13 +3,14 @@
 #
 #   here (a machine with internet), in the repo root:
 #     bash scripts/verl_device_wheels.sh download   # wheels for Linux x86_64 / CPython 3.12 into .whl-verl/, files
-#                                                   # over 60 MiB split into parts, grouped into bundles b1, b2, ...
-#                                                   # that each fit one device call (64 MiB a call); prints the plan
+#                                                   # over a bundle cut into pieces, grouped into bundles b1, b2, ...
+#                                                   # that each fit one device call (64 MiB a call; the packing is
+#                                                   # scripts/wheel_parts.py's); prints the plan
 #   on the device, one call per bundle (carry .whl-verl/bN):
 #     bash scripts/verl_device_wheels.sh stage      # copy the carried bundle(s) to /tmp/verl-wheels (kept while the
 #                                                   # machine stays warm)
 #   on the device, in the call that carries the last bundle (after its `stage`):
-#     bash scripts/verl_device_wheels.sh install    # join split parts, pip install into /tmp/site (no index, no deps)
+#     bash scripts/verl_device_wheels.sh install    # join cut wheels (sha256 checked), pip install into /tmp/site (no index, no deps)
 #     export PYTHONPATH=/tmp/site:$PYTHONPATH       # then `source scripts/device_env.sh` for the repo's own paths
 #
 # What is carried: verl, Ray and every package in their dependency closure (verl's install_requires, ray[default],
@@ -55,32 +56,8 @@ download() {
     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64 \
     --platform manylinux_2_5_x86_64 --platform any -d "$DIR/all" "${WHEELS[@]}"
   python3 -m pip wheel -q --no-deps -w "$DIR/all" "${SDIST_ONLY[@]}"
-  # split what is over 60 MiB (Ray) into parts; `install` joins them back
-  find "$DIR/all" -name '*.whl' -size +60M | while read -r f; do
-    split -b 50M -d "$f" "$f.part-" && rm "$f"
-  done
-  # greedy bundles of at most BUNDLE_MIB, biggest files first
-  python3 - "$DIR" "$BUNDLE_MIB" <<'EOF'
-import os, sys, shutil
-root, cap = sys.argv[1], int(sys.argv[2]) << 20
-files = sorted((os.path.join(root, "all", f) for f in os.listdir(os.path.join(root, "all"))), key=os.path.getsize,
-               reverse=True)
-bundles = []  # [size, [files]]
-for f in files:
-    size = os.path.getsize(f)
-    for b in bundles:
-        if b[0] + size <= cap:
-            b[0] += size; b[1].append(f); break
-    else:
-        bundles.append([size, [f]])
-for i, (size, fs) in enumerate(bundles, 1):
-    d = os.path.join(root, f"b{i}")
-    os.makedirs(d, exist_ok=True)
-    for f in fs:
-        shutil.move(f, d)
-    print(f"{d}: {len(fs)} files, {size / 2**20:.1f} MiB")
-os.rmdir(os.path.join(root, "all"))
-EOF
+  # bundles b1, b2, ... of at most BUNDLE_MIB (Ray cut into pieces), each with the MANIFEST `install` checks
+  python3 scripts/wheel_parts.py pack "$DIR" "$BUNDLE_MIB" b
   n=$(ls -d "$DIR"/b* | wc -l)
   echo
   echo "carry plan: $n device calls, one bundle each, on the same warm machine:"
@@ -103,18 +80,7 @@ stage() {
 }
 
 install() {
-  for first in "$STAGE"/*.whl.part-00; do
-    [ -e "$first" ] || continue
-    whl="${first%.part-00}"
-    cat "$whl".part-* > "$whl" && rm "$whl".part-*
-  done
-  missing=0
-  for spec in "${WHEELS[@]}" "${SDIST_ONLY[@]}"; do
-    name="${spec%%==*}"; norm="$(echo "$name" | tr '-' '_')"
-    compgen -G "$STAGE/${norm}-*.whl" > /dev/null || compgen -G "$STAGE/${name}-*.whl" > /dev/null \
-      || { echo "missing wheel: $spec" >&2; missing=1; }
-  done
-  [ "$missing" = 0 ] || { echo "stage every bundle first (see the carry plan)" >&2; exit 1; }
+  python3 scripts/wheel_parts.py join "$STAGE" || { echo "stage every bundle first (see the carry plan)" >&2; exit 1; }
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
     "$STAGE"/*.whl
   # conflicts with the image's own packages show here (not fatal: --no-deps installs cannot see them otherwise)

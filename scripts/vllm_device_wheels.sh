@@ -4,18 +4,18 @@
 #
 #   here (a machine with internet), in the repo root (the coordinator's checkout, /work/main: only it travels):
 #     bash scripts/vllm_device_wheels.sh download  # wheels for CPython 3.12 / manylinux x86_64 into .whl-vllm/p1,
-#                                                  # p2, ... (each <= PART_MIB; big wheels cut with `split`), adds
+#                                                  # p2, ... (each <= PART_MIB; scripts/wheel_parts.py), adds
 #                                                  # /.whl-vllm/ to .git/info/exclude, prints the device plan
 #   on the device, one call per part, back to back on the same warm machine (/tmp survives only while it is warm):
 #     bash scripts/vllm_device_wheels.sh install   # copies the carried part(s) to /tmp/vllmparts; once every file
-#                                                  # of MANIFEST is there: re-joins the cut wheels, checks sha256,
+#                                                  # of MANIFEST is there: re-joins the cut wheels, checks sha256
 #                                                  # pip install --no-index --no-deps --target /tmp/vllmsite, imports
 #   then: export PYTHONPATH=/tmp/vllmsite:$PYTHONPATH (benchmarks/throughput.py --vllm-site /tmp/vllmsite does it).
 #
 # Device calls (`download` prints the plan for the parts it made; vLLM 0.26.0 gives 3 parts, 156 MiB in all):
-#   call 1: carry [".whl-vllm/p1"]  command: bash .whl-vllm/p1/vllm_device_wheels.sh install 2>&1 | tee $OUT/vllm_install_p1.log
-#   call 2: carry [".whl-vllm/p2"]  command: bash .whl-vllm/p2/vllm_device_wheels.sh install 2>&1 | tee $OUT/vllm_install_p2.log
-#   call 3: carry [".whl-vllm/p3"]  command: bash .whl-vllm/p3/vllm_device_wheels.sh install 2>&1 | tee $OUT/vllm_install_p3.log
+#   call 1: carry [".whl-vllm/p1"]  command: bash scripts/vllm_device_wheels.sh install 2>&1 | tee $OUT/vllm_install_p1.log
+#   call 2: carry [".whl-vllm/p2"]  command: bash scripts/vllm_device_wheels.sh install 2>&1 | tee $OUT/vllm_install_p2.log
+#   call 3: carry [".whl-vllm/p3"]  command: bash scripts/vllm_device_wheels.sh install 2>&1 | tee $OUT/vllm_install_p3.log
 #           (the last call installs and prints `vllm 0.26.0 ... FA3 True`)
 #   call 4 (same warm machine, no carry; needs benchmarks/peers.py and throughput.py on the travelling checkout):
 #     source scripts/device_env.sh && python benchmarks/throughput.py --vllm-site /tmp/vllmsite --ckpt-dir /tmp/peers \
@@ -92,76 +92,25 @@ with zipfile.ZipFile(src) as zin, zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED
 os.replace(tmp, src)
 print(f"stripped {os.path.basename(src)}: {os.path.getsize(src) / 2**20:.1f} MiB")
 EOF
-  python3 - "$DIR" "$PART_MIB" "$HERE" <<'EOF'
-# MANIFEST (sha256 of every whole wheel), cut files over a part into pieces, pack parts p1, p2, ... greedily
-import hashlib, os, shutil, sys
-root, cap = sys.argv[1], int(sys.argv[2]) << 20
-alldir = os.path.join(root, "all")
-wheels = sorted(os.listdir(alldir))
-manifest = "".join(f"{hashlib.sha256(open(os.path.join(alldir, w), 'rb').read()).hexdigest()}  {w}\n" for w in wheels)
-pieces = []  # (size, path)
-for w in wheels:
-    path = os.path.join(alldir, w)
-    size = os.path.getsize(path)
-    if size <= cap:
-        pieces.append((size, path))
-        continue
-    with open(path, "rb") as f:
-        for i, chunk in enumerate(iter(lambda: f.read(cap), b"")):
-            piece = f"{path}.piece-{i:02d}"
-            open(piece, "wb").write(chunk)
-            pieces.append((len(chunk), piece))
-    os.remove(path)
-parts = []  # [size, [paths]]
-for size, path in sorted(pieces, reverse=True):
-    for part in parts:
-        if part[0] + size <= cap:
-            part[0] += size
-            part[1].append(path)
-            break
-    else:
-        parts.append([size, [path]])
-for i, (size, paths) in enumerate(parts, 1):
-    d = os.path.join(root, f"p{i}")
-    os.makedirs(d)
-    for path in paths:
-        shutil.move(path, d)
-    open(os.path.join(d, "MANIFEST"), "w").write(manifest)
-    shutil.copy(sys.argv[3], d)  # this script rides along: the device needs no merge of it to install
-    print(f"{d}: {len(paths)} files, {size / 2**20:.1f} MiB")
-os.rmdir(alldir)
-total = sum(s for s, _ in parts)
-print(f"total {total / 2**20:.1f} MiB in {len(parts)} parts, {len(wheels)} wheels")
-EOF
+  python3 scripts/wheel_parts.py pack "$DIR" "$PART_MIB" p  # parts p1, p2, ..., each with its MANIFEST
   n=$(ls -d "$DIR"/p* | wc -l)
   echo
   echo "device plan: $n calls, back to back on the same warm machine, each from the repo root:"
   for i in $(seq 1 "$n"); do
-    echo "  call $i: carry [\"$DIR/p$i\"]  command: bash $DIR/p$i/vllm_device_wheels.sh install 2>&1 | tee \$OUT/vllm_install_p$i.log"
+    echo "  call $i: carry [\"$DIR/p$i\"]  command: bash scripts/vllm_device_wheels.sh install 2>&1 | tee \$OUT/vllm_install_p$i.log"
   done
 }
 
 install() {  # run from the repo root on the device (where .whl-vllm/pN was carried)
   mkdir -p "$PARTS"
   compgen -G "$DIR/p*/MANIFEST" > /dev/null || { echo "no part carried under $DIR/ (carry .whl-vllm/pN)" >&2; exit 1; }
-  cp "$DIR"/p*/* "$PARTS"/ && rm -f "$PARTS/vllm_device_wheels.sh"
+  cp "$DIR"/p*/* "$PARTS"/
   echo "carried: $(ls -d "$DIR"/p* | xargs -n1 basename | tr '\n' ' ')-> $PARTS holds $(ls "$PARTS" | wc -l) files"
+  local rc=0
+  python3 scripts/wheel_parts.py join "$PARTS" || rc=$?
+  [ "$rc" = 3 ] && return 0  # the next call carries the next part
+  [ "$rc" = 0 ] || exit "$rc"
   cd "$PARTS"
-  local missing=0
-  while read -r _ whl; do
-    [ -e "$whl" ] || compgen -G "$whl.piece-*" > /dev/null || { missing=$((missing + 1)); }
-  done < MANIFEST
-  if [ "$missing" -gt 0 ]; then
-    echo "waiting for more parts: $missing wheel(s) not yet here (carry the next part in the next call)"
-    return 0
-  fi
-  for first in *.piece-00; do
-    [ -e "$first" ] || continue
-    whl="${first%.piece-00}"
-    # all pieces must be here: sha256 below catches a missing one
-    cat "$whl".piece-* > "$whl" && rm "$whl".piece-*
-  done
-  sha256sum -c --quiet MANIFEST || { echo "sha256 mismatch: a piece is missing or damaged" >&2; exit 1; }
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
     $(awk '{print $2}' MANIFEST)
   cd - > /dev/null
