@@ -14,8 +14,8 @@ from __future__ import annotations
 from torch import nn
 
 from ..config import DeepseekV3Config
-from ..layers import DeepseekMoeBlock, Linear, MLAttention, RMSNorm, RotaryEmbedding, SiluAndMul, VocabEmbedding
-from .dense import DenseForCausalLM, KVCache
+from ..layers import DeepseekMoeBlock, Linear, MLAttention, RMSNorm, RotaryEmbedding, SiluAndMul
+from .dense import DenseForCausalLM
 
 
 class DeepseekV3MLP(nn.Module):
@@ -54,23 +54,6 @@ class DeepseekV3DecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-class DeepseekV3Model(nn.Module):
-    def __init__(self, cfg: DeepseekV3Config):
-        super().__init__()
-        self.rotary_emb = RotaryEmbedding.from_config(cfg)  # cfg.head_dim is the rotary width, qk_rope_head_dim
-        self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, cfg.dtype)
-        self.layers = nn.ModuleList(
-            DeepseekV3DecoderLayer(cfg, self.rotary_emb, i) for i in range(cfg.num_hidden_layers)
-        )
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype)
-
-    def forward(self, input_ids, positions, meta, kv_caches: list[KVCache] | None = None):
-        x = self.embed_tokens(input_ids)  # [T, H]
-        for i, layer in enumerate(self.layers):
-            x = layer(x, positions, meta, None if kv_caches is None else kv_caches[i])
-        return x
-
-
 class DeepseekV3ForCausalLM(DenseForCausalLM):
     """The dense decoder's causal-LM shell (input checks, ``logits``, ``logprobs``, tied head) around the DeepSeek-V3
     body."""
@@ -78,4 +61,4 @@ class DeepseekV3ForCausalLM(DenseForCausalLM):
     config_class = DeepseekV3Config
 
     def __init__(self, cfg: DeepseekV3Config):
-        super().__init__(cfg, model=DeepseekV3Model(cfg))
+        super().__init__(cfg, make_layer=DeepseekV3DecoderLayer)

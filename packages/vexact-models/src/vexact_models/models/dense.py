@@ -78,15 +78,16 @@ class DenseDecoderLayer(nn.Module):
 
 
 class DenseModel(nn.Module):
-    def __init__(self, cfg: DenseConfig, make_mlp=None):
-        """``make_mlp(cfg, i)``: the MLP of layer ``i`` (default: the dense SwiGLU)."""
+    def __init__(self, cfg: DenseConfig, make_mlp=None, make_layer=None):
+        """``make_mlp(cfg, i)``: the MLP of layer ``i`` (default: the dense SwiGLU); ``make_layer(cfg, rotary_emb,
+        i)``: the whole decoder layer ``i``, for a family whose attention differs too (default: the dense layer
+        around ``make_mlp``)."""
         super().__init__()
         self.rotary_emb = RotaryEmbedding.from_config(cfg)
         self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, cfg.dtype)
         make_mlp = make_mlp or (lambda cfg, i: DenseMLP(cfg))
-        self.layers = nn.ModuleList(
-            DenseDecoderLayer(cfg, self.rotary_emb, make_mlp(cfg, i)) for i in range(cfg.num_hidden_layers)
-        )
+        make_layer = make_layer or (lambda cfg, rotary_emb, i: DenseDecoderLayer(cfg, rotary_emb, make_mlp(cfg, i)))
+        self.layers = nn.ModuleList(make_layer(cfg, self.rotary_emb, i) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype)
 
     def forward(self, input_ids, positions, meta, kv_caches: list[KVCache] | None = None):
@@ -99,11 +100,11 @@ class DenseModel(nn.Module):
 class DenseForCausalLM(nn.Module):
     config_class = DenseConfig
 
-    def __init__(self, cfg: DenseConfig, make_mlp=None, model: nn.Module | None = None):
-        """``model``: the decoder body (default: the dense one, with ``make_mlp``); another family passes its own."""
+    def __init__(self, cfg: DenseConfig, make_mlp=None, make_layer=None):
+        """``make_mlp`` / ``make_layer``: the per-layer hooks of :class:`DenseModel`, for families built on it."""
         super().__init__()
         self.config = cfg
-        self.model = model if model is not None else DenseModel(cfg, make_mlp)
+        self.model = DenseModel(cfg, make_mlp, make_layer)
         self.lm_head = LMHead(cfg.vocab_size, cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
