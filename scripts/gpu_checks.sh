@@ -34,14 +34,22 @@ OUT=${OUT:-/tmp/vexact-out}
 mkdir -p "$OUT"
 # FA4 compiles each kernel variant on first use; keep them on disk for later steps on the same warm machine
 export FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=/tmp/fa4-jit-cache
-PYTEST=(python3 -m pytest -q -p no:xdist -rs)
+# WORKERS (env): pytest-xdist workers on the one GPU for the test steps (default 4; 0 runs in one process). Most of a
+# contract's time is Triton compilation and Python, so workers sharing the GPU finish the suite sooner.
+WORKERS=${WORKERS:-4}
+if [ "$WORKERS" -gt 0 ]; then PYTEST=(python3 -m pytest -q -rs --durations=10 -n "$WORKERS")
+else PYTEST=(python3 -m pytest -q -rs --durations=10 -p no:xdist); fi
 status=0
 
 record_golden() {  # $1: fixture dir suffix ("" or "-fa4")
   local fams=${FAMILIES:-$(python3 -c "from contracts.golden import FAMILIES; print(' '.join(FAMILIES))")}
-  for fam in $fams; do
-    python3 -m contracts.golden --target "$TARGET" --family "$fam" || status=1
+  local pids=() fam
+  for fam in $fams; do  # one process per family, side by side on the GPU
+    python3 -m contracts.golden --target "$TARGET" --family "$fam" > "/tmp/golden-$TARGET$1-$fam.log" 2>&1 &
+    pids+=($!)
   done
+  for pid in "${pids[@]}"; do wait "$pid" || status=1; done
+  tail -n 3 /tmp/golden-"$TARGET$1"-*.log
   tar czf "$OUT/golden-$TARGET$1.tgz" "contracts/fixtures/$TARGET$1"
 }
 
@@ -76,7 +84,7 @@ for step in "$@"; do
     fa4-contracts)
       VEXACT_ATTENTION=fa4 "${PYTEST[@]}" contracts --target "$TARGET" 2>&1 | tee "$OUT/fa4-contracts-$TARGET.log" \
         || status=1 ;;
-    fa4-golden) VEXACT_ATTENTION=fa4 record_golden "-fa4" ;;
+    fa4-golden) export VEXACT_ATTENTION=fa4; record_golden "-fa4"; unset VEXACT_ATTENTION ;;
     fa4-bench)
       python3 benchmarks/attention.py --out "$OUT/attention-$TARGET.md" || status=1 ;;
     bench-throughput)
