@@ -180,7 +180,7 @@ def test_prefix_cache_grpo_groups_equal_no_cache(shape_model):
     torch.equal, and == the trainer; a second generate() finds every prompt cached; a tight KV pool preempts (a
     preempted request finds its pages cached or recomputes them) and still equals."""
     _, model = shape_model
-    base, _ = _workload(6, seed=8, lo=100, hi=700)
+    base, _ = _workload(6, seed=8, lo=100, hi=700, vocab=model.config.vocab_size)
     prompts = [p for p in base for _ in range(8)]
     params = [SamplingParams(temperature=[1.0, 0.7][i % 2], top_p=0.95, max_tokens=24 - i % 5, seed=2000 + i,
                              ignore_eos=True) for i in range(len(prompts))]  # fmt: skip
@@ -216,6 +216,7 @@ def test_burst_ten_times_the_kv_capacity(cuda):
     _same(outs, ref)
 
 
+@pytest.mark.gpu_exclusive
 def test_gpu_memory_utilization_sizes_the_cache_and_names_the_figures(cuda, tmp_path):
     from vexact_models import save_checkpoint
 
@@ -243,6 +244,7 @@ def test_gpu_memory_utilization_sizes_the_cache_and_names_the_figures(cuda, tmp_
         LLM(str(tmp_path), device="cuda", gpu_memory_utilization=1e-5)
 
 
+@pytest.mark.gpu_exclusive
 def test_sleep_wake_cycles_return_memory_to_baseline(cuda):
     """N sleep/wake cycles: after each sleep the engine holds no device memory beyond its baseline (what was
     allocated before it existed), and after each wake it holds what it held at start."""

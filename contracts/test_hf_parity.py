@@ -13,6 +13,8 @@ logprobs (max |delta| over all tokens and the whole vocabulary):
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -60,16 +62,20 @@ def test_logprobs_match_transformers(tmp_path, device, dtype, family, tied):
     hf_same_dtype = _hf(path, dtype, device) if dtype != torch.float32 else None
     g = torch.Generator().manual_seed(0)
     seqs = [torch.randint(0, 272, (n,), generator=g).tolist() for n in (1, 7, 33, 64)]
-    moe_bf16 = family == "qwen3_moe" and dtype != torch.float32
-    with torch.no_grad(), record_router() as routers:
+    moe_bf16 = family in ("qwen3_moe", "deepseek_v3") and dtype != torch.float32
+    with torch.no_grad(), record_router() as routers, _hf_routing(hf, family if moe_bf16 else None) as hf_routing:
         mine = _ours_logprobs(ours, seqs, device)
         for i, (s, lp) in enumerate(zip(seqs, mine, strict=True)):
             x = torch.tensor([s], device=device)
-            out = hf(x, output_router_logits=moe_bf16)
+            hf_routing.clear()
+            out = hf(x, output_router_logits=family == "qwen3_moe" and moe_bf16)
             ref = torch.log_softmax(out.logits[0].float(), -1)
             n = len(s)
-            if moe_bf16:
-                n = _tokens_before_routing_flip(routers, out.router_logits, i, [len(q) for q in seqs], ours.config)
+            if family == "qwen3_moe" and moe_bf16:
+                ref_routing = [_softmax_topk(r, ours.config.num_experts_per_tok) for r in out.router_logits]
+                n = _tokens_before_routing_flip(routers, ref_routing, i, [len(q) for q in seqs])
+            elif moe_bf16:
+                n = _tokens_before_routing_flip(routers, list(hf_routing), i, [len(q) for q in seqs])
             err = (lp[:n] - ref[:n]).abs().max().item()
             if hf_same_dtype is None:
                 tol = FP32_TOL
@@ -80,20 +86,60 @@ def test_logprobs_match_transformers(tmp_path, device, dtype, family, tied):
             assert err < tol, f"len {len(s)}: max |delta logprob| {err:.3e} >= tolerance {tol:.3e}"
 
 
-def _tokens_before_routing_flip(routers, hf_router_logits, seq: int, lens: list[int], cfg) -> int:
-    """bf16 MoE: the tokens of sequence ``seq`` before the first whose experts differ from the fp32 reference's in
-    some layer (a flip changes that token's output completely, and every later token's through attention). The flip
-    itself must be a near-tie of the reference's k-th and (k+1)-th router probabilities, never a real difference."""
-    start, k = sum(lens[:seq]), cfg.num_experts_per_tok
+def _softmax_topk(router_logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Qwen3-MoE's reference choice: the top-k of the softmax, and each token's gap between the k-th and the
+    (k+1)-th probability (a flip of ours against it must be a near-tie)."""
+    top = torch.softmax(router_logits.float(), -1).sort(-1, descending=True)
+    return top.indices[:, :k], top.values[:, k - 1] - top.values[:, k]
+
+
+@contextlib.contextmanager
+def _hf_routing(hf, family: str | None):
+    """DeepSeek-V3: the fp32 reference's choice in each MoE layer, recorded from HF's own router (its gate's logits
+    through its ``route_tokens_to_experts``), with each token's smallest gap at a decision: between the
+    ``topk_group``-th and the next group score, and between the k-th and the next selection score of the kept
+    groups."""
+    records: list[tuple[torch.Tensor, torch.Tensor]] = []
+    hooks = []
+    if family == "deepseek_v3":
+        for layer in hf.model.layers:
+            moe = layer.mlp
+            if not hasattr(moe, "route_tokens_to_experts"):
+                continue  # the first dense layers
+
+            def hook(gate, inputs, logits, moe=moe):
+                ids, _ = moe.route_tokens_to_experts(logits)
+                choice = logits.float().sigmoid() + gate.e_score_correction_bias.float()
+                grouped = choice.view(-1, moe.n_group, moe.n_routed_experts // moe.n_group)
+                gscore = grouped.topk(2, dim=-1).values.sum(-1)  # [T, groups]
+                ranked = gscore.sort(-1, descending=True).values
+                group_gap = ranked[:, moe.topk_group - 1] - ranked[:, moe.topk_group]
+                kept = torch.zeros_like(gscore).scatter_(1, gscore.topk(moe.topk_group, dim=-1).indices, 1).bool()
+                masked = choice.masked_fill(~kept.unsqueeze(-1).expand_as(grouped).reshape(choice.shape), -torch.inf)
+                top = masked.sort(-1, descending=True).values
+                expert_gap = top[:, moe.top_k - 1] - top[:, moe.top_k]
+                records.append((ids, torch.minimum(group_gap, expert_gap)))
+
+            hooks.append(moe.gate.register_forward_hook(hook))
+    try:
+        yield records
+    finally:
+        for h in hooks:
+            h.remove()
+
+
+def _tokens_before_routing_flip(routers, reference, seq: int, lens: list[int]) -> int:
+    """bf16 MoE: the tokens of sequence ``seq`` before the first whose experts differ from the fp32 reference's
+    (``reference``: per MoE layer, its chosen ids [T, k] and each token's decision gap [T]) in some layer (a flip
+    changes that token's output completely, and every later token's through attention). The flip itself must be a
+    near-tie of the reference's decision, never a real difference."""
+    start = sum(lens[:seq])
     first = lens[seq]
-    for mine, theirs in zip(routers, hf_router_logits, strict=True):
+    for mine, (ref_ids, gaps) in zip(routers, reference, strict=True):
         ours_ids = mine.topk_ids[start : start + lens[seq]].sort(-1).values
-        probs = torch.softmax(theirs.float(), -1)
-        ref_ids = probs.topk(k).indices.sort(-1).values
-        flips = (ours_ids != ref_ids).any(-1).nonzero().flatten().tolist()
+        flips = (ours_ids != ref_ids.sort(-1).values).any(-1).nonzero().flatten().tolist()
         if flips and flips[0] < first:  # a flip in an earlier layer already changed this token's later layers
-            top = probs[flips[0]].sort(descending=True).values
-            gap = (top[k - 1] - top[k]).item()
+            gap = gaps[flips[0]].item()
             assert gap < 1e-2, f"token {flips[0]}: experts differ from the reference at a router gap of {gap:.3e}"
             first = flips[0]
     assert first >= min(lens[seq], 8), f"routing flips at token {first}: too early to compare anything"

@@ -39,6 +39,7 @@ export FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 FLASH_ATTENTION_CUTE_DSL_CACHE_D
 WORKERS=${WORKERS:-4}
 if [ "$WORKERS" -gt 0 ]; then PYTEST=(python3 -m pytest -q -rs --durations=10 -n "$WORKERS")
 else PYTEST=(python3 -m pytest -q -rs --durations=10 -p no:xdist); fi
+SERIAL=(python3 -m pytest -q -rs -p no:xdist)
 status=0
 
 record_golden() {  # $1: fixture dir suffix ("" or "-fa4")
@@ -57,8 +58,10 @@ for step in "$@"; do
   echo "=== $step ($TARGET) $(date +%T)"
   case "$step" in
     golden) record_golden "" ;;
-    contracts)
-      "${PYTEST[@]}" contracts --target "$TARGET" 2>&1 | tee "$OUT/contracts-$TARGET.log" || status=1 ;;
+    contracts)  # the tests that read device-wide free memory run alone, after the parallel pass
+      { "${PYTEST[@]}" contracts --target "$TARGET" -m "not gpu_exclusive" || status=1
+        "${SERIAL[@]}" contracts --target "$TARGET" -m gpu_exclusive || status=1; } 2>&1 \
+        | tee "$OUT/contracts-$TARGET.log" ;;
     kernels)
       "${PYTEST[@]}" -m gpu packages/vexact-kernels/tests 2>&1 | tee "$OUT/kernels-$TARGET.log" || status=1 ;;
     packages)
@@ -82,8 +85,9 @@ for step in "$@"; do
       "${PYTEST[@]}" -m gpu packages/vexact-kernels/tests/test_fa4_attention.py 2>&1 \
         | tee "$OUT/fa4-kernels-$TARGET.log" || status=1 ;;
     fa4-contracts)
-      VEXACT_ATTENTION=fa4 "${PYTEST[@]}" contracts --target "$TARGET" 2>&1 | tee "$OUT/fa4-contracts-$TARGET.log" \
-        || status=1 ;;
+      { VEXACT_ATTENTION=fa4 "${PYTEST[@]}" contracts --target "$TARGET" -m "not gpu_exclusive" || status=1
+        VEXACT_ATTENTION=fa4 "${SERIAL[@]}" contracts --target "$TARGET" -m gpu_exclusive || status=1; } 2>&1 \
+        | tee "$OUT/fa4-contracts-$TARGET.log" ;;
     fa4-golden) export VEXACT_ATTENTION=fa4; record_golden "-fa4"; unset VEXACT_ATTENTION ;;
     fa4-bench)
       python3 benchmarks/attention.py --out "$OUT/attention-$TARGET.md" || status=1 ;;

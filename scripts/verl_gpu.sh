@@ -65,8 +65,12 @@ fi
 ARGS=(trainer.n_gpus_per_node="$NGPU" "${ENGINE_ARGS[@]}"
       reward.custom_reward_function.path=examples/verl_grpo/reward.py)
 export MODEL DATA=/tmp/verl-data STEPS LR RUN_DIR="$RESULTS"
-TAG="$([ "$ENGINE" != fsdp ] && echo "-$ENGINE")$([ "$FAMILY" != qwen3 ] && echo "-$FAMILY")"
-TAG="$TAG$([ "$EXPERTS" -gt 0 ] && echo "-moe$EXPERTS")-${NGPU}gpu-lr${LR}"
+# (if-statements, not `[ ] && echo` in a substitution: under set -e a false test there ended the script silently)
+TAG=""
+if [ "$ENGINE" != fsdp ]; then TAG="$TAG-$ENGINE"; fi
+if [ "$FAMILY" != qwen3 ]; then TAG="$TAG-$FAMILY"; fi
+if [ "$EXPERTS" -gt 0 ]; then TAG="$TAG-moe$EXPERTS"; fi
+TAG="$TAG-${NGPU}gpu-lr${LR}"
 LOG="$RESULTS/$WHAT$TAG.log"
 rc=0
 case "$WHAT" in

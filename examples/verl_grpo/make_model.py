@@ -26,6 +26,15 @@ CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+# DeepSeek-V3's special tokens (fullwidth bar U+FF5C, lower one-eighth block U+2581) and its chat layout: verl picks
+# its DeepSeek token builder from model_type deepseek_v3, and that builder requires the end-of-sentence token.
+DS_BOS, DS_EOS = "<\uff5cbegin\u2581of\u2581sentence\uff5c>", "<\uff5cend\u2581of\u2581sentence\uff5c>"
+DS_USER, DS_ASSISTANT = "<\uff5cUser\uff5c>", "<\uff5cAssistant\uff5c>"
+DEEPSEEK_CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'user' %}" + DS_USER + "{{ m['content'] }}"
+    "{% elif m['role'] == 'assistant' %}" + DS_ASSISTANT + "{{ m['content'] }}" + DS_EOS + "{% else %}"
+    "{{ m['content'] }}{% endif %}{% endfor %}{% if add_generation_prompt %}" + DS_ASSISTANT + "{% endif %}"
+)
 
 
 def main() -> None:
@@ -61,12 +70,35 @@ def main() -> None:
     else:
         cfg = tiny_qwen3_config(**shape)
     path = make_tiny_checkpoint(args.out, cfg, seed=args.seed)
+    if args.family == "deepseek_v3":
+        _deepseek_tokenizer(path, cfg)
     tok_cfg = path / "tokenizer_config.json"
     meta = json.loads(tok_cfg.read_text())
-    meta.update(chat_template=CHAT_TEMPLATE, model_max_length=cfg.max_position_embeddings)
+    template = DEEPSEEK_CHAT_TEMPLATE if args.family == "deepseek_v3" else CHAT_TEMPLATE
+    meta.update(chat_template=template, model_max_length=cfg.max_position_embeddings)
     tok_cfg.write_text(json.dumps(meta, indent=2) + "\n")
     moe = f", {args.experts} experts top-{args.top_k}" if args.experts else ""
     print(f"wrote {path} ({args.family}, hidden {args.hidden}, {args.layers} layers{moe}, vocab {cfg.vocab_size})")
+
+
+def _deepseek_tokenizer(path: Path, cfg) -> None:
+    """The byte tokenizer with DeepSeek's four special tokens added (in the vocabulary's padding slots), BOS/EOS set
+    to DeepSeek's and the config's ids to match."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(path))
+    tok.add_special_tokens(
+        {"bos_token": DS_BOS, "eos_token": DS_EOS, "additional_special_tokens": [DS_USER, DS_ASSISTANT]}
+    )
+    if len(tok) > cfg.vocab_size:
+        raise ValueError(f"{len(tok)} tokens do not fit the vocabulary of {cfg.vocab_size}")
+    tok.save_pretrained(str(path))
+    for name in ("config.json", "generation_config.json"):
+        f = path / name
+        if f.exists():
+            c = json.loads(f.read_text())
+            c.update(bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+            f.write_text(json.dumps(c, indent=2) + "\n")
 
 
 def _deepseek_v3(args):

@@ -220,6 +220,20 @@ def test_public_ops_dispatch_to_fa4_when_chosen(stand_in, monkeypatch):
     assert len(stand_in.calls) == 2 and stand_in.calls[1]["page_table"].tolist() == [[1]]
 
 
+def test_mla_head_sizes_stay_off_fa4_in_both_paths(stand_in, monkeypatch):
+    """K and V head sizes that differ (MLA: 192 / 128) never reach FA4, packed or paged (its SM90 paged kernel
+    refuses them), so both drivers run the same other kernel."""
+    from vexact_kernels import attention as attn
+
+    monkeypatch.setattr(attn, "_on_cuda", lambda *t: "fa4")
+    q, k = (torch.randn(6, h, 24).bfloat16() for h in (4, 2))
+    v = torch.randn(6, 2, 16).bfloat16()
+    out = vk.attention_packed(q, k, v, torch.tensor([0, 6]), 0.5)
+    kc, vc = torch.zeros(2, 4, 2, 24).bfloat16(), torch.zeros(2, 4, 2, 16).bfloat16()
+    paged = vk.attention_paged(q[:1], kc, vc, torch.tensor([[1]]), torch.tensor([3]), torch.tensor([0, 1]))
+    assert stand_in.calls == [] and out.shape == (6, 4, 16) and paged.shape == (1, 4, 16)
+
+
 def test_paged_driver_refuses_mismatched_metadata(stand_in):
     q = torch.randn(2, 4, 16).bfloat16()
     kc = torch.zeros(3, 4, 2, 16).bfloat16()

@@ -10,7 +10,8 @@ the same ``_attend``. No split-KV: one pass over the keys per query.
 On the ``invariant`` backend CUDA tensors go to one of two implementations, chosen once per process
 (``$VEXACT_ATTENTION`` or :func:`vexact_kernels.set_attention_impl`): ``triton`` (default), the Triton kernel family
 in ``triton_ops/attention.py`` (the same rule, with its own fixed tile of 64 positions), or ``fa4``, FlashAttention 4
-on Hopper/Blackwell (``fa4_attention.py``: the same rule with FA4's tiles). GPU results are invariant among
+on Hopper/Blackwell (``fa4_attention.py``: the same rule with FA4's tiles; K and V head sizes that differ, as in
+MLA, stay on Triton). GPU results are invariant among
 themselves within one implementation, not equal to the CPU reference's nor to the other implementation's. The CPU
 code below is the exact reference (whatever the implementation choice) and its numerics are pinned by a golden
 fixture.
@@ -52,6 +53,14 @@ def _check_qkv(op: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> No
 def _on_cuda(*tensors: torch.Tensor) -> str | None:
     """The attention implementation for CUDA tensors (fixed for the process once used); None off CUDA."""
     return attention_impl_in_use() if any(t.is_cuda for t in tensors) else None
+
+
+def _fa4_takes(q: torch.Tensor, v: torch.Tensor) -> bool:
+    """FA4 runs attention whose K and V head sizes agree. Its SM90 paged kernel refuses others ("Paged KV does not
+    support irregular head dim", flash-attn-4 4.0.0b36 on an H100), so MLA (qk 192 / v 128) stays on the Triton
+    kernels under ``fa4``, in the packed and the paged path alike: the decision depends on the shapes only, so every
+    driver makes the same one and engine == trainer holds."""
+    return q.shape[-1] == v.shape[-1]
 
 
 def _attend(q, k_store, v_store, key_rows, last_pos, scale: float) -> torch.Tensor:
@@ -120,7 +129,7 @@ def attention_packed(
     q [T, Hq, D], k/v [T, Hkv, D], ``cu_seqlens [B+1]`` (int) marks sequence boundaries. Returns [T, Hq, Dv].
     """
     _check_qkv("attention_packed", q, k, v)
-    if get_backend("attention") == "invariant" and _on_cuda(q, k, v) == "fa4":
+    if get_backend("attention") == "invariant" and _on_cuda(q, k, v) == "fa4" and _fa4_takes(q, v):
         from . import fa4_attention
 
         return fa4_attention.attention_packed(q, k, v, cu_seqlens, scale)
@@ -253,7 +262,7 @@ def attention_paged(
     Query ``i`` of sequence ``b`` sits at position ``context_lens[b] - n_q[b] + i``.
     """
     _check_qkv("attention_paged", q, k_cache, v_cache)
-    if get_backend("attention") == "invariant" and _on_cuda(q, k_cache, v_cache) == "fa4":
+    if get_backend("attention") == "invariant" and _on_cuda(q, k_cache, v_cache) == "fa4" and _fa4_takes(q, v_cache):
         from . import fa4_attention
 
         return fa4_attention.attention_paged(q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, scale)
