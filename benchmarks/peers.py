@@ -26,6 +26,7 @@ import argparse
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import time
@@ -87,6 +88,10 @@ def _env(site: str | None, batch_invariant: bool) -> dict:
     if site:
         env["PYTHONPATH"] = site + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env["VLLM_BATCH_INVARIANT"] = "1" if batch_invariant else "0"
+    # FlashInfer is not carried (scripts/vllm_device_wheels.sh); vLLM 0.26 imports it when it builds its sampler
+    # unless its top-k/top-p sampler is switched off. The workload samples with neither top-k nor top-p, so that
+    # sampler would not run anyway (first H100 run: ModuleNotFoundError: No module named 'flashinfer').
+    env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
     env.setdefault("VLLM_NO_USAGE_STATS", "1")
     env.setdefault("DO_NOT_TRACK", "1")
     env.setdefault("PYTHONUNBUFFERED", "1")
@@ -118,8 +123,10 @@ def run_vllm(
         except subprocess.TimeoutExpired:
             return f"timed out after {args.vllm_timeout} s (log {log_path})"
     if r.returncode != 0 or not out_path.exists():
-        tail = log_path.read_text().strip().splitlines()[-1:] or ["(no output)"]
-        return f"failed (rc {r.returncode}): {tail[0][:160]} (log {log_path})"
+        lines = log_path.read_text().strip().splitlines() or ["(no output)"]
+        # the root cause (an engine core's exception) comes before vLLM's generic last line
+        causes = [ln for ln in lines if re.search(r"\b\w+(Error|Exception): ", ln) and "Engine core init" not in ln]
+        return f"failed (rc {r.returncode}): {(causes or lines)[-1].strip()[-160:]} (log {log_path})"
     res = json.loads(out_path.read_text())
     if res.get("batch_invariant") != (mode == "vllm-bi"):
         return f"VLLM_BATCH_INVARIANT was {res.get('batch_invariant')} in the {mode} worker (log {log_path})"

@@ -219,6 +219,7 @@ def _ipc_sync(conn, model, bucket_bytes: int) -> int:
     def submit(bucket):
         conn.send(("bucket", bucket.index, bucket.specs, bucket.nbytes))
         count[0] += 1
+        return bucket.index
 
     send_buckets(iter_weights(model), packer, submit, lambda _: _answer(conn))
     _ask(conn, "close")

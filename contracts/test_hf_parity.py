@@ -95,32 +95,35 @@ def _softmax_topk(router_logits: torch.Tensor, k: int) -> tuple[torch.Tensor, to
 
 @contextlib.contextmanager
 def _hf_routing(hf, family: str | None):
-    """DeepSeek-V3: the fp32 reference's choice in each MoE layer, recorded from HF's own router (its gate's logits
-    through its ``route_tokens_to_experts``), with each token's smallest gap at a decision: between the
-    ``topk_group``-th and the next group score, and between the k-th and the next selection score of the kept
-    groups."""
+    """DeepSeek-V3: the fp32 reference's choice in each MoE layer, recorded from the router logits of HF's gate,
+    with each token's smallest gap at a decision: between the ``topk_group``-th and the next group score, and
+    between the k-th and the next selection score of the kept groups. transformers 5.9's gate returns the logits
+    (its MoE block routes); later ones (5.17 on the GPU machines) return (logits, weights, ids): the ids are then
+    HF's own."""
     records: list[tuple[torch.Tensor, torch.Tensor]] = []
     hooks = []
     if family == "deepseek_v3":
+        k, n_group, topk_group = hf.config.num_experts_per_tok, hf.config.n_group, hf.config.topk_group
+
+    def hook(gate, inputs, out):
+        logits = (out[0] if isinstance(out, tuple) else out).float()
+        choice = logits.sigmoid() + gate.e_score_correction_bias.float()
+        grouped = choice.view(len(choice), n_group, -1)
+        gscore = grouped.topk(2, dim=-1).values.sum(-1)  # [T, groups]
+        ranked = gscore.sort(-1, descending=True).values
+        group_gap = ranked[:, topk_group - 1] - ranked[:, topk_group]
+        kept = torch.zeros_like(gscore).scatter_(1, gscore.topk(topk_group, dim=-1).indices, 1).bool()
+        masked = choice.masked_fill(~kept.unsqueeze(-1).expand_as(grouped).reshape(choice.shape), -torch.inf)
+        top = masked.sort(-1, descending=True)
+        ids = out[2] if isinstance(out, tuple) else top.indices[:, :k]
+        records.append((ids, torch.minimum(group_gap, top.values[:, k - 1] - top.values[:, k])))
+
+    if family == "deepseek_v3":
         for layer in hf.model.layers:
-            moe = layer.mlp
-            if not hasattr(moe, "route_tokens_to_experts"):
-                continue  # the first dense layers
-
-            def hook(gate, inputs, logits, moe=moe):
-                ids, _ = moe.route_tokens_to_experts(logits)
-                choice = logits.float().sigmoid() + gate.e_score_correction_bias.float()
-                grouped = choice.view(-1, moe.n_group, moe.n_routed_experts // moe.n_group)
-                gscore = grouped.topk(2, dim=-1).values.sum(-1)  # [T, groups]
-                ranked = gscore.sort(-1, descending=True).values
-                group_gap = ranked[:, moe.topk_group - 1] - ranked[:, moe.topk_group]
-                kept = torch.zeros_like(gscore).scatter_(1, gscore.topk(moe.topk_group, dim=-1).indices, 1).bool()
-                masked = choice.masked_fill(~kept.unsqueeze(-1).expand_as(grouped).reshape(choice.shape), -torch.inf)
-                top = masked.sort(-1, descending=True).values
-                expert_gap = top[:, moe.top_k - 1] - top[:, moe.top_k]
-                records.append((ids, torch.minimum(group_gap, expert_gap)))
-
-            hooks.append(moe.gate.register_forward_hook(hook))
+            gate = getattr(layer.mlp, "gate", None)
+            if hasattr(gate, "e_score_correction_bias"):  # the MoE layers (the first ones are dense)
+                hooks.append(gate.register_forward_hook(hook))
+        assert hooks, "no DeepSeek router found in the transformers model"
     try:
         yield records
     finally:

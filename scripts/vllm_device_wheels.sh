@@ -36,7 +36,9 @@
 # Left out (Requires-Dist of vLLM that the offline LLM path does not import at module level, or only where the
 # feature is used): flashinfer-python, tilelang, nvidia-cutlass-dsl, quack-kernels, tokenspeed-mla,
 # humming-kernels, nvidia-cudnn-frontend, fastsafetensors (alternative kernels/loaders, chosen only when asked for or
-# on other GPUs: Hopper dense bf16 uses vLLM's own FA3 and Triton/cuBLAS), torchcodec, PyNvVideoCodec, torchaudio
+# on other GPUs: Hopper dense bf16 uses vLLM's own FA3 and Triton/cuBLAS; but vLLM 0.26 imports flashinfer when it
+# builds its top-k/top-p sampler, so benchmarks/peers.py sets VLLM_USE_FLASHINFER_SAMPLER=0: the first H100 run
+# stopped on 'No module named flashinfer' there), torchcodec, PyNvVideoCodec, torchaudio
 # extras, mistral_common, lm-format-enforcer, outlines_core, lark (multimodal / other tokenizers and grammar
 # backends), anthropic, mcp, model-hosting-container-standards, prometheus-fastapi-instrumentator, watchfiles,
 # python-json-logger, opentelemetry-* (the API server, tracing), blake3 (multimodal hashing only), setproctitle

@@ -119,6 +119,16 @@ def test_send_buckets_keeps_one_bucket_in_flight_on_two_buffers():
     assert events == [("submit", 0), ("wait", 0), ("submit", 1), ("wait", 1), ("submit", 0), ("wait", 0)]
 
 
+def test_send_buckets_waits_for_submits_that_return_nothing():
+    """A submit returning None (a fire-and-forget send) is still waited for: the benchmark's first IPC path did that
+    and the packer overwrote a buffer the engine was still reading (its weights came out wrong on the H100)."""
+    packer = BucketPacker(1024, "cpu")
+    waits = []
+    named = [(f"w{i}", torch.randn(200)) for i in range(6)]
+    assert send_buckets(named, packer, lambda bucket: None, waits.append) == 6
+    assert waits == [None, None, None]
+
+
 def _port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

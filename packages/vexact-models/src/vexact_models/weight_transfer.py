@@ -169,17 +169,19 @@ def send_buckets(
     ``submit(bucket)`` hands a packed bucket to the receiver and returns a token; ``wait(token)`` returns when the
     receiver no longer reads that bucket's buffer. Returns the number of tensor pieces sent.
     """
-    pending, count = None, 0
+    # every submitted bucket is waited for, whatever its token (None included: a submit that returns nothing must
+    # still be waited for before its buffer is packed again)
+    pending, in_flight, count = None, False, 0
     for bucket in packer.buckets(named_tensors):
         packer.synchronize()
-        if pending is not None:
+        if in_flight:
             wait(pending)  # frees the other buffer, which the packer fills next
-        pending = submit(bucket)
+        pending, in_flight = submit(bucket), True
         count += len(bucket.specs)
         if len(packer.buffers) == 1:
             wait(pending)
-            pending = None
-    if pending is not None:
+            in_flight = False
+    if in_flight:
         wait(pending)
     return count
 
