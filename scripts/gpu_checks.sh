@@ -16,6 +16,7 @@
 #   bench-grpo      benchmarks/throughput.py --grpo-only (prefix caching on/off) -> $OUT/throughput-grpo-<target>.md
 #   bench-moe       benchmarks/moe.py -> $OUT/moe-<target>.md
 #   tim             scripts/tim_gpu.py: `vexact tim` on fast and invariant GPU rollouts + attribution -> $OUT/tim/
+#   tim-study       examples/tim_study/sweep.py on the GPU preset -> $OUT/tim-study-<target>.jsonl and its .png
 # Steps that need carried wheels (installed earlier in the same warm machine):
 #   fa4-probe | fa4-kernels | fa4-contracts | fa4-golden | fa4-bench
 #                   FlashAttention 4 (scripts/fa4_device_wheels.sh): the probe, its kernel tests, the contracts and
@@ -79,6 +80,10 @@ for step in "$@"; do
       python3 benchmarks/moe.py --out "$OUT/moe-$TARGET.md" || status=1 ;;
     tim)
       python3 scripts/tim_gpu.py --out "$OUT/tim" || status=1 ;;
+    tim-study)  # issue #13's GPU sweep: noise 0 / 0.1 / 1.0 x corrections none / tis / mis, small model, 60 steps
+      python3 examples/tim_study/sweep.py --device cuda --model-size small --steps 60 --out "$OUT/tim-study-$TARGET.jsonl" \
+        2>&1 | grep -v "it/s\]" | tail -40 || status=1
+      python3 examples/tim_study/plot.py "$OUT/tim-study-$TARGET.jsonl" || status=1 ;;
     fa4-probe)
       python3 scripts/fa4_probe.py 2>&1 | tee "$OUT/fa4-probe.txt" || status=1 ;;
     fa4-kernels)

@@ -49,3 +49,35 @@ def test_sampling_dict_translation():
         to_engine_params({}, prompt_len=24, settings=s)
     with pytest.raises(ValueError, match=r"\['presence_penalty'\]"):
         to_engine_params({"presence_penalty": 0.5}, prompt_len=2, settings=s)
+
+
+def test_engine_and_trainer_must_run_the_same_attention_impl(monkeypatch):
+    """triton and fa4 differ in the last bits: a rollout engine on one and a trainer on the other is refused at the
+    first weight sync, naming both, instead of a silent mismatch on every token."""
+    import asyncio
+
+    import torch
+
+    import vexact_kernels as vk
+
+    class Remote:
+        def __init__(self, value):
+            self.value = value
+
+        def remote(self):
+            async def get():
+                return self.value
+
+            return get()
+
+    class Server:
+        attention_impl = Remote("fa4")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(vk, "get_attention_impl", lambda: "triton")
+    adapter = ServerAdapter(rollout(), None)
+    with pytest.raises(RuntimeError, match=r"engine runs attention with 'fa4' and this trainer worker with 'triton'"):
+        asyncio.run(adapter._check_attention_impl(Server()))
+    monkeypatch.setattr(vk, "get_attention_impl", lambda: "fa4")
+    asyncio.run(adapter._check_attention_impl(Server()))
+    assert adapter._attention_checked

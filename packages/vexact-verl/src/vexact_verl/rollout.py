@@ -193,6 +193,7 @@ class ServerAdapter(BaseRollout):
         dtype = getattr(torch, str(self.config.dtype))
         self._wire_dtype = dtype if isinstance(dtype, torch.dtype) and dtype.is_floating_point else None
         self._ipc: bool | None = None  # decided at the first update_weights (same GPU as the server: CUDA IPC)
+        self._attention_checked = False  # the engine's attention implementation equals ours (first update_weights)
 
     @property
     def is_leader_rank(self) -> bool:
@@ -227,6 +228,7 @@ class ServerAdapter(BaseRollout):
         if kwargs.get("peft_config") is not None:
             raise NotImplementedError("LoRA adapters are not supported by the vexact rollout; merge them (lora.merge)")
         server = self._server()
+        await self._check_attention_impl(server)
         if await self._colocated(server):
             sent = await self._update_weights_ipc(server, weights)
             if global_steps is not None:
@@ -257,6 +259,23 @@ class ServerAdapter(BaseRollout):
         if global_steps is not None:
             await server.set_global_steps.remote(global_steps)
         log.info("vexact replica %d: %d tensors updated", self.replica_rank, sent)
+
+    async def _check_attention_impl(self, server) -> None:
+        """Once: the engine and this worker (the trainer's process in verl's hybrid mode) run the same attention
+        implementation on CUDA. ``triton`` and ``fa4`` are each invariant but differ from each other in the last bits,
+        so a ``$VEXACT_ATTENTION`` set on one side only would make every logprob differ, silently."""
+        if self._attention_checked or server is None or not torch.cuda.is_available():
+            return
+        import vexact_kernels as vk
+
+        theirs, ours = await server.attention_impl.remote(), vk.get_attention_impl()
+        if theirs != ours:
+            raise RuntimeError(
+                f"the vexact rollout engine runs attention with {theirs!r} and this trainer worker with {ours!r}: "
+                "their logprobs cannot match bitwise; set VEXACT_ATTENTION the same for both (export it before "
+                "starting verl, or +ray_kwargs.ray_init.runtime_env.env_vars.VEXACT_ATTENTION=...)"
+            )
+        self._attention_checked = True
 
     async def _colocated(self, server) -> bool:
         """True when this worker and the server share a CUDA device: weights then go through CUDA IPC handles."""

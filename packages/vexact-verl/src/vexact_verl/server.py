@@ -434,6 +434,13 @@ class VexactServer:
         self._set_ready()
         return len(loaded)
 
+    def attention_impl(self) -> str:
+        """The attention implementation this server's process runs on CUDA tensors (``triton`` or ``fa4``,
+        ``$VEXACT_ATTENTION``): the two give different bits, so the trainer must run the same one."""
+        import vexact_kernels as vk
+
+        return vk.get_attention_impl()
+
     # ---- weights without host copies: a colocated trainer's device buffers, opened through CUDA IPC handles
     def weight_sync_device(self) -> str | None:
         """The UUID of this server's GPU when a trainer on the same GPU may hand it CUDA IPC handles (a one-device
