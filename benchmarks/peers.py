@@ -36,8 +36,9 @@ NOT_INSTALLED = "not installed"
 
 
 def kv_bytes_per_token(cfg) -> int:
-    """K and V of one position in every layer (bf16)."""
-    return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 2
+    """K and V of one position in every layer (bf16), as the engine's paged cache holds them (MLA: expanded)."""
+    heads, k_dim, v_dim = cfg.kv_cache_dims
+    return cfg.num_hidden_layers * heads * (k_dim + v_dim) * 2
 
 
 def roofline_bytes(

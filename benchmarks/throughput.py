@@ -44,17 +44,21 @@ import torch
 from tqdm.auto import tqdm
 
 from vexact_engine import LLM, SamplingParams
-from vexact_models import QWEN3_SHAPES, Qwen3ForCausalLM, tiny_qwen3_config
+from vexact_models import DEEPSEEK_V3_SHAPES, QWEN3_SHAPES, random_model, tiny_deepseek_v3_config, tiny_qwen3_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import peers  # noqa: E402  (benchmarks/peers.py: vLLM workers, roofline, HF checkpoint)
 
-SHAPES = {
+SHAPES = {  # name: (family, the config's sizes); only the Qwen3 shapes have peer columns (vLLM, HF generate)
     # for a CPU smoke run of the script only
-    "tiny": dict(rope_theta=1_000_000.0, tie_word_embeddings=True),  # tiny_qwen3_config's sizes
-    "0.6b": QWEN3_SHAPES["qwen3-0.6b"],
-    "1.7b": QWEN3_SHAPES["qwen3-1.7b"],
+    "tiny": ("qwen3", dict(rope_theta=1_000_000.0, tie_word_embeddings=True)),  # tiny_qwen3_config's sizes
+    "tiny-deepseek": ("deepseek_v3", {}),  # tiny_deepseek_v3_config's sizes
+    "0.6b": ("qwen3", QWEN3_SHAPES["qwen3-0.6b"]),
+    "1.7b": ("qwen3", QWEN3_SHAPES["qwen3-1.7b"]),
+    # issue #12: Moonlight-16B-A3B (MLA, DeepSeek MoE), VeXact invariant vs fast
+    "moonlight": ("deepseek_v3", DEEPSEEK_V3_SHAPES["moonlight-16b-a3b"]),
 }
+CONFIGS = {"qwen3": tiny_qwen3_config, "deepseek_v3": tiny_deepseek_v3_config}
 GIB = 2**30
 DEV = torch.device("cuda")
 
@@ -64,25 +68,13 @@ def sync() -> None:
         torch.cuda.synchronize(DEV)
 
 
-def make_model(shape: str, layers: int, seed: int = 0) -> Qwen3ForCausalLM:
-    """Random bf16 weights drawn on the GPU (drawing 1.7B numbers on the host would take most of the budget)."""
-    cfg = tiny_qwen3_config(**{**SHAPES[shape], "num_hidden_layers": layers, "torch_dtype": "bfloat16"})
-    with torch.device("meta"):
-        model = Qwen3ForCausalLM(cfg)
-    model = model.to_empty(device=DEV)
-    fresh = type(model.model.rotary_emb)(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta)
-    model.model.rotary_emb.cos, model.model.rotary_emb.sin = fresh.cos.to(DEV), fresh.sin.to(DEV)
-    model.lm_head.weight = model.model.embed_tokens.weight
-    g = torch.Generator(device=DEV).manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.normal_(1.0, 0.1, generator=g)
-            elif "embed_tokens" in name:
-                p.normal_(0.0, 0.02, generator=g)
-            else:
-                p.normal_(0.0, p.shape[-1] ** -0.5, generator=g)
-    return model.eval().requires_grad_(False)
+def make_model(shape: str, layers: int | None, seed: int = 0):
+    """Random bf16 weights drawn on the GPU (drawing 1.7B numbers on the host would take most of the budget);
+    ``layers`` None keeps the shape's own depth."""
+    family, sizes = SHAPES[shape]
+    over = {"torch_dtype": "bfloat16"} | ({} if layers is None else {"num_hidden_layers": layers})
+    cfg = CONFIGS[family](**{**sizes, **over})
+    return random_model(cfg, seed=seed, embed_std=0.02, device=DEV)
 
 
 def copy_bandwidth() -> float:
@@ -206,7 +198,8 @@ def grpo_rows(model, modes, args) -> list[str]:
 
 def decode_step_time(model, mode: str, args) -> float:
     """Median seconds of one decode step at batch 1 (host work included: schedule, prepare, sample, sync)."""
-    llm = LLM(model=model, backend=mode, max_num_seqs=1, max_model_len=1024, num_kv_blocks=128,
+    max_len = min(1024, model.config.max_position_embeddings)
+    llm = LLM(model=model, backend=mode, max_num_seqs=1, max_model_len=max_len, num_kv_blocks=max_len // 16 * 2,
               enforce_eager=args.enforce_eager)  # fmt: skip
     llm.add_request(list(range(1, 129)), SamplingParams(max_tokens=args.decode_steps + 1, seed=0, ignore_eos=True))
     llm.step()  # prefill
@@ -218,7 +211,10 @@ def decode_step_time(model, mode: str, args) -> float:
         times.append(time.perf_counter() - t)
     del llm
     free_memory()
-    return sorted(times[2:])[len(times[2:]) // 2]
+    if not times:
+        raise RuntimeError("decode_step_time: no decode step ran (was the request rejected?)")
+    timed = times[2:] or times  # the first two steps warm up (graph replay, allocator); fewer: keep them
+    return sorted(timed)[len(timed) // 2]
 
 
 def hf_model(model):
@@ -324,9 +320,10 @@ def peer_section(model, shape: str, args, bw: float, modes, batch_limits, workdi
                                     args.max_num_batched_tokens)  # fmt: skip
         return f"{need / bw / r['wall']:.2f}"
 
+    peer_note = "" if SHAPES[shape][0] == "qwen3" else "; peers: Qwen3 shapes only"
     lines = [
-        f"## Qwen3-{shape.upper()}-shaped ({weight_bytes / GIB:.2f} GiB of bf16 weights, "
-        f"{kv_tok / 1024:.0f} KiB of KV per token)",
+        f"## {SHAPES[shape][0]} {shape}-shaped, {cfg.num_hidden_layers} layers ({weight_bytes / GIB:.2f} GiB of bf16 "
+        f"weights, {kv_tok / 1024:.0f} KiB of KV per token{peer_note})",
         "",
         "| batch limit | engine | output tok/s | / vLLM default | roofline fraction | wall s | tokens |",
         "| --- | --- | --- | --- | --- | --- | --- |",
@@ -380,7 +377,12 @@ def peer_section(model, shape: str, args, bw: float, modes, batch_limits, workdi
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="1.7b", help=f"comma-separated shapes from {','.join(SHAPES)}")
-    ap.add_argument("--layers", type=int, default=28, help="decoder layers (28 in both real models)")
+    ap.add_argument(
+        "--layers",
+        type=int,
+        default=None,
+        help="decoder layers (default: the shape's own: 28 in both Qwen3 models, 27 in Moonlight)",
+    )
     ap.add_argument("--quick", action="store_true", help=f"a smaller workload for a first look: {QUICK}")
     ap.add_argument("--num-prompts", type=int, default=256)
     ap.add_argument("--prompt-len", type=int, nargs=2, default=[128, 1024], metavar=("LO", "HI"))
@@ -440,7 +442,7 @@ def main(argv=None) -> int:
         f"per mode and batch limit, gpu_memory_utilization {args.gpu_memory_utilization}. HF generate: one "
         f"left-padded batch of {args.hf_prompts} of the same prompts, {args.hf_new_tokens} new tokens each, sdpa "
         f"attention, bf16, {'static cache (compiled)' if args.hf_static_cache else 'eager'}. Random weights, "
-        f"{args.layers} layers. Roofline fraction: least bytes the run must "
+        f"{args.layers or 'all'} layers. Roofline fraction: least bytes the run must "
         "read (a full weight pass per decode step at the batch limit + the KV each step attends + a weight pass per "
         "prefill chunk) / copy bandwidth / wall time (benchmarks/peers.py). VeXact fast is the mismatch baseline "
         "only, not a speed anchor.",
@@ -449,9 +451,13 @@ def main(argv=None) -> int:
     bw = copy_bandwidth()
     lines += [f"Device-to-device copy bandwidth (read + write): {bw / 1e9:.0f} GB/s", ""]
     for shape in tqdm(args.models.split(","), desc="models"):
+        if shape not in SHAPES:
+            ap.error(f"--models: unknown shape {shape!r}; known: {','.join(SHAPES)}")
         model = make_model(shape, args.layers, seed=args.seed)
+        # vLLM and HF generate load the Qwen3 shapes only; the others compare VeXact's backends
+        shape_modes = modes if SHAPES[shape][0] == "qwen3" else [m for m in modes if m in ENGINE_MODES]
         if not args.grpo_only:
-            lines += peer_section(model, shape, args, bw, modes, batch_limits, workdir, vllm_ver)
+            lines += peer_section(model, shape, args, bw, shape_modes, batch_limits, workdir, vllm_ver)
         if args.grpo_prompts > 0:
             lines += grpo_rows(model, [m for m in modes if m in ENGINE_MODES], args)
         del model

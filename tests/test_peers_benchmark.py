@@ -99,3 +99,18 @@ def test_vllm_workers_get_the_same_workload_and_their_mode(tmp_path, capsys):
     for f in seen:
         calls = [json.loads(line) for line in f.read_text().splitlines()]
         assert calls[1] == prompts  # calls[0] is the warm-up, the rest batch-1 decode
+
+
+def test_moonlight_family_rows_compare_vexact_backends_only(capsys):
+    """A DeepSeek-V3 shape (issue #12's Moonlight row; here the tiny one on CPU): VeXact invariant and fast rows, no
+    peer rows (vLLM and HF generate load the Qwen3 shapes only), and the KV bytes of the expanded MLA cache."""
+    argv = [*TINY, "--models", "tiny-deepseek", "--modes", "invariant,fast,vllm,hf", "--grpo-prompts", "0"]
+    assert throughput.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "## deepseek_v3 tiny-deepseek-shaped" in out and "peers: Qwen3 shapes only" in out
+    table = [ln for ln in out.splitlines() if ln.startswith("| ") and "---" not in ln and "engine |" not in ln]
+    assert sum("VeXact" in ln for ln in table) == 6  # 2 backends x (2 batch limits + the batch-1 step)
+    assert not any("vLLM" in ln or "HF generate" in ln for ln in table), table
+    cfg = throughput.make_model("tiny-deepseek", 2).config
+    heads, k, v = cfg.kv_cache_dims
+    assert peers.kv_bytes_per_token(cfg) == 2 * heads * (k + v) * 2

@@ -61,6 +61,13 @@ def test_random_model_checkpoint_has_a_chat_template_verl_can_use(tmp_path, extr
     tok = AutoTokenizer.from_pretrained(str(out))
     ids = tok.apply_chat_template([{"role": "user", "content": "What is 2 + 3?"}], add_generation_prompt=True)
     ids = ids["input_ids"] if hasattr(ids, "keys") else ids
-    assert tok.decode(ids).endswith("<|im_start|>assistant\n")
     cfg = load_model(out).config
     assert cfg.num_hidden_layers == 1 and cfg.model_type == ("deepseek_v3" if extra else "qwen3")
+    # DeepSeek's own special tokens and layout: verl's token builder for model_type deepseek_v3 requires its EOS
+    # (the first H100 run of the DeepSeek verl pair stopped there: "Tokenizer does not define required token")
+    assert tok.decode(ids).endswith("<\uff5cAssistant\uff5c>" if extra else "<|im_start|>assistant\n")
+    from verl.utils.tokenizer.continuous_token_wiring import create_continuous_token_builder
+
+    create_continuous_token_builder(tok, hf_model_type=cfg.model_type)
+    if extra:
+        assert tok.eos_token == "<\uff5cend\u2581of\u2581sentence\uff5c>" and tok.eos_token_id < cfg.vocab_size

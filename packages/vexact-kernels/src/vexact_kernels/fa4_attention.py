@@ -15,10 +15,13 @@ prefill == a paged decode, bitwise, for pages of 16 to 256 tokens; the backward 
 to run. The bits differ from the Triton kernel's (other tiles, other exp), so trainer and engine must run the same
 implementation, and golden fixtures are per implementation.
 
-Status: this module is written against flash-attn-4 4.0.0b36's API (read from its source) and NOT YET RUN ON A GPU;
-its wiring is checked on CPU against a stand-in that follows FA4's documented semantics
-(tests/test_fa4_attention.py). Before relying on it: scripts/gpu_checks.sh <target> fa4-probe fa4-kernels
-fa4-contracts. Not the default.
+Status (first GPU run, H100, flash-attn-4 4.0.0b36; ``scripts/gpu_checks.sh h100 fa4-probe fa4-kernels fa4-golden
+fa4-contracts fa4-bench``): every check of the probe bitwise (alone == packed == chunked == paged for pages of 16 to
+256, CUDA-graph replay == eager, deterministic backward run to run); this package's FA4 GPU tests pass; the contract
+suite under ``VEXACT_ATTENTION=fa4`` passed 121 tests (h100-fa4 golden fixtures recorded for every family). K and V
+head sizes that differ (MLA: 192 / 128) stay on the Triton kernels (``attention._fa4_takes``): FA4's SM90 paged
+kernel refuses them ("Paged KV does not support irregular head dim"). Opt-in, not the default: h200 and the engine
+and trainer benchmarks with it are still to run.
 
 Cache rule of FA4's paged path: rows of a sequence's last page past its context are read (masked, but a NaN there
 would poison ``P @ V``), so they must be finite. The engine's caches start as zeros and hold only K/V after that.
