@@ -4,7 +4,9 @@ The trainer's real path: FSDP2 (world size 1 unless run under a larger torchrun;
 master), a packed batch of mixed-length sequences, ``model.logprobs`` on every position, PPO-clip loss, backward.
 The optimizer step is not timed (it is elementwise and the same for both backends). Random weights (values do not
 change the speed); both backends run the same model, batch and loss, alternating rounds so clocks and caches treat
-them alike. Prints a markdown table with the ratio ``invariant / fast`` tokens/s (goal >= 0.80).
+them alike. Prints a markdown table with MFU (model FLOPs over the bf16 matmul peak measured in the same run, goal
+>= 40%) and the ratio ``invariant / fast`` tokens/s (goal >= 0.80); ``fast`` is the plain PyTorch path a verl user
+gets (cuBLAS, torch's causal SDPA with GQA, chunked logprobs).
 
 Usage (on the GPU machine)::
 
@@ -71,6 +73,31 @@ def fwd_bwd(model, actor: Actor, batch, mask, adv) -> None:
     model.zero_grad(set_to_none=True)
 
 
+def model_flops(model, seq_lens: list[int]) -> float:
+    """FLOPs of one forward+backward: 6 x (matmul weights, lm_head included: logprobs on every position) x tokens,
+    plus causal attention (QK^T and PV over half of each sequence's n^2 scores, backward 2.5x the forward, as in
+    benchmarks/attention.py). Norms, rotary and the elementwise ops are left out, as MFU conventions do."""
+    cfg = model.config
+    matmul = sum(p.numel() for n, p in model.named_parameters() if p.dim() == 2 and "embed_tokens" not in n)
+    if cfg.tie_word_embeddings:
+        matmul += cfg.vocab_size * cfg.hidden_size  # the tied head is a matmul too
+    tokens = sum(seq_lens)
+    attn_fwd = sum(2 * n * n * cfg.head_dim * cfg.num_attention_heads for n in seq_lens) * cfg.num_hidden_layers
+    return 6 * matmul * tokens + 3.5 * attn_fwd
+
+
+def bf16_peak(device: str) -> float:
+    """Measured bf16 matmul FLOP/s of this GPU (8192^3 cuBLAS, median of 10): the MFU denominator."""
+    if device != "cuda":
+        return float("nan")
+    a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    times = time_steps(lambda: a @ b, 10)
+    return 2 * 8192**3 / statistics.median(times)
+
+
 def _sync() -> None:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
@@ -125,6 +152,8 @@ def main() -> None:
     ws = dist.get_world_size()
     med = {b: statistics.median(times[b]) for b in backends}
     tps = {b: tokens * ws / med[b] for b in backends}
+    flops, peak_flops = model_flops(model, list(batch.seq_lens)), bf16_peak(device)
+    mfu = {b: flops / med[b] / peak_flops for b in backends}
     ratio = tps["invariant"] / tps["fast"]
     cfg = model.config
     lines = [
@@ -138,10 +167,15 @@ def main() -> None:
         f"{max(batch.seq_lens)}); logprobs on every position, PPO-clip loss on the response part; "
         f"median of {args.rounds} x {args.iters} steps",
         "",
-        "| backend | ms / step | tokens/s (all ranks) | peak GiB |",
-        "|---|---|---|---|",
+        f"MFU: model FLOPs ({flops / 1e12:.1f} TFLOP per step and rank: 6 x matmul weights x tokens + causal "
+        f"attention) / step time / measured bf16 matmul peak ({peak_flops / 1e12:.0f} TFLOP/s, 8192^3 cuBLAS, same "
+        "run). fast = plain PyTorch: cuBLAS linears, torch's causal SDPA with GQA per sequence (flash/cuDNN), chunked "
+        "logprobs.",
+        "",
+        "| backend | ms / step | tokens/s (all ranks) | MFU | peak GiB |",
+        "|---|---|---|---|---|",
     ]
-    lines += [f"| {b} | {med[b] * 1e3:.1f} | {tps[b]:,.0f} | {peak[b]:.1f} |" for b in backends]
+    lines += [f"| {b} | {med[b] * 1e3:.1f} | {tps[b]:,.0f} | {mfu[b]:.1%} | {peak[b]:.1f} |" for b in backends]
     lines += ["", f"invariant / fast tokens/s: **{ratio:.2f}x** (goal >= 0.80x)"]
     text = "\n".join(lines) + "\n"
     if dist.get_rank() == 0:

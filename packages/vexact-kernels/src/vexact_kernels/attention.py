@@ -17,8 +17,9 @@ code below is the exact reference (whatever the implementation choice) and its n
 fixture.
 
 Scores and the softmax statistics are fp32; the output is cast once to q's dtype. The ``fast`` backend is
-``torch.nn.functional.scaled_dot_product_attention`` (per sequence, except the decode rows of a paged step: one
-masked call over their gathered pages), measured not batch-invariant on CPU fp32.
+``torch.nn.functional.scaled_dot_product_attention`` (per sequence, causal with GQA and no mask where a sequence
+comes whole, so torch picks its fastest kernel; except the decode rows of a paged step: one masked call over their
+gathered pages), measured not batch-invariant on CPU fp32.
 """
 
 from __future__ import annotations
@@ -313,8 +314,17 @@ def attention_paged(
 
 
 def _sdpa(q, k, v, causal_offset: int, scale: float) -> torch.Tensor:
-    """Plain SDPA for one sequence; queries sit at positions causal_offset.. of the keys."""
+    """Plain SDPA for one sequence; queries sit at positions causal_offset.. of the keys.
+
+    A whole sequence (training, a prefill without cached keys) goes in as torch's own causal attention with GQA,
+    no mask and no repeated K/V, so torch may pick its fastest kernel (flash or cuDNN on a GPU): the ``fast``
+    backend is what a plain PyTorch trainer gets. Queries over a cached prefix need the bottom-right mask."""
     hq, hk = q.shape[1], k.shape[1]
+    if causal_offset == 0 and q.shape[0] == k.shape[0] and hq % hk == 0:
+        o = F.scaled_dot_product_attention(
+            q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True, scale=scale, enable_gqa=hq != hk
+        )
+        return o.transpose(0, 1)
     if hq != hk:
         k = k.repeat_interleave(hq // hk, dim=1)
         v = v.repeat_interleave(hq // hk, dim=1)
