@@ -54,6 +54,9 @@ BAD_PARAMS = [
     pytest.param(_bad_params(temperature=float("inf")), r"temperature must be a finite number >= 0, got inf", id="inf"),
     pytest.param(_bad_params(temperature=True), r"temperature must be a finite number >= 0, got True", id="bool"),
     pytest.param(
+        _bad_params(temperature=1e-38), r"temperature 1e-38 is below 1e-05: .* use 0 for greedy", id="temperature-tiny"
+    ),
+    pytest.param(
         _bad_params(top_p=float("nan")), r"top_p must be a finite number in \(0, 1\], got nan", id="top_p-nan"
     ),
     pytest.param(_bad_params(max_tokens=0), r"max_tokens must be >= 1, got 0", id="max_tokens"),

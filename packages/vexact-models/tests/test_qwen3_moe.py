@@ -156,5 +156,10 @@ def test_router_outputs_are_recorded_per_sparse_layer():
     assert nothing == []
     loss = load_balancing_loss(router, num_experts=8, top_k=2)
     assert loss.ndim == 0 and loss.item() > 0
+    # the formula as transformers writes it (a one-hot mean over tokens), bit for bit
+    ids = torch.cat([r.topk_ids for r in router])[:, :2]
+    one_hot = torch.nn.functional.one_hot(ids, 8).float().mean(dim=0)
+    probs = torch.softmax(torch.cat([r.logits for r in router]).float(), dim=-1).mean(dim=0)
+    assert torch.equal(loss, (one_hot * probs.unsqueeze(0)).sum() * 8)
     with pytest.raises(ValueError, match="no router outputs recorded"):
         load_balancing_loss([], 8, 2)

@@ -3,6 +3,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+MIN_TEMPERATURE = 1e-5  # the smallest positive temperature (vLLM treats those below it as greedy)
+
 
 @dataclass
 class SamplingParams:
@@ -30,6 +32,9 @@ class SamplingParams:
         t = self.temperature
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
             raise ValueError(f"temperature must be a finite number >= 0, got {t!r}")
+        if 0 < t < MIN_TEMPERATURE:  # logits / t would overflow fp32 (inf - inf: NaN logprobs)
+            raise ValueError(f"temperature {t!r} is below {MIN_TEMPERATURE}: logits / temperature overflows; use 0 "
+                             "for greedy decoding")  # fmt: skip
         p = self.top_p
         if not isinstance(p, (int, float)) or not math.isfinite(p) or not (0.0 < p <= 1.0):
             raise ValueError(f"top_p must be a finite number in (0, 1], got {p!r}")

@@ -148,8 +148,11 @@ def load_balancing_loss(router: list[RouterOutput], num_experts: int, top_k: int
     logits = torch.cat([r.logits for r in router])  # [L*T, E]
     probs = torch.softmax(logits.float(), dim=-1)
     ids = torch.cat([r.topk_ids for r in router])[:, :top_k]
-    mask = torch.nn.functional.one_hot(ids, num_experts).float()  # [L*T, k, E]
-    tokens_per_expert = mask.mean(dim=0)  # [k, E]
+    # share of each (rank, expert) slot: counts / tokens, without a [L*T, k, E] one-hot (the counts are exact
+    # integers, so this equals the one-hot mean bit for bit)
+    counts = torch.zeros(top_k, num_experts, dtype=torch.float32, device=ids.device)
+    counts.scatter_add_(1, ids.t().contiguous(), torch.ones(ids.t().shape, dtype=torch.float32, device=ids.device))
+    tokens_per_expert = counts / ids.shape[0]  # [k, E]
     prob_per_expert = probs.mean(dim=0)  # [E]
     return (tokens_per_expert * prob_per_expert.unsqueeze(0)).sum() * num_experts
 
