@@ -15,6 +15,7 @@
 #   bench-mla       benchmarks/mla.py, Moonlight and DeepSeek-V3 layer shapes -> $OUT/mla-<target>.md, mla-v3-...
 #   bench-grpo      benchmarks/throughput.py --grpo-only (prefix caching on/off) -> $OUT/throughput-grpo-<target>.md
 #   bench-moe       benchmarks/moe.py -> $OUT/moe-<target>.md
+#   bench-trainer   benchmarks/trainer.py (FSDP2, Qwen3-1.7B shape): tokens/s and MFU -> $OUT/trainer-<target>.md
 #   bench-moonlight benchmarks/throughput.py --models moonlight (invariant vs fast) -> $OUT/throughput-moonlight-...
 #   tim             scripts/tim_gpu.py: `vexact tim` on fast and invariant GPU rollouts + attribution -> $OUT/tim/
 #   tim-study       examples/tim_study/sweep.py on the GPU preset -> $OUT/tim-study-<target>.jsonl and its .png
@@ -80,6 +81,9 @@ for step in "$@"; do
     bench-moonlight)  # issue #12: engine throughput of the Moonlight-16B-A3B shape, invariant vs fast
       python3 benchmarks/throughput.py --models moonlight --modes invariant,fast --grpo-prompts 0 \
         --out "$OUT/throughput-moonlight-$TARGET.md" 2>&1 | grep -v "it/s\]" | tail -30 || status=1 ;;
+    bench-trainer)  # issue #14: trainer tokens/s and MFU, invariant vs plain PyTorch (fast)
+      python3 -m torch.distributed.run --standalone --nproc_per_node=1 benchmarks/trainer.py \
+        --out "$OUT/trainer-$TARGET.md" 2>&1 | tail -15 || status=1 ;;
     bench-moe)
       python3 benchmarks/moe.py --out "$OUT/moe-$TARGET.md" || status=1 ;;
     tim)
