@@ -25,6 +25,7 @@
 #                   golden fixtures with VEXACT_ATTENTION=fa4 (fixtures/<target>-fa4), benchmarks/attention.py
 #   bench-throughput    the peer table: VeXact vs vLLM default / batch-invariant / HF generate
 #                   (scripts/vllm_device_wheels.sh puts vLLM in /tmp/vllmsite) -> $OUT/throughput-<target>.md
+#   tim-vllm        vLLM's rollouts (default, VLLM_BATCH_INVARIANT=1) rescored by `vexact tim` -> $OUT/tim-vllm/
 #   verl-rollout    the verl rollout GPU test (weight sync through CUDA IPC); verl + Ray wheels
 #                   (scripts/verl_device_wheels.sh). The GRPO runs are scripts/verl_gpu.sh.
 # Two GPUs:
@@ -108,6 +109,18 @@ for step in "$@"; do
       site=(); [ -d /tmp/vllmsite ] && site=(--vllm-site /tmp/vllmsite)
       python3 benchmarks/throughput.py "${site[@]}" --ckpt-dir /tmp/peers --out "$OUT/throughput-$TARGET.md" 2>&1 \
         | grep -v "it/s\]" | tee "$OUT/throughput-$TARGET.log" || status=1 ;;
+    tim-vllm)  # issue #13: vLLM's own rollouts (default and batch-invariant) rescored by our trainer; needs vLLM
+      # (/tmp/vllmsite) and the 1.7B checkpoint bench-throughput saved in /tmp/peers; FA4's site off the path
+      ckpt=/tmp/peers/qwen3-1.7b
+      [ -f "$ckpt/config.json" ] || { echo "tim-vllm: run bench-throughput first ($ckpt)"; status=1; continue; }
+      mkdir -p "$OUT/tim-vllm"
+      for mode in default batch-invariant; do
+        flag=(); [ "$mode" = batch-invariant ] && flag=(--batch-invariant)
+        PYTHONPATH=/tmp/vllmsite:$PYTHONPATH VLLM_USE_FLASHINFER_SAMPLER=0 python3 scripts/tim_vllm_rollouts.py \
+          "$ckpt" "/tmp/vllm-$mode.jsonl" "${flag[@]}" 2>&1 | tail -3 || status=1
+        python3 -m vexact tim rescore "/tmp/vllm-$mode.jsonl" --model "$ckpt" --layout vllm --device cuda \
+          --out "$OUT/tim-vllm/$mode" 2>&1 | grep -v "it/s\]" | tail -8 || status=1
+      done ;;
     verl-rollout)
       "${PYTEST[@]}" packages/vexact-verl/tests/test_verl_rollout_gpu.py 2>&1 | tee "$OUT/verl-rollout-$TARGET.log" \
         || status=1 ;;

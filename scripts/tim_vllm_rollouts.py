@@ -1,6 +1,7 @@
 """Roll out a checkpoint with vLLM's offline API and write the rows ``vexact tim rescore --layout vllm`` reads.
 
-Run on the GPU machine where vLLM is installed (untested here: vLLM is not installed on the CPU machine):
+Run on the GPU machine where vLLM is installed (untested here: vLLM is not installed on the CPU machine; on the GPU
+machine ``scripts/gpu_checks.sh <target> tim-vllm`` runs both modes on the checkpoint ``bench-throughput`` saved):
 
     python scripts/tim_vllm_rollouts.py CKPT $OUT/vllm.jsonl [--batch-invariant]
     python -m vexact tim rescore $OUT/vllm.jsonl --model CKPT --layout vllm --device cuda --out $OUT/vllm
@@ -34,9 +35,11 @@ def main() -> None:
 
     rng = random.Random(0)
     prompts = [[rng.randrange(256) for _ in range(rng.randrange(8, 64))] for _ in range(args.prompts)]
-    llm = LLM(model=args.checkpoint, logprobs_mode="processed_logprobs", enable_prefix_caching=False, seed=0)
+    # token ids in and out (the checkpoints benchmarks/peers.py saves have no tokenizer), as peers.py runs vLLM
+    llm = LLM(model=args.checkpoint, logprobs_mode="processed_logprobs", enable_prefix_caching=False, seed=0,
+              skip_tokenizer_init=True, dtype="bfloat16")  # fmt: skip
     params = [
-        SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, seed=i, logprobs=1)
+        SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, seed=i, logprobs=1, detokenize=False)
         for i in range(args.prompts)
     ]
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
