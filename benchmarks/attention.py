@@ -47,7 +47,9 @@ def copy_bandwidth() -> float:
     return 2 * (1 << 31) / (ms * 1e-3)
 
 
-def decode_case(batch: int, ctx: int, d: int = D):
+def _paged_inputs(batch: int, ctx: int, d: int = D):
+    """One decode step's inputs over a paged cache (page 16, pages shuffled): q, k/v caches, block table, context
+    lengths and cu_seqlens_q (one query per sequence)."""
     pages_per_seq = ctx // PAGE
     num_pages = batch * pages_per_seq
     kc = torch.randn(num_pages, PAGE, HKV, d, device=DEV, dtype=torch.bfloat16)
@@ -56,6 +58,11 @@ def decode_case(batch: int, ctx: int, d: int = D):
     q = torch.randn(batch, HQ, d, device=DEV, dtype=torch.bfloat16)
     ctx_lens = torch.full((batch,), ctx, device=DEV, dtype=torch.int32)
     cu = torch.arange(batch + 1, device=DEV, dtype=torch.int32)
+    return q, kc, vc, bt, ctx_lens, cu
+
+
+def decode_case(batch: int, ctx: int, d: int = D):
+    q, kc, vc, bt, ctx_lens, cu = _paged_inputs(batch, ctx, d)
     fn = lambda: ta.attention_paged(q, kc, vc, bt, ctx_lens, cu)  # noqa: E731
     fn()
     ms = do_bench_cudagraph(fn, rep=50)  # as the engine runs decode: in a CUDA graph (no host sync in the op)
@@ -212,14 +219,7 @@ def _graphed_tbs(fn, nbytes: int) -> float:
 
 def _paged_decode(batch: int, ctx: int, fa4: bool, nbytes: int) -> list:
     """Ours and FA4 over one paged cache (page 16, pages shuffled), as the engine's decode graph runs them."""
-    pages_per_seq = ctx // PAGE
-    num_pages = batch * pages_per_seq
-    kc = torch.randn(num_pages, PAGE, HKV, D, device=DEV, dtype=torch.bfloat16)
-    vc = torch.randn_like(kc)
-    bt = torch.randperm(num_pages, device=DEV, dtype=torch.int32).view(batch, pages_per_seq)
-    q = torch.randn(batch, HQ, D, device=DEV, dtype=torch.bfloat16)
-    ctx_lens = torch.full((batch,), ctx, device=DEV, dtype=torch.int32)
-    cu = torch.arange(batch + 1, device=DEV, dtype=torch.int32)
+    q, kc, vc, bt, ctx_lens, cu = _paged_inputs(batch, ctx)
     ours = _graphed_tbs(lambda: ta.attention_paged(q, kc, vc, bt, ctx_lens, cu), nbytes)
     if not fa4:
         return [ours, "-"]

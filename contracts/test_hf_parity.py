@@ -71,11 +71,12 @@ def test_logprobs_match_transformers(tmp_path, device, dtype, family, tied):
             out = hf(x, output_router_logits=family == "qwen3_moe" and moe_bf16)
             ref = torch.log_softmax(out.logits[0].float(), -1)
             n = len(s)
-            if family == "qwen3_moe" and moe_bf16:
-                ref_routing = [_softmax_topk(r, ours.config.num_experts_per_tok) for r in out.router_logits]
-                n = _tokens_before_routing_flip(routers, ref_routing, i, [len(q) for q in seqs])
-            elif moe_bf16:
-                n = _tokens_before_routing_flip(routers, list(hf_routing), i, [len(q) for q in seqs])
+            if moe_bf16:  # the fp32 reference's choice per MoE layer: Qwen3-MoE's from its logits, DeepSeek's hooked
+                k = ours.config.num_experts_per_tok
+                reference = (
+                    [_softmax_topk(r, k) for r in out.router_logits] if family == "qwen3_moe" else list(hf_routing)
+                )
+                n = _tokens_before_routing_flip(routers, reference, i, [len(q) for q in seqs])
             err = (lp[:n] - ref[:n]).abs().max().item()
             if hf_same_dtype is None:
                 tol = FP32_TOL
