@@ -58,14 +58,20 @@ record_golden() {  # $1: fixture dir suffix ("" or "-fa4")
   tar czf "$OUT/golden-$TARGET$1.tgz" "contracts/fixtures/$TARGET$1"
 }
 
+contract_suite() {  # the contract suite in parallel, then the tests that read device-wide free memory, alone
+  # (a function, not a { } group in the pipeline: a status set inside a pipeline's group is lost with its subshell)
+  local rc=0
+  "${PYTEST[@]}" contracts --target "$TARGET" -m "not gpu_exclusive" || rc=1
+  "${SERIAL[@]}" contracts --target "$TARGET" -m gpu_exclusive || rc=1
+  return $rc
+}
+
 for step in "$@"; do
   echo "=== $step ($TARGET) $(date +%T)"
   case "$step" in
     golden) record_golden "" ;;
-    contracts)  # the tests that read device-wide free memory run alone, after the parallel pass
-      { "${PYTEST[@]}" contracts --target "$TARGET" -m "not gpu_exclusive" || status=1
-        "${SERIAL[@]}" contracts --target "$TARGET" -m gpu_exclusive || status=1; } 2>&1 \
-        | tee "$OUT/contracts-$TARGET.log" ;;
+    contracts)
+      contract_suite 2>&1 | tee "$OUT/contracts-$TARGET.log" || status=1 ;;
     kernels)
       "${PYTEST[@]}" -m gpu packages/vexact-kernels/tests 2>&1 | tee "$OUT/kernels-$TARGET.log" || status=1 ;;
     packages)
@@ -99,9 +105,7 @@ for step in "$@"; do
       "${PYTEST[@]}" -m gpu packages/vexact-kernels/tests/test_fa4_attention.py 2>&1 \
         | tee "$OUT/fa4-kernels-$TARGET.log" || status=1 ;;
     fa4-contracts)
-      { VEXACT_ATTENTION=fa4 "${PYTEST[@]}" contracts --target "$TARGET" -m "not gpu_exclusive" || status=1
-        VEXACT_ATTENTION=fa4 "${SERIAL[@]}" contracts --target "$TARGET" -m gpu_exclusive || status=1; } 2>&1 \
-        | tee "$OUT/fa4-contracts-$TARGET.log" ;;
+      (export VEXACT_ATTENTION=fa4; contract_suite) 2>&1 | tee "$OUT/fa4-contracts-$TARGET.log" || status=1 ;;
     fa4-golden) export VEXACT_ATTENTION=fa4; record_golden "-fa4"; unset VEXACT_ATTENTION ;;
     fa4-bench)
       python3 benchmarks/attention.py --out "$OUT/attention-$TARGET.md" || status=1 ;;
