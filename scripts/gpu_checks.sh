@@ -45,6 +45,8 @@ if [ "$WORKERS" -gt 0 ]; then PYTEST=(python3 -m pytest -q -rs --durations=10 -n
 else PYTEST=(python3 -m pytest -q -rs --durations=10 -p no:xdist); fi
 SERIAL=(python3 -m pytest -q -rs -p no:xdist)
 status=0
+# vLLM's steps run without FA4's site on the path: both carry apache-tvm-ffi, in different versions
+NO_FA4_PATH=$(tr ':' '\n' <<< "${PYTHONPATH:-}" | grep -v fa4site | paste -sd: -)
 
 record_golden() {  # $1: fixture dir suffix ("" or "-fa4")
   local fams=${FAMILIES:-$(python3 -c "from contracts.golden import FAMILIES; print(' '.join(FAMILIES))")}
@@ -111,7 +113,7 @@ for step in "$@"; do
       python3 benchmarks/attention.py --out "$OUT/attention-$TARGET.md" || status=1 ;;
     bench-throughput)
       site=(); [ -d /tmp/vllmsite ] && site=(--vllm-site /tmp/vllmsite)
-      python3 benchmarks/throughput.py "${site[@]}" --ckpt-dir /tmp/peers --out "$OUT/throughput-$TARGET.md" 2>&1 \
+      PYTHONPATH=$NO_FA4_PATH python3 benchmarks/throughput.py "${site[@]}" ${THROUGHPUT_ARGS:-} --ckpt-dir /tmp/peers --out "$OUT/throughput-$TARGET.md" 2>&1 \
         | grep -v "it/s\]" | tee "$OUT/throughput-$TARGET.log" || status=1 ;;
     tim-vllm)  # issue #13: vLLM's own rollouts (default and batch-invariant) rescored by our trainer; needs vLLM
       # (/tmp/vllmsite) and the 1.7B checkpoint bench-throughput saved in /tmp/peers; FA4's site off the path
@@ -120,7 +122,7 @@ for step in "$@"; do
       mkdir -p "$OUT/tim-vllm"
       for mode in default batch-invariant; do
         flag=(); [ "$mode" = batch-invariant ] && flag=(--batch-invariant)
-        PYTHONPATH=/tmp/vllmsite:$PYTHONPATH VLLM_USE_FLASHINFER_SAMPLER=0 python3 scripts/tim_vllm_rollouts.py \
+        PYTHONPATH=/tmp/vllmsite:$NO_FA4_PATH VLLM_USE_FLASHINFER_SAMPLER=0 python3 scripts/tim_vllm_rollouts.py \
           "$ckpt" "/tmp/vllm-$mode.jsonl" "${flag[@]}" 2>&1 | tail -3 || status=1
         python3 -m vexact tim rescore "/tmp/vllm-$mode.jsonl" --model "$ckpt" --layout vllm --device cuda \
           --out "$OUT/tim-vllm/$mode" 2>&1 | grep -v "it/s\]" | tail -8 || status=1

@@ -11,7 +11,7 @@
 # (`BACKEND=invariant`, the default, or `fast` for the mismatch baseline) and, for zero mismatch, the actor's
 # invariant mode: pass `actor_rollout_ref.actor.strategy=vexact` (without it verl's stock HF actor recomputes the
 # logprobs and a small mismatch remains). Everything else is stock verl GRPO. LR (default 1e-6, for a real
-# checkpoint), STEPS, RUN_DIR, NAME are environment variables. No GPU: VERL_PLATFORM=cpu, see
+# checkpoint), STEPS, RUN_DIR, NAME, GPU_MEM are environment variables. No GPU: VERL_PLATFORM=cpu, see
 # packages/vexact-verl/README.md ("verl on CPU").
 # `calculate_log_probs=True` makes verl log its rollout-correction metrics (rollout_corr/k3_kl, rollout_corr/kl,
 # rollout_corr/log_ppl_abs_diff, ...) every step: the rollout's logprobs against the actor's recomputed old_log_prob.
@@ -23,6 +23,8 @@ DATA=${DATA:-data/arith}
 BACKEND=${BACKEND:-invariant}
 STEPS=${STEPS:-20}
 LR=${LR:-1e-6}
+# GPU_MEM: the rollout engine's share of the device's total memory (lower it when two runs share one GPU)
+GPU_MEM=${GPU_MEM:-0.4}
 NAME=${NAME:-grpo-${BACKEND}}
 RUN_DIR=${RUN_DIR:-outputs/verl_grpo}
 mkdir -p "$RUN_DIR"
@@ -50,7 +52,7 @@ python3 -m vexact_verl.main_ppo \
   actor_rollout_ref.rollout.name=vexact \
   actor_rollout_ref.rollout.n=4 \
   actor_rollout_ref.rollout.tensor_model_parallel_size=1 \
-  actor_rollout_ref.rollout.gpu_memory_utilization=0.4 \
+  actor_rollout_ref.rollout.gpu_memory_utilization="$GPU_MEM" \
   actor_rollout_ref.rollout.max_num_seqs=256 \
   actor_rollout_ref.rollout.max_num_batched_tokens=4096 \
   actor_rollout_ref.rollout.calculate_log_probs=True \
