@@ -117,13 +117,14 @@ for step in "$@"; do
         | grep -v "it/s\]" | tee "$OUT/throughput-$TARGET.log" || status=1 ;;
     tim-vllm)  # issue #13: vLLM's own rollouts (default and batch-invariant) rescored by our trainer; needs vLLM
       # (/tmp/vllmsite) and the 1.7B checkpoint bench-throughput saved in /tmp/peers; FA4's site off the path
+      # (bench-throughput's checkpoint when it ran first; else written here); VLLM_GPU_MEM: vLLM's memory share
       ckpt=/tmp/peers/qwen3-1.7b
-      [ -f "$ckpt/config.json" ] || { echo "tim-vllm: run bench-throughput first ($ckpt)"; status=1; continue; }
       mkdir -p "$OUT/tim-vllm"
       for mode in default batch-invariant; do
         flag=(); [ "$mode" = batch-invariant ] && flag=(--batch-invariant)
         PYTHONPATH=/tmp/vllmsite:$NO_FA4_PATH VLLM_USE_FLASHINFER_SAMPLER=0 python3 scripts/tim_vllm_rollouts.py \
-          "$ckpt" "/tmp/vllm-$mode.jsonl" "${flag[@]}" 2>&1 | tail -3 || status=1
+          "$ckpt" "/tmp/vllm-$mode.jsonl" "${flag[@]}" --make-checkpoint 1.7b \
+          --gpu-memory-utilization "${VLLM_GPU_MEM:-0.9}" 2>&1 | tail -3 || status=1
         python3 -m vexact tim rescore "/tmp/vllm-$mode.jsonl" --model "$ckpt" --layout vllm --device cuda \
           --out "$OUT/tim-vllm/$mode" 2>&1 | grep -v "it/s\]" | tail -8 || status=1
       done ;;
