@@ -59,6 +59,24 @@ def roofline_bytes(
     return steps * weight_bytes + kv * kv_per_token
 
 
+def decode_weight_bytes(model) -> int:
+    """Bytes of weights one batch-1 decode step must read: every parameter, except that a routed-expert tensor
+    ``[E, ...]`` (``...experts.*``, 3-d) counts ``k / E`` of its bytes (the token goes through ``k`` experts of each MoE
+    layer) and an input embedding not tied to the lm_head counts one row (the step looks up one token)."""
+    cfg = model.config
+    embed = model.model.embed_tokens.weight
+    tied = embed is model.lm_head.weight
+    total = 0
+    for name, p in model.named_parameters(remove_duplicate=True):
+        size = p.numel() * p.element_size()
+        if p.dim() == 3 and ".experts." in name:
+            size = size * cfg.num_experts_per_tok // p.shape[0]
+        elif p is embed and not tied:
+            size = p.shape[1] * p.element_size()
+        total += size
+    return total
+
+
 def save_hf_checkpoint(model, path: str | Path) -> Path:
     """Save ``model`` (vexact Qwen3) as an HF checkpoint directory vLLM and transformers can load (no tokenizer)."""
     from vexact_models import save_checkpoint

@@ -8,11 +8,12 @@ lengths, ``ignore_eos``, sampling settings (temperature 1, no top-k/top-p, a see
   batch-invariant) and its fraction of the roofline (``benchmarks/peers.py``: least bytes the run must read / copy
   bandwidth / wall time); VeXact ``fast`` only as the mismatch baseline (no ratio); HF ``generate`` on one
   left-padded batch (its own workload, so its own roofline);
-- decode step time at batch 1 of each engine against the bound ``weight bytes / copy bandwidth`` (bandwidth of a
-  device-to-device copy measured in the same run, bytes read + written); goal for VeXact <= 1.3x.
+- decode step time at batch 1 of each engine against the bound ``weight bytes a step reads / copy bandwidth``
+  (``peers.decode_weight_bytes``: an MoE step reads k of E routed experts; bandwidth of a device-to-device copy
+  measured in the same run, bytes read + written); goal for VeXact <= 1.3x.
 vLLM (0.26.0, from ``scripts/vllm_device_wheels.sh``; ``--vllm-site /tmp/vllmsite``) loads the same weights from an
 HF checkpoint directory the run writes (``--ckpt-dir``), one subprocess per mode and batch limit; without vLLM its
-cells say "not installed". The vLLM and HF peer code is written against their APIs and NOT YET RUN ON A GPU.
+cells say "not installed". First run on a GPU: ``benchmarks/results/throughput-h200.md`` (``--quick``).
 Then a GRPO-shaped row (VeXact's own engine): ``--grpo-prompts`` prompts of ``--grpo-prompt-len LO HI`` tokens, each
   sampled ``--grpo-n`` times (n requests share a prompt, distinct seeds), with prefix caching on and off: output
   tokens/s, the prompt tokens served from the cache (hit rate), and whether on and off gave the same tokens and
@@ -356,10 +357,13 @@ def peer_section(model, shape: str, args, bw: float, modes, batch_limits, workdi
     if goal_rows:
         lines += ["", "| batch limit | invariant / vLLM default (goal >= 0.85) | invariant / vLLM batch-invariant "
                   "(goal > 1) |", "| --- | --- | --- |", *goal_rows]  # fmt: skip
-    bound = weight_bytes / bw
-    lines += ["", f"Decode step at batch 1 (host work included); bound = weight bytes / copy bandwidth = "
-              f"{bound * 1e3:.3f} ms (goal for VeXact <= 1.3x). VeXact: median of {args.decode_steps} steps; vLLM "
-              f"and HF: (time of 1 + {args.decode_steps} tokens - time of 1 token) / {args.decode_steps}, best of 3.",
+    step_bytes = peers.decode_weight_bytes(model)
+    bound = step_bytes / bw
+    lines += ["", f"Decode step at batch 1 (host work included); bound = weight bytes one step reads "
+              f"({step_bytes / GIB:.2f} GiB: every weight, but only the k routed experts of each MoE layer and one "
+              f"row of an untied input embedding) / copy bandwidth = {bound * 1e3:.3f} ms (goal for VeXact <= 1.3x). "
+              f"VeXact: median of {args.decode_steps} steps; vLLM and HF: (time of 1 + {args.decode_steps} tokens - "
+              f"time of 1 token) / {args.decode_steps}, best of 3.",
               "", "| engine | step ms | x bound |", "| --- | --- | --- |"]  # fmt: skip
     for mode in modes:
         if mode in ENGINE_MODES:

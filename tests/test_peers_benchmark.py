@@ -47,6 +47,26 @@ FAKE_VLLM = textwrap.dedent("""
 """)
 
 
+def test_decode_weight_bytes_counts_k_of_e_experts_and_one_row_of_an_untied_embedding():
+    from vexact_models import random_model, tiny_deepseek_v3_config
+
+    cfg = tiny_qwen3_config(tie_word_embeddings=True)
+    dense = random_model(cfg)
+    assert peers.decode_weight_bytes(dense) == sum(p.numel() * p.element_size() for p in dense.parameters())
+    untied = random_model(tiny_qwen3_config(tie_word_embeddings=False))
+    embed = untied.model.embed_tokens.weight
+    full = sum(p.numel() * p.element_size() for p in untied.parameters())
+    assert peers.decode_weight_bytes(untied) == full - (embed.numel() - embed.shape[1]) * embed.element_size()
+    moe = random_model(tiny_deepseek_v3_config())
+    experts = [p for n, p in moe.named_parameters() if ".experts." in n and p.dim() == 3]
+    e, k = experts[0].shape[0], moe.config.num_experts_per_tok
+    expert_bytes = sum(p.numel() * p.element_size() for p in experts)
+    embed = moe.model.embed_tokens.weight
+    full = sum(p.numel() * p.element_size() for p in moe.parameters())
+    want = full - expert_bytes + expert_bytes * k // e - (embed.numel() - embed.shape[1]) * embed.element_size()
+    assert peers.decode_weight_bytes(moe) == want < full
+
+
 def test_roofline_bytes_counts_full_steps_kv_attended_and_prefill_passes():
     # two requests, prompts 10 and 20, outputs 3 and 1, batch limit 2, 16 prompt tokens a step:
     # decode tokens 2 -> 1 step; prefill 30 tokens -> 2 passes; KV: request 0 attends 11 + 12, request 1 nothing

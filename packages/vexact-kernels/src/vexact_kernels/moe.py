@@ -20,8 +20,12 @@ chunking, or whether a training batch, a prefill chunk or a decode step ran it:
   gate/up are cast to the activation dtype, silu-and-mul runs in fp32 and is cast once, down stays fp32;
 * combine: ``out[t] = ((0 + w_0 * y_0) + w_1 * y_1) + ...`` in fp32 in the token's own top-k rank order, cast once.
 
-The ``fast`` backend is the mismatch baseline, as transformers runs it: bf16 router logits, ``torch.topk``, one
-``F.linear`` per expert in the activation dtype, the weighted outputs added with ``index_add_`` in expert order.
+The ``fast`` backend is the mismatch baseline, as transformers runs it: bf16 router logits, ``torch.topk``; the
+experts as transformers' ``grouped_mm`` experts implementation runs them on a GPU: the (token, rank) pairs grouped by
+expert on the device (groups padded to ``_GROUP_ALIGN`` rows), one ``torch._grouped_mm`` per projection, the weighted
+outputs summed in fp32, with no host sync, so a CUDA graph captures it (where ``torch._grouped_mm`` takes the dtype
+and device: bf16 on compute capability 9.0+); elsewhere one ``F.linear`` per expert hit, the weighted outputs added
+with ``index_add_`` in expert order (transformers' eager loop).
 """
 
 from __future__ import annotations
@@ -254,7 +258,53 @@ def _check_moe_args(x, w_gate_up, w_down, topk_weights, topk_ids) -> None:
         )
 
 
+_GROUP_ALIGN = 16  # rows per expert group in the fast grouped path are padded to a multiple of this (as torchtitan)
+
+
+def _grouped_mm_ok(x: torch.Tensor) -> bool:
+    """Whether the fast backend runs the experts with ``torch._grouped_mm``: bf16 on a CUDA device of compute
+    capability 9.0+ (its CUTLASS kernel); everything else takes the per-expert loop."""
+    return (
+        hasattr(torch, "_grouped_mm")
+        and x.is_cuda
+        and x.dtype == torch.bfloat16
+        and torch.cuda.get_device_capability(x.device) >= (9, 0)
+    )
+
+
+def _fused_moe_fast_grouped(x, w_gate_up, w_down, topk_weights, topk_ids) -> torch.Tensor:
+    """The experts as one grouped GEMM per projection over the pairs grouped by expert, planned on the device: no
+    host sync, static shapes (``T*k + E*(_GROUP_ALIGN-1)`` grouped rows at most), so CUDA graphs capture it."""
+    t, k = topk_ids.shape
+    e, two_i, _ = w_gate_up.shape
+    inter = two_i // 2
+    flat = topk_ids.reshape(-1).long()
+    order = torch.sort(flat, stable=True).indices  # pair index of each sorted position, grouped by expert
+    counts = torch.zeros(e, dtype=torch.long, device=x.device).scatter_add_(0, flat, torch.ones_like(flat))
+    padded = (counts + _GROUP_ALIGN - 1) // _GROUP_ALIGN * _GROUP_ALIGN
+    ends = torch.cumsum(padded, 0)
+    expert = flat[order]  # expert of each sorted position
+    rank_in_group = torch.arange(flat.numel(), device=x.device) - (torch.cumsum(counts, 0) - counts)[expert]
+    row = (ends - padded)[expert] + rank_in_group  # grouped row of each sorted position
+    src = torch.zeros(t * k + e * (_GROUP_ALIGN - 1), dtype=torch.long, device=x.device)
+    src[row] = order // k  # the token each grouped row reads (pad rows read token 0 and are never used)
+    pair_row = torch.empty_like(row)
+    pair_row[order] = row
+    offs = ends.to(torch.int32)
+    # rows past the last group are left unwritten by _grouped_mm, in its output and in its input gradient: zeroed
+    # by `where` on both sides, so no stale value reaches a token (or token 0's gradient, which pad rows read)
+    used = (torch.arange(src.shape[0], device=x.device) < ends[-1]).unsqueeze(-1)
+    h = torch._grouped_mm(torch.where(used, x[src], 0), w_gate_up.transpose(1, 2), offs=offs)
+    h = torch.where(used, h, 0)
+    a = F.silu(h[:, :inter]) * h[:, inter:]
+    y = torch._grouped_mm(a, w_down.transpose(1, 2), offs=offs)
+    y = y[pair_row].view(t, k, -1).float()
+    return (y * topk_weights.float().unsqueeze(-1)).sum(1).to(x.dtype)
+
+
 def _fused_moe_fast(x, w_gate_up, w_down, topk_weights, topk_ids) -> torch.Tensor:
+    if _grouped_mm_ok(x):
+        return _fused_moe_fast_grouped(x, w_gate_up, w_down, topk_weights, topk_ids)
     e, two_i, _ = w_gate_up.shape
     inter = two_i // 2
     out = torch.zeros_like(x)
