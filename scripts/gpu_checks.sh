@@ -116,8 +116,9 @@ for step in "$@"; do
       PYTHONPATH=$NO_FA4_PATH python3 benchmarks/throughput.py "${site[@]}" ${THROUGHPUT_ARGS:-} --ckpt-dir /tmp/peers --out "$OUT/throughput-$TARGET.md" 2>&1 \
         | grep -v "it/s\]" | tee "$OUT/throughput-$TARGET.log" || status=1 ;;
     tim-vllm)  # issue #13: vLLM's own rollouts (default and batch-invariant) rescored by our trainer; needs vLLM
-      # (/tmp/vllmsite) and the 1.7B checkpoint bench-throughput saved in /tmp/peers; FA4's site off the path
-      # (bench-throughput's checkpoint when it ran first; else written here); VLLM_GPU_MEM: vLLM's memory share
+      # (/tmp/vllmsite); the 1.7B checkpoint in /tmp/peers is bench-throughput's when it ran first, else written
+      # here; FA4's site off the path; VLLM_GPU_MEM: vLLM's memory share (lower it when other jobs share the GPU:
+      # vLLM refuses to start when that share is not free)
       ckpt=/tmp/peers/qwen3-1.7b
       mkdir -p "$OUT/tim-vllm"
       for mode in default batch-invariant; do
