@@ -10,6 +10,9 @@ process on the same GPU, as in verl's hybrid mode. Paths:
 - ``ipc`` (the new one): the trainer packs into two device buffers of half a bucket each, the engine opens their CUDA
   IPC handles once and per bucket gets only its ``TensorSpec`` list, copying into its parameters in place while the
   trainer packs the next bucket (``vexact_models.BucketPacker`` / ``send_buckets``, the code the adapter runs).
+- ``ipc-stacked`` (MoE shapes): the same with each stacked expert tensor sent whole (``iter_weights(stacked=True)``,
+  531 tensors for Qwen3-30B-A3B instead of 18867 per expert and projection): what verl's ``get_per_tensor_param``
+  (state-dict tensors) hands the rollout; the engine copies each bucket's tensors with one ``torch._foreach_copy_``.
 - ``bound``: bytes / device-to-device copy bandwidth (one ``copy_`` of 1 GiB, measured here): one copy of every
   weight. The IPC path copies twice (pack, then unpack), so 2x the bound is its natural floor.
 
@@ -211,7 +214,7 @@ def _host_sync(conn, model, bucket_bytes: int, blob: torch.Tensor) -> None:
         _ask(conn, "host", specs)
 
 
-def _ipc_sync(conn, model, bucket_bytes: int) -> int:
+def _ipc_sync(conn, model, bucket_bytes: int, stacked: bool = False) -> int:
     packer = BucketPacker(bucket_bytes // 2, "cuda")
     _ask(conn, "open", [ipc_handle(b) for b in packer.buffers])
     count = [0]
@@ -221,7 +224,7 @@ def _ipc_sync(conn, model, bucket_bytes: int) -> int:
         count[0] += 1
         return bucket.index
 
-    send_buckets(iter_weights(model), packer, submit, lambda _: _answer(conn))
+    send_buckets(iter_weights(model, stacked=stacked), packer, submit, lambda _: _answer(conn))
     _ask(conn, "close")
     return count[0]
 
@@ -260,7 +263,9 @@ def run_colocated(shape: str, bucket_bytes: int, copy_bw: float, reps: int) -> l
         largest = max(t.numel() * 2 for _, t in iter_weights(model))
         blob, blob_path = host_blob(bucket_bytes + largest + 256)
         _ask(here, "open_host", blob.numel(), blob_path)
-        for path in ("host", "ipc"):
+        # MoE: also with each stacked expert tensor sent whole (as verl's state-dict export sends it)
+        stacked_differs = len(list(iter_weights(model, stacked=True))) != ntensors
+        for path in ("host", "ipc", *(("ipc-stacked",) if stacked_differs else ())):
             _ask(here, "zero")
             if path == "host":
                 times = _timed(lambda: _host_sync(here, model, bucket_bytes, blob), 1)
@@ -269,9 +274,13 @@ def run_colocated(shape: str, bucket_bytes: int, copy_bw: float, reps: int) -> l
                 del blob
                 os.unlink(blob_path)
             else:
-                _ipc_sync(here, model, bucket_bytes)  # warm-up (and a first check)
-                times = _timed(lambda: _ipc_sync(here, model, bucket_bytes), reps)
+                stacked = path == "ipc-stacked"
+                _ipc_sync(here, model, bucket_bytes, stacked)  # warm-up (and a first check)
+                times = _timed(lambda stacked=stacked: _ipc_sync(here, model, bucket_bytes, stacked), reps)
                 label = "CUDA IPC (new: pack, engine copies in place)"
+                if stacked:
+                    n = len(list(iter_weights(model, stacked=True)))
+                    label = f"CUDA IPC, stacked experts whole ({n} tensors, as verl exports them)"
             got = _ask(here, "fingerprint")
             ok = got == want
             rows.append({**base, "path": label, "s": statistics.median(times), "ok": "yes" if ok else "NO"})
@@ -323,8 +332,8 @@ def run_nccl(shapes: list[str], bucket_bytes: int, reps: int) -> list[dict]:
             model = random_model(cfg, seed=0, embed_std=0.02, device="cuda")
             want = fingerprint(iter_weights(model))
 
-            def once(model=model):
-                broadcast_weights(group, iter_weights(model), bucket_bytes)
+            def once(model=model):  # stacked experts whole, as verl's state-dict export sends them
+                broadcast_weights(group, iter_weights(model, stacked=True), bucket_bytes)
         else:
             llm = LLM(model=empty_model(cfg, "cuda"), **ENGINE)
 

@@ -1,8 +1,9 @@
 """Contract: after a weight sync the engine's logprobs == the trainer's (on the bf16 cast of its fp32 master),
-``torch.equal``, through each transport: the host path (``sync_weights`` -> ``update_weights``), packed buckets
-loaded in place (the colocated path's format, in one process), a ``torch.distributed`` broadcast from the trainer to
-a one-device engine and to both stages of a pipeline replica (gloo on CPU), and CUDA IPC handles between two
-processes on one GPU (gpu-marked; also after a level-2 sleep, wake, sync). One ulp changed in a bucket fails it.
+``torch.equal``, through each transport: the host path (``sync_weights`` -> ``update_weights``), packed buckets loaded
+in place (the colocated path's format, in one process; per expert and with stacked experts whole), a
+``torch.distributed`` broadcast from the trainer to a one-device engine and to both stages of a pipeline replica (gloo
+on CPU), and CUDA IPC handles between two processes on one GPU (gpu-marked; also after a level-2 sleep, wake, sync).
+One ulp changed in a bucket fails it.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from vexact_trainer import iter_weights, sync_weights
 FAMILIES = ["qwen3", "qwen3_moe", "deepseek_v3"]
 
 
-def _packed_sync(llm, model, perturb: bool = False) -> list[str]:
+def _packed_sync(llm, model, perturb: bool = False, stacked: bool = False) -> list[str]:
     packer = BucketPacker(w.BUCKET_BYTES, next(model.parameters()).device)
     loaded = []
 
@@ -30,12 +31,12 @@ def _packed_sync(llm, model, perturb: bool = False) -> list[str]:
         loaded.extend(llm.load_bucket(buf, bucket.specs))
         return bucket.index
 
-    send_buckets(iter_weights(model), packer, submit, lambda _: None)
+    send_buckets(iter_weights(model, stacked=stacked), packer, submit, lambda _: None)
     return loaded
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("path", ["host", "packed"])
+@pytest.mark.parametrize("path", ["host", "packed", "packed-stacked"])
 def test_engine_equals_trainer_after_a_sync(device, family, path):
     model = w.master(family, device)
     llm = LLM(model=w.engine_model(family, device), **w.ENGINE)
@@ -45,7 +46,9 @@ def test_engine_equals_trainer_after_a_sync(device, family, path):
         llm.wake_up()
         loaded = sync_weights(model, llm, bucket_bytes=w.BUCKET_BYTES)
     else:  # awake: in place, so the decode graphs captured before the sync (on CUDA) replay the new weights
-        loaded = _packed_sync(llm, model)
+        # packed-stacked: stacked expert tensors whole, as verl's state-dict export sends them (rows split over
+        # buckets when one is larger than a bucket)
+        loaded = _packed_sync(llm, model, stacked=path == "packed-stacked")
     assert sorted(loaded) == sorted(llm.weight_names())
     assert w.mismatches(model, w.generate(llm)) == []
 
@@ -77,8 +80,9 @@ def test_broadcast_to_an_engine_and_a_pipeline_replica_gloo(target):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_cuda_ipc_two_processes_one_gpu(family, sleep_first):
     """Colocated: the trainer process packs into two device buffers, the engine process opens their IPC handles
-    and copies each bucket into its parameters in place."""
-    res = w.run_ipc(family, sleep_first=sleep_first)
+    and copies each bucket into its parameters in place. The sleep-first case sends stacked experts whole, as
+    verl's colocated flow does (state-dict tensors); the awake case one tensor per expert."""
+    res = w.run_ipc(family, sleep_first=sleep_first, stacked=sleep_first)
     assert "error" not in res, res.get("error")
     assert res["loaded"] == len(list(iter_weights(w.master(family, "cuda"))))
     assert res["mismatches"] == []

@@ -192,8 +192,11 @@ def _ipc_engine(conn, family: str, sleep_first: bool, out) -> None:
         raise
 
 
-def run_ipc(family: str = "qwen3", sleep_first: bool = False, bucket_bytes: int = BUCKET_BYTES) -> dict:
-    """This process is the trainer (fp32 master on cuda:0); a spawned process holds the engine on the same GPU."""
+def run_ipc(
+    family: str = "qwen3", sleep_first: bool = False, bucket_bytes: int = BUCKET_BYTES, stacked: bool = False
+) -> dict:
+    """This process is the trainer (fp32 master on cuda:0); a spawned process holds the engine on the same GPU.
+    ``stacked``: stacked expert tensors go whole (``iter_weights(stacked=True)``, as verl exports them)."""
     ctx = mp.get_context("spawn")
     here, there = ctx.Pipe()
     out = ctx.SimpleQueue()
@@ -211,7 +214,7 @@ def run_ipc(family: str = "qwen3", sleep_first: bool = False, bucket_bytes: int 
         here.send((bucket.index, bucket.specs, bucket.nbytes))
         return bucket.index
 
-    sent = send_buckets(iter_weights(model), packer, submit, lambda _: here.recv())
+    sent = send_buckets(iter_weights(model, stacked=stacked), packer, submit, lambda _: here.recv())
     here.send(None)
     res = out.get()
     proc.join(timeout=120)

@@ -30,6 +30,7 @@ from vexact_trainer import (
     hf_name,
     init_distributed,
     iter_weight_buckets,
+    iter_weights,
     pack,
     parallelize,
     sequence_load_balancing_loss,
@@ -215,3 +216,19 @@ def test_moe_weight_export_is_per_expert_and_loads_into_the_twin(mesh):
     prompts, responses = _data(4, seed=7)
     ours = trainer.compute_log_probs(prompts, responses).logprobs
     assert all(map(torch.equal, ours, Actor(twin).compute_log_probs(prompts, responses).logprobs))
+
+
+def test_stacked_export_sends_each_expert_tensor_whole_and_loads_the_same_weights(mesh):
+    """``iter_weights(stacked=True)`` (verl's state-dict shape): one tensor per stacked parameter, names the engine
+    loads, values equal to the per-expert export's."""
+    master, twin = _models()
+    trainer = Trainer(master, TrainerConfig(lr=1e-2), mesh=mesh)
+    per_expert = dict(iter_weights(trainer.model))
+    stacked = dict(iter_weights(trainer.model, stacked=True))
+    assert "model.layers.0.mlp.experts.gate_up_proj" in stacked and len(stacked) < len(per_expert)
+    assert stacked["model.layers.0.mlp.experts.gate_up_proj"].shape[0] == E
+    assert not any(".experts.7." in n for n in stacked)
+    from vexact_models import load_weights
+
+    load_weights(twin, stacked.items())
+    assert all(torch.equal(t, per_expert[n]) for n, t in expected_tensors(twin).items())

@@ -244,12 +244,17 @@ def load_bucket(
         raise CheckpointError(f"bad weight bucket ({len(problems)} of {len(specs)} tensors), nothing loaded: "
                               + "; ".join(problems[:5]))  # fmt: skip
     loaded = []
+    groups: dict[tuple, tuple[list, list]] = {}  # (dtype, device) -> (destinations, sources): one copy launch each
+    for spec, dst, names in plan:
+        src = buffer[spec.offset : spec.offset + spec.nbytes].view(spec.dtype).view(spec.piece_shape)
+        dsts, srcs = groups.setdefault((dst.dtype, dst.device), ([], []))
+        dsts.append(dst if spec.rows is None else dst[spec.rows[0] : spec.rows[1]])
+        srcs.append(src)
+        if spec.completes:
+            loaded += names
     with torch.no_grad():
-        for spec, dst, names in plan:
-            src = buffer[spec.offset : spec.offset + spec.nbytes].view(spec.dtype).view(spec.piece_shape)
-            (dst if spec.rows is None else dst[spec.rows[0] : spec.rows[1]]).copy_(src, non_blocking=True)
-            if spec.completes:
-                loaded += names
+        for dsts, srcs in groups.values():  # byte copies (same dtype on both sides), as copy_ one by one
+            torch._foreach_copy_(dsts, srcs, non_blocking=True)
     return loaded
 
 

@@ -61,14 +61,24 @@ def iter_weight_buckets(
         yield bucket
 
 
-def iter_weights(model: nn.Module, dtype: torch.dtype = torch.bfloat16) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_weights(
+    model: nn.Module, dtype: torch.dtype = torch.bfloat16, stacked: bool = False
+) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield ``(hf_name, full tensor in dtype)`` one at a time (the tensors :func:`iter_weight_buckets` groups): for
-    packing into device buckets (``vexact_models.BucketPacker``). Collective like :func:`iter_weight_buckets`."""
+    packing into device buckets (``vexact_models.BucketPacker``). Collective like :func:`iter_weight_buckets`.
+
+    ``stacked=True`` yields each parameter whole, a stacked expert tensor (``...mlp.experts.gate_up_proj``,
+    ``[E, 2I, H]``) as one tensor instead of one per expert and projection: what verl's ``get_per_tensor_param``
+    exports, and what a VeXact engine loads (``load_bucket``, ``update_weights``). A Qwen3-30B-A3B then sends 531
+    tensors instead of 18867, so a sync is not bound by one copy launch per expert."""
     for name, p in named_weights(model):
         t = p.detach().to(weight_dtype(name, dtype))  # DeepSeek's fp32 bias buffer stays fp32
         if isinstance(t, DTensor):
             t = t.full_tensor()
-        yield from checkpoint_pieces(hf_name(name), t)
+        if stacked:
+            yield hf_name(name), t
+        else:
+            yield from checkpoint_pieces(hf_name(name), t)
 
 
 def sync_weights_broadcast(model: nn.Module, group, bucket_bytes: int = DEFAULT_BUCKET_BYTES, src_rank: int = 0):
