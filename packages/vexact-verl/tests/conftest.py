@@ -1,4 +1,5 @@
-"""Shared by the rollout tests: verl's own trainer config with the vexact rollout on the tiny model."""
+"""Shared by the verl tests: verl's own trainer config with the vexact rollout on the tiny model, and where verl's
+actor engine runs (``verl_device``)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(Path(__file__).parent))  # verl_batches.py, shared by the engine tests (importlib mode)
 
 
 @pytest.fixture(scope="session")
@@ -58,3 +60,23 @@ def compose_rollout_config():
             return hydra_compose("ppo_trainer", overrides=overrides)
 
     return compose
+
+
+@pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def verl_device(request, monkeypatch):
+    """Where verl's actor engine runs: ``cpu`` (a CPU platform set for the test, verl 0.9.1 has none) or ``cuda``
+    (verl's own platform); a world-size-1 process group, the vexact engines registered."""
+    import torch
+    from verl.plugin.platform import platform_manager
+
+    from vexact_trainer import init_distributed
+    from vexact_verl.cpu_platform import CPUPlatform
+    from vexact_verl.registration import register_engine
+
+    if request.param == "cpu":
+        monkeypatch.setattr(platform_manager, "_current_platform", CPUPlatform())
+        # verl's checkpoint restores the "device" RNG through the platform's module: on CPU that is torch's own
+        monkeypatch.setattr(torch.cpu, "set_rng_state", torch.set_rng_state, raising=False)
+    init_distributed(request.param)  # world size 1: gloo on CPU (NCCL as well where a GPU is present)
+    register_engine()
+    return request.param

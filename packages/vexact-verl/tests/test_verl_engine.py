@@ -24,12 +24,12 @@ import torch
 pytest.importorskip("verl", reason="verl is not installed: pip install 'vexact-verl[verl]'")
 
 from tensordict import TensorDict  # noqa: E402
-from verl.plugin.platform import platform_manager  # noqa: E402
 from verl.trainer.config import CheckpointConfig  # noqa: E402
 from verl.utils import tensordict_utils as tu  # noqa: E402
 from verl.workers.config import FSDPEngineConfig, FSDPOptimizerConfig, HFModelConfig  # noqa: E402
 from verl.workers.engine.base import EngineRegistry  # noqa: E402
-from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding  # noqa: E402
+from verl.workers.utils.padding import no_padding_2_padding  # noqa: E402
+from verl_batches import packed_batch  # noqa: E402
 
 from vexact_models import (  # noqa: E402
     checkpoint_pieces,
@@ -39,9 +39,8 @@ from vexact_models import (  # noqa: E402
     load_model,
 )
 from vexact_trainer import Actor, init_distributed  # noqa: E402
-from vexact_verl.cpu_platform import CPUPlatform  # noqa: E402
 from vexact_verl.engine import VexactEngineWithLMHead  # noqa: E402
-from vexact_verl.registration import is_engine_registered, register_engine  # noqa: E402
+from vexact_verl.registration import is_engine_registered  # noqa: E402
 from vexact_verl.tim import ATTR_KEYS, AttributionConfig  # noqa: E402
 
 PROMPTS = [[257, 72, 101], [257, 49, 43, 49, 61, 50], [257, 10], [257, 120, 61]]
@@ -49,24 +48,9 @@ RESPONSES = [[50, 51, 52, 256], [33], [97, 98, 99, 100, 101], [55, 56]]
 TEMPS = [0.5, 1.0, 1.3, 0.8]
 
 
-@pytest.fixture(
-    params=[
-        "cpu",
-        pytest.param(
-            "cuda",
-            marks=pytest.mark.gpu,
-        ),
-    ]
-)
-def device(request, monkeypatch):
-    """Where verl's engine runs: ``cpu`` (a CPU platform set for the test) or ``cuda`` (verl's own platform)."""
-    if request.param == "cpu":
-        monkeypatch.setattr(platform_manager, "_current_platform", CPUPlatform())
-        # verl's checkpoint restores the "device" RNG through the platform's module: on CPU that is torch's own
-        monkeypatch.setattr(torch.cpu, "set_rng_state", torch.set_rng_state, raising=False)
-    init_distributed(request.param)  # world size 1: gloo on CPU (NCCL as well where a GPU is present)
-    register_engine()
-    return request.param
+@pytest.fixture
+def device(verl_device):
+    return verl_device
 
 
 FAMILIES = ["qwen3", "qwen3_moe", "llama", "deepseek_v3"]  # default_checkpoint families (Llama: tied head)
@@ -95,44 +79,7 @@ def make_engine(
 
 def verl_batch(temperature) -> TensorDict:
     """The batch verl's trainer hands ``compute_log_prob``: left-padded prompts, right-padded responses."""
-    plen, rlen = max(map(len, PROMPTS)), max(map(len, RESPONSES))
-    bs = len(PROMPTS)
-    input_ids = torch.zeros(bs, plen + rlen, dtype=torch.long)
-    attention_mask = torch.zeros(bs, plen + rlen, dtype=torch.long)
-    response_mask = torch.zeros(bs, rlen, dtype=torch.long)
-    for i, (p, r) in enumerate(zip(PROMPTS, RESPONSES, strict=True)):
-        input_ids[i, plen - len(p) : plen] = torch.tensor(p)
-        input_ids[i, plen : plen + len(r)] = torch.tensor(r)
-        attention_mask[i, plen - len(p) : plen + len(r)] = 1
-        response_mask[i, : len(r)] = 1
-    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    td = TensorDict(
-        {
-            "input_ids": input_ids,
-            "attention_mask": attention_mask,
-            "response_mask": response_mask,
-            "position_ids": position_ids,
-            "prompts": input_ids[:, :plen],
-            "responses": input_ids[:, plen:],
-        },
-        batch_size=[bs],
-    )
-    td = left_right_2_no_padding(td)
-    if isinstance(temperature, torch.Tensor):
-        td["temperature"] = temperature  # per sample: a batch column, split into micro-batches with the rows
-    else:
-        tu.assign_non_tensor(td, temperature=temperature)
-    tu.assign_non_tensor(
-        td,
-        calculate_entropy=True,
-        compute_loss=False,
-        use_remove_padding=True,
-        use_dynamic_bsz=False,
-        micro_batch_size_per_gpu=2,  # two micro-batches of two sequences
-        use_fused_kernels=False,
-        global_token_num=[len(p) + len(r) for p, r in zip(PROMPTS, RESPONSES, strict=True)],
-    )
-    return td
+    return packed_batch(PROMPTS, RESPONSES, temperature)
 
 
 def verl_log_probs(engine, temperature):

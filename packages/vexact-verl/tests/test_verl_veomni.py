@@ -21,6 +21,7 @@ pytest.importorskip("verl", reason="verl is not installed: pip install 'vexact-v
 from verl.trainer.config import CheckpointConfig  # noqa: E402
 from verl.workers.config import HFModelConfig, VeOmniOptimizerConfig  # noqa: E402
 from verl.workers.engine.base import EngineRegistry  # noqa: E402
+from verl_batches import packed_batch  # noqa: E402
 
 from vexact_engine import LLM, EngineConfig, SamplingParams  # noqa: E402
 from vexact_models import default_checkpoint  # noqa: E402
@@ -66,59 +67,15 @@ def rollout(family: str, device: str):
     return prompts, [o.token_ids for o in outs], [o.logprobs for o in outs], temps
 
 
-@pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
-def device(request, monkeypatch):
-    """Where verl's engine runs: ``cpu`` (a CPU platform set for the test) or ``cuda`` (verl's own platform)."""
-    from verl.plugin.platform import platform_manager
-
-    from vexact_trainer import init_distributed
-    from vexact_verl.cpu_platform import CPUPlatform
-    from vexact_verl.registration import register_engine
-
-    if request.param == "cpu":
-        monkeypatch.setattr(platform_manager, "_current_platform", CPUPlatform())
-    init_distributed(request.param)  # world size 1: gloo on CPU
-    register_engine()
-    return request.param
-
-
-def verl_batch(prompts, responses, temperature: torch.Tensor):
-    """The batch verl's trainer hands ``compute_log_prob`` (left-padded prompts, right-padded responses), packed."""
-    from tensordict import TensorDict
-    from verl.utils import tensordict_utils as tu
-    from verl.workers.utils.padding import left_right_2_no_padding
-
-    plen, rlen, bs = max(map(len, prompts)), max(map(len, responses)), len(prompts)
-    input_ids = torch.zeros(bs, plen + rlen, dtype=torch.long)
-    attention_mask = torch.zeros_like(input_ids)
-    response_mask = torch.zeros(bs, rlen, dtype=torch.long)
-    for i, (p, r) in enumerate(zip(prompts, responses, strict=True)):
-        input_ids[i, plen - len(p) : plen] = torch.tensor(p)
-        input_ids[i, plen : plen + len(r)] = torch.tensor(r)
-        attention_mask[i, plen - len(p) : plen + len(r)] = 1
-        response_mask[i, : len(r)] = 1
-    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    cols = {"input_ids": input_ids, "attention_mask": attention_mask, "response_mask": response_mask}
-    cols.update(position_ids=position_ids, prompts=input_ids[:, :plen], responses=input_ids[:, plen:])
-    td = left_right_2_no_padding(TensorDict(cols, batch_size=[bs]))
-    td["temperature"] = temperature  # per sample, as verl's trainer sends the rollout's temperatures
-    tu.assign_non_tensor(
-        td,
-        calculate_entropy=False,
-        compute_loss=False,
-        use_remove_padding=True,
-        use_dynamic_bsz=False,
-        micro_batch_size_per_gpu=2,  # two micro-batches of two sequences
-        use_fused_kernels=False,
-        global_token_num=[len(p) + len(r) for p, r in zip(prompts, responses, strict=True)],
-    )
-    return td
+@pytest.fixture
+def device(verl_device):
+    return verl_device
 
 
 def actor_log_probs(engine, prompts, responses, temps) -> list[torch.Tensor]:
     from verl.workers.utils.padding import no_padding_2_padding
 
-    data = verl_batch(prompts, responses, torch.tensor(temps, dtype=torch.float32))
+    data = packed_batch(prompts, responses, torch.tensor(temps, dtype=torch.float32), calculate_entropy=False)
     with engine.eval_mode():
         out = engine.infer_batch(data, loss_function=None)
     lp = no_padding_2_padding(out["model_output"]["log_probs"], data).cpu()
