@@ -30,6 +30,7 @@
 #                   (scripts/verl_device_wheels.sh). The GRPO runs are scripts/verl_gpu.sh.
 # Two GPUs:
 #   nccl            benchmarks/weight_sync.py --mode nccl under torchrun --nproc_per_node 2
+#   pp              scripts/pp_check.py under torchrun --nproc_per_node 2 (pipeline replica == one GPU, lifecycle)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 TARGET=${1:?target: h100 | h200 | b200}
@@ -132,6 +133,10 @@ for step in "$@"; do
     verl-rollout)
       "${PYTEST[@]}" packages/vexact-verl/tests/test_verl_rollout_gpu.py 2>&1 | tee "$OUT/verl-rollout-$TARGET.log" \
         || status=1 ;;
+    pp)  # issue #15: the pipeline replica on two GPUs (== one GPU, the perturbed boundary caught, sleep / wake /
+      # update_weights through both stages)
+      torchrun --standalone --nproc_per_node 2 scripts/pp_check.py --shape 0.6b --prompts 32 2>&1 \
+        | grep -v Warning | tee "$OUT/pp-$TARGET.log" || status=1 ;;
     nccl)
       torchrun --standalone --nproc_per_node 2 benchmarks/weight_sync.py --mode nccl \
         --out "$OUT/weight-sync-nccl-$TARGET.md" 2>&1 | tee "$OUT/weight-sync-nccl-$TARGET.log" || status=1 ;;
