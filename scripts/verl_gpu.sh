@@ -62,7 +62,11 @@ esac
 if [ "$ENGINE" != fsdp ]; then
   python3 -c "import veomni, verl.workers.engine.veomni; print('veomni', veomni.__version__)"
 fi
+# PP=2 (env): each rollout replica a pipeline of 2 stages over 2 GPUs (rollout.pipeline_model_parallel_size; issue
+# #15's 2x H200 run: N_GPUS=2 gives one replica, its two stages on the two GPUs the 2 FSDP ranks also use)
+PP=${PP:-1}
 ARGS=(trainer.n_gpus_per_node="$NGPU" "${ENGINE_ARGS[@]}"
+      actor_rollout_ref.rollout.pipeline_model_parallel_size="$PP"
       reward.custom_reward_function.path=examples/verl_grpo/reward.py)
 export MODEL DATA=/tmp/verl-data STEPS LR RUN_DIR="$RESULTS"
 # (if-statements, not `[ ] && echo` in a substitution: under set -e a false test there ended the script silently)
@@ -70,6 +74,7 @@ TAG=""
 if [ "$ENGINE" != fsdp ]; then TAG="$TAG-$ENGINE"; fi
 if [ "$FAMILY" != qwen3 ]; then TAG="$TAG-$FAMILY"; fi
 if [ "$EXPERTS" -gt 0 ]; then TAG="$TAG-moe$EXPERTS"; fi
+if [ "$PP" -gt 1 ]; then TAG="$TAG-pp$PP"; fi
 TAG="$TAG-${NGPU}gpu-lr${LR}"
 LOG="$RESULTS/$WHAT$TAG.log"
 rc=0
