@@ -62,6 +62,42 @@ def compose_rollout_config():
     return compose
 
 
+@pytest.fixture(scope="module")
+def actor_ref_configs():
+    """``configs(*overrides)``: the actor's and the ref's config dataclasses that verl builds from its
+    ``ppo_trainer`` tree with these Hydra overrides (tiny checkpoint, micro-batches of 2), the ref's section rewritten
+    as ``ActorRolloutRefWorker.init_model`` does before its engine is made."""
+
+    def configs(*extra: str):
+        import verl
+        from hydra import compose, initialize_config_dir
+        from omegaconf import open_dict
+        from verl.utils.config import omega_conf_to_dataclass
+
+        from vexact_models import default_checkpoint
+
+        overrides = [
+            f"actor_rollout_ref.model.path={default_checkpoint()}",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+            "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2",
+            "actor_rollout_ref.rollout.n=1",
+            *extra,
+        ]
+        config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
+        with initialize_config_dir(config_dir=config_dir, version_base=None):
+            cfg = compose("ppo_trainer", overrides=overrides)
+        ref_node = cfg.actor_rollout_ref.ref
+        with open_dict(ref_node):
+            ref_node.ppo_mini_batch_size = cfg.actor_rollout_ref.actor.ppo_mini_batch_size
+            ref_node.ppo_micro_batch_size = ref_node.pop("log_prob_micro_batch_size", None)
+            ref_node.ppo_micro_batch_size_per_gpu = ref_node.pop("log_prob_micro_batch_size_per_gpu", None)
+            ref_node.use_dynamic_bsz = ref_node.pop("log_prob_use_dynamic_bsz", False)
+            ref_node.ppo_max_token_len_per_gpu = ref_node.pop("log_prob_max_token_len_per_gpu", None)
+        return omega_conf_to_dataclass(cfg.actor_rollout_ref.actor), omega_conf_to_dataclass(ref_node)
+
+    return configs
+
+
 @pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def verl_device(request, monkeypatch):
     """Where verl's actor engine runs: ``cpu`` (a CPU platform set for the test, verl 0.9.1 has none) or ``cuda``

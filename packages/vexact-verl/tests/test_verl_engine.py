@@ -255,34 +255,9 @@ def test_hf_model_checkpoint_holds_the_trained_weights(device, tmp_path, family)
         assert torch.equal(hf[name].detach(), t.float()), name
 
 
-def test_one_hydra_setting_switches_actor_and_ref(device):
+def test_one_hydra_setting_switches_actor_and_ref(device, actor_ref_configs):
     """verl's own config tree: ``actor_rollout_ref.actor.strategy=vexact`` reaches both engines' ``strategy``."""
-    import os
-
-    import verl
-    from hydra import compose, initialize_config_dir
-    from omegaconf import open_dict
-    from verl.utils.config import omega_conf_to_dataclass
-
-    overrides = [
-        "actor_rollout_ref.actor.strategy=vexact",
-        f"actor_rollout_ref.model.path={default_checkpoint()}",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
-        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2",
-        "actor_rollout_ref.rollout.n=1",
-    ]
-    config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
-    with initialize_config_dir(config_dir=config_dir, version_base=None):
-        cfg = compose("ppo_trainer", overrides=overrides)
-    actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
-    ref_node = cfg.actor_rollout_ref.ref
-    with open_dict(ref_node):  # what ActorRolloutRefWorker.init_model does to the ref's section
-        ref_node.ppo_mini_batch_size = cfg.actor_rollout_ref.actor.ppo_mini_batch_size
-        ref_node.ppo_micro_batch_size = ref_node.pop("log_prob_micro_batch_size", None)
-        ref_node.ppo_micro_batch_size_per_gpu = ref_node.pop("log_prob_micro_batch_size_per_gpu", None)
-        ref_node.use_dynamic_bsz = ref_node.pop("log_prob_use_dynamic_bsz", False)
-        ref_node.ppo_max_token_len_per_gpu = ref_node.pop("log_prob_max_token_len_per_gpu", None)
-    ref = omega_conf_to_dataclass(ref_node)
+    actor, ref = actor_ref_configs("actor_rollout_ref.actor.strategy=vexact")
     assert actor.engine.strategy == ref.engine.strategy == "vexact"
     assert EngineRegistry.get_engine_cls("language_model", actor.engine.strategy) is VexactEngineWithLMHead
 

@@ -11,7 +11,6 @@ the refusals need only verl.
 from __future__ import annotations
 
 import importlib.util
-import os
 
 import pytest
 import torch
@@ -107,32 +106,9 @@ def test_veomni_parallel_state_is_set_as_verls_veomni_engine_sets_it(device):
     assert (ps.dp_size, ps.ulysses_size, ps.ep_size) == (1, 1, 1)
 
 
-def test_hydra_model_engine_veomni_selects_the_vexact_engine_for_actor_and_ref(device):
-    import verl
-    from hydra import compose, initialize_config_dir
-    from omegaconf import open_dict
-    from verl.utils.config import omega_conf_to_dataclass
-
+def test_hydra_model_engine_veomni_selects_the_vexact_engine_for_actor_and_ref(device, actor_ref_configs):
     def configs(*extra):
-        overrides = [
-            "model_engine=veomni",
-            f"actor_rollout_ref.model.path={default_checkpoint()}",
-            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
-            "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2",
-            "actor_rollout_ref.rollout.n=1",
-            *extra,
-        ]
-        config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
-        with initialize_config_dir(config_dir=config_dir, version_base=None):
-            cfg = compose("ppo_trainer", overrides=overrides)
-        ref_node = cfg.actor_rollout_ref.ref
-        with open_dict(ref_node):  # what ActorRolloutRefWorker.init_model does to the ref's section
-            ref_node.ppo_mini_batch_size = cfg.actor_rollout_ref.actor.ppo_mini_batch_size
-            ref_node.ppo_micro_batch_size = ref_node.pop("log_prob_micro_batch_size", None)
-            ref_node.ppo_micro_batch_size_per_gpu = ref_node.pop("log_prob_micro_batch_size_per_gpu", None)
-            ref_node.use_dynamic_bsz = ref_node.pop("log_prob_use_dynamic_bsz", False)
-            ref_node.ppo_max_token_len_per_gpu = ref_node.pop("log_prob_max_token_len_per_gpu", None)
-        return omega_conf_to_dataclass(cfg.actor_rollout_ref.actor), omega_conf_to_dataclass(ref_node)
+        return actor_ref_configs("model_engine=veomni", *extra)
 
     actor, ref = configs(
         f"actor_rollout_ref.actor.veomni._target_={TARGET}", f"actor_rollout_ref.ref.veomni._target_={TARGET}"
