@@ -62,7 +62,8 @@ def run_pipeline(cfg, engine_kw, prompts, params):
 
 def run_weights(cfg, engine_kw, prompts, params):
     """Sleep level 1 / wake, generate; sleep level 2 / wake, update_weights (buckets of 16 tensors) to the seed-1
-    weights, generate. Returns (outputs after level 1, outputs after the update, names loaded) on rank 0."""
+    weights, generate. Returns (outputs after level 1, outputs after the update, names loaded, the new weights' model)
+    on rank 0."""
     llm = pp.PipelineLLM(model=random_model(cfg, seed=0, embed_std=0.02), **engine_kw)
     if not llm.is_driver:
         llm.serve()
@@ -72,13 +73,14 @@ def run_weights(cfg, engine_kw, prompts, params):
     after_level1 = llm.generate(prompts, params, use_tqdm=False)
     llm.sleep(2)
     llm.wake_up()
-    items = sorted(random_model(cfg, seed=1, embed_std=0.02).state_dict().items())
+    new = random_model(cfg, seed=1, embed_std=0.02)
+    items = sorted(new.state_dict().items())
     loaded = []
     for i in range(0, len(items), 16):
         loaded += llm.update_weights(items[i : i + 16])
     after_update = llm.generate(prompts, params, use_tqdm=False)
     llm.shutdown()
-    return after_level1, after_update, loaded
+    return after_level1, after_update, loaded, new
 
 
 def _same(outs, ref) -> int:
@@ -146,8 +148,7 @@ def main() -> int:
         print(f"perturbed pipeline (last-bit-flipped boundary) differs from one device in {caught}/{len(ref)} requests")
         ok = same == len(ref) and caught > 0
         if weights is not None:
-            after_level1, after_update, loaded = weights
-            new = random_model(cfg, seed=1, embed_std=0.02)
+            after_level1, after_update, loaded, new = weights
             ref_new = LLM(model=new.to(dev), **one).generate(prompts, params, use_tqdm=False)
             n1, n2 = _same(after_level1, ref), _same(after_update, ref_new)
             all_loaded = sorted(loaded) == sorted(new.state_dict())
