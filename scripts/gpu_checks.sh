@@ -98,8 +98,11 @@ for step in "$@"; do
       python3 benchmarks/moe.py --out "$OUT/moe-$TARGET.md" || status=1 ;;
     tim)
       python3 scripts/tim_gpu.py --out "$OUT/tim" || status=1 ;;
-    tim-study)  # issue #13's GPU sweep: noise 0 / 0.1 / 1.0 x corrections none / tis / mis, small model, 60 steps
-      python3 examples/tim_study/sweep.py --device cuda --model-size small --steps 60 --out "$OUT/tim-study-$TARGET.jsonl" \
+    tim-study)  # issue #13's GPU sweep: noise 0 / 0.1 / 1.0 x corrections none / tis / mis, small model, 60 steps;
+      # TIM_ARGS (env): more sweep options. At lr 3e-3 (the default) the policy collapsed by step 16 on an H200, e.g.
+      # TIM_ARGS="--lr 1e-3 --seeds 0,1,2"
+      python3 examples/tim_study/sweep.py --device cuda --model-size small --steps 60 ${TIM_ARGS:-} \
+        --out "$OUT/tim-study-$TARGET.jsonl" \
         2>&1 | grep -v "it/s\]" | tail -40 || status=1
       python3 examples/tim_study/plot.py "$OUT/tim-study-$TARGET.jsonl" || status=1 ;;
     fa4-probe)

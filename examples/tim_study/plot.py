@@ -1,5 +1,5 @@
 """One figure of a TIM sweep: reward, K3 KL and gradient norm per step (rows), one column per rollout correction,
-one line per injected mismatch magnitude.
+one line per injected mismatch magnitude (the mean over seeds when the sweep ran several, each seed faint behind it).
 
     python examples/tim_study/plot.py results/cpu.jsonl    # writes results/cpu.png
 """
@@ -34,7 +34,16 @@ def main(path: str) -> Path:
             ax = axes[i][j]
             for mag, color in zip(mags, colors, strict=True):
                 sel = [r for r in rows if r["rollout_correction"] == corr and r["logit_noise_std"] == mag]
-                ax.plot([r["step"] for r in sel], [r[key] for r in sel], color=color, lw=1.2, label=f"noise {mag:g}")
+                runs = {}  # seed -> its rows (files written before --seeds have one run, seed 0)
+                for r in sel:
+                    runs.setdefault(r.get("seed", 0), []).append(r)
+                steps = sorted({r["step"] for r in sel})
+                by_step = {st: [r[key] for r in sel if r["step"] == st] for st in steps}
+                name = f"noise {mag:g}" + (f" (mean of {len(runs)} seeds)" if len(runs) > 1 else "")
+                ax.plot(steps, [sum(v) / len(v) for v in by_step.values()], color=color, lw=1.2, label=name)
+                if len(runs) > 1:  # each seed faintly behind the mean
+                    for run in runs.values():
+                        ax.plot([r["step"] for r in run], [r[key] for r in run], color=color, lw=0.5, alpha=0.3)
             if scale == "symlog":
                 ax.set_yscale("symlog", linthresh=1e-6)
             if j == 0:

@@ -43,6 +43,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--prompts-per-step", type=int, default=8)
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--seeds", default="0", help="comma-separated run seeds (prompts and draws); each cell per seed")
     ap.add_argument("--task", default="succ")
     ap.add_argument("--out", default=str(HERE / "results" / "cpu.jsonl"))
     args = ap.parse_args(argv)
@@ -54,32 +55,38 @@ def main(argv: list[str] | None = None) -> None:
     out.write_text("")
     tmp = out.parent / ".tim_study_tmp.jsonl"
     t0 = time.perf_counter()
-    for correction in args.corrections.split(","):
-        for mag in (float(m) for m in args.magnitudes.split(",")):
-            cfg = grpo.RunConfig(
-                model=args.model_size,
-                device=args.device,
-                task=args.task,
-                steps=args.steps,
-                prompts_per_step=args.prompts_per_step,
-                group_size=args.group_size,
-                lr=args.lr,
-                rollout_correction=correction,
-                logit_noise_std=mag,
-                out=str(tmp),
-                quiet=True,
-            )
-            rows = grpo.run(cfg)
-            with out.open("a") as f:
-                f.writelines(json.dumps(r) + "\n" for r in rows)
-            last = rows[-max(1, len(rows) // 5) :]
-            mean = lambda xs, k: sum(r[k] for r in xs) / len(xs)  # noqa: E731
-            print(
-                f"correction {correction:4s} noise {mag:<5g}  reward last 20% {mean(last, 'reward'):.3f}  "
-                f"K3 mean {mean(rows, 'k3_kl'):.3e} max {max(r['k3_kl'] for r in rows):.3e}  "
-                f"grad_norm mean {mean(rows, 'grad_norm'):.3f}  ({time.perf_counter() - t0:.0f} s)",
-                flush=True,
-            )
+    cells = [
+        (correction, float(mag), int(seed))
+        for correction in args.corrections.split(",")
+        for mag in args.magnitudes.split(",")
+        for seed in args.seeds.split(",")
+    ]
+    for correction, mag, seed in cells:
+        cfg = grpo.RunConfig(
+            model=args.model_size,
+            device=args.device,
+            task=args.task,
+            steps=args.steps,
+            prompts_per_step=args.prompts_per_step,
+            group_size=args.group_size,
+            lr=args.lr,
+            rollout_correction=correction,
+            logit_noise_std=mag,
+            seed=seed,
+            out=str(tmp),
+            quiet=True,
+        )
+        rows = [dict(r, seed=seed) for r in grpo.run(cfg)]
+        with out.open("a") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+        last = rows[-max(1, len(rows) // 5) :]
+        mean = lambda xs, k: sum(r[k] for r in xs) / len(xs)  # noqa: E731
+        print(
+            f"correction {correction:4s} noise {mag:<5g} seed {seed}  reward last 20% {mean(last, 'reward'):.3f}  "
+            f"K3 mean {mean(rows, 'k3_kl'):.3e} max {max(r['k3_kl'] for r in rows):.3e}  "
+            f"grad_norm mean {mean(rows, 'grad_norm'):.3f}  ({time.perf_counter() - t0:.0f} s)",
+            flush=True,
+        )
     tmp.unlink(missing_ok=True)
     print(f"written: {out}")
 
