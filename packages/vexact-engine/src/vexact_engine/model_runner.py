@@ -285,7 +285,6 @@ def sample_rows(
     With mismatch injection on (``config.logit_noise_std`` / ``config.lm_head_dtype``), the logits are perturbed
     before the draw and the reported logprob is the engine's own log_softmax of those perturbed logits.
     """
-    dev = hidden.device
     with vk.use_backend(backend):
         logits = model.logits(hidden)
         if config is not None and config.injects_mismatch:
@@ -294,7 +293,7 @@ def sample_rows(
         else:
             tokens, _ = sample(logits, params, seeds, indices)
             temps = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params], dtype=torch.float32)
-            logprobs, _ = model.logprobs(hidden, tokens, temps.to(dev))
+            logprobs, _ = model.logprobs(hidden, tokens, temps)  # host temperatures: their check syncs nothing
     # fp32 logprobs and token ids (< 2**53) are exact in float64: one transfer for both
     both = torch.stack([tokens.to(torch.float64), logprobs.to(torch.float64)]).cpu()
     return [int(t) for t in both[0].tolist()], both[1].tolist()

@@ -74,7 +74,7 @@ def sample(
     b, vocab = logits.shape
     dev = logits.device
     temps = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params], dtype=torch.float32)
-    logp = vk.log_softmax(logits, temps.to(dev))
+    logp = vk.log_softmax(logits, temps)  # a host column: its check syncs nothing; the op moves it to the device
     tokens = torch.argmax(logp, dim=-1)  # greedy rows keep this (first index among ties)
     rand_rows = [i for i, p in enumerate(params) if not p.greedy]
     if rand_rows:

@@ -42,6 +42,8 @@ def compute_logits(
 
 
 def _temperature_column(temperature, rows: int) -> torch.Tensor:
+    # checked where the values are: a host tensor or float costs no device sync (the engine passes host tensors;
+    # every kernel moves the column to its device)
     t = torch.as_tensor(temperature, dtype=torch.float32)
     if t.dim() == 0:
         t = t.expand(rows)
@@ -99,10 +101,10 @@ def logprobs_from_hidden(
     if targets.shape != (n,):
         raise ValueError(f"targets must have shape [{n}] to match hidden; got {tuple(targets.shape)}")
     vocab = lm_head_weight.shape[0]
-    if n and (int(targets.min()) < 0 or int(targets.max()) >= vocab):
-        raise ValueError(
-            f"target token id out of range [0, {vocab}): min {int(targets.min())}, max {int(targets.max())}"
-        )
+    if n:
+        lo, hi = torch.stack(torch.aminmax(targets)).tolist()  # one host sync for both bounds
+        if lo < 0 or hi >= vocab:
+            raise ValueError(f"target token id out of range [0, {vocab}): min {lo}, max {hi}")
     temps = _temperature_column(temperature, n).squeeze(1)
     if get_backend("logprobs") == "invariant" and use_triton(hidden, lm_head_weight):
         from .triton_ops.logprobs import triton_logprobs
