@@ -1,10 +1,12 @@
-"""Where a batch-1 decode step's time goes (GPU): the captured graph vs the rest of ``LLMEngine.step``.
+"""Where a decode step's time goes (GPU): the captured graph vs the rest of ``LLMEngine.step``, per batch size.
 
-    python scripts/profile_decode.py [--shape 1.7b] [--layers 28]
+    python scripts/profile_decode.py [--shape 1.7b] [--layers 28] [--batch 1,64,256]
 
-Prints: the whole step (median wall ms), the decode graph replay alone (CUDA events), the sampling half
-(``sample_rows``: logits, seeded draw, fused logprobs, one host sync) alone, the remainder (scheduler, step tensors,
-Python), and the top host-side ops of a torch.profiler trace over a few steps.
+Prints, per batch size: the whole step (median wall ms), the decode graph replay alone (CUDA events), the sampling
+half (``sample_rows``: logits, seeded draw, fused logprobs, one host sync) alone, the remainder (scheduler, step
+tensors, Python); then, from a torch.profiler trace over a few steps, the number of GPU kernels per step and the
+kernels with the most GPU time (graph replays included: CUPTI records the kernels a graph launches), and the top
+host-side ops.
 """
 
 from __future__ import annotations
@@ -37,41 +39,68 @@ def cuda_ms(fn, n: int = 30) -> float:
     return start.elapsed_time(end) / n
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--shape", default="1.7b")
-    ap.add_argument("--layers", type=int, default=28)
-    args = ap.parse_args()
-    model = throughput.make_model(args.shape, args.layers)
-    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    llm = LLM(model=model, device="cuda", max_num_seqs=8, max_num_batched_tokens=512, num_kv_blocks=256)
-    llm.add_request(list(range(1, 257)), SamplingParams(max_tokens=400, temperature=1.0, top_p=0.95, seed=0))
-    for _ in range(3):
-        llm.step()  # prefill, then the first decode steps (graphs already captured at construction)
+def profile_batch(model, batch: int, weight_bytes: int, label: str) -> None:
+    llm = LLM(model=model, device="cuda", max_num_seqs=max(8, batch), max_num_batched_tokens=max(512, 2 * batch),
+              num_kv_blocks=max(256, batch * 24))  # fmt: skip
+    for i in range(batch):
+        prompt = [1 + (i * 7 + j) % 1000 for j in range(256)]
+        llm.add_request(prompt, SamplingParams(max_tokens=400, temperature=1.0, top_p=1.0, seed=i, ignore_eos=True))
+    while any(len(s.output_token_ids) < 2 for s in llm.running_sequences()) or len(llm.running_sequences()) < batch:
+        llm.step()  # prefill every request; graphs were captured at construction
+    llm.step()
     walls = []
-    for _ in range(40):
+    for _ in range(30):
         t = time.perf_counter()
         llm.step()
         walls.append((time.perf_counter() - t) * 1e3)
     runner = llm.runner
-    graph, out = runner._graphs[1]
+    graph_batch = min(b for b in runner._graphs if b >= batch)
+    graph, out = runner._graphs[graph_batch]
     replay = cuda_ms(graph.replay)
-    seq = llm.running_sequences()[0]
-    hidden = out[:1]
+    seqs = llm.running_sequences()[:batch]  # the benchmark's sampling: temperature 1, no top-k / top-p
+    hidden = out[: len(seqs)]
     sample = cuda_ms(
-        lambda: sample_rows(model, "invariant", hidden, [seq.params], [seq.seed], [len(seq.output_token_ids)])
-    )
+        lambda: sample_rows(
+            model, "invariant", hidden, [s.params for s in seqs], [s.seed for s in seqs],
+            [len(s.output_token_ids) for s in seqs],
+        )
+    )  # fmt: skip
     step = statistics.median(walls)
-    print(f"{args.shape}-shaped, {args.layers} layers, {weight_bytes / 2**30:.2f} GiB of weights")
-    print(f"engine step at batch 1 (median wall): {step:.3f} ms")
+    print(f"\n##### {label}, {weight_bytes / 2**30:.2f} GiB of weights, batch {batch} (graph of {graph_batch})")
+    print(f"engine step (median wall): {step:.3f} ms = {step / batch * 1e3:.1f} us per token")
     print(f"  decode graph replay alone:          {replay:.3f} ms")
     print(f"  sample_rows alone (logits, draw, logprobs, host sync): {sample:.3f} ms")
     print(f"  the rest (scheduler, step tensors, Python): {step - replay - sample:.3f} ms")
+    steps = 5
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(5):
+        for _ in range(steps):
             llm.step()
-    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
-    print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=10))
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    gpu_us = sum(e.device_time for e in kernels) / steps
+    print(f"  GPU kernels per step: {len(kernels) / steps:.0f}, {gpu_us / 1e3:.3f} ms of kernel time per step")
+    by_name: dict[str, list[float]] = {}
+    for e in kernels:
+        by_name.setdefault(e.name, []).append(e.device_time)
+    top = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:18]
+    print(f"  {'kernel':<60} {'per step':>8} {'us/step':>9} {'us each':>8}")
+    for name, times in top:
+        print(f"  {name[:60]:<60} {len(times) / steps:>8.0f} {sum(times) / steps:>9.1f} {statistics.mean(times):>8.2f}")
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12))
+    del llm
+    torch.cuda.empty_cache()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shape", default="1.7b")
+    ap.add_argument("--layers", type=int, default=28)
+    ap.add_argument("--batch", default="1", help="comma-separated batch sizes (running requests per decode step)")
+    args = ap.parse_args()
+    model = throughput.make_model(args.shape, args.layers)
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    for batch in (int(b) for b in args.batch.split(",")):
+        profile_batch(model, batch, weight_bytes, f"{args.shape}-shaped, {args.layers} layers")
 
 
 if __name__ == "__main__":
