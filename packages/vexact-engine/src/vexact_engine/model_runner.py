@@ -20,7 +20,7 @@ from vexact_models import AttentionMetadata
 
 from .block_manager import BlockManager
 from .config import EngineConfig
-from .sampler import sample, token_seed
+from .sampler import needs_filter, sample, token_seed
 from .sampling_params import SamplingParams
 from .scheduler import ScheduledSeq
 
@@ -282,21 +282,53 @@ def sample_rows(
     """Tokens and their logprobs for pre-norm ``hidden [S, H]`` rows (token ``indices[i]`` of a request seeded
     ``seeds[i]``); the logprob is the trainer's ``model.logprobs``. Shared by the runner and the last pipeline stage.
 
-    With mismatch injection on (``config.logit_noise_std`` / ``config.lm_head_dtype``), the logits are perturbed
-    before the draw and the reported logprob is the engine's own log_softmax of those perturbed logits.
+    Rows that draw from the whole distribution (temperature > 0, no top-k / top-p: an RL rollout's rows) take the
+    fused draw (``model.sample``: one pass over the lm_head gives the token and its logprob, which is bitwise
+    ``model.logprobs``'); greedy and filtered rows take the logits and :func:`~vexact_engine.sampler.sample`.
+    With mismatch injection on (``config.logit_noise_std`` / ``config.lm_head_dtype``), every row takes the logits,
+    perturbed before the draw, and the reported logprob is the engine's own log_softmax of those perturbed logits.
     """
+    n = len(params)
     with vk.use_backend(backend):
-        logits = model.logits(hidden)
         if config is not None and config.injects_mismatch:
-            logits = inject_mismatch(logits, config, seeds, indices)
+            logits = inject_mismatch(model.logits(hidden), config, seeds, indices)
             tokens, logprobs = sample(logits, params, seeds, indices)
         else:
-            tokens, _ = sample(logits, params, seeds, indices)
-            temps = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params], dtype=torch.float32)
-            logprobs, _ = model.logprobs(hidden, tokens, temps)  # host temperatures: their check syncs nothing
+            vocab = getattr(getattr(model, "config", None), "vocab_size", None)
+            plain = [vocab is not None and hasattr(model, "sample") and not p.greedy and not needs_filter(p, vocab)
+                     for p in params]  # fmt: skip
+            fused = [i for i in range(n) if plain[i]]
+            rest = [i for i in range(n) if not plain[i]]
+            tokens = torch.empty(n, dtype=torch.int64, device=hidden.device)
+            logprobs = torch.empty(n, dtype=torch.float32, device=hidden.device)
+            for rows, draw in ((fused, _draw_fused), (rest, _draw_logits)):
+                if rows:
+                    sel = torch.tensor(rows, device=hidden.device) if len(rows) < n else None
+                    t, lp = draw(model, hidden if sel is None else hidden[sel], [params[i] for i in rows],
+                                 [seeds[i] for i in rows], [indices[i] for i in rows])  # fmt: skip
+                    if sel is None:
+                        tokens, logprobs = t, lp
+                    else:
+                        tokens[sel], logprobs[sel] = t, lp
     # fp32 logprobs and token ids (< 2**53) are exact in float64: one transfer for both
     both = torch.stack([tokens.to(torch.float64), logprobs.to(torch.float64)]).cpu()
     return [int(t) for t in both[0].tolist()], both[1].tolist()
+
+
+def _temperatures(params: list[SamplingParams]) -> torch.Tensor:
+    # host temperatures: their check syncs nothing (the kernels move them to the device)
+    return torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params], dtype=torch.float32)
+
+
+def _draw_fused(model, hidden, params, seeds, indices):
+    draw_seeds = torch.tensor([token_seed(s, i) for s, i in zip(seeds, indices, strict=True)], dtype=torch.int64)
+    return model.sample(hidden, _temperatures(params), draw_seeds)
+
+
+def _draw_logits(model, hidden, params, seeds, indices):
+    tokens, _ = sample(model.logits(hidden), params, seeds, indices)
+    logprobs, _ = model.logprobs(hidden, tokens, _temperatures(params))
+    return tokens, logprobs
 
 
 @torch.no_grad()

@@ -1,4 +1,8 @@
-"""Seeded sampling that reads the same logprobs the trainer computes.
+"""Seeded sampling from logits, for greedy rows and rows with top-k / top-p (and for mismatch injection).
+
+Rows that draw from the whole distribution take the fused draw instead (``vexact_kernels.sample_from_hidden``,
+through ``model.sample``: Gumbel-max with counter-based Philox noise keyed by :func:`token_seed`, in one pass over
+the lm_head); see :func:`vexact_engine.model_runner.sample_rows`.
 
 The logprob reported for a token is ``log_softmax(logits / T)`` over the whole vocabulary (vexact-kernels, the
 trainer's own function). Drawing: exponential-race sampling ``argmax(p / E)`` with ``E ~ Exp(1)`` drawn from a
@@ -59,7 +63,8 @@ class _Generators:
 _GENERATORS = _Generators()
 
 
-def _needs_filter(p: SamplingParams, vocab: int) -> bool:
+def needs_filter(p: SamplingParams, vocab: int) -> bool:
+    """Whether ``p`` restricts the draw to a top-k / top-p set (else the whole distribution is drawn from)."""
     return (0 < p.top_k < vocab) or p.top_p < 1.0
 
 
@@ -80,7 +85,7 @@ def sample(
     if rand_rows:
         rows = torch.tensor(rand_rows, device=dev)
         probs = torch.exp(logp[rows])
-        filt = [j for j, i in enumerate(rand_rows) if _needs_filter(params[i], vocab)]
+        filt = [j for j, i in enumerate(rand_rows) if needs_filter(params[i], vocab)]
         if filt:
             # only rows that restrict the draw pay for the sort over the vocabulary
             top_k = torch.tensor(

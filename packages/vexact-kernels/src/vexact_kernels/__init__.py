@@ -25,7 +25,14 @@ from .activation import silu_and_mul
 from .aten_mode import disable_invariant_mode, enable_invariant_mode, invariant_mode
 from .attention import ATTN_BLOCK_N, attention_packed, attention_paged, write_kv_cache
 from .linear import LINEAR_BLOCK_K, linear
-from .logprobs import compute_logits, entropy_from_logprobs, log_softmax, logprobs_from_hidden
+from .logprobs import (
+    compute_logits,
+    entropy_from_logprobs,
+    gumbel_uniform,
+    log_softmax,
+    logprobs_from_hidden,
+    sample_from_hidden,
+)
 from .moe import fused_moe, moe_route, moe_route_grouped
 from .rms_norm import rms_norm
 from .rotary import apply_rotary, rope_cos_sin
@@ -53,6 +60,7 @@ __all__ = [
     "get_attention_impl",
     "get_backend",
     "get_fp32_matmul_precision",
+    "gumbel_uniform",
     "invariant_mode",
     "linear",
     "log_softmax",
@@ -61,6 +69,7 @@ __all__ = [
     "logprobs_from_hidden",
     "rms_norm",
     "rope_cos_sin",
+    "sample_from_hidden",
     "set_attention_impl",
     "set_backend",
     "silu_and_mul",

@@ -16,6 +16,12 @@ online log-sum-exp + entropy + target gather; ``triton_ops/logprobs.py``) that n
 deterministic backward. That fused kernel is the single source of truth for logprobs on GPU: the engine reports a
 sampled token's logprob by calling ``logprobs_from_hidden`` on that token's hidden row, exactly as the trainer does.
 On CUDA ``chunk_size`` is validated but not needed (the fused kernel streams the vocabulary); values never depend on it.
+
+``sample_from_hidden`` is the engine's draw for rows without top-k / top-p: Gumbel-max over ``logits / T`` with
+noise from Philox-4x32-10 keyed by the row's 64-bit seed and counted by the vocabulary column
+(:func:`gumbel_uniform`), so a row's token depends on its logits, seed and nothing else. On CUDA it is the fused
+logprobs kernel in its sampling form (one pass over the lm_head for the draw and the drawn token's logprob, which is
+bitwise the trainer's); elsewhere the logits, the same noise bit for bit, and :func:`logprobs_from_hidden`.
 """
 
 from __future__ import annotations
@@ -70,6 +76,75 @@ def log_softmax(logits: torch.Tensor, temperature: float | torch.Tensor = 1.0) -
     shifted = z - z.amax(dim=-1, keepdim=True)
     lse = torch.log(tree_sum(torch.exp(shifted), dim=-1))
     return shifted - lse.unsqueeze(-1)
+
+
+PHILOX_ROUND_A, PHILOX_ROUND_B = 0xD2511F53, 0xCD9E8D57
+PHILOX_KEY_A, PHILOX_KEY_B = 0x9E3779B9, 0xBB67AE85
+_U32 = 0xFFFFFFFF
+
+
+def _mul_u32(a: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """High and low 32-bit words of ``a * x`` for a uint32 constant and uint32 values held in int64 (16-bit limbs:
+    no intermediate leaves int64)."""
+    t = a * (x & 0xFFFF)
+    big = a * (x >> 16) + (t >> 16)
+    return big >> 16, ((big & 0xFFFF) << 16) | (t & 0xFFFF)
+
+
+def gumbel_uniform(seeds: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Uniforms in (0, 1), fp32 ``[rows, vocab]``: Philox-4x32-10 keyed by each row's 64-bit seed (``seeds`` int64
+    ``[rows]``) with counter ``(column, 0, 0, 0)``, the first output word's top 23 bits plus one half over 2**23.
+
+    The torch twin of the GPU kernel's draw (``triton_ops/logprobs.py`` ``gumbel_scores``, Triton's ``philox_impl``):
+    the same bits on every device."""
+    if seeds.dtype != torch.int64 or seeds.dim() != 1:
+        raise TypeError(f"seeds must be int64 [rows]; got {seeds.dtype} {tuple(seeds.shape)}")
+    k0 = (seeds & _U32)[:, None]
+    k1 = ((seeds >> 32) & _U32)[:, None]
+    c0 = torch.arange(vocab, dtype=torch.int64, device=seeds.device)[None, :].expand(seeds.shape[0], vocab)
+    c1 = c2 = c3 = torch.zeros_like(c0)
+    for _ in range(10):
+        hi_b, lo_b = _mul_u32(PHILOX_ROUND_B, c2)
+        hi_a, lo_a = _mul_u32(PHILOX_ROUND_A, c0)
+        c0, c1, c2, c3 = hi_b ^ c1 ^ k0, lo_b, hi_a ^ c3 ^ k1, lo_a
+        k0 = (k0 + PHILOX_KEY_A) & _U32
+        k1 = (k1 + PHILOX_KEY_B) & _U32
+    return ((c0 >> 9).to(torch.float32) + 0.5) * 2.0**-23  # exact in fp32: never 0 or 1
+
+
+def sample_from_hidden(
+    hidden: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    lm_head_weight: torch.Tensor,
+    temperature: float | torch.Tensor,
+    seeds: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw one token per row of pre-norm ``hidden [T, H]`` from ``softmax(logits / temperature)`` with the row's
+    64-bit seed (``seeds`` int64 ``[T]``, e.g. one per request and token index); returns ``(tokens [T] int64,
+    logprobs [T] fp32)``, the logprob being :func:`logprobs_from_hidden`'s for the drawn token, bit for bit.
+
+    The draw is ``argmax(logits / T - log(-log(u)))`` (first index among equal scores), ``u`` from
+    :func:`gumbel_uniform`: it depends on the row alone. No top-k / top-p: rows that restrict the draw go through
+    :func:`compute_logits` and the engine's filter."""
+    if hidden.dim() != 2:
+        raise ValueError(f"sample_from_hidden: hidden must be [T, H]; got shape {tuple(hidden.shape)}")
+    n = hidden.shape[0]
+    if not isinstance(seeds, torch.Tensor) or seeds.dtype != torch.int64 or seeds.shape != (n,):
+        got = f"{seeds.dtype} {tuple(seeds.shape)}" if isinstance(seeds, torch.Tensor) else type(seeds).__name__
+        raise ValueError(f"sample_from_hidden: seeds must be int64 [{n}] (one per row); got {got}")
+    temps = _temperature_column(temperature, n).squeeze(1)
+    if get_backend("logprobs") == "invariant" and use_triton(hidden, lm_head_weight):
+        from .triton_ops.logprobs import triton_sample_logprobs
+
+        normed = rms_norm(hidden, norm_weight, eps)
+        return triton_sample_logprobs(normed, lm_head_weight, temps, seeds)
+    logits = compute_logits(hidden, norm_weight, eps, lm_head_weight)
+    temps_dev = temps.to(logits.device)
+    u = gumbel_uniform(seeds.to(logits.device), logits.shape[1])
+    tokens = torch.argmax(logits / temps_dev[:, None] - torch.log(-torch.log(u)), dim=-1)
+    logprobs, _ = logprobs_from_hidden(hidden, norm_weight, eps, lm_head_weight, tokens, temps)
+    return tokens, logprobs
 
 
 def entropy_from_logprobs(logp: torch.Tensor) -> torch.Tensor:

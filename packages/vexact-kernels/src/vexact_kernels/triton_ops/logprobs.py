@@ -31,6 +31,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.random import philox_impl
 
 from . import interpreting
 from . import matmul as mm
@@ -77,22 +78,46 @@ def _logits_tile(
     return acc
 
 
+@triton.jit
+def gumbel_scores(z, cols, key_lo, key_hi):
+    """Sampling scores ``z - log(-log(u))`` (Gumbel-max: argmax over the vocabulary draws from softmax(z)).
+
+    ``u`` in (0, 1) comes from Philox-4x32-10 keyed by the row's 64-bit seed (``key_lo``/``key_hi`` ``[rows, 1]``
+    uint32) with counter ``(column, 0, 0, 0)``: a function of (seed, column) alone. The top 23 bits of the first
+    output word, plus one half, over 2**23 (exact in fp32): never 0 or 1. The torch twin, bit for bit:
+    :func:`vexact_kernels.logprobs.gumbel_uniform`."""
+    c0 = cols.to(tl.uint32)[None, :] + tl.zeros_like(key_lo)
+    zero = tl.zeros_like(c0)
+    r0, _, _, _ = philox_impl(c0, zero, zero, zero, key_lo, key_hi)
+    u = ((r0 >> 9).to(tl.float32) + 0.5) * 1.1920928955078125e-07  # exact in fp32
+    return z - tl.log(-tl.log(u))
+
+
 @triton.jit(do_not_specialize=["T"])
 def _logprobs_fwd_split_kernel(
-    h_ptr, w_ptr, tgt_ptr, temp_ptr, m_ptr, s_ptr, e_ptr, zt_ptr, T, V, H,
+    h_ptr, w_ptr, tgt_ptr, temp_ptr, m_ptr, s_ptr, e_ptr, zt_ptr, seed_ptr, best_ptr, idx_ptr, T, V, H,
     BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_TILES: tl.constexpr,
-    PREC: tl.constexpr, INTERPRET: tl.constexpr,
+    PREC: tl.constexpr, INTERPRET: tl.constexpr, SAMPLE: tl.constexpr,
 ):  # fmt: skip
+    """``SAMPLE``: no targets; each row draws its token (``gumbel_scores``, first index among equal scores) and
+    ``zt`` is the drawn token's logit: the statistics ``m``/``s``/``e`` are computed by the same code either way."""
     split = tl.program_id(1)
     rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     rmask = rows < T
     rows = rows.to(tl.int64)
     temp = tl.load(temp_ptr + rows, mask=rmask, other=1.0)
-    tgt = tl.load(tgt_ptr + rows, mask=rmask, other=-1)
     m = tl.full([BLOCK_T], float("-inf"), dtype=tl.float32)
     s = tl.zeros([BLOCK_T], dtype=tl.float32)
     e = tl.zeros([BLOCK_T], dtype=tl.float32)
     zt = tl.zeros([BLOCK_T], dtype=tl.float32)
+    if SAMPLE:
+        seed = tl.load(seed_ptr + rows, mask=rmask, other=0).to(tl.uint64)
+        key_lo = (seed & 0xFFFFFFFF).to(tl.uint32)[:, None]
+        key_hi = ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32)[:, None]
+        best = tl.full([BLOCK_T], float("-inf"), dtype=tl.float32)
+        best_idx = tl.zeros([BLOCK_T], dtype=tl.int64)
+    else:
+        tgt = tl.load(tgt_ptr + rows, mask=rmask, other=-1)
     for tile in range(0, SPLIT_TILES):
         cols = (split * SPLIT_TILES + tile) * BLOCK_V + tl.arange(0, BLOCK_V)
         cmask = cols < V
@@ -108,20 +133,36 @@ def _logprobs_fwd_split_kernel(
         shift = tl.where(s > 0, m - m_new, 0.0) * s
         e = alpha * (e + shift) + tl.sum(p * tl.where(cmask[None, :], d, 0.0), axis=1)
         s = alpha * s + tl.sum(p, axis=1)
-        zt += tl.sum(tl.where(cols[None, :] == tgt[:, None], z, 0.0), axis=1)
+        if SAMPLE:
+            score = tl.where(cmask[None, :], gumbel_scores(z, cols, key_lo, key_hi), float("-inf"))
+            tile_best = tl.max(score, axis=1)
+            # first column of the tile holding the tile's best score (the smallest index among equal scores)
+            tile_idx = tl.min(tl.where(score == tile_best[:, None], cols[None, :], V), axis=1)
+            take = tile_best > best  # strictly: an earlier tile keeps its token on a tie
+            zsel = tl.sum(tl.where(cols[None, :] == tile_idx[:, None], z, 0.0), axis=1)
+            best = tl.where(take, tile_best, best)
+            best_idx = tl.where(take, tile_idx, best_idx)
+            zt = tl.where(take, zsel, zt)
+        else:
+            zt += tl.sum(tl.where(cols[None, :] == tgt[:, None], z, 0.0), axis=1)
         m = m_new
     out = split.to(tl.int64) * T + rows
     tl.store(m_ptr + out, m, mask=rmask)
     tl.store(s_ptr + out, s, mask=rmask)
     tl.store(zt_ptr + out, zt, mask=rmask)
     tl.store(e_ptr + out, e, mask=rmask)
+    if SAMPLE:
+        tl.store(best_ptr + out, best, mask=rmask)
+        tl.store(idx_ptr + out, best_idx, mask=rmask)
 
 
 @triton.jit(do_not_specialize=["T"])
 def _logprobs_fwd_combine_kernel(
-    m_ptr, s_ptr, e_ptr, zt_ptr, lp_ptr, ent_ptr, mx_ptr, logs_ptr, T, n_splits,
-    ROWS: tl.constexpr,
+    m_ptr, s_ptr, e_ptr, zt_ptr, lp_ptr, ent_ptr, mx_ptr, logs_ptr, best_ptr, idx_ptr, tok_ptr, T, n_splits,
+    ROWS: tl.constexpr, SAMPLE: tl.constexpr,
 ):  # fmt: skip
+    """``SAMPLE``: the drawn token is the best-scoring split's (an earlier split keeps it on a tie), and ``zt`` its
+    logit; otherwise ``zt`` sums to the target's logit (the other splits add exact zeros)."""
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     rmask = rows < T
     rows = rows.to(tl.int64)
@@ -129,11 +170,21 @@ def _logprobs_fwd_combine_kernel(
     s = tl.load(s_ptr + rows, mask=rmask, other=1.0)
     zt = tl.load(zt_ptr + rows, mask=rmask, other=0.0)
     e = tl.load(e_ptr + rows, mask=rmask, other=0.0)
+    if SAMPLE:
+        best = tl.load(best_ptr + rows, mask=rmask, other=0.0)
+        tok = tl.load(idx_ptr + rows, mask=rmask, other=0)
     for sp in range(1, n_splits):
         off = sp * T + rows
         mi = tl.load(m_ptr + off, mask=rmask, other=0.0)
         si = tl.load(s_ptr + off, mask=rmask, other=1.0)
-        zt += tl.load(zt_ptr + off, mask=rmask, other=0.0)
+        if SAMPLE:
+            bi = tl.load(best_ptr + off, mask=rmask, other=0.0)
+            take = bi > best
+            best = tl.where(take, bi, best)
+            tok = tl.where(take, tl.load(idx_ptr + off, mask=rmask, other=0), tok)
+            zt = tl.where(take, tl.load(zt_ptr + off, mask=rmask, other=0.0), zt)
+        else:
+            zt += tl.load(zt_ptr + off, mask=rmask, other=0.0)
         m_new = tl.maximum(mx, mi)
         a = tl.exp(mx - m_new)
         b = tl.exp(mi - m_new)
@@ -146,6 +197,8 @@ def _logprobs_fwd_combine_kernel(
     tl.store(mx_ptr + rows, mx, mask=rmask)
     tl.store(logs_ptr + rows, log_s, mask=rmask)
     tl.store(ent_ptr + rows, log_s - tl.div_rn(e, s), mask=rmask)
+    if SAMPLE:
+        tl.store(tok_ptr + rows, tok, mask=rmask)
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -214,30 +267,43 @@ def n_vocab_splits(vocab: int) -> int:
     return triton.cdiv(triton.cdiv(vocab, LOGPROBS_VOCAB_BLOCK), LOGPROBS_SPLIT_TILES)
 
 
-def logprobs_fwd(
-    normed: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temps: torch.Tensor, with_entropy: bool
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor]:
-    """``(logprob [T], entropy [T] or None, row max M [T], log S [T])``, all fp32."""
+def _fwd(normed, weight, targets, temps, seeds):
+    """The fused forward: ``(logprob, entropy, row max M, log S, tokens)`` [T] each; ``seeds`` (int64 [T]) draws
+    the tokens (``targets`` unused), else ``targets`` are scored and ``tokens`` is None."""
     t, h = normed.shape
     v = weight.shape[0]
     dev = normed.device
     f32 = dict(dtype=torch.float32, device=dev)
-    # The entropy is always computed: one compiled kernel, so a row's logprob is the same bits whether or not the
-    # caller (engine or trainer) asked for the entropy.
+    sample = seeds is not None
     lp, ent, mx, log_s = (torch.empty(t, **f32) for _ in range(4))
+    tokens = torch.empty(t, dtype=torch.int64, device=dev) if sample else None
     if t == 0:
-        return lp, ent if with_entropy else None, mx, log_s
+        return lp, ent, mx, log_s, tokens
     n_splits = n_vocab_splits(v)
     pm, ps, pe, pz = (torch.empty(n_splits, t, **f32) for _ in range(4))
+    pb = torch.empty(n_splits, t, **f32) if sample else pm
+    pi = torch.empty(n_splits, t, dtype=torch.int64, device=dev) if sample else pm
     _logprobs_fwd_split_kernel[(triton.cdiv(t, LOGPROBS_BLOCK_T), n_splits)](
-        normed, weight, targets, temps, pm, ps, pe, pz, t, v, h,
+        normed, weight, seeds if sample else targets, temps, pm, ps, pe, pz, seeds if sample else targets, pb, pi,
+        t, v, h,
         BLOCK_T=LOGPROBS_BLOCK_T, BLOCK_V=LOGPROBS_VOCAB_BLOCK, BLOCK_K=LOGPROBS_BLOCK_K,
         SPLIT_TILES=LOGPROBS_SPLIT_TILES, PREC=mm.input_precision(normed.dtype), INTERPRET=interpreting(),
-        num_warps=LOGPROBS_NUM_WARPS, num_stages=LOGPROBS_NUM_STAGES,
+        SAMPLE=sample, num_warps=LOGPROBS_NUM_WARPS, num_stages=LOGPROBS_NUM_STAGES,
     )  # fmt: skip
     _logprobs_fwd_combine_kernel[(triton.cdiv(t, LOGPROBS_COMBINE_ROWS),)](
-        pm, ps, pe, pz, lp, ent, mx, log_s, t, n_splits, ROWS=LOGPROBS_COMBINE_ROWS, num_warps=4,
+        pm, ps, pe, pz, lp, ent, mx, log_s, pb, pi, tokens if sample else lp, t, n_splits,
+        ROWS=LOGPROBS_COMBINE_ROWS, SAMPLE=sample, num_warps=4,
     )  # fmt: skip
+    return lp, ent, mx, log_s, tokens
+
+
+def logprobs_fwd(
+    normed: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temps: torch.Tensor, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor]:
+    """``(logprob [T], entropy [T] or None, row max M [T], log S [T])``, all fp32."""
+    # The entropy is always computed: one compiled kernel, so a row's logprob is the same bits whether or not the
+    # caller (engine or trainer) asked for the entropy.
+    lp, ent, mx, log_s, _ = _fwd(normed, weight, targets, temps, None)
     return lp, ent if with_entropy else None, mx, log_s
 
 
@@ -318,6 +384,26 @@ def triton_logprobs(
         return FusedLogprobsFunction.apply(normed, weight, targets, temps, with_entropy)
     lp, ent, _, _ = logprobs_fwd(normed, weight, targets, temps, with_entropy)
     return lp, ent
+
+
+def triton_sample_logprobs(
+    normed: torch.Tensor, weight: torch.Tensor, temps: torch.Tensor, seeds: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw a token per row of ``normed [T, H] @ weight[V, H].T / temps [T]`` with the row's 64-bit ``seeds [T]``
+    (Gumbel-max, :func:`gumbel_scores`) and return ``(tokens [T] int64, logprobs [T] fp32)`` in one pass over the
+    vocabulary. The logprob is bitwise :func:`triton_logprobs` of the drawn token (same split kernel, same fold)."""
+    if normed.dim() != 2 or weight.dim() != 2 or normed.shape[1] != weight.shape[1]:
+        raise ValueError(f"sample: hidden {tuple(normed.shape)} and lm_head {tuple(weight.shape)} need [T, H], [V, H]")
+    if weight.shape[0] >= 2**31:
+        raise ValueError(f"sample: vocabulary of {weight.shape[0]} does not fit the 32-bit draw counter")
+    if normed.dtype != weight.dtype:
+        dtype = torch.promote_types(normed.dtype, weight.dtype)
+        normed, weight = normed.to(dtype), weight.to(dtype)
+    normed, weight = aligned_rows(normed), aligned_rows(weight)
+    temps = aligned_rows(temps.to(device=normed.device, dtype=torch.float32))
+    seeds = aligned_rows(seeds.to(device=normed.device, dtype=torch.int64))
+    lp, _, _, _, tokens = _fwd(normed, weight, None, temps, seeds)
+    return tokens, lp
 
 
 def triton_log_softmax(logits: torch.Tensor, temps: torch.Tensor) -> torch.Tensor:

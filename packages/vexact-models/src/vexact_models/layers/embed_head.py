@@ -49,3 +49,10 @@ class LMHead(nn.Module):
         return vk.logprobs_from_hidden(
             hidden, norm_weight, self.eps, self.weight, targets, temperature, chunk_size, with_entropy
         )
+
+    def sample(
+        self, hidden: torch.Tensor, norm_weight: torch.Tensor, temperature: float | torch.Tensor, seeds: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(tokens [T], logprobs [T])`` drawn from pre-norm hidden rows with per-row int64 ``seeds`` (no top-k /
+        top-p); the logprob is :meth:`logprobs`' for the drawn token, bit for bit."""
+        return vk.sample_from_hidden(hidden, norm_weight, self.eps, self.weight, temperature, seeds)

@@ -140,6 +140,11 @@ class DenseForCausalLM(nn.Module):
     def logprobs(self, hidden, targets, temperature=1.0, chunk_size=1024, with_entropy=False):
         return self.lm_head.logprobs(hidden, self.model.norm.weight, targets, temperature, chunk_size, with_entropy)
 
+    def sample(self, hidden, temperature, seeds):
+        """Draw a token per pre-norm hidden row (int64 ``seeds``, one per row) and its logprob; see
+        :meth:`LMHead.sample`."""
+        return self.lm_head.sample(hidden, self.model.norm.weight, temperature, seeds)
+
 
 class Qwen3ForCausalLM(DenseForCausalLM):
     config_class = Qwen3Config

@@ -1,0 +1,153 @@
+"""The fused draw (``sample_from_hidden``): Gumbel-max with counter-based Philox noise, in one pass over the lm_head.
+
+Checks: the torch Philox twin equals a plain-Python Philox-4x32-10 (and so Triton's ``philox_impl``); the Triton
+kernel (interpreter on CPU, the GPU at real shapes) draws the reference's tokens and reports, bit for bit, the fused
+logprobs kernel's logprob of the drawn token (the trainer's number); a row's draw does not depend on the other rows;
+the draws follow ``softmax(logits / T)``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import vexact_kernels as vk
+from vexact_kernels.triton_ops import interpreting, triton_available
+
+interp = pytest.mark.skipif(
+    not (triton_available() and interpreting()), reason="interpreter tests run where TRITON_INTERPRET=1 (no GPU)"
+)
+
+
+def _philox_py(counter: int, seed: int) -> int:
+    """First output word of Philox-4x32-10 for counter (counter, 0, 0, 0) and key (seed low, seed high)."""
+    c = [counter, 0, 0, 0]
+    k = [seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF]
+    for _ in range(10):
+        p_b, p_a = 0xCD9E8D57 * c[2], 0xD2511F53 * c[0]
+        c = [(p_b >> 32) ^ c[1] ^ k[0], p_b & 0xFFFFFFFF, (p_a >> 32) ^ c[3] ^ k[1], p_a & 0xFFFFFFFF]
+        k = [(k[0] + 0x9E3779B9) & 0xFFFFFFFF, (k[1] + 0xBB67AE85) & 0xFFFFFFFF]
+    return c[0]
+
+
+def test_gumbel_uniform_is_philox_4x32_10_and_inside_the_open_interval():
+    seeds = torch.tensor([0, 1, 123456789012345, (1 << 63) - 1], dtype=torch.int64)
+    u = vk.gumbel_uniform(seeds, 5000)
+    for i, seed in enumerate(seeds.tolist()):
+        for col in (0, 1, 2, 777, 4999):
+            want = torch.tensor(((_philox_py(col, seed) >> 9) + 0.5) * 2.0**-23, dtype=torch.float32)
+            assert torch.equal(u[i, col], want), (seed, col)
+    assert float(u.min()) > 0 and float(u.max()) < 1
+    assert abs(float(u.mean()) - 0.5) < 0.01
+    # a row's noise is its seed's alone
+    assert torch.equal(vk.gumbel_uniform(seeds[2:3], 5000), u[2:3])
+    with pytest.raises(TypeError, match="int64"):
+        vk.gumbel_uniform(seeds.int(), 10)
+
+
+def _problem(t, h, v, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    hidden = (3 * torch.randn(t, h, generator=g)).to(torch.bfloat16)
+    norm_w = (1.0 + 0.1 * torch.randn(h, generator=g)).to(torch.bfloat16)
+    head = (torch.randn(v, h, generator=g) / h**0.5).to(torch.bfloat16)
+    temps = 0.5 + torch.rand(t, generator=g)
+    seeds = torch.randint(0, 2**62, (t,), generator=g)
+    return hidden, norm_w, head, temps, seeds
+
+
+def _reference_tokens(hidden, norm_w, head, temps, seeds):
+    """Tokens from the CPU reference path (logits, the torch noise twin, argmax), and each row's score gap
+    between its best and second-best token (draws may differ only where the two are within rounding)."""
+    with vk.use_backend("invariant"):
+        logits = vk.compute_logits(hidden, norm_w, 1e-6, head)
+    scores = logits / temps[:, None] - torch.log(-torch.log(vk.gumbel_uniform(seeds, head.shape[0])))
+    top2 = scores.topk(2, dim=-1).values
+    return scores.argmax(-1), top2[:, 0] - top2[:, 1]
+
+
+@interp
+@pytest.mark.parametrize("split_tiles", [None, 1])
+def test_interpreted_kernel_draws_the_reference_token_with_the_trainer_logprob(split_tiles, monkeypatch):
+    from vexact_kernels.triton_ops import logprobs as ops
+
+    if split_tiles:  # several vocabulary splits at a small V: the split fold picks the winner
+        monkeypatch.setattr(ops, "LOGPROBS_SPLIT_TILES", split_tiles)
+    hidden, norm_w, head, temps, seeds = _problem(7, 48, 300, seed=3)
+    normed = vk.rms_norm(hidden, norm_w, 1e-6)
+    tokens, lp = ops.triton_sample_logprobs(normed, head, temps, seeds)
+    want, gap = _reference_tokens(hidden, norm_w, head, temps, seeds)
+    differ = tokens != want
+    assert not differ.any() or bool((gap[differ] < 1e-4).all()), (tokens, want)
+    lp_trainer, _ = ops.triton_logprobs(normed, head, tokens, temps)
+    assert torch.equal(lp, lp_trainer)
+    # row 3 alone draws the same token with the same bits
+    t1, lp1 = ops.triton_sample_logprobs(normed[3:4], head, temps[3:4], seeds[3:4])
+    assert torch.equal(t1, tokens[3:4]) and torch.equal(lp1, lp[3:4])
+
+
+def test_reference_path_draws_from_the_softmax_and_reports_the_trainer_logprob():
+    """CPU reference (invariant and fast backends): the logprob is ``logprobs_from_hidden``'s; the draw follows
+    softmax(logits / T) (a chi-square-style check over many seeds of one row)."""
+    hidden, norm_w, head, temps, _ = _problem(1, 32, 12, seed=5)
+    n = 4000
+    rows = hidden.expand(n, -1).contiguous()
+    t = temps.expand(n).contiguous()
+    seeds = torch.arange(n, dtype=torch.int64) * 7919 + 11
+    for backend in ("invariant", "fast"):
+        with vk.use_backend(backend):
+            tokens, lp = vk.sample_from_hidden(rows, norm_w, 1e-6, head, t, seeds)
+            lp_trainer, _ = vk.logprobs_from_hidden(rows, norm_w, 1e-6, head, tokens, t)
+        assert tokens.dtype == torch.int64 and torch.equal(lp, lp_trainer)
+        assert len(set(lp.tolist())) == len(set(tokens.tolist()))  # one logprob per token: rows are identical
+    with vk.use_backend("invariant"):
+        p = torch.softmax(vk.compute_logits(hidden, norm_w, 1e-6, head)[0] / temps[0], -1)
+    freq = torch.bincount(tokens, minlength=12).float() / n
+    assert float((freq - p).abs().max()) < 4 * float((p * (1 - p) / n).sqrt().max()) + 1e-3
+    # seeds decide: the same seeds give the same tokens, other seeds other tokens
+    with vk.use_backend("invariant"):
+        again, _ = vk.sample_from_hidden(rows[:50], norm_w, 1e-6, head, t[:50], seeds[:50])
+        other, _ = vk.sample_from_hidden(rows[:50], norm_w, 1e-6, head, t[:50], seeds[:50] + 1)
+    assert torch.equal(again, tokens[:50]) and not torch.equal(other, tokens[:50])
+
+
+def test_sample_from_hidden_rejects_bad_seeds_and_temperatures():
+    hidden, norm_w, head, temps, seeds = _problem(3, 16, 10)
+    with pytest.raises(ValueError, match="seeds must be int64 \\[3\\]"):
+        vk.sample_from_hidden(hidden, norm_w, 1e-6, head, temps, seeds[:2])
+    with pytest.raises(ValueError, match="seeds must be int64"):
+        vk.sample_from_hidden(hidden, norm_w, 1e-6, head, temps, seeds.int())
+    with pytest.raises(ValueError, match="temperature must be > 0"):
+        vk.sample_from_hidden(hidden, norm_w, 1e-6, head, torch.zeros(3), seeds)
+    with pytest.raises(ValueError, match="hidden must be \\[T, H\\]"):
+        vk.sample_from_hidden(hidden[None], norm_w, 1e-6, head, temps, seeds)
+
+
+@pytest.mark.gpu
+def test_gpu_fused_draw_matches_reference_and_trainer_logprob_at_a_real_vocabulary():
+    from vexact_kernels.triton_ops import logprobs as ops
+
+    dev = "cuda"
+    hidden, norm_w, head, temps, seeds = _problem(130, 2048, 151936, seed=7)
+    hidden, norm_w, head, temps, seeds = (x.to(dev) for x in (hidden, norm_w, head, temps, seeds))
+    with vk.use_backend("invariant"):
+        tokens, lp = vk.sample_from_hidden(hidden, norm_w, 1e-6, head, temps, seeds)
+        lp_trainer, _ = vk.logprobs_from_hidden(hidden, norm_w, 1e-6, head, tokens, temps)
+        want, gap = _reference_tokens(hidden, norm_w, head, temps, seeds)
+    assert torch.equal(lp, lp_trainer)  # the engine's reported logprob is the trainer's, bitwise
+    differ = tokens != want
+    assert int(differ.sum()) <= 2 and bool((gap[differ] < 1e-3).all())  # GPU log vs torch log: near-ties only
+    # any row subset and batch size: same token, same bits
+    for idx in ([0], [5, 77], list(range(64, 130)), list(range(129, -1, -3))):
+        i = torch.tensor(idx, device=dev)
+        with vk.use_backend("invariant"):
+            t2, lp2 = vk.sample_from_hidden(hidden[i], norm_w, 1e-6, head, temps[i], seeds[i])
+        assert torch.equal(t2, tokens[i]) and torch.equal(lp2, lp[i])
+    # captured in a CUDA graph (the engine's decode step may be): replay == eager
+    normed = vk.rms_norm(hidden, norm_w, 1e-6)
+    ops.triton_sample_logprobs(normed, head, temps, seeds)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        gt, glp = ops.triton_sample_logprobs(normed, head, temps, seeds)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(gt, tokens) and torch.equal(glp, lp)
