@@ -140,9 +140,13 @@ def sample_from_hidden(
         normed = rms_norm(hidden, norm_weight, eps)
         return triton_sample_logprobs(normed, lm_head_weight, temps, seeds)
     logits = compute_logits(hidden, norm_weight, eps, lm_head_weight)
-    temps_dev = temps.to(logits.device)
-    u = gumbel_uniform(seeds.to(logits.device), logits.shape[1])
-    tokens = torch.argmax(logits / temps_dev[:, None] - torch.log(-torch.log(u)), dim=-1)
+    if use_triton(logits):  # e.g. the fast backend on CUDA: the same noise from a Triton kernel, no [T, V] int64
+        from .triton_ops.logprobs import triton_gumbel_argmax
+
+        tokens = triton_gumbel_argmax(logits, temps, seeds)
+    else:
+        u = gumbel_uniform(seeds.to(logits.device), logits.shape[1])
+        tokens = torch.argmax(logits / temps.to(logits.device)[:, None] - torch.log(-torch.log(u)), dim=-1)
     logprobs, _ = logprobs_from_hidden(hidden, norm_weight, eps, lm_head_weight, tokens, temps)
     return tokens, logprobs
 

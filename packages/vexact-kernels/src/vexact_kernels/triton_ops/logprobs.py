@@ -262,6 +262,46 @@ def _log_softmax_kernel(x_ptr, temp_ptr, out_ptr, V, BLOCK: tl.constexpr):
         tl.store(o_row + cols, (z - mx) - lse, mask=mask)
 
 
+@triton.jit
+def _gumbel_argmax_kernel(x_ptr, temp_ptr, seed_ptr, best_ptr, idx_ptr, V, n_chunks, BLOCK: tl.constexpr):
+    """One row's chunk of ``BLOCK`` columns of fp32 logits: the best ``gumbel_scores`` of ``logits / temp`` and its
+    first column."""
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    cols = chunk * BLOCK + tl.arange(0, BLOCK)
+    cmask = cols < V
+    temp = tl.load(temp_ptr + row)
+    seed = tl.load(seed_ptr + row).to(tl.uint64)
+    key_lo = tl.full([1, 1], 0, tl.uint32) + (seed & 0xFFFFFFFF).to(tl.uint32)
+    key_hi = tl.full([1, 1], 0, tl.uint32) + ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32)
+    z = tl.div_rn(tl.load(x_ptr + row * V + cols, mask=cmask, other=0.0), temp)
+    score = tl.where(cmask[None, :], gumbel_scores(z[None, :], cols, key_lo, key_hi), float("-inf"))
+    best = tl.max(score, axis=1)
+    idx = tl.min(tl.where(score == best[:, None], cols[None, :], V), axis=1)
+    out = row * n_chunks + chunk + tl.arange(0, 1)
+    tl.store(best_ptr + out, best)
+    tl.store(idx_ptr + out, idx.to(tl.int64))
+
+
+GUMBEL_BLOCK = 4096
+
+
+def triton_gumbel_argmax(logits: torch.Tensor, temps: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
+    """Tokens ``[T]`` drawn from fp32 ``logits [T, V] / temps`` with the Gumbel-max noise of the fused draw (the
+    draw of backends whose logits come from elsewhere, e.g. ``fast``); the first index among equal scores."""
+    logits = aligned_rows(logits)
+    temps = aligned_rows(temps.to(device=logits.device, dtype=torch.float32))
+    seeds = aligned_rows(seeds.to(device=logits.device, dtype=torch.int64))
+    t, v = logits.shape
+    n_chunks = triton.cdiv(v, GUMBEL_BLOCK)
+    best = torch.empty(t, n_chunks, dtype=torch.float32, device=logits.device)
+    idx = torch.empty(t, n_chunks, dtype=torch.int64, device=logits.device)
+    if t == 0:
+        return idx[:, 0]
+    _gumbel_argmax_kernel[(t, n_chunks)](logits, temps, seeds, best, idx, v, n_chunks, BLOCK=GUMBEL_BLOCK, num_warps=8)
+    return idx.gather(1, torch.argmax(best, dim=1, keepdim=True)).squeeze(1)  # argmax: the first chunk on a tie
+
+
 def n_vocab_splits(vocab: int) -> int:
     """How many vocabulary splits the fused forward uses: a function of V alone."""
     return triton.cdiv(triton.cdiv(vocab, LOGPROBS_VOCAB_BLOCK), LOGPROBS_SPLIT_TILES)
