@@ -44,6 +44,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+import vexact_kernels as vk
 from vexact_engine import LLM, SamplingParams
 from vexact_models import DEEPSEEK_V3_SHAPES, QWEN3_SHAPES, random_model, tiny_deepseek_v3_config, tiny_qwen3_config
 
@@ -450,6 +451,9 @@ def main(argv=None) -> int:
         "read (a full weight pass per decode step at the batch limit + the KV each step attends + a weight pass per "
         "prefill chunk) / copy bandwidth / wall time (benchmarks/peers.py). VeXact fast is the mismatch baseline "
         "only, not a speed anchor.",
+        "",
+        f"VeXact's attention on CUDA: `{vk.get_attention_impl()}` (`$VEXACT_ATTENTION`); rows without top-k/top-p "
+        "draw with the fused sampling kernel.",
         "",
     ]
     bw = copy_bandwidth()
