@@ -39,6 +39,12 @@ def test_gumbel_uniform_is_philox_4x32_10_and_inside_the_open_interval():
             assert torch.equal(u[i, col], want), (seed, col)
     assert float(u.min()) > 0 and float(u.max()) < 1
     assert abs(float(u.mean()) - 0.5) < 0.01
+    # the numpy words (CPU) == the torch-limb words (every other device)
+    from vexact_kernels.logprobs import _philox_first_word_np, _philox_first_word_torch
+
+    assert torch.equal(
+        torch.from_numpy(_philox_first_word_np(seeds.numpy(), 5000)), _philox_first_word_torch(seeds, 5000)
+    )
     # a row's noise is its seed's alone
     assert torch.equal(vk.gumbel_uniform(seeds[2:3], 5000), u[2:3])
     with pytest.raises(TypeError, match="int64"):

@@ -99,6 +99,16 @@ def gumbel_uniform(seeds: torch.Tensor, vocab: int) -> torch.Tensor:
     the same bits on every device."""
     if seeds.dtype != torch.int64 or seeds.dim() != 1:
         raise TypeError(f"seeds must be int64 [rows]; got {seeds.dtype} {tuple(seeds.shape)}")
+    if seeds.device.type == "cpu":
+        words = torch.from_numpy(_philox_first_word_np(seeds.numpy(), vocab))
+    else:
+        words = _philox_first_word_torch(seeds, vocab)
+    return ((words >> 9).to(torch.float32) + 0.5) * 2.0**-23  # exact in fp32: never 0 or 1
+
+
+def _philox_first_word_torch(seeds: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Philox-4x32-10's first output word for counters ``(column, 0, 0, 0)``, int64 ``[rows, vocab]``, in torch
+    int64 ops on any device (16-bit limbs for the 32 x 32-bit products)."""
     k0 = (seeds & _U32)[:, None]
     k1 = ((seeds >> 32) & _U32)[:, None]
     c0 = torch.arange(vocab, dtype=torch.int64, device=seeds.device)[None, :].expand(seeds.shape[0], vocab)
@@ -109,7 +119,27 @@ def gumbel_uniform(seeds: torch.Tensor, vocab: int) -> torch.Tensor:
         c0, c1, c2, c3 = hi_b ^ c1 ^ k0, lo_b, hi_a ^ c3 ^ k1, lo_a
         k0 = (k0 + PHILOX_KEY_A) & _U32
         k1 = (k1 + PHILOX_KEY_B) & _U32
-    return ((c0 >> 9).to(torch.float32) + 0.5) * 2.0**-23  # exact in fp32: never 0 or 1
+    return c0
+
+
+def _philox_first_word_np(seeds, vocab: int):
+    """:func:`_philox_first_word_torch` with numpy's uint64 (a 32 x 32-bit product is exact there): the CPU path,
+    about 16x faster than the torch limbs."""
+    import numpy as np
+
+    u64 = np.uint64
+    s = seeds.astype(np.int64).view(np.uint64)
+    k0 = (s & u64(_U32))[:, None]
+    k1 = ((s >> u64(32)) & u64(_U32))[:, None]
+    c0 = np.broadcast_to(np.arange(vocab, dtype=np.uint64)[None, :], (len(s), vocab))
+    c1 = c2 = c3 = np.zeros_like(c0)
+    for _ in range(10):
+        p_b = u64(PHILOX_ROUND_B) * c2
+        p_a = u64(PHILOX_ROUND_A) * c0
+        c0, c1, c2, c3 = (p_b >> u64(32)) ^ c1 ^ k0, p_b & u64(_U32), (p_a >> u64(32)) ^ c3 ^ k1, p_a & u64(_U32)
+        k0 = (k0 + u64(PHILOX_KEY_A)) & u64(_U32)
+        k1 = (k1 + u64(PHILOX_KEY_B)) & u64(_U32)
+    return c0.astype(np.int64)
 
 
 def sample_from_hidden(
