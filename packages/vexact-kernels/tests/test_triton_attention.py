@@ -193,6 +193,61 @@ def test_write_kv_cache_matches_index_copy():
     assert torch.equal(kc.view(20, 3, 64), rk) and torch.equal(vc.view(20, 3, 64), rv)
 
 
+def _check_shared_layout(n_q, ctx, hq, hkv, d, page, seed, device):
+    """Layers that share one step's layout (built once by ``paged_layout``) give bitwise what each call gives when it
+    derives the layout itself; a layout of other tensors is refused."""
+    ops = _ops()
+    g = torch.Generator().manual_seed(seed)
+    pages = [-(-c // page) for c in ctx]
+    n_blocks = sum(pages) + 2
+    order = torch.randperm(n_blocks, generator=g)
+    bt = torch.zeros(len(ctx), max(pages), dtype=torch.int64)
+    used = 0
+    for b, p in enumerate(pages):
+        bt[b, :p] = order[used : used + p]
+        used += p
+    total = sum(n_q)
+    bt = bt.to(device)
+    cuq = torch.tensor([0, *torch.tensor(n_q).cumsum(0).tolist()], device=device)
+    ctx_t = torch.tensor(ctx, device=device)
+    layout = ops.paged_layout(bt, ctx_t, cuq, page, total, hq, hkv, torch.device(device))
+    for layer in range(3):
+        q = torch.randn(total, hq, d, generator=g).bfloat16().to(device)
+        kc = torch.randn(n_blocks, page, hkv, d, generator=g).bfloat16().to(device)
+        vc = torch.randn(n_blocks, page, hkv, d, generator=g).bfloat16().to(device)
+        own = ops.attention_paged(q, kc, vc, bt, ctx_t, cuq, 0.1 * (layer + 1))
+        shared = ops.attention_paged(q, kc, vc, bt, ctx_t, cuq, 0.1 * (layer + 1), layout=layout)
+        assert torch.equal(own, shared), layer
+    with pytest.raises(ValueError, match="layout was built for other arguments"):
+        ops.attention_paged(q, kc, vc, bt.clone(), ctx_t, cuq, layout=layout)
+    with pytest.raises(ValueError, match="layout was built for other arguments"):
+        ops.attention_paged(q[:, : hkv * (hq // hkv // 2 or 1)], kc, vc, bt, ctx_t, cuq, layout=layout)
+
+
+@interp
+@pytest.mark.parametrize("n_q", [[1, 1, 1], [1, 5, 1], [3]])
+def test_interpreted_layout_shared_by_layers_is_bitwise(n_q):
+    ctx = [c + n for c, n in zip([40, 7, 90][: len(n_q)], n_q, strict=True)]
+    _check_shared_layout(n_q, ctx, 4, 2, 64, 16, seed=sum(n_q), device="cpu")
+
+
+@pytest.mark.gpu
+def test_gpu_layout_shared_by_layers_is_bitwise():
+    n_q = [1] * 40 + [37, 1, 300]
+    ctx = [random.Random(i).randint(1, 3000) + n for i, n in enumerate(n_q)]
+    _check_shared_layout(n_q, ctx, 16, 8, 128, 16, seed=3, device="cuda")
+
+
+def test_public_layout_is_none_off_the_triton_path():
+    import vexact_kernels as vk
+
+    q, kc = torch.zeros(2, 4, 8), torch.zeros(3, 4, 2, 8)
+    args = (q, kc, kc, torch.zeros(2, 1, dtype=torch.int64), torch.tensor([1, 2]), torch.tensor([0, 1, 2]))
+    assert vk.paged_attention_layout(*args) is None
+    with vk.use_backend("fast"):
+        assert vk.paged_attention_layout(*args) is None
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("heads", [(32, 8), (16, 16), (28, 4), (12, 2)])

@@ -23,7 +23,7 @@ from ._backend import (
 )
 from .activation import silu_and_mul
 from .aten_mode import disable_invariant_mode, enable_invariant_mode, invariant_mode
-from .attention import ATTN_BLOCK_N, attention_packed, attention_paged, write_kv_cache
+from .attention import ATTN_BLOCK_N, attention_packed, attention_paged, paged_attention_layout, write_kv_cache
 from .linear import LINEAR_BLOCK_K, linear
 from .logprobs import (
     compute_logits,
@@ -67,6 +67,7 @@ __all__ = [
     "moe_route",
     "moe_route_grouped",
     "logprobs_from_hidden",
+    "paged_attention_layout",
     "rms_norm",
     "rope_cos_sin",
     "sample_from_hidden",

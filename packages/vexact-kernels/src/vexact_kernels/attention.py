@@ -247,6 +247,34 @@ def _fast_paged(q, k_cache, v_cache, tables, ctx, cu, scale: float) -> torch.Ten
     return out
 
 
+def _paged_on_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
+    if get_backend("attention") != "invariant":
+        return False
+    if _on_cuda(q, k_cache, v_cache) == "fa4" and _fa4_takes(q, v_cache):
+        return False
+    return use_triton(q, k_cache, v_cache)
+
+
+def paged_attention_layout(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+):
+    """What :func:`attention_paged` derives from a step's layout before its launch (int32 tables, the tile table),
+    for the same arguments: build it once per step and pass it as ``layout=`` to every layer's call, which then runs
+    none of that work (on a CUDA decode step: some twenty small kernels per layer). Same values either way, so the
+    same bits. None where the path in force derives nothing up front (CPU, ``fast``, FA4); pass that on as well."""
+    if not _paged_on_triton(q, k_cache, v_cache):
+        return None
+    from .triton_ops import attention as tri
+
+    hq, hkv = q.shape[1], k_cache.shape[-2]
+    return tri.paged_layout(block_tables, context_lens, cu_seqlens_q, k_cache.shape[1], q.shape[0], hq, hkv, q.device)
+
+
 def attention_paged(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -255,12 +283,14 @@ def attention_paged(
     context_lens: torch.Tensor,
     cu_seqlens_q: torch.Tensor,
     scale: float | None = None,
+    layout=None,
 ) -> torch.Tensor:
     """New queries of B sequences against their paged KV (which already holds the new tokens' K/V).
 
     q [T, Hq, D]; caches [num_blocks, page_size, Hkv, D]; ``block_tables [B, max_pages]`` (page ids);
     ``context_lens [B]`` = KV length of each sequence including its new tokens; ``cu_seqlens_q [B+1]`` splits q.
-    Query ``i`` of sequence ``b`` sits at position ``context_lens[b] - n_q[b] + i``.
+    Query ``i`` of sequence ``b`` sits at position ``context_lens[b] - n_q[b] + i``. ``layout``: what
+    :func:`paged_attention_layout` returned for these arguments (built once per step; default: derived here).
     """
     _check_qkv("attention_paged", q, k_cache, v_cache)
     if get_backend("attention") == "invariant" and _on_cuda(q, k_cache, v_cache) == "fa4" and _fa4_takes(q, v_cache):
@@ -270,7 +300,7 @@ def attention_paged(
     if get_backend("attention") == "invariant" and use_triton(q, k_cache, v_cache):
         from .triton_ops import attention as tri
 
-        return tri.attention_paged(q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, scale)
+        return tri.attention_paged(q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, scale, layout)
     total = q.shape[0]
     if get_backend("attention") == "fast" and q.is_cuda:
         # No validation here: it would sync with the host every layer. Every sequence brings >= 1 query (as the

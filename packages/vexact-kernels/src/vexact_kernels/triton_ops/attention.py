@@ -42,6 +42,8 @@ boundary plus a mask ``pos > qpos - window``; it needs a guard for rows whose fi
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -435,6 +437,11 @@ def _tiles(rows_per_seq: torch.Tensor, block: int, rows_bound: int) -> tuple[tor
     return seq.to(torch.int32), row0.to(torch.int32), grid
 
 
+def _fwd_tiles(n_q: torch.Tensor, g: int, total: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """The forward's tile table: ``n_q [B]`` queries per sequence, ``g`` query heads per KV head, ``total`` queries."""
+    return _tiles(n_q.to(torch.int64) * g, BLOCK_M, total * g)
+
+
 def _fwd(
     q: torch.Tensor,
     k_rows: torch.Tensor,
@@ -446,8 +453,10 @@ def _fwd(
     ctx: torch.Tensor,
     scale: float,
     want_lse: bool,
+    tiles: tuple[torch.Tensor, torch.Tensor, int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Launch the forward. k_rows/v_rows: [rows, Hkv, D] storage; table [B, W] int32 first storage row per page."""
+    """Launch the forward. k_rows/v_rows: [rows, Hkv, D] storage; table [B, W] int32 first storage row per page;
+    ``tiles``: the tile table of these queries (:func:`_fwd_tiles`), when the caller built it already."""
     total, hq, dk = q.shape
     hkv, dv = k_rows.shape[1], v_rows.shape[2]
     g = hq // hkv
@@ -456,7 +465,7 @@ def _fwd(
     lse = torch.empty(total, hq, device=q.device, dtype=torch.float32) if want_lse else out
     if total == 0 or nseq == 0:
         return out, (lse if want_lse else None)
-    tile_seq, tile_row0, grid = _tiles(n_q.to(torch.int64) * g, BLOCK_M, total * g)
+    tile_seq, tile_row0, grid = tiles if tiles is not None else _fwd_tiles(n_q, g, total)
     _attn_fwd[(grid, hkv)](
         q,
         k_rows,
@@ -635,6 +644,51 @@ def attention_packed(
     return _PackedAttention.apply(q, k, v, cu_seqlens, scale)
 
 
+@dataclass(frozen=True, eq=False)
+class PagedLayout:
+    """A paged step's layout in the forward kernel's terms: int32 query starts, query counts, page tables (first
+    storage row of each page) and context lengths, and the tile table. Built by :func:`paged_layout` once per step and
+    passed to every layer's :func:`attention_paged`, so its casts, cumsum and searchsorted run once per step instead
+    of once per layer; the values are those :func:`attention_paged` builds itself without one, so the bits are too."""
+
+    block_tables: torch.Tensor  # the step's tensors it was built from, checked by identity at each use
+    context_lens: torch.Tensor
+    cu_seqlens_q: torch.Tensor
+    page_size: int
+    g: int  # query heads per KV head
+    total: int  # query tokens
+    q_start: torch.Tensor  # [B] int32
+    n_q: torch.Tensor  # [B] int32
+    table: torch.Tensor  # [B, W] int32, block id * page_size
+    ctx: torch.Tensor  # [B] int32
+    tiles: tuple[torch.Tensor, torch.Tensor, int] | None  # None when the step has no query or no sequence
+
+
+def paged_layout(
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    page_size: int,
+    num_tokens: int,
+    num_heads: int,
+    num_kv_heads: int,
+    device: torch.device,
+) -> PagedLayout:
+    """The layout :func:`attention_paged` reads for ``num_tokens`` queries of ``num_heads`` heads over caches of
+    ``num_kv_heads`` heads in pages of ``page_size`` positions (no host sync, CUDA-graph friendly)."""
+    if num_kv_heads <= 0 or num_heads % num_kv_heads:
+        raise ValueError(f"attention_paged: {num_heads} query heads is not a multiple of {num_kv_heads} KV heads")
+    cu = cu_seqlens_q.to(device=device, dtype=torch.int32)
+    n_q = (cu[1:] - cu[:-1]).contiguous()
+    table = (block_tables.to(device=device, dtype=torch.int32) * page_size).contiguous()
+    ctx = context_lens.to(device=device, dtype=torch.int32).contiguous()
+    g = num_heads // num_kv_heads
+    tiles = _fwd_tiles(n_q, g, num_tokens) if num_tokens and n_q.numel() else None
+    return PagedLayout(
+        block_tables, context_lens, cu_seqlens_q, page_size, g, num_tokens, cu[:-1].contiguous(), n_q, table, ctx, tiles
+    )
+
+
 def attention_paged(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -643,12 +697,14 @@ def attention_paged(
     context_lens: torch.Tensor,
     cu_seqlens_q: torch.Tensor,
     scale: float | None = None,
+    layout: PagedLayout | None = None,
 ) -> torch.Tensor:
     """New queries over a paged KV cache (prefill chunks and decode; no host sync, CUDA-graph friendly).
 
     q [T, Hq, Dk]; caches [num_blocks, page_size, Hkv, D]; ``block_tables [B, max_pages]``; ``context_lens [B]``
     (KV length including the new tokens); ``cu_seqlens_q [B+1]``. Query ``i`` of sequence ``b`` sits at position
-    ``context_lens[b] - n_q[b] + i``.
+    ``context_lens[b] - n_q[b] + i``. ``layout``: :func:`paged_layout` of these arguments, built once per step
+    (default: built here).
     """
     _check_shapes("attention_paged", q, k_cache, v_cache)
     page = k_cache.shape[1]
@@ -657,13 +713,34 @@ def attention_paged(
             raise ValueError(f"attention_paged: {name} must have contiguous pages; strides {c.stride()}")
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     q = _last_dim_contiguous(q)
-    dev = q.device
-    cu = cu_seqlens_q.to(device=dev, dtype=torch.int32)
-    n_q = (cu[1:] - cu[:-1]).contiguous()
-    table = (block_tables.to(device=dev, dtype=torch.int32) * page).contiguous()
-    ctx = context_lens.to(device=dev, dtype=torch.int32).contiguous()
+    total, hq, hkv = q.shape[0], q.shape[1], k_cache.shape[2]
+    if layout is None:
+        layout = paged_layout(block_tables, context_lens, cu_seqlens_q, page, total, hq, hkv, q.device)
+    elif not (
+        layout.block_tables is block_tables
+        and layout.context_lens is context_lens
+        and layout.cu_seqlens_q is cu_seqlens_q
+        and (layout.page_size, layout.g, layout.total) == (page, hq // hkv, total)
+        and layout.n_q.device == q.device
+    ):
+        raise ValueError(
+            "attention_paged: layout was built for other arguments (it must come from paged_layout of this call's "
+            f"block_tables, context_lens and cu_seqlens_q; page {layout.page_size}, {layout.g} query heads per KV "
+            f"head, {layout.total} tokens, on {layout.n_q.device}; this call: page {page}, {hq // hkv}, {total}, "
+            f"on {q.device})"
+        )
     out, _ = _fwd(
-        q, k_cache.flatten(0, 1), v_cache.flatten(0, 1), table, page, cu[:-1].contiguous(), n_q, ctx, scale, False
+        q,
+        k_cache.flatten(0, 1),
+        v_cache.flatten(0, 1),
+        layout.table,
+        page,
+        layout.q_start,
+        layout.n_q,
+        layout.ctx,
+        scale,
+        False,
+        layout.tiles,
     )
     return out
 
@@ -707,4 +784,4 @@ def write_kv_cache(
     )
 
 
-__all__ = ["BLOCK_M", "BLOCK_N", "attention_packed", "attention_paged", "write_kv_cache"]
+__all__ = ["BLOCK_M", "BLOCK_N", "PagedLayout", "attention_packed", "attention_paged", "paged_layout", "write_kv_cache"]

@@ -35,6 +35,10 @@ class Attention(nn.Module):
             raise ValueError("paged attention metadata given but no KV cache for this layer")
         k_cache, v_cache = kv_cache
         vk.write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
-        return vk.attention_paged(
-            q, k_cache, v_cache, meta.block_tables, meta.context_lens, meta.cu_seqlens, self.scale
-        )
+        paged = (q, k_cache, v_cache, meta.block_tables, meta.context_lens, meta.cu_seqlens)
+        # built by the step's first layer, then shared: the same for every layer of the same shapes
+        key = ("attention_paged", q.shape, k_cache.shape, v_cache.shape, q.device, vk.get_backend("attention"))
+        layout = meta.per_step(key, lambda: vk.paged_attention_layout(*paged))
+        if layout is None:  # nothing derived up front on this path (CPU, fast, FA4)
+            return vk.attention_paged(*paged, self.scale)
+        return vk.attention_paged(*paged, self.scale, layout=layout)
