@@ -64,9 +64,52 @@ def test_interpreted_split_programs_give_the_same_bits(bias):
     one = mm.matmul(a, w, b, torch.float32, split_programs=False)
     split = mm.matmul(a, w, b, torch.float32, split_programs=True)
     assert torch.equal(one, split)
+    assert torch.equal(mm.matmul(a, w, b, torch.float32, split_programs=True, fused_combine=False), one)
     assert torch.equal(mm.matmul(a[2:3], w, b, torch.float32, split_programs=True)[0], one[2])
     ref = a.double() @ w.double().T + (b.double() if bias else 0)
     assert torch.allclose(one.double(), ref, atol=1e-3 * 2100**0.5, rtol=1e-3)
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int16 if t.element_size() == 2 else torch.int32)
+
+
+@interp
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_interpreted_fused_combine_gives_the_combine_kernels_bits(dtype):
+    """The last split program of a tile adds the tile's partials (one launch): the bits of the combine kernel (two
+    launches), with and without bias, into bf16 and fp32 outputs and into ``accumulate_into`` (strided too); the
+    counts are back at zero after every launch, so the next launch starts clean."""
+    mm = _mm()
+    g = torch.Generator().manual_seed(11)
+    for m, k, n in [(1, 2100, 20), (2, 1100, 33), (17, 3000, 16), (64, 2049, 24)]:
+        a = torch.randn(m, k, generator=g).to(dtype)
+        w = torch.randn(n, k, generator=g).to(dtype)
+        for b in (None, torch.randn(n, generator=g).to(dtype)):
+            for out_dtype in {dtype, torch.float32}:
+                fused = mm.matmul(a, w, b, out_dtype, split_programs=True, fused_combine=True)
+                two = mm.matmul(a, w, b, out_dtype, split_programs=True, fused_combine=False)
+                assert fused.dtype == out_dtype and torch.equal(_bits(fused), _bits(two)), (m, k, n, out_dtype)
+            acc = torch.randn(n, m, generator=g).t()  # [m, n], column-major
+            fused = mm.matmul(a, w, b, split_programs=True, accumulate_into=acc.clone(), fused_combine=True)
+            two = mm.matmul(a, w, b, split_programs=True, accumulate_into=acc.clone(), fused_combine=False)
+            assert torch.equal(_bits(fused), _bits(two)), (m, k, n, "accumulate_into")
+        assert torch.equal(_bits(mm.matmul(a, w, split_programs=False)), _bits(mm.matmul(a, w, split_programs=True)))
+    assert not mm._counter_buffers[torch.device("cpu")].any()
+
+
+@interp
+def test_interpreted_fused_combine_falls_back_to_two_launches(monkeypatch):
+    """A launch with more output tiles than a counter slot holds runs the combine kernel: same bits; asking for the
+    fused combine there is an error that names the limit."""
+    mm = _mm()
+    g = torch.Generator().manual_seed(12)
+    a, w = torch.randn(20, 1500, generator=g).bfloat16(), torch.randn(40, 1500, generator=g).bfloat16()
+    fused = mm.matmul(a, w, split_programs=True, fused_combine=True)  # 2 x 3 tiles of 16 x 16
+    monkeypatch.setattr(mm, "COMBINE_SLOT_TILES", 5)
+    assert torch.equal(_bits(mm.matmul(a, w, split_programs=True)), _bits(fused))
+    with pytest.raises(RuntimeError, match="fused_combine=True, but 6 output tiles need a counter slot"):
+        mm.matmul(a, w, split_programs=True, fused_combine=True)
 
 
 def test_dtype_mismatch_is_an_error():
@@ -136,8 +179,9 @@ def test_gpu_fp32_linear_runs_in_the_chosen_precision():
     for i in (0, 400, 776):
         assert torch.equal(vk.linear(a[i : i + 1], w, b)[0], y[i])
     for cfg in (*(c[:4] for c in mm.FP32_CONFIGS), (32, 32, 4, 2)):
-        for split in (False, True):
-            assert torch.equal(mm.matmul(a, w, b, config=cfg, split_programs=split), y), (cfg, split)
+        for split, fused in ((False, None), (True, False), (True, True)):
+            out = mm.matmul(a, w, b, config=cfg, split_programs=split, fused_combine=fused)
+            assert torch.equal(out, y), (cfg, split, fused)
 
 
 @pytest.mark.gpu
@@ -177,7 +221,10 @@ def test_gpu_every_config_gives_the_same_bits():
         outs.append(mm.matmul(a, w, out_dtype=torch.float32, config=mm.TMA_CONFIG_FP32_OUT))  # persistent TMA
         outs.append(mm.matmul(a, w, out_dtype=torch.float32, config=(128, 128, 8, 4, True)))  # warp-specialized
         for cfg in ((16, 32, 4, 6), (16, 64, 4, 4), (64, 64, 4, 6)):  # a program per K split, then the combine
-            outs.append(mm.matmul(a, w, out_dtype=torch.float32, config=cfg, split_programs=True))
+            for fused in (False, True):  # a combine kernel, or the last split program of each tile
+                outs.append(
+                    mm.matmul(a, w, out_dtype=torch.float32, config=cfg, split_programs=True, fused_combine=fused)
+                )
         for o in outs[1:]:
             assert torch.equal(o, outs[0]), f"config changed bits at {(m, k, n)}"
 
@@ -196,3 +243,63 @@ def test_gpu_backward_deterministic_and_correct():
     assert torch.equal(grads[0][0], grads[1][0]) and torch.equal(grads[0][1], grads[1][1])
     assert (grads[0][0].float() - gy.float() @ w.float()).abs().max() < 0.5
     assert (grads[0][1].float() - gy.float().T @ x.float()).abs().max() < 2.0
+
+
+@pytest.mark.gpu
+def test_gpu_fused_combine_bits_graphs_and_streams():
+    """The fused combine on the GPU, at decode shapes (many K splits, a count per tile): the combine kernel's bits
+    over many launches (a memory-ordering slip would show as a stray element), with bias, bf16 output and
+    ``accumulate_into``; replayed from a CUDA graph; on two streams at once (each stream its own counts); the counts
+    back at zero after all of it."""
+    mm = _mm()
+    g = torch.Generator(device="cuda").manual_seed(9)
+    dev = torch.device("cuda", torch.cuda.current_device())
+    for m, k, n in [(1, 2048, 6144), (1, 6144, 2048), (4, 14336, 4096), (32, 4100, 1000)]:
+        w = torch.randn(n, k, device="cuda", generator=g).bfloat16()
+        b = torch.randn(n, device="cuda", generator=g).bfloat16()
+        for _ in range(20):
+            a = torch.randn(m, k, device="cuda", generator=g).bfloat16()
+            for bias, out_dtype in ((None, torch.float32), (b, torch.bfloat16)):
+                two = mm.matmul(a, w, bias, out_dtype, split_programs=True, fused_combine=False)
+                fused = mm.matmul(a, w, bias, out_dtype, split_programs=True, fused_combine=True)
+                assert torch.equal(_bits(fused), _bits(two)), (m, k, n, out_dtype)
+        acc = torch.randn(m, n, device="cuda", generator=g)
+        two = mm.matmul(a, w, b, split_programs=True, accumulate_into=acc.clone(), fused_combine=False)
+        fused = mm.matmul(a, w, b, split_programs=True, accumulate_into=acc.clone(), fused_combine=True)
+        assert torch.equal(_bits(fused), _bits(two)), (m, k, n, "accumulate_into")
+    assert not mm._counter_buffers[dev].any()
+
+    # CUDA graph: the counts are reset inside each replay, so replays with new inputs stay exact
+    k, n = 4096, 4096
+    w = torch.randn(n, k, device="cuda", generator=g).bfloat16()
+    x = torch.randn(8, k, device="cuda", generator=g).bfloat16()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        mm.matmul(x, w, split_programs=True, fused_combine=True)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = mm.matmul(x, w, split_programs=True, fused_combine=True)
+    for _ in range(10):
+        x.copy_(torch.randn(8, k, device="cuda", generator=g).bfloat16())
+        graph.replay()
+        assert torch.equal(_bits(y), _bits(mm.matmul(x, w, split_programs=True, fused_combine=False)))
+
+    # two streams at once: many launches each, interleaved on the device
+    xs = [torch.randn(2, k, device="cuda", generator=g).bfloat16() for _ in range(2)]
+    refs = [mm.matmul(xi, w, split_programs=True, fused_combine=False) for xi in xs]
+    streams = [torch.cuda.Stream() for _ in xs]
+    outs: list[list[torch.Tensor]] = [[], []]
+    for s in streams:
+        s.wait_stream(torch.cuda.current_stream())
+    for _ in range(50):
+        for i, s in enumerate(streams):
+            with torch.cuda.stream(s):
+                outs[i].append(mm.matmul(xs[i], w, split_programs=True, fused_combine=True))
+    for s in streams:
+        torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    for i in range(2):
+        assert all(torch.equal(_bits(o), _bits(refs[i])) for o in outs[i]), f"stream {i}"
+    assert not mm._counter_buffers[dev].any()

@@ -7,9 +7,12 @@ Invariance: every output element is reduced over K in one fixed structure, the s
   starts at zero. The partials are then added in split order to a zero-initialised fp32 total, then the bias.
 * The split boundaries depend on K alone, never on M, N or the tile shape, so *where* a split is computed does not
   matter: at large M one program walks all splits of its tile in order (no extra memory traffic); at small M each
-  split gets its own program (more CTAs to stream the weight: the decode case), writes its fp32 partial, and a
-  combine kernel adds them in the same split order. Both give the same bits (checked on the GPU in
-  ``tests/test_triton_matmul.py``). No atomics, no stream-K, no split counts chosen from the shape.
+  split gets its own program (more CTAs to stream the weight: the decode case) and writes its fp32 partial; the last
+  of a tile's split programs to finish (an atomic count per tile says which) reads all of the tile's partials and adds
+  them in the same split order, as a separate combine kernel would (that two-launch path remains, for launches the
+  counts cannot take, and ``fused_combine=False``). All give the same bits (checked on the GPU in
+  ``tests/test_triton_matmul.py``): the atomic picks *who* adds, never the order. No atomic adds of values, no
+  stream-K, no split counts chosen from the shape.
 
 The M/N tile shape is chosen per M bucket for speed; ``BLOCK_K`` and ``SPLIT_TILES`` are not. That a tile's M/N shape
 does not change any element's bits (the tensor-core instruction reduces each element's K slice the same way) is
@@ -25,6 +28,8 @@ deterministic run to run (fixed reduction order; dW reduces over tokens in the s
 """
 
 from __future__ import annotations
+
+import threading
 
 import torch
 import triton
@@ -86,16 +91,34 @@ def k_reduce(
 
 
 @triton.jit
+def _epilogue(
+    total, c_ptr, bias_ptr, offs_m, offs_n, M, N, stride_cm, stride_cn,
+    HAS_BIAS: tl.constexpr, ACCUMULATE: tl.constexpr,
+):  # fmt: skip
+    """``c = total + bias`` (``ACCUMULATE``: ``c = c + (total + bias)``), cast to ``c``'s dtype."""
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    if HAS_BIAS:
+        total += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+    c_ptrs = c_ptr + offs_m[:, None].to(tl.int64) * stride_cm + offs_n[None, :] * stride_cn
+    if ACCUMULATE:
+        total = tl.load(c_ptrs, mask=mask, other=0.0) + total
+    tl.store(c_ptrs, total.to(c_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _matmul_kernel(
-    a_ptr, b_ptr, c_ptr, bias_ptr,
+    a_ptr, b_ptr, c_ptr, bias_ptr, part_ptr, count_ptr,
     M, N, K,
     stride_am, stride_ak, stride_bn, stride_bk, stride_cm, stride_cn,
-    HAS_BIAS: tl.constexpr, INTERPRET: tl.constexpr, SPLIT_OUT: tl.constexpr, ACCUMULATE: tl.constexpr,
+    HAS_BIAS: tl.constexpr, INTERPRET: tl.constexpr, SPLIT_OUT: tl.constexpr, COMBINE: tl.constexpr,
+    ACCUMULATE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     SPLIT_TILES: tl.constexpr, INPUT_PRECISION: tl.constexpr,
 ):  # fmt: skip
     """One output tile; all K splits in order (``SPLIT_OUT=False``) or the one split ``program_id(1)``, whose fp32
-    partial goes to ``c_ptr[split, M, N]`` (``SPLIT_OUT=True``). ``ACCUMULATE``: ``c = c + result`` (fp32 ``c``)."""
+    partial goes to ``part_ptr[split, M, N]`` (``SPLIT_OUT=True``). ``COMBINE`` (with ``SPLIT_OUT``): the tile's split
+    program that finishes last (an atomic count in ``count_ptr[tile]``, reset to 0 after) adds the tile's partials as
+    ``_combine_kernel`` does, in split order, and writes ``c``. ``ACCUMULATE``: ``c = c + result`` (fp32 ``c``)."""
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
@@ -124,15 +147,25 @@ def _matmul_kernel(
         BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_TILES, INTERPRET, INPUT_PRECISION,
     )  # fmt: skip
     if SPLIT_OUT:
-        c_ptrs = c_ptr + split.to(tl.int64) * M * N + offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
-        tl.store(c_ptrs, total, mask=mask_m & mask_n)
+        mn = tl.cast(M, tl.int64) * N
+        parts = part_ptr + offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
+        tl.store(parts + split * mn, total, mask=mask_m & mask_n)
+        if COMBINE:
+            # Every thread's partial store comes before the count's release (the CUTLASS semaphore pattern); the
+            # acquire and the barrier that hands the count to every thread come before the loads, which bypass L1.
+            tl.debug_barrier()
+            done = tl.atomic_add(count_ptr + pid, 1, sem="acq_rel", scope="gpu")
+            if done == tl.num_programs(1) - 1:
+                # ``_combine_kernel``'s adds, element by element: 0 + p_0 + p_1 + ... in split order
+                total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                for s in range(tl.num_programs(1)):
+                    total += tl.load(parts + s * mn, mask=mask_m & mask_n, other=0.0, cache_modifier=".cg")
+                _epilogue(
+                    total, c_ptr, bias_ptr, offs_m, offs_n, M, N, stride_cm, stride_cn, HAS_BIAS, ACCUMULATE
+                )  # fmt: skip
+                tl.store(count_ptr + pid, 0)  # no program of this launch counts this tile again
     else:
-        if HAS_BIAS:
-            total += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
-        c_ptrs = c_ptr + offs_m[:, None].to(tl.int64) * stride_cm + offs_n[None, :] * stride_cn
-        if ACCUMULATE:
-            total = tl.load(c_ptrs, mask=mask_m & mask_n, other=0.0) + total
-        tl.store(c_ptrs, total.to(c_ptr.dtype.element_ty), mask=mask_m & mask_n)
+        _epilogue(total, c_ptr, bias_ptr, offs_m, offs_n, M, N, stride_cm, stride_cn, HAS_BIAS, ACCUMULATE)
 
 
 @triton.jit
@@ -236,6 +269,44 @@ def input_precision(dtype: torch.dtype) -> str:
     return get_fp32_matmul_precision() if dtype == torch.float32 else "tf32"
 
 
+# Fused combine (speed only: the bits are those of the combine kernel): per output tile, an int32 count of the split
+# programs done, which the last one resets to 0. Each device gets one buffer, zeroed once and never freed (CUDA graphs
+# keep its address), of COMBINE_SLOTS slots of COMBINE_SLOT_TILES counts; each stream gets a slot on its first fused
+# launch, so matmuls running at once on different streams never share a count. A launch with more output tiles, a
+# stream without a slot, or a first launch on a device during graph capture runs the two-launch combine instead.
+# A graph's launches use the slot of the stream it was captured on: two replays of graphs captured on one stream must
+# not overlap (the engine's decode graphs share a memory pool too, and never run together).
+COMBINE_SLOT_TILES = 4096
+COMBINE_SLOTS = 64
+_counter_buffers: dict[torch.device, torch.Tensor] = {}
+_counter_slots: dict[tuple[torch.device, int], torch.Tensor | None] = {}
+_counter_lock = threading.Lock()
+
+
+def _tile_counters(device: torch.device, tiles: int) -> torch.Tensor | None:
+    """The current stream's zeroed counts for a fused-combine launch of ``tiles`` output tiles, or None."""
+    if tiles > COMBINE_SLOT_TILES:
+        return None
+    stream = torch._C._cuda_getCurrentRawStream(device.index) if device.type == "cuda" else 0
+    key = (device, stream)
+    slot = _counter_slots.get(key)
+    if slot is not None or key in _counter_slots:
+        return slot
+    with _counter_lock:
+        buf = _counter_buffers.get(device)
+        if buf is None:
+            if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+                return None  # zeroing it would be a node of the graph; the next eager launch creates it
+            buf = torch.zeros(COMBINE_SLOTS * COMBINE_SLOT_TILES, dtype=torch.int32, device=device)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)  # zero before any stream's first launch reads it
+            _counter_buffers[device] = buf
+        used = sum(1 for d, _ in _counter_slots if d == device)
+        slot = buf[used * COMBINE_SLOT_TILES : (used + 1) * COMBINE_SLOT_TILES] if used < COMBINE_SLOTS else None
+        _counter_slots[key] = slot
+        return slot
+
+
 def pick_config(m: int, n: int, interpret: bool = False) -> int:
     """Index into CONFIGS for the pointer kernel."""
     if interpret or m <= 32:
@@ -253,13 +324,17 @@ def matmul(
     config: tuple | None = None,
     split_programs: bool | None = None,
     accumulate_into: torch.Tensor | None = None,
+    fused_combine: bool | None = None,
 ) -> torch.Tensor:
     """``a [M, K] @ b_t[N, K].T (+ bias [N])`` -> ``[M, N]``; any strides.
 
     ``config`` overrides the tile choice: 4 values for the pointer kernel, 5 for the persistent TMA kernel (fp32
     operands: the pointer kernel with ``FP32_CONFIGS`` unless ``config`` says otherwise).
     ``split_programs`` overrides whether K splits run as separate programs plus a combine (default: when the output
-    has few tiles). Neither changes a single bit of the result.
+    has few tiles). ``fused_combine`` (split programs only): whether the last split program of each tile adds the
+    partials (one launch) or a combine kernel does (two launches); default: fused where a counter slot is free (see
+    ``COMBINE_SLOT_TILES``); True raises ``RuntimeError`` where it cannot be. None of them changes a single bit of the
+    result.
     ``accumulate_into``: an fp32 ``[M, N]`` tensor (any strides) that gets ``+= result`` in place and is returned.
     """
     from . import interpreting
@@ -309,20 +384,29 @@ def matmul(
     if split_programs is None:
         split_programs = num_splits > 1 and tiles <= max_tiles
     split_programs = split_programs and num_splits > 1
-    out = torch.empty(num_splits, m, n, dtype=torch.float32, device=a.device) if split_programs else c
+    counts = None
+    if split_programs and fused_combine is not False:
+        counts = _tile_counters(a.device, tiles)
+        if counts is None and fused_combine:
+            raise RuntimeError(
+                f"matmul: fused_combine=True, but {tiles} output tiles need a counter slot of this stream "
+                f"(at most {COMBINE_SLOT_TILES} tiles, {COMBINE_SLOTS} streams per device, not first made in capture)"
+            )
+    part = torch.empty(num_splits, m, n, dtype=torch.float32, device=a.device) if split_programs else c
     _matmul_kernel[(tiles, num_splits if split_programs else 1)](
-        a, b_t, out, bias if bias is not None else c,
+        a, b_t, c, bias if bias is not None else c, part, counts if counts is not None else c,
         m, n, k,
         a.stride(0), a.stride(1), b_t.stride(0), b_t.stride(1), c.stride(0), c.stride(1),
-        HAS_BIAS=bias is not None, INTERPRET=interpreting(), SPLIT_OUT=split_programs, ACCUMULATE=acc_in,
+        HAS_BIAS=bias is not None, INTERPRET=interpreting(), SPLIT_OUT=split_programs, COMBINE=counts is not None,
+        ACCUMULATE=acc_in,
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=BLOCK_K, GROUP_M=GROUP_M, SPLIT_TILES=SPLIT_TILES,
         INPUT_PRECISION=input_precision(a.dtype),
         num_warps=warps, num_stages=stages,
     )  # fmt: skip
-    if split_programs:
+    if split_programs and counts is None:
         block = 1024
         _combine_kernel[(triton.cdiv(m * n, block),)](
-            out, c, bias if bias is not None else c, m, n, num_splits, c.stride(0), c.stride(1),
+            part, c, bias if bias is not None else c, m, n, num_splits, c.stride(0), c.stride(1),
             HAS_BIAS=bias is not None, ACCUMULATE=acc_in, BLOCK=block, num_warps=4,
         )  # fmt: skip
     return c
