@@ -136,3 +136,46 @@ def test_gpu_backward_matches_float64_and_is_deterministic():
     # dx of a row does not depend on the other rows either
     dx1, _ = _grads(x[7:8], w, dy[7:8], lambda a, b: vk.rms_norm(a, b, EPS))
     assert torch.equal(dx1[0], dx[7])
+
+
+def _check_pair(m1, m2, hidden, dtype, device, seed=0):
+    """Two tensors' rows in one launch: each bitwise what its own launch gives (also a row-offset slice)."""
+    ops = _ops()
+    x1 = _rand(m1 + 1, hidden, seed=seed, dtype=dtype, scale=3.0, device=device)[1:]  # a view at a row offset
+    x2 = _rand(m2, hidden, seed=seed + 1, dtype=dtype, scale=0.01, device=device)
+    w1 = (1.0 + 0.1 * _rand(hidden, seed=seed + 2)).to(dtype).to(device)
+    w2 = (1.0 + 0.1 * _rand(hidden, seed=seed + 3)).to(dtype).to(device)
+    for out_dtype in (None, torch.float32):
+        y1, y2 = ops.triton_rms_norm_pair(x1, w1, x2, w2, EPS, out_dtype)
+        assert torch.equal(y1, ops.triton_rms_norm(x1, w1, EPS, out_dtype))
+        assert torch.equal(y2, ops.triton_rms_norm(x2, w2, EPS, out_dtype))
+
+
+@interp
+@pytest.mark.parametrize("m1,m2,hidden", [(4, 2, 16), (1, 1, 100), (6, 3, 1500), (0, 2, 8)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_interpreted_pair_launch_is_bitwise_two_launches(m1, m2, hidden, dtype):
+    _check_pair(m1, m2, hidden, dtype, "cpu", seed=m1 + hidden)
+
+
+def test_public_pair_is_two_rms_norms():
+    x1, x2 = _rand(3, 4, 32, seed=1), _rand(3, 2, 32, seed=2)
+    w1, w2 = 1.0 + 0.1 * _rand(32, seed=3), 1.0 + 0.1 * _rand(32, seed=4)
+    for backend in ("invariant", "fast"):
+        with vk.use_backend(backend):
+            y1, y2 = vk.rms_norm_pair(x1, w1, x2, w2, EPS)
+            assert torch.equal(y1, vk.rms_norm(x1, w1, EPS)) and torch.equal(y2, vk.rms_norm(x2, w2, EPS))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("hidden", [64, 128, 256, 2048])
+def test_gpu_pair_launch_is_bitwise_two_launches(dtype, hidden):
+    """Same compiled row code in both kernels, so the same sum-of-squares tree: checked on many rows."""
+    for m1, m2 in ((16, 8), (1, 1), (4096 * 16, 4096 * 8), (333, 7)):
+        _check_pair(m1, m2, hidden, dtype, "cuda", seed=m1 + hidden)
+    x1, x2 = _rand(5, 16, hidden, seed=9, device="cuda"), _rand(5, 8, hidden, seed=10, device="cuda")
+    w = (1.0 + 0.1 * _rand(hidden, seed=11)).cuda()
+    with torch.no_grad():
+        y1, y2 = vk.rms_norm_pair(x1, w, x2, w, EPS)
+    assert torch.equal(y1, vk.rms_norm(x1, w, EPS)) and torch.equal(y2, vk.rms_norm(x2, w, EPS))

@@ -78,6 +78,59 @@ def test_interpreted_backward_is_inverse_rotation():
     torch.testing.assert_close(ops.rotary_launch(ops.rotary_launch(x, pos, cos, sin), pos, cos, sin, inverse=True), x)
 
 
+def _check_pair(tokens, hq, hk, head_dim, dtype, device, seed=0):
+    """q and k rotated in one launch: each bitwise what its own launch gives (also for a strided q view)."""
+    ops = _ops()
+    q, pos, cos, sin = _problem(tokens, hq + 3, head_dim, seed=seed, dtype=dtype)
+    k = torch.randn(tokens, hk, head_dim, generator=torch.Generator().manual_seed(seed + 1)).to(dtype)
+    q, k, pos, cos, sin = (t.to(device) for t in (q, k, pos, cos, sin))
+    for qq in (q[:, :hq].contiguous(), q[:, 2 : 2 + hq]):
+        qo, ko = ops.triton_apply_rotary_pair(qq, k, pos, cos, sin)
+        assert torch.equal(qo, ops.triton_apply_rotary(qq, pos, cos, sin))
+        assert torch.equal(ko, ops.triton_apply_rotary(k, pos, cos, sin))
+        assert qo.is_contiguous() and ko.is_contiguous()
+
+
+@interp
+@pytest.mark.parametrize("hq,hk,head_dim", [(4, 2, 16), (5, 1, 24), (1, 1, 2), (8, 8, 64)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_interpreted_pair_launch_is_bitwise_two_launches(hq, hk, head_dim, dtype):
+    _check_pair(5, hq, hk, head_dim, dtype, "cpu", seed=hq * head_dim)
+
+
+@interp
+def test_interpreted_pair_with_autograd_is_two_rotations():
+    ops = _ops()
+    q, pos, cos, sin = _problem(3, 4, 16, seed=7)
+    k = torch.randn(3, 2, 16).requires_grad_()
+    qo, ko = ops.triton_apply_rotary_pair(q, k, pos, cos, sin)
+    ko.sum().backward()
+    assert torch.equal(qo, ops.triton_apply_rotary(q, pos, cos, sin)) and k.grad is not None
+
+
+def test_public_qk_is_two_apply_rotary():
+    q, pos, cos, sin = _problem(6, 4, 32, seed=3)
+    k = torch.randn(6, 2, 32, generator=torch.Generator().manual_seed(4))
+    for backend in ("invariant", "fast"):
+        with vk.use_backend(backend):
+            qo, ko = vk.apply_rotary_qk(q, k, pos, cos, sin)
+            assert torch.equal(qo, vk.apply_rotary(q, pos, cos, sin))
+            assert torch.equal(ko, vk.apply_rotary(k, pos, cos, sin))
+    with pytest.raises(ValueError, match="position"):
+        vk.apply_rotary_qk(q, k, pos + 4096, cos, sin)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_gpu_pair_launch_is_bitwise_two_launches(dtype):
+    for tokens, hq, hk in ((1, 16, 8), (300, 32, 8), (7, 28, 4), (64, 12, 2)):
+        _check_pair(tokens, hq, hk, 128, dtype, "cuda", seed=tokens)
+    q, pos, cos, sin = (t.cuda() for t in _problem(9, 16, 128, seed=5, dtype=dtype))
+    k = q[:, :8].contiguous() * 2
+    qo, ko = vk.apply_rotary_qk(q, k, pos, cos, sin)
+    assert torch.equal(qo, vk.apply_rotary(q, pos, cos, sin)) and torch.equal(ko, vk.apply_rotary(k, pos, cos, sin))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_gpu_every_token_equals_the_single_token_result_and_the_cpu_reference(dtype):

@@ -34,8 +34,8 @@ from .logprobs import (
     sample_from_hidden,
 )
 from .moe import fused_moe, moe_route, moe_route_grouped
-from .rms_norm import rms_norm
-from .rotary import apply_rotary, rope_cos_sin
+from .rms_norm import rms_norm, rms_norm_pair
+from .rotary import apply_rotary, apply_rotary_qk, rope_cos_sin
 
 __version__ = "0.3.0"
 
@@ -48,6 +48,7 @@ __all__ = [
     "LINEAR_BLOCK_K",
     "__version__",
     "apply_rotary",
+    "apply_rotary_qk",
     "attention_packed",
     "attention_paged",
     "backend_map",
@@ -69,6 +70,7 @@ __all__ = [
     "logprobs_from_hidden",
     "paged_attention_layout",
     "rms_norm",
+    "rms_norm_pair",
     "rope_cos_sin",
     "sample_from_hidden",
     "set_attention_impl",

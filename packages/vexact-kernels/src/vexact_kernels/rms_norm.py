@@ -32,3 +32,24 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch
     var = tree_sum(xf * xf, dim=-1) / x.shape[-1]
     rstd = 1.0 / torch.sqrt(var + eps)
     return (xf * rstd.unsqueeze(-1) * weight.float()).to(out_dtype)
+
+
+def rms_norm_pair(
+    x1: torch.Tensor,
+    w1: torch.Tensor,
+    x2: torch.Tensor,
+    w2: torch.Tensor,
+    eps: float,
+    out_dtype: torch.dtype | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(rms_norm(x1, w1, eps), rms_norm(x2, w2, eps))``, bitwise; x1 and x2 share their last dim. On the
+    ``invariant`` backend's CUDA path both in one launch (a layer's q_norm and k_norm: one kernel fewer)."""
+    if x1.shape[-1] == x2.shape[-1] and get_backend("rms_norm") == "invariant" and use_triton(x1, w1, x2, w2):
+        from .triton_ops.rms_norm import triton_rms_norm_pair
+
+        for x, w in ((x1, w1), (x2, w2)):
+            check_float("rms_norm", "x", x)
+            if w.shape != x.shape[-1:]:
+                raise ValueError(f"rms_norm: weight shape {tuple(w.shape)} does not match x's last dim {x.shape[-1]}")
+        return triton_rms_norm_pair(x1, w1, x2, w2, eps, out_dtype)
+    return rms_norm(x1, w1, eps, out_dtype), rms_norm(x2, w2, eps, out_dtype)

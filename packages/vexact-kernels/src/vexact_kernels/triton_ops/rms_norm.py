@@ -5,7 +5,8 @@ Invariance: one program per row; the row's sum of squares is accumulated over th
 fixed by the compile-time block and warp count. Nothing in a row's math reads the number of rows, so row ``i`` of the
 output (and of ``dx``) is bitwise the same for any batch, row subset or chunking. ``dweight`` sums over rows: fixed
 blocks of ``RMS_DW_ROWS`` rows summed in row order, then the block partials summed in block order (no atomics), so it
-is identical run to run for a given input.
+is identical run to run for a given input. ``_rms_norm_fwd_pair_kernel`` normalises the rows of two tensors (q_norm
+and k_norm of a layer) in one launch through the same row code, so each row's bits are the single kernel's.
 
 Accuracy: fp32 throughout (``sqrt_rn``/``div_rn``, correctly rounded), cast once; within a few fp32 ulps of a float64
 reference before the final cast.
@@ -53,6 +54,40 @@ def _rms_norm_fwd_kernel(x_ptr, w_ptr, y_ptr, rstd_ptr, H, eps, BLOCK: tl.conste
         x = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
         w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
         tl.store(y_row + cols, (x * rstd * w).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _rms_norm_row(x_ptr, w_ptr, y_ptr, rstd_ptr, row, H, eps, BLOCK: tl.constexpr):
+    """The body of :func:`_rms_norm_fwd_kernel` for one given row (kept line for line the same)."""
+    x_row = x_ptr + row * H
+    y_row = y_ptr + row * H
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for start in range(0, H, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        x = tl.load(x_row + cols, mask=cols < H, other=0.0).to(tl.float32)
+        acc += x * x
+    var = tl.div_rn(tl.sum(acc, axis=0), tl.cast(H, tl.float32))
+    rstd = tl.div_rn(1.0, tl.sqrt_rn(var + eps))
+    tl.store(rstd_ptr + row, rstd)
+    for start in range(0, H, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        mask = cols < H
+        x = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(y_row + cols, (x * rstd * w).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit(do_not_specialize=["m1"])
+def _rms_norm_fwd_pair_kernel(
+    x1_ptr, w1_ptr, y1_ptr, rstd1_ptr, m1, x2_ptr, w2_ptr, y2_ptr, rstd2_ptr, H, eps, BLOCK: tl.constexpr
+):  # fmt: skip
+    """Rows of two tensors of one hidden size in one launch (q_norm and k_norm): the first ``m1`` programs take x1's
+    rows, the rest x2's, each through the same row code as :func:`_rms_norm_fwd_kernel`."""
+    row = tl.program_id(0).to(tl.int64)
+    if row < m1:
+        _rms_norm_row(x1_ptr, w1_ptr, y1_ptr, rstd1_ptr, row, H, eps, BLOCK)
+    else:
+        _rms_norm_row(x2_ptr, w2_ptr, y2_ptr, rstd2_ptr, row - m1, H, eps, BLOCK)
 
 
 @triton.jit
@@ -120,6 +155,23 @@ def rms_norm_fwd(
     return y, rstd
 
 
+def rms_norm_fwd_pair(
+    x1: torch.Tensor, w1: torch.Tensor, x2: torch.Tensor, w2: torch.Tensor, eps: float, out_dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``rms_norm_fwd(x1, w1)[0], rms_norm_fwd(x2, w2)[0]`` (2-D, one hidden size) in one launch, bitwise the same."""
+    x1, x2, w1, w2 = aligned_rows(x1), aligned_rows(x2), aligned_rows(w1), aligned_rows(w2)
+    (m1, h), m2 = x1.shape, x2.shape[0]
+    dev = x1.device
+    y1 = torch.empty(m1, h, dtype=out_dtype, device=dev)
+    y2 = torch.empty(m2, h, dtype=out_dtype, device=dev)
+    rstd = torch.empty(m1 + m2, dtype=torch.float32, device=dev)  # written, as the single kernel writes it
+    if m1 + m2:
+        _rms_norm_fwd_pair_kernel[(m1 + m2,)](
+            x1, w1, y1, rstd, m1, x2, w2, y2, rstd[m1:], h, eps, BLOCK=RMS_BLOCK, num_warps=RMS_NUM_WARPS
+        )
+    return y1, y2
+
+
 def rms_norm_bwd(
     dy: torch.Tensor, x2d: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, need_dw: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -173,3 +225,17 @@ def triton_rms_norm(
     else:
         y, _ = rms_norm_fwd(x2d, weight, eps, out_dtype)
     return y.reshape(x.shape)
+
+
+def triton_rms_norm_pair(
+    x1: torch.Tensor, w1: torch.Tensor, x2: torch.Tensor, w2: torch.Tensor, eps: float, out_dtype=None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`triton_rms_norm` of x1 and of x2 (the same last dim and dtype): one launch where no input records
+    autograd, else one each."""
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (x1, w1, x2, w2))
+    same = x1.dtype == x2.dtype and w1.dtype == w2.dtype and len({t.device for t in (x1, w1, x2, w2)}) == 1
+    if grad or not same:
+        return triton_rms_norm(x1, w1, eps, out_dtype), triton_rms_norm(x2, w2, eps, out_dtype)
+    out_dtype = out_dtype or x1.dtype
+    y1, y2 = rms_norm_fwd_pair(x1.reshape(-1, x1.shape[-1]), w1, x2.reshape(-1, x2.shape[-1]), w2, eps, out_dtype)
+    return y1.reshape(x1.shape), y2.reshape(x2.shape)

@@ -3,7 +3,7 @@
 from .activation import SiluAndMul
 from .attention import Attention
 from .embed_head import LMHead, VocabEmbedding
-from .layernorm import RMSNorm
+from .layernorm import RMSNorm, rms_norm_pair
 from .linear import Linear
 from .mla import MLAttention
 from .moe import (
@@ -34,5 +34,6 @@ __all__ = [
     "load_balancing_loss",
     "named_weights",
     "record_router",
+    "rms_norm_pair",
     "weight_dtype",
 ]

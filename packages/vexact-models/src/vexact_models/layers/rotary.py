@@ -91,4 +91,4 @@ class RotaryEmbedding(nn.Module):
         return RotaryEmbedding(*self.args)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return vk.apply_rotary(q, positions, self.cos, self.sin), vk.apply_rotary(k, positions, self.cos, self.sin)
+        return vk.apply_rotary_qk(q, k, positions, self.cos, self.sin)

@@ -20,7 +20,16 @@ from torch import nn
 
 from ..attention_metadata import AttentionMetadata
 from ..config import DenseConfig, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
-from ..layers import Attention, Linear, LMHead, RMSNorm, RotaryEmbedding, SiluAndMul, VocabEmbedding
+from ..layers import (
+    Attention,
+    Linear,
+    LMHead,
+    RMSNorm,
+    RotaryEmbedding,
+    SiluAndMul,
+    VocabEmbedding,
+    rms_norm_pair,
+)
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
 
@@ -45,7 +54,7 @@ class DenseAttention(nn.Module):
         k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
         v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
+            q, k = rms_norm_pair(self.q_norm, q, self.k_norm, k)  # one launch for both on CUDA
         q, k = self.rotary[0](positions, q, k)
         o = self.attn(q, k, v, meta, kv_cache)  # [T, Hq, D]
         return self.o_proj(o.reshape(t, self.num_heads * self.head_dim))
