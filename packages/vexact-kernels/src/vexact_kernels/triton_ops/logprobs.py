@@ -403,6 +403,19 @@ class FusedLogprobsFunction(torch.autograd.Function):
         return dh, dw, None, None, None
 
 
+def _operands(op: str, normed, weight, temps, per_row_ints):
+    """The fused kernels' operands: shapes checked, one dtype, aligned rows; fp32 temperatures and int64 per-row
+    integers (targets or seeds) on ``normed``'s device."""
+    if normed.dim() != 2 or weight.dim() != 2 or normed.shape[1] != weight.shape[1]:
+        raise ValueError(f"{op}: hidden {tuple(normed.shape)} and lm_head {tuple(weight.shape)} need [T, H], [V, H]")
+    if normed.dtype != weight.dtype:
+        dtype = torch.promote_types(normed.dtype, weight.dtype)
+        normed, weight = normed.to(dtype), weight.to(dtype)
+    normed, weight = aligned_rows(normed), aligned_rows(weight)
+    temps = aligned_rows(temps.to(device=normed.device, dtype=torch.float32))
+    return normed, weight, temps, aligned_rows(per_row_ints.to(device=normed.device, dtype=torch.int64))
+
+
 def triton_logprobs(
     normed: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temps: torch.Tensor, with_entropy: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -410,16 +423,7 @@ def triton_logprobs(
 
     ``normed`` is the final-norm output (the lm_head input). Autograd-aware in ``normed`` and ``weight``.
     """
-    if normed.dim() != 2 or weight.dim() != 2 or normed.shape[1] != weight.shape[1]:
-        raise ValueError(
-            f"logprobs: hidden {tuple(normed.shape)} and lm_head {tuple(weight.shape)} need [T, H], [V, H]"
-        )
-    if normed.dtype != weight.dtype:
-        dtype = torch.promote_types(normed.dtype, weight.dtype)
-        normed, weight = normed.to(dtype), weight.to(dtype)
-    normed, weight = aligned_rows(normed), aligned_rows(weight)
-    targets = aligned_rows(targets.to(device=normed.device, dtype=torch.int64))
-    temps = aligned_rows(temps.to(device=normed.device, dtype=torch.float32))
+    normed, weight, temps, targets = _operands("logprobs", normed, weight, temps, targets)
     if torch.is_grad_enabled() and (normed.requires_grad or weight.requires_grad):
         return FusedLogprobsFunction.apply(normed, weight, targets, temps, with_entropy)
     lp, ent, _, _ = logprobs_fwd(normed, weight, targets, temps, with_entropy)
@@ -432,16 +436,9 @@ def triton_sample_logprobs(
     """Draw a token per row of ``normed [T, H] @ weight[V, H].T / temps [T]`` with the row's 64-bit ``seeds [T]``
     (Gumbel-max, :func:`gumbel_scores`) and return ``(tokens [T] int64, logprobs [T] fp32)`` in one pass over the
     vocabulary. The logprob is bitwise :func:`triton_logprobs` of the drawn token (same split kernel, same fold)."""
-    if normed.dim() != 2 or weight.dim() != 2 or normed.shape[1] != weight.shape[1]:
-        raise ValueError(f"sample: hidden {tuple(normed.shape)} and lm_head {tuple(weight.shape)} need [T, H], [V, H]")
-    if weight.shape[0] >= 2**31:
+    if weight.dim() == 2 and weight.shape[0] >= 2**31:
         raise ValueError(f"sample: vocabulary of {weight.shape[0]} does not fit the 32-bit draw counter")
-    if normed.dtype != weight.dtype:
-        dtype = torch.promote_types(normed.dtype, weight.dtype)
-        normed, weight = normed.to(dtype), weight.to(dtype)
-    normed, weight = aligned_rows(normed), aligned_rows(weight)
-    temps = aligned_rows(temps.to(device=normed.device, dtype=torch.float32))
-    seeds = aligned_rows(seeds.to(device=normed.device, dtype=torch.int64))
+    normed, weight, temps, seeds = _operands("sample", normed, weight, temps, seeds)
     lp, _, _, _, tokens = _fwd(normed, weight, None, temps, seeds)
     return tokens, lp
 
