@@ -14,11 +14,15 @@ from ._reduce import tree_sum
 from .triton_ops import use_triton
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """Normalise over the last dim of ``x`` (any leading shape); ``weight`` has the last dim's size."""
+def _check(x: torch.Tensor, weight: torch.Tensor) -> None:
     check_float("rms_norm", "x", x)
     if weight.shape != x.shape[-1:]:
         raise ValueError(f"rms_norm: weight shape {tuple(weight.shape)} does not match x's last dim {x.shape[-1]}")
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Normalise over the last dim of ``x`` (any leading shape); ``weight`` has the last dim's size."""
+    _check(x, weight)
     out_dtype = out_dtype or x.dtype
     if get_backend("rms_norm") == "invariant" and use_triton(x, weight):
         from .triton_ops.rms_norm import triton_rms_norm
@@ -47,9 +51,7 @@ def rms_norm_pair(
     if x1.shape[-1] == x2.shape[-1] and get_backend("rms_norm") == "invariant" and use_triton(x1, w1, x2, w2):
         from .triton_ops.rms_norm import triton_rms_norm_pair
 
-        for x, w in ((x1, w1), (x2, w2)):
-            check_float("rms_norm", "x", x)
-            if w.shape != x.shape[-1:]:
-                raise ValueError(f"rms_norm: weight shape {tuple(w.shape)} does not match x's last dim {x.shape[-1]}")
+        _check(x1, w1)
+        _check(x2, w2)
         return triton_rms_norm_pair(x1, w1, x2, w2, eps, out_dtype)
     return rms_norm(x1, w1, eps, out_dtype), rms_norm(x2, w2, eps, out_dtype)

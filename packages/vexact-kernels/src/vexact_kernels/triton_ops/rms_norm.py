@@ -36,8 +36,9 @@ def aligned_rows(t: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _rms_norm_fwd_kernel(x_ptr, w_ptr, y_ptr, rstd_ptr, H, eps, BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
+def _rms_norm_row(x_ptr, w_ptr, y_ptr, rstd_ptr, row, H, eps, BLOCK: tl.constexpr):
+    """One row's forward (the body of :func:`_rms_norm_fwd_kernel` and of the pair kernel, so both give a row the
+    same bits)."""
     x_row = x_ptr + row * H
     y_row = y_ptr + row * H
     acc = tl.zeros([BLOCK], dtype=tl.float32)
@@ -57,24 +58,8 @@ def _rms_norm_fwd_kernel(x_ptr, w_ptr, y_ptr, rstd_ptr, H, eps, BLOCK: tl.conste
 
 
 @triton.jit
-def _rms_norm_row(x_ptr, w_ptr, y_ptr, rstd_ptr, row, H, eps, BLOCK: tl.constexpr):
-    """The body of :func:`_rms_norm_fwd_kernel` for one given row (kept line for line the same)."""
-    x_row = x_ptr + row * H
-    y_row = y_ptr + row * H
-    acc = tl.zeros([BLOCK], dtype=tl.float32)
-    for start in range(0, H, BLOCK):
-        cols = start + tl.arange(0, BLOCK)
-        x = tl.load(x_row + cols, mask=cols < H, other=0.0).to(tl.float32)
-        acc += x * x
-    var = tl.div_rn(tl.sum(acc, axis=0), tl.cast(H, tl.float32))
-    rstd = tl.div_rn(1.0, tl.sqrt_rn(var + eps))
-    tl.store(rstd_ptr + row, rstd)
-    for start in range(0, H, BLOCK):
-        cols = start + tl.arange(0, BLOCK)
-        mask = cols < H
-        x = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
-        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-        tl.store(y_row + cols, (x * rstd * w).to(y_ptr.dtype.element_ty), mask=mask)
+def _rms_norm_fwd_kernel(x_ptr, w_ptr, y_ptr, rstd_ptr, H, eps, BLOCK: tl.constexpr):
+    _rms_norm_row(x_ptr, w_ptr, y_ptr, rstd_ptr, tl.program_id(0).to(tl.int64), H, eps, BLOCK)
 
 
 @triton.jit(do_not_specialize=["m1"])
