@@ -93,6 +93,14 @@ def gumbel_scores(z, cols, key_lo, key_hi):
     return z - tl.log(-tl.log(u))
 
 
+@triton.jit
+def best_column(score, cols, V):
+    """Each row's best score in a ``[rows, cols]`` tile and the first column holding it (the smallest index among
+    equal scores; ``V`` where a row has none)."""
+    best = tl.max(score, axis=1)
+    return best, tl.min(tl.where(score == best[:, None], cols[None, :], V), axis=1)
+
+
 @triton.jit(do_not_specialize=["T"])
 def _logprobs_fwd_split_kernel(
     h_ptr, w_ptr, tgt_ptr, temp_ptr, m_ptr, s_ptr, e_ptr, zt_ptr, seed_ptr, best_ptr, idx_ptr, T, V, H,
@@ -135,9 +143,7 @@ def _logprobs_fwd_split_kernel(
         s = alpha * s + tl.sum(p, axis=1)
         if SAMPLE:
             score = tl.where(cmask[None, :], gumbel_scores(z, cols, key_lo, key_hi), float("-inf"))
-            tile_best = tl.max(score, axis=1)
-            # first column of the tile holding the tile's best score (the smallest index among equal scores)
-            tile_idx = tl.min(tl.where(score == tile_best[:, None], cols[None, :], V), axis=1)
+            tile_best, tile_idx = best_column(score, cols, V)
             take = tile_best > best  # strictly: an earlier tile keeps its token on a tie
             zsel = tl.sum(tl.where(cols[None, :] == tile_idx[:, None], z, 0.0), axis=1)
             best = tl.where(take, tile_best, best)
@@ -276,8 +282,7 @@ def _gumbel_argmax_kernel(x_ptr, temp_ptr, seed_ptr, best_ptr, idx_ptr, V, n_chu
     key_hi = tl.full([1, 1], 0, tl.uint32) + ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32)
     z = tl.div_rn(tl.load(x_ptr + row * V + cols, mask=cmask, other=0.0), temp)
     score = tl.where(cmask[None, :], gumbel_scores(z[None, :], cols, key_lo, key_hi), float("-inf"))
-    best = tl.max(score, axis=1)
-    idx = tl.min(tl.where(score == best[:, None], cols[None, :], V), axis=1)
+    best, idx = best_column(score, cols, V)
     out = row * n_chunks + chunk + tl.arange(0, 1)
     tl.store(best_ptr + out, best)
     tl.store(idx_ptr + out, idx.to(tl.int64))
