@@ -68,6 +68,9 @@ PP=${PP:-1}
 ARGS=(trainer.n_gpus_per_node="$NGPU" "${ENGINE_ARGS[@]}"
       actor_rollout_ref.rollout.pipeline_model_parallel_size="$PP"
       reward.custom_reward_function.path=examples/verl_grpo/reward.py)
+# a pipeline's stages must hold the same number of KV pages, so it is given, not sized from free memory: 4096 pages of
+# 16 tokens hold a step's 128 sequences of <= 192 tokens with room to spare
+if [ "$PP" -gt 1 ]; then ARGS+=(+actor_rollout_ref.rollout.engine_kwargs.vexact.num_kv_blocks="${KV_BLOCKS:-4096}"); fi
 export MODEL DATA=/tmp/verl-data STEPS LR RUN_DIR="$RESULTS"
 # (if-statements, not `[ ] && echo` in a substitution: under set -e a false test there ended the script silently)
 TAG=""

@@ -111,21 +111,24 @@ class VexactReplica(RolloutReplica):
         def where(_self):
             ctx = ray.get_runtime_context()
             gpus = ctx.get_accelerator_ids().get("GPU", [])
-            return ctx.get_node_id(), ",".join(str(g) for g in gpus)
+            # the GPU the worker computes on, by UUID: what its server or stage must use (see server._worker_device)
+            on_gpu = bool(gpus) and torch.cuda.is_available()  # the CPU tests give Ray fake "GPU"s
+            uuid = str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid) if on_gpu else None
+            return ctx.get_node_id(), ",".join(str(g) for g in gpus), uuid
 
         infos = await asyncio.gather(*[w.__ray_call__.remote(where) for w in self.workers])
         visible = infos[0][1]
         mode = self.rollout_mode.value if self.rollout_mode is not None else "hybrid"
         settings = server_settings(self.config, self.model_config, self.replica_rank, mode)
         server = self._place(self.server_class, infos[0], name=self._name(0), max_concurrency=self.max_concurrency)
-        server = server.remote(settings, mode, self.replica_rank, 0, visible or None)
+        server = server.remote(settings, mode, self.replica_rank, 0, visible or None, infos[0][2])
         self.servers = [server]
         if settings.pipeline_parallel_size > 1:
             # stage r on the GPU of the replica's worker r; all stages join one process group, stage 0 drives
             address = await server.pick_dist_address.remote()
             self.stages = [
                 self._place(self.stage_class, info, name=f"{self._name(0)}_stage{r}").remote(
-                    settings, r, info[1] or None
+                    settings, r, info[1] or None, info[2]
                 )
                 for r, info in enumerate(infos[1:], start=1)
             ]
@@ -138,7 +141,7 @@ class VexactReplica(RolloutReplica):
 
     def _place(self, actor_class, info: tuple[str, str], **options):
         """The actor on the node of a worker, seeing that worker's GPU(s)."""
-        node_id, visible = info
+        node_id, visible = info[:2]
         # Ray empties CUDA_VISIBLE_DEVICES in an actor that asked for no GPU unless told not to: the actor asks for
         # none (the GPU belongs to the worker it shares it with) and sets the worker's device itself.
         env = {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"} if visible else {}

@@ -157,8 +157,10 @@ class VexactServer:
         replica_rank: int = 0,
         node_rank: int = 0,
         cuda_visible_devices: str | None = None,
+        gpu_uuid: str | None = None,
     ):
         _see_devices(cuda_visible_devices)
+        self.gpu_uuid = gpu_uuid
         self.settings = settings
         self.rollout_mode = rollout_mode
         self.replica_rank = replica_rank
@@ -198,7 +200,7 @@ class VexactServer:
             self._ip = ray.util.get_node_ip_address().strip("[]")
         except Exception:  # not inside Ray (direct use in a test): keep the loopback address
             pass
-        engine_kw = _engine_kwargs(self.settings)
+        engine_kw = _engine_kwargs(self.settings, self.gpu_uuid)
         if self.settings.pipeline_parallel_size > 1:
             if dist_address is None:
                 raise ValueError("a pipeline-parallel server needs the stages' dist_address to launch")
@@ -514,10 +516,33 @@ def _see_devices(cuda_visible_devices: str | None) -> None:
         os.environ["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices
 
 
-def _engine_kwargs(settings: ServerSettings) -> dict[str, Any]:
+def _worker_device(gpu_uuid: str | None) -> str:
+    """The device this process builds its engine on: the GPU whose UUID is ``gpu_uuid`` (its worker's), else the
+    first visible GPU, else the CPU. By UUID, not by index: a process whose CUDA started before
+    ``CUDA_VISIBLE_DEVICES`` was set sees every GPU of the node, and index 0 is then another worker's GPU (two
+    pipeline stages on one GPU: NCCL refuses the group with "Duplicate GPU detected")."""
+    if not torch.cuda.is_available():
+        return "cpu"
+    index = 0
+    if gpu_uuid:
+        from vexact_models import device_uuid
+
+        visible = [device_uuid(i) for i in range(torch.cuda.device_count())]
+        if gpu_uuid not in visible:
+            raise RuntimeError(
+                f"the worker's GPU {gpu_uuid} is not among this process's GPUs {visible} "
+                f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})"
+            )
+        index = visible.index(gpu_uuid)
+    torch.cuda.set_device(index)
+    return f"cuda:{index}"
+
+
+def _engine_kwargs(settings: ServerSettings, gpu_uuid: str | None = None) -> dict[str, Any]:
     kw = dict(settings.engine)
     # decided here, in the process that owns the device (verl's driver-side actors see no GPU)
-    kw.setdefault("device", "cuda" if torch.cuda.is_available() else "cpu")
+    if "device" not in kw:
+        kw["device"] = _worker_device(gpu_uuid)
     return kw
 
 
@@ -527,7 +552,7 @@ def _pipeline_engine(settings: ServerSettings, engine_kw: dict, rank: int, dist_
 
     on_cuda = str(engine_kw["device"]).startswith("cuda")
     if on_cuda:
-        torch.cuda.set_device(0)  # the one GPU this process sees (the replica sets CUDA_VISIBLE_DEVICES)
+        torch.cuda.set_device(torch.device(engine_kw["device"]))  # NCCL's device for this rank
     ip, port = dist_address
     dist.init_process_group(
         "nccl" if on_cuda else "gloo",
@@ -542,8 +567,11 @@ class VexactStage:
     """A pipeline-parallel replica's stage ``rank`` >= 1 (Ray actor): its layers and KV cache, driven by stage 0's
     :class:`VexactServer` (the pipeline's driver). Its engine serves in a thread until the actor ends."""
 
-    def __init__(self, settings: ServerSettings, rank: int, cuda_visible_devices: str | None = None):
+    def __init__(
+        self, settings: ServerSettings, rank: int, cuda_visible_devices: str | None = None, gpu_uuid: str | None = None
+    ):
         _see_devices(cuda_visible_devices)
+        self.gpu_uuid = gpu_uuid
         self.settings = settings
         self.rank = rank
         self.engine = None
@@ -553,7 +581,8 @@ class VexactStage:
     def launch(self, dist_address: tuple[str, int]) -> None:
         import threading
 
-        self.engine = _pipeline_engine(self.settings, _engine_kwargs(self.settings), self.rank, dist_address)
+        engine_kw = _engine_kwargs(self.settings, self.gpu_uuid)
+        self.engine = _pipeline_engine(self.settings, engine_kw, self.rank, dist_address)
 
         def serve():
             try:
@@ -565,7 +594,13 @@ class VexactStage:
         self._thread.start()
 
     def status(self) -> dict[str, Any]:
-        return {"rank": self.rank, "serving": bool(self._thread and self._thread.is_alive()), "error": self._error}
+        device = str(next(self.engine.model.parameters()).device) if self.engine is not None else None
+        return {
+            "rank": self.rank,
+            "serving": bool(self._thread and self._thread.is_alive()),
+            "error": self._error,
+            "device": device,
+        }
 
 
 def _engine_call(engine: LLMEngine, name: str, **kw):
