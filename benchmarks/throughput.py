@@ -34,8 +34,10 @@ Usage: ``PYTHONPATH=<packages' src dirs>:. python benchmarks/throughput.py [--qu
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import datetime
 import gc
+import multiprocessing
 import sys
 import tempfile
 import time
@@ -129,6 +131,20 @@ def engine_throughput(model, mode: str, max_num_seqs: int, prompts, params, args
     llm.generate(warm, [SamplingParams(max_tokens=8, seed=1, ignore_eos=True)] * len(warm), use_tqdm=False)  # warm up
     llm.reset_prefix_cache()  # the timed run must not find the warm-up's prompts cached
     before = llm.stats
+    # time spent in steps that only decode (replayed CUDA graphs) and in steps with prompt tokens (prefill chunks,
+    # mixed with decode rows; eager); runner.run returns the sampled tokens on the host, so it ends synchronised
+    steps = {"decode": [0, 0.0], "mixed": [0, 0.0]}
+    run = llm.runner.run
+
+    def timed_run(batch, blocks):
+        t0 = time.perf_counter()
+        out = run(batch, blocks)
+        kind = steps["decode" if all(it.num_new_tokens == 1 for it in batch) else "mixed"]
+        kind[0] += 1
+        kind[1] += time.perf_counter() - t0
+        return out
+
+    llm.runner.run = timed_run
     sync()
     t = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=True)
@@ -139,7 +155,7 @@ def engine_throughput(model, mode: str, max_num_seqs: int, prompts, params, args
     stats = {k: v - before[k] for k, v in llm.stats.items() if k.endswith("prompt_tokens")}
     res = dict(
         tokens=tokens, wall=wall, tok_s=tokens / wall, preemptions=llm.num_preemptions,
-        kv_pages=llm.blocks.num_blocks, graphs=llm.runner.num_graphs, **stats,
+        kv_pages=llm.blocks.num_blocks, graphs=llm.runner.num_graphs, steps=steps, **stats,
         outputs=outs if keep_outputs else None,
     )  # fmt: skip
     del llm, outs
@@ -280,13 +296,41 @@ def hf_throughput(model, prompts, args) -> dict:
     return dict(tokens=tokens, wall=wall, tok_s=tokens / wall, prompt_lens=[len(p) for p in batch], gen_len=n)
 
 
-ENGINE_MODES = ("invariant", "fast")  # VeXact's own backends
+ENGINE_MODES = ("invariant", "invariant-fa4", "fast")  # VeXact's own backends (fa4: FlashAttention 4 attention)
 PEER_MODES = ("vllm", "vllm-bi")  # vLLM default, vLLM with VLLM_BATCH_INVARIANT=1
 MODE_NAMES = {
-    "invariant": "VeXact invariant", "fast": "VeXact fast (mismatch baseline)", "vllm": "vLLM default",
+    "invariant": "VeXact invariant", "invariant-fa4": "VeXact invariant, FA4 attention",
+    "fast": "VeXact fast (mismatch baseline)", "vllm": "vLLM default",
     "vllm-bi": "vLLM VLLM_BATCH_INVARIANT=1", "hf": "HF generate",
 }  # fmt: skip
 QUICK = dict(num_prompts=64, prompt_len=[128, 512], gen_len=[64, 128], hf_prompts=32, hf_new_tokens=64, decode_steps=32)
+
+
+def _fa4_worker(what: str, shape: str, args, *rest):
+    """In a process of its own (the attention implementation is fixed per process): the same model, FA4 attention."""
+    vk.set_attention_impl("fa4")
+    model = make_model(shape, args.layers, seed=args.seed)
+    if what == "decode":
+        return decode_step_time(model, "invariant", args)
+    return engine_throughput(model, "invariant", *rest, args)
+
+
+def in_fa4_process(what: str, shape: str, args, *rest):
+    ctx = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
+        return pool.submit(_fa4_worker, what, shape, args, *rest).result()
+
+
+def run_engine(model, shape: str, mode: str, limit: int, prompts, params, args) -> dict:
+    if mode == "invariant-fa4":
+        return in_fa4_process("throughput", shape, args, limit, prompts, params)
+    return engine_throughput(model, mode, limit, prompts, params, args)
+
+
+def decode_step(model, shape: str, mode: str, args) -> float:
+    if mode == "invariant-fa4":
+        return in_fa4_process("decode", shape, args)
+    return decode_step_time(model, mode, args)
 
 
 def peer_section(model, shape: str, args, bw: float, modes, batch_limits, workdir: Path | None, vllm_ver) -> list[str]:
@@ -305,7 +349,7 @@ def peer_section(model, shape: str, args, bw: float, modes, batch_limits, workdi
     for limit in batch_limits:
         for mode in modes:
             if mode in ENGINE_MODES:
-                results[(limit, mode)] = engine_throughput(model, mode, limit, prompts, params, args)
+                results[(limit, mode)] = run_engine(model, shape, mode, limit, prompts, params, args)
             elif mode in PEER_MODES:
                 if not vllm_ver:
                     results[(limit, mode)] = peers.NOT_INSTALLED
@@ -358,6 +402,22 @@ def peer_section(model, shape: str, args, bw: float, modes, batch_limits, workdi
     if goal_rows:
         lines += ["", "| batch limit | invariant / vLLM default (goal >= 0.85) | invariant / vLLM batch-invariant "
                   "(goal > 1) |", "| --- | --- | --- |", *goal_rows]  # fmt: skip
+    split = [
+        (limit, mode, r["steps"])
+        for (limit, mode), r in results.items()
+        if mode in ENGINE_MODES and isinstance(r, dict) and "steps" in r
+    ]
+    if split:
+        lines += ["", "Where VeXact's wall time goes: steps that only decode (CUDA graph replay) and steps with prompt "
+                  "tokens (prefill chunks with the running decode rows, eager), host time included.", "",
+                  "| batch limit | engine | decode-only steps | ms / step | steps with prompt tokens | ms / step | "
+                  "share of wall in steps with prompt tokens |",
+                  "| --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+        for limit, mode, st in split:
+            (nd, td), (nm, tm) = st["decode"], st["mixed"]
+            wall = results[(limit, mode)]["wall"]
+            lines.append(f"| {limit} | {MODE_NAMES[mode]} | {nd} | {td / max(nd, 1) * 1e3:.2f} | {nm} | "
+                         f"{tm / max(nm, 1) * 1e3:.2f} | {tm / wall:.2f} |")  # fmt: skip
     step_bytes = peers.decode_weight_bytes(model)
     bound = step_bytes / bw
     lines += ["", f"Decode step at batch 1 (host work included); bound = weight bytes one step reads "
@@ -368,7 +428,7 @@ def peer_section(model, shape: str, args, bw: float, modes, batch_limits, workdi
               "", "| engine | step ms | x bound |", "| --- | --- | --- |"]  # fmt: skip
     for mode in modes:
         if mode in ENGINE_MODES:
-            t = decode_step_time(model, mode, args)
+            t = decode_step(model, shape, mode, args)
         elif mode in PEER_MODES:
             t = step_s.get(mode, peers.NOT_INSTALLED if not vllm_ver else "-")
         else:
@@ -467,7 +527,7 @@ def main(argv=None) -> int:
         if not args.grpo_only:
             lines += peer_section(model, shape, args, bw, shape_modes, batch_limits, workdir, vllm_ver)
         if args.grpo_prompts > 0:
-            lines += grpo_rows(model, [m for m in modes if m in ENGINE_MODES], args)
+            lines += grpo_rows(model, [m for m in modes if m in ("invariant", "fast")], args)
         del model
         free_memory()
     report = "\n".join(lines)

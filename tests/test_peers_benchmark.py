@@ -129,7 +129,11 @@ def test_moonlight_family_rows_compare_vexact_backends_only(capsys):
     out = capsys.readouterr().out
     assert "## deepseek_v3 tiny-deepseek-shaped" in out and "peers: Qwen3 shapes only" in out
     table = [ln for ln in out.splitlines() if ln.startswith("| ") and "---" not in ln and "engine |" not in ln]
-    assert sum("VeXact" in ln for ln in table) == 6  # 2 backends x (2 batch limits + the batch-1 step)
+    # 2 backends x (2 batch limits + the batch-1 step + the 2 batch limits' step-time split)
+    assert sum("VeXact" in ln for ln in table) == 10
+    head = out.index("| batch limit | engine | decode-only steps")
+    split = [ln.split(" | ") for ln in out[head:].split("\n\n")[0].splitlines()[2:]]
+    assert len(split) == 4 and all(int(row[2]) > 0 and int(row[4]) > 0 for row in split), split  # both kinds ran
     assert not any("vLLM" in ln or "HF generate" in ln for ln in table), table
     cfg = throughput.make_model("tiny-deepseek", 2).config
     heads, k, v = cfg.kv_cache_dims
