@@ -37,6 +37,25 @@ def test_default_is_triton_and_env_selects(fresh_choice):
     assert vk.get_attention_impl() == "fa4"
 
 
+def test_auto_is_fa4_only_where_it_runs(fresh_choice):
+    from vexact_kernels import fa4_attention
+
+    fresh_choice.setattr(torch.cuda, "is_available", lambda: True)
+    fresh_choice.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    fresh_choice.setattr(fa4_attention, "fa4_importable", lambda: (True, ""))
+    fresh_choice.setenv("VEXACT_ATTENTION", "auto")
+    assert vk.get_attention_impl() == "fa4"
+    for capability, importable in (((8, 0), True), ((9, 0), False), ((12, 0), True)):
+        fresh_choice.setattr(_backend, "_attention", _backend._AttentionState())
+        fresh_choice.setattr(torch.cuda, "get_device_capability", lambda *a, c=capability: c)
+        fresh_choice.setattr(fa4_attention, "fa4_importable", lambda ok=importable: (ok, "" if ok else "no module"))
+        vk.set_attention_impl("auto")
+        assert vk.get_attention_impl() == "triton", (capability, importable)
+    fresh_choice.setattr(_backend, "_attention", _backend._AttentionState())
+    fresh_choice.setattr(torch.cuda, "is_available", lambda: False)
+    assert vk.get_attention_impl() == "triton"
+
+
 @pytest.mark.parametrize("name", ["flash", "FA4", "sdpa"])
 def test_unknown_impl_is_refused_naming_it(fresh_choice, name):
     with pytest.raises(ValueError, match=rf"set_attention_impl: unknown attention implementation {name!r}; expected"):

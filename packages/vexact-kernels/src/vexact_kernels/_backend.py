@@ -172,6 +172,10 @@ def check_float(op: str, name: str, t) -> None:
 # ---- attention implementation (invariant backend, CUDA tensors): process-wide, not per context
 ATTENTION_IMPLS = ("triton", "fa4")
 ATTENTION_ENV = "VEXACT_ATTENTION"
+# "auto": FA4 where it runs (Hopper or Blackwell, flash_attn.cute importable), else the Triton kernel; resolved once,
+# at the first question, to one of ATTENTION_IMPLS
+ATTENTION_CHOICES = ("auto", *ATTENTION_IMPLS)
+DEFAULT_ATTENTION = "triton"
 
 
 class _AttentionState:
@@ -183,24 +187,38 @@ _attention = _AttentionState()
 
 
 def _check_attention_impl(name: str, where: str) -> str:
-    if name not in ATTENTION_IMPLS:
-        raise ValueError(f"{where}: unknown attention implementation {name!r}; expected one of {ATTENTION_IMPLS}")
-    return name
+    """A valid choice, with ``auto`` resolved to the implementation it stands for here."""
+    if name not in ATTENTION_CHOICES:
+        raise ValueError(f"{where}: unknown attention implementation {name!r}; expected one of {ATTENTION_CHOICES}")
+    return _auto_attention_impl() if name == "auto" else name
+
+
+def _auto_attention_impl() -> str:
+    """``fa4`` on a Hopper or Blackwell GPU where flash_attn.cute imports, else ``triton``."""
+    import torch
+
+    from .fa4_attention import FA4_CAPABILITY_MAJORS, fa4_importable
+
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] not in FA4_CAPABILITY_MAJORS:
+        return "triton"
+    return "fa4" if fa4_importable()[0] else "triton"
 
 
 def get_attention_impl() -> str:
-    """The attention implementation the ``invariant`` backend runs on CUDA tensors: ``triton`` (default; portable)
-    or ``fa4`` (FlashAttention 4, Hopper/Blackwell). Read from ``$VEXACT_ATTENTION`` unless
-    :func:`set_attention_impl` chose one first."""
+    """The attention implementation the ``invariant`` backend runs on CUDA tensors: ``triton`` (portable) or ``fa4``
+    (FlashAttention 4, Hopper/Blackwell). Read from ``$VEXACT_ATTENTION`` (``triton``, ``fa4`` or ``auto``; unset:
+    :data:`DEFAULT_ATTENTION`) unless :func:`set_attention_impl` chose one first."""
     if _attention.impl is None:
-        _attention.impl = _check_attention_impl(os.environ.get(ATTENTION_ENV, "") or "triton", f"${ATTENTION_ENV}")
+        name = os.environ.get(ATTENTION_ENV, "") or DEFAULT_ATTENTION
+        _attention.impl = _check_attention_impl(name, f"${ATTENTION_ENV}")
     return _attention.impl
 
 
 def set_attention_impl(name: str) -> None:
     """Choose the attention implementation for the whole process (trainer and engine must run the same one: their
-    bits differ). Allowed until the first attention op on CUDA tensors; changing it afterwards raises."""
-    _check_attention_impl(name, "set_attention_impl")
+    bits differ). ``auto`` picks ``fa4`` where it runs, else ``triton``. Allowed until the first attention op on
+    CUDA tensors; changing it afterwards raises."""
+    name = _check_attention_impl(name, "set_attention_impl")
     if _attention.used and name != _attention.impl:
         raise RuntimeError(
             f"set_attention_impl({name!r}): this process already ran attention with {_attention.impl!r}; the "
