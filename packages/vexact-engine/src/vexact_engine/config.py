@@ -29,6 +29,11 @@ class EngineConfig:
     decode step of B sequences is padded to the next captured size (pad rows write no KV and are dropped). Larger
     decode steps, prefill steps and ``enforce_eager=True`` run eagerly. On CPU there are no graphs; an explicit
     ``cuda_graph_batch_sizes`` there runs the same padded static-buffer decode eagerly (to test the padding).
+
+    ``pack_weights`` (default on): the parameters live in one flat buffer per dtype (``vexact_models.pack_parameters``,
+    at construction and again when waking from sleep), so each layer's sibling projections (q/k/v, gate/up) lie end
+    to end in memory. Off: one allocation per parameter. Packing copies bytes only: the same tokens and logprobs
+    either way.
     """
 
     max_num_seqs: int = 64
@@ -46,6 +51,7 @@ class EngineConfig:
     seed: int = 0
     enforce_eager: bool = False
     cuda_graph_batch_sizes: tuple[int, ...] | list[int] | None = None
+    pack_weights: bool = True
     # Mismatch injection, for training-inference mismatch studies only (both off by default; see the README):
     # Gaussian noise of this standard deviation added to the fp32 sampling logits (seeded per request and token), and
     # the lm_head output rounded to this dtype before sampling. The reported logprob is then the engine's own
@@ -73,6 +79,8 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"EngineConfig.{name} must be a positive integer, got {value!r}")
+        if not isinstance(self.pack_weights, bool):
+            raise TypeError(f"EngineConfig.pack_weights must be True or False, got {self.pack_weights!r}")
         if not isinstance(self.enable_prefix_caching, bool):
             value = self.enable_prefix_caching
             raise TypeError(f"EngineConfig.enable_prefix_caching must be True or False, got {value!r}")

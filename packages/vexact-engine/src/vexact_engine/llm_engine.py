@@ -7,7 +7,16 @@ from pathlib import Path
 
 import torch
 
-from vexact_models import expected_tensors, load_bucket, load_model, load_weights, receive_weights, weight_targets
+from vexact_models import (
+    allocate_packed,
+    expected_tensors,
+    load_bucket,
+    load_model,
+    load_weights,
+    pack_parameters,
+    receive_weights,
+    weight_targets,
+)
 
 from .block_manager import BlockManager
 from .config import CPU_KV_CACHE_BYTES, EngineConfig
@@ -82,9 +91,13 @@ class LLMEngine:
             device = torch.device(self.config.device)
             if device.type == "cuda":
                 check_model_fits(model, self.config, device)
-            model = model.to(device)
+            if self.config.pack_weights:
+                pack_parameters(model, device)  # from the host straight into the flat buffers: one device copy
+            model = model.to(device)  # the buffers (and the parameters, unpacked)
         if tokenizer is None and model_path is not None:
             tokenizer = load_tokenizer(model_path)
+        if self.config.pack_weights:
+            pack_parameters(model)  # before the KV cache is sized and graphs capture the weights' addresses
         self.model = model.eval()
         self.tokenizer = tokenizer
         mcfg = model.config
@@ -236,15 +249,23 @@ class LLMEngine:
         if not self.sleep_level:
             return
         dev = self.runner.device
+        pack = self.config.pack_weights
         for name, t, is_param in self._named_tensors():
             shape, dtype = self._shapes[name]
             if self.sleep_level == 2 and is_param:
-                t.data = torch.empty(shape, dtype=dtype, device=dev)
+                if not pack:  # packed: allocated below, all at once
+                    t.data = torch.empty(shape, dtype=dtype, device=dev)
             else:
                 host = self._host_copies[name]
-                t.data = host.to(dev, non_blocking=True) if dev.type == "cuda" else host
+                # packed parameters point at their host copy for now; pack_parameters copies them into the buffers
+                t.data = host.to(dev, non_blocking=True) if dev.type == "cuda" and not (pack and is_param) else host
                 if dev.type != "cuda":
                     del self._host_copies[name]
+        if pack and self.sleep_level == 2:
+            params = {name for name, _, is_param in self._named_tensors() if is_param}
+            allocate_packed(self.model, {name: self._shapes[name] for name in params}, dev)
+        elif pack:
+            pack_parameters(self.model, dev)  # on CPU the host copies are the packed views: nothing to do
         if self.sleep_level == 2:
             kept = {name for name, _ in self.model.named_buffers()}
             self._weights_pending = self.weight_names() - kept

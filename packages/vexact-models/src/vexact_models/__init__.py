@@ -26,6 +26,7 @@ from .models import (
     Qwen3ForCausalLM,
     Qwen3MoeForCausalLM,
 )
+from .packing import PACK_ALIGN, PackedSlot, allocate_packed, pack_parameters, packed_buffers
 from .tiny import (
     DEEPSEEK_V3_SHAPES,
     LLAMA_SHAPES,
@@ -63,6 +64,7 @@ __all__ = [
     "LLAMA_SHAPES",
     "MISTRAL_SHAPES",
     "MODEL_CLASSES",
+    "PACK_ALIGN",
     "QWEN2_SHAPES",
     "QWEN3_MOE_SHAPES",
     "QWEN3_SHAPES",
@@ -78,6 +80,7 @@ __all__ = [
     "MistralConfig",
     "MistralForCausalLM",
     "PackedBucket",
+    "PackedSlot",
     "Qwen2Config",
     "Qwen2ForCausalLM",
     "Qwen3Config",
@@ -89,6 +92,7 @@ __all__ = [
     "WeightSyncGroup",
     "YarnScaling",
     "__version__",
+    "allocate_packed",
     "broadcast_weights",
     "checkpoint_pieces",
     "config_from_dict",
@@ -105,6 +109,8 @@ __all__ = [
     "make_tiny_checkpoint",
     "named_weights",
     "open_ipc_handle",
+    "pack_parameters",
+    "packed_buffers",
     "parse_dtype",
     "random_model",
     "receive_weights",

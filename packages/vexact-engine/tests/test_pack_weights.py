@@ -1,0 +1,85 @@
+"""EngineConfig.pack_weights: the engine keeps its parameters in flat buffers (``vexact_models.pack_parameters``) at
+construction and after every wake-up; updates copy into them in place. Packing never changes a token or a logprob
+bit: the engine with it on equals the engine with it off, through prefix-cache hits, padded decode, sleep/wake and
+weight updates."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vexact_engine import LLM, EngineConfig, SamplingParams
+from vexact_models import (
+    BucketPacker,
+    default_checkpoint,
+    expected_tensors,
+    packed_buffers,
+    random_model,
+    tiny_config,
+    tiny_qwen3_moe_config,
+)
+
+KW = dict(max_num_seqs=4, max_num_batched_tokens=16, block_size=4, num_kv_blocks=64, cuda_graph_batch_sizes=[2, 4])
+PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 12, 13], [10, 11], list(range(30, 45)), [5, 6, 7, 8, 9, 10, 11, 12, 14]]
+PARAMS = SamplingParams(temperature=0.9, max_tokens=8, seed=4, ignore_eos=True)
+
+
+def _cfg(family: str):
+    return tiny_qwen3_moe_config() if family == "qwen3_moe" else tiny_config(family)
+
+
+def _gen(llm):
+    return llm.generate(PROMPTS, PARAMS, use_tqdm=False)
+
+
+def _same(a, b):
+    assert len(a) == len(b)
+    for x, y in zip(a, b, strict=True):
+        assert x.token_ids == y.token_ids and torch.equal(x.logprobs, y.logprobs)
+
+
+def _buckets(model, bucket_bytes=16 << 10):
+    packer = BucketPacker(bucket_bytes, "cpu", num_buffers=1)
+    named = [(n, t.detach()) for n, t in expected_tensors(model).items()]
+    return [(packer.buffers[0][: b.nbytes].clone(), b.specs) for b in packer.buckets(named)]
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen2", "llama", "qwen3_moe"])
+def test_packed_engine_equals_unpacked_engine(family):
+    packed = LLM(model=random_model(_cfg(family), seed=1), **KW)
+    plain = LLM(model=random_model(_cfg(family), seed=1), pack_weights=False, **KW)
+    assert packed_buffers(packed.model) is not None and packed_buffers(plain.model) is None
+    first = _gen(packed)
+    _same(first, _gen(plain))
+    assert packed.stats["cached_prompt_tokens"] > 0  # the shared prompt prefix was a cache hit
+    _same(_gen(packed), first)  # again, reading pages cached by the first round
+
+
+def test_loaded_checkpoint_is_packed():
+    llm = LLM(default_checkpoint(), num_kv_blocks=64)
+    assert packed_buffers(llm.model) is not None
+    plain = LLM(default_checkpoint(), num_kv_blocks=64, pack_weights=False)
+    _same(llm.generate(PROMPTS, PARAMS, use_tqdm=False), plain.generate(PROMPTS, PARAMS, use_tqdm=False))
+
+
+@pytest.mark.parametrize("level", [1, 2])
+def test_sleep_wake_and_updates_keep_the_weights_packed(level):
+    llm = LLM(model=random_model(tiny_config("qwen3"), seed=1), **KW)
+    new = random_model(tiny_config("qwen3"), seed=2)
+    fresh = _gen(LLM(model=random_model(tiny_config("qwen3"), seed=2), pack_weights=False, **KW))
+    _gen(llm)
+    llm.sleep(level=level)
+    assert all(p.numel() == 0 for p in llm.model.parameters())
+    llm.wake_up()
+    assert packed_buffers(llm.model) is not None
+    llm.update_weights([(n, p.detach().clone()) for n, p in new.named_parameters()])
+    buffers, _ = packed_buffers(llm.model)
+    _same(_gen(llm), fresh)
+    llm.load_bucket(*_buckets(random_model(tiny_config("qwen3"), seed=2))[0])  # in place as well
+    after, _ = packed_buffers(llm.model)
+    assert [b.data_ptr() for b in after] == [b.data_ptr() for b in buffers]
+
+
+def test_pack_weights_must_be_a_bool():
+    with pytest.raises(TypeError, match="pack_weights must be True or False, got 'yes'"):
+        EngineConfig(pack_weights="yes")
