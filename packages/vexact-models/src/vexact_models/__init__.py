@@ -42,6 +42,7 @@ from .tiny import (
     tiny_qwen3_config,
     tiny_qwen3_moe_config,
 )
+from .weight_direct import DirectWriter, WeightSlot, WeightTable, weight_table
 from .weight_transfer import (
     BucketPacker,
     PackedBucket,
@@ -75,6 +76,7 @@ __all__ = [
     "DeepseekV3ForCausalLM",
     "DenseConfig",
     "DenseForCausalLM",
+    "DirectWriter",
     "LlamaConfig",
     "LlamaForCausalLM",
     "MistralConfig",
@@ -89,7 +91,9 @@ __all__ = [
     "Qwen3MoeForCausalLM",
     "RouterOutput",
     "TensorSpec",
+    "WeightSlot",
     "WeightSyncGroup",
+    "WeightTable",
     "YarnScaling",
     "__version__",
     "allocate_packed",
@@ -122,5 +126,6 @@ __all__ = [
     "tiny_qwen3_config",
     "tiny_qwen3_moe_config",
     "weight_dtype",
+    "weight_table",
     "weight_targets",
 ]
