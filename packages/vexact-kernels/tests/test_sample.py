@@ -1,9 +1,9 @@
 """The fused draw (``sample_from_hidden``): Gumbel-max with counter-based Philox noise, in one pass over the lm_head.
 
-Checks: the torch Philox twin equals a plain-Python Philox-4x32-10 (and so Triton's ``philox_impl``); the Triton
-kernel (interpreter on CPU, the GPU at real shapes) draws the reference's tokens and reports, bit for bit, the fused
-logprobs kernel's logprob of the drawn token (the trainer's number); a row's draw does not depend on the other rows;
-the draws follow ``softmax(logits / T)``.
+Checks: the torch Philox twin equals a plain-Python Philox-4x32-10 (checked against Random123's known answers, and
+so Triton's ``philox_impl``), one call per four columns; the Triton kernel (interpreter on CPU, the GPU at real
+shapes) draws the reference's tokens and reports, bit for bit, the fused logprobs kernel's logprob of the drawn token
+(the trainer's number); a row's draw does not depend on the other rows; the draws follow ``softmax(logits / T)``.
 """
 
 from __future__ import annotations
@@ -19,34 +19,54 @@ interp = pytest.mark.skipif(
 )
 
 
-def _philox_py(counter: int, seed: int) -> int:
-    """First output word of Philox-4x32-10 for counter (counter, 0, 0, 0) and key (seed low, seed high)."""
-    c = [counter, 0, 0, 0]
-    k = [seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF]
+def _philox_py(counter: tuple[int, int, int, int], key: tuple[int, int]) -> list[int]:
+    """The four output words of Philox-4x32-10."""
+    c, k = list(counter), list(key)
     for _ in range(10):
         p_b, p_a = 0xCD9E8D57 * c[2], 0xD2511F53 * c[0]
         c = [(p_b >> 32) ^ c[1] ^ k[0], p_b & 0xFFFFFFFF, (p_a >> 32) ^ c[3] ^ k[1], p_a & 0xFFFFFFFF]
         k = [(k[0] + 0x9E3779B9) & 0xFFFFFFFF, (k[1] + 0xBB67AE85) & 0xFFFFFFFF]
-    return c[0]
+    return c
+
+
+def _uniform_py(col: int, seed: int) -> float:
+    """The uniform of one column: word ``col % 4`` of counter ``(col // 4, 0, 0, 0)``, key = the seed's halves."""
+    word = _philox_py((col // 4, 0, 0, 0), (seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF))[col % 4]
+    return ((word >> 9) + 0.5) * 2.0**-23
+
+
+def test_python_philox_is_philox_4x32_10():
+    """Random123's known-answer vectors for philox4x32 with 10 rounds."""
+    assert _philox_py((0, 0, 0, 0), (0, 0)) == [0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8]
+    assert _philox_py((2**32 - 1,) * 4, (2**32 - 1,) * 2) == [0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD]
+    pi = ((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0))
+    assert _philox_py(*pi) == [0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1]
 
 
 def test_gumbel_uniform_is_philox_4x32_10_and_inside_the_open_interval():
     seeds = torch.tensor([0, 1, 123456789012345, (1 << 63) - 1], dtype=torch.int64)
-    u = vk.gumbel_uniform(seeds, 5000)
+    u = vk.gumbel_uniform(seeds, 5001)  # not a multiple of 4: the last counter serves one column
+    assert u.shape == (4, 5001)
     for i, seed in enumerate(seeds.tolist()):
-        for col in (0, 1, 2, 777, 4999):
-            want = torch.tensor(((_philox_py(col, seed) >> 9) + 0.5) * 2.0**-23, dtype=torch.float32)
+        for col in (0, 1, 2, 3, 4, 7, 777, 4999, 5000):
+            want = torch.tensor(_uniform_py(col, seed), dtype=torch.float32)
             assert torch.equal(u[i, col], want), (seed, col)
     assert float(u.min()) > 0 and float(u.max()) < 1
     assert abs(float(u.mean()) - 0.5) < 0.01
+    # the four words of a counter are independent: neighbouring columns are uncorrelated, whichever word they take
+    for k in range(4):
+        a, b = u[:, k::4][:, :1249].flatten(), u[:, k + 1 :: 4][:, :1249].flatten()
+        assert abs(float(torch.corrcoef(torch.stack((a, b)))[0, 1])) < 0.05, k
     # the numpy words (CPU) == the torch-limb words (every other device)
-    from vexact_kernels.logprobs import _philox_first_word_np, _philox_first_word_torch
+    from vexact_kernels.logprobs import _philox_words_np, _philox_words_torch
 
-    assert torch.equal(
-        torch.from_numpy(_philox_first_word_np(seeds.numpy(), 5000)), _philox_first_word_torch(seeds, 5000)
-    )
-    # a row's noise is its seed's alone
-    assert torch.equal(vk.gumbel_uniform(seeds[2:3], 5000), u[2:3])
+    for vocab in (5001, 5000, 3, 1):
+        assert torch.equal(
+            torch.from_numpy(_philox_words_np(seeds.numpy(), vocab)), _philox_words_torch(seeds, vocab)
+        ), vocab
+    # a row's noise is its seed's alone, and a shorter vocabulary is a prefix
+    assert torch.equal(vk.gumbel_uniform(seeds[2:3], 5001), u[2:3])
+    assert torch.equal(vk.gumbel_uniform(seeds, 1003), u[:, :1003])
     with pytest.raises(TypeError, match="int64"):
         vk.gumbel_uniform(seeds.int(), 10)
 
@@ -71,14 +91,9 @@ def _reference_tokens(hidden, norm_w, head, temps, seeds):
     return scores.argmax(-1), top2[:, 0] - top2[:, 1]
 
 
-@interp
-@pytest.mark.parametrize("split_tiles", [None, 1])
-def test_interpreted_kernel_draws_the_reference_token_with_the_trainer_logprob(split_tiles, monkeypatch):
-    from vexact_kernels.triton_ops import logprobs as ops
-
-    if split_tiles:  # several vocabulary splits at a small V: the split fold picks the winner
-        monkeypatch.setattr(ops, "LOGPROBS_SPLIT_TILES", split_tiles)
-    hidden, norm_w, head, temps, seeds = _problem(7, 48, 300, seed=3)
+def _check_draw(ops, hidden, norm_w, head, temps, seeds, subsets=()):
+    """The interpreted fused draw against the torch reference, its logprob against the scoring form (bitwise), and
+    row subsets against the full batch (bitwise); returns the tokens and logprobs."""
     normed = vk.rms_norm(hidden, norm_w, 1e-6)
     tokens, lp = ops.triton_sample_logprobs(normed, head, temps, seeds)
     want, gap = _reference_tokens(hidden, norm_w, head, temps, seeds)
@@ -86,9 +101,22 @@ def test_interpreted_kernel_draws_the_reference_token_with_the_trainer_logprob(s
     assert not differ.any() or bool((gap[differ] < 1e-4).all()), (tokens, want)
     lp_trainer, _ = ops.triton_logprobs(normed, head, tokens, temps)
     assert torch.equal(lp, lp_trainer)
-    # row 3 alone draws the same token with the same bits
-    t1, lp1 = ops.triton_sample_logprobs(normed[3:4], head, temps[3:4], seeds[3:4])
-    assert torch.equal(t1, tokens[3:4]) and torch.equal(lp1, lp[3:4])
+    for idx in subsets:
+        i = torch.tensor(idx)
+        t1, lp1 = ops.triton_sample_logprobs(normed[i], head, temps[i], seeds[i])
+        assert torch.equal(t1, tokens[i]) and torch.equal(lp1, lp[i]), idx
+    return tokens, lp
+
+
+@interp
+@pytest.mark.parametrize("split_tiles", [None, 1])
+def test_interpreted_kernel_draws_the_reference_token_with_the_trainer_logprob(split_tiles, monkeypatch):
+    from vexact_kernels.triton_ops import logprobs as ops
+
+    if split_tiles:  # several vocabulary splits at a small V: the split fold picks the winner
+        monkeypatch.setattr(ops, "LOGPROBS_SPLIT_TILES", split_tiles)
+    # 70 rows: two row blocks, the second mostly padding
+    _check_draw(ops, *_problem(70, 48, 300, seed=3), subsets=([3], [65, 3, 40], list(range(64, 70))))
 
 
 @interp

@@ -18,10 +18,11 @@ sampled token's logprob by calling ``logprobs_from_hidden`` on that token's hidd
 On CUDA ``chunk_size`` is validated but not needed (the fused kernel streams the vocabulary); values never depend on it.
 
 ``sample_from_hidden`` is the engine's draw for rows without top-k / top-p: Gumbel-max over ``logits / T`` with
-noise from Philox-4x32-10 keyed by the row's 64-bit seed and counted by the vocabulary column
-(:func:`gumbel_uniform`), so a row's token depends on its logits, seed and nothing else. On CUDA it is the fused
-logprobs kernel in its sampling form (one pass over the lm_head for the draw and the drawn token's logprob, which is
-bitwise the trainer's); elsewhere the logits, the same noise bit for bit, and :func:`logprobs_from_hidden`.
+noise from Philox-4x32-10 keyed by the row's 64-bit seed, one call per four vocabulary columns (counter
+``column // 4``, output word ``column % 4``: :func:`gumbel_uniform`), so a row's token depends on its logits, seed
+and nothing else. On CUDA it is the fused logprobs kernel in its sampling form (one pass over the lm_head for the
+draw and the drawn token's logprob, which is bitwise the trainer's); elsewhere the logits, the same noise bit for bit,
+and :func:`logprobs_from_hidden`.
 """
 
 from __future__ import annotations
@@ -93,25 +94,27 @@ def _mul_u32(a: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def gumbel_uniform(seeds: torch.Tensor, vocab: int) -> torch.Tensor:
     """Uniforms in (0, 1), fp32 ``[rows, vocab]``: Philox-4x32-10 keyed by each row's 64-bit seed (``seeds`` int64
-    ``[rows]``) with counter ``(column, 0, 0, 0)``, the first output word's top 23 bits plus one half over 2**23.
+    ``[rows]``); column ``c`` takes output word ``c % 4`` of counter ``(c // 4, 0, 0, 0)`` (one Philox call per four
+    columns), its top 23 bits plus one half over 2**23.
 
     The torch twin of the GPU kernel's draw (``triton_ops/logprobs.py`` ``gumbel_scores``, Triton's ``philox_impl``):
     the same bits on every device."""
     if seeds.dtype != torch.int64 or seeds.dim() != 1:
         raise TypeError(f"seeds must be int64 [rows]; got {seeds.dtype} {tuple(seeds.shape)}")
     if seeds.device.type == "cpu":
-        words = torch.from_numpy(_philox_first_word_np(seeds.numpy(), vocab))
+        words = torch.from_numpy(_philox_words_np(seeds.numpy(), vocab))
     else:
-        words = _philox_first_word_torch(seeds, vocab)
+        words = _philox_words_torch(seeds, vocab)
     return ((words >> 9).to(torch.float32) + 0.5) * 2.0**-23  # exact in fp32: never 0 or 1
 
 
-def _philox_first_word_torch(seeds: torch.Tensor, vocab: int) -> torch.Tensor:
-    """Philox-4x32-10's first output word for counters ``(column, 0, 0, 0)``, int64 ``[rows, vocab]``, in torch
-    int64 ops on any device (16-bit limbs for the 32 x 32-bit products)."""
+def _philox_words_torch(seeds: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Philox-4x32-10 output words, int64 ``[rows, vocab]``: column ``c`` is word ``c % 4`` of counter
+    ``(c // 4, 0, 0, 0)``; torch int64 ops on any device (16-bit limbs for the 32 x 32-bit products)."""
     k0 = (seeds & _U32)[:, None]
     k1 = ((seeds >> 32) & _U32)[:, None]
-    c0 = torch.arange(vocab, dtype=torch.int64, device=seeds.device)[None, :].expand(seeds.shape[0], vocab)
+    n = -(-vocab // 4)
+    c0 = torch.arange(n, dtype=torch.int64, device=seeds.device)[None, :].expand(seeds.shape[0], n)
     c1 = c2 = c3 = torch.zeros_like(c0)
     for _ in range(10):
         hi_b, lo_b = _mul_u32(PHILOX_ROUND_B, c2)
@@ -119,11 +122,11 @@ def _philox_first_word_torch(seeds: torch.Tensor, vocab: int) -> torch.Tensor:
         c0, c1, c2, c3 = hi_b ^ c1 ^ k0, lo_b, hi_a ^ c3 ^ k1, lo_a
         k0 = (k0 + PHILOX_KEY_A) & _U32
         k1 = (k1 + PHILOX_KEY_B) & _U32
-    return c0
+    return torch.stack((c0, c1, c2, c3), dim=-1).reshape(seeds.shape[0], 4 * n)[:, :vocab]
 
 
-def _philox_first_word_np(seeds, vocab: int):
-    """:func:`_philox_first_word_torch` with numpy's uint64 (a 32 x 32-bit product is exact there): the CPU path,
+def _philox_words_np(seeds, vocab: int):
+    """:func:`_philox_words_torch` with numpy's uint64 (a 32 x 32-bit product is exact there): the CPU path,
     about 16x faster than the torch limbs."""
     import numpy as np
 
@@ -131,7 +134,8 @@ def _philox_first_word_np(seeds, vocab: int):
     s = seeds.astype(np.int64).view(np.uint64)
     k0 = (s & u64(_U32))[:, None]
     k1 = ((s >> u64(32)) & u64(_U32))[:, None]
-    c0 = np.broadcast_to(np.arange(vocab, dtype=np.uint64)[None, :], (len(s), vocab))
+    n = -(-vocab // 4)
+    c0 = np.broadcast_to(np.arange(n, dtype=np.uint64)[None, :], (len(s), n))
     c1 = c2 = c3 = np.zeros_like(c0)
     for _ in range(10):
         p_b = u64(PHILOX_ROUND_B) * c2
@@ -139,7 +143,7 @@ def _philox_first_word_np(seeds, vocab: int):
         c0, c1, c2, c3 = (p_b >> u64(32)) ^ c1 ^ k0, p_b & u64(_U32), (p_a >> u64(32)) ^ c3 ^ k1, p_a & u64(_U32)
         k0 = (k0 + u64(PHILOX_KEY_A)) & u64(_U32)
         k1 = (k1 + u64(PHILOX_KEY_B)) & u64(_U32)
-    return c0.astype(np.int64)
+    return np.stack((c0, c1, c2, c3), axis=-1).reshape(len(s), 4 * n)[:, :vocab].astype(np.int64)
 
 
 def sample_from_hidden(

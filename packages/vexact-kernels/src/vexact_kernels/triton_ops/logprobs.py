@@ -79,18 +79,29 @@ def _logits_tile(
 
 
 @triton.jit
-def gumbel_scores(z, cols, key_lo, key_hi):
-    """Sampling scores ``z - log(-log(u))`` (Gumbel-max: argmax over the vocabulary draws from softmax(z)).
+def gumbel_noise(words):
+    """Gumbel noise ``-log(-log(u))`` of uint32 Philox words: ``u`` is a word's top 23 bits plus one half over 2**23
+    (exact in fp32, never 0 or 1), so the noise is finite."""
+    u = ((words >> 9).to(tl.float32) + 0.5) * 1.1920928955078125e-07  # exact in fp32
+    return -tl.log(-tl.log(u))
+
+
+@triton.jit
+def gumbel_scores(z, col0, key_lo, key_hi, BLOCK: tl.constexpr):
+    """Sampling scores ``z - log(-log(u))`` of a ``[rows, BLOCK]`` tile whose first column ``col0`` is a multiple of 4
+    (Gumbel-max: argmax over the vocabulary draws from softmax(z)).
 
     ``u`` in (0, 1) comes from Philox-4x32-10 keyed by the row's 64-bit seed (``key_lo``/``key_hi`` ``[rows, 1]``
-    uint32) with counter ``(column, 0, 0, 0)``: a function of (seed, column) alone. The top 23 bits of the first
-    output word, plus one half, over 2**23 (exact in fp32): never 0 or 1. The torch twin, bit for bit:
-    :func:`vexact_kernels.logprobs.gumbel_uniform`."""
-    c0 = cols.to(tl.uint32)[None, :] + tl.zeros_like(key_lo)
+    uint32): column ``c`` takes output word ``c % 4`` of counter ``(c // 4, 0, 0, 0)``, a function of (seed, column)
+    alone, and one Philox call serves four columns. The word's top 23 bits, plus one half, over 2**23 (exact in fp32):
+    never 0 or 1. The torch twin, bit for bit: :func:`vexact_kernels.logprobs.gumbel_uniform`."""
+    tl.static_assert(BLOCK % 4 == 0, "gumbel_scores: a tile holds whole groups of four columns")
+    c0 = (col0 // 4 + tl.arange(0, BLOCK // 4)).to(tl.uint32)[None, :] + tl.zeros_like(key_lo)
     zero = tl.zeros_like(c0)
-    r0, _, _, _ = philox_impl(c0, zero, zero, zero, key_lo, key_hi)
-    u = ((r0 >> 9).to(tl.float32) + 0.5) * 1.1920928955078125e-07  # exact in fp32
-    return z - tl.log(-tl.log(u))
+    r0, r1, r2, r3 = philox_impl(c0, zero, zero, zero, key_lo, key_hi)
+    # [rows, BLOCK // 4, 2, 2] holding word 2p + q at [..., p, q]; row-major flattening puts word k at column 4j + k
+    words = tl.join(tl.join(r0, r2), tl.join(r1, r3))
+    return z + gumbel_noise(tl.reshape(words, [z.shape[0], BLOCK]))
 
 
 @triton.jit
@@ -142,7 +153,8 @@ def _logprobs_fwd_split_kernel(
         e = alpha * (e + shift) + tl.sum(p * tl.where(cmask[None, :], d, 0.0), axis=1)
         s = alpha * s + tl.sum(p, axis=1)
         if SAMPLE:
-            score = tl.where(cmask[None, :], gumbel_scores(z, cols, key_lo, key_hi), float("-inf"))
+            col0 = (split * SPLIT_TILES + tile) * BLOCK_V
+            score = tl.where(cmask[None, :], gumbel_scores(z, col0, key_lo, key_hi, BLOCK_V), float("-inf"))
             tile_best, tile_idx = best_column(score, cols, V)
             take = tile_best > best  # strictly: an earlier tile keeps its token on a tie
             zsel = tl.sum(tl.where(cols[None, :] == tile_idx[:, None], z, 0.0), axis=1)
@@ -281,7 +293,7 @@ def _gumbel_argmax_kernel(x_ptr, temp_ptr, seed_ptr, best_ptr, idx_ptr, V, n_chu
     key_lo = tl.full([1, 1], 0, tl.uint32) + (seed & 0xFFFFFFFF).to(tl.uint32)
     key_hi = tl.full([1, 1], 0, tl.uint32) + ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32)
     z = tl.div_rn(tl.load(x_ptr + row * V + cols, mask=cmask, other=0.0), temp)
-    score = tl.where(cmask[None, :], gumbel_scores(z[None, :], cols, key_lo, key_hi), float("-inf"))
+    score = tl.where(cmask[None, :], gumbel_scores(z[None, :], chunk * BLOCK, key_lo, key_hi, BLOCK), float("-inf"))
     best, idx = best_column(score, cols, V)
     out = row * n_chunks + chunk + tl.arange(0, 1)
     tl.store(best_ptr + out, best)
@@ -442,7 +454,7 @@ def triton_sample_logprobs(
     (Gumbel-max, :func:`gumbel_scores`) and return ``(tokens [T] int64, logprobs [T] fp32)`` in one pass over the
     vocabulary. The logprob is bitwise :func:`triton_logprobs` of the drawn token (same split kernel, same fold)."""
     if weight.dim() == 2 and weight.shape[0] >= 2**31:
-        raise ValueError(f"sample: vocabulary of {weight.shape[0]} does not fit the 32-bit draw counter")
+        raise ValueError(f"sample: vocabulary of {weight.shape[0]} does not fit 32-bit column indices")
     normed, weight, temps, seeds = _operands("sample", normed, weight, temps, seeds)
     lp, _, _, _, tokens = _fwd(normed, weight, None, temps, seeds)
     return tokens, lp
