@@ -1,5 +1,7 @@
 """Packed weight buckets into the engine (``load_bucket``), in place: parameters keep their storage; a bad bucket is
-refused by name, changes nothing and leaves the engine usable; refused while asleep or with requests in flight."""
+refused by name, changes nothing and leaves the engine usable; refused while asleep or with requests in flight. And
+the single-copy path (``begin_weight_write`` / ``finish_weight_write``): a trainer writing straight into the packed
+weights, in one process here (the CUDA IPC handles: contracts/test_weight_sync.py on a GPU)."""
 
 from __future__ import annotations
 
@@ -7,7 +9,14 @@ import pytest
 import torch
 
 from vexact_engine import LLM, SamplingParams
-from vexact_models import BucketPacker, CheckpointError, expected_tensors, random_model, tiny_qwen3_config
+from vexact_models import (
+    BucketPacker,
+    CheckpointError,
+    DirectWriter,
+    expected_tensors,
+    random_model,
+    tiny_qwen3_config,
+)
 
 KW = dict(max_num_seqs=4, max_num_batched_tokens=16, block_size=4, num_kv_blocks=64)
 PROMPTS = [[5, 6, 7, 8, 9], [10, 11]]
@@ -91,3 +100,53 @@ def test_a_bucket_sync_drops_the_prefix_cache():
     after = _gen(llm)
     assert all(o.num_cached_tokens == 0 for o in after)
     assert _same(after, _gen(LLM(model=new, **KW)))
+
+
+def _direct(llm, model, **write_kw) -> list[str]:
+    """The single-copy path in one process: the engine's packed buffers stand for the trainer's opened IPC views."""
+    table, buffers = llm.begin_weight_write()
+    writer = DirectWriter()
+    writer.open(table, buffers)
+    written = writer.write(expected_tensors(model).items(), **write_kw)
+    return llm.finish_weight_write(table.key, table.mask(written))
+
+
+def test_a_direct_write_lands_in_place_and_equals_a_fresh_engine():
+    new = random_model(tiny_qwen3_config(), seed=2)
+    llm = LLM(model=random_model(tiny_qwen3_config(), seed=1), **KW)
+    _gen(llm)
+    assert llm.blocks.num_cached > 0
+    ptrs = [p.data_ptr() for p in llm.model.parameters()]
+    assert sorted(_direct(llm, new)) == sorted(llm.weight_names())
+    assert ptrs == [p.data_ptr() for p in llm.model.parameters()]  # same storage: captured graphs stay valid
+    assert llm.blocks.num_cached == 0  # cached K/V of the old weights is gone
+    assert _same(_gen(llm), _gen(LLM(model=new, **KW)))
+
+
+def test_a_direct_write_after_a_level_2_sleep_and_the_refusals():
+    new = random_model(tiny_qwen3_config(), seed=2)
+    llm = LLM(model=random_model(tiny_qwen3_config(), seed=1), **KW)
+    table, _ = llm.weight_table()
+    llm.sleep(level=2)
+    assert llm.weight_table() is None
+    with pytest.raises(RuntimeError, match="asleep"):
+        llm.begin_weight_write()
+    llm.wake_up()
+    assert llm.weight_table()[0].key != table.key  # new buffers: views opened for the old key are stale
+    with pytest.raises(RuntimeError, match="re-allocated"):
+        llm.finish_weight_write(table.key, table.mask([]))
+    llm.add_request([1, 2, 3], PARAMS)
+    with pytest.raises(RuntimeError, match="unfinished"):
+        llm.begin_weight_write()
+    llm.abort_request("req-0")
+    with pytest.raises(RuntimeError, match="not reloaded yet"):
+        llm.step()
+    _direct(llm, new)
+    assert _same(_gen(llm), _gen(LLM(model=new, **KW)))
+
+
+def test_an_unpacked_engine_offers_no_direct_write():
+    llm = LLM(model=random_model(tiny_qwen3_config(), seed=1), pack_weights=False, **KW)
+    assert llm.weight_table() is None
+    with pytest.raises(RuntimeError, match="not packed"):
+        llm.begin_weight_write()

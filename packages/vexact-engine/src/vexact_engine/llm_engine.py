@@ -8,13 +8,16 @@ from pathlib import Path
 import torch
 
 from vexact_models import (
+    WeightTable,
     allocate_packed,
     expected_tensors,
     load_bucket,
     load_model,
     load_weights,
     pack_parameters,
+    packed_buffers,
     receive_weights,
+    weight_table,
     weight_targets,
 )
 
@@ -133,6 +136,7 @@ class LLMEngine:
         self._shapes: dict[str, tuple[torch.Size, torch.dtype]] = {}
         self._weights_pending: set[str] = set()  # names to reload after sleep(level=2)
         self._targets: dict | None = None  # name -> parameter (view) for packed buckets; rebuilt after sleep/wake
+        self._weight_table = None  # (WeightTable, buffers) for a colocated trainer's writes; rebuilt per allocation
 
     def _make_runner(self, model: torch.nn.Module, num_blocks: int):
         """The step executor (a pipeline-parallel engine substitutes its own; see ``pipeline.py``)."""
@@ -202,6 +206,7 @@ class LLMEngine:
         self._refuse_sleep(level)
         self.runner.release()
         self._targets = None
+        self._weight_table = None
         self.blocks.reset_prefix_cache()  # the cached pages' K/V goes with the KV cache
         on_cuda = self.runner.device.type == "cuda"
         for name, t, is_param in self._named_tensors():
@@ -391,6 +396,55 @@ class LLMEngine:
         device is this engine's) and load it bucket by bucket; returns the names loaded."""
         self._refuse_update()
         return receive_weights(group, self.load_bucket)
+
+    # ---- weights written in place by a trainer on the same GPU (the single-copy colocated path)
+    def weight_table(self) -> tuple[WeightTable, list[torch.Tensor]] | None:
+        """Where each checkpoint-named weight lies in the packed parameter buffers, and those buffers as bytes
+        (``vexact_models.weight_table``): what a colocated trainer opens (CUDA IPC handles of the buffers) and writes
+        into. None when the weights are not packed (``pack_weights=False``) or are asleep. Built once per allocation
+        (waking gives the parameters new buffers), each time with a new ``key``."""
+        if self.sleep_level:
+            return None
+        if self._weight_table is None:
+            packed = packed_buffers(self.model)
+            if packed is None:
+                return None
+            self._weight_table = weight_table(self.model, packed[0])
+        return self._weight_table
+
+    def begin_weight_write(self) -> tuple[WeightTable, list[torch.Tensor]]:
+        """Before a colocated trainer writes weights straight into the parameters (``vexact_models.DirectWriter``
+        over the buffers of :meth:`weight_table`): refused while asleep or with requests unfinished, as
+        :meth:`update_weights`; drops the prefix cache. Returns ``(table, buffers)``. Run no step until
+        :meth:`finish_weight_write` (the trainer synchronises its copies first). Parameters keep their storage, so
+        captured CUDA graphs stay valid."""
+        self._refuse_update()
+        found = self.weight_table()
+        if found is None:
+            raise RuntimeError(
+                "this engine's weights are not packed in flat buffers (EngineConfig.pack_weights=False, or pipeline "
+                "stages): send them with load_bucket or update_weights"
+            )
+        self.blocks.reset_prefix_cache()  # cached K/V was computed with the old weights
+        if self.runner.device.type == "cuda":
+            torch.cuda.synchronize(self.runner.device)  # no kernel of ours still reads the weights being overwritten
+            torch.cuda.ipc_collect()  # allocations a trainer has let go of since it held them are freed now
+        return found
+
+    def finish_weight_write(self, key: str, written: bytes) -> list[str]:
+        """After the trainer's copies have landed: the table slots set in ``written`` (``WeightTable.mask`` of what it
+        wrote) count as loaded; returns their checkpoint names. Refused when ``key`` is not the current table's (the
+        weights were re-allocated since: the bytes went to memory the engine no longer uses)."""
+        table = self._weight_table[0] if self._weight_table is not None else None
+        if table is None or table.key != key:
+            now = table.key if table is not None else None
+            raise RuntimeError(
+                f"weights were written for weight table {key!r}, but the engine's weights were re-allocated since "
+                f"(table now {now!r}, asleep: {bool(self.sleep_level)}): sync again"
+            )
+        loaded = table.completed(written)
+        self._weights_pending.difference_update(loaded)
+        return loaded
 
     def weight_names(self) -> set[str]:
         """The checkpoint names of the weights this engine holds (stacked experts one by one, as published

@@ -323,6 +323,11 @@ class PipelineLLM(LLM):
         loaded = {n for names, _ in answers for n in names}
         return [n for n, _ in tensors if n in loaded]
 
+    def weight_table(self):
+        """None: a pipeline's weights lie on several GPUs, so no trainer writes them through one stage's buffers;
+        they come with :meth:`update_weights` or :meth:`receive_weights`."""
+        return None
+
     def join_weight_sync(self, host: str, port: int, first_rank: int, world_size: int, timeout_s: float = 600.0):
         """Every stage joins a trainer's weight sync group (``vexact_models.WeightSyncGroup``) as rank
         ``first_rank + stage``; the trainer is rank 0 and joins at the same time. Called on rank 0."""
