@@ -1,6 +1,6 @@
 """The vexact rollout through verl's registry on a GPU: placement, sleep frees device memory, weight sync from CUDA
-tensors (CUDA IPC handles of device buckets: the test process shares the server's GPU), and logprobs == the vexact
-trainer on the same GPU, bitwise. Needs verl + Ray on the GPU machine
+tensors (written in place into the engine's packed weights through CUDA IPC handles: the test process shares the
+server's GPU), and logprobs == the vexact trainer on the same GPU, bitwise. Needs verl + Ray on the GPU machine
 (scripts/verl_device_wheels.sh)."""
 
 from __future__ import annotations
@@ -84,6 +84,8 @@ def _scenario(monkeypatch):
     asleep = loop.run_until_complete(sync())
     assert asleep < awake, (asleep, awake)  # sleep gave weights and KV back
     assert adapter._ipc is True  # this process shares the server's GPU: the weights went through CUDA IPC handles
+    assert adapter.weight_sync_path == "direct"  # straight into the engine's packed weights, a single copy
+    assert adapter._direct.key is None  # views closed: the engine's next sleep frees its weights
     outs = loop.run_until_complete(generate("b"))
     actor_model = load_model(default_checkpoint())
     load_weights(actor_model, [(n, p.to(torch.bfloat16)) for n, p in master.named_parameters()])

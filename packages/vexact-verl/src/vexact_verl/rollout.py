@@ -196,6 +196,8 @@ class ServerAdapter(BaseRollout):
         dtype = getattr(torch, str(self.config.dtype))
         self._wire_dtype = dtype if isinstance(dtype, torch.dtype) and dtype.is_floating_point else None
         self._ipc: bool | None = None  # decided at the first update_weights (same GPU as the server: CUDA IPC)
+        self._direct = None  # the engine's weight buffers, opened (vexact_models.DirectWriter; the single-copy path)
+        self.weight_sync_path: str | None = None  # how the last update_weights went: direct, buckets or host
         self._attention_checked = False  # the engine's attention implementation equals ours (first update_weights)
 
     @property
@@ -214,17 +216,21 @@ class ServerAdapter(BaseRollout):
 
     async def release(self):
         """Put the engine to sleep: weights and KV cache leave the device."""
+        self._close_direct()  # the engine's memory is only freed once no other process holds it
         if self.config.free_cache_engine and self._server() is not None:
             await self.server_handle.sleep.remote()
 
     @torch.no_grad()
     async def update_weights(self, weights, global_steps: int | None = None, wire_format: str = "named_tensors",
                              **kwargs):  # fmt: skip
-        """Send verl's ``(name, tensor)`` generator to the engine in buckets of
-        ``checkpoint_engine.update_weights_bucket_megabytes``.
+        """Send verl's ``(name, tensor)`` generator to the engine.
 
-        Floating tensors are cast to the rollout dtype here (round to nearest even, the cast FSDP's mixed precision
-        applies before the actor's forward), so the engine holds exactly the values the actor computed with.
+        Floating tensors are cast to the rollout dtype on the way (round to nearest even, the cast FSDP's mixed
+        precision applies before the actor's forward), so the engine holds exactly the values the actor computed with.
+        The path is chosen per sync: on the engine's GPU (same ``device_uuid``) the tensors are copied straight into
+        the engine's packed weight buffers (single copy, :meth:`_update_weights_direct`); where the engine has no
+        packed buffers, into bucket buffers it opens (:meth:`_update_weights_ipc`); on another GPU or host (pipeline
+        replicas, separate placement) in host buckets of ``checkpoint_engine.update_weights_bucket_megabytes``.
         """
         if wire_format != "named_tensors":
             raise NotImplementedError(f"the vexact rollout takes wire_format='named_tensors', got {wire_format!r}")
@@ -233,11 +239,17 @@ class ServerAdapter(BaseRollout):
         server = self._server()
         await self._check_attention_impl(server)
         if await self._colocated(server):
-            sent = await self._update_weights_ipc(server, weights)
+            sent = await self._update_weights_direct(server, weights)
+            self.weight_sync_path = "direct"
+            if sent is None:  # the engine's weights are not packed: bucket buffers it copies from
+                sent = await self._update_weights_ipc(server, weights)
+                self.weight_sync_path = "buckets"
             if global_steps is not None:
                 await server.set_global_steps.remote(global_steps)
-            log.info("vexact replica %d: %d tensors updated through CUDA IPC", self.replica_rank, sent)
+            log.info("vexact replica %d: %d tensors updated through CUDA IPC (%s)", self.replica_rank, sent,
+                     self.weight_sync_path)  # fmt: skip
             return
+        self.weight_sync_path = "host"
         limit = self.bucket_bytes
         bucket: list[tuple[str, torch.Tensor]] = []
         size = 0
@@ -290,6 +302,49 @@ class ServerAdapter(BaseRollout):
                 theirs = await server.weight_sync_device.remote()
                 self._ipc = theirs is not None and theirs == device_uuid()
         return self._ipc
+
+    async def _update_weights_direct(self, server, weights) -> int | None:
+        """Single-copy colocated path: copy each tensor straight into the engine's parameter, through CUDA IPC views
+        of its packed weight buffers (``vexact_models.DirectWriter``); returns the number of checkpoint names loaded,
+        or None (the generator untouched) when the engine's weights are not packed.
+
+        Two calls to the server per sync: one to begin (the engine idle, its prefix cache dropped; its buffers'
+        handles when this worker has not opened them for the current allocation) and one once the copies have
+        landed. The views are closed after the sync unless the server never frees its weights: verl puts the engine
+        to sleep through the replica, not through this adapter, and a view held here would keep the engine's memory
+        on the device. In hybrid mode every sync follows a wake, so the buffers are opened once per wake either way.
+        Copies go in groups of a bucket (``torch._foreach_copy_``) when the tensors are the trainer's own export, one
+        at a time when a checkpoint-engine receiver yields views of buffers it refills.
+        """
+        from vexact_models import DirectWriter
+
+        if self._direct is None:
+            self._direct = DirectWriter()
+        writer = self._direct
+        begun = await server.begin_direct_weight_sync.remote(writer.key)
+        if begun is None:
+            self._close_direct()
+            return None
+        written = None
+        try:
+            if begun["table"] is not None:
+                writer.open_handles(begun["table"], begun["handles"], torch.cuda.current_device())
+            writer.start(self._wire_dtype or torch.bfloat16, 0 if begun["reused_memory"] else self.bucket_bytes)
+            async for name, tensor in _aiter(weights):
+                writer.add(name, tensor)
+            written = writer.table.mask(writer.finish())  # synchronises: the copies have landed
+        finally:
+            if written is None:
+                writer.synchronize()  # copies of earlier groups may be in flight; the engine reads nothing meanwhile
+            key = begun["key"]
+            if written is None or not begun["keep_open"]:
+                self._close_direct()
+            sent = await server.finish_direct_weight_sync.remote(key, written)
+        return sent
+
+    def _close_direct(self) -> None:
+        if self._direct is not None:
+            self._direct.close()  # the last views of the engine's buffers go: the engine may free them
 
     async def _update_weights_ipc(self, server, weights) -> int:
         """Colocated path: pack the weights (cast to the rollout dtype, round to nearest even) into two device

@@ -183,6 +183,7 @@ class VexactServer:
         self._ip = "127.0.0.1"
         self._port, self._port_sock = _free_port()
         self._weight_buffers: list[torch.Tensor] = []  # a colocated trainer's bucket buffers (CUDA IPC), one sync
+        self._writing = False  # a colocated trainer is writing into the engine's weights (the single-copy path)
 
     # ---- lifecycle
     async def launch_server(self, dist_address: tuple[str, int] | None = None) -> None:
@@ -407,7 +408,7 @@ class VexactServer:
         self._set_ready()
 
     def _set_ready(self) -> None:
-        if not self.engine.sleep_level and not self._missing:
+        if not self.engine.sleep_level and not self._missing and not self._writing:
             self._ready.set()
             self._work.set()
 
@@ -491,6 +492,55 @@ class VexactServer:
         self._weight_buffers = []
         if torch.cuda.is_available():
             torch.cuda.ipc_collect()
+
+    # ---- weights with one copy: a colocated trainer writes straight into the engine's packed weight buffers
+    async def begin_direct_weight_sync(self, open_key: str | None = None) -> dict[str, Any] | None:
+        """Open a single-copy sync for a trainer on this GPU, or None when the engine's weights are not packed (the
+        trainer then sends buckets). Refused while requests are in flight or asleep (as :meth:`update_weights`); drops
+        the prefix cache; admits no request until :meth:`finish_direct_weight_sync`.
+
+        Returns ``key`` (of the engine's current allocation), ``table`` and ``handles`` (``vexact_models.WeightTable``
+        and one CUDA IPC handle per buffer; both None when the caller has ``open_key == key`` open already: each
+        handle must be opened exactly once, torch counts its holder), ``keep_open`` (True when this server never
+        frees its weights, so the caller may keep its views for the next sync; otherwise it closes them before the
+        engine sleeps, or the engine's memory stays held) and ``reused_memory`` (False in hybrid mode, where the
+        tensors come from the trainer's own export and stay valid, so the caller may copy them in groups; a
+        checkpoint-engine receiver refills its buffers). On CPU the buffers themselves stand for the handles (a
+        caller in this process, the tests).
+        """
+        from vexact_models import ipc_handle
+
+        def begin():
+            if self.engine.sleep_level or self.engine.weight_table() is None:
+                return None  # asleep: the bucket path names the problem
+            return self.engine.begin_weight_write()  # refuses (requests in flight), naming why
+
+        async with self._lock:
+            begun = await asyncio.to_thread(begin)
+            if begun is None:
+                return None
+            table, buffers = begun
+            fresh = open_key != table.key
+            handles = [ipc_handle(b) if b.is_cuda else b for b in buffers] if fresh else None
+            self._writing = True
+            self._ready.clear()
+            self.stats["direct_syncs"] = self.stats.get("direct_syncs", 0) + 1
+        keep = self.rollout_mode == "standalone" or not self.settings.free_cache_engine
+        return {"key": table.key, "table": table if fresh else None, "handles": handles, "keep_open": keep,
+                "reused_memory": self.rollout_mode != "hybrid"}  # fmt: skip
+
+    async def finish_direct_weight_sync(self, key: str, written: bytes | None) -> int:
+        """End a single-copy sync: the trainer's copies have landed (it synchronised its stream). ``written`` (a
+        ``WeightTable.mask``) names the weights now loaded; None when the trainer's sync failed (nothing counts as
+        loaded). The server admits requests again once every weight is loaded. Returns how many names were loaded."""
+        try:
+            async with self._lock:
+                self._writing = False
+                loaded = [] if written is None else self.engine.finish_weight_write(key, written)
+                self._missing.difference_update(loaded)
+        finally:
+            self._set_ready()
+        return len(loaded)
 
     async def collective_rpc(self, method: str, timeout=None, args: tuple = (), kwargs: dict | None = None):
         raise NotImplementedError(f"the vexact rollout has no collective_rpc ({method!r})")
