@@ -3,7 +3,8 @@
 Checks: the torch Philox twin equals a plain-Python Philox-4x32-10 (checked against Random123's known answers, and
 so Triton's ``philox_impl``), one call per four columns; the Triton kernel (interpreter on CPU, the GPU at real
 shapes) draws the reference's tokens and reports, bit for bit, the fused logprobs kernel's logprob of the drawn token
-(the trainer's number); a row's draw does not depend on the other rows; the draws follow ``softmax(logits / T)``.
+(the trainer's number); skipping the noise of tiles that cannot win changes no draw; a row's draw does not depend on
+the other rows; the draws follow ``softmax(logits / T)``.
 """
 
 from __future__ import annotations
@@ -91,6 +92,23 @@ def _reference_tokens(hidden, norm_w, head, temps, seeds):
     return scores.argmax(-1), top2[:, 0] - top2[:, 1]
 
 
+def _peaked_problem(t, h, v, peaks, seed=0, flat_rows=()):
+    """Logits peaked like a trained model's: every row's hidden state leans on one direction ``d``, and the lm_head
+    rows of ``peaks`` point along it, so those columns have logits near 38 (decreasing by 0.5 along ``peaks``) over
+    a bulk of about N(0, 1); the rows in ``flat_rows`` have random hidden states, hence no peak."""
+    hidden, norm_w, head, temps, seeds = _problem(t, h, v, seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    d = torch.randn(h, generator=g)
+    lean = d + 0.3 * torch.randn(t, h, generator=g)
+    flat = torch.zeros(t, dtype=torch.bool)
+    flat[list(flat_rows)] = True
+    hidden = torch.where(flat[:, None], hidden.float(), lean).to(torch.bfloat16)
+    head = head.float()
+    for i, col in enumerate(peaks):
+        head[col] = (40 - 0.5 * i) * d / d.dot(d)
+    return hidden, norm_w, head.to(torch.bfloat16), temps, seeds
+
+
 def _check_draw(ops, hidden, norm_w, head, temps, seeds, subsets=()):
     """The interpreted fused draw against the torch reference, its logprob against the scoring form (bitwise), and
     row subsets against the full batch (bitwise); returns the tokens and logprobs."""
@@ -120,6 +138,53 @@ def test_interpreted_kernel_draws_the_reference_token_with_the_trainer_logprob(s
 
 
 @interp
+@pytest.mark.parametrize("flat_rows", [(), (4,)])
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # -inf + inf, an empty tile's bound
+def test_interpreted_kernel_skips_the_noise_of_tiles_that_cannot_win_with_the_same_draws(flat_rows, monkeypatch):
+    """Peaked logits: after the tile holding a row's peak, tiles whose best logit is more than the largest noise
+    below the row's best score cannot win. Their noise is skipped (counted here) where every real row of the row
+    block agrees (one flat row keeps its tiles live); tokens and logprobs are those of the unskipped draw, and of the
+    reference. V = 1100: 9 tiles with peaks in tiles 0 and 2, in two splits of 8 (the second's last 7 are empty)."""
+    from vexact_kernels.triton_ops import logprobs as ops
+
+    problem = _peaked_problem(7, 48, 1100, peaks=(77, 5, 290), seed=6, flat_rows=flat_rows)
+    calls = []
+    noise = ops.gumbel_scores
+
+    def counted(*args):  # the interpreter runs the kernel's helpers as Python functions
+        calls.append(int(args[1]) // ops.LOGPROBS_VOCAB_BLOCK)
+        return noise(*args)
+
+    monkeypatch.setattr(ops, "gumbel_scores", counted)
+
+    hidden, norm_w, head, temps, seeds = problem
+
+    def draw(subsets):
+        """The draws of all rows and tiles with noise per launch: all rows, then each subset (checked against all)."""
+        counts = []
+        for idx in [list(range(7))] + subsets:
+            calls.clear()
+            out = _check_draw(ops, hidden[idx], norm_w, head, temps[idx], seeds[idx])
+            counts.append(sorted(calls))
+            if len(counts) == 1:
+                tokens, lp = out
+            else:
+                assert torch.equal(out[0], tokens[idx]) and torch.equal(out[1], lp[idx]), idx
+        return (tokens, lp), counts
+
+    (tokens, lp), counts = draw([[3], [6, 0]])
+    assert set(tokens[[i for i in range(7) if i not in flat_rows]].tolist()) <= {5, 77, 290}
+    want = [[0, 2, 8]] * 3  # the peaks' tiles and the second split's first tile
+    if flat_rows:
+        want[0] = list(range(9))  # the flat row's logits leave every tile in reach
+    assert counts == want
+    monkeypatch.setattr(ops, "GUMBEL_NOISE_MAX", float("inf"))  # no skip: every tile's noise, empty ones included
+    (tokens_all, lp_all), counts = draw([])
+    assert torch.equal(tokens_all, tokens) and torch.equal(lp_all, lp)
+    assert counts == [list(range(16))]
+
+
+@interp
 def test_interpreted_gumbel_argmax_over_given_logits_draws_the_reference_token(monkeypatch):
     """The draw for logits computed elsewhere (the fast backend's): chunked over the vocabulary, same noise."""
     from vexact_kernels.triton_ops import logprobs as ops
@@ -132,6 +197,39 @@ def test_interpreted_gumbel_argmax_over_given_logits_draws_the_reference_token(m
     want, gap = _reference_tokens(hidden, norm_w, head, temps, seeds)
     differ = tokens != want
     assert not differ.any() or bool((gap[differ] < 1e-4).all()), (tokens, want)
+
+
+if triton_available():
+    import triton
+    import triton.language as tl
+
+    from vexact_kernels.triton_ops.logprobs import gumbel_noise
+
+    @triton.jit
+    def _noise_of_every_uniform(out_ptr, BLOCK: tl.constexpr):
+        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(out_ptr + i, gumbel_noise(i.to(tl.uint32) << 9))  # word i << 9: the i-th of the 2**23 uniforms
+
+
+def _check_noise_bound(device: str, block: int) -> None:
+    """The kernels' noise at each of the 2**23 uniforms is finite, within rounding of torch's, largest at the
+    largest uniform and below ``GUMBEL_NOISE_MAX``, the bound of the tile skip."""
+    from vexact_kernels.triton_ops import logprobs as ops
+
+    n = 2**23
+    out = torch.empty(n, device=device)
+    _noise_of_every_uniform[(n // block,)](out, BLOCK=block)
+    out = out.cpu()
+    u = (torch.arange(n, dtype=torch.float32) + 0.5) * 2.0**-23
+    assert torch.isfinite(out).all()
+    assert float((out - -torch.log(-torch.log(u))).abs().max()) < 1e-4
+    assert int(out.argmax()) == n - 1 and float(out.max()) < ops.GUMBEL_NOISE_MAX
+    assert float(out.max()) > ops.GUMBEL_NOISE_MAX - 0.15  # and close to it: the skip stays as sharp as it can
+
+
+@interp
+def test_interpreted_noise_stays_below_the_skip_bound():
+    _check_noise_bound("cpu", 2**20)
 
 
 def test_reference_path_draws_from_the_softmax_and_reports_the_trainer_logprob():
@@ -191,6 +289,23 @@ def test_gpu_fused_draw_matches_reference_and_trainer_logprob_at_a_real_vocabula
         with vk.use_backend("invariant"):
             t2, lp2 = vk.sample_from_hidden(hidden[i], norm_w, 1e-6, head, temps[i], seeds[i])
         assert torch.equal(t2, tokens[i]) and torch.equal(lp2, lp[i])
+    # peaked logits: the tiles after a peak in its split (8 tiles of 128 columns) skip their noise, except in row
+    # 70's row block (a flat row keeps them live); every draw and logprob is the unskipped kernel's
+    peaks = (3, 1030, 77830, 151935)  # tile 0 of splits 0, 1, 76; the last column (tile 2 of the last split)
+    peaked = [x.to(dev) for x in _peaked_problem(130, 2048, 151936, peaks, seed=8, flat_rows=(70,))]
+    p_hidden, p_norm_w, p_head, p_temps, p_seeds = peaked
+    with vk.use_backend("invariant"):
+        p_tokens, p_lp = vk.sample_from_hidden(p_hidden, p_norm_w, 1e-6, p_head, p_temps, p_seeds)
+        p_lp_trainer, _ = vk.logprobs_from_hidden(p_hidden, p_norm_w, 1e-6, p_head, p_tokens, p_temps)
+        p_want, p_gap = _reference_tokens(*peaked)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(ops, "GUMBEL_NOISE_MAX", float("inf"))
+            p_tokens_all, p_lp_all = vk.sample_from_hidden(p_hidden, p_norm_w, 1e-6, p_head, p_temps, p_seeds)
+    assert torch.equal(p_tokens, p_tokens_all) and torch.equal(p_lp, p_lp_all) and torch.equal(p_lp, p_lp_trainer)
+    p_differ = p_tokens != p_want
+    assert int(p_differ.sum()) <= 2 and bool((p_gap[p_differ] < 1e-3).all())
+    drawn = set(p_tokens[torch.arange(130, device=dev) != 70].tolist())
+    assert drawn <= set(peaks) and len(drawn) >= 3, drawn  # the noise picks among the peaks, wherever they are
     # the fast backend (cuBLAS logits, the same noise from the standalone kernel): near-ties of its own logits only
     with vk.use_backend("fast"):
         fast_tokens, fast_lp = vk.sample_from_hidden(hidden, norm_w, 1e-6, head, temps, seeds)
@@ -206,3 +321,9 @@ def test_gpu_fused_draw_matches_reference_and_trainer_logprob_at_a_real_vocabula
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(gt, tokens) and torch.equal(glp, lp)
+
+
+@pytest.mark.gpu
+def test_gpu_noise_stays_below_the_skip_bound():
+    """The device's logs (not the interpreter's numpy): the skip bound holds for the noise the GPU computes."""
+    _check_noise_bound("cuda", 1024)

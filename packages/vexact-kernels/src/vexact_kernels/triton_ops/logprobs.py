@@ -48,6 +48,10 @@ LOGPROBS_NUM_STAGES = 3
 LOGPROBS_COMBINE_ROWS = 128
 # Tokens per backward step: bounds the [chunk, V] logits-gradient buffer and fixes the order of the d W sum.
 LOGPROBS_BWD_CHUNK = 4096
+# Above the largest Gumbel noise of the draw: -log(-log(u)) at the largest uniform, u = 1 - 2**-24, is 16.635532 in
+# fp32 (correctly rounded logs); the margin covers a device log that is off by far more than its few ulps. Only a
+# bound for skipping noise that cannot win: it changes no draw (infinity skips nothing).
+GUMBEL_NOISE_MAX = 16.75
 # log_softmax row kernel.
 LSM_BLOCK = 1024
 LSM_NUM_WARPS = 4
@@ -81,7 +85,7 @@ def _logits_tile(
 @triton.jit
 def gumbel_noise(words):
     """Gumbel noise ``-log(-log(u))`` of uint32 Philox words: ``u`` is a word's top 23 bits plus one half over 2**23
-    (exact in fp32, never 0 or 1), so the noise is finite."""
+    (exact in fp32, never 0 or 1), so the noise never exceeds ``GUMBEL_NOISE_MAX``."""
     u = ((words >> 9).to(tl.float32) + 0.5) * 1.1920928955078125e-07  # exact in fp32
     return -tl.log(-tl.log(u))
 
@@ -116,10 +120,12 @@ def best_column(score, cols, V):
 def _logprobs_fwd_split_kernel(
     h_ptr, w_ptr, tgt_ptr, temp_ptr, m_ptr, s_ptr, e_ptr, zt_ptr, seed_ptr, best_ptr, idx_ptr, T, V, H,
     BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_TILES: tl.constexpr,
-    PREC: tl.constexpr, INTERPRET: tl.constexpr, SAMPLE: tl.constexpr,
+    PREC: tl.constexpr, INTERPRET: tl.constexpr, SAMPLE: tl.constexpr, NOISE_MAX: tl.constexpr,
 ):  # fmt: skip
     """``SAMPLE``: no targets; each row draws its token (``gumbel_scores``, first index among equal scores) and
-    ``zt`` is the drawn token's logit: the statistics ``m``/``s``/``e`` are computed by the same code either way."""
+    ``zt`` is the drawn token's logit: the statistics ``m``/``s``/``e`` are computed by the same code either way.
+    ``NOISE_MAX`` bounds the noise (``GUMBEL_NOISE_MAX``; infinity draws the noise of every tile): tiles whose scores
+    cannot beat a row's best so far skip the noise, with the same tokens as without the skip."""
     split = tl.program_id(1)
     rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     rmask = rows < T
@@ -144,7 +150,8 @@ def _logprobs_fwd_split_kernel(
         acc = tl.zeros([BLOCK_T, BLOCK_V], dtype=tl.float32)
         acc = _logits_tile(h_ptr, w_ptr, rows, rmask, cols, cmask, H, acc, BLOCK_K, PREC, INTERPRET)
         z = tl.where(cmask[None, :], tl.div_rn(acc, temp[:, None]), float("-inf"))
-        m_new = tl.maximum(m, tl.max(z, axis=1))
+        zmax = tl.max(z, axis=1)
+        m_new = tl.maximum(m, zmax)
         alpha = tl.exp(m - m_new)
         d = z - m_new[:, None]
         p = tl.exp(d)
@@ -153,14 +160,18 @@ def _logprobs_fwd_split_kernel(
         e = alpha * (e + shift) + tl.sum(p * tl.where(cmask[None, :], d, 0.0), axis=1)
         s = alpha * s + tl.sum(p, axis=1)
         if SAMPLE:
-            col0 = (split * SPLIT_TILES + tile) * BLOCK_V
-            score = tl.where(cmask[None, :], gumbel_scores(z, col0, key_lo, key_hi, BLOCK_V), float("-inf"))
-            tile_best, tile_idx = best_column(score, cols, V)
-            take = tile_best > best  # strictly: an earlier tile keeps its token on a tie
-            zsel = tl.sum(tl.where(cols[None, :] == tile_idx[:, None], z, 0.0), axis=1)
-            best = tl.where(take, tile_best, best)
-            best_idx = tl.where(take, tile_idx, best_idx)
-            zt = tl.where(take, zsel, zt)
+            # No score of this tile exceeds max(z) + NOISE_MAX: where that is below the best so far for every real row,
+            # the tile cannot change a draw (a tie keeps the earlier token), and its noise is not drawn.
+            live = rmask & ~(zmax + NOISE_MAX < best)
+            if tl.max(live.to(tl.int32), axis=0) > 0:
+                col0 = (split * SPLIT_TILES + tile) * BLOCK_V
+                score = tl.where(cmask[None, :], gumbel_scores(z, col0, key_lo, key_hi, BLOCK_V), float("-inf"))
+                tile_best, tile_idx = best_column(score, cols, V)
+                take = tile_best > best  # strictly: an earlier tile keeps its token on a tie
+                zsel = tl.sum(tl.where(cols[None, :] == tile_idx[:, None], z, 0.0), axis=1)
+                best = tl.where(take, tile_best, best)
+                best_idx = tl.where(take, tile_idx, best_idx)
+                zt = tl.where(take, zsel, zt)
         else:
             zt += tl.sum(tl.where(cols[None, :] == tgt[:, None], z, 0.0), axis=1)
         m = m_new
@@ -345,7 +356,7 @@ def _fwd(normed, weight, targets, temps, seeds):
         t, v, h,
         BLOCK_T=LOGPROBS_BLOCK_T, BLOCK_V=LOGPROBS_VOCAB_BLOCK, BLOCK_K=LOGPROBS_BLOCK_K,
         SPLIT_TILES=LOGPROBS_SPLIT_TILES, PREC=mm.input_precision(normed.dtype), INTERPRET=interpreting(),
-        SAMPLE=sample, num_warps=LOGPROBS_NUM_WARPS, num_stages=LOGPROBS_NUM_STAGES,
+        SAMPLE=sample, NOISE_MAX=GUMBEL_NOISE_MAX, num_warps=LOGPROBS_NUM_WARPS, num_stages=LOGPROBS_NUM_STAGES,
     )  # fmt: skip
     _logprobs_fwd_combine_kernel[(triton.cdiv(t, LOGPROBS_COMBINE_ROWS),)](
         pm, ps, pe, pz, lp, ent, mx, log_s, pb, pi, tokens if sample else lp, t, n_splits,
@@ -452,7 +463,9 @@ def triton_sample_logprobs(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw a token per row of ``normed [T, H] @ weight[V, H].T / temps [T]`` with the row's 64-bit ``seeds [T]``
     (Gumbel-max, :func:`gumbel_scores`) and return ``(tokens [T] int64, logprobs [T] fp32)`` in one pass over the
-    vocabulary. The logprob is bitwise :func:`triton_logprobs` of the drawn token (same split kernel, same fold)."""
+    vocabulary. The logprob is bitwise :func:`triton_logprobs` of the drawn token (same split kernel, same fold).
+    A tile whose logits, plus the largest noise (``GUMBEL_NOISE_MAX``), fall below every row's best score so far in
+    its split skips the noise: it could not change a draw, so the tokens are those of the unskipped kernel."""
     if weight.dim() == 2 and weight.shape[0] >= 2**31:
         raise ValueError(f"sample: vocabulary of {weight.shape[0]} does not fit 32-bit column indices")
     normed, weight, temps, seeds = _operands("sample", normed, weight, temps, seeds)
