@@ -82,11 +82,13 @@ def test_the_writer_copies_the_bf16_cast_in_place(family, stacked):
     named = _export(master, stacked)
     written = writer.write(named)
     assert written == [n for n, _ in named if n not in table.skip]
-    assert sorted(table.completed(table.mask(written))) == sorted(expected_tensors(model))
+    assert writer.written_mask == table.mask(written)
+    assert sorted(table.completed(writer.written_mask)) == sorted(expected_tensors(model))
     for name, t in expected_tensors(model).items():
         want = expected_tensors(master)[name].to(weight_dtype(name, torch.bfloat16))  # RNE, DeepSeek's bias fp32
         assert t.dtype == want.dtype and torch.equal(t, want), name
     assert ptrs == [p.data_ptr() for p in model.parameters()]  # same storage: captured graphs stay valid
+    assert all(writer.view(n).data_ptr() == t.data_ptr() for n, t in expected_tensors(model).items())
 
 
 @pytest.mark.parametrize("field", ["name", "shape", "dtype", "twice", "integer"])

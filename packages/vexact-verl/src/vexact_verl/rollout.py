@@ -332,7 +332,8 @@ class ServerAdapter(BaseRollout):
             writer.start(self._wire_dtype or torch.bfloat16, 0 if begun["reused_memory"] else self.bucket_bytes)
             async for name, tensor in _aiter(weights):
                 writer.add(name, tensor)
-            written = writer.table.mask(writer.finish())  # synchronises: the copies have landed
+            writer.finish()  # synchronises: the copies have landed
+            written = writer.written_mask
         finally:
             if written is None:
                 writer.synchronize()  # copies of earlier groups may be in flight; the engine reads nothing meanwhile
