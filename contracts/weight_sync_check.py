@@ -2,8 +2,9 @@
 
 The trainer holds fp32 master weights and computes with their bf16 cast (round to nearest even, FSDP's cast); the
 engine starts from other weights. After a sync the engine's sampled-token logprobs must equal the trainer's on the
-bf16 cast, ``torch.equal``. The multi-process checks (gloo broadcast; CUDA IPC between two processes on one GPU) run
-their ranks with ``torch.multiprocessing`` from functions of this module, so the child processes can import them.
+bf16 cast, ``torch.equal``. The multi-process checks (gloo broadcast; CUDA IPC between two processes on one GPU, of
+bucket buffers or of the engine's own packed weights) run their ranks with ``torch.multiprocessing`` from functions of
+this module, so the child processes can import them.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch.multiprocessing as mp
 from vexact_engine import LLM, PipelineLLM, SamplingParams
 from vexact_models import (
     BucketPacker,
+    DirectWriter,
     WeightSyncGroup,
     ipc_handle,
     load_weights,
@@ -219,5 +221,70 @@ def run_ipc(
     res = out.get()
     proc.join(timeout=120)
     res["sent"] = sent
+    res["mismatches"] = mismatches(model, res) if "error" not in res else None
+    return res
+
+
+# ---- colocated, single copy: the trainer process writes into the engine process's packed weights (CUDA IPC)
+
+
+def _direct_engine(conn, family: str, sleep_first: bool, out) -> None:
+    """The engine process: hands out its weight table and buffer handles, and after the sync compares its outputs
+    with a fresh engine built from the trainer's weights (the same seeded draw on this GPU, cast to bf16)."""
+    try:
+        torch.cuda.set_device(0)
+        llm = LLM(model=engine_model(family, "cuda"), **ENGINE)  # packed weights (pack_weights, the default)
+        if sleep_first:  # verl's colocated order: sleep (level 2) while the trainer trains, wake, sync
+            llm.sleep(level=2)
+            conn.send("asleep")
+            conn.recv()
+            llm.wake_up()
+        table, buffers = llm.begin_weight_write()
+        ptrs = [p.data_ptr() for p in llm.model.parameters()]
+        conn.send((table, [ipc_handle(b) for b in buffers]))
+        key, written = conn.recv()
+        loaded = llm.finish_weight_write(key, written)
+        conn.send("loaded")
+        conn.recv()  # the trainer has compared every tensor through its views and closed them
+        res = generate(llm)
+        fresh = engine_model(family, "cuda")
+        load_weights(fresh, iter_weights(master(family, "cuda")), strict=True)
+        want = generate(LLM(model=fresh, **ENGINE))
+        res["same_as_fresh_engine"] = res["tokens"] == want["tokens"] and res["logprobs"] == want["logprobs"]
+        res["same_storage"] = ptrs == [p.data_ptr() for p in llm.model.parameters()]
+        out.put({"loaded": len(loaded), **res})
+    except Exception:
+        out.put({"error": traceback.format_exc()})
+        raise
+
+
+def run_direct(family: str = "qwen3", sleep_first: bool = False, stacked: bool = False) -> dict:
+    """This process is the trainer (fp32 master on cuda:0); a spawned process holds the engine on the same GPU. The
+    trainer opens the engine's buffers, copies its bf16 export straight into them (``DirectWriter``, one group), then
+    reads every engine tensor back through the same views: ``unequal`` lists those not ``torch.equal`` to the export.
+    ``stacked``: stacked expert tensors go whole (as verl exports them)."""
+    ctx = mp.get_context("spawn")
+    here, there = ctx.Pipe()
+    out = ctx.SimpleQueue()
+    proc = ctx.Process(target=_direct_engine, args=(there, family, sleep_first, out))
+    proc.start()
+    model = master(family, "cuda")
+    if sleep_first:
+        assert here.recv() == "asleep"
+        here.send("wake")
+    table, handles = here.recv()
+    writer = DirectWriter()
+    writer.open_handles(table, handles, torch.cuda.current_device())
+    written = writer.write(iter_weights(model, stacked=stacked))
+    assert table.mask(written) == writer.written_mask
+    here.send((table.key, writer.written_mask))
+    assert here.recv() == "loaded"
+    unequal = [name for name, t in iter_weights(model) if not torch.equal(writer.view(name), t)]
+    writer.close()
+    here.send("go")
+    res = out.get()
+    proc.join(timeout=120)
+    res["sent"] = len(written)
+    res["unequal"] = unequal
     res["mismatches"] = mismatches(model, res) if "error" not in res else None
     return res
