@@ -13,8 +13,16 @@ process on the same GPU, as in verl's hybrid mode. Paths:
 - ``ipc-stacked`` (MoE shapes): the same with each stacked expert tensor sent whole (``iter_weights(stacked=True)``,
   531 tensors for Qwen3-30B-A3B instead of 18867 per expert and projection): what verl's ``get_per_tensor_param``
   (state-dict tensors) hands the rollout; the engine copies each bucket's tensors with one ``torch._foreach_copy_``.
+- ``ipc-direct`` (single copy): the engine's parameters live in packed flat buffers (``pack_parameters``); it hands
+  the trainer their CUDA IPC handles and a ``WeightTable`` (checkpoint name -> buffer, offset, shape, dtype), and the
+  trainer copies each exported tensor straight into its parameter (``vexact_models.DirectWriter``:
+  ``torch._foreach_copy_`` over the whole sync), synchronises, and tells the engine: two messages per sync, one
+  device copy per weight. Handles opened once and kept while the engine stays awake; the row "opened per sync" opens
+  them every sync, which is what verl's hybrid flow pays (every sync follows a wake, which re-allocates the weights).
+  ``ipc-direct-stacked`` (MoE shapes): stacked expert tensors whole, as in ``ipc-stacked``.
 - ``bound``: bytes / device-to-device copy bandwidth (one ``copy_`` of 1 GiB, measured here): one copy of every
-  weight. The IPC path copies twice (pack, then unpack), so 2x the bound is its natural floor.
+  weight. The bucket paths copy twice (pack, then unpack), so 2x the bound is their floor; the direct path copies
+  once, so its floor is the bound itself.
 
 ``--mode nccl`` (two GPUs, ``torchrun --nproc_per_node 2``): rank 0 is the trainer on GPU 0, rank 1 an engine on GPU 1;
 ``vexact_models.broadcast_weights`` over a ``WeightSyncGroup`` (NCCL), bound = bytes / measured NCCL broadcast
@@ -52,6 +60,7 @@ from vexact_models import (
     QWEN3_MOE_SHAPES,
     QWEN3_SHAPES,
     BucketPacker,
+    DirectWriter,
     WeightSyncGroup,
     broadcast_weights,
     expected_tensors,
@@ -72,6 +81,7 @@ QWEN3_8B = dict(
 )  # fmt: skip
 SHAPES = {"qwen3-1.7b": ("dense", QWEN3_SHAPES["qwen3-1.7b"]), "qwen3-8b": ("dense", QWEN3_8B),
           "qwen3-30b-a3b": ("moe", QWEN3_MOE_SHAPES["qwen3-30b-a3b"])}  # fmt: skip
+PATHS = ("host", "ipc", "ipc-stacked", "ipc-direct", "ipc-direct-per-sync", "ipc-direct-stacked")
 ENGINE = dict(max_num_seqs=4, max_num_batched_tokens=256, max_model_len=1024, block_size=16, num_kv_blocks=64,
               enforce_eager=True)  # fmt: skip
 
@@ -176,6 +186,12 @@ def _engine_main(conn, shape: str) -> None:
                 llm.update_weights(named)
                 torch.cuda.synchronize()
                 conn.send("ok")
+            elif op == "direct_begin":  # the single-copy path: handles only when the trainer has none open
+                table, buffers = llm.begin_weight_write()
+                fresh = msg[1] != table.key
+                conn.send((table.key, table if fresh else None, [ipc_handle(b) for b in buffers] if fresh else None))
+            elif op == "direct_finish":
+                conn.send(len(llm.finish_weight_write(msg[1], msg[2])))
             elif op == "fingerprint":
                 conn.send(fingerprint(expected_tensors(llm.model).items()))
     except Exception:
@@ -229,6 +245,19 @@ def _ipc_sync(conn, model, bucket_bytes: int, stacked: bool = False) -> int:
     return count[0]
 
 
+def _direct_sync(conn, model, writer: DirectWriter, stacked: bool = False, keep_open: bool = True) -> int:
+    """The single-copy path as the adapter runs it: begin (handles when none are open), copy every tensor into the
+    engine's parameters (one group: the exported tensors are the trainer's parameters), synchronise, finish."""
+    key, table, handles = _ask(conn, "direct_begin", writer.key)
+    if table is not None:
+        writer.open_handles(table, handles, 0)
+    writer.write(iter_weights(model, stacked=stacked))
+    loaded = _ask(conn, "direct_finish", key, writer.written_mask)
+    if not keep_open:
+        writer.close()
+    return loaded
+
+
 def _timed(fn, reps: int) -> list[float]:
     times = []
     for _ in range(reps):
@@ -240,7 +269,7 @@ def _timed(fn, reps: int) -> list[float]:
     return times
 
 
-def run_colocated(shape: str, bucket_bytes: int, copy_bw: float, reps: int) -> list[dict]:
+def run_colocated(shape: str, bucket_bytes: int, copy_bw: float, reps: int, paths=PATHS) -> list[dict]:
     cfg = shape_config(shape)
     nbytes = sum(p.numel() for p in empty_model(cfg, "meta").parameters()) * 2
     free, total = torch.cuda.mem_get_info()
@@ -260,27 +289,44 @@ def run_colocated(shape: str, bucket_bytes: int, copy_bw: float, reps: int) -> l
         ntensors = len(want)
         base = {"shape": shape, "GB": nbytes / GB, "tensors": ntensors}
         rows.append({**base, "path": "bound (one device copy)", "s": nbytes / copy_bw, "ok": ""})
-        largest = max(t.numel() * 2 for _, t in iter_weights(model))
-        blob, blob_path = host_blob(bucket_bytes + largest + 256)
-        _ask(here, "open_host", blob.numel(), blob_path)
         # MoE: also with each stacked expert tensor sent whole (as verl's state-dict export sends it)
         stacked_differs = len(list(iter_weights(model, stacked=True))) != ntensors
-        for path in ("host", "ipc", *(("ipc-stacked",) if stacked_differs else ())):
+        stacked_paths = ("ipc-stacked", "ipc-direct-stacked") if stacked_differs else ()
+        for path in ("host", "ipc", "ipc-direct", "ipc-direct-per-sync", *stacked_paths):
+            if path not in paths:
+                continue
             _ask(here, "zero")
-            if path == "host":
-                times = _timed(lambda: _host_sync(here, model, bucket_bytes, blob), 1)
+            if path.startswith("ipc-direct"):
+                stacked, keep = path.endswith("stacked"), not path.endswith("per-sync")
+                writer = DirectWriter()
+
+                def once(writer=writer, stacked=stacked, keep=keep):
+                    _direct_sync(here, model, writer, stacked, keep)
+
+                once()  # warm-up (opens the handles) and a first check
+                times = _timed(once, reps)
+                writer.close()
+                label = "CUDA IPC direct (single copy into the engine's packed weights"
+                label += ", handles opened per sync)" if not keep else ")"
+                if stacked:
+                    label += f", stacked experts whole ({len(list(iter_weights(model, stacked=True)))} tensors)"
+            elif path == "host":
+                largest = max(t.numel() * 2 for _, t in iter_weights(model))
+                blob, blob_path = host_blob(bucket_bytes + largest + 256)
+                _ask(here, "open_host", blob.numel(), blob_path)
+                times = _timed(lambda blob=blob: _host_sync(here, model, bucket_bytes, blob), 1)
                 where = "/dev/shm" if blob_path.startswith("/dev/shm") else "a /tmp file"
-                label = f"host (old: D2H, shared host memory in {where}, H2D)"
+                label = f"host (D2H, shared host memory in {where}, H2D)"
                 del blob
                 os.unlink(blob_path)
             else:
                 stacked = path == "ipc-stacked"
                 _ipc_sync(here, model, bucket_bytes, stacked)  # warm-up (and a first check)
                 times = _timed(lambda stacked=stacked: _ipc_sync(here, model, bucket_bytes, stacked), reps)
-                label = "CUDA IPC (new: pack, engine copies in place)"
+                label = "CUDA IPC buckets (pack, engine copies in place: two copies)"
                 if stacked:
                     n = len(list(iter_weights(model, stacked=True)))
-                    label = f"CUDA IPC, stacked experts whole ({n} tensors, as verl exports them)"
+                    label = f"CUDA IPC buckets, stacked experts whole ({n} tensors, as verl exports them)"
             got = _ask(here, "fingerprint")
             ok = got == want
             rows.append({**base, "path": label, "s": statistics.median(times), "ok": "yes" if ok else "NO"})
@@ -390,12 +436,16 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", default="qwen3-1.7b,qwen3-8b,qwen3-30b-a3b")
     ap.add_argument("--bucket-mb", type=int, default=1024, help="verl's update_weights_bucket_megabytes")
     ap.add_argument("--reps", type=int, default=3, help="timed syncs per path (the host path runs once)")
+    ap.add_argument("--paths", default=",".join(PATHS), help=f"colocated paths to run, of {','.join(PATHS)}")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     shapes = [s for s in args.shapes.split(",") if s]
     unknown = [s for s in shapes if s not in SHAPES]
     if unknown:
         ap.error(f"unknown shape(s) {unknown}; choose from {sorted(SHAPES)}")
+    paths = [p for p in args.paths.split(",") if p]
+    if set(paths) - set(PATHS):
+        ap.error(f"unknown path(s) {sorted(set(paths) - set(PATHS))}; choose from {list(PATHS)}")
     if not torch.cuda.is_available():
         ap.error("the weight sync benchmark needs CUDA")
     bucket_bytes = args.bucket_mb << 20
@@ -414,7 +464,7 @@ def main(argv=None) -> int:
         for shape in shapes:
             t = time.perf_counter()
             try:
-                rows += run_colocated(shape, bucket_bytes, copy_bw, args.reps)
+                rows += run_colocated(shape, bucket_bytes, copy_bw, args.reps, paths)
             except Exception:
                 traceback.print_exc()
                 rows.append({"shape": shape, "path": "skipped", "note": "failed: " + traceback.format_exc(limit=1)
@@ -422,8 +472,9 @@ def main(argv=None) -> int:
             print(f"{shape}: {time.perf_counter() - t:.1f} s", file=sys.stderr, flush=True)
         notes = [f"{device}, torch {torch.__version__}, {stamp}; bucket {args.bucket_mb} MB (the IPC path: two "
                  f"device buffers of half a bucket); device copy bandwidth measured here: {copy_bw / GB:.0f} GB/s. "
-                 "Trainer = this process, engine = a spawned process on the same GPU. Seconds are the median of "
-                 f"{args.reps} syncs after a warm-up (IPC); the host path runs once."]  # fmt: skip
+                 "Trainer = this process, engine = a spawned process on the same GPU (its weights packed in flat "
+                 f"buffers). Seconds are the median of {args.reps} syncs after a warm-up (IPC); the host path runs "
+                 "once."]  # fmt: skip
         title = "Weight sync, colocated (one GPU)"
     text = table(rows, title, notes)
     print(text)
