@@ -11,7 +11,10 @@
 #                   moe_route_grouped, logprobs, attention, ...) -> $OUT/kernels-<target>.log
 #   packages        the GPU tests of vexact-models, -engine and -trainer (weight sync over CUDA IPC between two
 #                   processes on one GPU, padded decode, ...) -> $OUT/packages-<target>.log
-#   bench-weight-sync   benchmarks/weight_sync.py (host path, CUDA IPC, copy bound) -> $OUT/weight-sync-<target>.md
+#   bench-weight-sync   benchmarks/weight_sync.py (host path, CUDA IPC buckets, the single-copy ipc-direct rows, copy
+#                   bound) -> $OUT/weight-sync-<target>.md
+#   weight-sync     the weight sync contracts alone (CUDA IPC buckets and the single-copy path between two processes,
+#                   awake and after a level-2 sleep) -> $OUT/weight-sync-contracts-<target>.log
 #   bench-mla       benchmarks/mla.py, Moonlight and DeepSeek-V3 layer shapes -> $OUT/mla-<target>.md, mla-v3-...
 #   bench-grpo      benchmarks/throughput.py --grpo-only (prefix caching on/off) -> $OUT/throughput-grpo-<target>.md
 #   bench-moe       benchmarks/moe.py -> $OUT/moe-<target>.md
@@ -82,6 +85,9 @@ for step in "$@"; do
         2>&1 | tee "$OUT/packages-$TARGET.log" || status=1 ;;
     bench-weight-sync)
       python3 benchmarks/weight_sync.py --out "$OUT/weight-sync-$TARGET.md" || status=1 ;;
+    weight-sync)  # issue #18
+      "${SERIAL[@]}" contracts/test_weight_sync.py --target "$TARGET" 2>&1 \
+        | tee "$OUT/weight-sync-contracts-$TARGET.log" || status=1 ;;
     bench-mla)
       python3 benchmarks/mla.py --out "$OUT/mla-$TARGET.md" || status=1
       python3 benchmarks/mla.py --shape deepseek-v3 --out "$OUT/mla-v3-$TARGET.md" || status=1 ;;
