@@ -16,7 +16,7 @@ process on the same GPU, as in verl's hybrid mode. Paths:
 - ``ipc-direct`` (single copy): the engine's parameters live in packed flat buffers (``pack_parameters``); it hands
   the trainer their CUDA IPC handles and a ``WeightTable`` (checkpoint name -> buffer, offset, shape, dtype), and the
   trainer copies each exported tensor straight into its parameter (``vexact_models.DirectWriter``:
-  ``torch._foreach_copy_`` over the whole sync), synchronises, and tells the engine: two messages per sync, one
+  ``torch._foreach_copy_`` per 256 MB of tensors), synchronises, and tells the engine: two messages per sync, one
   device copy per weight. Handles opened once and kept while the engine stays awake; the row "opened per sync" opens
   them every sync, which is what verl's hybrid flow pays (every sync follows a wake, which re-allocates the weights).
   ``ipc-direct-stacked`` (MoE shapes): stacked expert tensors whole, as in ``ipc-stacked``.
@@ -81,6 +81,7 @@ QWEN3_8B = dict(
 )  # fmt: skip
 SHAPES = {"qwen3-1.7b": ("dense", QWEN3_SHAPES["qwen3-1.7b"]), "qwen3-8b": ("dense", QWEN3_8B),
           "qwen3-30b-a3b": ("moe", QWEN3_MOE_SHAPES["qwen3-30b-a3b"])}  # fmt: skip
+DIRECT_GROUP_BYTES = 256 << 20  # the direct path issues its copies per 256 MB of tensors
 PATHS = ("host", "ipc", "ipc-stacked", "ipc-direct", "ipc-direct-per-sync", "ipc-direct-stacked")
 ENGINE = dict(max_num_seqs=4, max_num_batched_tokens=256, max_model_len=1024, block_size=16, num_kv_blocks=64,
               enforce_eager=True)  # fmt: skip
@@ -247,11 +248,12 @@ def _ipc_sync(conn, model, bucket_bytes: int, stacked: bool = False) -> int:
 
 def _direct_sync(conn, model, writer: DirectWriter, stacked: bool = False, keep_open: bool = True) -> int:
     """The single-copy path as the adapter runs it: begin (handles when none are open), copy every tensor into the
-    engine's parameters (one group: the exported tensors are the trainer's parameters), synchronise, finish."""
+    engine's parameters in groups of DIRECT_GROUP_BYTES (as the adapter does in hybrid mode with a bucket: the copies
+    of one group run while the next is checked), synchronise, finish."""
     key, table, handles = _ask(conn, "direct_begin", writer.key)
     if table is not None:
         writer.open_handles(table, handles, 0)
-    writer.write(iter_weights(model, stacked=stacked))
+    writer.write(iter_weights(model, stacked=stacked), group_bytes=DIRECT_GROUP_BYTES)
     loaded = _ask(conn, "direct_finish", key, writer.written_mask)
     if not keep_open:
         writer.close()
