@@ -83,3 +83,41 @@ def test_sleep_wake_and_updates_keep_the_weights_packed(level):
 def test_pack_weights_must_be_a_bool():
     with pytest.raises(TypeError, match="pack_weights must be True or False, got 'yes'"):
         EngineConfig(pack_weights="yes")
+
+
+def test_packed_engine_runs_grouped_projections(monkeypatch):
+    """Each layer's q/k/v and gate/up run as one matmul each in the packed engine (7 -> 4 linears per layer)."""
+    import vexact_kernels as vk
+
+    counts = {}
+    real = vk.linear
+    for pack in (True, False):
+        llm = LLM(model=random_model(tiny_config("qwen3"), seed=1), pack_weights=pack, **KW)
+        calls = []
+        monkeypatch.setattr(vk, "linear", lambda *a, _calls=calls, **k: _calls.append(a[1].shape) or real(*a, **k))
+        llm.generate([[5, 6, 7]], SamplingParams(max_tokens=1), use_tqdm=False)  # one prefill step
+        monkeypatch.setattr(vk, "linear", real)
+        counts[pack] = len(calls)
+    layers = tiny_config("qwen3").num_hidden_layers
+    assert counts[False] - counts[True] == 3 * layers
+
+
+@pytest.mark.gpu
+def test_gpu_packed_engine_equals_unpacked_through_graphs_sleep_and_updates():
+    """On CUDA: decode graphs captured over the grouped projections, a level-1 wake restoring from pinned host copies
+    into new flat buffers, a level-2 wake allocating them: tokens and logprobs those of the unpacked engine."""
+    kw = dict(KW, device="cuda")
+    packed = LLM(default_checkpoint(), **kw)
+    plain = LLM(default_checkpoint(), pack_weights=False, **kw)
+    buffers, _ = packed_buffers(packed.model)
+    assert all(b.is_cuda for b in buffers) and packed_buffers(plain.model) is None
+    assert packed.runner.num_graphs == 2 and packed.runner.graph_error is None
+    ref = _gen(plain)
+    _same(_gen(packed), ref)
+    for level in (1, 2):
+        packed.sleep(level=level)
+        packed.wake_up()
+        if level == 2:
+            packed.update_weights([(n, t.detach().clone()) for n, t in expected_tensors(plain.model).items()])
+        assert packed_buffers(packed.model) is not None and packed.runner.num_graphs == 2
+        _same(_gen(packed), ref)

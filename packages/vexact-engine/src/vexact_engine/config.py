@@ -31,9 +31,9 @@ class EngineConfig:
     ``cuda_graph_batch_sizes`` there runs the same padded static-buffer decode eagerly (to test the padding).
 
     ``pack_weights`` (default on): the parameters live in one flat buffer per dtype (``vexact_models.pack_parameters``,
-    at construction and again when waking from sleep), so each layer's sibling projections (q/k/v, gate/up) lie end
-    to end in memory. Off: one allocation per parameter. Packing copies bytes only: the same tokens and logprobs
-    either way.
+    at construction and again when waking from sleep), so each layer's q/k/v and gate/up projections lie end to end
+    and the models run them as one matmul each (``vexact_models.layers.grouped_linear``: the same bits as three and
+    two). Off: one allocation per parameter, one matmul per projection. The same tokens and logprobs either way.
     """
 
     max_num_seqs: int = 64

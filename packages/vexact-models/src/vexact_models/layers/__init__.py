@@ -4,7 +4,7 @@ from .activation import SiluAndMul
 from .attention import Attention
 from .embed_head import LMHead, VocabEmbedding
 from .layernorm import RMSNorm, rms_norm_pair
-from .linear import Linear
+from .linear import Linear, grouped_linear
 from .mla import MLAttention
 from .moe import (
     DeepseekMoeBlock,
@@ -31,6 +31,7 @@ __all__ = [
     "SparseMoeBlock",
     "VocabEmbedding",
     "checkpoint_pieces",
+    "grouped_linear",
     "load_balancing_loss",
     "named_weights",
     "record_router",

@@ -14,7 +14,7 @@ from __future__ import annotations
 from torch import nn
 
 from ..config import DeepseekV3Config
-from ..layers import DeepseekMoeBlock, Linear, MLAttention, RMSNorm, RotaryEmbedding, SiluAndMul
+from ..layers import DeepseekMoeBlock, Linear, MLAttention, RMSNorm, RotaryEmbedding, SiluAndMul, grouped_linear
 from .dense import DenseForCausalLM
 
 
@@ -27,7 +27,8 @@ class DeepseekV3MLP(nn.Module):
         self.act = SiluAndMul()
 
     def forward(self, x):
-        return self.down_proj(self.act(self.gate_proj(x), self.up_proj(x)))
+        gate, up = grouped_linear(x, (self.gate_proj, self.up_proj))
+        return self.down_proj(self.act(gate, up))
 
 
 def _mlp(cfg: DeepseekV3Config, i: int) -> nn.Module:

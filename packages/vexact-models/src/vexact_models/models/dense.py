@@ -8,6 +8,9 @@ A family is a config (``config.py``), not a copy of this file. What differs betw
 - Mistral: no biases; a ``sliding_window`` the kernels honour only while a sequence fits in it.
 The rotary table (any scaling folded in) is built once per model and shared by every layer and both drivers.
 
+Inference on packed weights (``vexact_models.pack_parameters``) runs q/k/v and gate/up as one matmul each
+(``layers.grouped_linear``), with the separate matmuls' bits; the trainer's forward under grad never does.
+
 Module and parameter names follow Hugging Face's, so a checkpoint maps one to one. The forward pass returns the
 hidden states *before* the final norm; logits and logprobs come from :meth:`DenseForCausalLM.logits` /
 :meth:`DenseForCausalLM.logprobs`, which the engine's sampler and the trainer both call.
@@ -28,6 +31,7 @@ from ..layers import (
     RotaryEmbedding,
     SiluAndMul,
     VocabEmbedding,
+    grouped_linear,
     rms_norm_pair,
 )
 
@@ -50,9 +54,10 @@ class DenseAttention(nn.Module):
 
     def forward(self, x, positions, meta: AttentionMetadata, kv_cache: KVCache | None):
         t = x.shape[0]
-        q = self.q_proj(x).view(t, self.num_heads, self.head_dim)  # [T, Hq, D]
-        k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
-        v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        q, k, v = grouped_linear(x, (self.q_proj, self.k_proj, self.v_proj))  # one matmul on packed weights
+        q = q.view(t, self.num_heads, self.head_dim)  # [T, Hq, D]
+        k = k.view(t, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
+        v = v.view(t, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = rms_norm_pair(self.q_norm, q, self.k_norm, k)  # one launch for both on CUDA
         q, k = self.rotary[0](positions, q, k)
@@ -70,7 +75,8 @@ class DenseMLP(nn.Module):
         self.act = SiluAndMul()
 
     def forward(self, x):
-        return self.down_proj(self.act(self.gate_proj(x), self.up_proj(x)))
+        gate, up = grouped_linear(x, (self.gate_proj, self.up_proj))
+        return self.down_proj(self.act(gate, up))
 
 
 class DenseDecoderLayer(nn.Module):
