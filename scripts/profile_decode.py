@@ -1,12 +1,12 @@
 """Where a decode step's time goes (GPU): the captured graph vs the rest of ``LLMEngine.step``, per batch size.
 
-    python scripts/profile_decode.py [--shape 1.7b] [--layers 28] [--batch 1,64,256]
+    python scripts/profile_decode.py [--shape 1.7b] [--layers 28] [--batch 1,64,256] [--no-pack]
 
 Prints, per batch size: the whole step (median wall ms), the decode graph replay alone (CUDA events), the sampling
 half (``sample_rows``: logits, seeded draw, fused logprobs, one host sync) alone, the remainder (scheduler, step
 tensors, Python); then, from a torch.profiler trace over a few steps, the number of GPU kernels per step and the
 kernels with the most GPU time (graph replays included: CUPTI records the kernels a graph launches), and the top
-host-side ops.
+host-side ops. ``--no-pack``: the engine with ``pack_weights=False`` (q/k/v and gate/up as separate matmuls).
 """
 
 from __future__ import annotations
@@ -39,9 +39,9 @@ def cuda_ms(fn, n: int = 30) -> float:
     return start.elapsed_time(end) / n
 
 
-def profile_batch(model, batch: int, weight_bytes: int, label: str) -> None:
+def profile_batch(model, batch: int, weight_bytes: int, label: str, pack: bool = True) -> None:
     llm = LLM(model=model, device="cuda", max_num_seqs=max(8, batch), max_num_batched_tokens=max(512, 2 * batch),
-              num_kv_blocks=max(256, batch * 24))  # fmt: skip
+              num_kv_blocks=max(256, batch * 24), pack_weights=pack)  # fmt: skip
     for i in range(batch):
         prompt = [1 + (i * 7 + j) % 1000 for j in range(256)]
         llm.add_request(prompt, SamplingParams(max_tokens=400, temperature=1.0, top_p=1.0, seed=i, ignore_eos=True))
@@ -96,11 +96,13 @@ def main() -> None:
     ap.add_argument("--shape", default="1.7b")
     ap.add_argument("--layers", type=int, default=28)
     ap.add_argument("--batch", default="1", help="comma-separated batch sizes (running requests per decode step)")
+    ap.add_argument("--no-pack", action="store_true", help="EngineConfig.pack_weights=False: no grouped projections")
     args = ap.parse_args()
     model = throughput.make_model(args.shape, args.layers)
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     for batch in (int(b) for b in args.batch.split(",")):
-        profile_batch(model, batch, weight_bytes, f"{args.shape}-shaped, {args.layers} layers")
+        label = f"{args.shape}-shaped, {args.layers} layers, weights {'unpacked' if args.no_pack else 'packed'}"
+        profile_batch(model, batch, weight_bytes, label, pack=not args.no_pack)
 
 
 if __name__ == "__main__":
