@@ -15,6 +15,7 @@ Record (after a deliberate numerics change, together with a version bump):
 from __future__ import annotations
 
 import argparse
+import copy
 import datetime
 import hashlib
 import json
@@ -69,7 +70,9 @@ def produce(device: str = "cpu", family: str = "qwen3") -> dict[str, torch.Tenso
         )
         for i in range(N_PROMPTS)
     ]
-    llm = LLM(model=model, config=EngineConfig(max_num_seqs=4, max_num_batched_tokens=32, block_size=8, device=device))
+    # a copy for the engine, which packs its weights (grouped projections); the trainer scores with its own
+    engine_cfg = EngineConfig(max_num_seqs=4, max_num_batched_tokens=32, block_size=8, device=device)
+    llm = LLM(model=copy.deepcopy(model), config=engine_cfg)
     outs = llm.generate(prompts, params, use_tqdm=False)
     temps = [p.temperature if p.temperature > 0 else 1.0 for p in params]
     scored = Actor(model).compute_log_probs(prompts, [o.token_ids for o in outs], temps, with_entropy=True)

@@ -7,6 +7,7 @@ prefixes, as a GRPO group's do). The dedicated prefix-cache contracts are in ``t
 
 from __future__ import annotations
 
+import copy
 import os
 
 import pytest
@@ -70,7 +71,9 @@ def workloads(draw):
 
 
 def run_engine(model, prompts, params, cfg):
-    llm = LLM(model=model, config=cfg)
+    # the engine packs its weights (sibling projections end to end, one matmul each); a copy, so the trainer keeps
+    # its own unpacked parameters and runs the separate projections, as an FSDP trainer does
+    llm = LLM(model=copy.deepcopy(model), config=cfg)
     outs = llm.generate(prompts, params, use_tqdm=False)
     assert all(o.ok for o in outs), [o.error for o in outs if not o.ok]
     return outs, llm
