@@ -114,7 +114,10 @@ class VexactReplica(RolloutReplica):
             # the GPU the worker computes on, by UUID: what its server or stage must use (see server._worker_device)
             on_gpu = bool(gpus) and torch.cuda.is_available()  # the CPU tests give Ray fake "GPU"s
             uuid = str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid) if on_gpu else None
-            return ctx.get_node_id(), ",".join(str(g) for g in gpus), uuid
+            # what the worker's process sees: the actor on its GPU starts seeing the same (Ray's GPU ids are not
+            # CUDA_VISIBLE_DEVICES when verl has Ray leave that variable alone)
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES") if on_gpu else ",".join(str(g) for g in gpus)
+            return ctx.get_node_id(), visible, uuid
 
         infos = await asyncio.gather(*[w.__ray_call__.remote(where) for w in self.workers])
         visible = infos[0][1]
@@ -139,12 +142,21 @@ class VexactReplica(RolloutReplica):
         self._server_handle = server
         self._server_address = f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
 
-    def _place(self, actor_class, info: tuple[str, str], **options):
-        """The actor on the node of a worker, seeing that worker's GPU(s)."""
-        node_id, visible = info[:2]
+    def _place(self, actor_class, info: tuple, **options):
+        """The actor on the node of a worker, seeing that worker's GPU(s) from the start of its process."""
+        node_id, visible, uuid = (*info, None)[:3]
         # Ray empties CUDA_VISIBLE_DEVICES in an actor that asked for no GPU unless told not to: the actor asks for
-        # none (the GPU belongs to the worker it shares it with) and sets the worker's device itself.
-        env = {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"} if visible else {}
+        # none (the GPU belongs to the worker it shares it with) and sees what the worker sees. The variable is set
+        # when the process starts, and the GPU's UUID makes the runtime env one of its own: Ray then starts a fresh
+        # process instead of handing over a pooled one whose CUDA may have started seeing another GPU (2x H200: a
+        # stage saw only GPU 0 although its variable said 1).
+        env = {}
+        if visible or uuid:
+            env["RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"] = "1"
+        if visible:
+            env["CUDA_VISIBLE_DEVICES"] = visible
+        if uuid:
+            env["VEXACT_GPU_UUID"] = uuid
         return actor_class.options(
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
             runtime_env={"env_vars": env},
