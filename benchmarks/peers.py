@@ -104,6 +104,9 @@ def vllm_version(site: str | None) -> str | None:
 
 def _env(site: str | None, batch_invariant: bool) -> dict:
     env = dict(os.environ)
+    # FA4's site (scripts/fa4_device_wheels.sh) carries apache-tvm-ffi in another version than vLLM's: off vLLM's path
+    parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and "fa4site" not in p]
+    env["PYTHONPATH"] = os.pathsep.join(parts)
     if site:
         env["PYTHONPATH"] = site + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env["VLLM_BATCH_INVARIANT"] = "1" if batch_invariant else "0"

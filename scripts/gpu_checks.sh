@@ -45,11 +45,15 @@ export FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 FLASH_ATTENTION_CUTE_DSL_CACHE_D
 # WORKERS (env): pytest-xdist workers on the one GPU for the test steps (default 4; 0 runs in one process). Most of a
 # contract's time is Triton compilation and Python, so workers sharing the GPU finish the suite sooner.
 WORKERS=${WORKERS:-4}
+# The attention implementation is `auto` by default (FA4 where it is installed): the checks and fixtures without the
+# fa4- prefix are the Triton kernel's, so they pin it unless the caller chose; the fa4-* steps set fa4
+export VEXACT_ATTENTION=${VEXACT_ATTENTION:-triton}
 if [ "$WORKERS" -gt 0 ]; then PYTEST=(python3 -m pytest -q -rs --durations=10 -n "$WORKERS")
 else PYTEST=(python3 -m pytest -q -rs --durations=10 -p no:xdist); fi
 SERIAL=(python3 -m pytest -q -rs -p no:xdist)
 status=0
-# vLLM's steps run without FA4's site on the path: both carry apache-tvm-ffi, in different versions
+# vLLM's steps run without FA4's site on the path: both carry apache-tvm-ffi, in different versions (bench-throughput
+# keeps it: its invariant-fa4 mode needs FA4, and benchmarks/peers.py takes it off each vLLM subprocess's path)
 NO_FA4_PATH=$(tr ':' '\n' <<< "${PYTHONPATH:-}" | grep -v fa4site | paste -sd: -)
 
 record_golden() {  # $1: fixture dir suffix ("" or "-fa4")
@@ -123,7 +127,7 @@ for step in "$@"; do
       python3 benchmarks/attention.py --out "$OUT/attention-$TARGET.md" || status=1 ;;
     bench-throughput)
       site=(); [ -d /tmp/vllmsite ] && site=(--vllm-site /tmp/vllmsite)
-      PYTHONPATH=$NO_FA4_PATH python3 benchmarks/throughput.py "${site[@]}" ${THROUGHPUT_ARGS:-} --ckpt-dir /tmp/peers --out "$OUT/throughput-$TARGET.md" 2>&1 \
+      python3 benchmarks/throughput.py "${site[@]}" ${THROUGHPUT_ARGS:-} --ckpt-dir /tmp/peers --out "$OUT/throughput-$TARGET.md" 2>&1 \
         | grep -v "it/s\]" | tee "$OUT/throughput-$TARGET.log" || status=1 ;;
     tim-vllm)  # issue #13: vLLM's own rollouts (default and batch-invariant) rescored by our trainer; needs vLLM
       # (/tmp/vllmsite); the 1.7B checkpoint in /tmp/peers is bench-throughput's when it ran first, else written

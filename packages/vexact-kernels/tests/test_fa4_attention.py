@@ -29,8 +29,9 @@ def fresh_choice(monkeypatch):
 
 
 # ---- the choice (CPU)
-def test_default_is_triton_and_env_selects(fresh_choice):
-    assert vk.ATTENTION_IMPLS == ("triton", "fa4")
+def test_default_is_auto_and_env_selects(fresh_choice):
+    assert vk.ATTENTION_IMPLS == ("triton", "fa4") and _backend.DEFAULT_ATTENTION == "auto"
+    fresh_choice.setattr(torch.cuda, "is_available", lambda: False)  # auto without a GPU: triton
     assert vk.get_attention_impl() == "triton"
     fresh_choice.setattr(_backend, "_attention", _backend._AttentionState())
     fresh_choice.setenv("VEXACT_ATTENTION", "fa4")

@@ -175,7 +175,10 @@ ATTENTION_ENV = "VEXACT_ATTENTION"
 # "auto": FA4 where it runs (Hopper or Blackwell, flash_attn.cute importable), else the Triton kernel; resolved once,
 # at the first question, to one of ATTENTION_IMPLS
 ATTENTION_CHOICES = ("auto", *ATTENTION_IMPLS)
-DEFAULT_ATTENTION = "triton"
+# auto by default: FA4 is faster on Hopper at every size measured (benchmarks/results/attention-h100.md: prefill
+# forward 2.1-2.6x ours; the engine's decode steps 1.6-1.9x faster in a run shared with other jobs, the trainer step
+# 1.02x, on an H200: benchmarks/results/throughput-fa4-h200.md, trainer-fa4-h200.md); it runs only where installed
+DEFAULT_ATTENTION = "auto"
 
 
 class _AttentionState:

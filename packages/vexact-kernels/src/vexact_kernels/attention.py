@@ -8,7 +8,8 @@ packed and paged entry points differ only in how a key position is turned into a
 the same ``_attend``. No split-KV: one pass over the keys per query.
 
 On the ``invariant`` backend CUDA tensors go to one of two implementations, chosen once per process
-(``$VEXACT_ATTENTION`` or :func:`vexact_kernels.set_attention_impl`): ``triton`` (default), the Triton kernel family
+(``$VEXACT_ATTENTION`` or :func:`vexact_kernels.set_attention_impl`; default ``auto``: ``fa4`` on Hopper/Blackwell
+where flash_attn.cute imports, else ``triton``): ``triton``, the Triton kernel family
 in ``triton_ops/attention.py`` (the same rule, with its own fixed tile of 64 positions), or ``fa4``, FlashAttention 4
 on Hopper/Blackwell (``fa4_attention.py``: the same rule with FA4's tiles; K and V head sizes that differ, as in
 MLA, stay on Triton). GPU results are invariant among

@@ -20,8 +20,8 @@ fa4-contracts fa4-bench``): every check of the probe bitwise (alone == packed ==
 256, CUDA-graph replay == eager, deterministic backward run to run); this package's FA4 GPU tests pass; the contract
 suite under ``VEXACT_ATTENTION=fa4`` passed 121 tests (h100-fa4 golden fixtures recorded for every family). K and V
 head sizes that differ (MLA: 192 / 128) stay on the Triton kernels (``attention._fa4_takes``): FA4's SM90 paged
-kernel refuses them ("Paged KV does not support irregular head dim"). Opt-in, not the default: h200 and the engine
-and trainer benchmarks with it are still to run.
+kernel refuses them ("Paged KV does not support irregular head dim"). The default where it is installed (``auto``):
+on an H200 its contracts pass (h200-fa4 golden fixtures) and the engine and trainer run faster with it.
 
 Cache rule of FA4's paged path: rows of a sequence's last page past its context are read (masked, but a NaN there
 would poison ``P @ V``), so they must be finite. The engine's caches start as zeros and hold only K/V after that.
