@@ -194,20 +194,28 @@ def _ipc_engine(conn, family: str, sleep_first: bool, out) -> None:
         raise
 
 
-def run_ipc(
-    family: str = "qwen3", sleep_first: bool = False, bucket_bytes: int = BUCKET_BYTES, stacked: bool = False
-) -> dict:
-    """This process is the trainer (fp32 master on cuda:0); a spawned process holds the engine on the same GPU.
-    ``stacked``: stacked expert tensors go whole (``iter_weights(stacked=True)``, as verl exports them)."""
+def _spawn_engine(target, family: str, sleep_first: bool):
+    """Start the engine process (``target(conn, family, sleep_first, out)``) and build the trainer's fp32 master on
+    cuda:0; with ``sleep_first``, let the engine sleep (level 2) and tell it to wake. Returns (pipe, result queue,
+    process, master)."""
     ctx = mp.get_context("spawn")
     here, there = ctx.Pipe()
     out = ctx.SimpleQueue()
-    proc = ctx.Process(target=_ipc_engine, args=(there, family, sleep_first, out))
+    proc = ctx.Process(target=target, args=(there, family, sleep_first, out))
     proc.start()
     model = master(family, "cuda")
     if sleep_first:
         assert here.recv() == "asleep"
         here.send("wake")
+    return here, out, proc, model
+
+
+def run_ipc(
+    family: str = "qwen3", sleep_first: bool = False, bucket_bytes: int = BUCKET_BYTES, stacked: bool = False
+) -> dict:
+    """This process is the trainer (fp32 master on cuda:0); a spawned process holds the engine on the same GPU.
+    ``stacked``: stacked expert tensors go whole (``iter_weights(stacked=True)``, as verl exports them)."""
+    here, out, proc, model = _spawn_engine(_ipc_engine, family, sleep_first)
     assert here.recv() == "ready"
     packer = BucketPacker(bucket_bytes, "cuda")
     here.send([ipc_handle(b) for b in packer.buffers])
@@ -263,15 +271,7 @@ def run_direct(family: str = "qwen3", sleep_first: bool = False, stacked: bool =
     trainer opens the engine's buffers, copies its bf16 export straight into them (``DirectWriter``, one group), then
     reads every engine tensor back through the same views: ``unequal`` lists those not ``torch.equal`` to the export.
     ``stacked``: stacked expert tensors go whole (as verl exports them)."""
-    ctx = mp.get_context("spawn")
-    here, there = ctx.Pipe()
-    out = ctx.SimpleQueue()
-    proc = ctx.Process(target=_direct_engine, args=(there, family, sleep_first, out))
-    proc.start()
-    model = master(family, "cuda")
-    if sleep_first:
-        assert here.recv() == "asleep"
-        here.send("wake")
+    here, out, proc, model = _spawn_engine(_direct_engine, family, sleep_first)
     table, handles = here.recv()
     writer = DirectWriter()
     writer.open_handles(table, handles, torch.cuda.current_device())
