@@ -31,7 +31,8 @@ from vexact_models import Qwen3Config, expected_tensors, random_model
 # "tiny": the CPU smoke test's shape (tests/test_pp_check.py runs this script over gloo with --device cpu)
 TINY = dict(hidden_size=64, intermediate_size=160, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
             head_dim=16, vocab_size=272, tie_word_embeddings=False)  # fmt: skip
-SHAPES = {"0.6b": QWEN3_06B, "1.7b": QWEN3_17B, "tiny": TINY}
+# "tiny-tied": the head shares the embedding, as in Qwen3-0.6B/1.7B (an update's names then hold no lm_head.weight)
+SHAPES = {"0.6b": QWEN3_06B, "1.7b": QWEN3_17B, "tiny": TINY, "tiny-tied": dict(TINY, tie_word_embeddings=True)}
 
 
 def workload(n: int, vocab: int = 150000):

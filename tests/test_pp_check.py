@@ -33,8 +33,9 @@ def _check(out: subprocess.CompletedProcess, n: int) -> None:
 
 
 @pytest.mark.slow
-def test_pp_check_passes_on_cpu_over_gloo():
-    _check(_run("--device", "cpu", "--shape", "tiny", "--prompts", "6"), 6)
+@pytest.mark.parametrize("shape", ["tiny", "tiny-tied"])
+def test_pp_check_passes_on_cpu_over_gloo(shape):
+    _check(_run("--device", "cpu", "--shape", shape, "--prompts", "6"), 6)
 
 
 @pytest.mark.gpu
