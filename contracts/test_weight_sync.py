@@ -81,11 +81,26 @@ def test_contract_fails_when_a_bucket_changes_one_bit(device, path):
     assert w.mismatches(model, w.generate(llm))
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", FAMILIES)
+def test_nccl_broadcast_to_an_engine_on_another_gpu(family):
+    """Separate placement on GPUs: the trainer on cuda:0 broadcasts its bf16 export over NCCL (a WeightSyncGroup) to an
+    engine on cuda:1, which loads each bucket straight from the wire; its logprobs == the trainer's."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip(f"needs 2 GPUs (trainer and engine on different GPUs); {torch.cuda.device_count()} visible")
+    results = w.run_broadcast_cuda(family)
+    errors = {r: res["error"] for r, res in results.items() if "error" in res}
+    assert not errors, errors
+    model = w.master(family, "cuda")
+    assert results[1]["loaded"] == len(list(iter_weights(model)))
+    assert w.mismatches(model, results[1]) == []
+
+
 def test_broadcast_to_an_engine_and_a_pipeline_replica_gloo(target):
     """Separate placement on CPU: trainer rank 0 broadcasts over gloo to a one-device engine and to both stages of a
     pipeline replica (each stage takes its own layers straight from the wire). Four processes."""
     if target != "cpu":
-        pytest.skip("the NCCL version needs 2 GPUs: benchmarks/weight_sync.py --mode nccl under torchrun")
+        pytest.skip("gloo and four processes: the cpu target's; on GPUs the NCCL twin below (two GPUs)")
     results = w.run_broadcast("qwen3", world=4)
     errors = {r: res["error"] for r, res in results.items() if "error" in res}
     assert not errors, errors

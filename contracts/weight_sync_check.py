@@ -138,6 +138,40 @@ def _stage_process(index: int, world: int, ports: tuple[int, int], family: str, 
     _broadcast_rank(2 + index, world, ports, family, queue)
 
 
+def _broadcast_cuda_rank(rank: int, port: int, family: str, queue) -> None:
+    """Separate placement over NCCL: rank 0 the trainer on cuda:0, rank 1 an engine on cuda:1."""
+    try:
+        device = f"cuda:{rank}"
+        torch.cuda.set_device(rank)
+        if rank == 0:
+            group = WeightSyncGroup("127.0.0.1", port, 0, 2, device, timeout_s=TIMEOUT_S)
+            queue.put((rank, {"sent": sync_weights_broadcast(master(family, device), group, BUCKET_BYTES)}))
+        else:
+            llm = LLM(model=engine_model(family, device), **ENGINE)
+            group = WeightSyncGroup("127.0.0.1", port, 1, 2, device, timeout_s=TIMEOUT_S)
+            loaded = llm.receive_weights(group)
+            queue.put((rank, {"loaded": len(loaded), **generate(llm)}))
+    except Exception:
+        queue.put((rank, {"error": traceback.format_exc()}))
+        raise
+
+
+def run_broadcast_cuda(family: str = "qwen3") -> dict[int, dict]:
+    """The NCCL twin of :func:`run_broadcast` on two GPUs (two spawned processes); returns each rank's result."""
+    ctx = mp.get_context("spawn")
+    queue = ctx.SimpleQueue()
+    ranks = mp.start_processes(
+        _broadcast_cuda_rank, args=(free_port(), family, queue), nprocs=2, start_method="spawn", join=False
+    )
+    while not ranks.join():
+        pass
+    results = {}
+    while not queue.empty():
+        rank, res = queue.get()
+        results[rank] = res
+    return results
+
+
 def run_broadcast(family: str = "qwen3", world: int = 4) -> dict[int, dict]:
     """The trainer (rank 0) and a one-device engine (rank 1) in threads of this process, the ``world - 2`` pipeline
     stages in spawned processes (each needs its own default group); returns each reporting rank's result."""
