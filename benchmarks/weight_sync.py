@@ -82,6 +82,8 @@ QWEN3_8B = dict(
 SHAPES = {"qwen3-1.7b": ("dense", QWEN3_SHAPES["qwen3-1.7b"]), "qwen3-8b": ("dense", QWEN3_8B),
           "qwen3-30b-a3b": ("moe", QWEN3_MOE_SHAPES["qwen3-30b-a3b"])}  # fmt: skip
 DIRECT_GROUP_BYTES = 256 << 20  # the direct path issues its copies per 256 MB of tensors
+DIRECT_PHASES = ("begin (round trip, handles)", "issue copies (host)", "wait for copies", "finish (round trip)",
+                 "close views")  # fmt: skip
 PATHS = ("host", "ipc", "ipc-stacked", "ipc-direct", "ipc-direct-per-sync", "ipc-direct-stacked")
 ENGINE = dict(max_num_seqs=4, max_num_batched_tokens=256, max_model_len=1024, block_size=16, num_kv_blocks=64,
               enforce_eager=True)  # fmt: skip
@@ -246,17 +248,30 @@ def _ipc_sync(conn, model, bucket_bytes: int, stacked: bool = False) -> int:
     return count[0]
 
 
-def _direct_sync(conn, model, writer: DirectWriter, stacked: bool = False, keep_open: bool = True) -> int:
+def _direct_sync(
+    conn, model, writer: DirectWriter, stacked: bool = False, keep_open: bool = True, phases: dict | None = None
+) -> int:
     """The single-copy path as the adapter runs it: begin (handles when none are open), copy every tensor into the
     engine's parameters in groups of DIRECT_GROUP_BYTES (as the adapter does in hybrid mode with a bucket: the copies
-    of one group run while the next is checked), synchronise, finish."""
+    of one group run while the next is checked), synchronise, finish. ``phases`` collects the seconds of each part
+    (begin round trip with handle opening, issuing the copies, waiting for them, finish round trip, closing)."""
+    t = [time.perf_counter()]
     key, table, handles = _ask(conn, "direct_begin", writer.key)
     if table is not None:
         writer.open_handles(table, handles, 0)
-    writer.write(iter_weights(model, stacked=stacked), group_bytes=DIRECT_GROUP_BYTES)
+    t.append(time.perf_counter())
+    writer.write(iter_weights(model, stacked=stacked), group_bytes=DIRECT_GROUP_BYTES, synchronize=False)
+    t.append(time.perf_counter())
+    writer.synchronize()
+    t.append(time.perf_counter())
     loaded = _ask(conn, "direct_finish", key, writer.written_mask)
+    t.append(time.perf_counter())
     if not keep_open:
         writer.close()
+    t.append(time.perf_counter())
+    if phases is not None:
+        for name, a, b in zip(DIRECT_PHASES, t, t[1:], strict=True):
+            phases.setdefault(name, []).append(b - a)
     return loaded
 
 
@@ -301,11 +316,13 @@ def run_colocated(shape: str, bucket_bytes: int, copy_bw: float, reps: int, path
             if path.startswith("ipc-direct"):
                 stacked, keep = path.endswith("stacked"), not path.endswith("per-sync")
                 writer = DirectWriter()
+                phases: dict[str, list[float]] = {}
 
-                def once(writer=writer, stacked=stacked, keep=keep):
-                    _direct_sync(here, model, writer, stacked, keep)
+                def once(writer=writer, stacked=stacked, keep=keep, phases=phases):
+                    _direct_sync(here, model, writer, stacked, keep, phases)
 
                 once()  # warm-up (opens the handles) and a first check
+                phases.clear()
                 times = _timed(once, reps)
                 writer.close()
                 label = "CUDA IPC direct (single copy into the engine's packed weights"
@@ -331,7 +348,10 @@ def run_colocated(shape: str, bucket_bytes: int, copy_bw: float, reps: int, path
                     label = f"CUDA IPC buckets, stacked experts whole ({n} tensors, as verl exports them)"
             got = _ask(here, "fingerprint")
             ok = got == want
-            rows.append({**base, "path": label, "s": statistics.median(times), "ok": "yes" if ok else "NO"})
+            row = {**base, "path": label, "s": statistics.median(times), "ok": "yes" if ok else "NO"}
+            if path.startswith("ipc-direct"):
+                row["phases"] = {name: statistics.median(v) for name, v in phases.items()}
+            rows.append(row)
         _ask_quiet(here)
     finally:
         proc.join(timeout=60)
@@ -429,6 +449,14 @@ def table(rows: list[dict], title: str, notes: list[str]) -> str:
         x = r["s"] / bound[r["shape"]] if r["shape"] in bound else float("nan")
         out.append(f"| {r['shape']} | {r['GB']:.2f} | {r['tensors']} | {r['path']} | {r['s']:.3f} | "
                    f"{r['GB'] / r['s']:.1f} | {x:.2f} | {r.get('ok', '')} |")  # fmt: skip
+    timed = [r for r in rows if r.get("phases")]
+    if timed:  # where a direct sync's time goes (median ms of each part over the timed syncs)
+        out += ["", "Single-copy path, median ms per part of a sync:", ""]
+        out.append("| shape | path | " + " | ".join(DIRECT_PHASES) + " |")
+        out.append("| --- | --- |" + " ---: |" * len(DIRECT_PHASES))
+        for r in timed:
+            cells = " | ".join(f"{r['phases'].get(name, float('nan')) * 1e3:.2f}" for name in DIRECT_PHASES)
+            out.append(f"| {r['shape']} | {r['path']} | {cells} |")
     return "\n".join(out) + "\n"
 
 
