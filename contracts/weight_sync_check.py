@@ -165,11 +165,7 @@ def run_broadcast_cuda(family: str = "qwen3") -> dict[int, dict]:
     )
     while not ranks.join():
         pass
-    results = {}
-    while not queue.empty():
-        rank, res = queue.get()
-        results[rank] = res
-    return results
+    return _drain(queue)
 
 
 def run_broadcast(family: str = "qwen3", world: int = 4) -> dict[int, dict]:
@@ -190,6 +186,11 @@ def run_broadcast(family: str = "qwen3", world: int = 4) -> dict[int, dict]:
         t.join()
     while not stages.join():
         pass
+    return _drain(queue)
+
+
+def _drain(queue) -> dict[int, dict]:
+    """The ``(rank, result)`` pairs the ranks put on ``queue``, by rank."""
     results = {}
     while not queue.empty():
         rank, res = queue.get()
