@@ -109,11 +109,13 @@ class VexactReplica(RolloutReplica):
                                f"{self.world_size}")  # fmt: skip
 
         def where(_self):
+            from vexact_models import device_uuid
+
             ctx = ray.get_runtime_context()
             gpus = ctx.get_accelerator_ids().get("GPU", [])
             # the GPU the worker computes on, by UUID: what its server or stage must use (see server._worker_device)
             on_gpu = bool(gpus) and torch.cuda.is_available()  # the CPU tests give Ray fake "GPU"s
-            uuid = str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid) if on_gpu else None
+            uuid = device_uuid() if on_gpu else None
             # what the worker's process sees: the actor on its GPU starts seeing the same (Ray's GPU ids are not
             # CUDA_VISIBLE_DEVICES when verl has Ray leave that variable alone)
             visible = os.environ.get("CUDA_VISIBLE_DEVICES") if on_gpu else ",".join(str(g) for g in gpus)
