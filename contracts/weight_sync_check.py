@@ -127,6 +127,7 @@ def _broadcast_rank(rank: int, world: int, ports: tuple[int, int], family: str, 
                     queue.put((rank, {"loaded": len(loaded), **out}))
                 else:
                     llm.serve()
+                dist.barrier()  # the stages tear their group down together (a gloo rank left alone can abort)
             finally:
                 dist.destroy_process_group()
     except Exception:

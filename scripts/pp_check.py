@@ -158,6 +158,7 @@ def main() -> int:
             print(f"after sleep(2) + wake_up + update_weights ({len(loaded)} tensors, all: {all_loaded}): pipeline == "
                   f"one device with the new weights in {n2}/{len(ref)} requests")  # fmt: skip
             ok = ok and n1 == len(ref) and n2 == len(ref) and all_loaded
+    dist.barrier()  # the ranks tear the group down together (on gloo a rank left alone can abort)
     dist.destroy_process_group()
     return 0 if ok else 1
 
