@@ -5,7 +5,8 @@ open those buffers through CUDA IPC handles and copy every exported tensor into 
 against two for packed buckets (the trainer packs, the engine unpacks), and no per-bucket hand-off between the
 processes. The engine describes its buffers once per allocation with a :class:`WeightTable` (checkpoint name -> buffer,
 byte offset, shape, dtype); the trainer's :class:`DirectWriter` opens them, checks each tensor against its slot and
-copies groups of tensors with ``torch._foreach_copy_``, then synchronises its stream before the engine is told the sync
+copies groups of tensors (``copy_tensors``: one memcpy per large tensor, one ``torch._foreach_copy_`` for the small
+ones), then synchronises its stream before the engine is told the sync
 is done (the engine runs nothing meanwhile: it is idle and its server admits no request until then).
 
 Exactness is that of the bucket path: the writer casts with ``copy_`` (round to nearest even, exactly
@@ -34,6 +35,7 @@ from torch import nn
 
 from .errors import CheckpointError
 from .layers import weight_dtype
+from .weight_transfer import MEMCPY_MIN_BYTES, copy_tensors, open_ipc_handle, weight_targets
 
 
 class WeightSlot(NamedTuple):
@@ -104,8 +106,6 @@ def weight_table(
     model works too, with one buffer per parameter. Returns the table and, per buffer, a 1-D uint8 tensor over its
     whole storage (what :func:`ipc_handle` shares). Raises ValueError for a tensor that is not contiguous in memory.
     """
-    from .weight_transfer import weight_targets
-
     storages: dict[int, int] = {}  # storage data_ptr -> buffer index
     views: list[torch.Tensor] = []
 
@@ -140,7 +140,8 @@ class DirectWriter:
     drops the views (do it before the engine frees its weights: sleep, or a re-allocation).
     """
 
-    def __init__(self):
+    def __init__(self, memcpy_min_bytes: int | None = MEMCPY_MIN_BYTES):
+        self.memcpy_min_bytes = memcpy_min_bytes  # copy_tensors: larger tensors one memcpy each, the rest in one launch
         self.table: WeightTable | None = None
         self.buffers: list[torch.Tensor] = []
         self._views: dict[str, torch.Tensor] = {}
@@ -166,7 +167,6 @@ class DirectWriter:
         """Open the engine's CUDA IPC handles (``ipc_handle`` of each buffer of :func:`weight_table`) on ``device``,
         this process's index of the engine's GPU. Each handle is opened once; ask the engine for new ones after
         :meth:`close`."""
-        from .weight_transfer import open_ipc_handle
 
         self.close()
         self.open(table, [open_ipc_handle(h, device) for h in handles])
@@ -220,7 +220,7 @@ class DirectWriter:
         if group_bytes is not None and (isinstance(group_bytes, bool) or not isinstance(group_bytes, int)
                                         or group_bytes < 0):  # fmt: skip
             raise ValueError(f"group_bytes must be None or an integer >= 0, got {group_bytes!r}")
-        self._sync = _Sync(dtype, group_bytes, len(self.table.slots))
+        self._sync = _Sync(dtype, group_bytes, len(self.table.slots), self.memcpy_min_bytes)
         self.written_mask = None
 
     def add(self, name: str, tensor: torch.Tensor) -> None:
@@ -288,8 +288,8 @@ class DirectWriter:
 class _Sync:
     """One sync's state in a :class:`DirectWriter`: the queued group, what was written, the problems found."""
 
-    def __init__(self, dtype: torch.dtype, group_bytes: int | None, num_slots: int):
-        self.dtype, self.group_bytes = dtype, group_bytes
+    def __init__(self, dtype: torch.dtype, group_bytes: int | None, num_slots: int, memcpy_min_bytes: int | None):
+        self.dtype, self.group_bytes, self.memcpy_min_bytes = dtype, group_bytes, memcpy_min_bytes
         self.queue: list[tuple[torch.Tensor, torch.Tensor]] = []  # (engine view, source)
         self.pending: list[str] = []  # the names queued
         self.pending_slots: list[int] = []  # and their slots' indices in the table
@@ -306,9 +306,8 @@ class _Sync:
             dsts, srcs = groups.setdefault((src.dtype, src.device, dst.dtype), ([], []))
             dsts.append(dst)
             srcs.append(src)
-        with torch.no_grad():
-            for dsts, srcs in groups.values():  # copy_ semantics: a cast rounds to nearest even, as tensor.to(dtype)
-                torch._foreach_copy_(dsts, srcs, non_blocking=True)
+        for dsts, srcs in groups.values():  # copy_ semantics: a cast rounds to nearest even, as tensor.to(dtype)
+            copy_tensors(dsts, srcs, self.memcpy_min_bytes)
         self.written += self.pending
         for i in self.pending_slots:
             self.bits[i >> 3] |= 1 << (i & 7)

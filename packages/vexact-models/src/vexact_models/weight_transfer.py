@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import pickle
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import timedelta
 from typing import NamedTuple
 
@@ -252,10 +252,36 @@ def load_bucket(
         srcs.append(src)
         if spec.completes:
             loaded += names
-    with torch.no_grad():
-        for dsts, srcs in groups.values():  # byte copies (same dtype on both sides), as copy_ one by one
-            torch._foreach_copy_(dsts, srcs, non_blocking=True)
+    for dsts, srcs in groups.values():  # byte copies (same dtype on both sides)
+        copy_tensors(dsts, srcs)
     return loaded
+
+
+MEMCPY_MIN_BYTES = 1 << 20
+
+
+def copy_tensors(
+    dsts: Sequence[torch.Tensor], srcs: Sequence[torch.Tensor], memcpy_min_bytes: int | None = MEMCPY_MIN_BYTES
+) -> None:
+    """``dst.copy_(src)`` for each pair, queued on the current stream (``non_blocking``): the values are exactly
+    ``copy_``'s (a cast rounds to nearest even, as ``tensor.to(dtype)``), only the launches differ.
+
+    Pairs of one dtype, both contiguous, of at least ``memcpy_min_bytes`` go one by one (a device memcpy, which runs
+    at the copy bandwidth); the rest go in one ``torch._foreach_copy_`` (one launch for many small tensors). The
+    foreach kernel moves a large tensor at about 0.6 of the copy bandwidth (its launches cover 320 chunks of 64 Ki
+    elements each), which is what kept a full sync at ~1.6x the copy bound. ``memcpy_min_bytes=None``: all foreach.
+    """
+    small_d, small_s = [], []
+    with torch.no_grad():
+        for dst, src in zip(dsts, srcs, strict=True):
+            if (memcpy_min_bytes is not None and dst.dtype == src.dtype and dst.is_contiguous() and src.is_contiguous()
+                    and dst.numel() * dst.element_size() >= memcpy_min_bytes):  # fmt: skip
+                dst.copy_(src, non_blocking=True)
+            else:
+                small_d.append(dst)
+                small_s.append(src)
+        if small_d:
+            torch._foreach_copy_(small_d, small_s, non_blocking=True)
 
 
 def _check(spec: TensorSpec, dst: torch.Tensor, buffer_bytes: int) -> str | None:
@@ -421,6 +447,7 @@ __all__ = [
     "TensorSpec",
     "WeightSyncGroup",
     "broadcast_weights",
+    "copy_tensors",
     "device_uuid",
     "ipc_handle",
     "load_bucket",
