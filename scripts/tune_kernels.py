@@ -9,6 +9,7 @@ agree:    every matmul variant (pointer tiles, one program per K split + combine
           gives the same bits; this is what lets the tile be chosen per shape for speed.
 small:    M <= 64 tile / split choices vs cuBLAS (CUDA-graph timing, like benchmarks/kernels.py).
 large:    M >= 1024 tile choices vs cuBLAS.
+mid:      M = 256 .. 4096 over the grouped projections (q/k/v, gate/up as one matmul), every tile form.
 logprobs: fused logprobs forward at small T for each LOGPROBS_SPLIT_TILES (a numerics constant: the sweep picks it
           once, then it is fixed), and the fused forward+backward vs torch at one training shape.
 """
@@ -118,6 +119,54 @@ def large() -> None:
             print(f"{name:14s} {m:6d} " + " ".join(f"{r:12.2f}" for r in row))
 
 
+# The engine's projections as they run now (grouped q/k/v and gate/up: one matmul each), 1.7B and 8B: (name, N, K)
+GROUPED_SHAPES = (
+    ("1.7B qkv", 4096, 2048), ("1.7B o", 2048, 2048), ("1.7B gate_up", 12288, 2048), ("1.7B down", 2048, 6144),
+    ("8B qkv", 6144, 4096), ("8B o", 4096, 4096), ("8B gate_up", 24576, 4096), ("8B down", 4096, 12288),
+)  # fmt: skip
+
+
+def mid() -> None:
+    """M = 256 .. 4096 (prefill chunks, mixed steps) over the grouped projections: every tile form vs cuBLAS, then
+    the best per shape and M (what the picker should choose). Speed only: BLOCK_K and the splits never change."""
+    cands = {
+        "p64x64": dict(config=(64, 64, 4, 6), split_programs=False),
+        "p64x128": dict(config=(64, 128, 4, 4), split_programs=False),
+        "p128x64": dict(config=(128, 64, 4, 4), split_programs=False),
+        "p128x128": dict(config=(128, 128, 8, 3), split_programs=False),
+        "p128x128w4": dict(config=(128, 128, 4, 4), split_programs=False),
+        "s64x128": dict(config=(64, 128, 4, 4), split_programs=True),
+        "s128x128": dict(config=(128, 128, 8, 3), split_programs=True),
+        "t64x128": dict(config=(64, 128, 4, 4, False)),
+        "t128x128": dict(config=(128, 128, 8, 4, False)),
+        "t128x128ws": dict(config=(128, 128, 8, 4, True)),
+        "t128x256": dict(config=(128, 256, 8, 3, False)),
+        "t128x256ws": dict(config=(128, 256, 8, 3, True)),
+        "default": dict(),
+    }
+    print("\nmid M (grouped projections): ratio cuBLAS_time / invariant_time")
+    print(f"{'shape':14s} {'M':>5s} " + " ".join(f"{c:>10s}" for c in cands) + "  best")
+    picks = []
+    for name, n, k in GROUPED_SHAPES:
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+        for m in (256, 512, 1024, 2048, 4096):
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            t_ref = graph_ms(lambda x=x, w=w: torch.nn.functional.linear(x, w))
+            row = {}
+            for c, kw in cands.items():
+                try:
+                    row[c] = t_ref / graph_ms(lambda x=x, w=w, kw=kw: mm.matmul(x, w, **kw))
+                except Exception as e:  # noqa: BLE001 - a config that does not compile is reported, not fatal
+                    print(f"  {c}: {type(e).__name__}: {str(e)[:80]}")
+                    row[c] = float("nan")
+            best = max((r, c) for c, r in row.items() if r == r)
+            picks.append((name, m, best[1], best[0], row["default"]))
+            print(f"{name:14s} {m:5d} " + " ".join(f"{r:10.2f}" for r in row.values()) + f"  {best[1]}", flush=True)
+    print("\npicks: shape, M, best form, its ratio, default's ratio")
+    for name, m, c, r, d in picks:
+        print(f"  {name:14s} {m:5d} {c:>10s} {r:.2f} (default {d:.2f})")
+
+
 def cold() -> None:
     """Small M with the weight streamed from HBM (copies rotated past the 50 MB L2), as in a real decode step."""
     cands = {
@@ -198,7 +247,7 @@ def main() -> None:
     args = ap.parse_args()
     print(torch.cuda.get_device_name(), torch.__version__, triton.__version__)
     for part in args.parts.split(","):
-        parts = {"agree": agree, "small": small, "large": large, "logprobs": logprobs, "cold": cold}
+        parts = {"agree": agree, "small": small, "large": large, "mid": mid, "logprobs": logprobs, "cold": cold}
         parts[part]()
 
 
