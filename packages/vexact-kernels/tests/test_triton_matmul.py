@@ -220,6 +220,8 @@ def test_gpu_every_config_gives_the_same_bits():
         outs.append(mm.matmul(a, w, out_dtype=torch.float32, config=(128, 256, 8, 3)))
         outs.append(mm.matmul(a, w, out_dtype=torch.float32, config=mm.TMA_CONFIG_FP32_OUT))  # persistent TMA
         outs.append(mm.matmul(a, w, out_dtype=torch.float32, config=(128, 128, 8, 4, True)))  # warp-specialized
+        bf16 = [mm.matmul(a, w, config=cfg) for cfg, _ in mm.TMA_PICKS]  # the bf16-output TMA tiles the picker uses
+        assert all(torch.equal(o, mm.matmul(a, w, config=mm.CONFIGS[0])) for o in bf16), (m, k, n)
         for cfg in ((16, 32, 4, 6), (16, 64, 4, 4), (64, 64, 4, 6)):  # a program per K split, then the combine
             for fused in (False, True):  # a combine kernel, or the last split program of each tile
                 outs.append(
@@ -303,3 +305,20 @@ def test_gpu_fused_combine_bits_graphs_and_streams():
     for i in range(2):
         assert all(torch.equal(_bits(o), _bits(refs[i])) for o in outs[i]), f"stream {i}"
     assert not mm._counter_buffers[dev].any()
+
+
+@pytest.mark.parametrize(
+    ("m", "n", "want"),
+    [
+        (256, 4096, "TMA_CONFIG_NARROW"),  # 1.7B q/k/v chunk: 64 tiles of 128x128 would leave half of 132 SMs idle
+        (256, 6144, "TMA_CONFIG_MID"),  # 8B q/k/v: 96 tiles
+        (256, 24576, "TMA_CONFIG_MID"),  # 8B gate/up: 384 tiles, three full waves
+        (512, 24576, "TMA_CONFIG"),  # 768 tiles: the 128x256 tile fills the same waves with fewer, larger tiles
+        (4096, 4096, "TMA_CONFIG"),
+    ],
+)
+def test_the_tma_tile_follows_how_full_the_sms_are(m, n, want):
+    """Speed only (every config gives the same bits, test above): the pick the H200 sweep behind TMA_PICKS made."""
+    mm = _mm()
+    assert mm.tma_config(m, n, 132) == getattr(mm, want)
+    assert mm.tma_config(m, n, 132) in {cfg for cfg, _ in mm.TMA_PICKS}

@@ -29,6 +29,7 @@ deterministic run to run (fixed reduction order; dW reduces over tokens in the s
 
 from __future__ import annotations
 
+import functools
 import threading
 
 import torch
@@ -224,12 +225,35 @@ def _matmul_tma_kernel(
         tl.store(c_ptrs, total.to(c_ptr.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
 
 
-# (BLOCK_M, BLOCK_N, num_warps, num_stages, warp_specialize) of the persistent TMA variant, used for large outputs.
+# (BLOCK_M, BLOCK_N, num_warps, num_stages, warp_specialize) of the persistent TMA variant, used for M >= TMA_MIN_M.
 TMA_CONFIG = (128, 256, 8, 3, False)
-TMA_CONFIG_MID = (128, 128, 8, 4, True)  # 256 < M and M * N below TMA_MIN_OUTPUTS: warp-specialized 128x128
+TMA_CONFIG_MID = (128, 128, 8, 4, True)  # warp-specialized 128x128
+TMA_CONFIG_NARROW = (64, 128, 4, 4, False)  # few output tiles (M = 256-512 with a narrow N): twice the tiles of 128x128
 TMA_CONFIG_FP32_OUT = (128, 128, 8, 4, False)  # a 128x256 fp32 epilogue does not fit in shared memory
-# 128x256 tiles pay on large outputs (M * N elements); below, the 128x128 warp-specialized variant is faster.
-TMA_MIN_OUTPUTS = 4096 * 4096
+TMA_MIN_M = 256
+# The pick among these three (speed only) by how well each fills the GPU's SMs: score = (tiles / (waves * SMs)) x the
+# tile's own efficiency. The efficiencies are fitted to an H200 sweep of the grouped Qwen3-1.7B / 8B projections at
+# M = 256 .. 4096 (scripts/tune_kernels.py --parts mid; benchmarks/results/tune-mid-h200.txt): e.g. 64 tiles of
+# 128x128 leave half the SMs idle, so 64x128 wins (1.7B q/k/v at M = 256: 0.86 of cuBLAS against 0.63 with the
+# pointer kernel); at 384 tiles the warp-specialized 128x128 wins (8B gate/up at M = 256: 0.89 against 0.52).
+TMA_PICKS = ((TMA_CONFIG_NARROW, 0.65), (TMA_CONFIG_MID, 0.92), (TMA_CONFIG, 1.0))
+
+
+def tma_config(m: int, n: int, num_sms: int) -> tuple:
+    """The persistent TMA kernel's tile for a bf16/fp16 ``[M, N]`` output on a GPU of ``num_sms`` SMs (speed only:
+    every config gives the same bits)."""
+    best = None
+    for cfg, efficiency in TMA_PICKS:
+        tiles = triton.cdiv(m, cfg[0]) * triton.cdiv(n, cfg[1])
+        score = tiles / (triton.cdiv(tiles, num_sms) * num_sms) * efficiency
+        if best is None or score > best[0]:
+            best = (score, cfg)
+    return best[1]
+
+
+@functools.cache
+def _num_sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _tma_ok(a: torch.Tensor, b_t: torch.Tensor) -> bool:
@@ -245,7 +269,7 @@ def _launch_tma(a, b_t, c, bias, cfg) -> None:
     bm, bn, warps, stages, ws = cfg
     m, k = a.shape
     n = b_t.shape[0]
-    num_sms = torch.cuda.get_device_properties(a.device).multi_processor_count
+    num_sms = _num_sms(a.device)
     a_desc = TensorDescriptor.from_tensor(a, [bm, BLOCK_K])
     b_desc = TensorDescriptor.from_tensor(b_t, [bn, BLOCK_K])
     tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
@@ -363,11 +387,13 @@ def matmul(
         return c.zero_() if bias is None else c.copy_(bias.expand(m, n))
     num_splits = triton.cdiv(triton.cdiv(k, BLOCK_K), SPLIT_TILES)
     fp32 = a.dtype == torch.float32
-    want_tma = config is None and m > 256 and split_programs is not True or config is not None and len(config) == 5
+    want_tma = (
+        config is None and m >= TMA_MIN_M and split_programs is not True or config is not None and len(config) == 5
+    )
     if want_tma and not acc_in and _tma_ok(a, b_t) and (config is not None or not fp32):
         if config is None:
-            config = TMA_CONFIG if m * n >= TMA_MIN_OUTPUTS else TMA_CONFIG_MID
-            config = TMA_CONFIG_FP32_OUT if c.element_size() == 4 else config
+            sms = _num_sms(a.device)
+            config = TMA_CONFIG_FP32_OUT if c.element_size() == 4 else tma_config(m, n, sms)
         _launch_tma(a, b_t, c, bias, config)
         return c
     idx = pick_config(m, n, interpreting())
