@@ -257,7 +257,13 @@ def load_bucket(
     return loaded
 
 
-MEMCPY_MIN_BYTES = 1 << 20
+# One memcpy per tensor from this size up, one foreach launch for the rest. Measured on an H200
+# (benchmarks/results/weight-sync-h200.md, the single-copy rows): a memcpy per tensor costs the host ~6 us more than a
+# place in a foreach launch, and a sync of a dense model is bound by the host issuing its ~300-400 tensors; the
+# foreach kernel moves a large tensor at about 0.6 of the copy bandwidth. So only tensors whose copy takes well over
+# 6 us go alone: 32 MB is ~16 us at 2 TB/s (embeddings, 8B MLP and attention weights, stacked experts), and
+# per-expert pieces and the 1.7B's projections share the foreach launches.
+MEMCPY_MIN_BYTES = 32 << 20
 
 
 def copy_tensors(
@@ -267,15 +273,14 @@ def copy_tensors(
     ``copy_``'s (a cast rounds to nearest even, as ``tensor.to(dtype)``), only the launches differ.
 
     Pairs of one dtype, both contiguous, of at least ``memcpy_min_bytes`` go one by one (a device memcpy, which runs
-    at the copy bandwidth); the rest go in one ``torch._foreach_copy_`` (one launch for many small tensors). The
-    foreach kernel moves a large tensor at about 0.6 of the copy bandwidth (its launches cover 320 chunks of 64 Ki
-    elements each), which is what kept a full sync at ~1.6x the copy bound. ``memcpy_min_bytes=None``: all foreach.
+    at the copy bandwidth); the rest go in one ``torch._foreach_copy_`` (one launch for many tensors, at about 0.6 of
+    the copy bandwidth for large ones). ``memcpy_min_bytes=None``: all in the foreach launch.
     """
     small_d, small_s = [], []
     with torch.no_grad():
         for dst, src in zip(dsts, srcs, strict=True):
-            if (memcpy_min_bytes is not None and dst.dtype == src.dtype and dst.is_contiguous() and src.is_contiguous()
-                    and dst.numel() * dst.element_size() >= memcpy_min_bytes):  # fmt: skip
+            if (memcpy_min_bytes is not None and dst.nbytes >= memcpy_min_bytes and dst.dtype == src.dtype
+                    and dst.is_contiguous() and src.is_contiguous()):  # fmt: skip
                 dst.copy_(src, non_blocking=True)
             else:
                 small_d.append(dst)

@@ -72,7 +72,8 @@ def iter_weights(
     exports, and what a VeXact engine loads (``load_bucket``, ``update_weights``). A Qwen3-30B-A3B then sends 531
     tensors instead of 18867, so a sync is not bound by one copy launch per expert."""
     for name, p in named_weights(model):
-        t = p.detach().to(weight_dtype(name, dtype))  # DeepSeek's fp32 bias buffer stays fp32
+        want = weight_dtype(name, dtype)  # DeepSeek's fp32 bias buffer stays fp32
+        t = p.detach() if p.dtype == want else p.detach().to(want)  # one torch call less per tensor where it can
         if isinstance(t, DTensor):
             t = t.full_tensor()
         if stacked:
