@@ -272,7 +272,7 @@ def _direct_sync(
         writer.close()
     t.append(time.perf_counter())
     if phases is not None:
-        for name, a, b in zip(DIRECT_PHASES, t, t[1:], strict=True):
+        for name, a, b in zip(DIRECT_PHASES, t[:-1], t[1:], strict=True):
             phases.setdefault(name, []).append(b - a)
     return loaded
 
