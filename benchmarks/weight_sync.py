@@ -83,6 +83,7 @@ QWEN3_8B = dict(
 )  # fmt: skip
 SHAPES = {"qwen3-1.7b": ("dense", QWEN3_SHAPES["qwen3-1.7b"]), "qwen3-8b": ("dense", QWEN3_8B),
           "qwen3-30b-a3b": ("moe", QWEN3_MOE_SHAPES["qwen3-30b-a3b"])}  # fmt: skip
+PROFILE_HOST = False  # --profile-host: print a cProfile of one ipc-direct sync per shape (stderr)
 DIRECT_GROUP_BYTES = 256 << 20  # the direct path issues its copies per 256 MB of tensors
 DIRECT_PHASES = ("begin (round trip, handles)", "issue copies (host)", "wait for copies", "finish (round trip)",
                  "close views")  # fmt: skip
@@ -326,6 +327,14 @@ def run_colocated(shape: str, bucket_bytes: int, copy_bw: float, reps: int, path
                 once()  # warm-up (opens the handles) and a first check
                 phases.clear()
                 times = _timed(once, reps)
+                if PROFILE_HOST and path == "ipc-direct":  # where the host's time goes in one more sync
+                    import cProfile
+                    import pstats
+
+                    prof = cProfile.Profile()
+                    prof.runcall(once)
+                    print(f"--- {shape} {path}: host profile of one sync (cProfile, by own time)", file=sys.stderr)
+                    pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(12)
                 writer.close()
                 label = "CUDA IPC direct (single copy into the engine's packed weights"
                 label += ", handles opened per sync)" if not keep else ")"
@@ -472,7 +481,10 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=3, help="timed syncs per path (the host path runs once)")
     ap.add_argument("--paths", default=",".join(PATHS), help=f"colocated paths to run, of {','.join(PATHS)}")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--profile-host", action="store_true", help="print a host profile of one ipc-direct sync")
     args = ap.parse_args(argv)
+    global PROFILE_HOST
+    PROFILE_HOST = args.profile_host
     shapes = [s for s in args.shapes.split(",") if s]
     unknown = [s for s in shapes if s not in SHAPES]
     if unknown:
