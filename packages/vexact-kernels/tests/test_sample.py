@@ -3,8 +3,9 @@
 Checks: the torch Philox twin equals a plain-Python Philox-4x32-10 (checked against Random123's known answers, and
 so Triton's ``philox_impl``), one call per four columns; the Triton kernel (interpreter on CPU, the GPU at real
 shapes) draws the reference's tokens and reports, bit for bit, the fused logprobs kernel's logprob of the drawn token
-(the trainer's number); skipping the noise of tiles that cannot win changes no draw; a row's draw does not depend on
-the other rows; the draws follow ``softmax(logits / T)``.
+(the trainer's number); skipping the noise of tiles that cannot win changes no draw, nor does drawing the noise of
+only the real rows' part of the row block at small T; a row's draw does not depend on the other rows; the draws follow
+``softmax(logits / T)``.
 """
 
 from __future__ import annotations
@@ -185,6 +186,51 @@ def test_interpreted_kernel_skips_the_noise_of_tiles_that_cannot_win_with_the_sa
 
 
 @interp
+@pytest.mark.parametrize("peaked", [False, True])
+def test_interpreted_draw_rows_give_the_tokens_and_bits_of_the_full_row_block(peaked, monkeypatch):
+    """At small T the noise covers only the first 1 or 16 rows of the row block (``SAMPLE_DRAW_ROWS``, checked by
+    the shape each tile's noise is drawn at): tokens and logprobs are those of the form drawing the noise of all 64
+    rows (``SAMPLE_DRAW_ROWS = ()``), bit for bit, the reference's and the trainer's, and a row's draw is the same
+    at every T. Random logits in several vocabulary splits (one tile each); peaked ones (V = 600: 5 tiles in one
+    split, peaks in tiles 0 and 2) for the skip, with a flat row (row 2) that keeps every tile live."""
+    from vexact_kernels.triton_ops import logprobs as ops
+
+    small_form = (1, 16)
+    monkeypatch.setattr(ops, "SAMPLE_DRAW_ROWS", small_form)
+    if peaked:
+        problem = _peaked_problem(17, 48, 600, peaks=(77, 5, 290), seed=9, flat_rows=(2,))
+    else:
+        monkeypatch.setattr(ops, "LOGPROBS_SPLIT_TILES", 1)
+        problem = _problem(17, 48, 300, seed=10)
+    hidden, norm_w, head, temps, seeds = problem
+    shapes = []
+    noise = ops.gumbel_scores
+
+    def counted(*args):  # the interpreter runs the kernel's helpers as Python functions
+        shapes.append(tuple(int(n) for n in args[0].shape))
+        return noise(*args)
+
+    monkeypatch.setattr(ops, "gumbel_scores", counted)
+    tokens, lp = _check_draw(ops, *problem)  # T = 17: the full row block
+    for t, rows in ((1, 1), (2, 16), (5, 16), (16, 16), (17, 64)):
+        shapes.clear()
+        small = _check_draw(ops, hidden[:t], norm_w, head, temps[:t], seeds[:t])
+        assert shapes and set(shapes) == {(rows, ops.LOGPROBS_VOCAB_BLOCK)}, (t, shapes)
+        if peaked:  # rows 0 and 1 alone skip the noise of tiles 1, 3 and 4
+            assert len(shapes) == (2 if t <= 2 else 5), (t, len(shapes))
+        idx = list(range(t - 1, -1, -1))  # the same rows in the other order
+        back = _check_draw(ops, hidden[idx], norm_w, head, temps[idx], seeds[idx])
+        assert torch.equal(back[0], small[0][idx]) and torch.equal(back[1], small[1][idx]), t
+        monkeypatch.setattr(ops, "SAMPLE_DRAW_ROWS", ())
+        shapes.clear()
+        full = _check_draw(ops, hidden[:t], norm_w, head, temps[:t], seeds[:t])
+        assert set(shapes) == {(ops.LOGPROBS_BLOCK_T, ops.LOGPROBS_VOCAB_BLOCK)}, (t, shapes)
+        monkeypatch.setattr(ops, "SAMPLE_DRAW_ROWS", small_form)
+        assert torch.equal(small[0], full[0]) and torch.equal(small[1], full[1]), t
+        assert torch.equal(small[0], tokens[:t]) and torch.equal(small[1], lp[:t]), t
+
+
+@interp
 def test_interpreted_gumbel_argmax_over_given_logits_draws_the_reference_token(monkeypatch):
     """The draw for logits computed elsewhere (the fast backend's): chunked over the vocabulary, same noise."""
     from vexact_kernels.triton_ops import logprobs as ops
@@ -321,6 +367,51 @@ def test_gpu_fused_draw_matches_reference_and_trainer_logprob_at_a_real_vocabula
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(gt, tokens) and torch.equal(glp, lp)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("peaked", [False, True])
+def test_gpu_draw_rows_give_the_tokens_and_bits_of_the_full_row_block(peaked):
+    """At T <= 16 the draw's noise covers 1 or 16 rows of the 64-row block (``SAMPLE_DRAW_ROWS``): tokens and
+    logprobs are bitwise those of the form drawing all 64 rows' noise, the logprob is ``logprobs_from_hidden``'s, and
+    any row subset draws the same. The small form is set here, whatever the default; if this fails, set the default
+    ``SAMPLE_DRAW_ROWS = ()`` (the form before)."""
+    from vexact_kernels.triton_ops import logprobs as ops
+
+    dev = "cuda"
+    if peaked:  # the skip runs; row 2 is flat
+        peaks = (3, 1030, 77830, 151935)
+        problem = _peaked_problem(64, 2048, 151936, peaks, seed=12, flat_rows=(2,))
+    else:
+        problem = _problem(64, 2048, 151936, seed=11)
+    hidden, norm_w, head, temps, seeds = (x.to(dev) for x in problem)
+
+    def draw(idx, draw_rows=(1, 16)):
+        i = torch.tensor(idx, device=dev)
+        with pytest.MonkeyPatch.context() as mp, vk.use_backend("invariant"):
+            mp.setattr(ops, "SAMPLE_DRAW_ROWS", draw_rows)
+            return vk.sample_from_hidden(hidden[i], norm_w, 1e-6, head, temps[i], seeds[i])
+
+    tokens, lp = draw(list(range(64)))
+    with vk.use_backend("invariant"):
+        lp_trainer, _ = vk.logprobs_from_hidden(hidden, norm_w, 1e-6, head, tokens, temps)
+        want, gap = _reference_tokens(hidden, norm_w, head, temps, seeds)
+    assert torch.equal(lp, lp_trainer)
+    differ = tokens != want
+    assert int(differ.sum()) <= 2 and bool((gap[differ] < 1e-3).all())
+    for t in (1, 3, 16, 17, 64):
+        first = list(range(t))
+        small, full = draw(first), draw(first, ())
+        assert torch.equal(small[0], full[0]) and torch.equal(small[1], full[1]), t
+        assert torch.equal(small[0], tokens[:t]) and torch.equal(small[1], lp[:t]), t
+        with vk.use_backend("invariant"):
+            lp_t, _ = vk.logprobs_from_hidden(hidden[:t], norm_w, 1e-6, head, small[0], temps[:t])
+        assert torch.equal(small[1], lp_t), t
+        for idx in (first[::-1], [t - 1], first[1::2], [63 - r for r in first]):
+            if idx:
+                sub_tokens, sub_lp = draw(idx)
+                i = torch.tensor(idx, device=dev)
+                assert torch.equal(sub_tokens, tokens[i]) and torch.equal(sub_lp, lp[i]), (t, idx)
 
 
 @pytest.mark.gpu

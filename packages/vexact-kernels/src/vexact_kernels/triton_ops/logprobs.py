@@ -52,6 +52,11 @@ LOGPROBS_BWD_CHUNK = 4096
 # fp32 (correctly rounded logs); the margin covers a device log that is off by far more than its few ulps. Only a
 # bound for skipping noise that cannot win: it changes no draw (infinity skips nothing).
 GUMBEL_NOISE_MAX = 16.75
+# Draw rows (speed only: the same bits whatever is chosen): at T <= r, for the first r here, the draw's noise covers
+# the first r rows of the row block instead of all LOGPROBS_BLOCK_T, padding included (at T = 1, 1 of 64 rows). The
+# logits tile and the statistics stay those of the full row block, so nothing depends on it but the time; the GPU test
+# checks it. To draw the noise of every row of the block again (the form before), set it to ().
+SAMPLE_DRAW_ROWS = (1, 16)
 # log_softmax row kernel.
 LSM_BLOCK = 1024
 LSM_NUM_WARPS = 4
@@ -121,27 +126,38 @@ def _logprobs_fwd_split_kernel(
     h_ptr, w_ptr, tgt_ptr, temp_ptr, m_ptr, s_ptr, e_ptr, zt_ptr, seed_ptr, best_ptr, idx_ptr, T, V, H,
     BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_TILES: tl.constexpr,
     PREC: tl.constexpr, INTERPRET: tl.constexpr, SAMPLE: tl.constexpr, NOISE_MAX: tl.constexpr,
+    DRAW_ROWS: tl.constexpr,
 ):  # fmt: skip
     """``SAMPLE``: no targets; each row draws its token (``gumbel_scores``, first index among equal scores) and
     ``zt`` is the drawn token's logit: the statistics ``m``/``s``/``e`` are computed by the same code either way.
     ``NOISE_MAX`` bounds the noise (``GUMBEL_NOISE_MAX``; infinity draws the noise of every tile): tiles whose scores
-    cannot beat a row's best so far skip the noise, with the same tokens as without the skip."""
+    cannot beat a row's best so far skip the noise, with the same tokens as without the skip.
+
+    ``DRAW_ROWS`` (``BLOCK_T`` unless ``SAMPLE``): the draw (noise, scores, best, ``zt``) covers the first
+    ``DRAW_ROWS`` rows of the row block. Below ``BLOCK_T`` the launch has one row block and every real row among them
+    (``T <= DRAW_ROWS``); the logits tile is still the full row block's, and those rows' logits are taken from it
+    exactly (a max against -inf), so every value is the same bits as with ``DRAW_ROWS = BLOCK_T``: only the padding
+    rows' noise is not drawn."""
     split = tl.program_id(1)
     rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     rmask = rows < T
     rows = rows.to(tl.int64)
+    drows = tl.program_id(0) * BLOCK_T + tl.arange(0, DRAW_ROWS)
+    dmask = drows < T
+    drows = drows.to(tl.int64)
     temp = tl.load(temp_ptr + rows, mask=rmask, other=1.0)
     m = tl.full([BLOCK_T], float("-inf"), dtype=tl.float32)
     s = tl.zeros([BLOCK_T], dtype=tl.float32)
     e = tl.zeros([BLOCK_T], dtype=tl.float32)
-    zt = tl.zeros([BLOCK_T], dtype=tl.float32)
+    zt = tl.zeros([DRAW_ROWS], dtype=tl.float32)
     if SAMPLE:
-        seed = tl.load(seed_ptr + rows, mask=rmask, other=0).to(tl.uint64)
+        seed = tl.load(seed_ptr + drows, mask=dmask, other=0).to(tl.uint64)
         key_lo = (seed & 0xFFFFFFFF).to(tl.uint32)[:, None]
         key_hi = ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32)[:, None]
-        best = tl.full([BLOCK_T], float("-inf"), dtype=tl.float32)
-        best_idx = tl.zeros([BLOCK_T], dtype=tl.int64)
+        best = tl.full([DRAW_ROWS], float("-inf"), dtype=tl.float32)
+        best_idx = tl.zeros([DRAW_ROWS], dtype=tl.int64)
     else:
+        tl.static_assert(DRAW_ROWS == BLOCK_T, "the scoring form reads every row's target")
         tgt = tl.load(tgt_ptr + rows, mask=rmask, other=-1)
     for tile in range(0, SPLIT_TILES):
         cols = (split * SPLIT_TILES + tile) * BLOCK_V + tl.arange(0, BLOCK_V)
@@ -160,15 +176,23 @@ def _logprobs_fwd_split_kernel(
         e = alpha * (e + shift) + tl.sum(p * tl.where(cmask[None, :], d, 0.0), axis=1)
         s = alpha * s + tl.sum(p, axis=1)
         if SAMPLE:
+            zd = z
+            zd_max = zmax
+            if DRAW_ROWS < BLOCK_T:
+                # the first DRAW_ROWS rows of the tile: the other groups of DRAW_ROWS rows are -inf in the max
+                first = (tl.arange(0, BLOCK_T // DRAW_ROWS) == 0)[:, None, None]
+                groups = tl.reshape(z, [BLOCK_T // DRAW_ROWS, DRAW_ROWS, BLOCK_V])
+                zd = tl.max(tl.where(first, groups, float("-inf")), axis=0)
+                zd_max = tl.max(zd, axis=1)
             # No score of this tile exceeds max(z) + NOISE_MAX: where that is below the best so far for every real row,
             # the tile cannot change a draw (a tie keeps the earlier token), and its noise is not drawn.
-            live = rmask & ~(zmax + NOISE_MAX < best)
+            live = dmask & ~(zd_max + NOISE_MAX < best)
             if tl.max(live.to(tl.int32), axis=0) > 0:
                 col0 = (split * SPLIT_TILES + tile) * BLOCK_V
-                score = tl.where(cmask[None, :], gumbel_scores(z, col0, key_lo, key_hi, BLOCK_V), float("-inf"))
+                score = tl.where(cmask[None, :], gumbel_scores(zd, col0, key_lo, key_hi, BLOCK_V), float("-inf"))
                 tile_best, tile_idx = best_column(score, cols, V)
                 take = tile_best > best  # strictly: an earlier tile keeps its token on a tie
-                zsel = tl.sum(tl.where(cols[None, :] == tile_idx[:, None], z, 0.0), axis=1)
+                zsel = tl.sum(tl.where(cols[None, :] == tile_idx[:, None], zd, 0.0), axis=1)
                 best = tl.where(take, tile_best, best)
                 best_idx = tl.where(take, tile_idx, best_idx)
                 zt = tl.where(take, zsel, zt)
@@ -176,13 +200,14 @@ def _logprobs_fwd_split_kernel(
             zt += tl.sum(tl.where(cols[None, :] == tgt[:, None], z, 0.0), axis=1)
         m = m_new
     out = split.to(tl.int64) * T + rows
+    dout = split.to(tl.int64) * T + drows
     tl.store(m_ptr + out, m, mask=rmask)
     tl.store(s_ptr + out, s, mask=rmask)
-    tl.store(zt_ptr + out, zt, mask=rmask)
+    tl.store(zt_ptr + dout, zt, mask=dmask)
     tl.store(e_ptr + out, e, mask=rmask)
     if SAMPLE:
-        tl.store(best_ptr + out, best, mask=rmask)
-        tl.store(idx_ptr + out, best_idx, mask=rmask)
+        tl.store(best_ptr + dout, best, mask=dmask)
+        tl.store(idx_ptr + dout, best_idx, mask=dmask)
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -351,12 +376,16 @@ def _fwd(normed, weight, targets, temps, seeds):
     pm, ps, pe, pz = (torch.empty(n_splits, t, **f32) for _ in range(4))
     pb = torch.empty(n_splits, t, **f32) if sample else pm
     pi = torch.empty(n_splits, t, dtype=torch.int64, device=dev) if sample else pm
+    draw_rows = LOGPROBS_BLOCK_T
+    if sample:  # all rows in one row block: the fewest draw rows that hold them
+        draw_rows = min((r for r in SAMPLE_DRAW_ROWS if t <= r < LOGPROBS_BLOCK_T), default=LOGPROBS_BLOCK_T)
     _logprobs_fwd_split_kernel[(triton.cdiv(t, LOGPROBS_BLOCK_T), n_splits)](
         normed, weight, seeds if sample else targets, temps, pm, ps, pe, pz, seeds if sample else targets, pb, pi,
         t, v, h,
         BLOCK_T=LOGPROBS_BLOCK_T, BLOCK_V=LOGPROBS_VOCAB_BLOCK, BLOCK_K=LOGPROBS_BLOCK_K,
         SPLIT_TILES=LOGPROBS_SPLIT_TILES, PREC=mm.input_precision(normed.dtype), INTERPRET=interpreting(),
-        SAMPLE=sample, NOISE_MAX=GUMBEL_NOISE_MAX, num_warps=LOGPROBS_NUM_WARPS, num_stages=LOGPROBS_NUM_STAGES,
+        SAMPLE=sample, NOISE_MAX=GUMBEL_NOISE_MAX, DRAW_ROWS=draw_rows,
+        num_warps=LOGPROBS_NUM_WARPS, num_stages=LOGPROBS_NUM_STAGES,
     )  # fmt: skip
     _logprobs_fwd_combine_kernel[(triton.cdiv(t, LOGPROBS_COMBINE_ROWS),)](
         pm, ps, pe, pz, lp, ent, mx, log_s, pb, pi, tokens if sample else lp, t, n_splits,
@@ -465,7 +494,8 @@ def triton_sample_logprobs(
     (Gumbel-max, :func:`gumbel_scores`) and return ``(tokens [T] int64, logprobs [T] fp32)`` in one pass over the
     vocabulary. The logprob is bitwise :func:`triton_logprobs` of the drawn token (same split kernel, same fold).
     A tile whose logits, plus the largest noise (``GUMBEL_NOISE_MAX``), fall below every row's best score so far in
-    its split skips the noise: it could not change a draw, so the tokens are those of the unskipped kernel."""
+    its split skips the noise: it could not change a draw, so the tokens are those of the unskipped kernel. At small T
+    (``SAMPLE_DRAW_ROWS``) only the real rows' part of the row block draws noise: the same tokens and bits."""
     if weight.dim() == 2 and weight.shape[0] >= 2**31:
         raise ValueError(f"sample: vocabulary of {weight.shape[0]} does not fit 32-bit column indices")
     normed, weight, temps, seeds = _operands("sample", normed, weight, temps, seeds)
