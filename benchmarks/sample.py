@@ -10,8 +10,15 @@ lm_head once. Every time is a median (microseconds) with its ratio to the bound.
 Device time (CUDA-graph replay, triton.testing.do_bench_cudagraph: no launch overhead or host sync, as in the
 engine's captured decode step; each callable starts from the pre-norm hidden states):
 
-- draw: ``vk.rms_norm`` then the fused draw (``triton_sample_logprobs``: token and its logprob, one pass);
-- draw, no skip: the same with ``GUMBEL_NOISE_MAX = inf``, every tile's noise drawn (checked: the same tokens);
+- draw: ``vk.rms_norm`` then the fused draw (``triton_sample_logprobs``: token and its logprob, one pass); at
+  T <= 16 its noise covers 1 or 16 rows of the 64-row block (``SAMPLE_DRAW_ROWS``);
+- draw, 64-row noise: the same with ``SAMPLE_DRAW_ROWS = ()``, the noise of all 64 rows of the block, padding
+  included (the form before; checked: the same tokens and logprob bits);
+- draw, no skip: the draw with ``GUMBEL_NOISE_MAX = inf``, every tile's noise drawn (checked: the same tokens and
+  bits);
+- draw, 16-row block (T <= 16, an experiment): the draw with ``LOGPROBS_BLOCK_T = 16``, a 16-row logits tile. Not
+  the shipped form: its dot runs on mma.sync instead of wgmma and its row sums are reduced across warps in another
+  order, so its logprob may not be the trainer's bits; "same bits" or "DIFFERS" says which, on this device;
 - scoring: ``vk.rms_norm`` then the fused scoring form (``triton_logprobs``) of the drawn tokens;
 - torch, the draw a user would pick: ``vk.rms_norm``, cuBLAS lm_head (``F.linear``), ``torch.softmax`` in fp32,
   ``torch.multinomial``; eager (triton.testing.do_bench), since ``torch.multinomial`` checks its input on the host
@@ -97,15 +104,20 @@ def bench(lines: list[str], rows: tuple[int, ...], peak_scale: float) -> None:
     head = (torch.randn(VOCAB, HIDDEN, device="cuda", generator=g) / HIDDEN**0.5).to(torch.bfloat16)
     norm_w = (1.0 + 0.1 * torch.randn(HIDDEN, device="cuda", generator=g)).to(torch.bfloat16)
     cell = lambda us: f"{us:.0f} ({us / bound_us:.2f}x)"  # noqa: E731
+
+    def checked(us: dict, key: str, same: str = "") -> str:
+        """A variant's cell, marked DIFFERS where its tokens or logprobs are not the draw's bits."""
+        return f"{cell(us[key])} {same if us[key + ' same'] else 'DIFFERS'}".rstrip()
+
     lines += [
         f"lm_head {VOCAB} x {HIDDEN} bf16: {VOCAB * HIDDEN * 2 / 2**20:.0f} MiB; bound {bound_us:.1f} us at the "
         "measured copy bandwidth. Cells: median us (ratio to the bound).",
         "",
         "### Device time (CUDA-graph replay)",
         "",
-        "| logits | T | draw | draw, no skip | scoring | torch, eager (F.linear, softmax, multinomial) | skipped "
-        "| at most |",
-        "|---|---|---|---|---|---|---|---|",
+        "| logits | T | draw | draw, 64-row noise | draw, no skip | scoring | draw, 16-row block (experiment) "
+        "| torch, eager (F.linear, softmax, multinomial) | skipped | at most |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     eager = [
         "",
@@ -122,10 +134,11 @@ def bench(lines: list[str], rows: tuple[int, ...], peak_scale: float) -> None:
             seeds = torch.randint(0, 2**62, (t,), device="cuda", generator=g)
             us = measure(hidden, nw, head, temps, seeds)
             rule, shared = skip_shares(hidden, nw, head, temps, seeds)
+            block16 = checked(us, "draw, 16-row block", "same bits") if "draw, 16-row block" in us else "-"
             lines.append(
-                f"| {name} | {t} | {cell(us['draw'])} | {cell(us['draw, no skip'])}"
-                f"{'' if us['same tokens'] else ' TOKENS DIFFER'} | {cell(us['scoring'])} | {cell(us['torch'])} | "
-                f"{100 * rule:.1f}% | {100 * shared:.1f}% |"
+                f"| {name} | {t} | {cell(us['draw'])} | {checked(us, 'draw, 64-row noise')} "
+                f"| {checked(us, 'draw, no skip')} | {cell(us['scoring'])} | {block16} | {cell(us['torch'])} "
+                f"| {100 * rule:.1f}% | {100 * shared:.1f}% |"
             )
             eager.append(f"| {name} | {t} | {cell(us['api draw'])} | {cell(us['api scoring'])} |")
             print(lines[-1], eager[-1], sep="\n", flush=True)
@@ -147,15 +160,27 @@ def measure(hidden, norm_w, head, temps, seeds) -> dict:
         logits = torch.nn.functional.linear(vk.rms_norm(hidden, norm_w, EPS), head)
         return torch.multinomial(torch.softmax(logits.float() / temps[:, None], dim=-1), 1)
 
-    tokens, _ = draw()
+    tokens, lp = draw()
     us = {"draw": _graph_us(draw)}
-    saved = ops.GUMBEL_NOISE_MAX
-    ops.GUMBEL_NOISE_MAX = float("inf")  # every tile's noise: the launch compiles and captures this variant
-    try:
-        us["same tokens"] = torch.equal(draw()[0], tokens)
-        us["draw, no skip"] = _graph_us(draw)
-    finally:
-        ops.GUMBEL_NOISE_MAX = saved
+
+    def variant(key, **consts):
+        """The draw with these module constants (the launch compiles and captures that variant): its time, and
+        whether its tokens and logprobs are the draw's, bit for bit."""
+        saved = {name: getattr(ops, name) for name in consts}
+        try:
+            for name, value in consts.items():
+                setattr(ops, name, value)
+            tokens_v, lp_v = draw()
+            us[key + " same"] = torch.equal(tokens_v, tokens) and torch.equal(lp_v, lp)
+            us[key] = _graph_us(draw)
+        finally:
+            for name, value in saved.items():
+                setattr(ops, name, value)
+
+    variant("draw, 64-row noise", SAMPLE_DRAW_ROWS=())
+    variant("draw, no skip", GUMBEL_NOISE_MAX=float("inf"))  # every tile's noise
+    if hidden.shape[0] <= 16:
+        variant("draw, 16-row block", LOGPROBS_BLOCK_T=16)
     us["scoring"], us["torch"] = _graph_us(score), _eager_us(torch_draw)
     host_temps = temps.cpu()  # as the engine passes them
     us["api draw"] = _eager_us(lambda: vk.sample_from_hidden(hidden, norm_w, EPS, head, host_temps, seeds))
