@@ -87,7 +87,10 @@ PROFILE_HOST = False  # --profile-host: print a cProfile of one ipc-direct sync 
 DIRECT_GROUP_BYTES = 256 << 20  # the direct path issues its copies per 256 MB of tensors
 DIRECT_PHASES = ("begin (round trip, handles)", "issue copies (host)", "wait for copies", "finish (round trip)",
                  "close views")  # fmt: skip
-PATHS = ("host", "ipc", "ipc-stacked", "ipc-direct", "ipc-direct-foreach", "ipc-direct-per-sync", "ipc-direct-stacked")
+PATHS = (
+    "host", "ipc", "ipc-stacked", "ipc-direct", "ipc-direct-foreach", "ipc-direct-wide", "ipc-direct-per-sync",
+    "ipc-direct-stacked",
+)  # fmt: skip
 ENGINE = dict(max_num_seqs=4, max_num_batched_tokens=256, max_model_len=1024, block_size=16, num_kv_blocks=64,
               enforce_eager=True)  # fmt: skip
 
@@ -312,13 +315,16 @@ def run_colocated(shape: str, bucket_bytes: int, copy_bw: float, reps: int, path
         # MoE: also with each stacked expert tensor sent whole (as verl's state-dict export sends it)
         stacked_differs = len(list(iter_weights(model, stacked=True))) != ntensors
         stacked_paths = ("ipc-stacked", "ipc-direct-stacked") if stacked_differs else ()
-        for path in ("host", "ipc", "ipc-direct", "ipc-direct-foreach", "ipc-direct-per-sync", *stacked_paths):
+        for path in ("host", "ipc", "ipc-direct", "ipc-direct-foreach", "ipc-direct-wide", "ipc-direct-per-sync",
+                     *stacked_paths):  # fmt: skip
             if path not in paths:
                 continue
             _ask(here, "zero")
             if path.startswith("ipc-direct"):
                 stacked, keep = path.endswith("stacked"), not path.endswith("per-sync")
-                writer = DirectWriter(memcpy_min_bytes=None) if path.endswith("foreach") else DirectWriter()
+                writer = DirectWriter()
+                if path.endswith(("foreach", "wide")):
+                    writer = DirectWriter(memcpy_min_bytes=None, wide=path.endswith("wide"))
                 phases: dict[str, list[float]] = {}
 
                 def once(writer=writer, stacked=stacked, keep=keep, phases=phases):
@@ -340,6 +346,8 @@ def run_colocated(shape: str, bucket_bytes: int, copy_bw: float, reps: int, path
                 label += ", handles opened per sync)" if not keep else ")"
                 if path.endswith("foreach"):
                     label += ", every copy in foreach launches (the launch form before copy_tensors)"
+                if path.endswith("wide"):
+                    label += ", no memcpy: tensors of 1 MB or more in a foreach launch of int64 views"
                 if stacked:
                     label += f", stacked experts whole ({len(list(iter_weights(model, stacked=True)))} tensors)"
             elif path == "host":

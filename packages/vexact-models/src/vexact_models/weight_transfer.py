@@ -267,26 +267,38 @@ MEMCPY_MIN_BYTES = 32 << 20
 
 
 def copy_tensors(
-    dsts: Sequence[torch.Tensor], srcs: Sequence[torch.Tensor], memcpy_min_bytes: int | None = MEMCPY_MIN_BYTES
+    dsts: Sequence[torch.Tensor],
+    srcs: Sequence[torch.Tensor],
+    memcpy_min_bytes: int | None = MEMCPY_MIN_BYTES,
+    wide: bool = False,
 ) -> None:
     """``dst.copy_(src)`` for each pair, queued on the current stream (``non_blocking``): the values are exactly
     ``copy_``'s (a cast rounds to nearest even, as ``tensor.to(dtype)``), only the launches differ.
 
     Pairs of one dtype, both contiguous, of at least ``memcpy_min_bytes`` go one by one (a device memcpy, which runs
     at the copy bandwidth); the rest go in one ``torch._foreach_copy_`` (one launch for many tensors, at about 0.6 of
-    the copy bandwidth for large ones). ``memcpy_min_bytes=None``: all in the foreach launch.
+    the copy bandwidth for large ones). ``memcpy_min_bytes=None``: all in the foreach launch. ``wide``: same-dtype
+    pairs of 1 MB or more (16-byte aligned) go into a foreach launch of their own as int64 views (the same bytes,
+    8-byte elements: the foreach kernel's chunks move 4x the bytes of a bf16 view; an experiment, measured by
+    benchmarks/weight_sync.py's ipc-direct-wide row).
     """
-    small_d, small_s = [], []
+    small_d, small_s, wide_d, wide_s = [], [], [], []
     with torch.no_grad():
         for dst, src in zip(dsts, srcs, strict=True):
-            if (memcpy_min_bytes is not None and dst.nbytes >= memcpy_min_bytes and dst.dtype == src.dtype
-                    and dst.is_contiguous() and src.is_contiguous()):  # fmt: skip
+            same = dst.dtype == src.dtype
+            if (memcpy_min_bytes is not None and dst.nbytes >= memcpy_min_bytes and same and dst.is_contiguous()
+                    and src.is_contiguous()):  # fmt: skip
                 dst.copy_(src, non_blocking=True)
+            elif (wide and same and dst.nbytes >= 1 << 20 and dst.nbytes % 16 == 0 and dst.data_ptr() % 16 == 0
+                    and src.data_ptr() % 16 == 0 and dst.is_contiguous() and src.is_contiguous()):  # fmt: skip
+                wide_d.append(dst.view(-1).view(torch.int64))
+                wide_s.append(src.view(-1).view(torch.int64))
             else:
                 small_d.append(dst)
                 small_s.append(src)
-        if small_d:
-            torch._foreach_copy_(small_d, small_s, non_blocking=True)
+        for d, s in ((wide_d, wide_s), (small_d, small_s)):
+            if d:
+                torch._foreach_copy_(d, s, non_blocking=True)
 
 
 def _check(spec: TensorSpec, dst: torch.Tensor, buffer_bytes: int) -> str | None:
