@@ -4,12 +4,14 @@ prompts and seeds, stored with the sha256 of the tensors and the package version
 One fixture per model family (``qwen3``, ``qwen3_moe``, ``qwen2``, ``llama``, ``mistral``, ``deepseek_v3``: the
 committed tiny checkpoints), under ``fixtures/<target>/<family>/``; on a GPU target with an attention implementation
 other than the default ``triton`` (``$VEXACT_ATTENTION``, see vexact_kernels.set_attention_impl) under
-``fixtures/<target>-<impl>/<family>/``, since the implementations give different bits.
+``fixtures/<target>-<impl>/<family>/``, since the implementations give different bits. A family whose tiny checkpoint
+that implementation does not take (FA4: MLA's head sizes, heads under 32; every committed tiny checkpoint has heads of
+16) runs the Triton kernels under it, and uses the Triton fixtures.
 
 Record (after a deliberate numerics change, together with a version bump):
     python -m contracts.golden --target cpu            # every family
     python -m contracts.golden --target h100 --family qwen3_moe
-    VEXACT_ATTENTION=fa4 python -m contracts.golden --target h100   # -> fixtures/h100-fa4/
+    VEXACT_ATTENTION=fa4 python -m contracts.golden --target h100   # -> fixtures/h100-fa4/ (checkpoints FA4 takes)
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ import vexact_kernels
 import vexact_models
 import vexact_trainer
 from vexact_engine import LLM, EngineConfig, SamplingParams
-from vexact_models import default_checkpoint, load_model
+from vexact_kernels.attention import fa4_takes
+from vexact_models import default_checkpoint, load_config, load_model
 from vexact_trainer import Actor
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -46,13 +49,29 @@ def versions() -> dict[str, str]:
     }
 
 
-def attention_impl(target: str) -> str | None:
-    """The attention implementation a target's fixtures are recorded with (None on cpu: the CPU reference)."""
-    return None if target == "cpu" else vexact_kernels.get_attention_impl()
+def attention_impl(target: str, family: str | None = None) -> str | None:
+    """The attention implementation a target's fixtures are recorded with (None on cpu: the CPU reference): the one in
+    force, except that under ``fa4`` a family whose tiny checkpoint FA4 does not take (``vexact_kernels.attention
+    .fa4_takes``: MLA's head sizes, heads under 32) runs, and so is recorded with, the Triton kernels."""
+    if target == "cpu":
+        return None
+    impl = vexact_kernels.get_attention_impl()
+    if impl == "fa4" and family is not None and not fa4_takes(*_head_dims(family)):
+        return "triton"
+    return impl
+
+
+def _head_dims(family: str) -> tuple[int, int]:
+    """(qk, v) head sizes of the family's tiny checkpoint."""
+    cfg = load_config(default_checkpoint(family))
+    if getattr(cfg, "kv_lora_rank", None):  # MLA
+        return cfg.qk_nope_head_dim + cfg.qk_rope_head_dim, cfg.v_head_dim
+    d = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    return d, d
 
 
 def fixture_dir(target: str, family: str) -> Path:
-    impl = attention_impl(target)
+    impl = attention_impl(target, family)
     return FIXTURES / (target if impl in (None, "triton") else f"{target}-{impl}") / family
 
 
@@ -98,7 +117,7 @@ def tensors_sha256(tensors: dict[str, torch.Tensor]) -> str:
 
 
 def record_command(target: str, family: str) -> str:
-    impl = attention_impl(target)
+    impl = attention_impl(target, family)
     env = f"VEXACT_ATTENTION={impl} " if impl not in (None, "triton") else ""
     return f"{env}python -m contracts.golden --target {target} --family {family}"
 
@@ -108,7 +127,7 @@ def load(target: str, family: str = "qwen3") -> tuple[dict[str, torch.Tensor], d
     if not (d / "golden.json").is_file():
         raise FileNotFoundError(
             f"no golden fixture recorded for target {target!r}, family {family!r}, attention "
-            f"{attention_impl(target) or 'cpu reference'} (looked in {d}): {record_command(target, family)}"
+            f"{attention_impl(target, family) or 'cpu reference'} (looked in {d}): {record_command(target, family)}"
         )
     return load_file(str(d / "golden.safetensors")), json.loads((d / "golden.json").read_text())
 
@@ -121,7 +140,7 @@ def record(target: str, device: str, family: str = "qwen3") -> Path:
     meta = {
         "target": target,
         "family": family,
-        **({"attention": attention_impl(target)} if target != "cpu" else {}),
+        **({"attention": attention_impl(target, family)} if target != "cpu" else {}),
         "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
         "sha256": tensors_sha256(tensors),
         "versions": versions(),

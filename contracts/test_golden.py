@@ -20,7 +20,7 @@ def family(request) -> str:
 
 @pytest.fixture(scope="module")
 def recorded(target, family):
-    impl = golden.attention_impl(target)
+    impl = golden.attention_impl(target, family)
     if impl not in (None, "triton") and not (golden.fixture_dir(target, family) / "golden.json").is_file():
         pytest.skip(
             f"no golden fixture yet for {target} with attention {impl!r} (each implementation has its own bits); "
@@ -35,7 +35,7 @@ def test_fixture_belongs_to_this_target(recorded, target, family):
     assert meta["family"] == family
     if target != "cpu":  # fixtures from before the choice existed were all made with the Triton kernel
         made_with = meta.get("attention", "triton")
-        assert made_with == golden.attention_impl(target), f"fixture was recorded with attention {made_with!r}"
+        assert made_with == golden.attention_impl(target, family), f"fixture was recorded with attention {made_with!r}"
     assert golden.tensors_sha256(tensors) == meta["sha256"], "fixture tensors do not match their recorded sha256"
 
 
@@ -71,6 +71,11 @@ def test_hash_catches_a_one_bit_change(recorded):
 def test_fixture_dir_is_per_attention_impl(monkeypatch):
     """GPU fixtures of a non-default attention implementation live beside the default's, never over them."""
     monkeypatch.setattr(golden.vexact_kernels, "get_attention_impl", lambda: "fa4")
+    # the committed tiny checkpoints have heads of 16, which FA4 does not take: they run (and are recorded with) Triton
+    assert golden._head_dims("qwen3") == (16, 16) and golden._head_dims("deepseek_v3") == (24, 16)
+    assert all(golden.fixture_dir("h100", f) == golden.FIXTURES / "h100" / f for f in golden.FAMILIES)
+    assert golden.record_command("h200", "qwen3_moe") == "python -m contracts.golden --target h200 --family qwen3_moe"
+    monkeypatch.setattr(golden, "_head_dims", lambda family: (128, 128))  # a checkpoint FA4 takes
     assert golden.fixture_dir("h100", "qwen3") == golden.FIXTURES / "h100-fa4" / "qwen3"
     assert golden.fixture_dir("cpu", "qwen3") == golden.FIXTURES / "cpu" / "qwen3"  # CPU: the reference, always
     assert golden.record_command("h200", "qwen3_moe").startswith("VEXACT_ATTENTION=fa4 python -m contracts.golden")

@@ -232,10 +232,10 @@ def test_public_ops_dispatch_to_fa4_when_chosen(stand_in, monkeypatch):
     from vexact_kernels import attention as attn
 
     monkeypatch.setattr(attn, "_on_cuda", lambda *t: "fa4")  # as on CUDA tensors with VEXACT_ATTENTION=fa4
-    q, k, v = (torch.randn(6, h, 16).bfloat16() for h in (4, 2, 2))
+    q, k, v = (torch.randn(6, h, 32).bfloat16() for h in (4, 2, 2))
     vk.attention_packed(q, k, v, torch.tensor([0, 6]), 0.5)
     assert len(stand_in.calls) == 1 and stand_in.calls[0]["softmax_scale"] == 0.5
-    kc = torch.zeros(2, 4, 2, 16).bfloat16()
+    kc = torch.zeros(2, 4, 2, 32).bfloat16()
     vk.attention_paged(q[:1], kc, kc, torch.tensor([[1]]), torch.tensor([3]), torch.tensor([0, 1]))
     assert len(stand_in.calls) == 2 and stand_in.calls[1]["page_table"].tolist() == [[1]]
 
@@ -252,6 +252,20 @@ def test_mla_head_sizes_stay_off_fa4_in_both_paths(stand_in, monkeypatch):
     kc, vc = torch.zeros(2, 4, 2, 24).bfloat16(), torch.zeros(2, 4, 2, 16).bfloat16()
     paged = vk.attention_paged(q[:1], kc, vc, torch.tensor([[1]]), torch.tensor([3]), torch.tensor([0, 1]))
     assert stand_in.calls == [] and out.shape == (6, 4, 16) and paged.shape == (1, 4, 16)
+
+
+def test_heads_under_32_stay_off_fa4_in_both_paths(stand_in, monkeypatch):
+    """FA4's backward at head_dim 16 is wrong (GPU test below), so heads under FA4_MIN_HEAD_DIM run the Triton kernels
+    in both drivers (all the committed tiny checkpoints have heads of 16)."""
+    from vexact_kernels import attention as attn
+
+    monkeypatch.setattr(attn, "_on_cuda", lambda *t: "fa4")
+    assert attn.FA4_MIN_HEAD_DIM == 32 and attn.fa4_takes(32, 32) and not attn.fa4_takes(24, 24)
+    q, k, v = (torch.randn(6, h, 16).bfloat16() for h in (4, 2, 2))
+    vk.attention_packed(q, k, v, torch.tensor([0, 6]), 0.5)
+    kc = torch.zeros(2, 4, 2, 16).bfloat16()
+    vk.attention_paged(q[:1], kc, kc, torch.tensor([[1]]), torch.tensor([3]), torch.tensor([0, 1]))
+    assert stand_in.calls == []
 
 
 def test_paged_driver_refuses_mismatched_metadata(stand_in):
@@ -436,12 +450,18 @@ def test_gpu_fa4_backward_deterministic_and_correct(fa4):
         torch.testing.assert_close(a.float(), ref, atol=5e-2, rtol=5e-2, msg=lambda m, name=name: f"{name}: {m}")
 
 
+FA4_HD16 = "FA4 4.0.0b36's backward at head_dim 16 (H100: dq max error 2.2, Triton's 1.0e-2): why FA4_MIN_HEAD_DIM"
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("d", [16, 32, 64, 128])
+@pytest.mark.parametrize("d", [pytest.param(16, marks=pytest.mark.xfail(strict=True, reason=FA4_HD16)), 32, 64, 128])
 def test_gpu_fa4_backward_at_every_head_dim_is_as_close_as_triton(fa4, d):
-    """The gradients FA4 gives at a head dim against an fp32 reference are about as close as the Triton kernel's.
-    Written after 2x H200 showed the tiny Qwen3-MoE (head_dim 16) trainer's step-0 grad norm 6.5% off between world
-    sizes 1 and 2 under FA4 only (contracts/test_fsdp.py ws2): training micro-batches of a few short sequences."""
+    """FA4's gradients (called directly, whatever the routing) at a head dim against an fp32 reference are about as
+    close as the Triton kernel's, on training micro-batches of a few short sequences. Written after 2x H200 showed the
+    tiny Qwen3-MoE (head_dim 16) trainer's step-0 grad norm 6.5% off between world sizes 1 and 2 under FA4 only."""
+    from vexact_kernels import fa4_attention
+    from vexact_kernels.triton_ops import attention as tri_attention
+
     lens = [5, 12, 31, 1, 17, 48, 9]
     q, k, v, cu = _qkv(lens, 4, 2, d, seed=7)
     do = torch.randn_like(q)
@@ -451,13 +471,11 @@ def test_gpu_fa4_backward_at_every_head_dim_is_as_close_as_triton(fa4, d):
         op(qq, kk, vv, cu).backward(do)
         return qq.grad.float(), kk.grad.float(), vv.grad.float()
 
-    from vexact_kernels.triton_ops import attention as tri_attention
-
     qq, kk, vv = (t.float().requires_grad_(True) for t in (q, k, v))
     _sdpa_ref(qq, kk, vv, cu).backward(do.float())
     ref = (qq.grad, kk.grad, vv.grad)
-    got = grads(vk.attention_packed)  # FA4, chosen by the fixture
-    tri = grads(tri_attention.attention_packed)  # the Triton kernel called directly (the choice stays FA4)
+    got = grads(fa4_attention.attention_packed)
+    tri = grads(tri_attention.attention_packed)
     for name, a, t, r in zip(("dq", "dk", "dv"), got, tri, ref, strict=True):
         err, err_tri = (a - r).abs().max().item(), (t - r).abs().max().item()
         assert err <= 4 * err_tri + 1e-2, f"d={d} {name}: FA4 max error {err:.3e}, Triton {err_tri:.3e}"

@@ -57,12 +57,23 @@ def _on_cuda(*tensors: torch.Tensor) -> str | None:
     return attention_impl_in_use() if any(t.is_cuda for t in tensors) else None
 
 
+# FA4 runs heads of at least this size. Its backward at head_dim 16 is wrong (flash-attn-4 4.0.0b36 on an H100: dq max
+# error 2.2 against an fp32 reference where the Triton kernel's is 1.0e-2, test_fa4_attention.py; 32 and up agree),
+# which made the tiny Qwen3-MoE's world-size-2 step-0 grad norm 6.5% off world size 1 on 2x H200.
+FA4_MIN_HEAD_DIM = 32
+
+
+def fa4_takes(head_dim: int, head_dim_v: int) -> bool:
+    """Whether attention of these head sizes runs on FA4 under ``fa4`` (else on the Triton kernels): K and V head
+    sizes that agree (FA4's SM90 paged kernel refuses others, "Paged KV does not support irregular head dim",
+    flash-attn-4 4.0.0b36; so MLA, qk 192 / v 128, stays on Triton) and of at least ``FA4_MIN_HEAD_DIM``. The decision
+    depends on the shapes only, so every driver (packed and paged, trainer and engine) makes the same one and
+    engine == trainer holds."""
+    return head_dim == head_dim_v and head_dim >= FA4_MIN_HEAD_DIM
+
+
 def _fa4_takes(q: torch.Tensor, v: torch.Tensor) -> bool:
-    """FA4 runs attention whose K and V head sizes agree. Its SM90 paged kernel refuses others ("Paged KV does not
-    support irregular head dim", flash-attn-4 4.0.0b36 on an H100), so MLA (qk 192 / v 128) stays on the Triton
-    kernels under ``fa4``, in the packed and the paged path alike: the decision depends on the shapes only, so every
-    driver makes the same one and engine == trainer holds."""
-    return q.shape[-1] == v.shape[-1]
+    return fa4_takes(q.shape[-1], v.shape[-1])
 
 
 def _attend(q, k_store, v_store, key_rows, last_pos, scale: float) -> torch.Tensor:
