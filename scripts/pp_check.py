@@ -164,4 +164,10 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    rc = main()
+    # leave without the interpreter's teardown: after the barrier and destroy_process_group a gloo rank still aborted
+    # now and then at exit ("terminate called without an active exception", a CI run of the tenth session), with every
+    # result already printed
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)
