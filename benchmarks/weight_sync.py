@@ -19,9 +19,9 @@ process on the same GPU, as in verl's hybrid mode. Paths:
   ``torch._foreach_copy_`` per 256 MB of tensors), synchronises, and tells the engine: two messages per sync, one
   device copy per weight. Handles opened once and kept while the engine stays awake; the row "opened per sync" opens
   them every sync, which is what verl's hybrid flow pays (every sync follows a wake, which re-allocates the weights).
-  ``ipc-direct-stacked`` (MoE shapes): stacked expert tensors whole, as in ``ipc-stacked``. ``ipc-direct-foreach``:
-  the same copies all issued as ``torch._foreach_copy_`` launches, the form before ``copy_tensors`` sent each large
-  tensor as one memcpy (the foreach kernel moves large tensors at about 0.6 of the copy bandwidth).
+  ``ipc-direct-stacked`` (MoE shapes): stacked expert tensors whole, as in ``ipc-stacked``. ``*-memcpy``: the same
+  with a memcpy per tensor of 32 MB or more (``DirectWriter(memcpy_min_bytes=...)``; the default issues every copy in
+  ``torch._foreach_copy_`` launches, see ``vexact_models.weight_transfer.MEMCPY_MIN_BYTES``).
 - ``bound``: bytes / device-to-device copy bandwidth (one ``copy_`` of 1 GiB, measured here): one copy of every
   weight. The bucket paths copy twice (pack, then unpack), so 2x the bound is their floor; the direct path copies
   once, so its floor is the bound itself.
@@ -83,13 +83,14 @@ QWEN3_8B = dict(
 )  # fmt: skip
 SHAPES = {"qwen3-1.7b": ("dense", QWEN3_SHAPES["qwen3-1.7b"]), "qwen3-8b": ("dense", QWEN3_8B),
           "qwen3-30b-a3b": ("moe", QWEN3_MOE_SHAPES["qwen3-30b-a3b"])}  # fmt: skip
+MEMCPY_OPTION = 32 << 20  # the *-memcpy rows: DirectWriter(memcpy_min_bytes=...)
 PROFILE_HOST = False  # --profile-host: print a cProfile of one ipc-direct sync per shape (stderr)
 DIRECT_GROUP_BYTES = 256 << 20  # the direct path issues its copies per 256 MB of tensors
 DIRECT_PHASES = ("begin (round trip, handles)", "issue copies (host)", "wait for copies", "finish (round trip)",
                  "close views")  # fmt: skip
 PATHS = (
-    "host", "ipc", "ipc-stacked", "ipc-direct", "ipc-direct-foreach", "ipc-direct-wide", "ipc-direct-per-sync",
-    "ipc-direct-stacked",
+    "host", "ipc", "ipc-stacked", "ipc-direct", "ipc-direct-memcpy", "ipc-direct-per-sync", "ipc-direct-stacked",
+    "ipc-direct-stacked-memcpy",
 )  # fmt: skip
 ENGINE = dict(max_num_seqs=4, max_num_batched_tokens=256, max_model_len=1024, block_size=16, num_kv_blocks=64,
               enforce_eager=True)  # fmt: skip
@@ -314,17 +315,15 @@ def run_colocated(shape: str, bucket_bytes: int, copy_bw: float, reps: int, path
         rows.append({**base, "path": "bound (one device copy)", "s": nbytes / copy_bw, "ok": ""})
         # MoE: also with each stacked expert tensor sent whole (as verl's state-dict export sends it)
         stacked_differs = len(list(iter_weights(model, stacked=True))) != ntensors
-        stacked_paths = ("ipc-stacked", "ipc-direct-stacked") if stacked_differs else ()
-        for path in ("host", "ipc", "ipc-direct", "ipc-direct-foreach", "ipc-direct-wide", "ipc-direct-per-sync",
-                     *stacked_paths):  # fmt: skip
+        stacked_paths = ("ipc-stacked", "ipc-direct-stacked", "ipc-direct-stacked-memcpy") if stacked_differs else ()
+        for path in ("host", "ipc", "ipc-direct", "ipc-direct-memcpy", "ipc-direct-per-sync", *stacked_paths):
             if path not in paths:
                 continue
             _ask(here, "zero")
             if path.startswith("ipc-direct"):
-                stacked, keep = path.endswith("stacked"), not path.endswith("per-sync")
-                writer = DirectWriter()
-                if path.endswith(("foreach", "wide")):
-                    writer = DirectWriter(memcpy_min_bytes=None, wide=path.endswith("wide"))
+                stacked, keep = "stacked" in path, not path.endswith("per-sync")
+                memcpy = path.endswith("memcpy")
+                writer = DirectWriter(memcpy_min_bytes=MEMCPY_OPTION) if memcpy else DirectWriter()
                 phases: dict[str, list[float]] = {}
 
                 def once(writer=writer, stacked=stacked, keep=keep, phases=phases):
@@ -344,10 +343,8 @@ def run_colocated(shape: str, bucket_bytes: int, copy_bw: float, reps: int, path
                 writer.close()
                 label = "CUDA IPC direct (single copy into the engine's packed weights"
                 label += ", handles opened per sync)" if not keep else ")"
-                if path.endswith("foreach"):
-                    label += ", every copy in foreach launches (the launch form before copy_tensors)"
-                if path.endswith("wide"):
-                    label += ", no memcpy: tensors of 1 MB or more in a foreach launch of int64 views"
+                if memcpy:
+                    label += f", a memcpy per tensor of {MEMCPY_OPTION >> 20} MB or more (the rest in foreach launches)"
                 if stacked:
                     label += f", stacked experts whole ({len(list(iter_weights(model, stacked=True)))} tensors)"
             elif path == "host":

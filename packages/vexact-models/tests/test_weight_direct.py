@@ -181,16 +181,15 @@ def test_an_unpacked_model_gets_a_buffer_per_storage():
     assert all(torch.equal(expected_tensors(model)[n], t.to(torch.bfloat16)) for n, t in named)
 
 
-@pytest.mark.parametrize("wide", [False, True], ids=["", "wide"])
 @pytest.mark.parametrize("memcpy_min_bytes", [0, 1 << 10, None], ids=["all-memcpy", "mixed", "all-foreach"])
 @pytest.mark.parametrize("source", ["float32", "bfloat16"])
-def test_the_copy_launches_do_not_change_the_values(source, memcpy_min_bytes, wide):
-    """copy_tensors sends large same-dtype tensors one memcpy each and the rest in one foreach launch: every split
+def test_the_copy_launches_do_not_change_the_values(source, memcpy_min_bytes):
+    """copy_tensors can send large same-dtype tensors one memcpy each and the rest in one foreach launch: every split
     gives exactly copy_'s values (a bf16 source: the bytes; an fp32 one: the RNE cast, always in the foreach)."""
     model, buffers = _engine("qwen3")
     master = random_model(_config("qwen3", source), seed=11)
     table, views = weight_table(model, buffers)
-    writer = DirectWriter(memcpy_min_bytes=memcpy_min_bytes, wide=wide)
+    writer = DirectWriter(memcpy_min_bytes=memcpy_min_bytes)
     writer.open(table, views)
     writer.write(_export(master), group_bytes=1 << 12)
     for name, t in expected_tensors(model).items():
@@ -199,7 +198,7 @@ def test_the_copy_launches_do_not_change_the_values(source, memcpy_min_bytes, wi
     srcs = [torch.randn(n, dtype=torch.float32) for n in (3, 600, 1 << 20)]
     bf = [s.to(torch.bfloat16) for s in srcs]
     bf[2][7] = -0.0  # a byte copy keeps the sign of zero
-    copy_tensors(dsts[::2], bf[::2], memcpy_min_bytes, wide)  # 2 MB: the wide (int64 view) launch when asked
-    copy_tensors(dsts[1:2], srcs[1:2], memcpy_min_bytes, wide)  # a cast: always the foreach launch
+    copy_tensors(dsts[::2], bf[::2], memcpy_min_bytes)  # the 2 MB one: a memcpy unless memcpy_min_bytes is None
+    copy_tensors(dsts[1:2], srcs[1:2], memcpy_min_bytes)  # a cast: always the foreach launch
     assert all(torch.equal(d, s.to(torch.bfloat16)) for d, s in zip(dsts[1:2], srcs[1:2], strict=True))
     assert all(torch.equal(d.view(torch.int16), b.view(torch.int16)) for d, b in zip(dsts[::2], bf[::2], strict=True))

@@ -5,8 +5,8 @@ open those buffers through CUDA IPC handles and copy every exported tensor into 
 against two for packed buckets (the trainer packs, the engine unpacks), and no per-bucket hand-off between the
 processes. The engine describes its buffers once per allocation with a :class:`WeightTable` (checkpoint name -> buffer,
 byte offset, shape, dtype); the trainer's :class:`DirectWriter` opens them, checks each tensor against its slot and
-copies groups of tensors (``copy_tensors``: one memcpy per large tensor, one ``torch._foreach_copy_`` for the small
-ones), then synchronises its stream before the engine is told the sync
+copies groups of tensors (``copy_tensors``: ``torch._foreach_copy_`` launches, optionally a memcpy per large tensor),
+then synchronises its stream before the engine is told the sync
 is done (the engine runs nothing meanwhile: it is idle and its server admits no request until then).
 
 Exactness is that of the bucket path: the writer casts with ``copy_`` (round to nearest even, exactly
@@ -140,9 +140,8 @@ class DirectWriter:
     drops the views (do it before the engine frees its weights: sleep, or a re-allocation).
     """
 
-    def __init__(self, memcpy_min_bytes: int | None = MEMCPY_MIN_BYTES, wide: bool = False):
+    def __init__(self, memcpy_min_bytes: int | None = MEMCPY_MIN_BYTES):
         self.memcpy_min_bytes = memcpy_min_bytes  # copy_tensors: larger tensors one memcpy each, the rest in one launch
-        self.wide = wide  # copy_tensors(wide=...)
         self.table: WeightTable | None = None
         self.buffers: list[torch.Tensor] = []
         self._views: dict[str, torch.Tensor] = {}
@@ -221,7 +220,7 @@ class DirectWriter:
         if group_bytes is not None and (isinstance(group_bytes, bool) or not isinstance(group_bytes, int)
                                         or group_bytes < 0):  # fmt: skip
             raise ValueError(f"group_bytes must be None or an integer >= 0, got {group_bytes!r}")
-        self._sync = _Sync(dtype, group_bytes, len(self.table.slots), self.memcpy_min_bytes, self.wide)
+        self._sync = _Sync(dtype, group_bytes, len(self.table.slots), self.memcpy_min_bytes)
         self.written_mask = None
 
     def add(self, name: str, tensor: torch.Tensor) -> None:
@@ -289,10 +288,8 @@ class DirectWriter:
 class _Sync:
     """One sync's state in a :class:`DirectWriter`: the queued group, what was written, the problems found."""
 
-    def __init__(
-        self, dtype: torch.dtype, group_bytes: int | None, num_slots: int, memcpy_min_bytes: int | None, wide: bool
-    ):
-        self.dtype, self.group_bytes, self.memcpy_min_bytes, self.wide = dtype, group_bytes, memcpy_min_bytes, wide
+    def __init__(self, dtype: torch.dtype, group_bytes: int | None, num_slots: int, memcpy_min_bytes: int | None):
+        self.dtype, self.group_bytes, self.memcpy_min_bytes = dtype, group_bytes, memcpy_min_bytes
         self.queue: list[tuple[torch.Tensor, torch.Tensor]] = []  # (engine view, source)
         self.pending: list[str] = []  # the names queued
         self.pending_slots: list[int] = []  # and their slots' indices in the table
@@ -310,7 +307,7 @@ class _Sync:
             dsts.append(dst)
             srcs.append(src)
         for dsts, srcs in groups.values():  # copy_ semantics: a cast rounds to nearest even, as tensor.to(dtype)
-            copy_tensors(dsts, srcs, self.memcpy_min_bytes, self.wide)
+            copy_tensors(dsts, srcs, self.memcpy_min_bytes)
         self.written += self.pending
         for i in self.pending_slots:
             self.bits[i >> 3] |= 1 << (i & 7)

@@ -257,48 +257,37 @@ def load_bucket(
     return loaded
 
 
-# One memcpy per tensor from this size up, one foreach launch for the rest. Measured on an H200
-# (benchmarks/results/weight-sync-h200.md, the single-copy rows): a memcpy per tensor costs the host ~6 us more than a
-# place in a foreach launch, and a sync of a dense model is bound by the host issuing its ~300-400 tensors; the
-# foreach kernel moves a large tensor at about 0.6 of the copy bandwidth. So only tensors whose copy takes well over
-# 6 us go alone: 32 MB is ~16 us at 2 TB/s (embeddings, 8B MLP and attention weights, stacked experts), and
-# per-expert pieces and the 1.7B's projections share the foreach launches.
-MEMCPY_MIN_BYTES = 32 << 20
+# A memcpy per tensor from this size up (None: never), one foreach launch for the rest. None by default, from H100 and
+# H200 runs of benchmarks/weight_sync.py (results/weight-sync-h100.md, -h200.md): a dense model's sync is bound by the
+# host issuing its 310-400 tensors, and the first memcpy into the engine's IPC-opened buffer cost the 1.7B sync about
+# 2 ms of host time (H100: 2.62x the copy bound with a memcpy for its 622 MB embedding, 1.93x all in foreach
+# launches). A memcpy moves a large tensor at the copy bandwidth where the foreach kernel reaches about 0.7 of it, which
+# pays when the copies, not the host, are the bound: 8B 1.19x against 1.50x, stacked 30B-A3B experts 1.14x against
+# 1.64x (H200). A caller with such tensors can ask for it (DirectWriter(memcpy_min_bytes=32 << 20)).
+MEMCPY_MIN_BYTES: int | None = None
 
 
 def copy_tensors(
-    dsts: Sequence[torch.Tensor],
-    srcs: Sequence[torch.Tensor],
-    memcpy_min_bytes: int | None = MEMCPY_MIN_BYTES,
-    wide: bool = False,
+    dsts: Sequence[torch.Tensor], srcs: Sequence[torch.Tensor], memcpy_min_bytes: int | None = MEMCPY_MIN_BYTES
 ) -> None:
     """``dst.copy_(src)`` for each pair, queued on the current stream (``non_blocking``): the values are exactly
     ``copy_``'s (a cast rounds to nearest even, as ``tensor.to(dtype)``), only the launches differ.
 
-    Pairs of one dtype, both contiguous, of at least ``memcpy_min_bytes`` go one by one (a device memcpy, which runs
-    at the copy bandwidth); the rest go in one ``torch._foreach_copy_`` (one launch for many tensors, at about 0.6 of
-    the copy bandwidth for large ones). ``memcpy_min_bytes=None``: all in the foreach launch. ``wide``: same-dtype
-    pairs of 1 MB or more (16-byte aligned) go into a foreach launch of their own as int64 views (the same bytes,
-    8-byte elements: the foreach kernel's chunks move 4x the bytes of a bf16 view; an experiment, measured by
-    benchmarks/weight_sync.py's ipc-direct-wide row).
+    Pairs of one dtype, both contiguous, of at least ``memcpy_min_bytes`` go one by one (a device memcpy, at the copy
+    bandwidth); the rest go in one ``torch._foreach_copy_`` (one launch for many tensors, at about 0.7 of the copy
+    bandwidth for large ones). ``memcpy_min_bytes=None``: all in the foreach launch.
     """
-    small_d, small_s, wide_d, wide_s = [], [], [], []
+    small_d, small_s = [], []
     with torch.no_grad():
         for dst, src in zip(dsts, srcs, strict=True):
-            same = dst.dtype == src.dtype
-            if (memcpy_min_bytes is not None and dst.nbytes >= memcpy_min_bytes and same and dst.is_contiguous()
-                    and src.is_contiguous()):  # fmt: skip
+            if (memcpy_min_bytes is not None and dst.nbytes >= memcpy_min_bytes and dst.dtype == src.dtype
+                    and dst.is_contiguous() and src.is_contiguous()):  # fmt: skip
                 dst.copy_(src, non_blocking=True)
-            elif (wide and same and dst.nbytes >= 1 << 20 and dst.nbytes % 16 == 0 and dst.data_ptr() % 16 == 0
-                    and src.data_ptr() % 16 == 0 and dst.is_contiguous() and src.is_contiguous()):  # fmt: skip
-                wide_d.append(dst.view(-1).view(torch.int64))
-                wide_s.append(src.view(-1).view(torch.int64))
             else:
                 small_d.append(dst)
                 small_s.append(src)
-        for d, s in ((wide_d, wide_s), (small_d, small_s)):
-            if d:
-                torch._foreach_copy_(d, s, non_blocking=True)
+        if small_d:
+            torch._foreach_copy_(small_d, small_s, non_blocking=True)
 
 
 def _check(spec: TensorSpec, dst: torch.Tensor, buffer_bytes: int) -> str | None:
