@@ -6,8 +6,8 @@ against two for packed buckets (the trainer packs, the engine unpacks), and no p
 processes. The engine describes its buffers once per allocation with a :class:`WeightTable` (checkpoint name -> buffer,
 byte offset, shape, dtype); the trainer's :class:`DirectWriter` opens them, checks each tensor against its slot and
 copies groups of tensors (``copy_tensors``: ``torch._foreach_copy_`` launches, optionally a memcpy per large tensor),
-then synchronises its stream before the engine is told the sync
-is done (the engine runs nothing meanwhile: it is idle and its server admits no request until then).
+then synchronises its stream before the engine is told the sync is done (the engine runs nothing meanwhile: it is idle
+and its server admits no request until then).
 
 Exactness is that of the bucket path: the writer casts with ``copy_`` (round to nearest even, exactly
 ``tensor.to(dtype)``, the cast FSDP applies before the forward), so the engine holds bit for bit the values the actor
@@ -167,7 +167,6 @@ class DirectWriter:
         """Open the engine's CUDA IPC handles (``ipc_handle`` of each buffer of :func:`weight_table`) on ``device``,
         this process's index of the engine's GPU. Each handle is opened once; ask the engine for new ones after
         :meth:`close`."""
-
         self.close()
         self.open(table, [open_ipc_handle(h, device) for h in handles])
 
@@ -240,7 +239,7 @@ class DirectWriter:
         sync.queue.append((self._view(name, slot), tensor))  # copied under no_grad: no detach needed
         sync.pending.append(name)
         sync.pending_slots.append(self.table._index[name])
-        sync.queued_bytes += slot.nbytes  # the source's shape is the slot's (checked)
+        sync.queued_bytes += slot.nbytes // slot.dtype.itemsize * tensor.dtype.itemsize  # source bytes (shape checked)
         if sync.group_bytes is not None and sync.queued_bytes >= sync.group_bytes:
             sync.flush()
 
