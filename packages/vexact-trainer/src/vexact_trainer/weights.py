@@ -46,17 +46,13 @@ def iter_weight_buckets(
         raise ValueError(f"bucket_bytes must be a positive integer, got {bucket_bytes!r}")
     bucket: list[tuple[str, torch.Tensor]] = []
     size = 0
-    for name, p in named_weights(model):
-        t = p.detach().to(weight_dtype(name, dtype))  # DeepSeek's fp32 bias buffer stays fp32
-        if isinstance(t, DTensor):
-            t = t.full_tensor()
-        for piece, view in checkpoint_pieces(hf_name(name), t):  # stacked experts go out one expert at a time
-            nbytes = view.numel() * view.element_size()
-            if bucket and size + nbytes > bucket_bytes:
-                yield bucket
-                bucket, size = [], 0
-            bucket.append((piece, view))
-            size += nbytes
+    for piece, view in iter_weights(model, dtype):  # stacked experts go out one expert at a time
+        nbytes = view.numel() * view.element_size()
+        if bucket and size + nbytes > bucket_bytes:
+            yield bucket
+            bucket, size = [], 0
+        bucket.append((piece, view))
+        size += nbytes
     if bucket:
         yield bucket
 
