@@ -1,12 +1,15 @@
 """Where a decode step's time goes (GPU): the captured graph vs the rest of ``LLMEngine.step``, per batch size.
 
     python scripts/profile_decode.py [--shape 1.7b] [--layers 28] [--batch 1,64,256] [--no-pack]
+                                     [--mixed 64:2048,256:1024]
 
 Prints, per batch size: the whole step (median wall ms), the decode graph replay alone (CUDA events), the sampling
 half (``sample_rows``: logits, seeded draw, fused logprobs, one host sync) alone, the remainder (scheduler, step
 tensors, Python); then, from a torch.profiler trace over a few steps, the number of GPU kernels per step and the
 kernels with the most GPU time (graph replays included: CUPTI records the kernels a graph launches), and the top
-host-side ops. ``--no-pack``: the engine with ``pack_weights=False`` (q/k/v and gate/up as separate matmuls).
+host-side ops. ``--mixed B:P,...``: steps with prompt tokens instead (they run eagerly): B running requests decode
+while a new request's prompt chunk of P tokens prefills in the same step; the same kernel and host tables.
+``--no-pack``: the engine with ``pack_weights=False`` (q/k/v and gate/up as separate matmuls).
 """
 
 from __future__ import annotations
@@ -76,6 +79,12 @@ def profile_batch(model, batch: int, weight_bytes: int, label: str, pack: bool =
         for _ in range(steps):
             llm.step()
         torch.cuda.synchronize()
+    print_trace(prof, steps)
+    del llm
+    torch.cuda.empty_cache()
+
+
+def print_trace(prof, steps: int) -> None:
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     gpu_us = sum(e.device_time for e in kernels) / steps
     print(f"  GPU kernels per step: {len(kernels) / steps:.0f}, {gpu_us / 1e3:.3f} ms of kernel time per step")
@@ -87,7 +96,48 @@ def profile_batch(model, batch: int, weight_bytes: int, label: str, pack: bool =
     for name, times in top:
         print(f"  {name[:60]:<60} {len(times) / steps:>8.0f} {sum(times) / steps:>9.1f} {statistics.mean(times):>8.2f}")
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12))
-    del llm
+
+
+def profile_mixed(model, batch: int, prompt: int, label: str, pack: bool = True) -> None:
+    """Steps with prompt tokens: ``batch`` requests decode while one new request's ``prompt``-token chunk prefills."""
+    llm = LLM(model=model, device="cuda", max_num_seqs=batch + 1, max_num_batched_tokens=batch + prompt,
+              num_kv_blocks=max(256, (batch + 12) * 24 + 12 * prompt // 16), pack_weights=pack)  # fmt: skip
+    sp = dict(max_tokens=300, temperature=1.0, top_p=1.0, ignore_eos=True)
+    vocab = min(997, model.config.vocab_size - 3)
+    for i in range(batch):
+        llm.add_request([1 + (i * 7 + j) % vocab for j in range(256)], SamplingParams(seed=i, **sp))
+    while any(len(s.output_token_ids) < 2 for s in llm.running_sequences()) or len(llm.running_sequences()) < batch:
+        llm.step()
+
+    def mixed_step(k: int) -> float:
+        # a finished slot is not needed: max_num_seqs leaves one free, and a request of max_tokens 1 leaves it again
+        one = SamplingParams(seed=10_000 + k, **{**sp, "max_tokens": 1})
+        llm.add_request([3 + (k * 11 + j) % vocab for j in range(prompt)], one)
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        llm.step()
+        torch.cuda.synchronize()
+        return (time.perf_counter() - t) * 1e3
+
+    for k in range(3):
+        mixed_step(k)  # compiles the prefill shapes
+    walls = [mixed_step(100 + k) for k in range(10)]
+    llm.step()  # a decode-only step for comparison (graph replay)
+    dec = []
+    for _ in range(10):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        llm.step()
+        torch.cuda.synchronize()
+        dec.append((time.perf_counter() - t) * 1e3)
+    print(f"\n##### {label}, {batch} decoding + a {prompt}-token prompt chunk per step")
+    print(f"step with prompt tokens (median wall, synced): {statistics.median(walls):.3f} ms")
+    print(f"decode-only step of the same batch (median wall, synced): {statistics.median(dec):.3f} ms")
+    steps = 3
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for k in range(steps):
+            mixed_step(200 + k)
+    print_trace(prof, steps)
     torch.cuda.empty_cache()
 
 
@@ -97,9 +147,15 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=28)
     ap.add_argument("--batch", default="1", help="comma-separated batch sizes (running requests per decode step)")
     ap.add_argument("--no-pack", action="store_true", help="EngineConfig.pack_weights=False: no grouped projections")
+    ap.add_argument("--mixed", default="", help="B:P pairs, comma-separated: B decoding + a P-token prompt chunk")
     args = ap.parse_args()
     model = throughput.make_model(args.shape, args.layers)
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    if args.mixed:
+        for pair in args.mixed.split(","):
+            b, p = (int(x) for x in pair.split(":"))
+            profile_mixed(model, b, p, f"{args.shape}-shaped, {args.layers} layers", pack=not args.no_pack)
+        return
     for batch in (int(b) for b in args.batch.split(",")):
         label = f"{args.shape}-shaped, {args.layers} layers, weights {'unpacked' if args.no_pack else 'packed'}"
         profile_batch(model, batch, weight_bytes, label, pack=not args.no_pack)
