@@ -225,3 +225,17 @@ def test_max_model_len_beyond_a_sliding_window_is_refused_at_construction():
         LLMEngine(model=windowed, max_model_len=25)
     assert LLMEngine(model=windowed, num_kv_blocks=16).max_model_len == 24
     assert LLMEngine(model=windowed, max_model_len=20, num_kv_blocks=16).max_model_len == 20
+
+
+def test_an_eager_step_reads_nothing_back_before_sampling(monkeypatch):
+    """The model's input checks (token ids, positions, each layer's rotary) use the ranges the runner recorded while
+    building the step's tensors: no host read stalls an eager step (steps with prompt tokens) between its layers."""
+    from vexact_kernels import _ranges
+
+    reads = []
+    real = _ranges._read
+    monkeypatch.setattr(_ranges, "_read", lambda t: reads.append(t) or real(t))
+    llm = LLM(model=random_model(tiny_qwen3_config(), seed=3), max_num_seqs=4, enforce_eager=True)
+    out = llm.generate([[5, 6, 7, 8, 9], [10, 11]], SamplingParams(max_tokens=3, seed=1, ignore_eos=True))
+    assert [len(o.token_ids) for o in out] == [3, 3]
+    assert not reads

@@ -250,6 +250,10 @@ def step_tensors(step: dict[str, list], device: torch.device) -> tuple[torch.Ten
     )
     ids = torch.tensor(step["ids"], dtype=torch.int64, device=device)
     pos = torch.tensor(step["positions"], dtype=torch.int64, device=device)
+    # their ranges are known here, so the model's input checks read nothing back from the device (vk.tensor_range)
+    if step["ids"]:
+        vk.record_range(ids, min(step["ids"]), max(step["ids"]))
+        vk.record_range(pos, min(step["positions"]), max(step["positions"]))
     return ids, pos, meta
 
 

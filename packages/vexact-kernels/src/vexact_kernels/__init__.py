@@ -21,6 +21,7 @@ from ._backend import (
     use_backend,
     use_fp32_matmul_precision,
 )
+from ._ranges import record_range, tensor_range
 from .activation import silu_and_mul
 from .aten_mode import disable_invariant_mode, enable_invariant_mode, invariant_mode
 from .attention import ATTN_BLOCK_N, attention_packed, attention_paged, paged_attention_layout, write_kv_cache
@@ -67,12 +68,14 @@ __all__ = [
     "log_softmax",
     "moe_route",
     "moe_route_grouped",
+    "record_range",
     "logprobs_from_hidden",
     "paged_attention_layout",
     "rms_norm",
     "rms_norm_pair",
     "rope_cos_sin",
     "sample_from_hidden",
+    "tensor_range",
     "set_attention_impl",
     "set_backend",
     "silu_and_mul",

@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from ._backend import check_float, get_backend, invariant_device_check
+from ._ranges import record_range, tensor_range
 from ._reduce import tree_sum
 from .activation import silu_and_mul
 from .linear import _linear_reference
@@ -63,11 +64,11 @@ def moe_route(
         w, ids = torch.topk(probs, top_k, dim=-1)
         if norm_topk_prob:
             w = w / w.sum(dim=-1, keepdim=True)
-        return w, ids
+        return _routed(w, ids, router_logits)
     if use_triton(router_logits):
         from .triton_ops.moe_route import triton_moe_route
 
-        return triton_moe_route(router_logits, top_k, norm_topk_prob)
+        return _routed(*triton_moe_route(router_logits, top_k, norm_topk_prob), router_logits)
     invariant_device_check("moe_route", router_logits)
     x = router_logits.float()
     x = x - x.amax(dim=-1, keepdim=True)  # max is exact in any order
@@ -80,6 +81,13 @@ def moe_route(
         for r in range(1, top_k):
             total = total + w[:, r]
         w = w / total.unsqueeze(-1)
+    return _routed(w, ids, router_logits)
+
+
+def _routed(w: torch.Tensor, ids: torch.Tensor, router_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A router's result, its ids noted as in ``[0, E)`` (a top-k over E scores), so ``fused_moe``'s check of them
+    reads nothing from the device (``_ranges.py``)."""
+    record_range(ids, 0, router_logits.shape[-1] - 1)
     return w, ids
 
 
@@ -207,11 +215,11 @@ def moe_route_grouped(
     )
     args = (router_logits, top_k, bias, n_group, topk_group, norm_topk_prob, float(routed_scaling_factor))
     if get_backend("moe") == "fast":
-        return _grouped_route_fast(*args, scoring_func)
+        return _routed(*_grouped_route_fast(*args, scoring_func), router_logits)
     if use_triton(router_logits):
         from .triton_ops.moe_route import triton_moe_route_grouped
 
-        return triton_moe_route_grouped(*args, scoring_func)
+        return _routed(*triton_moe_route_grouped(*args, scoring_func), router_logits)
     invariant_device_check("moe_route_grouped", router_logits)
     scores = _grouped_scores(router_logits, scoring_func)
     choice = scores.detach() if bias is None else scores.detach() + bias
@@ -224,7 +232,7 @@ def moe_route_grouped(
         group_mask = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, keep, True)
         choice = choice.masked_fill(~group_mask.repeat_interleave(e // n_group, dim=1), float("-inf"))
     ids = torch.sort(choice, dim=-1, descending=True, stable=True).indices[:, :top_k]
-    return _grouped_weights(scores, ids, norm_topk_prob, float(routed_scaling_factor)), ids
+    return _routed(_grouped_weights(scores, ids, norm_topk_prob, float(routed_scaling_factor)), ids, router_logits)
 
 
 def _check_moe_args(x, w_gate_up, w_down, topk_weights, topk_ids) -> None:
@@ -249,9 +257,9 @@ def _check_moe_args(x, w_gate_up, w_down, topk_weights, topk_ids) -> None:
         )
     if topk_ids.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"fused_moe: topk_ids must be int32 or int64; got {topk_ids.dtype}")
-    capturing = topk_ids.is_cuda and torch.cuda.is_current_stream_capturing()  # no host sync in a capture
-    if topk_ids.numel() and not capturing and (int(topk_ids.min()) < 0 or int(topk_ids.max()) >= e):
-        raise ValueError(f"fused_moe: expert ids must be in [0, {e}); got {int(topk_ids.min())}..{int(topk_ids.max())}")
+    ids = tensor_range(topk_ids)  # known without a read for the routers' own ids; skipped in a CUDA graph capture
+    if ids is not None and (ids[0] < 0 or ids[1] >= e):
+        raise ValueError(f"fused_moe: expert ids must be in [0, {e}); got {ids[0]}..{ids[1]}")
     if x.dtype != w_gate_up.dtype or x.dtype != w_down.dtype:
         raise TypeError(
             f"fused_moe: x is {x.dtype} but the expert weights are {w_gate_up.dtype} / {w_down.dtype}; cast them first"

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from ._backend import check_float, get_backend
+from ._ranges import tensor_range
 from .triton_ops import use_triton
 
 
@@ -27,9 +28,10 @@ def rope_cos_sin(head_dim: int, max_position: int, theta: float) -> tuple[torch.
 
 
 def _check_positions(positions: torch.Tensor, cos: torch.Tensor) -> None:
-    capturing = positions.is_cuda and torch.cuda.is_current_stream_capturing()  # no host sync in a CUDA graph capture
-    if positions.numel() and not capturing and int(positions.max()) >= cos.shape[0]:
-        raise ValueError(f"rotary: position {int(positions.max())} >= table size {cos.shape[0]}")
+    # read once per positions tensor, not once per layer (_ranges.py); skipped in a CUDA graph capture
+    top = tensor_range(positions)
+    if top is not None and top[1] >= cos.shape[0]:
+        raise ValueError(f"rotary: position {top[1]} >= table size {cos.shape[0]}")
 
 
 def apply_rotary(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -21,6 +21,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+import vexact_kernels as vk
+
 from ..attention_metadata import AttentionMetadata
 from ..config import DenseConfig, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 from ..layers import (
@@ -137,9 +139,10 @@ class DenseForCausalLM(nn.Module):
                 f"expected flat input_ids and positions of equal shape [T]; got {tuple(input_ids.shape)} and "
                 f"{tuple(positions.shape)}"
             )
-        capturing = positions.is_cuda and torch.cuda.is_current_stream_capturing()  # no host sync in a capture
-        if positions.numel() and not capturing:
-            top, cfg = int(positions.max()), self.config
+        # read once for the step: every layer's rotary checks the same tensor without a read (vk.tensor_range)
+        pos_range = vk.tensor_range(positions)
+        if pos_range is not None:
+            top, cfg = pos_range[1], self.config
             if top >= cfg.max_position_embeddings:
                 raise ValueError(f"position {top} >= max_position_embeddings {cfg.max_position_embeddings}")
             if cfg.sliding_window is not None and top >= cfg.sliding_window:
