@@ -18,6 +18,8 @@
 #   bench-mla       benchmarks/mla.py, Moonlight and DeepSeek-V3 layer shapes -> $OUT/mla-<target>.md, mla-v3-...
 #   bench-grpo      benchmarks/throughput.py --grpo-only (prefix caching on/off) -> $OUT/throughput-grpo-<target>.md
 #   bench-moe       benchmarks/moe.py -> $OUT/moe-<target>.md
+#   profile         scripts/profile_decode.py: decode steps at batch 1/64/256 (graph replay) and steps with prompt
+#                   tokens (64 decoding + a 1024-token chunk, 256 + 2048; eager) -> $OUT/profile-{decode,mixed}-<target>.txt
 #   bench-trainer   benchmarks/trainer.py (FSDP2, Qwen3-1.7B shape): tokens/s and MFU -> $OUT/trainer-<target>.md
 #   bench-moonlight benchmarks/throughput.py --models moonlight (invariant vs fast) -> $OUT/throughput-moonlight-...
 #   tim             scripts/tim_gpu.py: `vexact tim` on fast and invariant GPU rollouts + attribution -> $OUT/tim/
@@ -127,6 +129,10 @@ for step in "$@"; do
     fa4-golden) export VEXACT_ATTENTION=fa4; record_golden "-fa4"; unset VEXACT_ATTENTION ;;
     fa4-bench)
       python3 benchmarks/attention.py --out "$OUT/attention-$TARGET.md" || status=1 ;;
+    profile)
+      python3 scripts/profile_decode.py --batch 1,64,256 2>&1 | grep -v "Warning\|warn" > "$OUT/profile-decode-$TARGET.txt" || status=1
+      python3 scripts/profile_decode.py --mixed 64:1024,256:2048 2>&1 | grep -v "Warning\|warn" \
+        > "$OUT/profile-mixed-$TARGET.txt" || status=1 ;;
     bench-throughput)
       site=(); [ -d /tmp/vllmsite ] && site=(--vllm-site /tmp/vllmsite)
       python3 benchmarks/throughput.py "${site[@]}" ${THROUGHPUT_ARGS:-} --ckpt-dir /tmp/peers --out "$OUT/throughput-$TARGET.md" 2>&1 \
