@@ -74,17 +74,17 @@ def profile_batch(model, batch: int, weight_bytes: int, label: str, pack: bool =
     print(f"  decode graph replay alone:          {replay:.3f} ms")
     print(f"  sample_rows alone (logits, draw, logprobs, host sync): {sample:.3f} ms")
     print(f"  the rest (scheduler, step tensors, Python): {step - replay - sample:.3f} ms")
-    steps = 5
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            llm.step()
-        torch.cuda.synchronize()
-    print_trace(prof, steps)
+    trace_steps(lambda k, engine=llm: engine.step(), 5)
     del llm
     torch.cuda.empty_cache()
 
 
-def print_trace(prof, steps: int) -> None:
+def trace_steps(run, steps: int) -> None:
+    """Profile ``run(k)`` for k < steps; print the GPU kernels per step and the top host ops."""
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for k in range(steps):
+            run(k)
+        torch.cuda.synchronize()
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     gpu_us = sum(e.device_time for e in kernels) / steps
     print(f"  GPU kernels per step: {len(kernels) / steps:.0f}, {gpu_us / 1e3:.3f} ms of kernel time per step")
@@ -133,11 +133,7 @@ def profile_mixed(model, batch: int, prompt: int, label: str, pack: bool = True)
     print(f"\n##### {label}, {batch} decoding + a {prompt}-token prompt chunk per step")
     print(f"step with prompt tokens (median wall, synced): {statistics.median(walls):.3f} ms")
     print(f"decode-only step of the same batch (median wall, synced): {statistics.median(dec):.3f} ms")
-    steps = 3
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for k in range(steps):
-            mixed_step(200 + k)
-    print_trace(prof, steps)
+    trace_steps(lambda k: mixed_step(200 + k), 3)
     torch.cuda.empty_cache()
 
 
