@@ -134,9 +134,8 @@ def engine_throughput(model, mode: str, max_num_seqs: int, prompts, params, args
     # time spent in steps that only decode (replayed CUDA graphs) and in steps with prompt tokens (prefill chunks,
     # mixed with decode rows; eager); runner.run returns the sampled tokens on the host, so it ends synchronised
     steps = {"decode": [0, 0.0], "mixed": [0, 0.0]}
-    run = llm.runner.run
 
-    def timed_run(batch, blocks):
+    def timed_run(batch, blocks, run=llm.runner.run):
         t0 = time.perf_counter()
         out = run(batch, blocks)
         kind = steps["decode" if all(it.num_new_tokens == 1 for it in batch) else "mixed"]
@@ -158,7 +157,10 @@ def engine_throughput(model, mode: str, max_num_seqs: int, prompts, params, args
         kv_pages=llm.blocks.num_blocks, graphs=llm.runner.num_graphs, steps=steps, **stats,
         outputs=outs if keep_outputs else None,
     )  # fmt: skip
-    del llm, outs
+    # the wrapper and the runner hold each other, a cycle only a gc pass frees: without this, each engine's KV cache
+    # stayed allocated into the next run (on an H100, free memory fell 72.3 -> 65.4 -> 34.6 GiB over two runs)
+    del llm.runner.run
+    del llm, outs, timed_run
     free_memory()
     return res
 
