@@ -7,8 +7,10 @@
 #                                              # /tmp/vxbg/NAME/repo, then run CMD there in a new session with
 #                                              # scripts/device_env.sh sourced and OUT=/tmp/vxbg/NAME/out; the
 #                                              # exit status lands in /tmp/vxbg/NAME/rc
-#   bash scripts/gpu_bg.sh wait SECONDS        # until every job has an rc or SECONDS pass; prints each job's state
-#                                              # and the tail of its log
+#   bash scripts/gpu_bg.sh wait SECONDS [quiet] # until every job has an rc or SECONDS pass; prints each job's state
+#                                              # and the tail of its log (quiet: the states only, one line a job:
+#                                              # inside a lease, read nothing long between calls, or the machine
+#                                              # goes back while you read)
 #   bash scripts/gpu_bg.sh collect [NAME...]   # $OUT/bg-NAME.tgz for each job (its out/ and log), at most 8 files
 #
 # e.g. bash scripts/gpu_bg.sh start contracts bash scripts/gpu_checks.sh h100 golden contracts
@@ -39,6 +41,7 @@ case "$verb" in
     ;;
   wait)
     limit=${1:?seconds}
+    quiet=${2:-}
     start=$(date +%s)
     while :; do
       pending=0
@@ -54,6 +57,7 @@ case "$verb" in
       else
         echo "=== $name: running for $(($(date +%s) - $(cat "$job/t0" 2>/dev/null || date +%s))) s"
       fi
+      [ "$quiet" = quiet ] && continue
       grep -E "^=== |passed|failed|error|Error|FAILED" "$job/log" | grep -v "it/s" | tail -25
       tail -5 "$job/log"
     done
