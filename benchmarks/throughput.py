@@ -323,10 +323,16 @@ def in_fa4_process(what: str, shape: str, args, *rest):
         return pool.submit(_fa4_worker, what, shape, args, *rest).result()
 
 
-def run_engine(model, shape: str, mode: str, limit: int, prompts, params, args) -> dict:
+def print_free_memory(mode: str, limit: int) -> None:
+    """Free device memory before an engine starts (each engine sizes its KV cache from it; vLLM refuses to start
+    below gpu_memory_utilization)."""
     if DEV.type == "cuda":
         free, total = torch.cuda.mem_get_info(DEV)
         print(f"starting {mode} at batch limit {limit}: {free / GIB:.1f} of {total / GIB:.1f} GiB free", flush=True)
+
+
+def run_engine(model, shape: str, mode: str, limit: int, prompts, params, args) -> dict:
+    print_free_memory(mode, limit)
     if mode == "invariant-fa4":
         return in_fa4_process("throughput", shape, args, limit, prompts, params)
     return engine_throughput(model, mode, limit, prompts, params, args)
@@ -363,8 +369,7 @@ def peer_section(model, shape: str, args, bw: float, modes, batch_limits, workdi
             results[(limit, mode)] = peers.NOT_INSTALLED
             continue
         batch1 = limit == batch_limits[0]  # time batch-1 decode in the first engine of each vLLM mode
-        free, total = torch.cuda.mem_get_info(DEV) if DEV.type == "cuda" else (0, 0)
-        print(f"starting {mode} at batch limit {limit}: {free / GIB:.1f} of {total / GIB:.1f} GiB free", flush=True)
+        print_free_memory(mode, limit)
         r = peers.run_vllm(mode, ckpt, prompts, max_tokens, seeds, limit, args, workdir, batch1)
         results[(limit, mode)] = r
         if batch1:

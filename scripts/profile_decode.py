@@ -79,6 +79,15 @@ def profile_batch(model, batch: int, weight_bytes: int, label: str, pack: bool =
     torch.cuda.empty_cache()
 
 
+def synced_ms(fn) -> float:
+    """Wall ms of ``fn()`` between two device syncs."""
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t) * 1e3
+
+
 def trace_steps(run, steps: int) -> None:
     """Profile ``run(k)`` for k < steps; print the GPU kernels per step and the top host ops."""
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -113,23 +122,13 @@ def profile_mixed(model, batch: int, prompt: int, label: str, pack: bool = True)
         # a finished slot is not needed: max_num_seqs leaves one free, and a request of max_tokens 1 leaves it again
         one = SamplingParams(seed=10_000 + k, **{**sp, "max_tokens": 1})
         llm.add_request([3 + (k * 11 + j) % vocab for j in range(prompt)], one)
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        llm.step()
-        torch.cuda.synchronize()
-        return (time.perf_counter() - t) * 1e3
+        return synced_ms(llm.step)
 
     for k in range(3):
         mixed_step(k)  # compiles the prefill shapes
     walls = [mixed_step(100 + k) for k in range(10)]
     llm.step()  # a decode-only step for comparison (graph replay)
-    dec = []
-    for _ in range(10):
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        llm.step()
-        torch.cuda.synchronize()
-        dec.append((time.perf_counter() - t) * 1e3)
+    dec = [synced_ms(llm.step) for _ in range(10)]
     print(f"\n##### {label}, {batch} decoding + a {prompt}-token prompt chunk per step")
     print(f"step with prompt tokens (median wall, synced): {statistics.median(walls):.3f} ms")
     print(f"decode-only step of the same batch (median wall, synced): {statistics.median(dec):.3f} ms")
