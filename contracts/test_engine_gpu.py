@@ -116,9 +116,12 @@ def test_engine_equals_trainer_across_settings(shape_model):
         outs, llm = _run(model, prompts, params, **{"num_kv_blocks": 1024, **kw})
         if name == "graphs":
             assert llm.runner.graph_error is None, llm.runner.graph_error
-            assert llm.runner.num_graphs == 7 and llm.runner.num_padded_steps > 0
+            # 7 decode batch sizes (1..64) and 8 token counts (256..2048) of steps with prompt tokens
+            assert llm.runner.num_graphs == 7 + 8 and llm.runner.num_padded_steps > 0
+            assert llm.runner.num_padded_prompt_steps > 0
         if name == "eager":
             assert llm.runner.num_graphs == 0 and llm.runner.num_padded_steps == 0
+            assert llm.runner.num_padded_prompt_steps == 0
         if name.startswith("preempt"):
             assert llm.num_preemptions > 0, "the KV cache was meant to be tight enough to preempt"
         assert logprob_mismatches(outs, _trainer_logprobs(model, outs, params)) == [], name

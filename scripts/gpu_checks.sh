@@ -19,7 +19,8 @@
 #   bench-grpo      benchmarks/throughput.py --grpo-only (prefix caching on/off) -> $OUT/throughput-grpo-<target>.md
 #   bench-moe       benchmarks/moe.py -> $OUT/moe-<target>.md
 #   profile         scripts/profile_decode.py: decode steps at batch 1/64/256 (graph replay) and steps with prompt
-#                   tokens (64 decoding + a 1024-token chunk, 256 + 2048; eager) -> $OUT/profile-{decode,mixed}-<target>.txt
+#                   tokens (64 decoding + a 1024-token chunk, 256 + 2048; eager, then as CUDA graphs)
+#                   -> $OUT/profile-{decode,mixed}-<target>.txt
 #   bench-trainer   benchmarks/trainer.py (FSDP2, Qwen3-1.7B shape): tokens/s and MFU -> $OUT/trainer-<target>.md
 #   bench-moonlight benchmarks/throughput.py --models moonlight (invariant vs fast) -> $OUT/throughput-moonlight-...
 #   tim             scripts/tim_gpu.py: `vexact tim` on fast and invariant GPU rollouts + attribution -> $OUT/tim/

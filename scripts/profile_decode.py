@@ -57,8 +57,8 @@ def profile_batch(model, batch: int, weight_bytes: int, label: str, pack: bool =
         llm.step()
         walls.append((time.perf_counter() - t) * 1e3)
     runner = llm.runner
-    graph_batch = min(b for b in runner._graphs if b >= batch)
-    graph, out = runner._graphs[graph_batch]
+    graph_batch = min(b for kind, b in runner._graphs if kind == "decode" and b >= batch)
+    graph, out = runner._graphs[("decode", graph_batch)]
     replay = cuda_ms(graph.replay)
     seqs = llm.running_sequences()[:batch]  # the benchmark's sampling: temperature 1, no top-k / top-p
     hidden = out[: len(seqs)]
@@ -107,10 +107,12 @@ def trace_steps(run, steps: int) -> None:
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12))
 
 
-def profile_mixed(model, batch: int, prompt: int, label: str, pack: bool = True) -> None:
-    """Steps with prompt tokens: ``batch`` requests decode while one new request's ``prompt``-token chunk prefills."""
+def profile_mixed(model, batch: int, prompt: int, label: str, pack: bool = True, graphs: bool = True) -> None:
+    """Steps with prompt tokens: ``batch`` requests decode while one new request's ``prompt``-token chunk prefills;
+    as CUDA graphs padded to a token count (``graphs``, the default) or eagerly."""
     llm = LLM(model=model, device="cuda", max_num_seqs=batch + 1, max_num_batched_tokens=batch + prompt,
-              num_kv_blocks=max(256, (batch + 12) * 24 + 12 * prompt // 16), pack_weights=pack)  # fmt: skip
+              num_kv_blocks=max(256, (batch + 12) * 24 + 12 * prompt // 16), pack_weights=pack,
+              cuda_graph_token_sizes=None if graphs else ())  # fmt: skip
     sp = dict(max_tokens=300, temperature=1.0, top_p=1.0, ignore_eos=True)
     vocab = min(997, model.config.vocab_size - 3)
     for i in range(batch):
@@ -129,7 +131,8 @@ def profile_mixed(model, batch: int, prompt: int, label: str, pack: bool = True)
     walls = [mixed_step(100 + k) for k in range(10)]
     llm.step()  # a decode-only step for comparison (graph replay)
     dec = [synced_ms(llm.step) for _ in range(10)]
-    print(f"\n##### {label}, {batch} decoding + a {prompt}-token prompt chunk per step")
+    how = f"CUDA graphs, {llm.runner.num_padded_prompt_steps} steps padded" if graphs else "eager"
+    print(f"\n##### {label}, {batch} decoding + a {prompt}-token prompt chunk per step ({how})")
     print(f"step with prompt tokens (median wall, synced): {statistics.median(walls):.3f} ms")
     print(f"decode-only step of the same batch (median wall, synced): {statistics.median(dec):.3f} ms")
     trace_steps(lambda k: mixed_step(200 + k), 3)
@@ -149,7 +152,8 @@ def main() -> None:
     if args.mixed:
         for pair in args.mixed.split(","):
             b, p = (int(x) for x in pair.split(":"))
-            profile_mixed(model, b, p, f"{args.shape}-shaped, {args.layers} layers", pack=not args.no_pack)
+            for graphs in (False, True):
+                profile_mixed(model, b, p, f"{args.shape}-shaped, {args.layers} layers", not args.no_pack, graphs)
         return
     for batch in (int(b) for b in args.batch.split(",")):
         label = f"{args.shape}-shaped, {args.layers} layers, weights {'unpacked' if args.no_pack else 'packed'}"

@@ -104,14 +104,16 @@ def test_packed_engine_runs_grouped_projections(monkeypatch):
 
 @pytest.mark.gpu
 def test_gpu_packed_engine_equals_unpacked_through_graphs_sleep_and_updates():
-    """On CUDA: decode graphs captured over the grouped projections, a level-1 wake restoring from pinned host copies
-    into new flat buffers, a level-2 wake allocating them: tokens and logprobs those of the unpacked engine."""
+    """On CUDA: decode graphs and a graph of the steps with prompt tokens captured over the grouped projections, a
+    level-1 wake restoring from pinned host copies into new flat buffers, a level-2 wake allocating them: tokens and
+    logprobs those of the unpacked engine."""
     kw = dict(KW, device="cuda")
     packed = LLM(default_checkpoint(), **kw)
     plain = LLM(default_checkpoint(), pack_weights=False, **kw)
     buffers, _ = packed_buffers(packed.model)
     assert all(b.is_cuda for b in buffers) and packed_buffers(plain.model) is None
-    assert packed.runner.num_graphs == 2 and packed.runner.graph_error is None
+    # decode batch sizes 2 and 4, and one token count (256) for the steps with prompt tokens
+    assert packed.runner.num_graphs == 3 and packed.runner.graph_error is None
     ref = _gen(plain)
     _same(_gen(packed), ref)
     for level in (1, 2):
@@ -119,5 +121,5 @@ def test_gpu_packed_engine_equals_unpacked_through_graphs_sleep_and_updates():
         packed.wake_up()
         if level == 2:
             packed.update_weights([(n, t.detach().clone()) for n, t in expected_tensors(plain.model).items()])
-        assert packed_buffers(packed.model) is not None and packed.runner.num_graphs == 2
+        assert packed_buffers(packed.model) is not None and packed.runner.num_graphs == 3
         _same(_gen(packed), ref)

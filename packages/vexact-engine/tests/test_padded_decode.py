@@ -1,5 +1,6 @@
-"""Padded decode (the CUDA-graph path, run eagerly on CPU): padding a decode step to a captured batch size never
-changes a real row's tokens or logprobs; a load ~10x the KV capacity loses nothing and changes nothing."""
+"""Padded steps (the CUDA-graph paths, run eagerly on CPU): padding a decode step to a captured batch size, or a step
+with prompt tokens to a captured token count (one pad sequence, empty sequence slots), never changes a real row's
+tokens or logprobs; a load ~10x the KV capacity loses nothing and changes nothing."""
 
 from __future__ import annotations
 
@@ -46,6 +47,55 @@ def test_graph_sizes_resolution():
     assert EngineConfig(cuda_graph_batch_sizes=[2], enforce_eager=True).graph_batch_sizes(on_cuda=True) == []
 
 
+def test_graph_token_sizes_resolution():
+    assert EngineConfig(max_num_batched_tokens=1000).graph_token_sizes(on_cuda=True) == [256, 512, 768, 1024]
+    assert EngineConfig(max_num_batched_tokens=4096).graph_token_sizes(True) == list(range(256, 4097, 256))
+    assert EngineConfig(max_num_batched_tokens=8192).graph_token_sizes(True)[-5:] == [4096, 5120, 6144, 7168, 8192]
+    assert EngineConfig(max_num_batched_tokens=4096).graph_token_sizes(on_cuda=False) == []
+    assert EngineConfig(cuda_graph_token_sizes=[32, 16, 16]).graph_token_sizes(on_cuda=False) == [16, 32]
+    assert EngineConfig(cuda_graph_token_sizes=()).graph_token_sizes(on_cuda=True) == []
+    assert EngineConfig(cuda_graph_token_sizes=[16], enforce_eager=True).graph_token_sizes(on_cuda=True) == []
+    with pytest.raises(ValueError, match="cuda_graph_token_sizes"):
+        EngineConfig(cuda_graph_token_sizes=[0, 16])
+
+
+def test_prompt_step_slots_avoid_the_token_counts_and_the_fast_kernels(model):
+    """The sequence slots of a padded step with prompt tokens never equal a token count (FA4 would take such a step
+    for a decode step); the fast attention kernels read the layout on the host, so they run such steps eagerly."""
+    llm = LLM(model=model, max_num_seqs=15, max_num_batched_tokens=32, cuda_graph_token_sizes=[16, 17, 32])
+    assert llm.runner.mixed_seqs == 18 and llm.runner.token_sizes == [16, 17, 32]
+    fast = LLM(model=model, backend="fast", max_num_seqs=7, max_num_batched_tokens=32, cuda_graph_token_sizes=[32])
+    assert fast.runner.token_sizes == []
+
+
+TOKEN_SIZES = [8, 16, 24, 32]
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [dict(cuda_graph_token_sizes=TOKEN_SIZES), dict(cuda_graph_token_sizes=[32], cuda_graph_batch_sizes=[2, 8])],
+    ids=["token-sizes", "one-token-size-and-decode"],
+)
+def test_padded_prompt_steps_equal_unpadded_eager_steps(model, kw):
+    prompts, params = _workload(7, seed=4, hi=40)
+    eager = LLM(model=model, **KW).generate(prompts, params, use_tqdm=False)
+    llm = LLM(model=model, **kw, **KW)
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    assert llm.runner.num_padded_prompt_steps > 0
+    _equal(outs, eager)
+
+
+def test_padded_prompt_steps_with_a_wrong_pad_sequence_are_caught(model, monkeypatch):
+    """The equality above can fail: a pad sequence that writes its K/V (slot 0 instead of -1) corrupts a page."""
+    prompts, params = _workload(5, seed=5, hi=40)
+    eager = LLM(model=model, **KW).generate(prompts, params, use_tqdm=False)
+    monkeypatch.setattr(ModelRunner, "PAD_ROW", (0, 0, 0, 1))
+    llm = LLM(model=model, cuda_graph_token_sizes=[32], **KW)
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    assert llm.runner.num_padded_prompt_steps > 0
+    assert any(not torch.equal(a.logprobs, b.logprobs) for a, b in zip(outs, eager, strict=True))
+
+
 @pytest.mark.parametrize("sizes", [[1, 2, 4, 8], [3], [8]], ids=["pow2", "odd", "one-size"])
 def test_padded_decode_equals_unpadded_eager_decode(model, sizes):
     prompts, params = _workload(7, seed=1)
@@ -66,14 +116,18 @@ def test_padded_decode_with_a_wrong_pad_row_is_caught(model, monkeypatch):
     assert any(not torch.equal(a.logprobs, b.logprobs) for a, b in zip(outs, eager, strict=True))
 
 
-@pytest.mark.parametrize("sizes", [None, [2, 4, 8]], ids=["eager", "padded"])
-def test_load_ten_times_the_kv_capacity_loses_nothing(model, sizes):
+@pytest.mark.parametrize(
+    "graphs",
+    [{}, dict(cuda_graph_batch_sizes=[2, 4, 8]), dict(cuda_graph_token_sizes=[12, 24])],
+    ids=["eager", "padded", "padded-prompt-steps"],
+)
+def test_load_ten_times_the_kv_capacity_loses_nothing(model, graphs):
     """A burst whose tokens add up to ~10x the KV cache: preemption and recompute, every request finishes, and
     every logprob equals the unloaded run (a cache that holds everything), bitwise."""
     prompts, params = _workload(24, seed=3, lo=6, hi=14, max_tokens=20)
     total = sum(len(p) + sp.max_tokens for p, sp in zip(prompts, params, strict=True))
     kw = dict(max_num_seqs=8, max_num_batched_tokens=24, block_size=4)
-    loaded = LLM(model=model, num_kv_blocks=total // 40, cuda_graph_batch_sizes=sizes, **kw)
+    loaded = LLM(model=model, num_kv_blocks=total // 40, **graphs, **kw)
     capacity = loaded.blocks.num_blocks * 4
     assert 9 <= total / capacity <= 11
     outs = loaded.generate(prompts, params, use_tqdm=False)

@@ -5,6 +5,8 @@ from dataclasses import dataclass
 import vexact_kernels as vk
 
 DEFAULT_GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+# Token buckets of the steps with prompt tokens, by default: every 256 tokens up to 4096, then every 1024.
+GRAPH_TOKEN_STEP, GRAPH_TOKEN_STEP_LARGE, GRAPH_TOKEN_STEP_UNTIL = 256, 1024, 4096
 CPU_KV_CACHE_BYTES = 256 << 20
 LM_HEAD_DTYPES = ("float32", "bfloat16", "float16")
 
@@ -30,6 +32,14 @@ class EngineConfig:
     decode steps, prefill steps and ``enforce_eager=True`` run eagerly. On CPU there are no graphs; an explicit
     ``cuda_graph_batch_sizes`` there runs the same padded static-buffer decode eagerly (to test the padding).
 
+    Steps with prompt tokens (prefill chunks, alone or with decode rows) run as CUDA graphs too, one per token count
+    of ``cuda_graph_token_sizes`` (default on CUDA: every 256 tokens up to 4096, then every 1024, up to the first
+    size >= ``max_num_batched_tokens``; ``()`` turns them off): a step of N tokens is padded to the next size with
+    one pad sequence that writes no KV, in ``max_num_seqs + 1`` sequence slots (the unused ones empty). Eagerly,
+    such a step's many small launches left the GPU idle most of the step. Only with the invariant attention
+    kernels (the ``fast`` ones read the step's layout on the host); on CPU an explicit list runs the padded path
+    eagerly.
+
     ``pack_weights`` (default on): the parameters live in one flat buffer per dtype (``vexact_models.pack_parameters``,
     at construction and again when waking from sleep), so each layer's q/k/v and gate/up projections lie end to end
     and the models run them as one matmul each (``vexact_models.layers.grouped_linear``: the same bits as three and
@@ -51,6 +61,7 @@ class EngineConfig:
     seed: int = 0
     enforce_eager: bool = False
     cuda_graph_batch_sizes: tuple[int, ...] | list[int] | None = None
+    cuda_graph_token_sizes: tuple[int, ...] | list[int] | None = None
     pack_weights: bool = True
     # Mismatch injection, for training-inference mismatch studies only (both off by default; see the README):
     # Gaussian noise of this standard deviation added to the fp32 sampling logits (seeded per request and token), and
@@ -102,6 +113,15 @@ class EngineConfig:
                     f"EngineConfig.cuda_graph_batch_sizes must be a non-empty list of positive integers, got {sizes!r}"
                 )
             self.cuda_graph_batch_sizes = tuple(sorted(set(sizes)))
+        if self.cuda_graph_token_sizes is not None:
+            sizes = list(self.cuda_graph_token_sizes)
+            bad = [s for s in sizes if isinstance(s, bool) or not isinstance(s, int) or s < 1]
+            if bad:
+                raise ValueError(
+                    "EngineConfig.cuda_graph_token_sizes must be a list of positive integers (empty: none), "
+                    f"got {sizes!r}"
+                )
+            self.cuda_graph_token_sizes = tuple(sorted(set(sizes)))
 
     @property
     def injects_mismatch(self) -> bool:
@@ -115,4 +135,17 @@ class EngineConfig:
         sizes = [s for s in listed if s <= self.max_num_seqs]
         if self.max_num_seqs < max(listed) and self.max_num_seqs not in sizes:
             sizes.append(self.max_num_seqs)
+        return sizes
+
+    def graph_token_sizes(self, on_cuda: bool) -> list[int]:
+        """The padded token counts of steps with prompt tokens in force: none when eager (or on CPU without an
+        explicit list); the default buckets end at the first one >= ``max_num_batched_tokens``."""
+        if self.enforce_eager or (self.cuda_graph_token_sizes is None and not on_cuda):
+            return []
+        if self.cuda_graph_token_sizes is not None:
+            return list(self.cuda_graph_token_sizes)
+        sizes = [GRAPH_TOKEN_STEP]
+        while sizes[-1] < self.max_num_batched_tokens:
+            small = sizes[-1] < GRAPH_TOKEN_STEP_UNTIL
+            sizes.append(sizes[-1] + (GRAPH_TOKEN_STEP if small else GRAPH_TOKEN_STEP_LARGE))
         return sizes

@@ -4,9 +4,12 @@ A step is two separable halves, so a pipeline stage can reuse them: :meth:`Model
 step's tensors, run the model, return the hidden rows of the sequences that sample) and :meth:`ModelRunner.sample`
 (logits, seeded draw, and the reported logprob from the trainer's own function, on the model's device).
 
-Decode steps can run padded to a fixed batch size from static buffers: as CUDA graphs on CUDA, eagerly (same
-buffers, same padding, no capture) on CPU. A pad row writes no KV (slot -1), reads one valid page (context 1,
-page 0) and is dropped; every kernel is row-invariant, so padding never changes a real row's numerics.
+Steps can run padded to a fixed shape from static buffers (:class:`StaticStep`): as CUDA graphs on CUDA, eagerly
+(same buffers, same padding, no capture) on CPU. A decode step pads to the next captured batch size: a pad row writes
+no KV (slot -1), reads one valid page (context 1) and is dropped. A step with prompt tokens pads to the next captured
+token count, in a fixed number of sequence slots: the pad tokens form one sequence that writes no KV, the slots after
+it are empty sequences (no query, no key). Every kernel is row-invariant and a sequence's attention reads only its
+own keys, so padding never changes a real row's numerics.
 """
 
 from __future__ import annotations
@@ -48,12 +51,28 @@ class ModelRunner:
         self.device = next(model.parameters()).device  # the model decides; config.device only places a loaded model
         # Static block tables are as wide as the longest sequence can need, so one capture serves every step.
         self.max_pages = -(-max_model_len // config.block_size)
-        self.graph_sizes = config.graph_batch_sizes(self.device.type == "cuda")
+        on_cuda = self.device.type == "cuda"
+        self.graph_sizes = config.graph_batch_sizes(on_cuda)
+        # steps with prompt tokens run padded only over the invariant attention kernels (module doc)
+        with vk.use_backend(config.backend):
+            self.token_sizes = config.graph_token_sizes(on_cuda) if vk.get_backend("attention") == "invariant" else []
+        # Sequence slots of a padded step with prompt tokens: the batch, one pad sequence, never equal to a token
+        # count (FA4 takes a step with as many queries as sequences for a decode step).
+        self.mixed_seqs = config.max_num_seqs + 1
+        while self.mixed_seqs in self.token_sizes:
+            self.mixed_seqs += 1
+        # a size no step can fill has no valid warm-up layout either (_warm_layout): more tokens than slots of
+        # max_model_len each
+        cap = self.max_pages * config.block_size
+        self.token_sizes = [t for t in self.token_sizes if -(-t // self.mixed_seqs) <= cap]
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] | None = None
-        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._graphs: dict[tuple[str, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._graph_pool = None
-        self._static: dict[str, torch.Tensor] | None = None
+        self._decode: StaticStep | None = None
+        self._mixed: StaticStep | None = None
+        self._mixed_out: torch.Tensor | None = None
         self.num_padded_steps = 0  # decode steps run padded (replayed as a graph on CUDA)
+        self.num_padded_prompt_steps = 0  # steps with prompt tokens run padded (replayed as a graph on CUDA)
         self.graph_error: str | None = None  # why capture failed, when it did (decode then runs eagerly)
         self.allocate()
 
@@ -70,7 +89,7 @@ class ModelRunner:
             tuple(torch.zeros(shape, dtype=self.dtype, device=self.device) for shape in self.kv_shapes)
             for _ in range(self.model.config.num_hidden_layers)
         ]
-        if self.graph_sizes:
+        if self.graph_sizes or self.token_sizes:
             self._allocate_static()
             if self.device.type == "cuda":
                 try:
@@ -79,13 +98,13 @@ class ModelRunner:
                     self._graphs.clear()
                     self._graph_pool = None
                     self.graph_error = f"{type(e).__name__}: {e}"
-                    log.warning("CUDA graph capture failed, decode runs eagerly (padded): %s", self.graph_error)
+                    log.warning("CUDA graph capture failed, steps run eagerly (padded): %s", self.graph_error)
 
     def release(self) -> None:
         """Drop the graphs, their memory pool, the static buffers and the KV cache (see ``LLMEngine.sleep``)."""
         self._graphs.clear()
         self._graph_pool = None
-        self._static = None
+        self._decode = self._mixed = self._mixed_out = None
         self.kv_caches = None
 
     @property
@@ -98,34 +117,12 @@ class ModelRunner:
         step = step_lists(batch, blocks)
         return (*step_tensors(step, self.device), step["cu"])
 
-    # ---- padded decode from static buffers
+    # ---- padded steps from static buffers (CUDA graphs on CUDA)
     def _allocate_static(self) -> None:
-        s_max, dev = max(self.graph_sizes), self.device
-        # rows: input ids, positions, KV slots, context lengths. Rows start 128-byte aligned, as fresh tensors do:
-        # Triton specialises kernels on pointer alignment, so the graphs see the pointers eager steps see.
-        row = -(-s_max // 16) * 16
-        inputs = torch.tensor(self.PAD_ROW, dtype=torch.int64, device=dev)[:, None].repeat(1, row)
-        self._static = {
-            "inputs": inputs,
-            "tables": torch.zeros(s_max, self.max_pages, dtype=torch.int64, device=dev),
-            "cu": torch.arange(s_max + 1, dtype=torch.int64, device=dev),
-        }
-        # A host mirror of the static block tables, rewritten only where a row changed: row r holds the pages of the
-        # table list last written there (kept, with how many of its pages were written). A sequence's table list
-        # only grows at its end and is replaced, never edited, when its pages change otherwise (preemption, prefix
-        # cache), so an unchanged list object means its first pages are still right. Converting every table of a
-        # 256-row step to a tensor took about 0.5 ms of host time per decode step, with the GPU idle meanwhile.
-        self._tables_host = torch.zeros(s_max, self.max_pages, dtype=torch.int64)
-        self._tables_np = self._tables_host.numpy()
-        self._table_rows: list[tuple[list[int] | None, int]] = [(None, 0)] * s_max
-
-    def _static_args(self, size: int):
-        st = self._static
-        ids, pos, slots, ctx = st["inputs"][:, :size]
-        meta = AttentionMetadata(
-            cu_seqlens=st["cu"][: size + 1], slot_mapping=slots, block_tables=st["tables"][:size], context_lens=ctx
-        )
-        return ids, pos, meta
+        if self.graph_sizes:
+            self._decode = StaticStep(max(self.graph_sizes), max(self.graph_sizes), self.max_pages, self.device)
+        if self.token_sizes:
+            self._mixed = StaticStep(max(self.token_sizes), self.mixed_seqs, self.max_pages, self.device)
 
     def padded_size(self, batch: list[ScheduledSeq]) -> int | None:
         """The static size a step runs at, or None when it runs eagerly (not all one-token steps, or too large)."""
@@ -133,67 +130,104 @@ class ModelRunner:
             return None
         return next((s for s in self.graph_sizes if s >= len(batch)), None)
 
-    def _fill_static(self, batch: list[ScheduledSeq], blocks: BlockManager, size: int) -> None:
-        # Plain lists and one tensor each: per-element tensor writes would cost microseconds per row and step.
-        # Every item is a one-token step, so the step's lists hold one entry per row.
+    def padded_tokens(self, batch: list[ScheduledSeq]) -> int | None:
+        """The static token count a step with prompt tokens runs at (one pad sequence takes the rest), or None when
+        it runs eagerly (no size large enough, or a pad longer than a sequence may be)."""
+        if not self.token_sizes or self.kv_caches is None or len(batch) >= self.mixed_seqs:
+            return None
+        n = sum(it.num_new_tokens for it in batch)
+        size = next((t for t in self.token_sizes if t >= n), None)
+        if size is None or size - n > self.max_pages * self.config.block_size:
+            return None
+        return size
+
+    def _fill_decode(self, batch: list[ScheduledSeq], blocks: BlockManager, size: int) -> None:
+        # Every item is a one-token step, so the step's lists hold one entry per row; a pad row is a sequence of one
+        # token at position 0 that writes no KV (slot -1) and reads one page.
         pad = size - len(batch)
         step = step_lists(batch, blocks, with_tables=False)
-        ids, pos, slots, ctx = step["ids"], step["positions"], step["slots"], step["ctx"]
         t_id, t_pos, t_slot, t_ctx = self.PAD_ROW
-        host = torch.tensor(
-            [ids + [t_id] * pad, pos + [t_pos] * pad, slots + [t_slot] * pad, ctx + [t_ctx] * pad], dtype=torch.int64
+        self._decode.write(
+            step["ids"] + [t_id] * pad,
+            step["positions"] + [t_pos] * pad,
+            step["slots"] + [t_slot] * pad,
+            list(range(size + 1)),
+            step["ctx"] + [t_ctx] * pad,
+            batch,
+            size,
         )
-        st = self._static
-        st["inputs"][:, :size].copy_(host)
-        rows, tab, width = self._table_rows, self._tables_np, 1
-        for r, item in enumerate(batch):
-            table = item.seq.block_table
-            n = len(table)
-            width = max(width, n)
-            known, done = rows[r]
-            if known is not table or done > n:
-                done = 0
-            if done < n:
-                tab[r, done:n] = table[done:n]
-                rows[r] = (table, n)
-        for r in range(len(batch), size):  # pad rows read page 0
-            if rows[r][0] is not None or tab[r, 0]:
-                tab[r, 0] = 0
-                rows[r] = (None, 0)
-        # Columns past a row's own pages hold page ids of earlier steps: always valid pages, and never read (they lie
-        # beyond the row's context).
-        st["tables"][:size, :width].copy_(self._tables_host[:size, :width])
 
-    def _run_padded(self, batch: list[ScheduledSeq], blocks: BlockManager, size: int) -> torch.Tensor:
-        self._fill_static(batch, blocks, size)
-        self.num_padded_steps += 1
-        graph = self._graphs.get(size)
+    def _fill_mixed(self, batch: list[ScheduledSeq], blocks: BlockManager, size: int) -> list[int]:
+        # The pad tokens form one sequence after the real ones (positions 0..P-1, context P, slot -1: no KV written,
+        # its keys read from pages its table row names, valid pages whatever they hold); the slots after it are
+        # empty sequences (no query, no key). Returns the step's real ``cu``.
+        step = step_lists(batch, blocks, with_tables=False)
+        cu, n = step["cu"], step["cu"][-1]
+        pad, empty = size - n, self.mixed_seqs - len(batch) - 1
+        t_id, _, t_slot, _ = self.PAD_ROW
+        self._mixed.write(
+            step["ids"] + [t_id] * pad,
+            step["positions"] + list(range(pad)),
+            step["slots"] + [t_slot] * pad,
+            cu + [size] * (empty + 1),
+            step["ctx"] + [pad] + [0] * empty,
+            batch,
+            self.mixed_seqs,
+        )
+        return cu
+
+    def _replay(self, key: tuple[str, int], static: StaticStep, tokens: int, seqs: int) -> torch.Tensor:
+        graph = self._graphs.get(key)
         if graph is not None:
             graph[0].replay()
             return graph[1]
-        ids, pos, meta = self._static_args(size)
-        return self.model(ids, pos, meta, self.kv_caches)
+        return self.model(*static.args(tokens, seqs), self.kv_caches)
+
+    def _warm_layout(self, static: StaticStep, tokens: int, seqs: int) -> None:
+        """A valid step of pad tokens only (no KV written) for a warm-up and capture: the tokens split evenly over
+        the sequences, each at positions 0.. of its own."""
+        lens = [tokens // seqs + (1 if i < tokens % seqs else 0) for i in range(seqs)]
+        t_id, _, t_slot, _ = self.PAD_ROW
+        cu = [0]
+        for n in lens:
+            cu.append(cu[-1] + n)
+        positions = [p for n in lens for p in range(n)]
+        static.write([t_id] * tokens, positions, [t_slot] * tokens, cu, lens, [], seqs)
 
     def _capture_all(self) -> None:
-        """Capture one decode graph per size, largest first, sharing one memory pool (they never run together)."""
+        """Capture one graph per token count of the steps with prompt tokens and one per decode size, largest
+        first, sharing one memory pool (they never run together). A graph of prompt tokens copies its hidden rows
+        to one static buffer, so no graph's output holds pool memory another graph reuses."""
         self._graph_pool = torch.cuda.graph_pool_handle()
+        shapes = [(("mixed", t), self._mixed, t, self.mixed_seqs) for t in sorted(self.token_sizes, reverse=True)]
+        shapes += [(("decode", s), self._decode, s, s) for s in sorted(self.graph_sizes, reverse=True)]
         with vk.use_backend(self.config.backend), torch.no_grad():
-            for size in sorted(self.graph_sizes, reverse=True):
-                ids, pos, meta = self._static_args(size)
-                # Warm-up outside the capture: compiles the Triton kernels for this shape. The static buffers hold
-                # pad rows only (slot -1), so nothing is written to the KV cache.
+            for key, static, tokens, seqs in shapes:
+                self._warm_layout(static, tokens, seqs)
+                ids, pos, meta = static.args(tokens, seqs)
+                # Warm-up outside the capture: compiles the Triton kernels for this shape (pad tokens only, so
+                # nothing is written to the KV cache).
                 side = torch.cuda.Stream()
                 side.wait_stream(torch.cuda.current_stream())
                 with torch.cuda.stream(side):
                     for _ in range(2):
-                        self.model(ids, pos, meta, self.kv_caches)
+                        warm = self.model(ids, pos, meta, self.kv_caches)
                 torch.cuda.current_stream().wait_stream(side)
+                if key[0] == "mixed" and self._mixed_out is None:
+                    self._mixed_out = torch.empty((tokens, *warm.shape[1:]), dtype=warm.dtype, device=self.device)
+                del warm
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=self._graph_pool):
                     out = self.model(ids, pos, meta, self.kv_caches)
-                self._graphs[size] = (graph, out)
+                    if key[0] == "mixed":
+                        self._mixed_out[:tokens].copy_(out)
+                        out = self._mixed_out[:tokens]
+                self._graphs[key] = (graph, out)
         torch.cuda.synchronize(self.device)
-        log.info("captured %d decode graphs (batch sizes %s)", len(self._graphs), sorted(self._graphs))
+        log.info(
+            "captured %d CUDA graphs (decode batch sizes %s, token counts %s)",
+            len(self._graphs), sorted(self.graph_sizes), sorted(self.token_sizes),
+        )  # fmt: skip
 
     # ---- a step
     @torch.no_grad()
@@ -203,15 +237,23 @@ class ModelRunner:
         sampling = [b for b, item in enumerate(batch) if item.samples]
         items = [batch[b] for b in sampling]
         size = self.padded_size(batch)
+        tokens = self.padded_tokens(batch) if size is None else None
         with vk.use_backend(self.config.backend):
             if size is not None:
-                hidden = self._run_padded(batch, blocks, size)
+                self._fill_decode(batch, blocks, size)
+                self.num_padded_steps += 1
+                hidden = self._replay(("decode", size), self._decode, size, size)
                 if len(sampling) == len(batch):
                     return hidden[: len(batch)], items
                 # one-token prefill chunks also run padded; a step may have no row that samples
                 return hidden[torch.tensor(sampling, dtype=torch.int64, device=hidden.device)], items
-            ids, pos, meta, cu = self.prepare(batch, blocks)
-            hidden = self.model(ids, pos, meta, self.kv_caches)
+            if tokens is not None:
+                cu = self._fill_mixed(batch, blocks, tokens)
+                self.num_padded_prompt_steps += 1
+                hidden = self._replay(("mixed", tokens), self._mixed, tokens, self.mixed_seqs)
+            else:
+                ids, pos, meta, cu = self.prepare(batch, blocks)
+                hidden = self.model(ids, pos, meta, self.kv_caches)
         rows = torch.tensor([cu[b + 1] - 1 for b in sampling], dtype=torch.int64, device=hidden.device)
         return hidden[rows], items
 
@@ -241,6 +283,66 @@ class ModelRunner:
             raise RuntimeError("the engine is asleep (KV cache released): call wake_up() first")
         hidden, items = self.forward(batch, blocks)
         return self.sample(hidden, items)
+
+
+class StaticStep:
+    """The device buffers a padded step reads, at fixed addresses (what its CUDA graphs captured): steps of up to
+    ``max_tokens`` query tokens in up to ``max_seqs`` sequences.
+
+    One flat int64 buffer holds the token rows (ids, positions, KV slots) and the sequence rows (``cu`` query
+    offsets, context lengths), each starting 128-byte aligned as fresh tensors do (Triton specialises kernels on
+    pointer alignment, so the graphs see the pointers eager steps see); a step's values go over in one copy. The
+    block tables have a host mirror rewritten only where a row changed: row r holds the pages of the table list last
+    written there (kept, with how many of its pages were written). A sequence's table list only grows at its end and
+    is replaced, never edited, when its pages change otherwise (preemption, prefix cache), so an unchanged list object
+    means its first pages are still right. Converting every table of a 256-row step to a tensor took about 0.5 ms of
+    host time per decode step, with the GPU idle meanwhile. Columns past a row's own pages, and the rows of pad and
+    empty sequences, hold page ids of earlier steps: always valid pages, never read for a real row.
+    """
+
+    def __init__(self, max_tokens: int, max_seqs: int, max_pages: int, device: torch.device):
+        t, s = -(-max_tokens // 16) * 16, -(-(max_seqs + 1) // 16) * 16
+        self.max_tokens, self.max_seqs = max_tokens, max_seqs
+        self.offsets = (0, t, 2 * t, 3 * t, 3 * t + s)  # ids, positions, slots, cu, ctx
+        self.buf = torch.zeros(3 * t + 2 * s, dtype=torch.int64, device=device)
+        self.host = torch.zeros(3 * t + 2 * s, dtype=torch.int64)
+        self.host_np = self.host.numpy()
+        self.tables = torch.zeros(max_seqs, max_pages, dtype=torch.int64, device=device)
+        self.tables_host = torch.zeros(max_seqs, max_pages, dtype=torch.int64)
+        self.tables_np = self.tables_host.numpy()
+        self.table_rows: list[tuple[list[int] | None, int]] = [(None, 0)] * max_seqs
+
+    def args(self, tokens: int, seqs: int) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+        """``(input_ids, positions, paged AttentionMetadata)``: views of the buffers for ``tokens`` / ``seqs``."""
+        o_id, o_pos, o_slot, o_cu, o_ctx = self.offsets
+        b = self.buf
+        meta = AttentionMetadata(
+            cu_seqlens=b[o_cu : o_cu + seqs + 1],
+            slot_mapping=b[o_slot : o_slot + tokens],
+            block_tables=self.tables[:seqs],
+            context_lens=b[o_ctx : o_ctx + seqs],
+        )
+        return b[o_id : o_id + tokens], b[o_pos : o_pos + tokens], meta
+
+    def write(self, ids, positions, slots, cu, ctx, batch: list[ScheduledSeq], seqs: int) -> None:
+        """A step's values (plain lists; token rows of one length, ``cu`` one longer than ``ctx``) and the block
+        tables of ``batch`` (rows ``0..len(batch)-1``), copied to the device buffers."""
+        h = self.host_np
+        for off, values in zip(self.offsets, (ids, positions, slots, cu, ctx), strict=True):
+            h[off : off + len(values)] = values
+        self.buf.copy_(self.host)
+        rows, tab, width = self.table_rows, self.tables_np, 1
+        for r, item in enumerate(batch):
+            table = item.seq.block_table
+            n = len(table)
+            width = max(width, n)
+            known, done = rows[r]
+            if known is not table or done > n:
+                done = 0
+            if done < n:
+                tab[r, done:n] = table[done:n]
+                rows[r] = (table, n)
+        self.tables[:seqs, :width].copy_(self.tables_host[:seqs, :width])
 
 
 def step_lists(batch: list[ScheduledSeq], blocks: BlockManager, with_tables: bool = True) -> dict[str, list]:
