@@ -127,12 +127,17 @@ def engine_throughput(model, mode: str, max_num_seqs: int, prompts, params, args
         model=model, backend=mode, max_num_seqs=max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager, **kw,
     )  # fmt: skip
-    warm = prompts[:4]
-    llm.generate(warm, [SamplingParams(max_tokens=8, seed=1, ignore_eos=True)] * len(warm), use_tqdm=False)  # warm up
+    # Warm-up at the run's own batch limit: Triton compiles a kernel again for each new specialisation of its integer
+    # arguments (1, a multiple of 16, other), and the sampling kernels see row counts the capture warm-up never ran.
+    # With 4 warm-up prompts, the first timed run of a process (H100, batch limit 64) waited about 4 s for its first
+    # finished request (1.2 s in a process that found the kernels in Triton's disk cache).
+    warm = prompts[:max_num_seqs]
+    llm.generate(warm, [SamplingParams(max_tokens=16, seed=1, ignore_eos=True)] * len(warm), use_tqdm=False)
     llm.reset_prefix_cache()  # the timed run must not find the warm-up's prompts cached
     before = llm.stats
-    # time spent in steps that only decode (replayed CUDA graphs) and in steps with prompt tokens (prefill chunks,
-    # mixed with decode rows; eager); runner.run returns the sampled tokens on the host, so it ends synchronised
+    # time spent in steps that only decode and in steps with prompt tokens (prefill chunks, mixed with decode rows;
+    # both replayed CUDA graphs unless --enforce-eager); runner.run returns the sampled tokens on the host, so it ends
+    # synchronised
     steps = {"decode": [0, 0.0], "mixed": [0, 0.0]}
 
     def timed_run(batch, blocks, run=llm.runner.run):
@@ -424,7 +429,8 @@ def peer_section(model, shape: str, args, bw: float, modes, batch_limits, workdi
     ]
     if split:
         lines += ["", "Where VeXact's wall time goes: steps that only decode (CUDA graph replay) and steps with prompt "
-                  "tokens (prefill chunks with the running decode rows, eager), host time included.", "",
+                  "tokens (prefill chunks with the running decode rows, CUDA graphs padded to a token count), host "
+                  "time included.", "",
                   "| batch limit | engine | decode-only steps | ms / step | steps with prompt tokens | ms / step | "
                   "share of wall in steps with prompt tokens |",
                   "| --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip

@@ -58,7 +58,7 @@ download() {
 stage() {
   mkdir -p "$STAGE"
   compgen -G "$DIR/p*/*" > /dev/null || { echo "no part carried under $DIR/" >&2; exit 1; }
-  cp "$DIR"/p*/* "$STAGE"/
+  for part in "$DIR"/p*/; do cp "$part"* "$STAGE"/; done  # one cp per part: every part holds the same MANIFEST
   echo "staged: $(ls "$STAGE" | wc -l) files in $STAGE: $(ls "$STAGE" | tr '\n' ' ')"
 }
 

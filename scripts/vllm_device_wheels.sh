@@ -106,7 +106,9 @@ EOF
 install() {  # run from the repo root on the device (where .whl-vllm/pN was carried)
   mkdir -p "$PARTS"
   compgen -G "$DIR/p*/MANIFEST" > /dev/null || { echo "no part carried under $DIR/ (carry .whl-vllm/pN)" >&2; exit 1; }
-  cp "$DIR"/p*/* "$PARTS"/
+  # one cp per part: every part holds the same MANIFEST, and one cp of several same-named sources fails ("will not
+  # overwrite just-created"), which stopped the install when the machine kept the earlier calls' parts
+  for part in "$DIR"/p*/; do cp "$part"* "$PARTS"/; done
   echo "carried: $(ls -d "$DIR"/p* | xargs -n1 basename | tr '\n' ' ')-> $PARTS holds $(ls "$PARTS" | wc -l) files"
   local rc=0
   python3 scripts/wheel_parts.py join "$PARTS" || rc=$?
