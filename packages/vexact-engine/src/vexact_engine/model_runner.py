@@ -350,16 +350,23 @@ def step_lists(batch: list[ScheduledSeq], blocks: BlockManager, with_tables: boo
     tables): what a pipeline driver broadcasts, and what :func:`step_tensors` turns into device tensors.
     ``with_tables=False`` leaves the block tables out (the padded decode path keeps its own copy of them)."""
     ids, positions, slots, cu, ctx = [], [], [], [0], []
+    page = blocks.block_size
     for item in batch:
         seq, n = item.seq, item.num_new_tokens
         start = seq.num_computed_tokens
-        ids += seq.token_ids(start, start + n)
-        positions += range(start, start + n)
-        slots += [blocks.slot(seq, p) for p in range(start, start + n)]
+        if n == 1:  # a decode row (the common case, 256 a step at a large batch): its one token inline
+            k = start - len(seq.prompt_token_ids)
+            ids.append(seq.output_token_ids[k] if k >= 0 else seq.prompt_token_ids[start])
+            positions.append(start)
+            slots.append(seq.block_table[start // page] * page + start % page)
+        else:
+            ids += seq.token_ids(start, start + n)
+            positions += range(start, start + n)
+            slots += [blocks.slot(seq, p) for p in range(start, start + n)]
         cu.append(cu[-1] + n)
         ctx.append(start + n)
     tables = [list(item.seq.block_table) for item in batch] if with_tables else None
-    return {"ids": ids, "positions": list(positions), "slots": slots, "cu": cu, "ctx": ctx, "tables": tables}
+    return {"ids": ids, "positions": positions, "slots": slots, "cu": cu, "ctx": ctx, "tables": tables}
 
 
 def step_tensors(step: dict[str, list], device: torch.device) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:

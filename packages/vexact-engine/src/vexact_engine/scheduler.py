@@ -63,19 +63,27 @@ class Scheduler:
         out: list[ScheduledSeq] = []
         preempted = False
         i = 0
+        # A decode row needs a page only when it crosses a page boundary and fills a page only when it reaches one:
+        # both tests inline (the calls they skip would do nothing), as a step of 256 decode rows runs this loop
+        # 256 times and the GPU waits for it.
+        blocks, page = self.blocks, self.blocks.block_size
+        caching = blocks.enable_prefix_caching
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             n = min(seq.num_uncomputed, budget)
-            while not self.blocks.can_allocate(seq, seq.num_computed_tokens + n):
-                victim = self.running.pop()
-                self._preempt(victim)
-                preempted = True
-                if victim is seq:
+            end = seq.num_computed_tokens + n
+            if -(-end // page) > len(seq.block_table):
+                while not blocks.can_allocate(seq, end):
+                    victim = self.running.pop()
+                    self._preempt(victim)
+                    preempted = True
+                    if victim is seq:
+                        break
+                if seq.status is not SequenceStatus.RUNNING:
                     break
-            if seq.status is not SequenceStatus.RUNNING:
-                break
-            self.blocks.allocate(seq, seq.num_computed_tokens + n)
-            self.blocks.cache_full_blocks(seq, seq.num_computed_tokens + n)
+                blocks.allocate(seq, end)
+            if caching and end // page > len(seq.block_content_ids):
+                blocks.cache_full_blocks(seq, end)
             out.append(ScheduledSeq(seq, n))
             budget -= n
             i += 1
