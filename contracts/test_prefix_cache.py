@@ -88,19 +88,24 @@ def test_cache_hit_equals_miss(request, family):
     assert logprob_mismatches(second, scored) == []
 
 
+@pytest.mark.parametrize("padded", [False, True], ids=["eager", "padded"])
 @pytest.mark.parametrize("family", FAMILIES)
-def test_cache_hit_equals_miss_under_preemption(request, family):
+def test_cache_hit_equals_miss_under_preemption(request, family, padded):
     """A KV pool that cannot hold every group at once: requests are preempted, find their own full pages cached
-    when re-admitted (or recompute what was evicted) and still equal a roomy engine without caching."""
+    when re-admitted (or recompute what was evicted) and still equal a roomy engine without caching; also with the
+    steps padded as the CUDA graphs pad them (eager here on CPU: decode to 4 or 8 rows, prompt steps to 12 or 24
+    tokens)."""
     model = _model(request, family)
+    graphs = dict(cuda_graph_batch_sizes=[4, 8], cuda_graph_token_sizes=[12, 24]) if padded else {}
     prompts, params = [], []
     for g in range(3):
         p, sp = _group(_tokens(22 + 3 * g, seed=10 + g), 4, max_tokens=16, seed0=10 * g)
         prompts += p
         params += sp
-    llm = _engine(model, caching=True, max_num_batched_tokens=24, num_kv_blocks=20)
+    llm = _engine(model, caching=True, max_num_batched_tokens=24, num_kv_blocks=20, **graphs)
     outs = _gen(llm, prompts, params)
     assert llm.num_preemptions > 0, "the KV pool was meant to be small enough to preempt"
+    assert not padded or (llm.runner.num_padded_steps > 0 and llm.runner.num_padded_prompt_steps > 0)
     assert llm.stats["recompute_tokens_cached"] > 0, "a preempted request was meant to find its pages cached"
     assert _differences(outs, _gen(_engine(model, caching=False), prompts, params)) == []
 

@@ -9,7 +9,10 @@ import torch
 from vexact_engine import LLM, SamplingParams
 from vexact_models import named_weights, random_model, tiny_deepseek_v3_config, tiny_qwen3_config
 
-KW = dict(max_num_seqs=4, max_num_batched_tokens=16, block_size=4, num_kv_blocks=64, cuda_graph_batch_sizes=[2, 4])
+# padded decode and padded steps with prompt tokens (the CUDA-graph paths, eager on CPU): their static buffers go and
+# come back with the KV cache
+KW = dict(max_num_seqs=4, max_num_batched_tokens=16, block_size=4, num_kv_blocks=64, cuda_graph_batch_sizes=[2, 4],
+          cuda_graph_token_sizes=[8, 16])  # fmt: skip
 PROMPTS = [[5, 6, 7, 8, 9], [10, 11], list(range(30, 45))]
 PARAMS = SamplingParams(temperature=0.9, max_tokens=8, seed=4, ignore_eos=True)
 
@@ -36,7 +39,9 @@ def test_sleep_level_1_frees_and_wake_restores_bitwise():
         assert all(b.numel() == 0 for b in llm.model.buffers())
         llm.wake_up()
         assert llm.sleep_level == 0
+        steps = llm.runner.num_padded_prompt_steps
         _same(_gen(llm), before)
+        assert llm.runner.num_padded_prompt_steps > steps
     for n, p in llm.model.state_dict().items():
         assert torch.equal(p, state[n]), n
 

@@ -252,3 +252,45 @@ def test_invariant_backend_on_cuda_runs_the_triton_kernels():
     torch.testing.assert_close(
         out.double().cpu(), _reference(q.cpu(), k.cpu(), v.cpu(), [30, 40]), atol=2e-2, rtol=2e-2
     )
+
+
+def _empty_and_pad_sequences_change_nothing(attn, device, hq, hkv, d, page, seed):
+    """The engine's padded steps with prompt tokens (CUDA graphs of a fixed token count and sequence count): the real
+    sequences, then one pad sequence (its own queries at positions 0.., a table row of any valid pages), then empty
+    sequences (no query, context 0, any table row). The real queries' outputs are bitwise those of the real sequences
+    alone."""
+    g = torch.Generator().manual_seed(seed)
+    n_q, ctx, pad, empty = [3, 1, 7, 1], [10, 25, 7, 2 * page + 1], 5, 3
+    width = -(-max(ctx) // page)
+    blocks = (len(n_q) + 1 + empty) * width + 3
+    kc = torch.randn(blocks, page, hkv, d, generator=g).bfloat16().to(device)
+    vc = torch.randn(blocks, page, hkv, d, generator=g).bfloat16().to(device)
+    rows = len(n_q) + 1 + empty
+    tables = torch.randperm(blocks, generator=g)[: rows * width].view(rows, width).to(device)
+    q = torch.randn(sum(n_q) + pad, hq, d, generator=g).bfloat16().to(device)
+    n = sum(n_q)
+    alone = attn(q[:n], kc, vc, tables[: len(n_q)], torch.tensor(ctx, device=device), _cu(n_q).to(device))
+    padded = attn(
+        q, kc, vc, tables, torch.tensor(ctx + [pad] + [0] * empty, device=device),
+        _cu(n_q + [pad] + [0] * empty).to(device),
+    )  # fmt: skip
+    assert torch.equal(padded[:n], alone)
+
+
+@pytest.mark.parametrize("impl", ["reference", "triton-interpreter"])
+def test_paged_empty_and_pad_sequences_change_nothing(impl):
+    attn = vk.attention_paged
+    if impl == "triton-interpreter":
+        from vexact_kernels.triton_ops import attention as tri
+        from vexact_kernels.triton_ops import interpreting
+
+        if not interpreting():
+            pytest.skip("the Triton kernel runs here through the interpreter only (TRITON_INTERPRET=1, no GPU)")
+        attn = tri.attention_paged
+    _empty_and_pad_sequences_change_nothing(attn, "cpu", HQ, HKV, D, 4, seed=0)
+
+
+@pytest.mark.gpu
+def test_gpu_paged_empty_and_pad_sequences_change_nothing():
+    """On CUDA through the public op: the Triton kernel or FA4, as ``$VEXACT_ATTENTION`` chooses."""
+    _empty_and_pad_sequences_change_nothing(vk.attention_paged, "cuda", 16, 8, 128, 16, seed=1)
