@@ -159,7 +159,8 @@ def engine_throughput(model, mode: str, max_num_seqs: int, prompts, params, args
     stats = {k: v - before[k] for k, v in llm.stats.items() if k.endswith("prompt_tokens")}
     res = dict(
         tokens=tokens, wall=wall, tok_s=tokens / wall, preemptions=llm.num_preemptions,
-        kv_pages=llm.blocks.num_blocks, graphs=llm.runner.num_graphs, steps=steps, **stats,
+        kv_pages=llm.blocks.num_blocks, graphs=llm.runner.num_graphs, capture_s=llm.runner.capture_seconds,
+        steps=steps, **stats,
         outputs=outs if keep_outputs else None,
     )  # fmt: skip
     # the wrapper and the runner hold each other, a cycle only a gc pass frees: without this, each engine's KV cache
@@ -432,13 +433,14 @@ def peer_section(model, shape: str, args, bw: float, modes, batch_limits, workdi
                   "tokens (prefill chunks with the running decode rows, CUDA graphs padded to a token count), host "
                   "time included.", "",
                   "| batch limit | engine | decode-only steps | ms / step | steps with prompt tokens | ms / step | "
-                  "share of wall in steps with prompt tokens |",
-                  "| --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+                  "share of wall in steps with prompt tokens | CUDA graphs (capture s, at start and each wake_up) |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
         for limit, mode, st in split:
             (nd, td), (nm, tm) = st["decode"], st["mixed"]
-            wall = results[(limit, mode)]["wall"]
+            r = results[(limit, mode)]
+            graphs = f"{r.get('graphs', '-')} ({r.get('capture_s', 0.0):.1f} s)"
             lines.append(f"| {limit} | {MODE_NAMES[mode]} | {nd} | {td / max(nd, 1) * 1e3:.2f} | {nm} | "
-                         f"{tm / max(nm, 1) * 1e3:.2f} | {tm / wall:.2f} |")  # fmt: skip
+                         f"{tm / max(nm, 1) * 1e3:.2f} | {tm / r['wall']:.2f} | {graphs} |")  # fmt: skip
     step_bytes = peers.decode_weight_bytes(model)
     bound = step_bytes / bw
     lines += ["", f"Decode step at batch 1 (host work included); bound = weight bytes one step reads "

@@ -15,8 +15,10 @@ own keys, so padding never changes a real row's numerics.
 from __future__ import annotations
 
 import logging
+import time
 
 import torch
+from tqdm.auto import tqdm
 
 import vexact_kernels as vk
 from vexact_models import AttentionMetadata
@@ -73,7 +75,8 @@ class ModelRunner:
         self._mixed_out: torch.Tensor | None = None
         self.num_padded_steps = 0  # decode steps run padded (replayed as a graph on CUDA)
         self.num_padded_prompt_steps = 0  # steps with prompt tokens run padded (replayed as a graph on CUDA)
-        self.graph_error: str | None = None  # why capture failed, when it did (decode then runs eagerly)
+        self.graph_error: str | None = None  # why capture failed, when it did (steps then run eagerly)
+        self.capture_seconds = 0.0  # how long the last capture of every graph took
         self.allocate()
 
     # ---- memory
@@ -201,8 +204,10 @@ class ModelRunner:
         self._graph_pool = torch.cuda.graph_pool_handle()
         shapes = [(("mixed", t), self._mixed, t, self.mixed_seqs) for t in sorted(self.token_sizes, reverse=True)]
         shapes += [(("decode", s), self._decode, s, s) for s in sorted(self.graph_sizes, reverse=True)]
+        start = time.perf_counter()
+        bar = tqdm(shapes, desc="capturing CUDA graphs", unit="graph", leave=False)
         with vk.use_backend(self.config.backend), torch.no_grad():
-            for key, static, tokens, seqs in shapes:
+            for key, static, tokens, seqs in bar:
                 self._warm_layout(static, tokens, seqs)
                 ids, pos, meta = static.args(tokens, seqs)
                 # Warm-up outside the capture: compiles the Triton kernels for this shape (pad tokens only, so
@@ -224,9 +229,11 @@ class ModelRunner:
                         out = self._mixed_out[:tokens]
                 self._graphs[key] = (graph, out)
         torch.cuda.synchronize(self.device)
+        # at start-up and at every wake_up (the KV cache comes back at new addresses)
+        self.capture_seconds = time.perf_counter() - start
         log.info(
-            "captured %d CUDA graphs (decode batch sizes %s, token counts %s)",
-            len(self._graphs), sorted(self.graph_sizes), sorted(self.token_sizes),
+            "captured %d CUDA graphs in %.1f s (decode batch sizes %s, token counts %s)",
+            len(self._graphs), self.capture_seconds, sorted(self.graph_sizes), sorted(self.token_sizes),
         )  # fmt: skip
 
     # ---- a step
