@@ -309,7 +309,6 @@ class StaticStep:
 
     def __init__(self, max_tokens: int, max_seqs: int, max_pages: int, device: torch.device):
         t, s = -(-max_tokens // 16) * 16, -(-(max_seqs + 1) // 16) * 16
-        self.max_tokens, self.max_seqs = max_tokens, max_seqs
         self.offsets = (0, t, 2 * t, 3 * t, 3 * t + s)  # ids, positions, slots, cu, ctx
         self.buf = torch.zeros(3 * t + 2 * s, dtype=torch.int64, device=device)
         self.host = torch.zeros(3 * t + 2 * s, dtype=torch.int64)
