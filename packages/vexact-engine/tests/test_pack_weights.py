@@ -112,7 +112,7 @@ def test_gpu_packed_engine_equals_unpacked_through_graphs_sleep_and_updates():
     plain = LLM(default_checkpoint(), pack_weights=False, **kw)
     buffers, _ = packed_buffers(packed.model)
     assert all(b.is_cuda for b in buffers) and packed_buffers(plain.model) is None
-    # decode batch sizes 2 and 4, and one token count (256) for the steps with prompt tokens
+    # decode batch sizes 2 and 4, and one token count (16, the step budget) for the steps with prompt tokens
     assert packed.runner.num_graphs == 3 and packed.runner.graph_error is None
     ref = _gen(plain)
     _same(_gen(packed), ref)

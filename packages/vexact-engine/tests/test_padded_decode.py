@@ -48,7 +48,8 @@ def test_graph_sizes_resolution():
 
 
 def test_graph_token_sizes_resolution():
-    assert EngineConfig(max_num_batched_tokens=1000).graph_token_sizes(on_cuda=True) == [256, 512, 768, 1024]
+    assert EngineConfig(max_num_batched_tokens=1000).graph_token_sizes(on_cuda=True) == [256, 512, 768, 1000]
+    assert EngineConfig(max_num_seqs=16, max_num_batched_tokens=100).graph_token_sizes(on_cuda=True) == [100]
     assert EngineConfig(max_num_batched_tokens=4096).graph_token_sizes(True) == list(range(256, 4097, 256))
     assert EngineConfig(max_num_batched_tokens=8192).graph_token_sizes(True)[-5:] == [4096, 5120, 6144, 7168, 8192]
     assert EngineConfig(max_num_batched_tokens=4096).graph_token_sizes(on_cuda=False) == []

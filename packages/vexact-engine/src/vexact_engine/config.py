@@ -5,7 +5,8 @@ from dataclasses import dataclass
 import vexact_kernels as vk
 
 DEFAULT_GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-# Token buckets of the steps with prompt tokens, by default: every 256 tokens up to 4096, then every 1024.
+# Token buckets of the steps with prompt tokens, by default: every 256 tokens up to 4096, then every 1024 (and the
+# step budget itself).
 GRAPH_TOKEN_STEP, GRAPH_TOKEN_STEP_LARGE, GRAPH_TOKEN_STEP_UNTIL = 256, 1024, 4096
 CPU_KV_CACHE_BYTES = 256 << 20
 LM_HEAD_DTYPES = ("float32", "bfloat16", "float16")
@@ -33,12 +34,12 @@ class EngineConfig:
     ``cuda_graph_batch_sizes`` there runs the same padded static-buffer decode eagerly (to test the padding).
 
     Steps with prompt tokens (prefill chunks, alone or with decode rows) run as CUDA graphs too, one per token count
-    of ``cuda_graph_token_sizes`` (default on CUDA: every 256 tokens up to 4096, then every 1024, up to the first
-    size >= ``max_num_batched_tokens``; ``()`` turns them off): a step of N tokens is padded to the next size with
-    one pad sequence that writes no KV, in ``max_num_seqs + 1`` sequence slots (the unused ones empty). Eagerly,
-    such a step's many small launches left the GPU idle most of the step. Only with the invariant attention
-    kernels (the ``fast`` ones read the step's layout on the host); on CPU an explicit list runs the padded path
-    eagerly.
+    of ``cuda_graph_token_sizes`` (default on CUDA: every 256 tokens up to 4096, then every 1024, below
+    ``max_num_batched_tokens``, and that budget itself; ``()`` turns them off): a step of N tokens is padded to the
+    next size with one pad sequence that writes no KV, in ``max_num_seqs + 1`` sequence slots (the unused ones
+    empty). Eagerly, such a step's many small launches left the GPU idle most of the step. Only with the invariant
+    attention kernels (the ``fast`` ones read the step's layout on the host); on CPU an explicit list runs the padded
+    path eagerly.
 
     ``pack_weights`` (default on): the parameters live in one flat buffer per dtype (``vexact_models.pack_parameters``,
     at construction and again when waking from sleep), so each layer's q/k/v and gate/up projections lie end to end
@@ -139,13 +140,15 @@ class EngineConfig:
 
     def graph_token_sizes(self, on_cuda: bool) -> list[int]:
         """The padded token counts of steps with prompt tokens in force: none when eager (or on CPU without an
-        explicit list); the default buckets end at the first one >= ``max_num_batched_tokens``."""
+        explicit list); the default buckets end at ``max_num_batched_tokens``."""
         if self.enforce_eager or (self.cuda_graph_token_sizes is None and not on_cuda):
             return []
         if self.cuda_graph_token_sizes is not None:
             return list(self.cuda_graph_token_sizes)
-        sizes = [GRAPH_TOKEN_STEP]
-        while sizes[-1] < self.max_num_batched_tokens:
-            small = sizes[-1] < GRAPH_TOKEN_STEP_UNTIL
-            sizes.append(sizes[-1] + (GRAPH_TOKEN_STEP if small else GRAPH_TOKEN_STEP_LARGE))
-        return sizes
+        # the last size is the budget itself: no step has more tokens, and the KV cache is sized for a step of that
+        # many (LLMEngine: twice the activation peak of such a step, once for the graphs' pool)
+        sizes, t = [], GRAPH_TOKEN_STEP
+        while t < self.max_num_batched_tokens:
+            sizes.append(t)
+            t += GRAPH_TOKEN_STEP if t < GRAPH_TOKEN_STEP_UNTIL else GRAPH_TOKEN_STEP_LARGE
+        return sizes + [self.max_num_batched_tokens]

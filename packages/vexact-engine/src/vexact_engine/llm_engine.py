@@ -156,8 +156,8 @@ class LLMEngine:
     def _kv_blocks_from_gpu_memory(self, device: torch.device, per_block: int) -> int:
         """KV pages = (gpu_memory_utilization * total - weights - 2 * activation peak) / page bytes, no more than
         this process can still allocate, and no more than ``max_num_seqs`` sequences of ``max_model_len`` tokens can
-        use. The second activation peak covers the decode graphs' memory pool (a decode step's activations are at
-        most a full step's)."""
+        use. The second activation peak covers the CUDA graphs' memory pool (a graph's step has at most
+        ``max_num_batched_tokens`` tokens, the profiled step's count)."""
         cfg = self.config
         torch.cuda.empty_cache()
         weights = _tensor_bytes(self.model)
@@ -169,7 +169,7 @@ class LLMEngine:
         can = free - 2 * activations
         figures = (
             f"gpu_memory_utilization={cfg.gpu_memory_utilization} of {total / _GIB:.2f} GiB = {budget / _GIB:.2f} GiB; "
-            f"weights {weights / _GIB:.2f} GiB, activation peak {activations / _GIB:.2f} GiB (x2 with the decode "
+            f"weights {weights / _GIB:.2f} GiB, activation peak {activations / _GIB:.2f} GiB (x2 with the CUDA "
             f"graphs), {free / _GIB:.2f} GiB free on the device"
         )
         kv = min(want, can)
@@ -194,7 +194,7 @@ class LLMEngine:
 
     # ---- sleep / wake (a colocated trainer can use the device meanwhile)
     def sleep(self, level: int = 1) -> None:
-        """Free the KV cache, the decode graphs and the weights' device memory.
+        """Free the KV cache, the CUDA graphs and the weights' device memory.
 
         ``level=1`` keeps the weights in (pinned) host memory and restores them on :meth:`wake_up`; ``level=2``
         discards the parameters: after :meth:`wake_up` the caller must load every one with :meth:`update_weights`
@@ -250,7 +250,7 @@ class LLMEngine:
 
     def wake_up(self) -> None:
         """Restore what :meth:`sleep` freed: weights (level 1; level 2 leaves them to :meth:`update_weights`),
-        the KV cache and the decode graphs. A no-op when awake."""
+        the KV cache and the CUDA graphs. A no-op when awake."""
         if not self.sleep_level:
             return
         dev = self.runner.device

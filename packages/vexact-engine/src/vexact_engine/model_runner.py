@@ -87,7 +87,7 @@ class ModelRunner:
         return per_token * block_size * torch.empty(0, dtype=dtype).element_size()
 
     def allocate(self) -> None:
-        """Allocate the KV cache and the static decode buffers; capture the decode graphs on CUDA."""
+        """Allocate the KV cache and the static step buffers; capture the CUDA graphs on CUDA."""
         self.kv_caches = [
             tuple(torch.zeros(shape, dtype=self.dtype, device=self.device) for shape in self.kv_shapes)
             for _ in range(self.model.config.num_hidden_layers)
