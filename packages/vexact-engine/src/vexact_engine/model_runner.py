@@ -65,8 +65,8 @@ class ModelRunner:
             self.mixed_seqs += 1
         # a size no step can fill has no valid warm-up layout either (_warm_layout): more tokens than slots of
         # max_model_len each
-        cap = self.max_pages * config.block_size
-        self.token_sizes = [t for t in self.token_sizes if -(-t // self.mixed_seqs) <= cap]
+        self.max_context = self.max_pages * config.block_size  # the longest sequence a block-table row can hold
+        self.token_sizes = [t for t in self.token_sizes if -(-t // self.mixed_seqs) <= self.max_context]
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] | None = None
         self._graphs: dict[tuple[str, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._graph_pool = None
@@ -140,7 +140,7 @@ class ModelRunner:
             return None
         n = sum(it.num_new_tokens for it in batch)
         size = next((t for t in self.token_sizes if t >= n), None)
-        if size is None or size - n > self.max_pages * self.config.block_size:
+        if size is None or size - n > self.max_context:
             return None
         return size
 
@@ -356,15 +356,13 @@ def step_lists(batch: list[ScheduledSeq], blocks: BlockManager, with_tables: boo
     tables): what a pipeline driver broadcasts, and what :func:`step_tensors` turns into device tensors.
     ``with_tables=False`` leaves the block tables out (the padded decode path keeps its own copy of them)."""
     ids, positions, slots, cu, ctx = [], [], [], [0], []
-    page = blocks.block_size
     for item in batch:
         seq, n = item.seq, item.num_new_tokens
         start = seq.num_computed_tokens
-        if n == 1:  # a decode row (the common case, 256 a step at a large batch): its one token inline
-            k = start - len(seq.prompt_token_ids)
-            ids.append(seq.output_token_ids[k] if k >= 0 else seq.prompt_token_ids[start])
+        if n == 1:  # a decode row (the common case, 256 a step at a large batch): no list built for its one token
+            ids.append(seq.token(start))
             positions.append(start)
-            slots.append(seq.block_table[start // page] * page + start % page)
+            slots.append(blocks.slot(seq, start))
         else:
             ids += seq.token_ids(start, start + n)
             positions += range(start, start + n)

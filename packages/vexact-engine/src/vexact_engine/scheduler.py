@@ -66,13 +66,13 @@ class Scheduler:
         # A decode row needs a page only when it crosses a page boundary and fills a page only when it reaches one:
         # both tests inline (the calls they skip would do nothing), as a step of 256 decode rows runs this loop
         # 256 times and the GPU waits for it.
-        blocks, page = self.blocks, self.blocks.block_size
-        caching = blocks.enable_prefix_caching
+        blocks = self.blocks
+        page, caching = blocks.block_size, blocks.enable_prefix_caching
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             n = min(seq.num_uncomputed, budget)
             end = seq.num_computed_tokens + n
-            if -(-end // page) > len(seq.block_table):
+            if blocks.blocks_for(end) > len(seq.block_table):
                 while not blocks.can_allocate(seq, end):
                     victim = self.running.pop()
                     self._preempt(victim)

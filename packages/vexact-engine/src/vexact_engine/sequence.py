@@ -38,6 +38,11 @@ class Sequence:
     def num_uncomputed(self) -> int:
         return self.num_tokens - self.num_computed_tokens
 
+    def token(self, index: int) -> int:
+        """Token ``index`` of prompt + output (one token of :meth:`token_ids`, without building a list)."""
+        k = index - len(self.prompt_token_ids)
+        return self.output_token_ids[k] if k >= 0 else self.prompt_token_ids[index]
+
     def token_ids(self, start: int, end: int) -> list[int]:
         n_prompt = len(self.prompt_token_ids)
         out = self.prompt_token_ids[start:end]
