@@ -10,16 +10,17 @@ lm_head once. Every time is a median (microseconds) with its ratio to the bound.
 Device time (CUDA-graph replay, triton.testing.do_bench_cudagraph: no launch overhead or host sync, as in the
 engine's captured decode step; each callable starts from the pre-norm hidden states):
 
-- draw: ``vk.rms_norm`` then the fused draw (``triton_sample_logprobs``: token and its logprob, one pass); at
-  T <= 16 its noise covers 1 or 16 rows of the 64-row block (``SAMPLE_DRAW_ROWS``);
-- draw, 64-row noise: the same with ``SAMPLE_DRAW_ROWS = ()``, the noise of all 64 rows of the block, padding
-  included (the form before; checked: the same tokens and logprob bits);
-- draw, no skip: the draw with ``GUMBEL_NOISE_MAX = inf``, every tile's noise drawn (checked: the same tokens and
+- draw: ``vk.rms_norm`` then the fused draw (``triton_sample_logprobs``: the noise kernel, then token and its
+  logprob in one pass over the lm_head); at T <= 16 its draw covers 1 or 16 rows of the 64-row block
+  (``SAMPLE_DRAW_ROWS``);
+- draw, pointer tiles: the same with ``LOGPROBS_TMA = False``, the logits tiles (and noise tiles) read through
+  pointers instead of TMA descriptors (checked: the same tokens and logprob bits);
+- draw, 64-row noise: the same with ``SAMPLE_DRAW_ROWS = ()``, the draw over all 64 rows of the block, padding
+  included (checked: the same tokens and logprob bits);
+- draw, no skip: the draw with ``GUMBEL_NOISE_MAX = inf``, every tile's noise read (checked: the same tokens and
   bits);
-- draw, 16-row block (T <= 16, an experiment): the draw with ``LOGPROBS_BLOCK_T = 16``, a 16-row logits tile. Not
-  the shipped form: its dot runs on mma.sync instead of wgmma and its row sums are reduced across warps in another
-  order, so its logprob may not be the trainer's bits; "same bits" or "DIFFERS" says which, on this device;
-- scoring: ``vk.rms_norm`` then the fused scoring form (``triton_logprobs``) of the drawn tokens;
+- scoring: ``vk.rms_norm`` then the fused scoring form (``triton_logprobs``) of the drawn tokens; and with pointer
+  tiles;
 - torch, the draw a user would pick: ``vk.rms_norm``, cuBLAS lm_head (``F.linear``), ``torch.softmax`` in fp32,
   ``torch.multinomial``; eager (triton.testing.do_bench), since ``torch.multinomial`` checks its input on the host
   (two syncs) and cannot be captured.
@@ -115,9 +116,9 @@ def bench(lines: list[str], rows: tuple[int, ...], peak_scale: float) -> None:
         "",
         "### Device time (CUDA-graph replay)",
         "",
-        "| logits | T | draw | draw, 64-row noise | draw, no skip | scoring | draw, 16-row block (experiment) "
-        "| torch, eager (F.linear, softmax, multinomial) | skipped | at most |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| logits | T | draw | draw, pointer tiles | draw, 64-row noise | draw, no skip | scoring "
+        "| scoring, pointer tiles | torch, eager (F.linear, softmax, multinomial) | skipped | at most |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     eager = [
         "",
@@ -134,11 +135,11 @@ def bench(lines: list[str], rows: tuple[int, ...], peak_scale: float) -> None:
             seeds = torch.randint(0, 2**62, (t,), device="cuda", generator=g)
             us = measure(hidden, nw, head, temps, seeds)
             rule, shared = skip_shares(hidden, nw, head, temps, seeds)
-            block16 = checked(us, "draw, 16-row block", "same bits") if "draw, 16-row block" in us else "-"
             lines.append(
-                f"| {name} | {t} | {cell(us['draw'])} | {checked(us, 'draw, 64-row noise')} "
-                f"| {checked(us, 'draw, no skip')} | {cell(us['scoring'])} | {block16} | {cell(us['torch'])} "
-                f"| {100 * rule:.1f}% | {100 * shared:.1f}% |"
+                f"| {name} | {t} | {cell(us['draw'])} | {checked(us, 'draw, pointer tiles')} "
+                f"| {checked(us, 'draw, 64-row noise')} | {checked(us, 'draw, no skip')} | {cell(us['scoring'])} "
+                f"| {checked(us, 'scoring, pointer tiles')} | {cell(us['torch'])} | {100 * rule:.1f}% "
+                f"| {100 * shared:.1f}% |"
             )
             eager.append(f"| {name} | {t} | {cell(us['api draw'])} | {cell(us['api scoring'])} |")
             print(lines[-1], eager[-1], sep="\n", flush=True)
@@ -161,26 +162,27 @@ def measure(hidden, norm_w, head, temps, seeds) -> dict:
         return torch.multinomial(torch.softmax(logits.float() / temps[:, None], dim=-1), 1)
 
     tokens, lp = draw()
+    lp_score = score()[0]
     us = {"draw": _graph_us(draw)}
 
-    def variant(key, **consts):
-        """The draw with these module constants (the launch compiles and captures that variant): its time, and
-        whether its tokens and logprobs are the draw's, bit for bit."""
+    def variant(key, fn, want, **consts):
+        """``fn`` with these module constants (the launch compiles and captures that variant): its time, and whether
+        its outputs are ``want``, bit for bit."""
         saved = {name: getattr(ops, name) for name in consts}
         try:
             for name, value in consts.items():
                 setattr(ops, name, value)
-            tokens_v, lp_v = draw()
-            us[key + " same"] = torch.equal(tokens_v, tokens) and torch.equal(lp_v, lp)
-            us[key] = _graph_us(draw)
+            got = fn()
+            us[key + " same"] = all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+            us[key] = _graph_us(fn)
         finally:
             for name, value in saved.items():
                 setattr(ops, name, value)
 
-    variant("draw, 64-row noise", SAMPLE_DRAW_ROWS=())
-    variant("draw, no skip", GUMBEL_NOISE_MAX=float("inf"))  # every tile's noise
-    if hidden.shape[0] <= 16:
-        variant("draw, 16-row block", LOGPROBS_BLOCK_T=16)
+    variant("draw, pointer tiles", draw, (tokens, lp), LOGPROBS_TMA=False)
+    variant("draw, 64-row noise", draw, (tokens, lp), SAMPLE_DRAW_ROWS=())
+    variant("draw, no skip", draw, (tokens, lp), GUMBEL_NOISE_MAX=float("inf"))  # every tile's noise
+    variant("scoring, pointer tiles", lambda: score()[:1], (lp_score,), LOGPROBS_TMA=False)
     us["scoring"], us["torch"] = _graph_us(score), _eager_us(torch_draw)
     host_temps = temps.cpu()  # as the engine passes them
     us["api draw"] = _eager_us(lambda: vk.sample_from_hidden(hidden, norm_w, EPS, head, host_temps, seeds))

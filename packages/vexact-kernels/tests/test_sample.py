@@ -150,13 +150,13 @@ def test_interpreted_kernel_skips_the_noise_of_tiles_that_cannot_win_with_the_sa
 
     problem = _peaked_problem(7, 48, 1100, peaks=(77, 5, 290), seed=6, flat_rows=flat_rows)
     calls = []
-    noise = ops.gumbel_scores
+    noise = ops.tile_noise
 
     def counted(*args):  # the interpreter runs the kernel's helpers as Python functions
-        calls.append(int(args[1]) // ops.LOGPROBS_VOCAB_BLOCK)
+        calls.append(int(args[2]) // ops.LOGPROBS_VOCAB_BLOCK)  # col0
         return noise(*args)
 
-    monkeypatch.setattr(ops, "gumbel_scores", counted)
+    monkeypatch.setattr(ops, "tile_noise", counted)
 
     hidden, norm_w, head, temps, seeds = problem
 
@@ -204,13 +204,14 @@ def test_interpreted_draw_rows_give_the_tokens_and_bits_of_the_full_row_block(pe
         problem = _problem(17, 48, 300, seed=10)
     hidden, norm_w, head, temps, seeds = problem
     shapes = []
-    noise = ops.gumbel_scores
+    noise = ops.tile_noise
 
     def counted(*args):  # the interpreter runs the kernel's helpers as Python functions
-        shapes.append(tuple(int(n) for n in args[0].shape))
-        return noise(*args)
+        out = noise(*args)
+        shapes.append(tuple(int(n) for n in out.shape))
+        return out
 
-    monkeypatch.setattr(ops, "gumbel_scores", counted)
+    monkeypatch.setattr(ops, "tile_noise", counted)
     tokens, lp = _check_draw(ops, *problem)  # T = 17: the full row block
     for t, rows in ((1, 1), (2, 16), (5, 16), (16, 16), (17, 64)):
         shapes.clear()

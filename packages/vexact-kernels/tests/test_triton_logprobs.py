@@ -247,3 +247,38 @@ def test_gpu_backward_matches_float64_and_is_deterministic():
     for got, ref in zip(first, (hd.grad, nwd.grad, wd.grad), strict=True):
         err = (got.double() - ref).norm() / ref.norm()
         assert err < 2e-2, f"relative error {err:.3g}"
+
+
+@pytest.mark.gpu
+def test_gpu_tma_tiles_give_the_bits_of_pointer_tiles(monkeypatch):
+    """``LOGPROBS_TMA`` is speed only: the logits tiles read through TMA descriptors give the pointer loads' logprobs,
+    entropies, gradients and draws bit for bit (scoring at several T, the backward over two chunks, the draw at the
+    small-T draw rows, one row block, several and a T above ``SAMPLE_CHUNK_ROWS``), on random and on peaked rows."""
+    from vexact_kernels.triton_ops import logprobs as ops
+
+    hidden, norm_w, head, targets, temps = _gpu_problem(4200, seed=11)
+    hidden[:300:3] *= 16  # peaked rows: the draw skips tiles
+    seeds = torch.randint(0, 2**62, (4200,), generator=torch.Generator().manual_seed(12)).cuda()
+    glp = torch.randn(4200, generator=torch.Generator().manual_seed(13)).cuda()
+
+    def run():
+        out = {}
+        for t in (1, 5, 16, 64, 200, 300):
+            out[f"score {t}"] = vk.logprobs_from_hidden(
+                hidden[:t], norm_w, EPS, head, targets[:t], temps[:t], with_entropy=True
+            )  # fmt: skip
+            out[f"draw {t}"] = vk.sample_from_hidden(hidden[:t], norm_w, EPS, head, temps[:t], seeds[:t])
+        h, w = hidden.clone().requires_grad_(), head.clone().requires_grad_()
+        lp, _ = vk.logprobs_from_hidden(h, norm_w, EPS, w, targets, temps)
+        (lp * glp).sum().backward()
+        out["backward"] = (lp.detach(), h.grad, w.grad)
+        return out
+
+    assert ops.LOGPROBS_TMA and torch.cuda.get_device_capability()[0] >= 9, "the TMA path is what runs here"
+    with vk.use_backend("invariant"):
+        tma = run()
+        monkeypatch.setattr(ops, "LOGPROBS_TMA", False)
+        pointers = run()
+    for key, got in tma.items():
+        for a, b in zip(got, pointers[key], strict=True):
+            assert torch.equal(a, b), key

@@ -57,6 +57,15 @@ GUMBEL_NOISE_MAX = 16.75
 # logits tile and the statistics stay those of the full row block, so nothing depends on it but the time; the GPU test
 # checks it. To draw the noise of every row of the block again (the form before), set it to ().
 SAMPLE_DRAW_ROWS = (1, 16)
+# The draw's noise is drawn ahead of the fused kernel into a [rows, V] fp32 buffer (``_gumbel_noise_kernel``): rows
+# per fused launch, which bounds that buffer (155 MB at V = 151936), and columns per program of the noise kernel.
+# Speed and memory only: a row's draw is the same for any split of the rows.
+SAMPLE_CHUNK_ROWS = 256
+NOISE_BLOCK = 1024
+# Logits tiles read through TMA tensor descriptors where the GPU has TMA (Hopper or later) and the operands are 16-bit
+# with 16-byte aligned rows; else through pointers. Speed only: the same tiles meet the same MMAs (the GPU tests
+# compare both); False reads through pointers everywhere.
+LOGPROBS_TMA = True
 # log_softmax row kernel.
 LSM_BLOCK = 1024
 LSM_NUM_WARPS = 4
@@ -75,15 +84,23 @@ def _dot(a, b, acc, PREC: tl.constexpr, INTERPRET: tl.constexpr):
 
 @triton.jit
 def _logits_tile(
-    h_ptr, w_ptr, rows, rmask, cols, cmask, H, acc,
-    BLOCK_K: tl.constexpr, PREC: tl.constexpr, INTERPRET: tl.constexpr,
+    h, w, rows, rmask, cols, cmask, row0, col0, H, acc,
+    BLOCK_K: tl.constexpr, PREC: tl.constexpr, INTERPRET: tl.constexpr, TMA: tl.constexpr,
 ):  # fmt: skip
-    for k0 in range(0, H, BLOCK_K):
-        ks = k0 + tl.arange(0, BLOCK_K)
-        kmask = ks < H
-        a = tl.load(h_ptr + rows[:, None] * H + ks[None, :], mask=rmask[:, None] & kmask[None, :], other=0.0)
-        b = tl.load(w_ptr + cols[None, :] * H + ks[:, None], mask=cmask[None, :] & kmask[:, None], other=0.0)
-        acc = _dot(a, b, acc, PREC, INTERPRET)
+    """``acc += h[rows] @ w[cols].T`` over H in ``BLOCK_K`` steps. ``TMA``: ``h`` / ``w`` are tensor descriptors of
+    ``[BLOCK_T, BLOCK_K]`` / ``[BLOCK_V, BLOCK_K]`` blocks and the tiles start at ``row0`` / ``col0`` (out-of-bounds
+    reads are zero, like the masks); else pointers with the row / column masks. The same tiles meet the same MMAs
+    either way (speed only: no address registers, no masks)."""
+    if TMA:
+        for k0 in range(0, H, BLOCK_K):
+            acc = _dot(h.load([row0, k0]), w.load([col0, k0]).T, acc, PREC, INTERPRET)
+    else:
+        for k0 in range(0, H, BLOCK_K):
+            ks = k0 + tl.arange(0, BLOCK_K)
+            kmask = ks < H
+            a = tl.load(h + rows[:, None] * H + ks[None, :], mask=rmask[:, None] & kmask[None, :], other=0.0)
+            b = tl.load(w + cols[None, :] * H + ks[:, None], mask=cmask[None, :] & kmask[:, None], other=0.0)
+            acc = _dot(a, b, acc, PREC, INTERPRET)
     return acc
 
 
@@ -96,21 +113,59 @@ def gumbel_noise(words):
 
 
 @triton.jit
-def gumbel_scores(z, col0, key_lo, key_hi, BLOCK: tl.constexpr):
-    """Sampling scores ``z - log(-log(u))`` of a ``[rows, BLOCK]`` tile whose first column ``col0`` is a multiple of 4
-    (Gumbel-max: argmax over the vocabulary draws from softmax(z)).
+def gumbel_noise_tile(col0, key_lo, key_hi, BLOCK: tl.constexpr):
+    """Gumbel noise ``-log(-log(u))`` of a ``[rows, BLOCK]`` tile whose first column ``col0`` is a multiple of 4.
 
     ``u`` in (0, 1) comes from Philox-4x32-10 keyed by the row's 64-bit seed (``key_lo``/``key_hi`` ``[rows, 1]``
     uint32): column ``c`` takes output word ``c % 4`` of counter ``(c // 4, 0, 0, 0)``, a function of (seed, column)
     alone, and one Philox call serves four columns. The word's top 23 bits, plus one half, over 2**23 (exact in fp32):
     never 0 or 1. The torch twin, bit for bit: :func:`vexact_kernels.logprobs.gumbel_uniform`."""
-    tl.static_assert(BLOCK % 4 == 0, "gumbel_scores: a tile holds whole groups of four columns")
+    tl.static_assert(BLOCK % 4 == 0, "gumbel_noise_tile: a tile holds whole groups of four columns")
     c0 = (col0 // 4 + tl.arange(0, BLOCK // 4)).to(tl.uint32)[None, :] + tl.zeros_like(key_lo)
     zero = tl.zeros_like(c0)
     r0, r1, r2, r3 = philox_impl(c0, zero, zero, zero, key_lo, key_hi)
     # [rows, BLOCK // 4, 2, 2] holding word 2p + q at [..., p, q]; row-major flattening puts word k at column 4j + k
     words = tl.join(tl.join(r0, r2), tl.join(r1, r3))
-    return z + gumbel_noise(tl.reshape(words, [z.shape[0], BLOCK]))
+    return gumbel_noise(tl.reshape(words, [key_lo.shape[0], BLOCK]))
+
+
+@triton.jit
+def gumbel_scores(z, col0, key_lo, key_hi, BLOCK: tl.constexpr):
+    """Sampling scores ``z + noise`` of a ``[rows, BLOCK]`` tile (:func:`gumbel_noise_tile`; Gumbel-max: argmax over
+    the vocabulary draws from softmax(z))."""
+    return z + gumbel_noise_tile(col0, key_lo, key_hi, BLOCK)
+
+
+@triton.jit
+def seed_keys(seed_ptr, row):
+    """The Philox key of row ``row``'s int64 seed: its low and high 32-bit halves, ``[1, 1]`` uint32 each."""
+    seed = tl.load(seed_ptr + row).to(tl.uint64)
+    key_lo = tl.full([1, 1], 0, tl.uint32) + (seed & 0xFFFFFFFF).to(tl.uint32)
+    return key_lo, tl.full([1, 1], 0, tl.uint32) + ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32)
+
+
+@triton.jit
+def _gumbel_noise_kernel(seed_ptr, out_ptr, V, stride, BLOCK: tl.constexpr):
+    """Row ``program_id(0)``'s noise (:func:`gumbel_noise_tile`, keyed by its int64 seed) at columns ``program_id(1) *
+    BLOCK ..`` below V, into ``out[row, col]`` (row stride ``stride``): the fused draw's noise, drawn ahead of it by
+    an elementwise kernel (many warps, few registers) instead of inside the logits tiles."""
+    row = tl.program_id(0).to(tl.int64)
+    col0 = tl.program_id(1) * BLOCK
+    key_lo, key_hi = seed_keys(seed_ptr, row)
+    cols = col0 + tl.arange(0, BLOCK)
+    noise = gumbel_noise_tile(col0, key_lo, key_hi, BLOCK)
+    tl.store(out_ptr + row * stride + cols[None, :], noise, mask=(cols < V)[None, :])
+
+
+@triton.jit
+def tile_noise(noise, row0, col0, rows, rmask, cols, cmask, stride, TMA: tl.constexpr):
+    """The draw's noise at ``[rows, cols]`` (rows from ``row0``, columns from ``col0``), zero outside the masks:
+    ``TMA``: a tensor descriptor of ``[rows, cols]`` blocks of the noise; else its pointer (row stride ``stride``)."""
+    if TMA:
+        out = noise.load([row0, col0])
+    else:
+        out = tl.load(noise + rows[:, None] * stride + cols[None, :], mask=rmask[:, None] & cmask[None, :], other=0.0)
+    return out
 
 
 @triton.jit
@@ -121,28 +176,31 @@ def best_column(score, cols, V):
     return best, tl.min(tl.where(score == best[:, None], cols[None, :], V), axis=1)
 
 
-@triton.jit(do_not_specialize=["T"])
+@triton.jit(do_not_specialize=["T", "NOISE_STRIDE"])
 def _logprobs_fwd_split_kernel(
-    h_ptr, w_ptr, tgt_ptr, temp_ptr, m_ptr, s_ptr, e_ptr, zt_ptr, seed_ptr, best_ptr, idx_ptr, T, V, H,
+    h, w, tgt_ptr, temp_ptr, m_ptr, s_ptr, e_ptr, zt_ptr, noise, best_ptr, idx_ptr, T, V, H, NOISE_STRIDE,
     BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_TILES: tl.constexpr,
     PREC: tl.constexpr, INTERPRET: tl.constexpr, SAMPLE: tl.constexpr, NOISE_MAX: tl.constexpr,
-    DRAW_ROWS: tl.constexpr,
+    DRAW_ROWS: tl.constexpr, TMA: tl.constexpr,
 ):  # fmt: skip
-    """``SAMPLE``: no targets; each row draws its token (``gumbel_scores``, first index among equal scores) and
-    ``zt`` is the drawn token's logit: the statistics ``m``/``s``/``e`` are computed by the same code either way.
-    ``NOISE_MAX`` bounds the noise (``GUMBEL_NOISE_MAX``; infinity draws the noise of every tile): tiles whose scores
-    cannot beat a row's best so far skip the noise, with the same tokens as without the skip.
+    """``SAMPLE``: no targets; each row draws its token (Gumbel-max: the first index among equal scores ``z + noise``,
+    the noise ``[T, V]`` drawn ahead by ``_gumbel_noise_kernel``) and ``zt`` is the drawn token's logit: the
+    statistics ``m``/``s``/``e`` are computed by the same code either way. ``NOISE_MAX`` bounds the noise
+    (``GUMBEL_NOISE_MAX``; infinity reads the noise of every tile): tiles whose scores cannot beat a row's best so far
+    skip the noise, with the same tokens as without the skip.
 
     ``DRAW_ROWS`` (``BLOCK_T`` unless ``SAMPLE``): the draw (noise, scores, best, ``zt``) covers the first
     ``DRAW_ROWS`` rows of the row block. Below ``BLOCK_T`` the launch has one row block and every real row among them
     (``T <= DRAW_ROWS``); the logits tile is still the full row block's, and those rows' logits are taken from it
     exactly (a max against -inf), so every value is the same bits as with ``DRAW_ROWS = BLOCK_T``: only the padding
-    rows' noise is not drawn."""
+    rows' draw is not computed. ``TMA``: ``h``, ``w`` (and ``noise``) are tensor descriptors (``_logits_tile``,
+    ``tile_noise``), else pointers."""
     split = tl.program_id(1)
-    rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    row0 = tl.program_id(0) * BLOCK_T
+    rows = row0 + tl.arange(0, BLOCK_T)
     rmask = rows < T
     rows = rows.to(tl.int64)
-    drows = tl.program_id(0) * BLOCK_T + tl.arange(0, DRAW_ROWS)
+    drows = row0 + tl.arange(0, DRAW_ROWS)
     dmask = drows < T
     drows = drows.to(tl.int64)
     temp = tl.load(temp_ptr + rows, mask=rmask, other=1.0)
@@ -151,20 +209,18 @@ def _logprobs_fwd_split_kernel(
     e = tl.zeros([BLOCK_T], dtype=tl.float32)
     zt = tl.zeros([DRAW_ROWS], dtype=tl.float32)
     if SAMPLE:
-        seed = tl.load(seed_ptr + drows, mask=dmask, other=0).to(tl.uint64)
-        key_lo = (seed & 0xFFFFFFFF).to(tl.uint32)[:, None]
-        key_hi = ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32)[:, None]
         best = tl.full([DRAW_ROWS], float("-inf"), dtype=tl.float32)
         best_idx = tl.zeros([DRAW_ROWS], dtype=tl.int64)
     else:
         tl.static_assert(DRAW_ROWS == BLOCK_T, "the scoring form reads every row's target")
         tgt = tl.load(tgt_ptr + rows, mask=rmask, other=-1)
     for tile in range(0, SPLIT_TILES):
-        cols = (split * SPLIT_TILES + tile) * BLOCK_V + tl.arange(0, BLOCK_V)
+        col0 = (split * SPLIT_TILES + tile) * BLOCK_V
+        cols = col0 + tl.arange(0, BLOCK_V)
         cmask = cols < V
         cols = cols.to(tl.int64)
         acc = tl.zeros([BLOCK_T, BLOCK_V], dtype=tl.float32)
-        acc = _logits_tile(h_ptr, w_ptr, rows, rmask, cols, cmask, H, acc, BLOCK_K, PREC, INTERPRET)
+        acc = _logits_tile(h, w, rows, rmask, cols, cmask, row0, col0, H, acc, BLOCK_K, PREC, INTERPRET, TMA)
         z = tl.where(cmask[None, :], tl.div_rn(acc, temp[:, None]), float("-inf"))
         zmax = tl.max(z, axis=1)
         m_new = tl.maximum(m, zmax)
@@ -185,11 +241,11 @@ def _logprobs_fwd_split_kernel(
                 zd = tl.max(tl.where(first, groups, float("-inf")), axis=0)
                 zd_max = tl.max(zd, axis=1)
             # No score of this tile exceeds max(z) + NOISE_MAX: where that is below the best so far for every real row,
-            # the tile cannot change a draw (a tie keeps the earlier token), and its noise is not drawn.
+            # the tile cannot change a draw (a tie keeps the earlier token), and its noise is not read.
             live = dmask & ~(zd_max + NOISE_MAX < best)
             if tl.max(live.to(tl.int32), axis=0) > 0:
-                col0 = (split * SPLIT_TILES + tile) * BLOCK_V
-                score = tl.where(cmask[None, :], gumbel_scores(zd, col0, key_lo, key_hi, BLOCK_V), float("-inf"))
+                nz = tile_noise(noise, row0, col0, drows, dmask, cols, cmask, NOISE_STRIDE, TMA)
+                score = tl.where(cmask[None, :], zd + nz, float("-inf"))
                 tile_best, tile_idx = best_column(score, cols, V)
                 take = tile_best > best  # strictly: an earlier tile keeps its token on a tie
                 zsel = tl.sum(tl.where(cols[None, :] == tile_idx[:, None], zd, 0.0), axis=1)
@@ -227,7 +283,7 @@ def _logprobs_fwd_combine_kernel(
     if SAMPLE:
         best = tl.load(best_ptr + rows, mask=rmask, other=0.0)
         tok = tl.load(idx_ptr + rows, mask=rmask, other=0)
-    for sp in range(1, n_splits):
+    for sp in tl.range(1, n_splits, num_stages=4):
         off = sp * T + rows
         mi = tl.load(m_ptr + off, mask=rmask, other=0.0)
         si = tl.load(s_ptr + off, mask=rmask, other=1.0)
@@ -259,8 +315,10 @@ def _logprobs_fwd_combine_kernel(
 def _logprobs_bwd_grad_logits_kernel(
     h_ptr, w_ptr, tgt_ptr, temp_ptr, mx_ptr, logs_ptr, ent_ptr, glp_ptr, gent_ptr, g_ptr, T, V, H,
     BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, PREC: tl.constexpr,
-    HAS_GLP: tl.constexpr, HAS_GENT: tl.constexpr, INTERPRET: tl.constexpr,
+    HAS_GLP: tl.constexpr, HAS_GENT: tl.constexpr, INTERPRET: tl.constexpr, TMA: tl.constexpr,
 ):  # fmt: skip
+    """One ``[BLOCK_T, BLOCK_V]`` tile of the logits gradient (``TMA``: ``h_ptr`` / ``w_ptr`` are tensor descriptors,
+    see ``_logits_tile``)."""
     rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     rmask = rows < T
     rows = rows.to(tl.int64)
@@ -271,7 +329,10 @@ def _logprobs_bwd_grad_logits_kernel(
     mx = tl.load(mx_ptr + rows, mask=rmask, other=0.0)
     log_s = tl.load(logs_ptr + rows, mask=rmask, other=0.0)
     acc = tl.zeros([BLOCK_T, BLOCK_V], dtype=tl.float32)
-    acc = _logits_tile(h_ptr, w_ptr, rows, rmask, cols, cmask, H, acc, BLOCK_K, PREC, INTERPRET)
+    acc = _logits_tile(
+        h_ptr, w_ptr, rows, rmask, cols, cmask, tl.program_id(0) * BLOCK_T, tl.program_id(1) * BLOCK_V, H, acc,
+        BLOCK_K, PREC, INTERPRET, TMA,
+    )  # fmt: skip
     z = tl.div_rn(acc, temp[:, None])
     logp = (z - mx[:, None]) - log_s[:, None]
     p = tl.exp(logp)
@@ -325,9 +386,7 @@ def _gumbel_argmax_kernel(x_ptr, temp_ptr, seed_ptr, best_ptr, idx_ptr, V, n_chu
     cols = chunk * BLOCK + tl.arange(0, BLOCK)
     cmask = cols < V
     temp = tl.load(temp_ptr + row)
-    seed = tl.load(seed_ptr + row).to(tl.uint64)
-    key_lo = tl.full([1, 1], 0, tl.uint32) + (seed & 0xFFFFFFFF).to(tl.uint32)
-    key_hi = tl.full([1, 1], 0, tl.uint32) + ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32)
+    key_lo, key_hi = seed_keys(seed_ptr, row)
     z = tl.div_rn(tl.load(x_ptr + row * V + cols, mask=cmask, other=0.0), temp)
     score = tl.where(cmask[None, :], gumbel_scores(z[None, :], chunk * BLOCK, key_lo, key_hi, BLOCK), float("-inf"))
     best, idx = best_column(score, cols, V)
@@ -360,6 +419,18 @@ def n_vocab_splits(vocab: int) -> int:
     return triton.cdiv(triton.cdiv(vocab, LOGPROBS_VOCAB_BLOCK), LOGPROBS_SPLIT_TILES)
 
 
+def _tma_operands(normed, weight):
+    """``(h, w, tma)``: the logits tiles' operands as TMA tensor descriptors where ``LOGPROBS_TMA`` and the GPU and
+    operands allow it, else the tensors themselves."""
+    ok = LOGPROBS_TMA and normed.dtype in (torch.bfloat16, torch.float16) and mm._tma_ok(normed, weight)
+    if not ok:
+        return normed, weight, False
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    h = TensorDescriptor.from_tensor(normed, [LOGPROBS_BLOCK_T, LOGPROBS_BLOCK_K])
+    return h, TensorDescriptor.from_tensor(weight, [LOGPROBS_VOCAB_BLOCK, LOGPROBS_BLOCK_K]), True
+
+
 def _fwd(normed, weight, targets, temps, seeds):
     """The fused forward: ``(logprob, entropy, row max M, log S, tokens)`` [T] each; ``seeds`` (int64 [T]) draws
     the tokens (``targets`` unused), else ``targets`` are scored and ``tokens`` is None."""
@@ -376,15 +447,22 @@ def _fwd(normed, weight, targets, temps, seeds):
     pm, ps, pe, pz = (torch.empty(n_splits, t, **f32) for _ in range(4))
     pb = torch.empty(n_splits, t, **f32) if sample else pm
     pi = torch.empty(n_splits, t, dtype=torch.int64, device=dev) if sample else pm
-    draw_rows = LOGPROBS_BLOCK_T
+    h_arg, w_arg, tma = _tma_operands(normed, weight)
+    draw_rows, noise, stride = LOGPROBS_BLOCK_T, pm, 0
     if sample:  # all rows in one row block: the fewest draw rows that hold them
         draw_rows = min((r for r in SAMPLE_DRAW_ROWS if t <= r < LOGPROBS_BLOCK_T), default=LOGPROBS_BLOCK_T)
+        stride = triton.cdiv(v, 4) * 4  # 16-byte aligned rows
+        noise = torch.empty(t, stride, **f32)
+        _gumbel_noise_kernel[(t, triton.cdiv(v, NOISE_BLOCK))](seeds, noise, v, stride, BLOCK=NOISE_BLOCK, num_warps=4)
+        if tma:
+            from triton.tools.tensor_descriptor import TensorDescriptor
+
+            noise = TensorDescriptor.from_tensor(noise[:, :v], [draw_rows, LOGPROBS_VOCAB_BLOCK])
     _logprobs_fwd_split_kernel[(triton.cdiv(t, LOGPROBS_BLOCK_T), n_splits)](
-        normed, weight, seeds if sample else targets, temps, pm, ps, pe, pz, seeds if sample else targets, pb, pi,
-        t, v, h,
+        h_arg, w_arg, targets if not sample else seeds, temps, pm, ps, pe, pz, noise, pb, pi, t, v, h, stride,
         BLOCK_T=LOGPROBS_BLOCK_T, BLOCK_V=LOGPROBS_VOCAB_BLOCK, BLOCK_K=LOGPROBS_BLOCK_K,
         SPLIT_TILES=LOGPROBS_SPLIT_TILES, PREC=mm.input_precision(normed.dtype), INTERPRET=interpreting(),
-        SAMPLE=sample, NOISE_MAX=GUMBEL_NOISE_MAX, DRAW_ROWS=draw_rows,
+        SAMPLE=sample, NOISE_MAX=GUMBEL_NOISE_MAX, DRAW_ROWS=draw_rows, TMA=tma,
         num_warps=LOGPROBS_NUM_WARPS, num_stages=LOGPROBS_NUM_STAGES,
     )  # fmt: skip
     _logprobs_fwd_combine_kernel[(triton.cdiv(t, LOGPROBS_COMBINE_ROWS),)](
@@ -419,13 +497,14 @@ def logprobs_bwd(
         rows = slice(s0, s1)
         gc = g[: s1 - s0]
         grid = (triton.cdiv(s1 - s0, LOGPROBS_BLOCK_T), triton.cdiv(v, LOGPROBS_VOCAB_BLOCK))
+        h_arg, w_arg, tma = _tma_operands(normed[rows], weight)
         _logprobs_bwd_grad_logits_kernel[grid](
-            normed[rows], weight, targets[rows], temps[rows], mx[rows], log_s[rows],
+            h_arg, w_arg, targets[rows], temps[rows], mx[rows], log_s[rows],
             ent[rows] if grad_ent is not None else mx, grad_lp[rows] if grad_lp is not None else mx,
             grad_ent[rows] if grad_ent is not None else mx, gc, s1 - s0, v, h,
             BLOCK_T=LOGPROBS_BLOCK_T, BLOCK_V=LOGPROBS_VOCAB_BLOCK, BLOCK_K=LOGPROBS_BLOCK_K,
             PREC=mm.input_precision(normed.dtype), INTERPRET=interpreting(),
-            HAS_GLP=grad_lp is not None, HAS_GENT=grad_ent is not None,
+            HAS_GLP=grad_lp is not None, HAS_GENT=grad_ent is not None, TMA=tma,
             num_warps=LOGPROBS_NUM_WARPS, num_stages=LOGPROBS_NUM_STAGES,
         )  # fmt: skip
         # The tuned linear kernel (fixed K splits, fp32 accumulation): dh = G @ W; dW += G.T @ h, chunk by chunk.
@@ -499,8 +578,12 @@ def triton_sample_logprobs(
     if weight.dim() == 2 and weight.shape[0] >= 2**31:
         raise ValueError(f"sample: vocabulary of {weight.shape[0]} does not fit 32-bit column indices")
     normed, weight, temps, seeds = _operands("sample", normed, weight, temps, seeds)
-    lp, _, _, _, tokens = _fwd(normed, weight, None, temps, seeds)
-    return tokens, lp
+    if normed.shape[0] <= SAMPLE_CHUNK_ROWS:
+        lp, _, _, _, tokens = _fwd(normed, weight, None, temps, seeds)
+        return tokens, lp
+    parts = [_fwd(normed[i : i + SAMPLE_CHUNK_ROWS], weight, None, temps[i : i + SAMPLE_CHUNK_ROWS],
+                  seeds[i : i + SAMPLE_CHUNK_ROWS]) for i in range(0, normed.shape[0], SAMPLE_CHUNK_ROWS)]  # fmt: skip
+    return torch.cat([p[4] for p in parts]), torch.cat([p[0] for p in parts])
 
 
 def triton_log_softmax(logits: torch.Tensor, temps: torch.Tensor) -> torch.Tensor:
