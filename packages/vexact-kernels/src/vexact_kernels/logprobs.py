@@ -20,9 +20,10 @@ On CUDA ``chunk_size`` is validated but not needed (the fused kernel streams the
 ``sample_from_hidden`` is the engine's draw for rows without top-k / top-p: Gumbel-max over ``logits / T`` with
 noise from Philox-4x32-10 keyed by the row's 64-bit seed, one call per four vocabulary columns (counter
 ``column // 4``, output word ``column % 4``: :func:`gumbel_uniform`), so a row's token depends on its logits, seed
-and nothing else. On CUDA it is the fused logprobs kernel in its sampling form (one pass over the lm_head for the
-draw and the drawn token's logprob, which is bitwise the trainer's); elsewhere the logits, the same noise bit for bit,
-and :func:`logprobs_from_hidden`.
+and nothing else. On CUDA the noise is drawn by an elementwise kernel into a ``[rows, V]`` fp32 buffer (at most
+``SAMPLE_CHUNK_ROWS`` rows a launch), then the fused logprobs kernel in its sampling form reads it (one pass over the
+lm_head for the draw and the drawn token's logprob, which is bitwise the trainer's); elsewhere the logits, the same
+noise bit for bit, and :func:`logprobs_from_hidden`.
 """
 
 from __future__ import annotations

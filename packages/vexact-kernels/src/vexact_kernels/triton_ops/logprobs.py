@@ -10,6 +10,11 @@ target's logit. A second kernel folds the splits of each row in split order:
 ``logprob = (z_target - M) - log S`` and ``entropy = log S - E / S``. The entropy is always computed (one compiled
 kernel), so a logprob has the same bits whether or not its caller asked for the entropy.
 
+Sampling form: the Gumbel noise of the draw is drawn ahead by an elementwise kernel into a ``[rows, V]`` buffer, and
+the split kernel reads a tile of it where the tile can still change a row's draw (inside the logits tiles, Philox and
+two logs per element ran at 4 warps beside the tile's registers and spilled). On Hopper and later the logits tiles (and
+noise tiles) are read through TMA descriptors, elsewhere through pointers: the same tiles meet the same MMAs.
+
 Invariance: every launch parameter that shapes a row's arithmetic (row block, vocab block, K block, split size, warps,
 stages) is a module constant, never chosen per shape, and the row count is not specialised on. Row ``t``'s logits are
 computed by the same MMA sequence whatever rows share its tile (padding rows are zeros and tensor cores do not mix
@@ -52,10 +57,10 @@ LOGPROBS_BWD_CHUNK = 4096
 # fp32 (correctly rounded logs); the margin covers a device log that is off by far more than its few ulps. Only a
 # bound for skipping noise that cannot win: it changes no draw (infinity skips nothing).
 GUMBEL_NOISE_MAX = 16.75
-# Draw rows (speed only: the same bits whatever is chosen): at T <= r, for the first r here, the draw's noise covers
-# the first r rows of the row block instead of all LOGPROBS_BLOCK_T, padding included (at T = 1, 1 of 64 rows). The
-# logits tile and the statistics stay those of the full row block, so nothing depends on it but the time; the GPU test
-# checks it. To draw the noise of every row of the block again (the form before), set it to ().
+# Draw rows (speed only: the same bits whatever is chosen): at T <= r, for the first r here, the draw (noise tile,
+# scores, best column) covers the first r rows of the row block instead of all LOGPROBS_BLOCK_T, padding included (at
+# T = 1, 1 of 64 rows). The logits tile and the statistics stay those of the full row block, so nothing depends on it
+# but the time; the GPU test checks it. To draw over every row of the block again (the form before), set it to ().
 SAMPLE_DRAW_ROWS = (1, 16)
 # The draw's noise is drawn ahead of the fused kernel into a [rows, V] fp32 buffer (``_gumbel_noise_kernel``): rows
 # per fused launch, which bounds that buffer (155 MB at V = 151936), and columns per program of the noise kernel.
@@ -570,11 +575,12 @@ def triton_sample_logprobs(
     normed: torch.Tensor, weight: torch.Tensor, temps: torch.Tensor, seeds: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw a token per row of ``normed [T, H] @ weight[V, H].T / temps [T]`` with the row's 64-bit ``seeds [T]``
-    (Gumbel-max, :func:`gumbel_scores`) and return ``(tokens [T] int64, logprobs [T] fp32)`` in one pass over the
-    vocabulary. The logprob is bitwise :func:`triton_logprobs` of the drawn token (same split kernel, same fold).
+    (Gumbel-max, :func:`gumbel_noise_tile`) and return ``(tokens [T] int64, logprobs [T] fp32)`` in one pass over
+    the vocabulary. The noise is drawn first (``_gumbel_noise_kernel``, ``[rows, V]`` fp32, ``SAMPLE_CHUNK_ROWS`` rows
+    a launch); the logprob is bitwise :func:`triton_logprobs` of the drawn token (same split kernel, same fold).
     A tile whose logits, plus the largest noise (``GUMBEL_NOISE_MAX``), fall below every row's best score so far in
-    its split skips the noise: it could not change a draw, so the tokens are those of the unskipped kernel. At small T
-    (``SAMPLE_DRAW_ROWS``) only the real rows' part of the row block draws noise: the same tokens and bits."""
+    its split does not read its noise: it could not change a draw, so the tokens are those of the unskipped kernel. At
+    small T (``SAMPLE_DRAW_ROWS``) only the real rows' part of the row block is drawn: the same tokens and bits."""
     if weight.dim() == 2 and weight.shape[0] >= 2**31:
         raise ValueError(f"sample: vocabulary of {weight.shape[0]} does not fit 32-bit column indices")
     normed, weight, temps, seeds = _operands("sample", normed, weight, temps, seeds)
