@@ -31,6 +31,12 @@ from .scheduler import ScheduledSeq
 
 log = logging.getLogger("vexact_engine")
 
+# Eager warm-up runs of each shape before its capture (speed only): the first capture of a runner compiles the Triton
+# kernels of every shape and makes the lazily allocated buffers (two runs: the second is the steady state); a
+# re-capture (every wake_up, the KV cache at new addresses) finds both done, and one run primes the new side stream.
+WARMUPS_FIRST_CAPTURE = 2
+WARMUPS_RECAPTURE = 1
+
 
 def kv_cache_shapes(model_config, num_blocks: int, block_size: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """One layer's K and V cache shapes, from what the model says its cache holds per token
@@ -77,6 +83,7 @@ class ModelRunner:
         self.num_padded_prompt_steps = 0  # steps with prompt tokens run padded (replayed as a graph on CUDA)
         self.graph_error: str | None = None  # why capture failed, when it did (steps then run eagerly)
         self.capture_seconds = 0.0  # how long the last capture of every graph took
+        self.captures = 0  # captures of every graph so far (start-up, then one per wake_up)
         self.allocate()
 
     # ---- memory
@@ -205,6 +212,7 @@ class ModelRunner:
         shapes = [(("mixed", t), self._mixed, t, self.mixed_seqs) for t in sorted(self.token_sizes, reverse=True)]
         shapes += [(("decode", s), self._decode, s, s) for s in sorted(self.graph_sizes, reverse=True)]
         start = time.perf_counter()
+        warmups = WARMUPS_RECAPTURE if self.captures else WARMUPS_FIRST_CAPTURE
         bar = tqdm(shapes, desc="capturing CUDA graphs", unit="graph", leave=False)
         with vk.use_backend(self.config.backend), torch.no_grad():
             for key, static, tokens, seqs in bar:
@@ -215,7 +223,7 @@ class ModelRunner:
                 side = torch.cuda.Stream()
                 side.wait_stream(torch.cuda.current_stream())
                 with torch.cuda.stream(side):
-                    for _ in range(2):
+                    for _ in range(warmups):
                         warm = self.model(ids, pos, meta, self.kv_caches)
                 torch.cuda.current_stream().wait_stream(side)
                 if key[0] == "mixed" and self._mixed_out is None:
@@ -231,9 +239,10 @@ class ModelRunner:
         torch.cuda.synchronize(self.device)
         # at start-up and at every wake_up (the KV cache comes back at new addresses)
         self.capture_seconds = time.perf_counter() - start
+        self.captures += 1
         log.info(
-            "captured %d CUDA graphs in %.1f s (decode batch sizes %s, token counts %s)",
-            len(self._graphs), self.capture_seconds, sorted(self.graph_sizes), sorted(self.token_sizes),
+            "captured %d CUDA graphs in %.1f s, %d warm-up run(s) each (decode batch sizes %s, token counts %s)",
+            len(self._graphs), self.capture_seconds, warmups, sorted(self.graph_sizes), sorted(self.token_sizes),
         )  # fmt: skip
 
     # ---- a step
