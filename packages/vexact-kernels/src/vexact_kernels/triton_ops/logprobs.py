@@ -400,6 +400,15 @@ def _gumbel_argmax_kernel(x_ptr, temp_ptr, seed_ptr, best_ptr, idx_ptr, V, n_chu
     tl.store(idx_ptr + out, idx.to(tl.int64))
 
 
+def rows_on(t: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """A per-row column (temperatures, targets, seeds) as ``dtype`` on ``device``, 16-byte aligned. A host column goes
+    to a GPU through pinned memory without blocking the host: a copy from pageable memory may wait for the work
+    already queued on the stream (the engine's decode graph replay, when it passes host temperatures and seeds)."""
+    if t.device.type == "cpu" and device.type == "cuda":
+        t = t.to(dtype=dtype).pin_memory().to(device, non_blocking=True)
+    return aligned_rows(t.to(device=device, dtype=dtype))
+
+
 GUMBEL_BLOCK = 4096
 
 
@@ -407,8 +416,8 @@ def triton_gumbel_argmax(logits: torch.Tensor, temps: torch.Tensor, seeds: torch
     """Tokens ``[T]`` drawn from fp32 ``logits [T, V] / temps`` with the Gumbel-max noise of the fused draw (the
     draw of backends whose logits come from elsewhere, e.g. ``fast``); the first index among equal scores."""
     logits = aligned_rows(logits)
-    temps = aligned_rows(temps.to(device=logits.device, dtype=torch.float32))
-    seeds = aligned_rows(seeds.to(device=logits.device, dtype=torch.int64))
+    temps = rows_on(temps, logits.device, torch.float32)
+    seeds = rows_on(seeds, logits.device, torch.int64)
     t, v = logits.shape
     n_chunks = triton.cdiv(v, GUMBEL_BLOCK)
     best = torch.empty(t, n_chunks, dtype=torch.float32, device=logits.device)
@@ -553,8 +562,8 @@ def _operands(op: str, normed, weight, temps, per_row_ints):
         dtype = torch.promote_types(normed.dtype, weight.dtype)
         normed, weight = normed.to(dtype), weight.to(dtype)
     normed, weight = aligned_rows(normed), aligned_rows(weight)
-    temps = aligned_rows(temps.to(device=normed.device, dtype=torch.float32))
-    return normed, weight, temps, aligned_rows(per_row_ints.to(device=normed.device, dtype=torch.int64))
+    temps = rows_on(temps, normed.device, torch.float32)
+    return normed, weight, temps, rows_on(per_row_ints, normed.device, torch.int64)
 
 
 def triton_logprobs(
@@ -595,7 +604,7 @@ def triton_sample_logprobs(
 def triton_log_softmax(logits: torch.Tensor, temps: torch.Tensor) -> torch.Tensor:
     """fp32 ``log_softmax(logits [T, V] / temps [T])`` per row (no autograd: the sampler's path)."""
     logits = aligned_rows(logits)
-    temps = aligned_rows(temps.to(device=logits.device, dtype=torch.float32))
+    temps = rows_on(temps, logits.device, torch.float32)
     t, v = logits.shape
     out = torch.empty_like(logits)
     if t and v:
