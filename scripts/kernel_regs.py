@@ -127,6 +127,13 @@ def scenarios(arch: int):
         cu = torch.arange(0, seqs * length + 1, length, dtype=torch.int32)
         return lambda: at.attention_packed(q, k, k, cu)
 
+    def packed_bwd(seqs, length):
+        q, o = torch.empty(seqs * length, HQ, D, **bf), torch.empty(seqs * length, HQ, D, **bf)
+        k = torch.empty(seqs * length, HKV, D, **bf)
+        cu = torch.arange(0, seqs * length + 1, length, dtype=torch.int32)
+        lse = torch.zeros(seqs * length, HQ)
+        return lambda: at._bwd(q, k, k, o, lse, o, cu, D**-0.5)
+
     def norm(t):
         x, w = torch.empty(t, H, **bf), torch.ones(H, **bf)
         return lambda: rn.rms_norm_fwd(x, w, 1e-6, torch.bfloat16)
@@ -144,6 +151,7 @@ def scenarios(arch: int):
     yield "attention", "decode batch 256 ctx 512", paged(256, 512, 1)
     yield "attention", "prefill chunk 1024", paged(1, 1024, 1024)
     yield "attention", "packed 8 x 512", packed(8, 512)
+    yield "attention", "packed 8 x 512, backward", packed_bwd(8, 512)
     yield "norm", "rms_norm T=256", norm(256)
 
 
