@@ -1,6 +1,6 @@
 """Registers, spills and shared memory of the Triton kernels, compiled for a GPU on a machine without one.
 
-    python scripts/kernel_regs.py [--arch 90] [--only logprobs,linear,attention,norm]
+    python scripts/kernel_regs.py [--arch 90] [--only logprobs,linear,attention,norm] [--match 'draw T=256']
 
 Triton compiles for a target without its driver: this script makes a stand-in driver that reports ``sm_<arch>``,
 turns every kernel launch into a compile (``JITFunction.run`` with ``warmup=True``: the real argument binding and
@@ -159,7 +159,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--arch", type=int, default=90, help="compute capability x 10: 80 (A100), 90 (H100/H200), 100")
     ap.add_argument("--only", default="", help="comma-separated groups: logprobs, linear, attention, norm")
+    ap.add_argument("--match", default="", help="only the calls whose name contains this, e.g. 'draw T=256'")
     args = ap.parse_args()
+    from vexact_kernels.triton_ops import logprobs as lp
     from vexact_kernels.triton_ops import matmul as mm
 
     driver.set_active(StandInDriver(args.arch))
@@ -170,6 +172,7 @@ def main() -> int:
         return t.stride(-1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0
 
     mm._tma_ok = lambda a, b_t: args.arch >= 90 and aligned(a) and aligned(b_t)
+    lp._cuda_major = lambda device: args.arch // 10
     mm._num_sms = lambda device: SM_COUNT
     mm._tile_counters = lambda device, tiles: None
     groups = {g for g in args.only.split(",") if g}
@@ -178,7 +181,7 @@ def main() -> int:
     print("\n| call | kernel | warps | stages | registers | stack bytes | shared bytes |")
     print("|---|---|---|---|---|---|---|")
     for group, name, call in scenarios(args.arch):
-        if groups and group not in groups:
+        if (groups and group not in groups) or args.match not in name:
             continue
         _scenario[0] = f"{group}: {name}"
         try:

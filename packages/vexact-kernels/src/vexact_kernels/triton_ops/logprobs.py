@@ -181,12 +181,24 @@ def best_column(score, cols, V):
     return best, tl.min(tl.where(score == best[:, None], cols[None, :], V), axis=1)
 
 
+@triton.jit
+def _draw_tile(zd, noise, row0, col0, drows, dmask, cols, cmask, V, stride, best, best_idx, zt, TMA: tl.constexpr):
+    """One tile of the draw: scores ``zd + noise`` (``tile_noise``), the tile's best column per row, taken where it
+    beats the best so far (strictly: an earlier tile keeps its token on a tie), with its logit ``zt``."""
+    nz = tile_noise(noise, row0, col0, drows, dmask, cols, cmask, stride, TMA)
+    score = tl.where(cmask[None, :], zd + nz, float("-inf"))
+    tile_best, tile_idx = best_column(score, cols, V)
+    take = tile_best > best
+    zsel = tl.sum(tl.where(cols[None, :] == tile_idx[:, None], zd, 0.0), axis=1)
+    return tl.where(take, tile_best, best), tl.where(take, tile_idx, best_idx), tl.where(take, zsel, zt)
+
+
 @triton.jit(do_not_specialize=["T", "NOISE_STRIDE"])
 def _logprobs_fwd_split_kernel(
     h, w, tgt_ptr, temp_ptr, m_ptr, s_ptr, e_ptr, zt_ptr, noise, best_ptr, idx_ptr, T, V, H, NOISE_STRIDE,
     BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_TILES: tl.constexpr,
     PREC: tl.constexpr, INTERPRET: tl.constexpr, SAMPLE: tl.constexpr, NOISE_MAX: tl.constexpr,
-    DRAW_ROWS: tl.constexpr, TMA: tl.constexpr,
+    DRAW_ROWS: tl.constexpr, TMA: tl.constexpr, SKIP: tl.constexpr,
 ):  # fmt: skip
     """``SAMPLE``: no targets; each row draws its token (Gumbel-max: the first index among equal scores ``z + noise``,
     the noise ``[T, V]`` drawn ahead by ``_gumbel_noise_kernel``) and ``zt`` is the drawn token's logit: the
@@ -199,7 +211,8 @@ def _logprobs_fwd_split_kernel(
     (``T <= DRAW_ROWS``); the logits tile is still the full row block's, and those rows' logits are taken from it
     exactly (a max against -inf), so every value is the same bits as with ``DRAW_ROWS = BLOCK_T``: only the padding
     rows' draw is not computed. ``TMA``: ``h``, ``w`` (and ``noise``) are tensor descriptors (``_logits_tile``,
-    ``tile_noise``), else pointers."""
+    ``tile_noise``), else pointers. ``SKIP`` (``SAMPLE``): the tile skip above; without it every tile is drawn (the
+    same tokens)."""
     split = tl.program_id(1)
     row0 = tl.program_id(0) * BLOCK_T
     rows = row0 + tl.arange(0, BLOCK_T)
@@ -245,18 +258,18 @@ def _logprobs_fwd_split_kernel(
                 groups = tl.reshape(z, [BLOCK_T // DRAW_ROWS, DRAW_ROWS, BLOCK_V])
                 zd = tl.max(tl.where(first, groups, float("-inf")), axis=0)
                 zd_max = tl.max(zd, axis=1)
-            # No score of this tile exceeds max(z) + NOISE_MAX: where that is below the best so far for every real row,
-            # the tile cannot change a draw (a tie keeps the earlier token), and its noise is not read.
-            live = dmask & ~(zd_max + NOISE_MAX < best)
-            if tl.max(live.to(tl.int32), axis=0) > 0:
-                nz = tile_noise(noise, row0, col0, drows, dmask, cols, cmask, NOISE_STRIDE, TMA)
-                score = tl.where(cmask[None, :], zd + nz, float("-inf"))
-                tile_best, tile_idx = best_column(score, cols, V)
-                take = tile_best > best  # strictly: an earlier tile keeps its token on a tie
-                zsel = tl.sum(tl.where(cols[None, :] == tile_idx[:, None], zd, 0.0), axis=1)
-                best = tl.where(take, tile_best, best)
-                best_idx = tl.where(take, tile_idx, best_idx)
-                zt = tl.where(take, zsel, zt)
+            if SKIP:
+                # No score of this tile exceeds max(z) + NOISE_MAX: where that is below the best so far for every real
+                # row, the tile cannot change a draw (a tie keeps the earlier token), and its noise is not read.
+                live = dmask & ~(zd_max + NOISE_MAX < best)
+                if tl.max(live.to(tl.int32), axis=0) > 0:
+                    best, best_idx, zt = _draw_tile(
+                        zd, noise, row0, col0, drows, dmask, cols, cmask, V, NOISE_STRIDE, best, best_idx, zt, TMA
+                    )  # fmt: skip
+            else:
+                best, best_idx, zt = _draw_tile(
+                    zd, noise, row0, col0, drows, dmask, cols, cmask, V, NOISE_STRIDE, best, best_idx, zt, TMA
+                )  # fmt: skip
         else:
             zt += tl.sum(tl.where(cols[None, :] == tgt[:, None], z, 0.0), axis=1)
         m = m_new
@@ -445,6 +458,18 @@ def _tma_operands(normed, weight):
     return h, TensorDescriptor.from_tensor(weight, [LOGPROBS_VOCAB_BLOCK, LOGPROBS_BLOCK_K]), True
 
 
+def _cuda_major(device: torch.device) -> int | None:
+    return torch.cuda.get_device_capability(device)[0] if device.type == "cuda" else None
+
+
+def _skip_ok(device: torch.device) -> bool:
+    """Whether the draw's tile skip compiles for ``device``: Triton 3.6 fails on its data-dependent branch for sm_100
+    and later (TritonNvidiaGPUOptimizeTMemLayoutsPass: "parent layout must have at least rank >= 2"; the logits tile
+    lives in tensor memory there; ``scripts/kernel_regs.py --arch 100`` shows it). Speed only: the same tokens."""
+    major = _cuda_major(device)
+    return major is None or major < 10
+
+
 def _fwd(normed, weight, targets, temps, seeds):
     """The fused forward: ``(logprob, entropy, row max M, log S, tokens)`` [T] each; ``seeds`` (int64 [T]) draws
     the tokens (``targets`` unused), else ``targets`` are scored and ``tokens`` is None."""
@@ -476,7 +501,7 @@ def _fwd(normed, weight, targets, temps, seeds):
         h_arg, w_arg, targets if not sample else seeds, temps, pm, ps, pe, pz, noise, pb, pi, t, v, h, stride,
         BLOCK_T=LOGPROBS_BLOCK_T, BLOCK_V=LOGPROBS_VOCAB_BLOCK, BLOCK_K=LOGPROBS_BLOCK_K,
         SPLIT_TILES=LOGPROBS_SPLIT_TILES, PREC=mm.input_precision(normed.dtype), INTERPRET=interpreting(),
-        SAMPLE=sample, NOISE_MAX=GUMBEL_NOISE_MAX, DRAW_ROWS=draw_rows, TMA=tma,
+        SAMPLE=sample, NOISE_MAX=GUMBEL_NOISE_MAX, DRAW_ROWS=draw_rows, TMA=tma, SKIP=_skip_ok(normed.device),
         num_warps=LOGPROBS_NUM_WARPS, num_stages=LOGPROBS_NUM_STAGES,
     )  # fmt: skip
     _logprobs_fwd_combine_kernel[(triton.cdiv(t, LOGPROBS_COMBINE_ROWS),)](
