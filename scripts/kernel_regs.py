@@ -1,6 +1,6 @@
 """Registers, spills and shared memory of the Triton kernels, compiled for a GPU on a machine without one.
 
-    python scripts/kernel_regs.py [--arch 90] [--only logprobs,linear,attention,norm] [--match 'draw T=256']
+    python scripts/kernel_regs.py [--arch 90] [--only logprobs,linear,attention,norm,other] [--match 'draw T=256']
 
 Triton compiles for a target without its driver: this script makes a stand-in driver that reports ``sm_<arch>``,
 turns every kernel launch into a compile (``JITFunction.run`` with ``warmup=True``: the real argument binding and
@@ -90,10 +90,13 @@ def usage(kernel) -> tuple[int, int, int]:
 
 def scenarios(arch: int):
     """(group, name, callable): the host calls whose launches are compiled."""
+    from vexact_kernels.triton_ops import activation as ac
     from vexact_kernels.triton_ops import attention as at
     from vexact_kernels.triton_ops import logprobs as lp
     from vexact_kernels.triton_ops import matmul as mm
+    from vexact_kernels.triton_ops import moe as mo
     from vexact_kernels.triton_ops import rms_norm as rn
+    from vexact_kernels.triton_ops import rotary as ro
 
     bf = dict(dtype=torch.bfloat16)
     head = torch.empty(V, H, **bf)
@@ -138,6 +141,33 @@ def scenarios(arch: int):
         x, w = torch.empty(t, H, **bf), torch.ones(H, **bf)
         return lambda: rn.rms_norm_fwd(x, w, 1e-6, torch.bfloat16)
 
+    def norm_bwd(t):
+        x, w = torch.empty(t, H, **bf), torch.ones(H, **bf)
+        return lambda: rn.rms_norm_bwd(x, x, w, torch.ones(t))
+
+    def moe(t, experts=128, k=8, inter=768):  # Qwen3-30B-A3B's expert shapes at H = 2048
+        x = torch.empty(t, H, **bf)
+        w13, w2 = torch.empty(experts, 2 * inter, H, **bf), torch.empty(experts, H, inter, **bf)
+        ids = (torch.arange(t * k) % experts).view(t, k)
+        return lambda: mo.triton_fused_moe(x, w13, w2, torch.ones(t, k), ids)
+
+    def rotary(t):
+        q, k = torch.empty(t, HQ, D, **bf), torch.empty(t, HKV, D, **bf)
+        cos = torch.ones(4096, D // 2)
+        return lambda: ro.triton_apply_rotary_pair(q, k, torch.zeros(t, dtype=torch.int64), cos, cos)
+
+    def silu(t):
+        g = torch.empty(t, INTER, **bf)
+        return lambda: ac.silu_and_mul_fwd(g, g)
+
+    def write_kv(t):
+        k, cache = torch.empty(t, HKV, D, **bf), torch.empty(64, PAGE, HKV, D, **bf)
+        return lambda: at.write_kv_cache(k, k, cache, cache, torch.zeros(t, dtype=torch.int64))
+
+    def logits_ops(t):
+        logits, temps, seeds = torch.empty(t, V), torch.ones(t), torch.zeros(t, dtype=torch.int64)
+        return lambda: (lp.triton_log_softmax(logits, temps), lp.triton_gumbel_argmax(logits, temps, seeds))
+
     yield "logprobs", "score T=256", logprobs(256, False)
     yield "logprobs", "draw T=1", logprobs(1, True)
     yield "logprobs", "draw T=16", logprobs(16, True)
@@ -153,12 +183,18 @@ def scenarios(arch: int):
     yield "attention", "packed 8 x 512", packed(8, 512)
     yield "attention", "packed 8 x 512, backward", packed_bwd(8, 512)
     yield "norm", "rms_norm T=256", norm(256)
+    yield "norm", "rms_norm backward T=4096", norm_bwd(4096)
+    yield "other", "fused MoE T=256 (128 experts, k = 8)", moe(256)
+    yield "other", "rotary q/k T=256", rotary(256)
+    yield "other", "silu_and_mul T=256", silu(256)
+    yield "other", "write_kv T=256", write_kv(256)
+    yield "other", "log_softmax + gumbel argmax T=16 (fast backend's draw)", logits_ops(16)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--arch", type=int, default=90, help="compute capability x 10: 80 (A100), 90 (H100/H200), 100")
-    ap.add_argument("--only", default="", help="comma-separated groups: logprobs, linear, attention, norm")
+    ap.add_argument("--only", default="", help="comma-separated groups: logprobs, linear, attention, norm, other")
     ap.add_argument("--match", default="", help="only the calls whose name contains this, e.g. 'draw T=256'")
     args = ap.parse_args()
     from vexact_kernels.triton_ops import logprobs as lp
