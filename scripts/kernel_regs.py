@@ -130,12 +130,12 @@ def scenarios(arch: int):
         cu = torch.arange(0, seqs * length + 1, length, dtype=torch.int32)
         return lambda: at.attention_packed(q, k, k, cu)
 
-    def packed_bwd(seqs, length):
-        q, o = torch.empty(seqs * length, HQ, D, **bf), torch.empty(seqs * length, HQ, D, **bf)
-        k = torch.empty(seqs * length, HKV, D, **bf)
-        cu = torch.arange(0, seqs * length + 1, length, dtype=torch.int32)
-        lse = torch.zeros(seqs * length, HQ)
-        return lambda: at._bwd(q, k, k, o, lse, o, cu, D**-0.5)
+    def packed_bwd(seqs, length, hq=HQ, hkv=HKV, dk=D, dv=D):
+        t = seqs * length
+        q, k = torch.empty(t, hq, dk, **bf), torch.empty(t, hkv, dk, **bf)
+        v, o = torch.empty(t, hkv, dv, **bf), torch.empty(t, hq, dv, **bf)
+        cu = torch.arange(0, t + 1, length, dtype=torch.int32)
+        return lambda: at._bwd(q, k, v, o, torch.zeros(t, hq), o, cu, dk**-0.5)
 
     def norm(t):
         x, w = torch.empty(t, H, **bf), torch.ones(H, **bf)
@@ -182,6 +182,8 @@ def scenarios(arch: int):
     yield "attention", "prefill chunk 1024", paged(1, 1024, 1024)
     yield "attention", "packed 8 x 512", packed(8, 512)
     yield "attention", "packed 8 x 512, backward", packed_bwd(8, 512)
+    # Moonlight / DeepSeek-V3 MLA in its expanded form: 16 heads, q/k head dim 192, v head dim 128
+    yield "attention", "MLA packed 8 x 512, backward", packed_bwd(8, 512, hq=16, hkv=16, dk=192, dv=128)
     yield "norm", "rms_norm T=256", norm(256)
     yield "norm", "rms_norm backward T=4096", norm_bwd(4096)
     yield "other", "fused MoE T=256 (128 experts, k = 8)", moe(256)
