@@ -301,6 +301,7 @@ def _logprobs_fwd_combine_kernel(
     if SAMPLE:
         best = tl.load(best_ptr + rows, mask=rmask, other=0.0)
         tok = tl.load(idx_ptr + rows, mask=rmask, other=0)
+    # the loads of later splits are issued ahead (num_stages, speed only); the fold itself stays in split order
     for sp in tl.range(1, n_splits, num_stages=4):
         off = sp * T + rows
         mi = tl.load(m_ptr + off, mask=rmask, other=0.0)
