@@ -177,6 +177,83 @@ def test_interpreted_mla_head_dims():
     torch.testing.assert_close(out.float(), _sdpa_ref(q, k, v, cu), atol=2e-2, rtol=2e-2)
 
 
+def _paged_decode_inputs(lens, n_q, hq, hkv, d, page, seed, device, dv=None):
+    """A paged step: sequence ``b`` holds ``lens[b]`` keys (its last ``n_q[b]`` are this step's queries), pages in a
+    shuffled order; returns (q, k_cache, v_cache, tables, ctx, cu_q) and the packed (q, k, v, cu) of the same keys."""
+    q, k, v, cu = _qkv(lens, hq, hkv, d, seed, device, dv)
+    pages = [-(-n // page) for n in lens]
+    order = torch.randperm(sum(pages) + 2, generator=torch.Generator().manual_seed(seed))
+    bt = torch.zeros(len(lens), max(pages), dtype=torch.int64)
+    kc = torch.zeros(sum(pages) + 2, page, hkv, d, dtype=k.dtype, device=device)
+    vc = torch.zeros(sum(pages) + 2, page, hkv, v.shape[-1], dtype=v.dtype, device=device)
+    used, rows = 0, []
+    for b, n in enumerate(lens):
+        bt[b, : pages[b]] = order[used : used + pages[b]]
+        used += pages[b]
+        pos = torch.arange(n)
+        slot = (bt[b, pos // page] * page + pos % page).to(device)
+        kc.view(-1, hkv, d)[slot] = k[int(cu[b]) : int(cu[b]) + n]
+        vc.view(-1, hkv, v.shape[-1])[slot] = v[int(cu[b]) : int(cu[b]) + n]
+        rows += range(int(cu[b]) + n - n_q[b], int(cu[b]) + n)
+    cuq = torch.tensor([0, *torch.tensor(n_q).cumsum(0).tolist()], device=device)
+    paged = (q[torch.tensor(rows, device=device)], kc, vc, bt.to(device), torch.tensor(lens, device=device), cuq)
+    return paged, (q, k, v, cu), rows
+
+
+def _split_forms(ops, paged):
+    """The paged forward launched one program per split (+ combine) and one program per tile."""
+    q, kc, vc, bt, ctx, cuq = paged
+    page = kc.shape[1]
+    lay = ops.paged_layout(bt, ctx, cuq, page, q.shape[0], q.shape[1], kc.shape[2], q.device)
+    args = (q, kc.flatten(0, 1), vc.flatten(0, 1), lay.table, page, lay.q_start, lay.n_q, lay.ctx, 0.125, True)
+    return ops._fwd(*args, split_programs=True), ops._fwd(*args, split_programs=False)
+
+
+@interp
+@pytest.mark.parametrize("split_n", [64, 128])
+@pytest.mark.parametrize("n_q", [[1, 1, 1], [1, 40, 3]])
+def test_interpreted_split_launch_equals_one_pass_and_packed(monkeypatch, split_n, n_q):
+    """Keys cut into splits at fixed absolute positions: one program per split + the ordered combine == one program
+    folding the splits in registers == the packed (training) forward, per query, output and LSE, torch.equal. Rows of
+    a prefill chunk that sit before a later split (n_q 40) must leave it out in both forms."""
+    ops = _ops()
+    monkeypatch.setattr(ops, "SPLIT_N", split_n)
+    lens = [300, 200, 129]
+    paged, (q, k, v, cu), rows = _paged_decode_inputs(lens, n_q, 4, 2, 64, 16, seed=sum(n_q), device="cpu")
+    (o_split, lse_split), (o_one, lse_one) = _split_forms(ops, paged)
+    assert torch.equal(o_split, o_one) and torch.equal(lse_split, lse_one)
+    packed = ops.attention_packed(q, k, v, cu, scale=0.125)
+    assert torch.equal(o_split, packed[torch.tensor(rows)])
+    # and through the public entry, whose default picks the split launch at this size
+    assert torch.equal(ops.attention_paged(*paged, 0.125), o_split)
+    torch.testing.assert_close(packed.float(), _sdpa_ref(q, k, v, cu, scale=0.125), atol=2e-2, rtol=2e-2)
+
+
+@interp
+def test_interpreted_split_check_catches_other_boundaries(monkeypatch):
+    """The split contract can fail: decode with splits of 64 against a packed forward with splits of 128 differs
+    (queries past position 64); queries within the first split are the one-pass result in both."""
+    ops = _ops()
+    paged, (q, k, v, cu), rows = _paged_decode_inputs([200], [1], 4, 2, 64, 16, seed=1, device="cpu")
+    monkeypatch.setattr(ops, "SPLIT_N", 64)
+    split64 = ops.attention_paged(*paged, 0.125)
+    monkeypatch.setattr(ops, "SPLIT_N", 128)
+    assert not torch.equal(split64, ops.attention_packed(q, k, v, cu, scale=0.125)[torch.tensor(rows)])
+    first = ops.attention_packed(q[:60], k[:60], v[:60], torch.tensor([0, 60]), scale=0.125)
+    monkeypatch.setattr(ops, "SPLIT_N", 64)
+    assert torch.equal(first, ops.attention_packed(q[:60], k[:60], v[:60], torch.tensor([0, 60]), scale=0.125))
+
+
+@interp
+def test_interpreted_split_launch_mla_head_dims(monkeypatch):
+    ops = _ops()
+    monkeypatch.setattr(ops, "SPLIT_N", 64)
+    paged, (q, k, v, cu), rows = _paged_decode_inputs([150, 70], [1, 2], 2, 1, 48, 8, seed=2, device="cpu", dv=32)
+    (o_split, lse_split), (o_one, lse_one) = _split_forms(ops, paged)
+    assert torch.equal(o_split, o_one) and torch.equal(lse_split, lse_one)
+    assert torch.equal(o_split, ops.attention_packed(q, k, v, cu, scale=0.125)[torch.tensor(rows)])
+
+
 def test_write_kv_cache_matches_index_copy():
     if not (interpreting() or torch.cuda.is_available()):
         pytest.skip("needs a CUDA device or TRITON_INTERPRET=1")
@@ -259,6 +336,19 @@ def test_gpu_packed_equals_chunked_and_decode(d, heads):
     chunks = [[rng.randint(1, 1500) for _ in range(4)] for _ in lens]
     q, k, v, cu, packed = _check_invariance(ops, lens, *heads, d, page, chunks, seed=d + heads[1], device="cuda")
     torch.testing.assert_close(packed.float(), _sdpa_ref(q, k, v, cu), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dims", [(128, 128), (192, 128)])
+def test_gpu_split_launch_equals_one_pass_and_packed(dims):
+    """At real sizes (contexts past many splits, GQA, MLA head dims): the split launch == the one-pass launch == the
+    packed forward, output and LSE, torch.equal; decode rows and a prefill chunk in one step."""
+    ops = _ops()
+    lens, n_q = [4096, 9000, 257, 256, 2000], [1, 1, 1, 1, 300]
+    paged, (q, k, v, cu), rows = _paged_decode_inputs(lens, n_q, 16, 4, dims[0], 16, seed=5, device="cuda", dv=dims[1])
+    (o_split, lse_split), (o_one, lse_one) = _split_forms(ops, paged)
+    assert torch.equal(o_split, o_one) and torch.equal(lse_split, lse_one)
+    assert torch.equal(o_split, ops.attention_packed(q, k, v, cu, scale=0.125)[torch.tensor(rows, device="cuda")])
 
 
 @pytest.mark.gpu

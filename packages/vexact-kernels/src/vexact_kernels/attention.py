@@ -5,7 +5,8 @@ Invariance, the central rule of VeXact: a query at position ``p`` walks its keys
 sum), whether it is computed in a packed training batch, in any chunk of a chunked prefill, or in a decode step
 reading a paged cache, whatever the page size, the other sequences, or the number of queries in the launch. The
 packed and paged entry points differ only in how a key position is turned into a row of K/V storage; both then call
-the same ``_attend``. No split-KV: one pass over the keys per query.
+the same ``_attend``. The CPU reference makes one pass over the keys per query; the GPU kernels fold fixed
+absolute-position key splits in order (``triton_ops/attention.py``), in every path alike.
 
 On the ``invariant`` backend CUDA tensors go to one of two implementations, chosen once per process
 (``$VEXACT_ATTENTION`` or :func:`vexact_kernels.set_attention_impl`; default ``auto``: ``fa4`` on Hopper/Blackwell

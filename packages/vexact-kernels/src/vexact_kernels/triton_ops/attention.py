@@ -9,20 +9,27 @@ online-softmax update, whatever launched it. How that is made true:
   ``row = table[b, pos // page_size] + pos % page_size``. For a paged cache ``table`` holds each page's first slot
   (block id * page size); for a packed batch it holds one entry, the sequence's first token, with a page size larger
   than any sequence. The mapping is runtime data (``page_size`` is not specialised), so both paths run literally the
-  same machine code: same tile shapes, same ``num_warps``/``num_stages``, same MMA instructions, same reductions.
+  same machine code: same tile shapes, same ``num_warps``/``num_stages``, same MMA instructions, same reductions
+  (the split launch below is the same source with one constexpr flipped; a GPU test holds the two forms equal).
 * **Rows never interact.** A program owns ``BLOCK_M`` rows, each one (query token, query head) of one KV head's
   group, flattened as ``row = token * G + g`` within one sequence. Decode with GQA thus still puts ``G`` rows in a
   tile, and a prefill chunk or packed sequence fills it. Each row's result is a function of its own q row and of the
   keys; the tile-mates only decide how many key tiles the program walks. A key tile wholly past a row's causal bound
   is a bitwise no-op for it (its scores are ``-inf``: ``m`` is unchanged, ``alpha = exp2(0) = 1``, ``p = 0``), and
   tile 0 always holds position 0, so ``m`` is finite after the first step for every row.
-* **No split-KV.** One program walks all of a row's keys. Long-context decode at small batch is therefore bound by
-  one program's latency per (sequence, KV head), not by HBM bandwidth (see benchmarks/results/attention-h100.md).
-  Split-KV would be allowed only with split boundaries at fixed absolute positions and the training kernel using the
-  same splits and the same fixed-order combine; it is left out for now to keep one code path.
-* **Fixed constants, never autotuned.** ``BLOCK_M``, ``BLOCK_N``, ``NUM_WARPS``, ``NUM_STAGES`` below. Changing any
-  of them changes the numerics (and so the golden fixtures of GPU targets). The GPU ``BLOCK_N`` (64) differs from the
-  CPU reference's ``ATTN_BLOCK_N`` (16): CPU and GPU results are each invariant, not equal to each other.
+* **Split-KV at fixed absolute positions.** A query's keys are cut into splits of ``SPLIT_N`` positions (split
+  ``s`` holds ``s*SPLIT_N .. s*SPLIT_N+SPLIT_N-1``). Within a split the online softmax runs as above from a fresh
+  state; the splits' partials ``(m, l, acc)`` are then folded in split order by ``_fold`` (explicit FMAs; the first
+  split taken as it is, so a query with at most ``SPLIT_N`` keys gets the one-pass result exactly; a split a row
+  cannot see is left out). Two launch forms give the same bits: one program per tile folding its splits in
+  registers (training, prefill, decode at a large batch), or one program per (tile, split) writing fp32 partials
+  and ``_attn_combine`` folding them (decode at a small batch, where one program per sequence and KV head leaves
+  most SMs idle: batch 1 at 4096 keys ran 5x faster, benchmarks/results/attention-h200.md). The form is picked
+  from the launch's size, never from the data, and the training kernel folds at the same boundaries.
+* **Fixed constants, never autotuned.** ``BLOCK_M``, ``BLOCK_N``, ``SPLIT_TILES``, ``NUM_WARPS``, ``NUM_STAGES``
+  below. Changing any of them changes the numerics (and so the golden fixtures of GPU targets). The GPU ``BLOCK_N``
+  (64) differs from the CPU reference's ``ATTN_BLOCK_N`` (16): CPU and GPU results are each invariant, not equal to
+  each other.
 
 Numerics: bf16/fp16 q, k, v; scores, running max/sum and the accumulator in fp32 (scores scaled by
 ``scale * log2(e)`` and exponentiated with ``exp2``); ``P`` cast to v's dtype for the ``P @ V`` MMA; output cast
@@ -56,6 +63,14 @@ BLOCK_M = 64  # query rows (token x head of one KV group) per program, forward
 BLOCK_N = 64  # keys per step: the absolute-position tile every query walks
 NUM_WARPS = 4
 NUM_STAGES = 2
+# Keys are cut at fixed absolute positions into splits of SPLIT_TILES * BLOCK_N; a query's splits are folded in order
+# (``_fold``), in registers by one program or through memory by ``_attn_combine`` after one program per split. A
+# numerics constant like BLOCK_N (a query with at most SPLIT_N keys gets the one-pass result exactly).
+SPLIT_TILES = 8
+SPLIT_N = SPLIT_TILES * BLOCK_N
+# Launch form only (same bits either way): one program per split when the one-pass launch would have fewer programs
+# than this (decode at small batch, where one program per sequence and KV head leaves most SMs idle).
+SPLIT_BELOW_PROGRAMS = 256
 
 # Backward: only determinism depends on these (not the forward's bits); may be tuned.
 BWD_BLOCK_M = 64
@@ -81,13 +96,17 @@ def _mma(a, b, acc, UPCAST: tl.constexpr):
         return tl.dot(a, b, acc)
 
 
-@triton.jit(do_not_specialize=["page_size", "num_seqs"])
+@triton.jit(do_not_specialize=["page_size", "num_seqs", "part_stride"])
 def _attn_fwd(
     Q,
     K,
     V,
     Out,
     LSE,
+    PM,
+    PL,
+    PACC,
+    part_stride,
     TILE_SEQ,
     TILE_ROW0,
     SEQ_QSTART,
@@ -114,6 +133,8 @@ def _attn_fwd(
     BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    SPLIT_N: tl.constexpr,
+    SPLIT_OUT: tl.constexpr,
     STORE_LSE: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
@@ -134,6 +155,16 @@ def _attn_fwd(
     qpos = tl.where(row_ok, ctx - n_q + t, 0)  # padding rows attend to key 0 only and are never stored
     t_last = tl.minimum(n_q - 1, (row0 + BLOCK_M - 1) // G)
     hi = ctx - n_q + t_last + 1  # keys this tile needs: up to its last row's position
+    if SPLIT_OUT:  # this program: one split of the tile's keys; its partial goes to PM/PL/PACC[split]
+        split = tl.program_id(2)
+        lo = split * SPLIT_N
+        if lo >= hi:
+            return
+        top = tl.minimum(lo + SPLIT_N, hi)
+    else:  # every split of the tile's keys, in order, folded here
+        split = 0
+        lo = 0
+        top = hi
 
     offs_dk = tl.arange(0, BLOCK_DK)
     offs_dv = tl.arange(0, BLOCK_DV)
@@ -144,14 +175,18 @@ def _attn_fwd(
         other=0.0,
     )
 
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
     offs_n = tl.arange(0, BLOCK_N)
     tb = TABLE + b.to(tl.int64) * stride_tb
     k_base = K + kvh * stride_kh
     v_base = V + kvh * stride_vh
-    for start in range(0, hi, BLOCK_N):
+    m_run = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_run = tl.zeros([BLOCK_M], tl.float32)
+    acc_run = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
+    # one loop over the tiles, the fold a branch at each split's last tile: the loads stay pipelined across splits
+    for start in range(lo, top, BLOCK_N):
         kpos = start + offs_n
         kin = kpos < hi
         page_row = tl.load(tb + kpos // page_size, mask=kin, other=0)
@@ -163,9 +198,20 @@ def _attn_fwd(
         )
         qk = _mma(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), UPCAST) * qk_scale
         qk = tl.where(kpos[None, :] <= qpos[:, None], qk, float("-inf"))
+        if not SPLIT_OUT:
+            # the first tile of a later split: fold the split before it, here where the rescale below waits for
+            # the last P @ V anyway (a fold after that MMA would wait for it every tile)
+            if (start % SPLIT_N == 0) and (start > 0):
+                s0 = start - SPLIT_N
+                m_run, l_run, acc_run = _fold(m_run, l_run, acc_run, m_i, l_i, acc, s0 == 0, s0 <= qpos)
+                m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+                l_i = tl.zeros([BLOCK_M], tl.float32)
+                acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
         m_new = tl.maximum(m_i, tl.max(qk, 1))
-        alpha = tl.math.exp2(m_i - m_new)
-        p = tl.math.exp2(qk - m_new[:, None])
+        # a row that sees no key of this split yet (it sits before the split): exponents against 0, not -inf
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.math.exp2(m_i - m_use)
+        p = tl.math.exp2(qk - m_use[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
         v = tl.load(
@@ -175,15 +221,105 @@ def _attn_fwd(
         )
         acc = _mma(p.to(v.dtype), v, acc, UPCAST)
         m_i = m_new
+    if SPLIT_OUT:
+        prow = split.to(tl.int64) * part_stride + q_rows * stride_lt + head
+        tl.store(PM + prow, m_i, mask=row_ok)
+        tl.store(PL + prow, l_i, mask=row_ok)
+        tl.store(PACC + prow[:, None] * BLOCK_DV + offs_dv[None, :], acc, mask=row_ok[:, None])
+    else:
+        s0 = (top - 1) - (top - 1) % SPLIT_N  # the last split, folded after the loop
+        m_run, l_run, acc_run = _fold(m_run, l_run, acc_run, m_i, l_i, acc, s0 == 0, s0 <= qpos)
+        out = acc_run / l_run[:, None]
+        tl.store(
+            Out + q_rows[:, None] * stride_ot + head[:, None] * stride_oh + offs_dv[None, :],
+            out.to(Out.dtype.element_ty),
+            mask=row_ok[:, None] & (offs_dv[None, :] < DV),
+        )
+        if STORE_LSE:
+            tl.store(LSE + q_rows * stride_lt + head, m_run + tl.math.log2(l_run), mask=row_ok)
 
-    out = acc / l_i[:, None]
+
+@triton.jit
+def _fold(m_run, l_run, acc_run, m_s, l_s, acc_s, first, sees):
+    """Fold one split's partial ``(m_s, l_s, acc_s)`` into the running ``(m_run, l_run, acc_run)``: the first split
+    is taken as it is (so a query whose keys fit in one split gets exactly the one-pass result), a later one is
+    rescaled onto the common max with explicit FMAs (no contraction left to the compiler, so the forward's in-register
+    fold and the combine kernel's fold are the same instructions), and only for the rows that ``sees`` it."""
+    m_new = tl.maximum(m_run, m_s)
+    w_run = tl.math.exp2(m_run - m_new)
+    w_s = tl.math.exp2(m_s - m_new)
+    l_new = tl.fma(l_s, w_s, l_run * w_run)
+    acc_new = tl.fma(acc_s, w_s[:, None], acc_run * w_run[:, None])
+    return (
+        tl.where(first, m_s, tl.where(sees, m_new, m_run)),
+        tl.where(first, l_s, tl.where(sees, l_new, l_run)),
+        tl.where(first, acc_s, tl.where(sees[:, None], acc_new, acc_run)),
+    )
+
+
+@triton.jit(do_not_specialize=["num_seqs", "part_stride"])
+def _attn_combine(
+    PM,
+    PL,
+    PACC,
+    Out,
+    LSE,
+    TILE_SEQ,
+    TILE_ROW0,
+    SEQ_QSTART,
+    SEQ_NQ,
+    SEQ_CTX,
+    num_seqs,
+    part_stride,
+    stride_ot,
+    stride_oh,
+    stride_lt,
+    G: tl.constexpr,
+    DV: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    SPLIT_N: tl.constexpr,
+    STORE_LSE: tl.constexpr,
+):
+    """The split launch's second half: each row folds its splits' partials in split order with :func:`_fold`, as the
+    one-program forward does in registers, and writes the output. Same tile table as the forward."""
+    tile = tl.program_id(0)
+    kvh = tl.program_id(1)
+    b = tl.load(TILE_SEQ + tile)
+    if b >= num_seqs:
+        return
+    row0 = tl.load(TILE_ROW0 + tile)
+    q_start = tl.load(SEQ_QSTART + b)
+    n_q = tl.load(SEQ_NQ + b)
+    ctx = tl.load(SEQ_CTX + b)
+    offs_m = row0 + tl.arange(0, BLOCK_M)
+    t = offs_m // G
+    head = kvh * G + offs_m % G
+    row_ok = t < n_q
+    qpos = tl.where(row_ok, ctx - n_q + t, 0)
+    t_last = tl.minimum(n_q - 1, (row0 + BLOCK_M - 1) // G)
+    hi = ctx - n_q + t_last + 1
+    q_rows = (q_start + t).to(tl.int64)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    m_run = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_run = tl.zeros([BLOCK_M], tl.float32)
+    acc_run = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
+    for s0 in tl.range(0, hi, SPLIT_N, num_stages=3):  # loads pipelined; the folds stay in split order
+        sees = row_ok & (s0 <= qpos)
+        prow = q_rows * stride_lt + head + (s0 // SPLIT_N) * part_stride  # int64: q_rows is
+        m_s = tl.load(PM + prow, mask=sees, other=float("-inf"))
+        l_s = tl.load(PL + prow, mask=sees, other=0.0)
+        acc_s = tl.load(PACC + prow[:, None] * BLOCK_DV + offs_dv[None, :], mask=sees[:, None], other=0.0)
+        m_run, l_run, acc_run = _fold(m_run, l_run, acc_run, m_s, l_s, acc_s, s0 == 0, sees)
+    l_run = tl.where(row_ok, l_run, 1.0)  # rows past the tile's queries (never stored) divide by 1, not 0
+    out = acc_run / l_run[:, None]
     tl.store(
         Out + q_rows[:, None] * stride_ot + head[:, None] * stride_oh + offs_dv[None, :],
         out.to(Out.dtype.element_ty),
         mask=row_ok[:, None] & (offs_dv[None, :] < DV),
     )
     if STORE_LSE:
-        tl.store(LSE + q_rows * stride_lt + head, m_i + tl.math.log2(l_i), mask=row_ok)
+        tl.store(LSE + q_rows * stride_lt + head, m_run + tl.math.log2(l_run), mask=row_ok)
 
 
 @triton.jit
@@ -454,9 +590,13 @@ def _fwd(
     scale: float,
     want_lse: bool,
     tiles: tuple[torch.Tensor, torch.Tensor, int] | None = None,
+    split_programs: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Launch the forward. k_rows/v_rows: [rows, Hkv, D] storage; table [B, W] int32 first storage row per page;
-    ``tiles``: the tile table of these queries (:func:`_fwd_tiles`), when the caller built it already."""
+    ``tiles``: the tile table of these queries (:func:`_fwd_tiles`), when the caller built it already.
+    ``split_programs``: one program per key split plus the combine (True) or one program per tile (False); default:
+    split where the one-pass launch has fewer than ``SPLIT_BELOW_PROGRAMS`` programs and a query can have more than
+    one split (``W * page_size > SPLIT_N``). The same bits either way."""
     total, hq, dk = q.shape
     hkv, dv = k_rows.shape[1], v_rows.shape[2]
     g = hq // hkv
@@ -466,12 +606,26 @@ def _fwd(
     if total == 0 or nseq == 0:
         return out, (lse if want_lse else None)
     tile_seq, tile_row0, grid = tiles if tiles is not None else _fwd_tiles(n_q, g, total)
-    _attn_fwd[(grid, hkv)](
+    n_splits = triton.cdiv(min(table.shape[1] * page_size, _PACKED_PAGE), SPLIT_N)
+    if split_programs is None:
+        split_programs = n_splits > 1 and grid * hkv < SPLIT_BELOW_PROGRAMS and page_size < _PACKED_PAGE
+    block_dv = triton.next_power_of_2(dv)
+    if split_programs:
+        pm = torch.empty(n_splits, total, hq, device=q.device, dtype=torch.float32)
+        pl = torch.empty_like(pm)
+        pacc = torch.empty(n_splits, total, hq, block_dv, device=q.device, dtype=torch.float32)
+    else:
+        n_splits, pm, pl, pacc = 1, lse, lse, lse
+    _attn_fwd[(grid, hkv, n_splits)](
         q,
         k_rows,
         v_rows,
         out,
         lse,
+        pm,
+        pl,
+        pacc,
+        total * hq,
         tile_seq,
         tile_row0,
         q_start,
@@ -495,14 +649,41 @@ def _fwd(
         DK=dk,
         DV=dv,
         BLOCK_DK=triton.next_power_of_2(dk),
-        BLOCK_DV=triton.next_power_of_2(dv),
+        BLOCK_DV=block_dv,
         BLOCK_M=BLOCK_M,
         BLOCK_N=BLOCK_N,
+        SPLIT_N=SPLIT_N,
+        SPLIT_OUT=split_programs,
         STORE_LSE=want_lse,
         UPCAST=interpreting(),
         num_warps=NUM_WARPS,
         num_stages=NUM_STAGES,
     )
+    if split_programs:
+        _attn_combine[(grid, hkv)](
+            pm,
+            pl,
+            pacc,
+            out,
+            lse,
+            tile_seq,
+            tile_row0,
+            q_start,
+            n_q,
+            ctx,
+            nseq,
+            total * hq,
+            out.stride(0),
+            out.stride(1),
+            hq,
+            G=g,
+            DV=dv,
+            BLOCK_DV=block_dv,
+            BLOCK_M=BLOCK_M,
+            SPLIT_N=SPLIT_N,
+            STORE_LSE=want_lse,
+            num_warps=NUM_WARPS,
+        )
     return out, (lse if want_lse else None)
 
 
