@@ -141,6 +141,10 @@ def scenarios(arch: int):
         x, w = torch.empty(t, H, **bf), torch.ones(H, **bf)
         return lambda: rn.rms_norm_fwd(x, w, 1e-6, torch.bfloat16)
 
+    def add_norm(t):
+        x, w = torch.empty(t, H, **bf), torch.ones(H, **bf)
+        return lambda: rn.add_rms_norm_fwd(x, x, w, 1e-6)
+
     def norm_bwd(t):
         x, w = torch.empty(t, H, **bf), torch.ones(H, **bf)
         return lambda: rn.rms_norm_bwd(x, x, w, torch.ones(t))
@@ -185,6 +189,7 @@ def scenarios(arch: int):
     # Moonlight / DeepSeek-V3 MLA in its expanded form: 16 heads, q/k head dim 192, v head dim 128
     yield "attention", "MLA packed 8 x 512, backward", packed_bwd(8, 512, hq=16, hkv=16, dk=192, dv=128)
     yield "norm", "rms_norm T=256", norm(256)
+    yield "norm", "add_rms_norm T=256", add_norm(256)
     yield "norm", "rms_norm backward T=4096", norm_bwd(4096)
     yield "other", "fused MoE T=256 (128 experts, k = 8)", moe(256)
     yield "other", "rotary q/k T=256", rotary(256)

@@ -83,3 +83,50 @@ def test_integer_input_raises_type_error(backend):
 def test_weight_shape_mismatch_raises_value_error(backend):
     with vk.use_backend(backend), pytest.raises(ValueError, match=r"weight shape \(7,\) does not match x's last dim 8"):
         vk.rms_norm(_rand(2, 8), torch.ones(7), EPS)
+
+
+ADD_SHAPES = [(1, 8), (5, 100), (3, 4, 129), (17, 1500)]
+
+
+@pytest.mark.parametrize("backend", vk.BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("shape", ADD_SHAPES, ids=str)
+def test_add_rms_norm_is_the_add_then_rms_norm(shape, dtype, backend):
+    x, r = _rand(*shape, seed=1, dtype=dtype, scale=3.0), _rand(*shape, seed=2, dtype=dtype)
+    w = (1.0 + 0.1 * _rand(shape[-1], seed=3)).to(dtype)
+    with vk.use_backend(backend):
+        s, y = vk.add_rms_norm(x, r, w, EPS)
+        assert s.dtype == y.dtype == dtype and s.shape == y.shape == x.shape
+        assert torch.equal(s, x + r) and torch.equal(y, vk.rms_norm(x + r, w, EPS))
+
+
+def test_add_rms_norm_under_autograd_is_differentiable():
+    x, r = _rand(4, 32, seed=1, dtype=torch.float32), _rand(4, 32, seed=2, dtype=torch.float32)
+    w = 1.0 + 0.1 * _rand(32, seed=3, dtype=torch.float32)
+    grads = []
+    for fused in (True, False):
+        xg, rg, wg = (t.clone().requires_grad_() for t in (x, r, w))
+        if fused:
+            s, y = vk.add_rms_norm(xg, rg, wg, EPS)
+        else:
+            s = xg + rg
+            y = vk.rms_norm(s, wg, EPS)
+        (s.sum() + y.square().sum()).backward()
+        grads.append((xg.grad, rg.grad, wg.grad))
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("backend", vk.BACKENDS)
+def test_add_rms_norm_input_errors(backend):
+    x, w = _rand(2, 8), torch.ones(8, dtype=torch.bfloat16)
+    with vk.use_backend(backend):
+        with pytest.raises(ValueError, match=r"residual \(2, 1\) torch.bfloat16 must match x \(2, 8\)"):
+            vk.add_rms_norm(x, _rand(2, 1), w, EPS)  # no broadcast
+        with pytest.raises(ValueError, match=r"residual \(2, 8\) torch.float32 must match x \(2, 8\) torch.bfloat16"):
+            vk.add_rms_norm(x, _rand(2, 8, dtype=torch.float32), w, EPS)  # no promotion
+        with pytest.raises(ValueError, match=r"weight shape \(7,\) does not match x's last dim 8"):
+            vk.add_rms_norm(x, x, torch.ones(7), EPS)
+        with pytest.raises(TypeError, match="rms_norm: x has dtype torch.int64"):
+            ints = torch.ones(2, 8, dtype=torch.int64)
+            vk.add_rms_norm(ints, ints, torch.ones(8), EPS)

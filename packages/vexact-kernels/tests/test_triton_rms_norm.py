@@ -179,3 +179,51 @@ def test_gpu_pair_launch_is_bitwise_two_launches(dtype, hidden):
     with torch.no_grad():
         y1, y2 = vk.rms_norm_pair(x1, w, x2, w, EPS)
     assert torch.equal(y1, vk.rms_norm(x1, w, EPS)) and torch.equal(y2, vk.rms_norm(x2, w, EPS))
+
+
+def _check_add(shape, dtype, device, seed=0):
+    """The fused residual add + norm is torch's add, then the single kernel on the sum, bit for bit (x a view at a
+    row offset, as a slice of a batch is)."""
+    ops = _ops()
+    x = _rand(shape[0] + 1, *shape[1:], seed=seed, dtype=dtype, scale=3.0, device=device)[1:]
+    r = _rand(*shape, seed=seed + 1, dtype=dtype, device=device)
+    w = (1.0 + 0.1 * _rand(shape[-1], seed=seed + 2)).to(dtype).to(device)
+    s, y = ops.triton_add_rms_norm(x, r, w, EPS)
+    assert s.shape == y.shape == x.shape and s.dtype == y.dtype == dtype
+    assert torch.equal(s, x + r)
+    assert torch.equal(y, ops.triton_rms_norm(x + r, w, EPS))
+
+
+@interp
+@pytest.mark.parametrize("shape", [(1, 8), (4, 100), (2, 3, 200), (3, 1500), (0, 16)], ids=str)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_interpreted_add_rms_norm_is_the_add_then_the_norm(shape, dtype):
+    _check_add(shape, dtype, "cpu", seed=shape[-1])
+
+
+@interp
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy's, on the inf sums (and then the norm of inf)
+def test_interpreted_add_rounds_to_nearest_even_as_torch():
+    """bf16 sums at the rounding edges (ties to even both ways, carries into the exponent, overflow to inf, inf,
+    signed zeros), where a truncating or ties-away cast would differ from torch's add."""
+    ops = _ops()
+    a = torch.tensor([1.0, 1.0, 1.0 + 2.0**-7, 255.0, 3.0e38, -3.0e38, float("inf"), 0.0, -0.0, -1.0])
+    b = torch.tensor([2.0**-8, 3 * 2.0**-9, 2.0**-8, 0.5, 3.0e38, -3.0e38, 1.0, -0.0, -0.0, -(2.0**-8)])
+    a, b = a.bfloat16()[None], b.bfloat16()[None]
+    s, _ = ops.triton_add_rms_norm(a, b, torch.ones(a.shape[-1], dtype=torch.bfloat16), EPS)
+    assert torch.equal(s.view(torch.int16), (a + b).view(torch.int16))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("hidden", [64, 1000, 2048, 4096, 5120])
+def test_gpu_add_rms_norm_is_the_add_then_the_norm(dtype, hidden):
+    """On CUDA the fused kernel runs the single kernel's row code on the sum: the same bits, checked on many rows,
+    through the kernel and through the public op (no autograd: the one-launch path)."""
+    for m in (1, 7, 256, 4097):
+        _check_add((m, hidden), dtype, "cuda", seed=m + hidden)
+    x, r = _rand(3, 5, hidden, seed=1, device="cuda", scale=50.0), _rand(3, 5, hidden, seed=2, device="cuda")
+    w = (1.0 + 0.1 * _rand(hidden, seed=3)).cuda()
+    with torch.no_grad():
+        s, y = vk.add_rms_norm(x, r, w, EPS)
+    assert torch.equal(s, x + r) and torch.equal(y, vk.rms_norm(x + r, w, EPS))

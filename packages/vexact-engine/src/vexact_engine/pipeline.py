@@ -111,8 +111,7 @@ class _StageRunner:
                 # the activations' raw bytes: exact, and both NCCL and gloo move uint8
                 nbytes = self.hidden_size * torch.empty(0, dtype=self.dtype).element_size()
                 x = self._recv((t, nbytes), torch.uint8, self.rank - 1).view(self.dtype)
-            for i in self.layers:
-                x = self.model.model.layers[i](x, pos, meta, self.kv_caches[i])
+            x = self.model.model.run_layers(x, pos, meta, self.kv_caches, self.layers)
             if not self.last:
                 self._send(x.contiguous().view(torch.uint8), self.rank + 1)
                 return None

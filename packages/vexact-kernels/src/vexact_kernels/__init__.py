@@ -35,7 +35,7 @@ from .logprobs import (
     sample_from_hidden,
 )
 from .moe import fused_moe, moe_route, moe_route_grouped
-from .rms_norm import rms_norm, rms_norm_pair
+from .rms_norm import add_rms_norm, rms_norm, rms_norm_pair
 from .rotary import apply_rotary, apply_rotary_qk, rope_cos_sin
 
 __version__ = "0.3.0"
@@ -48,6 +48,7 @@ __all__ = [
     "OPS",
     "LINEAR_BLOCK_K",
     "__version__",
+    "add_rms_norm",
     "apply_rotary",
     "apply_rotary_qk",
     "attention_packed",

@@ -3,6 +3,7 @@
 Invariance: on the ``invariant`` backend each row's sum of squares is a fixed pairwise tree over the hidden size
 (CPU reference) or a fixed blocked sum in one Triton program per row (CUDA, ``triton_ops/rms_norm.py``, with a
 deterministic backward), so a row's output does not depend on the other rows. ``fast`` uses torch's own mean/rsqrt.
+``add_rms_norm`` is a pre-norm block's residual add and the norm after it: the two ops' bits, in one launch on CUDA.
 """
 
 from __future__ import annotations
@@ -55,3 +56,23 @@ def rms_norm_pair(
         _check(x2, w2)
         return triton_rms_norm_pair(x1, w1, x2, w2, eps, out_dtype)
     return rms_norm(x1, w1, eps, out_dtype), rms_norm(x2, w2, eps, out_dtype)
+
+
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(s, rms_norm(s, weight, eps))`` with ``s = x + residual``, bitwise on every backend and device: ``s`` is
+    torch's add (fp32 sum rounded once to x's dtype), the norm is :func:`rms_norm`'s. ``x`` and ``residual`` have one
+    shape and dtype (no broadcast, no promotion). On the ``invariant`` backend's CUDA path both in one launch (a
+    decoder layer's residual add and the norm after it: one kernel fewer); where autograd records, the two ops."""
+    _check(x, weight)
+    if residual.shape != x.shape or residual.dtype != x.dtype:
+        raise ValueError(
+            f"add_rms_norm: residual {tuple(residual.shape)} {residual.dtype} must match x {tuple(x.shape)} {x.dtype}"
+        )
+    if get_backend("rms_norm") == "invariant" and use_triton(x, residual, weight):
+        from .triton_ops.rms_norm import triton_add_rms_norm
+
+        return triton_add_rms_norm(x, residual, weight, eps)
+    s = x + residual
+    return s, rms_norm(s, weight, eps)

@@ -7,6 +7,9 @@ output (and of ``dx``) is bitwise the same for any batch, row subset or chunking
 blocks of ``RMS_DW_ROWS`` rows summed in row order, then the block partials summed in block order (no atomics), so it
 is identical run to run for a given input. ``_rms_norm_fwd_pair_kernel`` normalises the rows of two tensors (q_norm
 and k_norm of a layer) in one launch through the same row code, so each row's bits are the single kernel's.
+``_add_rms_norm_fwd_kernel`` first stores a row's residual sum ``s = x + r`` (fp32 add, rounded once to nearest even,
+as torch adds) and then runs the same row code on ``s``: the residual add and the norm after it in one launch, with
+the bits of torch's add followed by the single kernel.
 
 Accuracy: fp32 throughout (``sqrt_rn``/``div_rn``, correctly rounded), cast once; within a few fp32 ulps of a float64
 reference before the final cast.
@@ -73,6 +76,33 @@ def _rms_norm_fwd_pair_kernel(
         _rms_norm_row(x1_ptr, w1_ptr, y1_ptr, rstd1_ptr, row, H, eps, BLOCK)
     else:
         _rms_norm_row(x2_ptr, w2_ptr, y2_ptr, rstd2_ptr, row - m1, H, eps, BLOCK)
+
+
+@triton.jit
+def _round_to(v, dtype: tl.constexpr):
+    """fp32 ``v`` rounded to ``dtype`` to nearest even, as torch rounds an op's fp32 result. bf16 by its bits: the
+    same rounding as the GPU's own conversion (NaN: 0x7FFF, the GPU's), and under the interpreter too, whose bf16 cast
+    truncates."""
+    if dtype == tl.bfloat16:
+        u = v.to(tl.uint32, bitcast=True)
+        rounded = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+        return tl.where(v != v, 0x7FFF, rounded).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    return v.to(dtype)
+
+
+@triton.jit
+def _add_rms_norm_fwd_kernel(x_ptr, r_ptr, s_ptr, w_ptr, y_ptr, rstd_ptr, H, eps, BLOCK: tl.constexpr):
+    """Row ``row``: ``s = x + r`` stored in s's dtype, then :func:`_rms_norm_row` on the stored ``s`` (the single
+    kernel's code, so ``y`` has its bits for that ``s``)."""
+    row = tl.program_id(0).to(tl.int64)
+    for start in range(0, H, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        mask = cols < H
+        x = tl.load(x_ptr + row * H + cols, mask=mask, other=0.0).to(tl.float32)
+        r = tl.load(r_ptr + row * H + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(s_ptr + row * H + cols, _round_to(x + r, s_ptr.dtype.element_ty), mask=mask)
+    tl.debug_barrier()  # the row's s, stored by all of the program's threads, is read back by all of them
+    _rms_norm_row(s_ptr, w_ptr, y_ptr, rstd_ptr, row, H, eps, BLOCK)
 
 
 @triton.jit
@@ -157,6 +187,21 @@ def rms_norm_fwd_pair(
     return y1, y2
 
 
+def add_rms_norm_fwd(
+    x2d: torch.Tensor, r2d: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x2d, r2d [M, H]`` (one dtype) -> ``(s, y)``, both ``[M, H]`` in that dtype: ``s = x2d + r2d`` as torch adds
+    and ``y = rms_norm_fwd(s, weight, eps, s.dtype)[0]``, bitwise, in one launch."""
+    x2d, r2d, weight = aligned_rows(x2d), aligned_rows(r2d), aligned_rows(weight)
+    m, h = x2d.shape
+    s = torch.empty_like(x2d)
+    y = torch.empty_like(x2d)
+    rstd = torch.empty(m, dtype=torch.float32, device=x2d.device)  # written, as the single kernel writes it
+    if m:
+        _add_rms_norm_fwd_kernel[(m,)](x2d, r2d, s, weight, y, rstd, h, eps, BLOCK=RMS_BLOCK, num_warps=RMS_NUM_WARPS)
+    return s, y
+
+
 def rms_norm_bwd(
     dy: torch.Tensor, x2d: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, need_dw: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -224,3 +269,17 @@ def triton_rms_norm_pair(
     out_dtype = out_dtype or x1.dtype
     y1, y2 = rms_norm_fwd_pair(x1.reshape(-1, x1.shape[-1]), w1, x2.reshape(-1, x2.shape[-1]), w2, eps, out_dtype)
     return y1.reshape(x1.shape), y2.reshape(x2.shape)
+
+
+def triton_add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(s, triton_rms_norm(s, weight, eps))`` with ``s = x + residual`` (same shape and dtype), bitwise: one launch
+    where no input records autograd, else torch's add and :func:`triton_rms_norm` (differentiable)."""
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (x, residual, weight)):
+        s = x + residual
+        return s, triton_rms_norm(s, weight, eps)
+    if len({x.device, residual.device, weight.device}) != 1:
+        raise ValueError(f"add_rms_norm: x, residual and weight are on {x.device}, {residual.device}, {weight.device}")
+    s, y = add_rms_norm_fwd(x.reshape(-1, x.shape[-1]), residual.reshape(-1, x.shape[-1]), weight, eps)
+    return s.reshape(x.shape), y.reshape(x.shape)

@@ -3,7 +3,7 @@
 from .activation import SiluAndMul
 from .attention import Attention
 from .embed_head import LMHead, VocabEmbedding
-from .layernorm import RMSNorm, rms_norm_pair
+from .layernorm import RMSNorm, add_rms_norm, rms_norm_pair
 from .linear import Linear, grouped_linear
 from .mla import MLAttention
 from .moe import (
@@ -30,6 +30,7 @@ __all__ = [
     "SiluAndMul",
     "SparseMoeBlock",
     "VocabEmbedding",
+    "add_rms_norm",
     "checkpoint_pieces",
     "grouped_linear",
     "load_balancing_loss",

@@ -16,10 +16,25 @@ class RMSNorm(nn.Module):
         return vk.rms_norm(x, self.weight, self.eps)
 
 
+def _hooked(*modules: nn.Module) -> bool:
+    return any(m._forward_hooks or m._forward_pre_hooks for m in modules)
+
+
 def rms_norm_pair(norm_a: RMSNorm, a: torch.Tensor, norm_b: RMSNorm, b: torch.Tensor):
     """``(norm_a(a), norm_b(b))``, bitwise, in one kernel launch where the kernels allow it (a layer's q_norm and
     k_norm). Through the modules themselves where one has hooks of its own, the eps differ or autograd records."""
-    hooked = any(m._forward_hooks or m._forward_pre_hooks for m in (norm_a, norm_b))
-    if hooked or norm_a.eps != norm_b.eps or torch.is_grad_enabled():
+    if _hooked(norm_a, norm_b) or norm_a.eps != norm_b.eps or torch.is_grad_enabled():
         return norm_a(a), norm_b(b)
     return vk.rms_norm_pair(a, norm_a.weight, b, norm_b.weight, norm_a.eps)
+
+
+def add_rms_norm(norm: RMSNorm, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(s, norm(s))`` with ``s = x + residual`` (``s = x`` where ``residual`` is None): a pre-norm block's residual
+    add and the norm after it, bitwise the two ops, in one kernel launch where the kernels allow it. The add and then
+    the module itself where it has hooks or autograd records (the trainer's forward is the two ops, as always)."""
+    if residual is None:
+        return x, norm(x)
+    if _hooked(norm) or torch.is_grad_enabled():
+        s = residual + x  # the stream first, as the blocks have always added (the same bits either way)
+        return s, norm(s)
+    return vk.add_rms_norm(x, residual, norm.weight, norm.eps)

@@ -11,10 +11,20 @@ load through the loader's per-expert mapping), ``mlp.shared_experts.{gate,up,dow
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 from ..config import DeepseekV3Config
-from ..layers import DeepseekMoeBlock, Linear, MLAttention, RMSNorm, RotaryEmbedding, SiluAndMul, grouped_linear
+from ..layers import (
+    DeepseekMoeBlock,
+    Linear,
+    MLAttention,
+    RMSNorm,
+    RotaryEmbedding,
+    SiluAndMul,
+    add_rms_norm,
+    grouped_linear,
+)
 from .dense import DenseForCausalLM
 
 
@@ -50,9 +60,13 @@ class DeepseekV3DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype)
         self.mlp = _mlp(cfg, i)
 
-    def forward(self, x, positions, meta, kv_cache):
-        x = x + self.self_attn(self.input_layernorm(x), positions, meta, kv_cache)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x, positions, meta, kv_cache, residual=None):
+        """As :meth:`DenseDecoderLayer.forward`: the residual add left to the next norm when inferring."""
+        residual, h = add_rms_norm(self.input_layernorm, x, residual)
+        h = self.self_attn(h, positions, meta, kv_cache)
+        residual, h = add_rms_norm(self.post_attention_layernorm, h, residual)
+        h = self.mlp(h)
+        return (residual + h, None) if torch.is_grad_enabled() else (h, residual)
 
 
 class DeepseekV3ForCausalLM(DenseForCausalLM):

@@ -11,12 +11,17 @@ The rotary table (any scaling folded in) is built once per model and shared by e
 Inference on packed weights (``vexact_models.pack_parameters``) runs q/k/v and gate/up as one matmul each
 (``layers.grouped_linear``), with the separate matmuls' bits; the trainer's forward under grad never does.
 
+A decoder layer hands the next one its MLP output and the residual stream apart, so the next norm does the add
+(``layers.add_rms_norm``: one kernel for both when inferring, with the separate ops' bits; under grad the two ops).
+
 Module and parameter names follow Hugging Face's, so a checkpoint maps one to one. The forward pass returns the
 hidden states *before* the final norm; logits and logprobs come from :meth:`DenseForCausalLM.logits` /
 :meth:`DenseForCausalLM.logprobs`, which the engine's sampler and the trainer both call.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 import torch
 from torch import nn
@@ -33,6 +38,7 @@ from ..layers import (
     RotaryEmbedding,
     SiluAndMul,
     VocabEmbedding,
+    add_rms_norm,
     grouped_linear,
     rms_norm_pair,
 )
@@ -89,9 +95,15 @@ class DenseDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype)
         self.mlp = mlp if mlp is not None else DenseMLP(cfg)
 
-    def forward(self, x, positions, meta, kv_cache):
-        x = x + self.self_attn(self.input_layernorm(x), positions, meta, kv_cache)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x, positions, meta, kv_cache, residual=None):
+        """``x``: the previous layer's MLP output, ``residual``: the stream it adds to (None: ``x`` is the stream).
+        Returns ``(mlp output, stream before it)``, whose sum is the layer's output, for the next norm to add; under
+        grad (training) ``(that sum, None)``: the layer's output one tensor, as activation checkpointing keeps it."""
+        residual, h = add_rms_norm(self.input_layernorm, x, residual)
+        h = self.self_attn(h, positions, meta, kv_cache)
+        residual, h = add_rms_norm(self.post_attention_layernorm, h, residual)
+        h = self.mlp(h)
+        return (residual + h, None) if torch.is_grad_enabled() else (h, residual)
 
 
 class DenseModel(nn.Module):
@@ -109,9 +121,15 @@ class DenseModel(nn.Module):
 
     def forward(self, input_ids, positions, meta, kv_caches: list[KVCache] | None = None):
         x = self.embed_tokens(input_ids)  # [T, H]
-        for i, layer in enumerate(self.layers):
-            x = layer(x, positions, meta, None if kv_caches is None else kv_caches[i])
-        return x
+        return self.run_layers(x, positions, meta, kv_caches, range(len(self.layers)))
+
+    def run_layers(self, x, positions, meta, kv_caches, layers: Iterable[int]) -> torch.Tensor:
+        """The hidden states ``[T, H]`` after ``layers`` (indices, in order; ``kv_caches[i]`` is layer i's) from those
+        before the first of them: the model's body, or a pipeline stage's."""
+        residual = None
+        for i in layers:
+            x, residual = self.layers[i](x, positions, meta, None if kv_caches is None else kv_caches[i], residual)
+        return x if residual is None else residual + x  # pre-norm: the LM head normalises (lm_head.logits)
 
 
 class DenseForCausalLM(nn.Module):
