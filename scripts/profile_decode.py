@@ -60,6 +60,16 @@ def profile_batch(model, batch: int, weight_bytes: int, label: str, pack: bool =
     graph_batch = min(b for kind, b in runner._graphs if kind == "decode" and b >= batch)
     graph, out = runner._graphs[("decode", graph_batch)]
     replay = cuda_ms(graph.replay)
+    # the same replay started from an idle GPU, as an engine step starts it (after the previous step's read-back):
+    # what it costs above the back-to-back figure is the host's graph launch, during which the GPU waits
+    idle = statistics.median(synced_ms(graph.replay) for _ in range(20))
+    launch = []
+    for _ in range(20):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        graph.replay()
+        launch.append((time.perf_counter() - t) * 1e3)
+        torch.cuda.synchronize()
     seqs = llm.running_sequences()[:batch]  # the benchmark's sampling: temperature 1, no top-k / top-p
     hidden = out[: len(seqs)]
     sample = cuda_ms(
@@ -72,6 +82,8 @@ def profile_batch(model, batch: int, weight_bytes: int, label: str, pack: bool =
     print(f"\n##### {label}, {weight_bytes / 2**30:.2f} GiB of weights, batch {batch} (graph of {graph_batch})")
     print(f"engine step (median wall): {step:.3f} ms = {step / batch * 1e3:.1f} us per token")
     print(f"  decode graph replay alone:          {replay:.3f} ms")
+    print(f"  the replay from an idle GPU (synced wall): {idle:.3f} ms; host time in graph.replay(): "
+          f"{statistics.median(launch):.3f} ms")
     print(f"  sample_rows alone (logits, draw, logprobs, host sync): {sample:.3f} ms")
     print(f"  the rest (scheduler, step tensors, Python): {step - replay - sample:.3f} ms")
     trace_steps(lambda k, engine=llm: engine.step(), 5)
