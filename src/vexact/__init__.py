@@ -1,3 +1,3 @@
 """VeXact: the monorepo's meta-package and CLI (``vexact demo``)."""
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"

@@ -7,6 +7,6 @@ from .outputs import RequestOutput
 from .pipeline import PipelineLLM
 from .sampling_params import SamplingParams
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"
 
 __all__ = ["LLM", "EngineConfig", "LLMEngine", "PipelineLLM", "RequestOutput", "SamplingParams", "__version__"]

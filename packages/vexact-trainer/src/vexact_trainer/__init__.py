@@ -36,7 +36,7 @@ from .weights import (
     sync_weights_broadcast,
 )
 
-__version__ = "0.3.0"
+__version__ = "0.3.1"
 
 __all__ = [
     "Actor",

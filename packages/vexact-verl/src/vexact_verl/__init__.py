@@ -14,7 +14,7 @@ from .registration import ROLLOUT_NAME, is_registered, register
 from .server import ServerSettings, VexactServer
 from .tim import tim_step_metrics
 
-__version__ = "0.3.0"
+__version__ = "0.3.1"
 
 __all__ = [
     "ROLLOUT_NAME",
