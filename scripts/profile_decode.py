@@ -1,6 +1,6 @@
 """Where a decode step's time goes (GPU): the captured graph vs the rest of ``LLMEngine.step``, per batch size.
 
-    python scripts/profile_decode.py [--shape 1.7b] [--layers 28] [--batch 1,64,256] [--no-pack] [--graph-pieces 1,4]
+    python scripts/profile_decode.py [--shape 1.7b] [--layers 28] [--batch 1,64,256] [--no-pack]
                                      [--mixed 64:2048,256:1024]
 
 Prints, per batch size: the whole step (median wall ms), the decode graph replay alone (CUDA events), the sampling
@@ -42,9 +42,9 @@ def cuda_ms(fn, n: int = 30) -> float:
     return start.elapsed_time(end) / n
 
 
-def profile_batch(model, batch: int, weight_bytes: int, label: str, pack: bool = True, pieces: int = 4) -> None:
+def profile_batch(model, batch: int, weight_bytes: int, label: str, pack: bool = True) -> None:
     llm = LLM(model=model, device="cuda", max_num_seqs=max(8, batch), max_num_batched_tokens=max(512, 2 * batch),
-              num_kv_blocks=max(256, batch * 24), pack_weights=pack, cuda_graph_pieces=pieces)  # fmt: skip
+              num_kv_blocks=max(256, batch * 24), pack_weights=pack)  # fmt: skip
     for i in range(batch):
         prompt = [1 + (i * 7 + j) % 1000 for j in range(256)]
         llm.add_request(prompt, SamplingParams(max_tokens=400, temperature=1.0, top_p=1.0, seed=i, ignore_eos=True))
@@ -79,10 +79,7 @@ def profile_batch(model, batch: int, weight_bytes: int, label: str, pack: bool =
         )
     )  # fmt: skip
     step = statistics.median(walls)
-    print(
-        f"\n##### {label}, {weight_bytes / 2**30:.2f} GiB of weights, batch {batch} (graph of {graph_batch}, "
-        f"{len(graph.graphs)} piece(s))"
-    )
+    print(f"\n##### {label}, {weight_bytes / 2**30:.2f} GiB of weights, batch {batch} (graph of {graph_batch})")
     print(f"engine step (median wall): {step:.3f} ms = {step / batch * 1e3:.1f} us per token")
     print(f"  decode graph replay alone:          {replay:.3f} ms")
     print(
@@ -161,7 +158,6 @@ def main() -> None:
     ap.add_argument("--shape", default="1.7b")
     ap.add_argument("--layers", type=int, default=28)
     ap.add_argument("--batch", default="1", help="comma-separated batch sizes (running requests per decode step)")
-    ap.add_argument("--graph-pieces", default="4", help="comma-separated EngineConfig.cuda_graph_pieces values")
     ap.add_argument("--no-pack", action="store_true", help="EngineConfig.pack_weights=False: no grouped projections")
     ap.add_argument("--mixed", default="", help="B:P pairs, comma-separated: B decoding + a P-token prompt chunk")
     args = ap.parse_args()
@@ -174,9 +170,8 @@ def main() -> None:
                 profile_mixed(model, b, p, f"{args.shape}-shaped, {args.layers} layers", not args.no_pack, graphs)
         return
     for batch in (int(b) for b in args.batch.split(",")):
-        for pieces in (int(p) for p in args.graph_pieces.split(",")):
-            label = f"{args.shape}-shaped, {args.layers} layers, weights {'unpacked' if args.no_pack else 'packed'}"
-            profile_batch(model, batch, weight_bytes, label, pack=not args.no_pack, pieces=pieces)
+        label = f"{args.shape}-shaped, {args.layers} layers, weights {'unpacked' if args.no_pack else 'packed'}"
+        profile_batch(model, batch, weight_bytes, label, pack=not args.no_pack)
 
 
 if __name__ == "__main__":

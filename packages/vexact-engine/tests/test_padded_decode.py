@@ -9,7 +9,7 @@ import torch
 
 from vexact_engine import LLM, EngineConfig, SamplingParams
 from vexact_engine.model_runner import ModelRunner
-from vexact_models import AttentionMetadata, random_model, tiny_qwen3_config
+from vexact_models import random_model, tiny_qwen3_config
 
 
 @pytest.fixture(scope="module")
@@ -190,32 +190,3 @@ def test_one_token_prefill_chunks_run_padded_even_when_no_row_samples(model):
     llm = LLM(model=model, cuda_graph_batch_sizes=[1], **kw)
     _equal(llm.generate(prompts, params, use_tqdm=False), ref)
     assert llm.runner.num_padded_steps > sum(len(p) for p in prompts)
-
-
-@pytest.mark.parametrize("pieces", [1, 2, 3, 64])
-def test_graph_pieces_cover_the_layers_and_chain_to_the_forward_bitwise(model, pieces):
-    """The pieces a step is captured in (``cuda_graph_pieces``): consecutive layer ranges covering every layer once,
-    and run in order from the embedding they give the model's own forward, bitwise (CPU: the same code a capture
-    records)."""
-    runner = LLM(model=model, cuda_graph_pieces=pieces, **KW).runner
-    n_layers = len(model.model.layers)
-    got = runner._pieces()
-    if min(pieces, n_layers) == 1:
-        assert got == []
-        return
-    assert len(got) == min(pieces, n_layers) and [i for r in got for i in r] == list(range(n_layers))
-    g = torch.Generator().manual_seed(pieces)
-    ids = torch.randint(0, 256, (13,), generator=g)
-    pos = torch.cat([torch.arange(8), torch.arange(5)])
-    meta = AttentionMetadata.packed([8, 5])
-    with torch.no_grad():
-        whole = model(ids, pos, meta)
-        x = None
-        for j in range(len(got)):
-            x = runner._run_piece(j, got, ids, pos, meta, x)
-    assert torch.equal(x, whole)
-
-
-def test_graph_pieces_must_be_positive():
-    with pytest.raises(ValueError, match="cuda_graph_pieces must be a positive integer, got 0"):
-        EngineConfig(cuda_graph_pieces=0)

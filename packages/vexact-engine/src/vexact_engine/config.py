@@ -41,11 +41,6 @@ class EngineConfig:
     attention kernels (the ``fast`` ones read the step's layout on the host); on CPU an explicit list runs the padded
     path eagerly.
 
-    ``cuda_graph_pieces`` (default 4): each captured step is split at decoder-layer boundaries into this many CUDA
-    graphs, replayed back to back, so the GPU runs the first piece while the host still launches the others (a
-    graph's launch costs host time per kernel node, and a step starts from an idle GPU after the previous step's
-    read-back). 1: one graph per step. Speed only: the same kernels in the same order, so the same bits.
-
     ``pack_weights`` (default on): the parameters live in one flat buffer per dtype (``vexact_models.pack_parameters``,
     at construction and again when waking from sleep), so each layer's q/k/v and gate/up projections lie end to end
     and the models run them as one matmul each (``vexact_models.layers.grouped_linear``: the same bits as three and
@@ -68,7 +63,6 @@ class EngineConfig:
     enforce_eager: bool = False
     cuda_graph_batch_sizes: tuple[int, ...] | list[int] | None = None
     cuda_graph_token_sizes: tuple[int, ...] | list[int] | None = None
-    cuda_graph_pieces: int = 4
     pack_weights: bool = True
     # Mismatch injection, for training-inference mismatch studies only (both off by default; see the README):
     # Gaussian noise of this standard deviation added to the fp32 sampling logits (seeded per request and token), and
@@ -111,10 +105,6 @@ class EngineConfig:
             raise ValueError(
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_num_seqs ({self.max_num_seqs})"
                 " so every running sequence can decode each step"
-            )
-        if not isinstance(self.cuda_graph_pieces, int) or self.cuda_graph_pieces < 1:
-            raise ValueError(
-                f"EngineConfig.cuda_graph_pieces must be a positive integer, got {self.cuda_graph_pieces!r}"
             )
         if self.cuda_graph_batch_sizes is not None:
             sizes = list(self.cuda_graph_batch_sizes)

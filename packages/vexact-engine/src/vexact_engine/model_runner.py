@@ -74,7 +74,7 @@ class ModelRunner:
         self.max_context = self.max_pages * config.block_size  # the longest sequence a block-table row can hold
         self.token_sizes = [t for t in self.token_sizes if -(-t // self.mixed_seqs) <= self.max_context]
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] | None = None
-        self._graphs: dict[tuple[str, int], tuple[GraphPieces, torch.Tensor]] = {}
+        self._graphs: dict[tuple[str, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._graph_pool = None
         self._decode: StaticStep | None = None
         self._mixed: StaticStep | None = None
@@ -229,9 +229,13 @@ class ModelRunner:
                 if key[0] == "mixed" and self._mixed_out is None:
                     self._mixed_out = torch.empty((tokens, *warm.shape[1:]), dtype=warm.dtype, device=self.device)
                 del warm
-                self._graphs[key] = self._capture_step(
-                    ids, pos, meta, self._mixed_out[:tokens] if key[0] == "mixed" else None
-                )
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=self._graph_pool):
+                    out = self.model(ids, pos, meta, self.kv_caches)
+                    if key[0] == "mixed":
+                        self._mixed_out[:tokens].copy_(out)
+                        out = self._mixed_out[:tokens]
+                self._graphs[key] = (graph, out)
         torch.cuda.synchronize(self.device)
         # at start-up and at every wake_up (the KV cache comes back at new addresses)
         self.capture_seconds = time.perf_counter() - start
@@ -240,54 +244,6 @@ class ModelRunner:
             "captured %d CUDA graphs in %.1f s, %d warm-up run(s) each (decode batch sizes %s, token counts %s)",
             len(self._graphs), self.capture_seconds, warmups, sorted(self.graph_sizes), sorted(self.token_sizes),
         )  # fmt: skip
-
-    def _pieces(self) -> list[range]:
-        """The decoder layers of each graph piece of a step (``config.cuda_graph_pieces`` consecutive ranges), or []
-        for one graph of the whole forward (one piece asked for, or a model without the pipeline's layer interface:
-        ``model.model.embed_tokens`` and ``model.model.run_layers``)."""
-        body = getattr(self.model, "model", None)
-        if not (hasattr(body, "run_layers") and hasattr(body, "embed_tokens") and hasattr(body, "layers")):
-            return []
-        n = min(self.config.cuda_graph_pieces, len(body.layers))
-        if n <= 1:
-            return []
-        base, extra = divmod(len(body.layers), n)
-        bounds = [0]
-        for j in range(n):
-            bounds.append(bounds[-1] + base + (1 if j < extra else 0))
-        return [range(a, b) for a, b in zip(bounds, bounds[1:], strict=False)]
-
-    def _capture_step(self, ids, pos, meta, copy_to: torch.Tensor | None) -> tuple[GraphPieces, torch.Tensor]:
-        """Capture one step's forward (as pieces at layer boundaries where :meth:`_pieces` says so); the hidden rows
-        are copied to ``copy_to`` inside the capture when given. Returns the graphs and the output tensor."""
-        pieces = self._pieces()
-        graphs = []
-        if not pieces:
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._graph_pool):
-                out = self.model(ids, pos, meta, self.kv_caches)
-                if copy_to is not None:
-                    out = copy_to.copy_(out)
-            return GraphPieces([graph]), out
-        x = None
-        for j in range(len(pieces)):
-            graph = torch.cuda.CUDAGraph()
-            # a piece's output stays referenced (by x) while the next piece is captured, so the pool never hands
-            # its memory to that piece; the step's attention layout (built by the first layer) lives in ``meta``
-            with torch.cuda.graph(graph, pool=self._graph_pool):
-                x = self._run_piece(j, pieces, ids, pos, meta, x)
-                if j == len(pieces) - 1 and copy_to is not None:
-                    x = copy_to.copy_(x)
-            graphs.append(graph)
-        return GraphPieces(graphs), x
-
-    def _run_piece(self, j: int, pieces: list[range], ids, pos, meta, x: torch.Tensor | None) -> torch.Tensor:
-        """Piece ``j`` of a step's forward: the embedding first, then the piece's decoder layers (the model's own
-        forward, cut at layer boundaries)."""
-        body = self.model.model
-        if j == 0:
-            x = body.embed_tokens(ids)
-        return body.run_layers(x, pos, meta, self.kv_caches, pieces[j])
 
     # ---- a step
     @torch.no_grad()
@@ -343,17 +299,6 @@ class ModelRunner:
             raise RuntimeError("the engine is asleep (KV cache released): call wake_up() first")
         hidden, items = self.forward(batch, blocks)
         return self.sample(hidden, items)
-
-
-class GraphPieces:
-    """A step's CUDA graphs, replayed in order: one piece per range of decoder layers (see ``cuda_graph_pieces``)."""
-
-    def __init__(self, graphs: list[torch.cuda.CUDAGraph]):
-        self.graphs = graphs
-
-    def replay(self) -> None:
-        for graph in self.graphs:
-            graph.replay()
 
 
 class StaticStep:
