@@ -282,3 +282,18 @@ def test_gpu_tma_tiles_give_the_bits_of_pointer_tiles(monkeypatch):
     for key, got in tma.items():
         for a, b in zip(got, pointers[key], strict=True):
             assert torch.equal(a, b), key
+
+
+@pytest.mark.gpu
+def test_gpu_host_columns_go_over_whatever_their_strides():
+    """Per-row host columns reach the GPU through pinned memory: a broadcast one (a single temperature expanded to
+    every row, stride 0) and a strided one too, with their values."""
+    ops = _ops()
+    dev = torch.device("cuda")
+    wide = torch.arange(10, dtype=torch.int64)
+    for col, want in (
+        (torch.tensor(0.7).expand(5), torch.full((5,), 0.7)),
+        (wide[::2], wide[::2].float()),
+    ):
+        got = ops.rows_on(col, dev, torch.float32)
+        assert got.device.type == "cuda" and torch.equal(got.cpu(), want)

@@ -419,7 +419,8 @@ def rows_on(t: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.
     to a GPU through pinned memory without blocking the host: a copy from pageable memory may wait for the work
     already queued on the stream (the engine's decode graph replay, when it passes host temperatures and seeds)."""
     if t.device.type == "cpu" and device.type == "cuda":
-        t = t.to(dtype=dtype).pin_memory().to(device, non_blocking=True)
+        # contiguous first: a broadcast column (one temperature expanded to every row) has no memory to pin
+        t = t.to(dtype=dtype).contiguous().pin_memory().to(device, non_blocking=True)
     return aligned_rows(t.to(device=device, dtype=dtype))
 
 
