@@ -141,6 +141,11 @@ def scenarios(arch: int):
         x, w = torch.empty(t, H, **bf), torch.ones(H, **bf)
         return lambda: rn.rms_norm_fwd(x, w, 1e-6, torch.bfloat16)
 
+    def qk_norm(t):  # q and k as the dense model gives them: views into the grouped q/k/v matmul's output
+        qkv, w = torch.empty(t, (HQ + 2 * HKV) * D, **bf), torch.ones(D, **bf)
+        q, k, _ = qkv.split([HQ * D, HKV * D, HKV * D], dim=-1)
+        return lambda: rn.triton_rms_norm_pair(q.view(t, HQ, D), w, k.view(t, HKV, D), w, 1e-6)
+
     def add_norm(t):
         x, w = torch.empty(t, H, **bf), torch.ones(H, **bf)
         return lambda: rn.add_rms_norm_fwd(x, x, w, 1e-6)
@@ -189,6 +194,7 @@ def scenarios(arch: int):
     # Moonlight / DeepSeek-V3 MLA in its expanded form: 16 heads, q/k head dim 192, v head dim 128
     yield "attention", "MLA packed 8 x 512, backward", packed_bwd(8, 512, hq=16, hkv=16, dk=192, dv=128)
     yield "norm", "rms_norm T=256", norm(256)
+    yield "norm", "q/k rms_norm pair T=256", qk_norm(256)
     yield "norm", "add_rms_norm T=256", add_norm(256)
     yield "norm", "rms_norm backward T=4096", norm_bwd(4096)
     yield "other", "fused MoE T=256 (128 experts, k = 8)", moe(256)

@@ -1,7 +1,8 @@
 """Triton rms_norm: on CPU through the interpreter (small shapes), on the GPU at real shapes.
 
 Checks: float64-reference accuracy, row invariance (``torch.equal``), backward against float64 autograd, and a
-deterministic (run-to-run identical) dweight.
+deterministic (run-to-run identical) dweight. The q/k pair kernel: bitwise two single launches, also on q and k as
+the dense model gives them (views into the grouped q/k/v output), which it reads in place, without a copy.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import vexact_kernels as vk
 from vexact_kernels.triton_ops import interpreting, triton_available
@@ -167,6 +169,115 @@ def test_public_pair_is_two_rms_norms():
             assert torch.equal(y1, vk.rms_norm(x1, w1, EPS)) and torch.equal(y2, vk.rms_norm(x2, w2, EPS))
 
 
+def _qk_views(t, hq, hkv, d, dtype, device, seed=0, lead=()):
+    """q ``[*lead, t, hq, d]`` and k ``[*lead, t, hkv, d]`` as DenseAttention makes them: split from one grouped q/k/v
+    matmul output ``[*lead, t, (hq + 2 hkv) d]`` and viewed per head, so a token's stride is ``(hq + 2 hkv) d``."""
+    qkv = _rand(*lead, t, (hq + 2 * hkv) * d, seed=seed, dtype=dtype, scale=3.0, device=device)
+    q, k, _ = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
+    return q.view(*lead, t, hq, d), k.view(*lead, t, hkv, d)
+
+
+def _check_pair_views(q, k, seed=0):
+    """The pair kernel on views (read in place) gives the contiguous copies' bits: those of the pair launch and of
+    two single launches, in today's output layout (contiguous, the input's shape); close to float64."""
+    ops = _ops()
+    d, dtype, device = q.shape[-1], q.dtype, q.device
+    w1 = (1.0 + 0.1 * _rand(d, seed=seed + 2)).to(dtype).to(device)
+    w2 = (1.0 + 0.1 * _rand(d, seed=seed + 3)).to(dtype).to(device)
+    qc, kc = q.contiguous(), k.contiguous()
+    for out_dtype in (None, torch.float32):
+        y1, y2 = ops.triton_rms_norm_pair(q, w1, k, w2, EPS, out_dtype)
+        c1, c2 = ops.triton_rms_norm_pair(qc, w1, kc, w2, EPS, out_dtype)
+        assert y1.shape == q.shape and y2.shape == k.shape and y1.is_contiguous() and y2.is_contiguous()
+        assert y1.dtype == y2.dtype == (out_dtype or dtype)
+        assert torch.equal(y1, c1) and torch.equal(y2, c2)
+        assert torch.equal(y1, ops.triton_rms_norm(qc, w1, EPS, out_dtype))
+        assert torch.equal(y2, ops.triton_rms_norm(kc, w2, EPS, out_dtype))
+    # fp32 out: within a few fp32 ulps of float64 (bf16 out is one rounding more, checked by the tests above)
+    y1, y2 = ops.triton_rms_norm_pair(q, w1, k, w2, EPS, torch.float32)
+    torch.testing.assert_close(y1.double(), _reference(q, w1), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(y2.double(), _reference(k, w2), rtol=1e-5, atol=1e-5)
+
+
+VIEW_SHAPES = [(1, 4, 2, 16, ()), (3, 4, 2, 16, ()), (5, 2, 1, 32, ()), (5, 4, 2, 32, ()), (2, 4, 2, 100, ())]
+VIEW_SHAPES += [(4, 3, 2, 8, ()), (2, 2, 2, 16, (2,))]  # the last with a leading batch dim: [2, T, H, D]
+
+
+@interp
+@pytest.mark.parametrize("t,hq,hkv,d,lead", VIEW_SHAPES, ids=str)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_interpreted_pair_on_grouped_qkv_views_is_bitwise_the_copies(t, hq, hkv, d, lead, dtype):
+    q, k = _qk_views(t, hq, hkv, d, dtype, "cpu", seed=t + d, lead=lead)
+    assert not q.is_contiguous() or t == 1
+    _check_pair_views(q, k, seed=t + d)
+
+
+@interp
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_interpreted_pair_on_other_layouts_is_bitwise_the_copies(dtype):
+    """Inputs the kernel cannot read in place (last dim not contiguous, misaligned) or reads as [rows, H] (a 2-D
+    view with a row stride, a zero token stride): the same bits as the contiguous copies."""
+    q, k = _qk_views(4, 4, 2, 16, dtype, "cpu", seed=1)
+    transposed = _rand(4, 16, 4, seed=2, dtype=dtype).transpose(1, 2)  # [4, 4, 16], last-dim stride 4
+    misaligned = _rand(4 * 2 * 16 + 1, seed=3, dtype=dtype)[1:].view(4, 2, 16)
+    rows_2d = q[:, 1]  # [4, 16], row stride (4 + 2 * 2) * 16
+    broadcast = k[:1].expand(3, 2, 16)  # token stride 0
+    for a, b in ((transposed, k), (q, misaligned), (rows_2d, k), (q, broadcast), (rows_2d, k[0])):
+        _check_pair_views(a, b)
+
+
+class _Recorder:
+    """Stands in for the pair kernel: records what a launch would receive."""
+
+    def __init__(self):
+        self.args = None
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.args = args
+
+        return launch
+
+
+class _AtenOps(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+COPIES = {"clone", "copy_", "_to_copy", "contiguous"}
+
+
+@pytest.mark.parametrize("t", [1, 2, 256])
+def test_pair_reads_grouped_qkv_views_in_place(monkeypatch, t):
+    """q and k, views into the grouped q/k/v output, reach the kernel as they are: no aten copy, the views' own
+    storage and strides (the launch is only recorded here, so this runs without Triton's interpreter)."""
+    ops = _ops()
+    hq, hkv, d = 16, 8, 128
+    q, k = _qk_views(t, hq, hkv, d, torch.bfloat16, "cpu")
+    w = torch.ones(d, dtype=torch.bfloat16)
+    kernel = _Recorder()
+    monkeypatch.setattr(ops, "_rms_norm_fwd_pair_kernel", kernel)
+    with _AtenOps() as seen:
+        y1, y2 = ops.triton_rms_norm_pair(q, w, k, w, EPS)
+    assert not COPIES & set(seen.ops), seen.ops
+    x1, n1, s1t, s1h, x2, n2, s2t, s2h = (kernel.args[i] for i in (0, 5, 6, 7, 8, 12, 13, 14))
+    assert x1.data_ptr() == q.data_ptr() and x2.data_ptr() == k.data_ptr()
+    stride = (hq + 2 * hkv) * d
+    # one token: its heads are one run of [H, D] rows (stride D), else a token stride and a head stride
+    want = (1, d, d, 1, d, d) if t == 1 else (hq, stride, d, hkv, stride, d)
+    assert (n1, s1t, s1h, n2, s2t, s2h) == want
+    assert y1.shape == q.shape and y2.shape == k.shape and y1.is_contiguous() and y2.is_contiguous()
+    # a last dim that is not contiguous is still copied (and the mode sees such a copy)
+    with _AtenOps() as seen:
+        ops.triton_rms_norm_pair(q.transpose(1, 2).contiguous().transpose(1, 2), w, k, w, EPS)
+    assert COPIES & set(seen.ops)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("hidden", [64, 128, 256, 2048])
@@ -179,6 +290,14 @@ def test_gpu_pair_launch_is_bitwise_two_launches(dtype, hidden):
     with torch.no_grad():
         y1, y2 = vk.rms_norm_pair(x1, w, x2, w, EPS)
     assert torch.equal(y1, vk.rms_norm(x1, w, EPS)) and torch.equal(y2, vk.rms_norm(x2, w, EPS))
+    # q and k as the dense model gives them (Qwen3's 16 and 8 heads): read in place, the copies' bits
+    for t in (1, 2, 256, 4097) if hidden <= 256 else (1, 256):
+        q, k = _qk_views(t, 16, 8, hidden, dtype, "cuda", seed=t + hidden)
+        _check_pair_views(q, k, seed=t + hidden)
+        with torch.no_grad():
+            y1, y2 = vk.rms_norm_pair(q, w.to(dtype), k, w.to(dtype), EPS)
+        assert torch.equal(y1, vk.rms_norm(q.contiguous(), w.to(dtype), EPS))
+        assert torch.equal(y2, vk.rms_norm(k.contiguous(), w.to(dtype), EPS))
 
 
 def _check_add(shape, dtype, device, seed=0):

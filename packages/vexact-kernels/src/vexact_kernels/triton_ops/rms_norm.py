@@ -6,7 +6,8 @@ fixed by the compile-time block and warp count. Nothing in a row's math reads th
 output (and of ``dx``) is bitwise the same for any batch, row subset or chunking. ``dweight`` sums over rows: fixed
 blocks of ``RMS_DW_ROWS`` rows summed in row order, then the block partials summed in block order (no atomics), so it
 is identical run to run for a given input. ``_rms_norm_fwd_pair_kernel`` normalises the rows of two tensors (q_norm
-and k_norm of a layer) in one launch through the same row code, so each row's bits are the single kernel's.
+and k_norm of a layer) in one launch through the same row code, so each row's bits are the single kernel's; it reads
+a row through a token and a head stride, so q and k, views into the grouped q/k/v matmul's output, are not copied.
 ``_add_rms_norm_fwd_kernel`` first stores a row's residual sum ``s = x + r`` (fp32 add, rounded once to nearest even,
 as torch adds) and then runs the same row code on ``s``: the residual add and the norm after it in one launch, with
 the bits of torch's add followed by the single kernel.
@@ -39,11 +40,9 @@ def aligned_rows(t: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _rms_norm_row(x_ptr, w_ptr, y_ptr, rstd_ptr, row, H, eps, BLOCK: tl.constexpr):
-    """One row's forward (the body of :func:`_rms_norm_fwd_kernel` and of the pair kernel, so both give a row the
-    same bits)."""
-    x_row = x_ptr + row * H
-    y_row = y_ptr + row * H
+def _rms_norm_row(x_row, w_ptr, y_row, rstd_row, H, eps, BLOCK: tl.constexpr):
+    """One row's forward, from the row's first element ``x_row`` (contiguous) to ``y_row`` and ``rstd_row`` (the body
+    of :func:`_rms_norm_fwd_kernel` and of the pair kernel, so both give a row the same bits)."""
     acc = tl.zeros([BLOCK], dtype=tl.float32)
     for start in range(0, H, BLOCK):
         cols = start + tl.arange(0, BLOCK)
@@ -51,31 +50,44 @@ def _rms_norm_row(x_ptr, w_ptr, y_ptr, rstd_ptr, row, H, eps, BLOCK: tl.constexp
         acc += x * x
     var = tl.div_rn(tl.sum(acc, axis=0), tl.cast(H, tl.float32))
     rstd = tl.div_rn(1.0, tl.sqrt_rn(var + eps))
-    tl.store(rstd_ptr + row, rstd)
+    tl.store(rstd_row, rstd)
     for start in range(0, H, BLOCK):
         cols = start + tl.arange(0, BLOCK)
         mask = cols < H
         x = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
         w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-        tl.store(y_row + cols, (x * rstd * w).to(y_ptr.dtype.element_ty), mask=mask)
+        tl.store(y_row + cols, (x * rstd * w).to(y_row.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def _rms_norm_fwd_kernel(x_ptr, w_ptr, y_ptr, rstd_ptr, H, eps, BLOCK: tl.constexpr):
-    _rms_norm_row(x_ptr, w_ptr, y_ptr, rstd_ptr, tl.program_id(0).to(tl.int64), H, eps, BLOCK)
+    row = tl.program_id(0).to(tl.int64)
+    _rms_norm_row(x_ptr + row * H, w_ptr, y_ptr + row * H, rstd_ptr + row, H, eps, BLOCK)
 
 
-@triton.jit(do_not_specialize=["m1"])
+@triton.jit
+def _strided_row(x_ptr, row, n, stride_t, stride_h):
+    """First element of row ``row`` of a ``[T, n, H]`` tensor with strides ``(stride_t, stride_h, 1)``."""
+    return x_ptr + (row // n).to(tl.int64) * stride_t + (row % n).to(tl.int64) * stride_h
+
+
+@triton.jit(do_not_specialize=["m1", "n1", "n2"])
 def _rms_norm_fwd_pair_kernel(
-    x1_ptr, w1_ptr, y1_ptr, rstd1_ptr, m1, x2_ptr, w2_ptr, y2_ptr, rstd2_ptr, H, eps, BLOCK: tl.constexpr
+    x1_ptr, w1_ptr, y1_ptr, rstd1_ptr, m1, n1, s1t, s1h,
+    x2_ptr, w2_ptr, y2_ptr, rstd2_ptr, n2, s2t, s2h,
+    H, eps, BLOCK: tl.constexpr,
 ):  # fmt: skip
     """Rows of two tensors of one hidden size in one launch (q_norm and k_norm): the first ``m1`` programs take x1's
-    rows, the rest x2's, each through the same row code as :func:`_rms_norm_fwd_kernel`."""
-    row = tl.program_id(0).to(tl.int64)
+    rows, the rest x2's, each through the same row code as :func:`_rms_norm_fwd_kernel`. Input rows are read through
+    strides (:func:`_strided_row`: x1 is ``[m1 / n1, n1, H]``, strides ``(s1t, s1h, 1)``); outputs are contiguous."""
+    row = tl.program_id(0)
     if row < m1:
-        _rms_norm_row(x1_ptr, w1_ptr, y1_ptr, rstd1_ptr, row, H, eps, BLOCK)
+        y_row = y1_ptr + row.to(tl.int64) * H
+        _rms_norm_row(_strided_row(x1_ptr, row, n1, s1t, s1h), w1_ptr, y_row, rstd1_ptr + row, H, eps, BLOCK)
     else:
-        _rms_norm_row(x2_ptr, w2_ptr, y2_ptr, rstd2_ptr, row - m1, H, eps, BLOCK)
+        row2 = row - m1
+        y_row = y2_ptr + row2.to(tl.int64) * H
+        _rms_norm_row(_strided_row(x2_ptr, row2, n2, s2t, s2h), w2_ptr, y_row, rstd2_ptr + row2, H, eps, BLOCK)
 
 
 @triton.jit
@@ -102,7 +114,7 @@ def _add_rms_norm_fwd_kernel(x_ptr, r_ptr, s_ptr, w_ptr, y_ptr, rstd_ptr, H, eps
         r = tl.load(r_ptr + row * H + cols, mask=mask, other=0.0).to(tl.float32)
         tl.store(s_ptr + row * H + cols, _round_to(x + r, s_ptr.dtype.element_ty), mask=mask)
     tl.debug_barrier()  # the row's s, stored by all of the program's threads, is read back by all of them
-    _rms_norm_row(s_ptr, w_ptr, y_ptr, rstd_ptr, row, H, eps, BLOCK)
+    _rms_norm_row(s_ptr + row * H, w_ptr, y_ptr + row * H, rstd_ptr + row, H, eps, BLOCK)
 
 
 @triton.jit
@@ -170,20 +182,54 @@ def rms_norm_fwd(
     return y, rstd
 
 
+def _int_spec(v: int) -> tuple[bool, bool, bool]:
+    """What Triton specialises an integer argument on: the value 1, divisibility by 16, 64-bit."""
+    return v == 1, v % 16 == 0, v >= 2**31
+
+
+def strided_rows(x: torch.Tensor) -> tuple[torch.Tensor, int, int, int]:
+    """``x``'s rows (last dim ``H``, any leading shape) as ``(x, n, stride_t, stride_h)`` for :func:`_strided_row`:
+    row ``r`` starts at ``(r // n) * stride_t + (r % n) * stride_h``. A view (q or k, split from the grouped q/k/v
+    output: ``[T, H_heads, D]``, token stride ``(Hq + 2 Hkv) D``) is passed as it is where it gets the compiled kernel
+    its contiguous copy would get (16-byte aligned, strides specialised as ``H`` is, so the same code and the same
+    bits); otherwise (last dim not contiguous, leading dims that flatten to no ``[T, n]`` grid, other alignment or
+    specialisation) its copy, ``(aligned_rows(x), 1, H, H)``, as before."""
+    h = x.shape[-1]
+    dims: list[tuple[int, int]] = []  # (size, stride) of the leading dims, size-1 dropped, mergeable ones merged
+    for size, stride in zip(x.shape[:-1], x.stride()[:-1], strict=True):
+        if size == 1:
+            continue
+        if dims and dims[-1][1] == size * stride:
+            dims[-1] = (dims[-1][0] * size, stride)
+        else:
+            dims.append((size, stride))
+    if len(dims) < 2:
+        dims = [(1, h)] * (1 - len(dims)) + dims + [(1, h)]  # [rows, H]: n = 1
+    viewable = len(dims) == 2 and (x.stride(-1) == 1 or h == 1) and x.data_ptr() % 16 == 0
+    if viewable and x.numel() and all(_int_spec(s) == _int_spec(h) for _, s in dims):
+        return x, dims[1][0], dims[0][1], dims[1][1]
+    return aligned_rows(x.reshape(-1, h)), 1, h, h
+
+
 def rms_norm_fwd_pair(
     x1: torch.Tensor, w1: torch.Tensor, x2: torch.Tensor, w2: torch.Tensor, eps: float, out_dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``rms_norm_fwd(x1, w1)[0], rms_norm_fwd(x2, w2)[0]`` (2-D, one hidden size) in one launch, bitwise the same."""
-    x1, x2, w1, w2 = aligned_rows(x1), aligned_rows(x2), aligned_rows(w1), aligned_rows(w2)
-    (m1, h), m2 = x1.shape, x2.shape[0]
+    """``rms_norm_fwd(x1.reshape(-1, H), w1)[0], rms_norm_fwd(x2.reshape(-1, H), w2)[0]`` (one hidden size ``H``, any
+    leading shapes) in one launch, bitwise the same; inputs read through their strides (:func:`strided_rows`, no
+    copy of a q or k view), outputs ``[rows, H]`` contiguous."""
+    (x1, n1, s1t, s1h), (x2, n2, s2t, s2h) = strided_rows(x1), strided_rows(x2)
+    w1, w2 = aligned_rows(w1), aligned_rows(w2)
+    h = x1.shape[-1]
+    m1, m2 = x1.numel() // h, x2.numel() // h
     dev = x1.device
     y1 = torch.empty(m1, h, dtype=out_dtype, device=dev)
     y2 = torch.empty(m2, h, dtype=out_dtype, device=dev)
     rstd = torch.empty(m1 + m2, dtype=torch.float32, device=dev)  # written, as the single kernel writes it
     if m1 + m2:
         _rms_norm_fwd_pair_kernel[(m1 + m2,)](
-            x1, w1, y1, rstd, m1, x2, w2, y2, rstd[m1:], h, eps, BLOCK=RMS_BLOCK, num_warps=RMS_NUM_WARPS
-        )
+            x1, w1, y1, rstd, m1, n1, s1t, s1h, x2, w2, y2, rstd[m1:], n2, s2t, s2h, h, eps,
+            BLOCK=RMS_BLOCK, num_warps=RMS_NUM_WARPS,
+        )  # fmt: skip
     return y1, y2
 
 
@@ -267,7 +313,7 @@ def triton_rms_norm_pair(
     if grad or not same:
         return triton_rms_norm(x1, w1, eps, out_dtype), triton_rms_norm(x2, w2, eps, out_dtype)
     out_dtype = out_dtype or x1.dtype
-    y1, y2 = rms_norm_fwd_pair(x1.reshape(-1, x1.shape[-1]), w1, x2.reshape(-1, x2.shape[-1]), w2, eps, out_dtype)
+    y1, y2 = rms_norm_fwd_pair(x1, w1, x2, w2, eps, out_dtype)  # q and k views are read in place, not copied
     return y1.reshape(x1.shape), y2.reshape(x2.shape)
 
 
