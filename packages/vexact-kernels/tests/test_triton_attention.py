@@ -201,12 +201,16 @@ def _paged_decode_inputs(lens, n_q, hq, hkv, d, page, seed, device, dv=None):
 
 
 def _split_forms(ops, paged):
-    """The paged forward launched one program per split (+ combine) and one program per tile."""
+    """The paged forward launched one program per split with the fused combine (the last split program of a tile
+    folds), one program per split + the combine kernel, and one program per tile; the first two must agree here."""
     q, kc, vc, bt, ctx, cuq = paged
     page = kc.shape[1]
     lay = ops.paged_layout(bt, ctx, cuq, page, q.shape[0], q.shape[1], kc.shape[2], q.device)
     args = (q, kc.flatten(0, 1), vc.flatten(0, 1), lay.table, page, lay.q_start, lay.n_q, lay.ctx, 0.125, True)
-    return ops._fwd(*args, split_programs=True), ops._fwd(*args, split_programs=False)
+    fused = ops._fwd(*args, split_programs=True, fused_combine=True)
+    two = ops._fwd(*args, split_programs=True, fused_combine=False)
+    assert torch.equal(fused[0], two[0]) and torch.equal(fused[1], two[1])
+    return fused, ops._fwd(*args, split_programs=False)
 
 
 @interp

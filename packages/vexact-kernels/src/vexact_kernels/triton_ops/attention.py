@@ -106,6 +106,7 @@ def _attn_fwd(
     PM,
     PL,
     PACC,
+    COUNT,
     part_stride,
     TILE_SEQ,
     TILE_ROW0,
@@ -135,6 +136,7 @@ def _attn_fwd(
     BLOCK_N: tl.constexpr,
     SPLIT_N: tl.constexpr,
     SPLIT_OUT: tl.constexpr,
+    FUSED_COMBINE: tl.constexpr,
     STORE_LSE: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
@@ -222,10 +224,30 @@ def _attn_fwd(
         acc = _mma(p.to(v.dtype), v, acc, UPCAST)
         m_i = m_new
     if SPLIT_OUT:
-        prow = split.to(tl.int64) * part_stride + q_rows * stride_lt + head
-        tl.store(PM + prow, m_i, mask=row_ok)
-        tl.store(PL + prow, l_i, mask=row_ok)
-        tl.store(PACC + prow[:, None] * BLOCK_DV + offs_dv[None, :], acc, mask=row_ok[:, None])
+        n_splits = tl.cdiv(hi, SPLIT_N)  # the tile's split programs that get here (the others returned above)
+        if FUSED_COMBINE and n_splits == 1:  # one split: its partial is the result (the fold takes it as it is)
+            _store_out(Out, LSE, m_i, l_i, acc, q_rows, head, row_ok, offs_dv, stride_ot, stride_oh, stride_lt, DV,
+                       STORE_LSE)  # fmt: skip
+        else:
+            prow = split.to(tl.int64) * part_stride + q_rows * stride_lt + head
+            tl.store(PM + prow, m_i, mask=row_ok)
+            tl.store(PL + prow, l_i, mask=row_ok)
+            tl.store(PACC + prow[:, None] * BLOCK_DV + offs_dv[None, :], acc, mask=row_ok[:, None])
+            if FUSED_COMBINE:
+                # The tile's last split program to finish folds every split in order, as _attn_combine does (the
+                # matmul's fused combine: partial stores, then the count's release; the acquire, then loads that
+                # bypass L1). The count is reset for the next launch.
+                tl.debug_barrier()
+                count = COUNT + tile * tl.num_programs(1) + kvh
+                done = tl.atomic_add(count, 1, sem="acq_rel", scope="gpu")
+                if done == n_splits - 1:
+                    m_run, l_run, acc_run = _fold_parts(
+                        PM, PL, PACC, q_rows, head, row_ok, qpos, hi, part_stride, stride_lt, offs_dv,
+                        BLOCK_M, BLOCK_DV, SPLIT_N, True,
+                    )  # fmt: skip
+                    _store_out(Out, LSE, m_run, l_run, acc_run, q_rows, head, row_ok, offs_dv, stride_ot, stride_oh,
+                               stride_lt, DV, STORE_LSE)  # fmt: skip
+                    tl.store(count, 0)
     else:
         s0 = (top - 1) - (top - 1) % SPLIT_N  # the last split, folded after the loop
         m_run, l_run, acc_run = _fold(m_run, l_run, acc_run, m_i, l_i, acc, s0 == 0, s0 <= qpos)
@@ -237,6 +259,42 @@ def _attn_fwd(
         )
         if STORE_LSE:
             tl.store(LSE + q_rows * stride_lt + head, m_run + tl.math.log2(l_run), mask=row_ok)
+
+
+@triton.jit
+def _store_out(Out, LSE, m, lsum, acc, q_rows, head, row_ok, offs_dv, stride_ot, stride_oh, stride_lt, DV: tl.constexpr,
+               STORE_LSE: tl.constexpr):  # fmt: skip
+    """A split launch's output rows from their folded ``(m, lsum, acc)``: ``acc / lsum`` cast once; the base-2 LSE."""
+    lsum = tl.where(row_ok, lsum, 1.0)  # rows past the tile's queries (never stored) divide by 1, not 0
+    out = acc / lsum[:, None]
+    tl.store(
+        Out + q_rows[:, None] * stride_ot + head[:, None] * stride_oh + offs_dv[None, :],
+        out.to(Out.dtype.element_ty),
+        mask=row_ok[:, None] & (offs_dv[None, :] < DV),
+    )
+    if STORE_LSE:
+        tl.store(LSE + q_rows * stride_lt + head, m + tl.math.log2(lsum), mask=row_ok)
+
+
+@triton.jit
+def _fold_parts(PM, PL, PACC, q_rows, head, row_ok, qpos, hi, part_stride, stride_lt, offs_dv, BLOCK_M: tl.constexpr,
+                BLOCK_DV: tl.constexpr, SPLIT_N: tl.constexpr, BYPASS_L1: tl.constexpr):  # fmt: skip
+    """Every split partial of a tile's rows folded in split order (:func:`_fold`); a row leaves out the splits
+    that start past its position (never written for it)."""
+    m_run = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_run = tl.zeros([BLOCK_M], tl.float32)
+    acc_run = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
+    cache: tl.constexpr = ".cg" if BYPASS_L1 else ""
+    for s0 in tl.range(0, hi, SPLIT_N, num_stages=3):  # loads pipelined; the folds stay in split order
+        sees = row_ok & (s0 <= qpos)
+        prow = q_rows * stride_lt + head + (s0 // SPLIT_N) * part_stride  # int64: q_rows is
+        m_s = tl.load(PM + prow, mask=sees, other=float("-inf"), cache_modifier=cache)
+        l_s = tl.load(PL + prow, mask=sees, other=0.0, cache_modifier=cache)
+        acc_s = tl.load(
+            PACC + prow[:, None] * BLOCK_DV + offs_dv[None, :], mask=sees[:, None], other=0.0, cache_modifier=cache
+        )
+        m_run, l_run, acc_run = _fold(m_run, l_run, acc_run, m_s, l_s, acc_s, s0 == 0, sees)
+    return m_run, l_run, acc_run
 
 
 @triton.jit
@@ -301,25 +359,11 @@ def _attn_combine(
     hi = ctx - n_q + t_last + 1
     q_rows = (q_start + t).to(tl.int64)
     offs_dv = tl.arange(0, BLOCK_DV)
-    m_run = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_run = tl.zeros([BLOCK_M], tl.float32)
-    acc_run = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
-    for s0 in tl.range(0, hi, SPLIT_N, num_stages=3):  # loads pipelined; the folds stay in split order
-        sees = row_ok & (s0 <= qpos)
-        prow = q_rows * stride_lt + head + (s0 // SPLIT_N) * part_stride  # int64: q_rows is
-        m_s = tl.load(PM + prow, mask=sees, other=float("-inf"))
-        l_s = tl.load(PL + prow, mask=sees, other=0.0)
-        acc_s = tl.load(PACC + prow[:, None] * BLOCK_DV + offs_dv[None, :], mask=sees[:, None], other=0.0)
-        m_run, l_run, acc_run = _fold(m_run, l_run, acc_run, m_s, l_s, acc_s, s0 == 0, sees)
-    l_run = tl.where(row_ok, l_run, 1.0)  # rows past the tile's queries (never stored) divide by 1, not 0
-    out = acc_run / l_run[:, None]
-    tl.store(
-        Out + q_rows[:, None] * stride_ot + head[:, None] * stride_oh + offs_dv[None, :],
-        out.to(Out.dtype.element_ty),
-        mask=row_ok[:, None] & (offs_dv[None, :] < DV),
+    m_run, l_run, acc_run = _fold_parts(
+        PM, PL, PACC, q_rows, head, row_ok, qpos, hi, part_stride, stride_lt, offs_dv, BLOCK_M, BLOCK_DV, SPLIT_N, False
     )
-    if STORE_LSE:
-        tl.store(LSE + q_rows * stride_lt + head, m_run + tl.math.log2(l_run), mask=row_ok)
+    _store_out(Out, LSE, m_run, l_run, acc_run, q_rows, head, row_ok, offs_dv, stride_ot, stride_oh, stride_lt, DV,
+               STORE_LSE)  # fmt: skip
 
 
 @triton.jit
@@ -591,12 +635,16 @@ def _fwd(
     want_lse: bool,
     tiles: tuple[torch.Tensor, torch.Tensor, int] | None = None,
     split_programs: bool | None = None,
+    fused_combine: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Launch the forward. k_rows/v_rows: [rows, Hkv, D] storage; table [B, W] int32 first storage row per page;
     ``tiles``: the tile table of these queries (:func:`_fwd_tiles`), when the caller built it already.
     ``split_programs``: one program per key split plus the combine (True) or one program per tile (False); default:
     split where the one-pass launch has fewer than ``SPLIT_BELOW_PROGRAMS`` programs and a query can have more than
-    one split (``W * page_size > SPLIT_N``). The same bits either way."""
+    one split (``W * page_size > SPLIT_N``). ``fused_combine`` (split launch only): the last split program of each
+    tile folds the partials (one launch; a tile with one split writes its output directly), or ``_attn_combine``
+    does (two launches); default: fused where the matmul's per-stream tile counts can take the launch. The same bits
+    in every form."""
     total, hq, dk = q.shape
     hkv, dv = k_rows.shape[1], v_rows.shape[2]
     g = hq // hkv
@@ -616,6 +664,13 @@ def _fwd(
         pacc = torch.empty(n_splits, total, hq, block_dv, device=q.device, dtype=torch.float32)
     else:
         n_splits, pm, pl, pacc = 1, lse, lse, lse
+    counts = None
+    if split_programs and fused_combine is not False:
+        from .matmul import _tile_counters  # the matmul's fused combine counts (one slot per stream, zeroed)
+
+        counts = _tile_counters(q.device, grid * hkv)
+        if counts is None and fused_combine:
+            raise RuntimeError(f"attention: fused_combine=True, but no tile-count slot takes {grid * hkv} tiles here")
     _attn_fwd[(grid, hkv, n_splits)](
         q,
         k_rows,
@@ -625,6 +680,7 @@ def _fwd(
         pm,
         pl,
         pacc,
+        counts if counts is not None else pm,
         total * hq,
         tile_seq,
         tile_row0,
@@ -654,12 +710,13 @@ def _fwd(
         BLOCK_N=BLOCK_N,
         SPLIT_N=SPLIT_N,
         SPLIT_OUT=split_programs,
+        FUSED_COMBINE=counts is not None,
         STORE_LSE=want_lse,
         UPCAST=interpreting(),
         num_warps=NUM_WARPS,
         num_stages=NUM_STAGES,
     )
-    if split_programs:
+    if split_programs and counts is None:
         _attn_combine[(grid, hkv)](
             pm,
             pl,
