@@ -5,7 +5,7 @@ PUBLIC += ["register", "tim_step_metrics"]
 
 
 def test_public_api():
-    assert vexact_verl.__version__ == "0.3.0"
+    assert vexact_verl.__version__ == "0.3.1"
     assert sorted(vexact_verl.__all__) == sorted(PUBLIC)
     assert all(hasattr(vexact_verl, name) for name in PUBLIC)
     assert vexact_verl.ROLLOUT_NAME == "vexact"
