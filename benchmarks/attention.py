@@ -214,6 +214,9 @@ def _fmt(x, spec):
 
 def _graphed_tbs(fn, nbytes: int) -> float:
     fn()
+    # do_bench_cudagraph runs fn on a stream of its own, unordered with the default stream: the inputs and the
+    # layout made there must be done first (without this, a row could read a tile table still being written)
+    torch.cuda.synchronize()
     return nbytes / (do_bench_cudagraph(fn, rep=30) * 1e-3) / 1e12
 
 
