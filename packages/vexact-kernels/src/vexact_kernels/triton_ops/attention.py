@@ -96,6 +96,25 @@ def _mma(a, b, acc, UPCAST: tl.constexpr):
         return tl.dot(a, b, acc)
 
 
+@triton.jit
+def _tile_rows(tile, kvh, b, TILE_ROW0, SEQ_QSTART, SEQ_NQ, SEQ_CTX, G: tl.constexpr, BLOCK_M: tl.constexpr):
+    """The rows of forward tile ``tile`` (KV head ``kvh``, sequence ``b``): each row's token ``t`` in the sequence's
+    queries and query head, whether it is a real query, its key position, the keys the tile needs (``hi``) and the
+    sequence's first query row."""
+    row0 = tl.load(TILE_ROW0 + tile)
+    q_start = tl.load(SEQ_QSTART + b)
+    n_q = tl.load(SEQ_NQ + b)
+    ctx = tl.load(SEQ_CTX + b)
+    offs_m = row0 + tl.arange(0, BLOCK_M)
+    t = offs_m // G
+    head = kvh * G + offs_m % G
+    row_ok = t < n_q
+    qpos = tl.where(row_ok, ctx - n_q + t, 0)  # padding rows attend to key 0 only and are never stored
+    t_last = tl.minimum(n_q - 1, (row0 + BLOCK_M - 1) // G)
+    hi = ctx - n_q + t_last + 1  # keys this tile needs: up to its last row's position
+    return t, head, row_ok, qpos, hi, q_start
+
+
 @triton.jit(do_not_specialize=["page_size", "num_seqs", "part_stride"])
 def _attn_fwd(
     Q,
@@ -145,18 +164,7 @@ def _attn_fwd(
     b = tl.load(TILE_SEQ + tile)
     if b >= num_seqs:
         return
-    row0 = tl.load(TILE_ROW0 + tile)
-    q_start = tl.load(SEQ_QSTART + b)
-    n_q = tl.load(SEQ_NQ + b)
-    ctx = tl.load(SEQ_CTX + b)
-
-    offs_m = row0 + tl.arange(0, BLOCK_M)
-    t = offs_m // G
-    head = kvh * G + offs_m % G
-    row_ok = t < n_q
-    qpos = tl.where(row_ok, ctx - n_q + t, 0)  # padding rows attend to key 0 only and are never stored
-    t_last = tl.minimum(n_q - 1, (row0 + BLOCK_M - 1) // G)
-    hi = ctx - n_q + t_last + 1  # keys this tile needs: up to its last row's position
+    t, head, row_ok, qpos, hi, q_start = _tile_rows(tile, kvh, b, TILE_ROW0, SEQ_QSTART, SEQ_NQ, SEQ_CTX, G, BLOCK_M)
     if SPLIT_OUT:  # this program: one split of the tile's keys; its partial goes to PM/PL/PACC[split]
         split = tl.program_id(2)
         lo = split * SPLIT_N
@@ -346,17 +354,7 @@ def _attn_combine(
     b = tl.load(TILE_SEQ + tile)
     if b >= num_seqs:
         return
-    row0 = tl.load(TILE_ROW0 + tile)
-    q_start = tl.load(SEQ_QSTART + b)
-    n_q = tl.load(SEQ_NQ + b)
-    ctx = tl.load(SEQ_CTX + b)
-    offs_m = row0 + tl.arange(0, BLOCK_M)
-    t = offs_m // G
-    head = kvh * G + offs_m % G
-    row_ok = t < n_q
-    qpos = tl.where(row_ok, ctx - n_q + t, 0)
-    t_last = tl.minimum(n_q - 1, (row0 + BLOCK_M - 1) // G)
-    hi = ctx - n_q + t_last + 1
+    t, head, row_ok, qpos, hi, q_start = _tile_rows(tile, kvh, b, TILE_ROW0, SEQ_QSTART, SEQ_NQ, SEQ_CTX, G, BLOCK_M)
     q_rows = (q_start + t).to(tl.int64)
     offs_dv = tl.arange(0, BLOCK_DV)
     m_run, l_run, acc_run = _fold_parts(
