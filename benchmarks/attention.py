@@ -33,6 +33,7 @@ from triton.testing import do_bench, do_bench_cudagraph
 
 from vexact_kernels import fa4_attention
 from vexact_kernels.triton_ops import attention as ta
+from vexact_kernels.triton_ops import attention_bwd as tab
 
 HQ, HKV, D = 32, 8, 128  # Qwen3-8B-shaped attention
 PAGE = 16
@@ -111,7 +112,7 @@ def backward_case(batch, seqlen):
     scale = D**-0.5
     o, lse = ta._packed_fwd(q, k, v, cu, scale, True)
     do = torch.randn_like(o)
-    ours = do_bench(lambda: ta._bwd(q, k, v, o, lse, do, cu, scale), warmup=10, rep=50)
+    ours = do_bench(lambda: tab._bwd(q, k, v, o, lse, do, cu, scale), warmup=10, rep=50)
     qs, ks, vs = _sdpa_inputs(q, k, v, batch, seqlen)
     with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
         out = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True)
@@ -286,7 +287,7 @@ def prefill_row(batch: int, seqlen: int, fa4: bool, backward: bool) -> list:
     def bind(fn, inputs):
         return lambda *t: fn(*(t or inputs))
 
-    row = [timed(bind(lambda a, b, c: ta.attention_packed(a, b, c, cu), (q, k, v)), (q, k, v))]
+    row = [timed(bind(lambda a, b, c: tab.attention_packed(a, b, c, cu), (q, k, v)), (q, k, v))]
     fa = bind(lambda a, b, c: fa4_attention.attention_packed(a, b, c, cu), (q, k, v))
     row.append(_try(lambda: timed(fa, (q, k, v))) if fa4 else "-")
     sd = bind(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=True), (qs, ks, vs))
@@ -318,8 +319,8 @@ def main():
     emit(f"torch {torch.__version__}, triton {triton.__version__}; Hq={HQ}, Hkv={HKV}, D={D}, bf16, causal")
     emit(
         f"ours (Triton) forward tiles: BLOCK_M={ta.BLOCK_M} BLOCK_N={ta.BLOCK_N} warps={ta.NUM_WARPS} "
-        f"stages={ta.NUM_STAGES}; backward: {ta.BWD_BLOCK_M}x{ta.BWD_BLOCK_N} warps={ta.BWD_NUM_WARPS} "
-        f"stages={ta.BWD_NUM_STAGES}"
+        f"stages={ta.NUM_STAGES}; backward: {tab.BWD_BLOCK_M}x{tab.BWD_BLOCK_N} warps={tab.BWD_NUM_WARPS} "
+        f"stages={tab.BWD_NUM_STAGES}"
     )
     if fa4:
         from importlib import metadata

@@ -92,6 +92,7 @@ def scenarios(arch: int):
     """(group, name, callable): the host calls whose launches are compiled."""
     from vexact_kernels.triton_ops import activation as ac
     from vexact_kernels.triton_ops import attention as at
+    from vexact_kernels.triton_ops import attention_bwd as atb
     from vexact_kernels.triton_ops import logprobs as lp
     from vexact_kernels.triton_ops import matmul as mm
     from vexact_kernels.triton_ops import moe as mo
@@ -128,14 +129,14 @@ def scenarios(arch: int):
         q = torch.empty(seqs * length, HQ, D, **bf)
         k = torch.empty(seqs * length, HKV, D, **bf)
         cu = torch.arange(0, seqs * length + 1, length, dtype=torch.int32)
-        return lambda: at.attention_packed(q, k, k, cu)
+        return lambda: atb.attention_packed(q, k, k, cu)
 
     def packed_bwd(seqs, length, hq=HQ, hkv=HKV, dk=D, dv=D):
         t = seqs * length
         q, k = torch.empty(t, hq, dk, **bf), torch.empty(t, hkv, dk, **bf)
         v, o = torch.empty(t, hkv, dv, **bf), torch.empty(t, hq, dv, **bf)
         cu = torch.arange(0, t + 1, length, dtype=torch.int32)
-        return lambda: at._bwd(q, k, v, o, torch.zeros(t, hq), o, cu, dk**-0.5)
+        return lambda: atb._bwd(q, k, v, o, torch.zeros(t, hq), o, cu, dk**-0.5)
 
     def norm(t):
         x, w = torch.empty(t, H, **bf), torch.ones(H, **bf)

@@ -240,8 +240,8 @@ def test_paged_input_errors(backend):
 
 @pytest.mark.gpu
 def test_invariant_backend_on_cuda_runs_the_triton_kernels():
-    """CUDA tensors on the invariant backend go to triton_ops.attention (its own tests: test_triton_attention.py)."""
-    from vexact_kernels.triton_ops import attention as tri
+    """CUDA tensors on the invariant backend go to the Triton kernels (their own tests: test_triton_attention.py)."""
+    from vexact_kernels.triton_ops import attention_bwd as tri
 
     if vk.get_attention_impl() != "triton":
         pytest.skip(f"the public ops run attention implementation {vk.get_attention_impl()!r} ($VEXACT_ATTENTION)")

@@ -460,7 +460,7 @@ def test_gpu_fa4_backward_at_every_head_dim_is_as_close_as_triton(fa4, d):
     close as the Triton kernel's, on training micro-batches of a few short sequences. Written after 2x H200 showed the
     tiny Qwen3-MoE (head_dim 16) trainer's step-0 grad norm 6.5% off between world sizes 1 and 2 under FA4 only."""
     from vexact_kernels import fa4_attention
-    from vexact_kernels.triton_ops import attention as tri_attention
+    from vexact_kernels.triton_ops import attention_bwd as tri_attention
 
     lens = [5, 12, 31, 1, 17, 48, 9]
     q, k, v, cu = _qkv(lens, 4, 2, d, seed=7)

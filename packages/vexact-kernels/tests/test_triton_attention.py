@@ -25,6 +25,13 @@ def _ops():
     return attention
 
 
+def _packed(*args, **kwargs):
+    """The differentiable packed (training) forward, ``triton_ops/attention_bwd.py``."""
+    from vexact_kernels.triton_ops import attention_bwd
+
+    return attention_bwd.attention_packed(*args, **kwargs)
+
+
 def _qkv(lens, hq, hkv, d, seed, device="cpu", dv=None):
     g = torch.Generator().manual_seed(seed)
     t = sum(lens)
@@ -91,7 +98,7 @@ def _paged_run(ops, q, k, v, lens, chunks, page, seed):
 
 def _check_invariance(ops, lens, hq, hkv, d, page, chunks, seed, device="cpu"):
     q, k, v, cu = _qkv(lens, hq, hkv, d, seed, device)
-    packed = ops.attention_packed(q, k, v, cu)
+    packed = _packed(q, k, v, cu)
     paged = _paged_run(ops, q, k, v, lens, chunks, page, seed)
     assert torch.equal(packed, paged), (packed.float() - paged.float()).abs().max()
     # decode: a short prefill, then the last (up to 12) tokens one per step
@@ -100,7 +107,7 @@ def _check_invariance(ops, lens, hq, hkv, d, page, chunks, seed, device="cpu"):
     assert torch.equal(packed, decode)
     b = seed % len(lens)
     s, e = int(cu[b]), int(cu[b + 1])
-    alone = ops.attention_packed(q[s:e], k[s:e], v[s:e], torch.tensor([0, e - s], device=device))
+    alone = _packed(q[s:e], k[s:e], v[s:e], torch.tensor([0, e - s], device=device))
     assert torch.equal(alone, packed[s:e])
     return q, k, v, cu, packed
 
@@ -128,7 +135,7 @@ def test_interpreted_invariance_check_catches_a_launch_dependent_tile(monkeypatc
     ops = _ops()
     lens = [150]
     q, k, v, cu = _qkv(lens, 2, 1, 64, seed=1)
-    packed = ops.attention_packed(q, k, v, cu)
+    packed = _packed(q, k, v, cu)
     monkeypatch.setattr(ops, "BLOCK_N", 32)
     paged = _paged_run(ops, q, k, v, lens, [[150]], 16, seed=1)
     assert not torch.equal(packed, paged)
@@ -136,16 +143,14 @@ def test_interpreted_invariance_check_catches_a_launch_dependent_tile(monkeypatc
 
 @interp
 def test_interpreted_matches_sdpa_head_dim_128_and_scale():
-    ops = _ops()
     lens = [130, 1, 65]
     q, k, v, cu = _qkv(lens, 8, 2, 128, seed=3)
-    out = ops.attention_packed(q, k, v, cu, scale=0.07)
+    out = _packed(q, k, v, cu, scale=0.07)
     torch.testing.assert_close(out.float(), _sdpa_ref(q, k, v, cu, scale=0.07), atol=2e-2, rtol=2e-2)
 
 
 def _check_backward(lens, hq, hkv, d, seed, tol, device="cpu"):
     """Gradients of attention_packed: identical on a second run, and close to fp32 SDPA's."""
-    ops = _ops()
     q, k, v, cu = _qkv(lens, hq, hkv, d, seed=seed, device=device)
     do = torch.randn(q.shape[0], hq, d, generator=torch.Generator().manual_seed(seed + 4)).bfloat16().to(device)
 
@@ -154,8 +159,8 @@ def _check_backward(lens, hq, hkv, d, seed, tol, device="cpu"):
         fn(qq, kk, vv).backward(do.to(dtype))
         return qq.grad, kk.grad, vv.grad
 
-    ours = grads(lambda a, b, c: ops.attention_packed(a, b, c, cu), torch.bfloat16)
-    again = grads(lambda a, b, c: ops.attention_packed(a, b, c, cu), torch.bfloat16)
+    ours = grads(lambda a, b, c: _packed(a, b, c, cu), torch.bfloat16)
+    again = grads(lambda a, b, c: _packed(a, b, c, cu), torch.bfloat16)
     ref = grads(lambda a, b, c: _sdpa_ref(a, b, c, cu), torch.float32)
     for x, y, r in zip(ours, again, ref, strict=True):
         assert torch.equal(x, y)
@@ -170,10 +175,9 @@ def test_interpreted_backward_matches_autograd_and_is_deterministic():
 @interp
 def test_interpreted_mla_head_dims():
     """Separate q/k and v head dims (MLA-shaped, padded to powers of two inside the kernel)."""
-    ops = _ops()
     lens = [20, 9]
     q, k, v, cu = _qkv(lens, 2, 1, 48, seed=2, dv=32)
-    out = ops.attention_packed(q, k, v, cu)
+    out = _packed(q, k, v, cu)
     torch.testing.assert_close(out.float(), _sdpa_ref(q, k, v, cu), atol=2e-2, rtol=2e-2)
 
 
@@ -226,7 +230,7 @@ def test_interpreted_split_launch_equals_one_pass_and_packed(monkeypatch, split_
     paged, (q, k, v, cu), rows = _paged_decode_inputs(lens, n_q, 4, 2, 64, 16, seed=sum(n_q), device="cpu")
     (o_split, lse_split), (o_one, lse_one) = _split_forms(ops, paged)
     assert torch.equal(o_split, o_one) and torch.equal(lse_split, lse_one)
-    packed = ops.attention_packed(q, k, v, cu, scale=0.125)
+    packed = _packed(q, k, v, cu, scale=0.125)
     assert torch.equal(o_split, packed[torch.tensor(rows)])
     # and through the public entry, whose default picks the split launch at this size
     assert torch.equal(ops.attention_paged(*paged, 0.125), o_split)
@@ -242,10 +246,10 @@ def test_interpreted_split_check_catches_other_boundaries(monkeypatch):
     monkeypatch.setattr(ops, "SPLIT_N", 64)
     split64 = ops.attention_paged(*paged, 0.125)
     monkeypatch.setattr(ops, "SPLIT_N", 128)
-    assert not torch.equal(split64, ops.attention_packed(q, k, v, cu, scale=0.125)[torch.tensor(rows)])
-    first = ops.attention_packed(q[:60], k[:60], v[:60], torch.tensor([0, 60]), scale=0.125)
+    assert not torch.equal(split64, _packed(q, k, v, cu, scale=0.125)[torch.tensor(rows)])
+    first = _packed(q[:60], k[:60], v[:60], torch.tensor([0, 60]), scale=0.125)
     monkeypatch.setattr(ops, "SPLIT_N", 64)
-    assert torch.equal(first, ops.attention_packed(q[:60], k[:60], v[:60], torch.tensor([0, 60]), scale=0.125))
+    assert torch.equal(first, _packed(q[:60], k[:60], v[:60], torch.tensor([0, 60]), scale=0.125))
 
 
 @interp
@@ -255,7 +259,7 @@ def test_interpreted_split_launch_mla_head_dims(monkeypatch):
     paged, (q, k, v, cu), rows = _paged_decode_inputs([150, 70], [1, 2], 2, 1, 48, 8, seed=2, device="cpu", dv=32)
     (o_split, lse_split), (o_one, lse_one) = _split_forms(ops, paged)
     assert torch.equal(o_split, o_one) and torch.equal(lse_split, lse_one)
-    assert torch.equal(o_split, ops.attention_packed(q, k, v, cu, scale=0.125)[torch.tensor(rows)])
+    assert torch.equal(o_split, _packed(q, k, v, cu, scale=0.125)[torch.tensor(rows)])
 
 
 def test_write_kv_cache_matches_index_copy():
@@ -352,7 +356,7 @@ def test_gpu_split_launch_equals_one_pass_and_packed(dims):
     paged, (q, k, v, cu), rows = _paged_decode_inputs(lens, n_q, 16, 4, dims[0], 16, seed=5, device="cuda", dv=dims[1])
     (o_split, lse_split), (o_one, lse_one) = _split_forms(ops, paged)
     assert torch.equal(o_split, o_one) and torch.equal(lse_split, lse_one)
-    assert torch.equal(o_split, ops.attention_packed(q, k, v, cu, scale=0.125)[torch.tensor(rows, device="cuda")])
+    assert torch.equal(o_split, _packed(q, k, v, cu, scale=0.125)[torch.tensor(rows, device="cuda")])
 
 
 @pytest.mark.gpu

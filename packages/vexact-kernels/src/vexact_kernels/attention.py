@@ -10,13 +10,12 @@ absolute-position key splits in order (``triton_ops/attention.py``), in every pa
 
 On the ``invariant`` backend CUDA tensors go to one of two implementations, chosen once per process
 (``$VEXACT_ATTENTION`` or :func:`vexact_kernels.set_attention_impl`; default ``auto``: ``fa4`` on Hopper/Blackwell
-where flash_attn.cute imports, else ``triton``): ``triton``, the Triton kernel family
-in ``triton_ops/attention.py`` (the same rule, with its own fixed tile of 64 positions), or ``fa4``, FlashAttention 4
-on Hopper/Blackwell (``fa4_attention.py``: the same rule with FA4's tiles; K and V head sizes that differ, as in
-MLA, stay on Triton). GPU results are invariant among
-themselves within one implementation, not equal to the CPU reference's nor to the other implementation's. The CPU
-code below is the exact reference (whatever the implementation choice) and its numerics are pinned by a golden
-fixture.
+where flash_attn.cute imports, else ``triton``): ``triton``, the Triton kernel family in ``triton_ops/attention.py``
+(forward) and ``attention_bwd.py`` (the same rule, with its own fixed tile of 64 positions), or ``fa4``,
+FlashAttention 4 on Hopper/Blackwell (``fa4_attention.py``: the same rule with FA4's tiles; K and V head sizes that
+differ, as in MLA, stay on Triton). GPU results are invariant among themselves within one implementation, not
+equal to the CPU reference's nor to the other implementation's. The CPU code below is the exact reference (whatever
+the implementation choice) and its numerics are pinned by a golden fixture.
 
 Scores and the softmax statistics are fp32; the output is cast once to q's dtype. The ``fast`` backend is
 ``torch.nn.functional.scaled_dot_product_attention`` (per sequence, causal with GQA and no mask where a sequence
@@ -148,7 +147,7 @@ def attention_packed(
 
         return fa4_attention.attention_packed(q, k, v, cu_seqlens, scale)
     if get_backend("attention") == "invariant" and use_triton(q, k, v):
-        from .triton_ops import attention as tri
+        from .triton_ops import attention_bwd as tri
 
         return tri.attention_packed(q, k, v, cu_seqlens, scale)
     total = q.shape[0]

@@ -1,4 +1,4 @@
-"""Invariant attention on GPU: one Triton kernel family for packed training batches, prefill chunks and decode.
+"""Invariant attention on GPU, forward: one Triton kernel family for packed training batches, prefill chunks, decode.
 
 The rule (design.md rule 3): a query at position ``p`` walks its keys ``0..p`` in tiles of ``BLOCK_N`` *absolute*
 positions (tile ``j`` holds positions ``j*BLOCK_N .. j*BLOCK_N+BLOCK_N-1``), in position order, with the same
@@ -35,11 +35,7 @@ Numerics: bf16/fp16 q, k, v; scores, running max/sum and the accumulator in fp32
 ``scale * log2(e)`` and exponentiated with ``exp2``); ``P`` cast to v's dtype for the ``P @ V`` MMA; output cast
 once. The forward also returns the base-2 log-sum-exp per row for the backward.
 
-Backward (packed path only, training): deterministic, no atomics. ``_attn_bwd_dkdv`` owns one KV tile of one KV
-head and loops, in order, over the query rows (all ``G`` heads of the group) that can see it; ``_attn_bwd_dq`` owns
-a query tile and loops over its key tiles. ``delta = rowsum(dO * O)`` is a plain torch reduction (fixed shape, no
-atomics). Gradients are run-to-run identical; they are not promised batch-invariant (no one compares them across
-batch compositions).
+The backward (packed path only, training) and the differentiable ``attention_packed`` are in ``attention_bwd.py``.
 
 Extension points: ``DK``/``DV`` are separate constexprs (MLA: q/k head dim != v head dim; non-power-of-2 dims are
 padded to ``BLOCK_DK``/``BLOCK_DV`` with masks). A sliding window is a lower loop bound rounded down to a tile
@@ -71,12 +67,6 @@ SPLIT_N = SPLIT_TILES * BLOCK_N
 # Launch form only (same bits either way): one program per split when the one-pass launch would have fewer programs
 # than this (decode at small batch, where one program per sequence and KV head leaves most SMs idle).
 SPLIT_BELOW_PROGRAMS = 256
-
-# Backward: only determinism depends on these (not the forward's bits); may be tuned.
-BWD_BLOCK_M = 64
-BWD_BLOCK_N = 64
-BWD_NUM_WARPS = 4
-BWD_NUM_STAGES = 2
 
 _PACKED_PAGE = 1 << 30  # "page size" of a packed batch: one page per sequence
 _LOG2E = 1.4426950408889634
@@ -365,202 +355,6 @@ def _attn_combine(
 
 
 @triton.jit
-def _attn_bwd_dkdv(
-    Q,
-    K,
-    V,
-    DO,
-    LSE,
-    DELTA,
-    DKO,
-    DVO,
-    TILE_SEQ,
-    TILE_K0,
-    CU,
-    num_seqs,
-    stride_qt,
-    stride_qh,
-    stride_kt,
-    stride_kh,
-    stride_vt,
-    stride_vh,
-    stride_dot,
-    stride_doh,
-    stride_lt,
-    stride_dkt,
-    stride_dkh,
-    stride_dvt,
-    stride_dvh,
-    qk_scale,
-    sm_scale,
-    G: tl.constexpr,
-    DK: tl.constexpr,
-    DV: tl.constexpr,
-    BLOCK_DK: tl.constexpr,
-    BLOCK_DV: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    UPCAST: tl.constexpr,
-):
-    tile = tl.program_id(0)
-    kvh = tl.program_id(1)
-    b = tl.load(TILE_SEQ + tile)
-    if b >= num_seqs:
-        return
-    k0 = tl.load(TILE_K0 + tile)
-    s0 = tl.load(CU + b)
-    n = tl.load(CU + b + 1) - s0
-
-    offs_n = k0 + tl.arange(0, BLOCK_N)
-    kin = offs_n < n
-    offs_dk = tl.arange(0, BLOCK_DK)
-    offs_dv = tl.arange(0, BLOCK_DV)
-    k_rows = (s0 + offs_n).to(tl.int64)
-    k = tl.load(
-        K + k_rows[:, None] * stride_kt + kvh * stride_kh + offs_dk[None, :],
-        mask=kin[:, None] & (offs_dk[None, :] < DK),
-        other=0.0,
-    )
-    v = tl.load(
-        V + k_rows[:, None] * stride_vt + kvh * stride_vh + offs_dv[None, :],
-        mask=kin[:, None] & (offs_dv[None, :] < DV),
-        other=0.0,
-    )
-    dk = tl.zeros([BLOCK_N, BLOCK_DK], tl.float32)
-    dv = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
-    for r0 in range(k0 * G, n * G, BLOCK_M):
-        offs_m = r0 + tl.arange(0, BLOCK_M)
-        t = offs_m // G
-        head = kvh * G + offs_m % G
-        ok = t < n
-        q_rows = (s0 + t).to(tl.int64)
-        q = tl.load(
-            Q + q_rows[:, None] * stride_qt + head[:, None] * stride_qh + offs_dk[None, :],
-            mask=ok[:, None] & (offs_dk[None, :] < DK),
-            other=0.0,
-        )
-        do = tl.load(
-            DO + q_rows[:, None] * stride_dot + head[:, None] * stride_doh + offs_dv[None, :],
-            mask=ok[:, None] & (offs_dv[None, :] < DV),
-            other=0.0,
-        )
-        lse = tl.load(LSE + q_rows * stride_lt + head, mask=ok, other=0.0)
-        delta = tl.load(DELTA + q_rows * stride_lt + head, mask=ok, other=0.0)
-        qk = _mma(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), UPCAST) * qk_scale
-        seen = (offs_n[None, :] <= t[:, None]) & ok[:, None] & kin[None, :]
-        p = tl.where(seen, tl.math.exp2(qk - lse[:, None]), 0.0)
-        dv = _mma(tl.trans(p.to(do.dtype)), do, dv, UPCAST)
-        dp = _mma(do, tl.trans(v), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), UPCAST)
-        ds = p * (dp - delta[:, None])
-        dk = _mma(tl.trans(ds.to(q.dtype)), q, dk, UPCAST)
-    dk = dk * sm_scale
-    tl.store(
-        DKO + k_rows[:, None] * stride_dkt + kvh * stride_dkh + offs_dk[None, :],
-        dk.to(DKO.dtype.element_ty),
-        mask=kin[:, None] & (offs_dk[None, :] < DK),
-    )
-    tl.store(
-        DVO + k_rows[:, None] * stride_dvt + kvh * stride_dvh + offs_dv[None, :],
-        dv.to(DVO.dtype.element_ty),
-        mask=kin[:, None] & (offs_dv[None, :] < DV),
-    )
-
-
-@triton.jit
-def _attn_bwd_dq(
-    Q,
-    K,
-    V,
-    DO,
-    LSE,
-    DELTA,
-    DQO,
-    TILE_SEQ,
-    TILE_ROW0,
-    CU,
-    num_seqs,
-    stride_qt,
-    stride_qh,
-    stride_kt,
-    stride_kh,
-    stride_vt,
-    stride_vh,
-    stride_dot,
-    stride_doh,
-    stride_lt,
-    stride_dqt,
-    stride_dqh,
-    qk_scale,
-    sm_scale,
-    G: tl.constexpr,
-    DK: tl.constexpr,
-    DV: tl.constexpr,
-    BLOCK_DK: tl.constexpr,
-    BLOCK_DV: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    UPCAST: tl.constexpr,
-):
-    tile = tl.program_id(0)
-    kvh = tl.program_id(1)
-    b = tl.load(TILE_SEQ + tile)
-    if b >= num_seqs:
-        return
-    row0 = tl.load(TILE_ROW0 + tile)
-    s0 = tl.load(CU + b)
-    n = tl.load(CU + b + 1) - s0
-
-    offs_m = row0 + tl.arange(0, BLOCK_M)
-    t = offs_m // G
-    head = kvh * G + offs_m % G
-    ok = t < n
-    hi = tl.minimum(n - 1, (row0 + BLOCK_M - 1) // G) + 1
-    offs_dk = tl.arange(0, BLOCK_DK)
-    offs_dv = tl.arange(0, BLOCK_DV)
-    q_rows = (s0 + t).to(tl.int64)
-    q = tl.load(
-        Q + q_rows[:, None] * stride_qt + head[:, None] * stride_qh + offs_dk[None, :],
-        mask=ok[:, None] & (offs_dk[None, :] < DK),
-        other=0.0,
-    )
-    do = tl.load(
-        DO + q_rows[:, None] * stride_dot + head[:, None] * stride_doh + offs_dv[None, :],
-        mask=ok[:, None] & (offs_dv[None, :] < DV),
-        other=0.0,
-    )
-    lse = tl.load(LSE + q_rows * stride_lt + head, mask=ok, other=0.0)
-    delta = tl.load(DELTA + q_rows * stride_lt + head, mask=ok, other=0.0)
-    dq = tl.zeros([BLOCK_M, BLOCK_DK], tl.float32)
-    offs_n = tl.arange(0, BLOCK_N)
-    for start in range(0, hi, BLOCK_N):
-        kpos = start + offs_n
-        kin = kpos < hi
-        k_rows = (s0 + kpos).to(tl.int64)
-        k = tl.load(
-            K + k_rows[:, None] * stride_kt + kvh * stride_kh + offs_dk[None, :],
-            mask=kin[:, None] & (offs_dk[None, :] < DK),
-            other=0.0,
-        )
-        v = tl.load(
-            V + k_rows[:, None] * stride_vt + kvh * stride_vh + offs_dv[None, :],
-            mask=kin[:, None] & (offs_dv[None, :] < DV),
-            other=0.0,
-        )
-        qk = _mma(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), UPCAST) * qk_scale
-        seen = (kpos[None, :] <= t[:, None]) & ok[:, None]
-        p = tl.where(seen, tl.math.exp2(qk - lse[:, None]), 0.0)
-        dp = _mma(do, tl.trans(v), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), UPCAST)
-        ds = p * (dp - delta[:, None])
-        dq = _mma(ds.to(k.dtype), k, dq, UPCAST)
-    dq = dq * sm_scale
-    tl.store(
-        DQO + q_rows[:, None] * stride_dqt + head[:, None] * stride_dqh + offs_dk[None, :],
-        dq.to(DQO.dtype.element_ty),
-        mask=ok[:, None] & (offs_dk[None, :] < DK),
-    )
-
-
-@triton.jit
 def _write_kv(
     K,
     V,
@@ -749,114 +543,6 @@ def _packed_fwd(q, k, v, cu: torch.Tensor, scale: float, want_lse: bool):
     return _fwd(q, k, v, starts.view(-1, 1), _PACKED_PAGE, starts, n, n, scale, want_lse)
 
 
-def _bwd(q, k, v, o, lse, do, cu: torch.Tensor, scale: float):
-    total, hq, dk = q.shape
-    hkv, dv = k.shape[1], v.shape[2]
-    g = hq // hkv
-    nseq = cu.numel() - 1
-    do = _last_dim_contiguous(do)
-    dq, dkk, dvv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    if total == 0 or nseq == 0:
-        return dq.zero_(), dkk.zero_(), dvv.zero_()
-    delta = (do.float() * o.float()).sum(-1).contiguous()  # [T, Hq]
-    n = (cu[1:] - cu[:-1]).to(torch.int64)
-    common = dict(
-        UPCAST=interpreting(),
-        G=g,
-        DK=dk,
-        DV=dv,
-        BLOCK_DK=triton.next_power_of_2(dk),
-        BLOCK_DV=triton.next_power_of_2(dv),
-    )
-    kt_seq, kt_row0, kgrid = _tiles(n, BWD_BLOCK_N, total)
-    _attn_bwd_dkdv[(kgrid, hkv)](
-        q,
-        k,
-        v,
-        do,
-        lse,
-        delta,
-        dkk,
-        dvv,
-        kt_seq,
-        kt_row0,
-        cu,
-        nseq,
-        q.stride(0),
-        q.stride(1),
-        k.stride(0),
-        k.stride(1),
-        v.stride(0),
-        v.stride(1),
-        do.stride(0),
-        do.stride(1),
-        hq,
-        dkk.stride(0),
-        dkk.stride(1),
-        dvv.stride(0),
-        dvv.stride(1),
-        scale * _LOG2E,
-        scale,
-        BLOCK_M=BWD_BLOCK_M,
-        BLOCK_N=BWD_BLOCK_N,
-        num_warps=BWD_NUM_WARPS,
-        num_stages=BWD_NUM_STAGES,
-        **common,
-    )
-    qt_seq, qt_row0, qgrid = _tiles(n * g, BWD_BLOCK_M, total * g)
-    _attn_bwd_dq[(qgrid, hkv)](
-        q,
-        k,
-        v,
-        do,
-        lse,
-        delta,
-        dq,
-        qt_seq,
-        qt_row0,
-        cu,
-        nseq,
-        q.stride(0),
-        q.stride(1),
-        k.stride(0),
-        k.stride(1),
-        v.stride(0),
-        v.stride(1),
-        do.stride(0),
-        do.stride(1),
-        hq,
-        dq.stride(0),
-        dq.stride(1),
-        scale * _LOG2E,
-        scale,
-        BLOCK_M=BWD_BLOCK_M,
-        BLOCK_N=BWD_BLOCK_N,
-        num_warps=BWD_NUM_WARPS,
-        num_stages=BWD_NUM_STAGES,
-        **common,
-    )
-    return dq, dkk, dvv
-
-
-class _PackedAttention(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, cu, scale):
-        q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
-        cu = cu.to(device=q.device, dtype=torch.int32).contiguous()
-        want_lse = torch.is_grad_enabled() or any(t.requires_grad for t in (q, k, v))
-        o, lse = _packed_fwd(q, k, v, cu, scale, want_lse)
-        if want_lse:
-            ctx.save_for_backward(q, k, v, o, lse, cu)
-        ctx.scale = scale
-        return o
-
-    @staticmethod
-    def backward(ctx, do):
-        q, k, v, o, lse, cu = ctx.saved_tensors
-        dq, dk, dv = _bwd(q, k, v, o, lse, do, cu, ctx.scale)
-        return dq, dk, dv, None, None
-
-
 def _check_shapes(op: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     if q.dtype not in (torch.bfloat16, torch.float16) or k.dtype != q.dtype or v.dtype != q.dtype:
         raise TypeError(
@@ -865,19 +551,6 @@ def _check_shapes(op: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) ->
     hq, hkv = q.shape[1], k.shape[-2]
     if hq % hkv:
         raise ValueError(f"{op}: {hq} query heads is not a multiple of {hkv} KV heads")
-
-
-def attention_packed(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, scale: float | None = None
-) -> torch.Tensor:
-    """Causal attention within each packed sequence; differentiable (deterministic backward).
-
-    q [T, Hq, Dk], k [T, Hkv, Dk], v [T, Hkv, Dv], ``cu_seqlens [B+1]``. Returns [T, Hq, Dv]. Bitwise equal, per
-    query token, to :func:`attention_paged` over the same keys (any page size, chunking or batch).
-    """
-    _check_shapes("attention_packed", q, k, v)
-    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-    return _PackedAttention.apply(q, k, v, cu_seqlens, scale)
 
 
 @dataclass(frozen=True, eq=False)
@@ -1020,4 +693,4 @@ def write_kv_cache(
     )
 
 
-__all__ = ["BLOCK_M", "BLOCK_N", "PagedLayout", "attention_packed", "attention_paged", "paged_layout", "write_kv_cache"]
+__all__ = ["BLOCK_M", "BLOCK_N", "SPLIT_N", "PagedLayout", "attention_paged", "paged_layout", "write_kv_cache"]
