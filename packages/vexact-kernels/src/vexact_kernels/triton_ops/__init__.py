@@ -1,7 +1,8 @@
 """Triton kernels of the ``invariant`` backend (CUDA; on CPU only under ``TRITON_INTERPRET=1``, for tests).
 
 One kernel family per module: ``matmul`` (linear fwd/bwd), ``rms_norm``, ``rotary``, ``activation``, ``logprobs``,
-``attention``. Launch parameters that affect numerics are module constants, never autotuned per shape.
+``attention`` (forward; its backward in ``attention_bwd``), ``moe``, ``moe_route``. Launch parameters that affect
+numerics are module constants, never autotuned per shape.
 """
 
 from __future__ import annotations
