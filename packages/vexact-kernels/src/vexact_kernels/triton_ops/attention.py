@@ -22,10 +22,11 @@ online-softmax update, whatever launched it. How that is made true:
   state; the splits' partials ``(m, l, acc)`` are then folded in split order by ``_fold`` (explicit FMAs; the first
   split taken as it is, so a query with at most ``SPLIT_N`` keys gets the one-pass result exactly; a split a row
   cannot see is left out). Two launch forms give the same bits: one program per tile folding its splits in
-  registers (training, prefill, decode at a large batch), or one program per (tile, split) writing fp32 partials
-  and ``_attn_combine`` folding them (decode at a small batch, where one program per sequence and KV head leaves
-  most SMs idle: batch 1 at 4096 keys ran 5x faster, benchmarks/results/attention-h200.md). The form is picked
-  from the launch's size, never from the data, and the training kernel folds at the same boundaries.
+  registers (training, prefill, decode at a large batch), or one program per (tile, split) writing fp32 partials,
+  the tile's last split program folding them (``_attn_combine`` where no tile counts are at hand): decode at a small
+  batch, where one program per sequence and KV head leaves most SMs idle (H100, batch 1 at 4096 keys: 0.15 -> 0.65
+  TB/s, benchmarks/results/attention-h100.md). The form is picked from the launch's size, never from the data, and
+  the training kernel folds at the same boundaries.
 * **Fixed constants, never autotuned.** ``BLOCK_M``, ``BLOCK_N``, ``SPLIT_TILES``, ``NUM_WARPS``, ``NUM_STAGES``
   below. Changing any of them changes the numerics (and so the golden fixtures of GPU targets). The GPU ``BLOCK_N``
   (64) differs from the CPU reference's ``ATTN_BLOCK_N`` (16): CPU and GPU results are each invariant, not equal to
