@@ -6,6 +6,9 @@
 # Steps without extra wheels:
 #   golden          record contracts/fixtures/<target>/<family> for $FAMILIES (default: every family of
 #                   contracts.golden) -> $OUT/golden-<target>.tgz (one file; unpack in the repo root and commit)
+#   golden-check    golden, then one line per family: the fixture's sha256 and kernels version before and after,
+#                   and whether the tensors changed (after a version bump without a numerics change they must not)
+#                   -> $OUT/golden-<target>.tgz and $OUT/golden-check-<target>.txt
 #   contracts       the whole contract suite for the target -> $OUT/contracts-<target>.log
 #   kernels         every GPU test of vexact-kernels (matmul incl. the fp32-precision test, MoE, moe_route and
 #                   moe_route_grouped, logprobs, attention, ...) -> $OUT/kernels-<target>.log
@@ -73,6 +76,13 @@ record_golden() {  # $1: fixture dir suffix ("" or "-fa4")
   tar czf "$OUT/golden-$TARGET$1.tgz" "${dirs[@]}"
 }
 
+fixture_shas() {  # one line per family of the target's fixtures: path, sha256, the kernels version that made it
+  local f
+  for f in contracts/fixtures/"$TARGET"/*/golden.json; do
+    python3 -c "import json, sys; d = json.load(open(sys.argv[1])); print(sys.argv[1], d['sha256'], d['versions']['vexact-kernels'])" "$f"
+  done
+}
+
 contract_suite() {  # the contract suite in parallel, then the tests that read device-wide free memory, alone
   # (a function, not a { } group in the pipeline: a status set inside a pipeline's group is lost with its subshell)
   local rc=0
@@ -87,6 +97,12 @@ for step in "$@"; do
   echo "=== $step ($TARGET) $(date +%T)"
   case "$step" in
     golden) record_golden "" ;;
+    golden-check)
+      fixture_shas > "$OUT/golden-before.txt"
+      record_golden ""
+      fixture_shas | paste "$OUT/golden-before.txt" - | awk '{print $1, ($2 == $5 ? "same tensors" : "TENSORS CHANGED"), $3, "->", $6}' \
+        | tee "$OUT/golden-check-$TARGET.txt"
+      rm -f "$OUT/golden-before.txt" ;;
     contracts)
       contract_suite 2>&1 | tee "$OUT/contracts-$TARGET.log" || status=1 ;;
     kernels)
