@@ -61,8 +61,9 @@ BLOCK_N = 64  # keys per step: the absolute-position tile every query walks
 NUM_WARPS = 4
 NUM_STAGES = 2
 # Keys are cut at fixed absolute positions into splits of SPLIT_TILES * BLOCK_N; a query's splits are folded in order
-# (``_fold``), in registers by one program or through memory by ``_attn_combine`` after one program per split. A
-# numerics constant like BLOCK_N (a query with at most SPLIT_N keys gets the one-pass result exactly).
+# (``_fold``), in registers by one program, or through memory after one program per split (by the tile's last split
+# program, else ``_attn_combine``). A numerics constant like BLOCK_N (a query with at most SPLIT_N keys gets the
+# one-pass result exactly).
 SPLIT_TILES = 8
 SPLIT_N = SPLIT_TILES * BLOCK_N
 # Launch form only (same bits either way): one program per split when the one-pass launch would have fewer programs
@@ -163,7 +164,6 @@ def _attn_fwd(
             return
         top = tl.minimum(lo + SPLIT_N, hi)
     else:  # every split of the tile's keys, in order, folded here
-        split = 0
         lo = 0
         top = hi
 
