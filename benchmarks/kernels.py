@@ -1,6 +1,6 @@
 """Kernel benchmark: invariant kernels vs their torch baselines, measured side by side in one run on the GPU.
 
-    PYTHONPATH=... python benchmarks/kernels.py [--only linear,rms_norm,logprobs] [--out FILE.md]
+    PYTHONPATH=... python benchmarks/kernels.py [--only linear,linear_cold,linear_bwd,rms_norm,logprobs] [--out FILE.md]
 
 Prints markdown tables (throughput and the ratio invariant / baseline) and writes them to --out with the date,
 GPU and torch/triton versions.
@@ -96,6 +96,48 @@ def bench_linear_cold(lines: list[str]) -> None:
             )
     gm = math.exp(sum(map(math.log, ratios)) / len(ratios))
     lines += ["", f"geometric mean ratio, M <= 64 cold: {gm:.2f} (goal >= 0.85); min {min(ratios):.2f}", ""]
+
+
+BWD_TOKENS = (4096, 16384)
+
+
+def bench_linear_bwd(lines: list[str]) -> None:
+    """The trainer's linear backward (``dX = dY @ W``, ``dW = dY.T @ X``: column-major operands) through autograd,
+    invariant (column-major operands through TMA, and through the pointer kernel as before) against cuBLAS."""
+    from vexact_kernels.triton_ops import matmul as mm
+
+    lines += ["## linear backward (bf16, dX and dW through autograd): invariant vs cuBLAS (`F.linear`)", ""]
+    lines += [
+        "| shape | tokens | N | K | invariant TFLOP/s | pointer kernel (before) TFLOP/s | cuBLAS TFLOP/s | ratio | "
+        "ratio before |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    ratios = []
+    for name, n, k in LINEAR_SHAPES[1:]:
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        for m in BWD_TOKENS:
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+            gy = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+            y_inv, y_ref = vk.linear(x, w), torch.nn.functional.linear(x, w)
+
+            def grads(y, x=x, w=w, gy=gy):
+                torch.autograd.grad(y, (x, w), gy, retain_graph=True)
+
+            t_inv = _ms(lambda y=y_inv: grads(y))
+            mm.TMA_COLUMN_MAJOR = False
+            try:
+                t_old = _ms(lambda y=y_inv: grads(y))
+            finally:
+                mm.TMA_COLUMN_MAJOR = True
+            t_ref = _ms(lambda y=y_ref: grads(y))
+            flops = 4 * m * n * k
+            ratios.append(t_ref / t_inv)
+            lines.append(
+                f"| {name} | {m} | {n} | {k} | {flops / t_inv / 1e9:.1f} | {flops / t_old / 1e9:.1f} | "
+                f"{flops / t_ref / 1e9:.1f} | {t_ref / t_inv:.2f} | {t_ref / t_old:.2f} |"
+            )
+    gm = math.exp(sum(map(math.log, ratios)) / len(ratios))
+    lines += ["", f"geometric mean ratio (invariant / cuBLAS): {gm:.2f}; min {min(ratios):.2f}", ""]
 
 
 RMS_M = (1, 64, 1024, 4096, 16384)
@@ -229,7 +271,7 @@ def main() -> int:
         "rms_norm/logprobs by triton.testing.do_bench; invariant and baseline measured side by side in one run.",
         "",
     ]
-    sections = {"linear": bench_linear, "linear_cold": bench_linear_cold}
+    sections = {"linear": bench_linear, "linear_cold": bench_linear_cold, "linear_bwd": bench_linear_bwd}
     for name in ("rms_norm", "logprobs"):
         fn = globals().get(f"bench_{name}")
         if fn is not None:

@@ -114,6 +114,22 @@ def time_steps(fn, iters: int) -> list[float]:
     return out
 
 
+def profile_backends(model, actors, batch, mask, adv, steps: int, med: dict[str, float]) -> list[str]:
+    """Per backend: the GPU kernels of ``steps`` profiled steps, beside the step time measured before."""
+    import profiling  # benchmarks/profiling.py
+    from torch.profiler import ProfilerActivity, profile
+
+    out = ["", "## Where a step's time goes (torch.profiler, GPU kernels per step)", ""]
+    for b, actor in actors.items():
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(steps):
+                fwd_bwd(model, actor, batch, mask, adv)
+            _sync()
+        out += [f"### {b}: {med[b] * 1e3:.1f} ms a step (timed above)", "", "```"]
+        out += profiling.kernel_table(prof, steps, top=24) + ["```", ""]
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", default="qwen3-1.7b", choices=sorted(SHAPES) + ["tiny"], help="tiny: CPU smoke run")
@@ -124,7 +140,19 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="rounds alternating the backends")
     ap.add_argument("--activation-checkpointing", action="store_true")
     ap.add_argument("--out", default=None, help="write the markdown table here (rank 0)")
+    ap.add_argument(
+        "--profile", type=int, default=0, metavar="STEPS",
+        help="after timing, profile STEPS steps of each backend and print its GPU kernels per step (rank 0)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--no-tma-column-major", action="store_true",
+        help="the backward's column-major operands through the pointer matmul (the form before; speed only)",
+    )  # fmt: skip
     args = ap.parse_args()
+    if args.no_tma_column_major:
+        from vexact_kernels.triton_ops import matmul as mm
+
+        mm.TMA_COLUMN_MAJOR = False
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu" and args.shape != "tiny":
         raise SystemExit("benchmarks/trainer.py needs a CUDA device (on CPU only --shape tiny, as a smoke run)")
@@ -177,6 +205,8 @@ def main() -> None:
     ]
     lines += [f"| {b} | {med[b] * 1e3:.1f} | {tps[b]:,.0f} | {mfu[b]:.1%} | {peak[b]:.1f} |" for b in backends]
     lines += ["", f"invariant / fast tokens/s: **{ratio:.2f}x** (goal >= 0.80x)"]
+    if args.profile and device == "cuda":
+        lines += profile_backends(model, actors, batch, mask, adv, args.profile, med)
     text = "\n".join(lines) + "\n"
     if dist.get_rank() == 0:
         print(text, flush=True)

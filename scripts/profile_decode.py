@@ -24,6 +24,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import profiling  # noqa: E402  (benchmarks/profiling.py: the kernel table)
 import throughput  # noqa: E402  (the benchmark's model builder: random bf16 weights drawn on the GPU)
 
 from vexact_engine import LLM, SamplingParams  # noqa: E402
@@ -108,16 +109,7 @@ def trace_steps(run, steps: int) -> None:
         for k in range(steps):
             run(k)
         torch.cuda.synchronize()
-    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    gpu_us = sum(e.device_time for e in kernels) / steps
-    print(f"  GPU kernels per step: {len(kernels) / steps:.0f}, {gpu_us / 1e3:.3f} ms of kernel time per step")
-    by_name: dict[str, list[float]] = {}
-    for e in kernels:
-        by_name.setdefault(e.name, []).append(e.device_time)
-    top = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:18]
-    print(f"  {'kernel':<60} {'per step':>8} {'us/step':>9} {'us each':>8}")
-    for name, times in top:
-        print(f"  {name[:60]:<60} {len(times) / steps:>8.0f} {sum(times) / steps:>9.1f} {statistics.mean(times):>8.2f}")
+    print("\n".join(profiling.kernel_table(prof, steps)))
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12))
 
 

@@ -231,6 +231,52 @@ def test_gpu_every_config_gives_the_same_bits():
             assert torch.equal(o, outs[0]), f"config changed bits at {(m, k, n)}"
 
 
+def test_tma_layout_names_row_and_column_major_operands(monkeypatch):
+    """Host logic only: which 2-D operands a TMA descriptor may read, and in which orientation."""
+    mm = _mm()
+    x = torch.zeros(64, 96, dtype=torch.bfloat16)
+    assert mm._tma_layout(x) == "rows"
+    assert mm._tma_layout(x.t()) == "cols"
+    assert mm._tma_layout(x[:, 1:]) is None  # base not 16-byte aligned
+    assert mm._tma_layout(torch.zeros(64, 7, dtype=torch.bfloat16)) is None  # 14-byte rows
+    assert mm._tma_layout(x[::2]) == "rows" and mm._tma_layout(x[:, ::2]) is None
+    monkeypatch.setattr(mm, "TMA_COLUMN_MAJOR", False)
+    assert mm._tma_layout(x.t()) is None
+
+
+@pytest.mark.gpu
+def test_gpu_column_major_operands_through_tma_give_the_pointer_kernels_bits():
+    """The backward's operands (``dY @ W``: ``W.T`` column-major; ``dY.T @ X``: both column-major) read through TMA
+    descriptors over the row-major tensors: the same bits as the pointer kernel and as row-major copies, with bias,
+    bf16 output and ``accumulate_into``; and the launch really took the TMA kernel."""
+    mm = _mm()
+    g = torch.Generator(device="cuda").manual_seed(3)
+    for m, k, n in [(300, 2048, 6144), (4096, 3000, 1024), (2048, 6969, 2048)]:
+        a = torch.randn(m, k, device="cuda", generator=g).bfloat16()
+        w = torch.randn(n, k, device="cuda", generator=g).bfloat16()
+        bias = torch.randn(n, device="cuda", generator=g).bfloat16()
+        a_cols, w_cols = a.t().contiguous().t(), w.t().contiguous().t()
+        assert mm._tma_layout(a_cols) == mm._tma_layout(w_cols) == "cols"
+        ref = mm.matmul(a, w, bias, config=mm.CONFIGS[2])  # pointer kernel, row-major
+        acc0 = torch.randn(m, n, device="cuda", generator=g)
+        ref_acc = mm.matmul(a, w, config=mm.CONFIGS[2], accumulate_into=acc0.clone())
+        for x, y in ((a_cols, w), (a, w_cols), (a_cols, w_cols)):
+            assert torch.equal(mm.matmul(x, y, bias), ref), (m, k, n)
+            for cfg in (mm.TMA_CONFIG, mm.TMA_CONFIG_MID, mm.TMA_CONFIG_NARROW):
+                assert torch.equal(mm.matmul(x, y, bias, config=cfg), ref), (m, k, n, cfg)
+            assert torch.equal(mm.matmul(x, y, bias, config=mm.CONFIGS[2]), ref), (m, k, n, "pointer")
+            got = mm.matmul(x, y, accumulate_into=acc0.clone())
+            assert torch.equal(got, ref_acc), (m, k, n, "accumulate_into")
+    calls = []
+    launch = mm._launch_tma
+    mm._launch_tma = lambda *args, **kw: calls.append(1) or launch(*args, **kw)
+    try:
+        mm.matmul(a_cols, w_cols)
+    finally:
+        mm._launch_tma = launch
+    assert calls, "column-major operands did not take the TMA kernel"
+
+
 @pytest.mark.gpu
 def test_gpu_backward_deterministic_and_correct():
     g = torch.Generator(device="cuda").manual_seed(1)

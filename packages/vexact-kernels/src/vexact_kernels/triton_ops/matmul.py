@@ -193,11 +193,14 @@ def _combine_kernel(
 def _matmul_tma_kernel(
     a_desc, b_desc, c_ptr, bias_ptr,
     M, N, K, stride_cm, stride_cn,
-    HAS_BIAS: tl.constexpr,
+    HAS_BIAS: tl.constexpr, ACCUMULATE: tl.constexpr, A_COLS: tl.constexpr, B_COLS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     SPLIT_TILES: tl.constexpr, NUM_SMS: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, INPUT_PRECISION: tl.constexpr,
 ):  # fmt: skip
-    """Persistent Hopper variant (TMA loads): the same per-element K structure as ``_matmul_kernel``, for large M."""
+    """Persistent Hopper variant (TMA loads): the same per-element K structure as ``_matmul_kernel``, for large M.
+    ``A_COLS`` / ``B_COLS``: the operand is column-major (``a`` is ``a_kt.T``, ``b_t`` is ``b_kn.T``, as in the
+    backward's ``dY @ W`` and ``dY.T @ X``); its descriptor is over the contiguous ``[K, M]`` / ``[K, N]`` tensor and
+    its tiles come in ``[BLOCK_K, BLOCK_M]`` / ``[BLOCK_K, BLOCK_N]``, the same values meeting the same MMAs."""
     start = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
@@ -211,18 +214,28 @@ def _matmul_tma_kernel(
         total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for kt in range(k_tiles):
-            a = a_desc.load([pid_m * BLOCK_M, kt * BLOCK_K])  # out-of-bounds reads are zero, like the masks
-            b = b_desc.load([pid_n * BLOCK_N, kt * BLOCK_K])
-            acc = tl.dot(a, b.T, acc, input_precision=INPUT_PRECISION)
+            # out-of-bounds reads are zero, like the masks
+            if A_COLS:
+                a = a_desc.load([kt * BLOCK_K, pid_m * BLOCK_M]).T
+            else:
+                a = a_desc.load([pid_m * BLOCK_M, kt * BLOCK_K])
+            if B_COLS:
+                acc = tl.dot(a, b_desc.load([kt * BLOCK_K, pid_n * BLOCK_N]), acc, input_precision=INPUT_PRECISION)
+            else:
+                b = b_desc.load([pid_n * BLOCK_N, kt * BLOCK_K])
+                acc = tl.dot(a, b.T, acc, input_precision=INPUT_PRECISION)
             if (kt % SPLIT_TILES == SPLIT_TILES - 1) or (kt == k_tiles - 1):
                 total += acc
                 acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        if HAS_BIAS:
-            total += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
-        c_ptrs = c_ptr + offs_m[:, None].to(tl.int64) * stride_cm + offs_n[None, :] * stride_cn
-        tl.store(c_ptrs, total.to(c_ptr.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+        if ACCUMULATE:
+            _epilogue(total, c_ptr, bias_ptr, offs_m, offs_n, M, N, stride_cm, stride_cn, HAS_BIAS, ACCUMULATE)
+        else:
+            if HAS_BIAS:
+                total += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+            c_ptrs = c_ptr + offs_m[:, None].to(tl.int64) * stride_cm + offs_n[None, :] * stride_cn
+            tl.store(c_ptrs, total.to(c_ptr.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
 
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages, warp_specialize) of the persistent TMA variant, used for M >= TMA_MIN_M.
@@ -256,27 +269,52 @@ def _num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+# Column-major operands (the backward's ``dY @ W`` and ``dY.T @ X``: transposed views of row-major tensors) read
+# through TMA descriptors over the row-major tensor, where the GPU has TMA; else the pointer kernel. Speed only: the
+# same tiles meet the same MMAs (the GPU tests compare the two bit for bit); False gives them the pointer kernel.
+TMA_COLUMN_MAJOR = True
+
+
+def _tma_layout(t: torch.Tensor) -> str | None:
+    """``"rows"`` (row-major) or ``"cols"`` (column-major) where a TMA descriptor can read the 2-D ``t``, else None:
+    a unit stride, 16-byte aligned base and 16-byte multiple outer stride."""
+    es = t.element_size()
+    if t.data_ptr() % 16:
+        return None
+    if t.stride(1) == 1 and (t.stride(0) * es) % 16 == 0:
+        return "rows"
+    if TMA_COLUMN_MAJOR and t.stride(0) == 1 and (t.stride(1) * es) % 16 == 0 and t.shape[0] > 1:
+        return "cols"
+    return None
+
+
 def _tma_ok(a: torch.Tensor, b_t: torch.Tensor) -> bool:
     if not a.is_cuda or torch.cuda.get_device_capability(a.device)[0] < 9:
         return False
-    es = a.element_size()
-    return all(t.stride(1) == 1 and (t.stride(0) * es) % 16 == 0 and t.data_ptr() % 16 == 0 for t in (a, b_t))
+    return _tma_layout(a) is not None and _tma_layout(b_t) is not None
 
 
-def _launch_tma(a, b_t, c, bias, cfg) -> None:
+def _launch_tma(a, b_t, c, bias, cfg, accumulate: bool = False) -> None:
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     bm, bn, warps, stages, ws = cfg
     m, k = a.shape
     n = b_t.shape[0]
     num_sms = _num_sms(a.device)
-    a_desc = TensorDescriptor.from_tensor(a, [bm, BLOCK_K])
-    b_desc = TensorDescriptor.from_tensor(b_t, [bn, BLOCK_K])
+    a_cols, b_cols = _tma_layout(a) == "cols", _tma_layout(b_t) == "cols"
+    a_desc = (
+        TensorDescriptor.from_tensor(a.t(), [BLOCK_K, bm]) if a_cols else TensorDescriptor.from_tensor(a, [bm, BLOCK_K])
+    )
+    b_desc = (
+        TensorDescriptor.from_tensor(b_t.t(), [BLOCK_K, bn])
+        if b_cols
+        else TensorDescriptor.from_tensor(b_t, [bn, BLOCK_K])
+    )
     tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
     _matmul_tma_kernel[(min(num_sms, tiles),)](
         a_desc, b_desc, c, bias if bias is not None else c,
         m, n, k, c.stride(0), c.stride(1),
-        HAS_BIAS=bias is not None,
+        HAS_BIAS=bias is not None, ACCUMULATE=accumulate, A_COLS=a_cols, B_COLS=b_cols,
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=BLOCK_K, GROUP_M=GROUP_M, SPLIT_TILES=SPLIT_TILES, NUM_SMS=num_sms,
         WARP_SPECIALIZE=ws, INPUT_PRECISION=input_precision(a.dtype),
         num_warps=warps, num_stages=stages,
@@ -390,11 +428,11 @@ def matmul(
     want_tma = (
         config is None and m >= TMA_MIN_M and split_programs is not True or config is not None and len(config) == 5
     )
-    if want_tma and not acc_in and _tma_ok(a, b_t) and (config is not None or not fp32):
+    if want_tma and _tma_ok(a, b_t) and (config is not None or not fp32):
         if config is None:
             sms = _num_sms(a.device)
             config = TMA_CONFIG_FP32_OUT if c.element_size() == 4 else tma_config(m, n, sms)
-        _launch_tma(a, b_t, c, bias, config)
+        _launch_tma(a, b_t, c, bias, config, accumulate=acc_in)
         return c
     idx = pick_config(m, n, interpreting())
     max_tiles = SPLIT_PROGRAMS_MAX_TILES[idx]
@@ -452,7 +490,8 @@ class LinearFunction(torch.autograd.Function):
         x2d, weight = ctx.saved_tensors
         g = grad_out.to(x2d.dtype)
         dx = matmul(g, weight.t(), out_dtype=x2d.dtype) if ctx.needs_input_grad[0] else None  # [M,N] @ [N,K]
-        dw = matmul(g.t(), x2d.t(), out_dtype=torch.float32).to(weight.dtype) if ctx.needs_input_grad[1] else None
+        # dW rounded once from its fp32 total, in the kernel's epilogue (round to nearest even, as ``.to`` does)
+        dw = matmul(g.t(), x2d.t(), out_dtype=weight.dtype) if ctx.needs_input_grad[1] else None
         db = None
         if ctx.has_bias and ctx.needs_input_grad[2]:
             ones = torch.ones(1, g.shape[0], dtype=g.dtype, device=g.device)
