@@ -103,7 +103,8 @@ BWD_TOKENS = (4096, 16384)
 
 def bench_linear_bwd(lines: list[str]) -> None:
     """The trainer's linear backward (``dX = dY @ W``, ``dW = dY.T @ X``: column-major operands) through autograd,
-    invariant (column-major operands through TMA, and through the pointer kernel as before) against cuBLAS."""
+    invariant (column-major operands through TMA, and through the pointer kernel as before) against cuBLAS; CUDA-graph
+    replays, so the kernels' time without the host's launch cost (the eager trainer pays that on both sides)."""
     from vexact_kernels.triton_ops import matmul as mm
 
     lines += ["## linear backward (bf16, dX and dW through autograd): invariant vs cuBLAS (`F.linear`)", ""]
@@ -123,13 +124,13 @@ def bench_linear_bwd(lines: list[str]) -> None:
             def grads(y, x=x, w=w, gy=gy):
                 torch.autograd.grad(y, (x, w), gy, retain_graph=True)
 
-            t_inv = _ms(lambda y=y_inv: grads(y))
+            t_inv = _ms_graph(lambda y=y_inv: grads(y))
             mm.TMA_COLUMN_MAJOR = False
             try:
-                t_old = _ms(lambda y=y_inv: grads(y))
+                t_old = _ms_graph(lambda y=y_inv: grads(y))
             finally:
                 mm.TMA_COLUMN_MAJOR = True
-            t_ref = _ms(lambda y=y_ref: grads(y))
+            t_ref = _ms_graph(lambda y=y_ref: grads(y))
             flops = 4 * m * n * k
             ratios.append(t_ref / t_inv)
             lines.append(

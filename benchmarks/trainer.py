@@ -121,12 +121,14 @@ def profile_backends(model, actors, batch, mask, adv, steps: int, med: dict[str,
 
     out = ["", "## Where a step's time goes (torch.profiler, GPU kernels per step)", ""]
     for b, actor in actors.items():
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             for _ in range(steps):
                 fwd_bwd(model, actor, batch, mask, adv)
             _sync()
         out += [f"### {b}: {med[b] * 1e3:.1f} ms a step (timed above)", "", "```"]
         out += profiling.kernel_table(prof, steps, top=24) + ["```", ""]
+        # the host side (stdout only): what the step's Python and launches cost, and where it waits for the GPU
+        print(f"host ops, {b} ({steps} steps):", prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20))
     return out
 
 

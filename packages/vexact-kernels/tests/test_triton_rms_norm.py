@@ -37,6 +37,10 @@ def _reference(x, w, eps=EPS):
     return xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + eps) * w.double()
 
 
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
 def _grads(x, w, dy, fn):
     x = x.detach().clone().requires_grad_()
     w = w.detach().clone().requires_grad_()
@@ -75,7 +79,7 @@ def test_interpreted_row_result_independent_of_batch(m, hidden, seed, data):
 @interp
 def test_interpreted_backward_matches_float64_and_is_deterministic():
     ops = _ops()
-    m, hidden = 70, 100  # more rows than one dweight block (RMS_DW_ROWS)
+    m, hidden = 70, 100
     x, w = _rand(m, hidden, seed=3, dtype=torch.float32), 1.0 + 0.1 * _rand(hidden, seed=4, dtype=torch.float32)
     dy = _rand(m, hidden, seed=5, dtype=torch.float32)
     dx, dw = _grads(x, w, dy, lambda a, b: ops.triton_rms_norm(a, b, EPS))
@@ -88,6 +92,29 @@ def test_interpreted_backward_matches_float64_and_is_deterministic():
     assert torch.equal(
         ops.triton_rms_norm(x.requires_grad_(), w, EPS).detach(), ops.triton_rms_norm(x.detach(), w, EPS)
     )
+
+
+@interp
+@pytest.mark.parametrize("hidden", [24, 1500])
+def test_interpreted_backward_tiles_many_partials_and_row_subsets(monkeypatch, hidden):
+    """The backward's tiles: ``dweight`` over more partials than one tile of the final sum (small partials forced),
+    against float64 and run to run; ``dx`` of a row subset at any offset bitwise the full batch's rows."""
+    ops = _ops()
+    monkeypatch.setattr(ops, "RMS_DW_ELEMS", 0)
+    monkeypatch.setattr(ops, "RMS_DW_ROWS", 2 * ops.RMS_DW_TILE if hidden < 100 else ops.RMS_DW_TILE)
+    m = 35 * ops.bwd_dw_shape(hidden)[0] + 3 if hidden < 100 else 2 * ops.RMS_DW_TILE + 5
+    x, w = _rand(m, hidden, seed=6, dtype=torch.float32), 1.0 + 0.1 * _rand(hidden, seed=7, dtype=torch.float32)
+    dy = _rand(m, hidden, seed=8, dtype=torch.float32)
+    if hidden < 100:
+        assert triton_cdiv(m, ops.bwd_dw_shape(hidden)[0]) > ops.RMS_DW_TILE  # two tiles of partials in the final sum
+    dx, dw = _grads(x, w, dy, lambda a, b: ops.triton_rms_norm(a, b, EPS))
+    rdx, rdw = _grads(x.double(), w.double(), dy.double(), _reference)
+    torch.testing.assert_close(dx.double(), rdx, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(dw.double(), rdw, rtol=1e-5, atol=1e-3)
+    assert torch.equal(dw, _grads(x, w, dy, lambda a, b: ops.triton_rms_norm(a, b, EPS))[1])
+    for lo, hi in ((0, 1), (5, 6), (3, 20), (m - 7, m)):
+        sub, _ = _grads(x[lo:hi], w, dy[lo:hi], lambda a, b: ops.triton_rms_norm(a, b, EPS))
+        assert torch.equal(sub, dx[lo:hi]), (lo, hi)
 
 
 @interp

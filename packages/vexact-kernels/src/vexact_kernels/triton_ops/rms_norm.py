@@ -1,16 +1,18 @@
 """RMSNorm forward and backward in Triton: ``y = x * rstd * weight``, ``rstd = 1 / sqrt(mean(x^2) + eps)``.
 
 Invariance: one program per row; the row's sum of squares is accumulated over the hidden size in fixed blocks of
-``RMS_BLOCK`` (elementwise fp32 adds into a ``[RMS_BLOCK]`` vector, blocks in order), then one ``tl.sum`` whose tree is
-fixed by the compile-time block and warp count. Nothing in a row's math reads the number of rows, so row ``i`` of the
-output (and of ``dx``) is bitwise the same for any batch, row subset or chunking. ``dweight`` sums over rows: fixed
-blocks of ``RMS_DW_ROWS`` rows summed in row order, then the block partials summed in block order (no atomics), so it
-is identical run to run for a given input. ``_rms_norm_fwd_pair_kernel`` normalises the rows of two tensors (q_norm
-and k_norm of a layer) in one launch through the same row code, so each row's bits are the single kernel's; it reads
-a row through a token and a head stride, so q and k, views into the grouped q/k/v matmul's output, are not copied.
-``_add_rms_norm_fwd_kernel`` first stores a row's residual sum ``s = x + r`` (fp32 add, rounded once to nearest even,
-as torch adds) and then runs the same row code on ``s``: the residual add and the norm after it in one launch, with
-the bits of torch's add followed by the single kernel.
+``RMS_BLOCK`` (elementwise fp32 adds into a ``[RMS_BLOCK]`` vector, blocks in order), then one ``tl.sum`` whose tree
+is fixed by the compile-time block and warp count. Nothing in a row's math reads the number of rows, so row ``i`` of
+the output (and of ``dx``) is bitwise the same for any batch, row subset or chunking. The backward keeps ``dx`` of a
+row independent of the other rows (several rows a program, each reduced along its own columns) and sums ``dweight``
+over rows in fixed blocks of rows (partials) and then over the partials, in an order fixed by the shape (no atomics),
+so it is identical run to run for a given input; its tiles follow the hidden size (``bwd_dx_shape``,
+``bwd_dw_shape``). ``_rms_norm_fwd_pair_kernel`` normalises the rows of two tensors (q_norm and k_norm of a layer) in
+one launch through the same row code, so each row's bits are the single kernel's; it reads a row through a token and a
+head stride, so q and k, views into the grouped q/k/v matmul's output, are not copied. ``_add_rms_norm_fwd_kernel``
+first stores a row's residual sum ``s = x + r`` (fp32 add, rounded once to nearest even, as torch adds) and then runs
+the same row code on ``s``: the residual add and the norm after it in one launch, with the bits of torch's add
+followed by the single kernel.
 
 Accuracy: fp32 throughout (``sqrt_rn``/``div_rn``, correctly rounded), cast once; within a few fp32 ulps of a float64
 reference before the final cast.
@@ -25,8 +27,14 @@ import triton.language as tl
 # Numerics-affecting launch parameters: fixed for every shape (the sum-of-squares tree depends on them).
 RMS_BLOCK = 1024
 RMS_NUM_WARPS = 4
-# Rows per dweight partial sum (fixes the order of the sum over rows).
-RMS_DW_ROWS = 64
+# Backward launch shapes. The backward needs determinism, not invariance (nothing compares its bits with another
+# path), so its tiles follow the hidden size; every choice below is a function of the shape alone: a row's ``dx``
+# never reads another row, and ``dweight`` sums the rows in an order fixed by (rows, hidden size).
+RMS_BWD_TILE = 2048  # elements of the dx kernel's [rows, block] tile: head_dim-sized rows (q/k norms) 16 a program
+RMS_DW_ROWS = 64  # at least this many rows per dweight partial ...
+RMS_DW_ELEMS = 131072  # ... and about this many elements (1024 rows of a 128-wide q/k norm), so few partials remain
+RMS_DW_TILE = 32  # rows (partial kernel) or partials (final kernel) summed a tile at a time
+RMS_DW_COLS = 128  # columns per dweight program
 
 
 def aligned_rows(t: torch.Tensor) -> torch.Tensor:
@@ -117,53 +125,71 @@ def _add_rms_norm_fwd_kernel(x_ptr, r_ptr, s_ptr, w_ptr, y_ptr, rstd_ptr, H, eps
     _rms_norm_row(s_ptr + row * H, w_ptr, y_ptr + row * H, rstd_ptr + row, H, eps, BLOCK)
 
 
-@triton.jit
-def _rms_norm_bwd_dx_kernel(dy_ptr, x_ptr, w_ptr, rstd_ptr, dx_ptr, H, BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    rstd = tl.load(rstd_ptr + row)
-    acc = tl.zeros([BLOCK], dtype=tl.float32)
+@triton.jit(do_not_specialize=["M"])
+def _rms_norm_bwd_dx_kernel(
+    dy_ptr, x_ptr, w_ptr, rstd_ptr, dx_ptr, M, H, ROWS: tl.constexpr, BLOCK: tl.constexpr
+):  # fmt: skip
+    """``dx`` of ``ROWS`` rows: each row's ``c = sum(dy * w * x_hat) / H`` over its own columns (a ``[ROWS, BLOCK]``
+    tile reduced along its rows: no row reads another's values), then ``dx = (dy * w - x_hat * c) * rstd``."""
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    rmask = rows < M
+    rstd = tl.load(rstd_ptr + rows, mask=rmask, other=0.0)
+    acc = tl.zeros([ROWS, BLOCK], dtype=tl.float32)
     for start in range(0, H, BLOCK):
         cols = start + tl.arange(0, BLOCK)
-        mask = cols < H
-        dy = tl.load(dy_ptr + row * H + cols, mask=mask, other=0.0).to(tl.float32)
-        x = tl.load(x_ptr + row * H + cols, mask=mask, other=0.0).to(tl.float32)
-        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-        acc += (dy * w) * (x * rstd)
-    c = tl.div_rn(tl.sum(acc, axis=0), tl.cast(H, tl.float32))
+        mask = rmask[:, None] & (cols < H)[None, :]
+        offs = rows[:, None] * H + cols[None, :]
+        dy = tl.load(dy_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + cols, mask=cols < H, other=0.0).to(tl.float32)
+        acc += (dy * w[None, :]) * (x * rstd[:, None])
+    c = tl.div_rn(tl.sum(acc, axis=1), tl.cast(H, tl.float32))
     for start in range(0, H, BLOCK):
         cols = start + tl.arange(0, BLOCK)
-        mask = cols < H
-        dy = tl.load(dy_ptr + row * H + cols, mask=mask, other=0.0).to(tl.float32)
-        x = tl.load(x_ptr + row * H + cols, mask=mask, other=0.0).to(tl.float32)
-        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-        dx = (dy * w - (x * rstd) * c) * rstd
-        tl.store(dx_ptr + row * H + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+        mask = rmask[:, None] & (cols < H)[None, :]
+        offs = rows[:, None] * H + cols[None, :]
+        dy = tl.load(dy_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + cols, mask=cols < H, other=0.0).to(tl.float32)
+        dx = (dy * w[None, :] - (x * rstd[:, None]) * c[:, None]) * rstd[:, None]
+        tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit(do_not_specialize=["M"])
-def _rms_norm_bwd_dw_partial_kernel(dy_ptr, x_ptr, rstd_ptr, part_ptr, M, H, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+def _rms_norm_bwd_dw_partial_kernel(
+    dy_ptr, x_ptr, rstd_ptr, part_ptr, M, H, ROWS: tl.constexpr, TILE_ROWS: tl.constexpr, COLS: tl.constexpr
+):  # fmt: skip
+    """``part[rb, cols] = sum over rows rb * ROWS .. + ROWS of dy * x * rstd``: ``TILE_ROWS`` rows at a time, each
+    tile summed along its rows, the tiles added in row order."""
     rb = tl.program_id(0)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = cols < H
-    acc = tl.zeros([BLOCK], dtype=tl.float32)
-    for i in range(0, ROWS):
-        row = rb.to(tl.int64) * ROWS + i
-        valid = row < M
-        rstd = tl.load(rstd_ptr + row, mask=valid, other=0.0)
-        dy = tl.load(dy_ptr + row * H + cols, mask=mask & valid, other=0.0).to(tl.float32)
-        x = tl.load(x_ptr + row * H + cols, mask=mask & valid, other=0.0).to(tl.float32)
-        acc += dy * (x * rstd)
-    tl.store(part_ptr + rb.to(tl.int64) * H + cols, acc, mask=mask)
+    cols = tl.program_id(1) * COLS + tl.arange(0, COLS)
+    cmask = cols < H
+    acc = tl.zeros([COLS], dtype=tl.float32)
+    for r0 in range(0, ROWS, TILE_ROWS):
+        rows = rb.to(tl.int64) * ROWS + r0 + tl.arange(0, TILE_ROWS)
+        rmask = rows < M
+        mask = rmask[:, None] & cmask[None, :]
+        offs = rows[:, None] * H + cols[None, :]
+        rstd = tl.load(rstd_ptr + rows, mask=rmask, other=0.0)
+        dy = tl.load(dy_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        acc += tl.sum(dy * (x * rstd[:, None]), axis=0)
+    tl.store(part_ptr + rb.to(tl.int64) * H + cols, acc, mask=cmask)
 
 
 @triton.jit(do_not_specialize=["n_parts"])
-def _rms_norm_bwd_dw_final_kernel(part_ptr, dw_ptr, n_parts, H, BLOCK: tl.constexpr):
-    cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = cols < H
-    acc = tl.zeros([BLOCK], dtype=tl.float32)
-    for p in range(0, n_parts):
-        acc += tl.load(part_ptr + p * H + cols, mask=mask, other=0.0)
-    tl.store(dw_ptr + cols, acc.to(dw_ptr.dtype.element_ty), mask=mask)
+def _rms_norm_bwd_dw_final_kernel(
+    part_ptr, dw_ptr, n_parts, H, TILE_PARTS: tl.constexpr, COLS: tl.constexpr
+):  # fmt: skip
+    """``dw[cols] = sum of the partials``: ``TILE_PARTS`` partials at a time, each tile summed, tiles in order."""
+    cols = tl.program_id(0) * COLS + tl.arange(0, COLS)
+    cmask = cols < H
+    acc = tl.zeros([COLS], dtype=tl.float32)
+    for p0 in range(0, n_parts, TILE_PARTS):
+        parts = p0 + tl.arange(0, TILE_PARTS)
+        mask = (parts < n_parts)[:, None] & cmask[None, :]
+        acc += tl.sum(tl.load(part_ptr + parts[:, None].to(tl.int64) * H + cols[None, :], mask=mask, other=0.0), 0)
+    tl.store(dw_ptr + cols, acc.to(dw_ptr.dtype.element_ty), mask=cmask)
 
 
 def rms_norm_fwd(
@@ -255,20 +281,41 @@ def rms_norm_bwd(
     dy = aligned_rows(dy)
     m, h = x2d.shape
     dx = torch.empty_like(x2d)
+    rows, block = bwd_dx_shape(h)
     if m:
-        _rms_norm_bwd_dx_kernel[(m,)](dy, x2d, weight, rstd, dx, h, BLOCK=RMS_BLOCK, num_warps=RMS_NUM_WARPS)
+        _rms_norm_bwd_dx_kernel[(triton.cdiv(m, rows),)](
+            dy, x2d, weight, rstd, dx, m, h, ROWS=rows, BLOCK=block, num_warps=RMS_NUM_WARPS
+        )  # fmt: skip
     if not need_dw:
         return dx, None
     dw = torch.empty_like(weight)
-    n_parts = max(1, triton.cdiv(m, RMS_DW_ROWS))
+    part_rows, cols = bwd_dw_shape(h)
+    n_parts = max(1, triton.cdiv(m, part_rows))
     parts = torch.zeros(n_parts, h, dtype=torch.float32, device=x2d.device)
-    col_blocks = triton.cdiv(h, RMS_BLOCK)
+    col_blocks = triton.cdiv(h, cols)
     if m:
         _rms_norm_bwd_dw_partial_kernel[(n_parts, col_blocks)](
-            dy, x2d, rstd, parts, m, h, ROWS=RMS_DW_ROWS, BLOCK=RMS_BLOCK, num_warps=RMS_NUM_WARPS
-        )
-    _rms_norm_bwd_dw_final_kernel[(col_blocks,)](parts, dw, n_parts, h, BLOCK=RMS_BLOCK, num_warps=RMS_NUM_WARPS)
+            dy, x2d, rstd, parts, m, h, ROWS=part_rows, TILE_ROWS=RMS_DW_TILE, COLS=cols, num_warps=RMS_NUM_WARPS
+        )  # fmt: skip
+    _rms_norm_bwd_dw_final_kernel[(col_blocks,)](
+        parts, dw, n_parts, h, TILE_PARTS=RMS_DW_TILE, COLS=cols, num_warps=RMS_NUM_WARPS
+    )  # fmt: skip
     return dx, dw
+
+
+def bwd_dx_shape(h: int) -> tuple[int, int]:
+    """(rows per program, column block) of the ``dx`` kernel for hidden size ``h``: a function of ``h`` alone."""
+    block = min(triton.next_power_of_2(max(h, 1)), RMS_BLOCK)
+    return max(1, RMS_BWD_TILE // block), block
+
+
+def bwd_dw_shape(h: int) -> tuple[int, int]:
+    """(rows per ``dweight`` partial, columns per program) for hidden size ``h``: a function of ``h`` alone, so the
+    order of the sum over rows is fixed by the shape (small ``h``, as q/k norms over head_dim: more rows a partial,
+    so the final sum has few partials to add)."""
+    cols = min(triton.next_power_of_2(max(h, 1)), RMS_DW_COLS)
+    rows = max(RMS_DW_ROWS, RMS_DW_ELEMS // max(h, 1)) // RMS_DW_TILE * RMS_DW_TILE
+    return rows, cols
 
 
 class RMSNormFunction(torch.autograd.Function):
