@@ -121,7 +121,7 @@ def profile_backends(model, actors, batch, mask, adv, steps: int, med: dict[str,
 
     out = ["", "## Where a step's time goes (torch.profiler, GPU kernels per step)", ""]
     for b, actor in actors.items():
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
             for _ in range(steps):
                 fwd_bwd(model, actor, batch, mask, adv)
             _sync()
@@ -129,6 +129,8 @@ def profile_backends(model, actors, batch, mask, adv, steps: int, med: dict[str,
         out += profiling.kernel_table(prof, steps, top=24) + ["```", ""]
         # the host side (stdout only): what the step's Python and launches cost, and where it waits for the GPU
         print(f"host ops, {b} ({steps} steps):", prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20))
+        by_shape = prof.key_averages(group_by_input_shape=True)
+        print(f"ops by input shape, {b}:", by_shape.table(sort_by="self_device_time_total", row_limit=40))
     return out
 
 
