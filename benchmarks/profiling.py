@@ -11,7 +11,12 @@ import torch
 def kernel_table(prof, steps: int, top: int = 18) -> list[str]:
     """Lines: kernels and kernel time per step, then the ``top`` kernels by time (count, us per step, us each), from a
     finished ``torch.profiler.profile`` over ``steps`` steps."""
-    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    # GPU events that are kernels and copies, not the ranges user annotations (FSDP's, record_function's) draw there
+    kernels = [
+        e
+        for e in prof.events()
+        if e.device_type == torch.autograd.DeviceType.CUDA and not getattr(e, "is_user_annotation", False)
+    ]
     gpu_us = sum(e.device_time for e in kernels) / steps
     lines = [f"  GPU kernels per step: {len(kernels) / steps:.0f}, {gpu_us / 1e3:.3f} ms of kernel time per step"]
     by_name: dict[str, list[float]] = {}

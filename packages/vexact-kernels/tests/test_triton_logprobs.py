@@ -250,6 +250,35 @@ def test_gpu_backward_matches_float64_and_is_deterministic():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("tma", [True, False])
+def test_gpu_backward_tile_is_speed_only(monkeypatch, tma):
+    """The logits-gradient kernel's tile (``LOGPROBS_BWD_*``) changes no bit of any gradient: the backward's own tile
+    against the forward's (64 x 128, 4 warps) and a wide one, through TMA descriptors and through pointers."""
+    from vexact_kernels.triton_ops import logprobs as ops
+
+    monkeypatch.setattr(ops, "LOGPROBS_TMA", tma)
+    t = 4500  # two backward chunks
+    hidden, norm_w, head, targets, temps = _gpu_problem(t, seed=21)
+    g = torch.Generator().manual_seed(22)
+    glp, gent = torch.randn(t, generator=g).cuda(), torch.randn(t, generator=g).cuda()
+
+    def run(block_t, block_v, warps):
+        monkeypatch.setattr(ops, "LOGPROBS_BWD_BLOCK_T", block_t)
+        monkeypatch.setattr(ops, "LOGPROBS_BWD_BLOCK_V", block_v)
+        monkeypatch.setattr(ops, "LOGPROBS_BWD_NUM_WARPS", warps)
+        h = hidden.clone().requires_grad_()
+        nw, w = norm_w.clone().requires_grad_(), head.clone().requires_grad_()
+        lp, ent = vk.logprobs_from_hidden(h, nw, EPS, w, targets, temps, with_entropy=True)
+        ((lp * glp).sum() + (ent * gent).sum()).backward()
+        return h.grad, nw.grad, w.grad
+
+    ours = run(ops.LOGPROBS_BWD_BLOCK_T, ops.LOGPROBS_BWD_BLOCK_V, ops.LOGPROBS_BWD_NUM_WARPS)
+    for cfg in ((ops.LOGPROBS_BLOCK_T, ops.LOGPROBS_VOCAB_BLOCK, ops.LOGPROBS_NUM_WARPS), (64, 256, 8)):
+        for a, b in zip(ours, run(*cfg), strict=True):
+            assert torch.equal(a, b), cfg
+
+
+@pytest.mark.gpu
 def test_gpu_tma_tiles_give_the_bits_of_pointer_tiles(monkeypatch):
     """``LOGPROBS_TMA`` is speed only: the logits tiles read through TMA descriptors give the pointer loads' logprobs,
     entropies, gradients and draws bit for bit (scoring at several T, the backward over two chunks, the draw at the

@@ -373,3 +373,48 @@ def test_gpu_add_rms_norm_is_the_add_then_the_norm(dtype, hidden):
     with torch.no_grad():
         s, y = vk.add_rms_norm(x, r, w, EPS)
     assert torch.equal(s, x + r) and torch.equal(y, vk.rms_norm(x + r, w, EPS))
+
+
+def _check_add_grads(m, hidden, dtype, device):
+    """Under autograd the fused add + norm keeps the forward's bits, and its gradients (the residual's gradient added
+    inside the norm's dx kernel) are those of the add then the norm, within rounding, and run to run the same."""
+    ops = _ops()
+    x, r = _rand(m, hidden, seed=11, dtype=dtype, device=device), _rand(m, hidden, seed=12, dtype=dtype, device=device)
+    w = (1.0 + 0.1 * _rand(hidden, seed=13)).to(dtype).to(device)
+    ds, dy = (
+        _rand(m, hidden, seed=14, dtype=dtype, device=device),
+        _rand(m, hidden, seed=15, dtype=dtype, device=device),
+    )
+    s0, y0 = ops.triton_add_rms_norm(x, r, w, EPS)
+
+    def run(fused: bool):
+        xg, rg, wg = (t.clone().requires_grad_() for t in (x, r, w))
+        if fused:
+            s, y = ops.triton_add_rms_norm(xg, rg, wg, EPS)
+        else:
+            s = xg + rg
+            y = ops.triton_rms_norm(s, wg, EPS)
+        torch.autograd.backward((s, y), (ds, dy))
+        return s.detach(), y.detach(), xg.grad, rg.grad, wg.grad
+
+    s, y, dx, dr, dw = run(True)
+    assert torch.equal(s, s0) and torch.equal(y, y0)
+    assert torch.equal(dx, dr)
+    _, _, rdx, _, rdw = run(False)
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2.0**-7, atol=2e-2)
+    torch.testing.assert_close(dx, rdx, **tol)
+    assert torch.equal(dw, rdw)  # the same kernels on the same saved sum
+    again = run(True)
+    assert torch.equal(again[2], dx) and torch.equal(again[4], dw)
+
+
+@interp
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_interpreted_add_rms_norm_under_autograd(dtype):
+    _check_add_grads(70, 100, dtype, "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("hidden", [128, 2048])
+def test_gpu_add_rms_norm_under_autograd(hidden):
+    _check_add_grads(3001, hidden, torch.bfloat16, "cuda")

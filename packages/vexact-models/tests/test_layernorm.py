@@ -77,9 +77,15 @@ def test_inference_forward_is_bitwise_the_plain_blocks(family, monkeypatch):
     model = _model(family)
     ids, pos, meta = _inputs()
     hidden = _check_model(model, ids, pos, meta, monkeypatch)
-    # under grad the trainer's path: each layer gets the stream as one tensor, no fused op, the same bits
+    # under grad the trainer's path: each layer gets the stream as one tensor and fuses only its own add (attention
+    # output + stream) into the post-attention norm, differentiable; the same bits
     calls = _count_fused(monkeypatch)
-    assert torch.equal(model(ids, pos, meta), hidden) and not calls
+    assert torch.equal(model(ids, pos, meta), hidden) and len(calls) == model.config.num_hidden_layers
+    trainable = random_model(model.config, seed=7).requires_grad_(True)  # the trainer's: not packed, needs grad
+    out = trainable(ids, pos, meta)
+    assert torch.equal(out, hidden) and out.grad_fn is not None
+    out.float().square().sum().backward()
+    assert all(p.grad is not None for n, p in trainable.named_parameters() if "post_attention_layernorm" in n)
 
 
 @interp

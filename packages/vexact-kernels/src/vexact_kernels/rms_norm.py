@@ -64,7 +64,7 @@ def add_rms_norm(
     """``(s, rms_norm(s, weight, eps))`` with ``s = x + residual``, bitwise on every backend and device: ``s`` is
     torch's add (fp32 sum rounded once to x's dtype), the norm is :func:`rms_norm`'s. ``x`` and ``residual`` have one
     shape and dtype (no broadcast, no promotion). On the ``invariant`` backend's CUDA path both in one launch (a
-    decoder layer's residual add and the norm after it: one kernel fewer); where autograd records, the two ops."""
+    decoder layer's residual add and the norm after it: one kernel fewer), differentiable where autograd records."""
     _check(x, weight)
     if residual.shape != x.shape or residual.dtype != x.dtype:
         raise ValueError(

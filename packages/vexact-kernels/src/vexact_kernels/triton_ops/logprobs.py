@@ -53,6 +53,12 @@ LOGPROBS_NUM_STAGES = 3
 LOGPROBS_COMBINE_ROWS = 128
 # Tokens per backward step: bounds the [chunk, V] logits-gradient buffer and fixes the order of the d W sum.
 LOGPROBS_BWD_CHUNK = 4096
+# The logits-gradient kernel's tile (speed only): a logit is the same MMA sequence over H whatever rows and columns
+# share its tile (as for the linear kernel's tiles), and the gradient is elementwise in it, so any tile gives the same
+# bits (the GPU test compares this tile with the forward's).
+LOGPROBS_BWD_BLOCK_T = 128
+LOGPROBS_BWD_BLOCK_V = 128
+LOGPROBS_BWD_NUM_WARPS = 8
 # Above the largest Gumbel noise of the draw: -log(-log(u)) at the largest uniform, u = 1 - 2**-24, is 16.635532 in
 # fp32 (correctly rounded logs); the margin covers a device log that is off by far more than its few ulps. Only a
 # bound for skipping noise that cannot win: it changes no draw (infinity skips nothing).
@@ -448,16 +454,21 @@ def n_vocab_splits(vocab: int) -> int:
     return triton.cdiv(triton.cdiv(vocab, LOGPROBS_VOCAB_BLOCK), LOGPROBS_SPLIT_TILES)
 
 
-def _tma_operands(normed, weight):
-    """``(h, w, tma)``: the logits tiles' operands as TMA tensor descriptors where ``LOGPROBS_TMA`` and the GPU and
-    operands allow it, else the tensors themselves."""
-    ok = LOGPROBS_TMA and normed.dtype in (torch.bfloat16, torch.float16) and mm._tma_ok(normed, weight)
+def _tma_operands(normed, weight, block_t: int = LOGPROBS_BLOCK_T, block_v: int = LOGPROBS_VOCAB_BLOCK):
+    """``(h, w, tma)``: the logits tiles' operands as TMA tensor descriptors of ``[block_t | block_v, BLOCK_K]``
+    blocks where ``LOGPROBS_TMA`` and the GPU and (row-major) operands allow it, else the tensors themselves."""
+    ok = (
+        LOGPROBS_TMA
+        and normed.dtype in (torch.bfloat16, torch.float16)
+        and mm._tma_ok(normed, weight)
+        and mm._tma_layout(normed) == mm._tma_layout(weight) == "rows"
+    )
     if not ok:
         return normed, weight, False
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    h = TensorDescriptor.from_tensor(normed, [LOGPROBS_BLOCK_T, LOGPROBS_BLOCK_K])
-    return h, TensorDescriptor.from_tensor(weight, [LOGPROBS_VOCAB_BLOCK, LOGPROBS_BLOCK_K]), True
+    h = TensorDescriptor.from_tensor(normed, [block_t, LOGPROBS_BLOCK_K])
+    return h, TensorDescriptor.from_tensor(weight, [block_v, LOGPROBS_BLOCK_K]), True
 
 
 def _cuda_major(device: torch.device) -> int | None:
@@ -537,16 +548,17 @@ def logprobs_bwd(
         s1 = min(t, s0 + LOGPROBS_BWD_CHUNK)
         rows = slice(s0, s1)
         gc = g[: s1 - s0]
-        grid = (triton.cdiv(s1 - s0, LOGPROBS_BLOCK_T), triton.cdiv(v, LOGPROBS_VOCAB_BLOCK))
-        h_arg, w_arg, tma = _tma_operands(normed[rows], weight)
+        bt, bv = LOGPROBS_BWD_BLOCK_T, LOGPROBS_BWD_BLOCK_V
+        grid = (triton.cdiv(s1 - s0, bt), triton.cdiv(v, bv))
+        h_arg, w_arg, tma = _tma_operands(normed[rows], weight, bt, bv)
         _logprobs_bwd_grad_logits_kernel[grid](
             h_arg, w_arg, targets[rows], temps[rows], mx[rows], log_s[rows],
             ent[rows] if grad_ent is not None else mx, grad_lp[rows] if grad_lp is not None else mx,
             grad_ent[rows] if grad_ent is not None else mx, gc, s1 - s0, v, h,
-            BLOCK_T=LOGPROBS_BLOCK_T, BLOCK_V=LOGPROBS_VOCAB_BLOCK, BLOCK_K=LOGPROBS_BLOCK_K,
+            BLOCK_T=bt, BLOCK_V=bv, BLOCK_K=LOGPROBS_BLOCK_K,
             PREC=mm.input_precision(normed.dtype), INTERPRET=interpreting(),
             HAS_GLP=grad_lp is not None, HAS_GENT=grad_ent is not None, TMA=tma,
-            num_warps=LOGPROBS_NUM_WARPS, num_stages=LOGPROBS_NUM_STAGES,
+            num_warps=LOGPROBS_BWD_NUM_WARPS, num_stages=LOGPROBS_NUM_STAGES,
         )  # fmt: skip
         # The tuned linear kernel (fixed K splits, fp32 accumulation): dh = G @ W; dW += G.T @ h, chunk by chunk.
         if need_dh:

@@ -32,7 +32,7 @@ RMS_NUM_WARPS = 4
 # never reads another row, and ``dweight`` sums the rows in an order fixed by (rows, hidden size).
 RMS_BWD_TILE = 2048  # elements of the dx kernel's [rows, block] tile: head_dim-sized rows (q/k norms) 16 a program
 RMS_DW_ROWS = 64  # at least this many rows per dweight partial ...
-RMS_DW_ELEMS = 131072  # ... and about this many elements (1024 rows of a 128-wide q/k norm), so few partials remain
+RMS_DW_ELEMS = 32768  # ... and about this many elements (256 rows of a 128-wide q/k norm), so few partials remain
 RMS_DW_TILE = 32  # rows (partial kernel) or partials (final kernel) summed a tile at a time
 RMS_DW_COLS = 128  # columns per dweight program
 
@@ -127,10 +127,12 @@ def _add_rms_norm_fwd_kernel(x_ptr, r_ptr, s_ptr, w_ptr, y_ptr, rstd_ptr, H, eps
 
 @triton.jit(do_not_specialize=["M"])
 def _rms_norm_bwd_dx_kernel(
-    dy_ptr, x_ptr, w_ptr, rstd_ptr, dx_ptr, M, H, ROWS: tl.constexpr, BLOCK: tl.constexpr
+    dy_ptr, x_ptr, w_ptr, rstd_ptr, dx_ptr, add_ptr, M, H,
+    ROWS: tl.constexpr, BLOCK: tl.constexpr, HAS_ADD: tl.constexpr,
 ):  # fmt: skip
     """``dx`` of ``ROWS`` rows: each row's ``c = sum(dy * w * x_hat) / H`` over its own columns (a ``[ROWS, BLOCK]``
-    tile reduced along its rows: no row reads another's values), then ``dx = (dy * w - x_hat * c) * rstd``."""
+    tile reduced along its rows: no row reads another's values), then ``dx = (dy * w - x_hat * c) * rstd``
+    (``HAS_ADD``: plus ``add``, the gradient the norm's input gets from its other use, in fp32, rounded once)."""
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     rmask = rows < M
     rstd = tl.load(rstd_ptr + rows, mask=rmask, other=0.0)
@@ -152,6 +154,8 @@ def _rms_norm_bwd_dx_kernel(
         x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
         w = tl.load(w_ptr + cols, mask=cols < H, other=0.0).to(tl.float32)
         dx = (dy * w[None, :] - (x * rstd[:, None]) * c[:, None]) * rstd[:, None]
+        if HAS_ADD:
+            dx += tl.load(add_ptr + offs, mask=mask, other=0.0).to(tl.float32)
         tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=mask)
 
 
@@ -264,27 +268,42 @@ def add_rms_norm_fwd(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``x2d, r2d [M, H]`` (one dtype) -> ``(s, y)``, both ``[M, H]`` in that dtype: ``s = x2d + r2d`` as torch adds
     and ``y = rms_norm_fwd(s, weight, eps, s.dtype)[0]``, bitwise, in one launch."""
+    s, y, _ = _add_rms_norm(x2d, r2d, weight, eps)
+    return s, y
+
+
+def _add_rms_norm(x2d, r2d, weight, eps):
+    """:func:`add_rms_norm_fwd` and the rows' fp32 ``rstd`` (what the backward reads)."""
     x2d, r2d, weight = aligned_rows(x2d), aligned_rows(r2d), aligned_rows(weight)
     m, h = x2d.shape
     s = torch.empty_like(x2d)
     y = torch.empty_like(x2d)
-    rstd = torch.empty(m, dtype=torch.float32, device=x2d.device)  # written, as the single kernel writes it
+    rstd = torch.empty(m, dtype=torch.float32, device=x2d.device)
     if m:
         _add_rms_norm_fwd_kernel[(m,)](x2d, r2d, s, weight, y, rstd, h, eps, BLOCK=RMS_BLOCK, num_warps=RMS_NUM_WARPS)
-    return s, y
+    return s, y, rstd
 
 
 def rms_norm_bwd(
-    dy: torch.Tensor, x2d: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, need_dw: bool = True
+    dy: torch.Tensor,
+    x2d: torch.Tensor,
+    weight: torch.Tensor,
+    rstd: torch.Tensor,
+    need_dw: bool = True,
+    add: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Gradients of :func:`rms_norm_fwd`: ``(dx [M, H] in x's dtype, dweight [H] in weight's dtype)``."""
+    """Gradients of :func:`rms_norm_fwd`: ``(dx [M, H] in x's dtype, dweight [H] in weight's dtype)``; ``add``
+    (``[M, H]``): a gradient ``x2d`` also gets from elsewhere, added to ``dx`` in fp32 before its one rounding."""
     dy = aligned_rows(dy)
     m, h = x2d.shape
     dx = torch.empty_like(x2d)
     rows, block = bwd_dx_shape(h)
+    if add is not None:
+        add = aligned_rows(add)
     if m:
         _rms_norm_bwd_dx_kernel[(triton.cdiv(m, rows),)](
-            dy, x2d, weight, rstd, dx, m, h, ROWS=rows, BLOCK=block, num_warps=RMS_NUM_WARPS
+            dy, x2d, weight, rstd, dx, dx if add is None else add, m, h,
+            ROWS=rows, BLOCK=block, HAS_ADD=add is not None, num_warps=RMS_NUM_WARPS,
         )  # fmt: skip
     if not need_dw:
         return dx, None
@@ -335,6 +354,24 @@ class RMSNormFunction(torch.autograd.Function):
         return dx, dw, None, None
 
 
+class AddRMSNormFunction(torch.autograd.Function):
+    """``(s, y) = (x + r, rms_norm(s))`` in one launch (the bits of the two ops), differentiable: the backward adds the
+    gradient ``s`` gets from its other use (the residual stream) into the norm's ``dx`` kernel, and ``x`` and ``r``
+    both get that sum (one launch fewer each way than the two ops)."""
+
+    @staticmethod
+    def forward(ctx, x2d: torch.Tensor, r2d: torch.Tensor, weight: torch.Tensor, eps: float):
+        s, y, rstd = _add_rms_norm(x2d, r2d, weight, eps)
+        ctx.save_for_backward(s, aligned_rows(weight), rstd)
+        return s, y
+
+    @staticmethod
+    def backward(ctx, ds: torch.Tensor, dy: torch.Tensor):
+        s, weight, rstd = ctx.saved_tensors
+        dx, dw = rms_norm_bwd(dy, s, weight, rstd, need_dw=ctx.needs_input_grad[2], add=ds)
+        return dx if ctx.needs_input_grad[0] else None, dx if ctx.needs_input_grad[1] else None, dw, None
+
+
 def triton_rms_norm(
     x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch.dtype | None = None
 ) -> torch.Tensor:
@@ -367,12 +404,13 @@ def triton_rms_norm_pair(
 def triton_add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(s, triton_rms_norm(s, weight, eps))`` with ``s = x + residual`` (same shape and dtype), bitwise: one launch
-    where no input records autograd, else torch's add and :func:`triton_rms_norm` (differentiable)."""
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (x, residual, weight)):
-        s = x + residual
-        return s, triton_rms_norm(s, weight, eps)
+    """``(s, triton_rms_norm(s, weight, eps))`` with ``s = x + residual`` (same shape and dtype), bitwise, in one
+    launch; differentiable (:class:`AddRMSNormFunction`) where an input records autograd."""
     if len({x.device, residual.device, weight.device}) != 1:
         raise ValueError(f"add_rms_norm: x, residual and weight are on {x.device}, {residual.device}, {weight.device}")
-    s, y = add_rms_norm_fwd(x.reshape(-1, x.shape[-1]), residual.reshape(-1, x.shape[-1]), weight, eps)
+    x2d, r2d = x.reshape(-1, x.shape[-1]), residual.reshape(-1, x.shape[-1])
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (x, residual, weight)):
+        s, y = AddRMSNormFunction.apply(x2d, r2d, weight, eps)
+    else:
+        s, y = add_rms_norm_fwd(x2d, r2d, weight, eps)
     return s.reshape(x.shape), y.reshape(x.shape)

@@ -30,11 +30,12 @@ def rms_norm_pair(norm_a: RMSNorm, a: torch.Tensor, norm_b: RMSNorm, b: torch.Te
 
 def add_rms_norm(norm: RMSNorm, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """``(s, norm(s))`` with ``s = x + residual`` (``s = x`` where ``residual`` is None): a pre-norm block's residual
-    add and the norm after it, bitwise the two ops, in one kernel launch where the kernels allow it. The add and then
-    the module itself where it has hooks or autograd records (the trainer's forward is the two ops, as always)."""
+    add and the norm after it, bitwise the two ops, in one kernel launch where the kernels allow it, also under
+    autograd (the trainer: ``vk.add_rms_norm`` is differentiable, the residual's gradient added inside the norm's
+    backward). The add and then the module itself where the module has hooks."""
     if residual is None:
         return x, norm(x)
-    if _hooked(norm) or torch.is_grad_enabled():
+    if _hooked(norm):
         s = residual + x  # the stream first, as the blocks have always added (the same bits either way)
         return s, norm(s)
     return vk.add_rms_norm(x, residual, norm.weight, norm.eps)

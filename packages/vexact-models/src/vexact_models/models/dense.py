@@ -12,7 +12,9 @@ Inference on packed weights (``vexact_models.pack_parameters``) runs q/k/v and g
 (``layers.grouped_linear``), with the separate matmuls' bits; the trainer's forward under grad never does.
 
 A decoder layer hands the next one its MLP output and the residual stream apart, so the next norm does the add
-(``layers.add_rms_norm``: one kernel for both when inferring, with the separate ops' bits; under grad the two ops).
+(``layers.add_rms_norm``: one kernel for both, with the separate ops' bits). Under grad a layer adds its MLP output to
+the stream itself and hands on one tensor; only the add inside the layer (attention output + stream) goes through
+``add_rms_norm``, differentiable.
 
 Module and parameter names follow Hugging Face's, so a checkpoint maps one to one. The forward pass returns the
 hidden states *before* the final norm; logits and logprobs come from :meth:`DenseForCausalLM.logits` /
