@@ -24,6 +24,17 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
+def cdiv(a: int, b: int) -> int:
+    """``ceil(a / b)`` of host integers. Launch code calls this, not ``triton.cdiv``: that is a constexpr function,
+    whose every Python call costs about 1.5 us (a matmul launch made a dozen)."""
+    return -(-a // b)
+
+
+def next_pow2(n: int) -> int:
+    """The least power of two >= ``n`` (1 for ``n <= 1``), host side, like ``cdiv``."""
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
 def use_triton(*tensors: torch.Tensor | None) -> bool:
     """Whether the invariant backend runs these tensors through Triton: CUDA tensors always do."""
     if any(t is not None and t.is_cuda for t in tensors):

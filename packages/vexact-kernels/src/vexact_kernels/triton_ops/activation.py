@@ -14,6 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
+from . import cdiv
+
 # Elementwise kernel: block size and warps only affect speed.
 ACT_BLOCK = 1024
 ACT_NUM_WARPS = 4
@@ -57,7 +59,7 @@ def _rows2d(t: torch.Tensor) -> torch.Tensor:
 
 
 def _grid(rows: int, cols: int) -> tuple[int, int]:
-    return rows, triton.cdiv(cols, ACT_BLOCK)
+    return rows, cdiv(cols, ACT_BLOCK)
 
 
 def silu_and_mul_fwd(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:

@@ -52,7 +52,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import interpreting
+from . import cdiv, interpreting, next_pow2
 
 # Chosen on an H100 (benchmarks/results/attention-h100.md): 64 rows keep decode (G rows of real work per tile)
 # near HBM bandwidth while prefill stays at ~0.8x SDPA-flash; 128 rows gained prefill but lost a third of decode.
@@ -447,10 +447,10 @@ def _fwd(
     if total == 0 or nseq == 0:
         return out, (lse if want_lse else None)
     tile_seq, tile_row0, grid = tiles if tiles is not None else _fwd_tiles(n_q, g, total)
-    n_splits = triton.cdiv(min(table.shape[1] * page_size, _PACKED_PAGE), SPLIT_N)
+    n_splits = cdiv(min(table.shape[1] * page_size, _PACKED_PAGE), SPLIT_N)
     if split_programs is None:
         split_programs = n_splits > 1 and grid * hkv < SPLIT_BELOW_PROGRAMS and page_size < _PACKED_PAGE
-    block_dv = triton.next_power_of_2(dv)
+    block_dv = next_pow2(dv)
     if split_programs:
         pm = torch.empty(n_splits, total, hq, device=q.device, dtype=torch.float32)
         pl = torch.empty_like(pm)
@@ -497,7 +497,7 @@ def _fwd(
         G=g,
         DK=dk,
         DV=dv,
-        BLOCK_DK=triton.next_power_of_2(dk),
+        BLOCK_DK=next_pow2(dk),
         BLOCK_DV=block_dv,
         BLOCK_M=BLOCK_M,
         BLOCK_N=BLOCK_N,
@@ -688,9 +688,9 @@ def write_kv_cache(
         HKV=hkv,
         DK=dk,
         DV=dv,
-        BLOCK_H=triton.next_power_of_2(hkv),
-        BLOCK_DK=triton.next_power_of_2(dk),
-        BLOCK_DV=triton.next_power_of_2(dv),
+        BLOCK_H=next_pow2(hkv),
+        BLOCK_DK=next_pow2(dk),
+        BLOCK_DV=next_pow2(dv),
     )
 
 

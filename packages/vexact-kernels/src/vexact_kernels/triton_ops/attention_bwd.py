@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import interpreting
+from . import interpreting, next_pow2
 from .attention import _LOG2E, _check_shapes, _last_dim_contiguous, _mma, _packed_fwd, _tiles
 
 # Backward: only determinism depends on these (not the forward's bits); may be tuned.
@@ -236,8 +236,8 @@ def _bwd(q, k, v, o, lse, do, cu: torch.Tensor, scale: float):
         G=g,
         DK=dk,
         DV=dv,
-        BLOCK_DK=triton.next_power_of_2(dk),
-        BLOCK_DV=triton.next_power_of_2(dv),
+        BLOCK_DK=next_pow2(dk),
+        BLOCK_DV=next_pow2(dv),
     )
     kt_seq, kt_row0, kgrid = _tiles(n, BWD_BLOCK_N, total)
     _attn_bwd_dkdv[(kgrid, hkv)](

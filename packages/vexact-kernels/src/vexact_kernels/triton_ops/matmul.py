@@ -36,6 +36,8 @@ import torch
 import triton
 import triton.language as tl
 
+from . import cdiv
+
 BLOCK_K = 64  # numerics: the K tile is the same for every shape and every config below
 # numerics: K tiles per split (splits of 1024); partials are added in split order. H100 sweep of 8/16/32
 # (benchmarks/results/tune-matmul-h100.txt): 16 is the best trade between decode (more splits, more CTAs) and large
@@ -252,13 +254,14 @@ TMA_MIN_M = 256
 TMA_PICKS = ((TMA_CONFIG_NARROW, 0.65), (TMA_CONFIG_MID, 0.92), (TMA_CONFIG, 1.0))
 
 
+@functools.lru_cache(maxsize=4096)
 def tma_config(m: int, n: int, num_sms: int) -> tuple:
     """The persistent TMA kernel's tile for a bf16/fp16 ``[M, N]`` output on a GPU of ``num_sms`` SMs (speed only:
     every config gives the same bits)."""
     best = None
     for cfg, efficiency in TMA_PICKS:
-        tiles = triton.cdiv(m, cfg[0]) * triton.cdiv(n, cfg[1])
-        score = tiles / (triton.cdiv(tiles, num_sms) * num_sms) * efficiency
+        tiles = cdiv(m, cfg[0]) * cdiv(n, cfg[1])
+        score = tiles / (cdiv(tiles, num_sms) * num_sms) * efficiency
         if best is None or score > best[0]:
             best = (score, cfg)
     return best[1]
@@ -288,8 +291,14 @@ def _tma_layout(t: torch.Tensor) -> str | None:
     return None
 
 
+@functools.cache
+def sm_major(device: torch.device) -> int:
+    """The compute capability's major number of a CUDA device (cached: a launch asks on every call)."""
+    return torch.cuda.get_device_capability(device)[0]
+
+
 def _tma_ok(a: torch.Tensor, b_t: torch.Tensor) -> bool:
-    if not a.is_cuda or torch.cuda.get_device_capability(a.device)[0] < 9:
+    if not a.is_cuda or sm_major(a.device) < 9:
         return False
     return _tma_layout(a) is not None and _tma_layout(b_t) is not None
 
@@ -310,7 +319,7 @@ def _launch_tma(a, b_t, c, bias, cfg, accumulate: bool = False) -> None:
         if b_cols
         else TensorDescriptor.from_tensor(b_t, [bn, BLOCK_K])
     )
-    tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
+    tiles = cdiv(m, bm) * cdiv(n, bn)
     _matmul_tma_kernel[(min(num_sms, tiles),)](
         a_desc, b_desc, c, bias if bias is not None else c,
         m, n, k, c.stride(0), c.stride(1),
@@ -423,7 +432,7 @@ def matmul(
         if acc_in:
             return c if bias is None else c.add_(bias.float().expand(m, n))
         return c.zero_() if bias is None else c.copy_(bias.expand(m, n))
-    num_splits = triton.cdiv(triton.cdiv(k, BLOCK_K), SPLIT_TILES)
+    num_splits = cdiv(cdiv(k, BLOCK_K), SPLIT_TILES)
     fp32 = a.dtype == torch.float32
     want_tma = (
         config is None and m >= TMA_MIN_M and split_programs is not True or config is not None and len(config) == 5
@@ -444,7 +453,7 @@ def matmul(
         bm, bn, warps, stages, max_tiles = FP32_CONFIGS[0 if m <= 32 else 1]
     else:
         bm, bn, warps, stages = CONFIGS[idx]
-    tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
+    tiles = cdiv(m, bm) * cdiv(n, bn)
     if split_programs is None:
         split_programs = num_splits > 1 and tiles <= max_tiles
     split_programs = split_programs and num_splits > 1
@@ -469,7 +478,7 @@ def matmul(
     )  # fmt: skip
     if split_programs and counts is None:
         block = 1024
-        _combine_kernel[(triton.cdiv(m * n, block),)](
+        _combine_kernel[(cdiv(m * n, block),)](
             part, c, bias if bias is not None else c, m, n, num_splits, c.stride(0), c.stride(1),
             HAS_BIAS=bias is not None, ACCUMULATE=acc_in, BLOCK=block, num_warps=4,
         )  # fmt: skip

@@ -30,6 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import cdiv
 from .activation import ACT_BLOCK, ACT_NUM_WARPS, _silu_and_mul_bwd_kernel, silu_and_mul_fwd
 from .matmul import BLOCK_K, SPLIT_TILES, input_precision, k_reduce
 
@@ -211,7 +212,7 @@ class _Plan:
         """``(num_tiles, expert [num_tiles], first_row [num_tiles])``; ``expert == E`` marks a tile with no work."""
         if block_m not in self._tiles:
             e = self.num_experts
-            num_tiles = triton.cdiv(self.pairs, block_m) + min(e, self.pairs)  # a bound fixed by (T, k, E)
+            num_tiles = cdiv(self.pairs, block_m) + min(e, self.pairs)  # a bound fixed by (T, k, E)
             counts = self.offsets[1:] - self.offsets[:-1]
             per_expert = (counts + block_m - 1) // block_m
             end = torch.cumsum(per_expert, 0)
@@ -231,7 +232,7 @@ def _grouped_mm(a, a_rows, b, b_strides, n, k, plan: _Plan, out_dtype, config) -
     bm, bn, warps, stages = config
     c = torch.empty(plan.pairs, n, dtype=out_dtype, device=a.device)
     num_tiles, expert, first_row = plan.tiles(bm)
-    _grouped_mm_kernel[(num_tiles * triton.cdiv(n, bn),)](
+    _grouped_mm_kernel[(num_tiles * cdiv(n, bn),)](
         a, a_rows if a_rows is not None else a, b, c, expert, first_row, plan.offsets,
         n, k, plan.num_experts,
         a.stride(0), a.stride(1), b.stride(0), b_strides[0], b_strides[1], c.stride(0), c.stride(1),
@@ -249,7 +250,7 @@ def _grouped_wgrad(dy, x, x_rows, plan: _Plan, out_dtype) -> torch.Tensor:
     n, k = dy.shape[1], x.shape[1]
     bn, bk, warps, stages = INTERPRET_WGRAD_CONFIG if interpreting() else WGRAD_CONFIG
     dw = torch.empty(plan.num_experts, n, k, dtype=out_dtype, device=dy.device)
-    _grouped_wgrad_kernel[(triton.cdiv(n, bn) * triton.cdiv(k, bk), plan.num_experts)](
+    _grouped_wgrad_kernel[(cdiv(n, bn) * cdiv(k, bk), plan.num_experts)](
         dy, x, x_rows if x_rows is not None else x, dw, plan.offsets,
         n, k,
         dy.stride(0), dy.stride(1), x.stride(0), x.stride(1), dw.stride(0), dw.stride(1), dw.stride(2),
@@ -264,7 +265,7 @@ def _combine(y, w, plan: _Plan, t: int, out_dtype) -> torch.Tensor:
     """``[T, H]``: each token's k sorted rows of ``y`` (times ``w`` unless None) added in rank order, cast once."""
     h = y.shape[1]
     out = torch.empty(t, h, dtype=out_dtype, device=y.device)
-    _combine_kernel[(t, triton.cdiv(h, COMBINE_BLOCK))](
+    _combine_kernel[(t, cdiv(h, COMBINE_BLOCK))](
         y, w if w is not None else y, plan.inv, out, h, y.stride(0), out.stride(0),
         TOPK=plan.topk, HAS_W=w is not None, BLOCK=COMBINE_BLOCK, num_warps=4, enable_fp_fusion=False,
     )  # fmt: skip
@@ -326,7 +327,7 @@ class FusedMoEFunction(torch.autograd.Function):
                                 config)  # fmt: skip
             dh = torch.empty(plan.pairs, 2 * inter, dtype=x.dtype, device=x.device)
             if dh.numel():
-                _silu_and_mul_bwd_kernel[(plan.pairs, triton.cdiv(inter, ACT_BLOCK))](
+                _silu_and_mul_bwd_kernel[(plan.pairs, cdiv(inter, ACT_BLOCK))](
                     d_act, h, h[:, inter:], dh, dh[:, inter:], inter,
                     d_act.stride(0), h.stride(0), h.stride(0), dh.stride(0), BLOCK=ACT_BLOCK,
                     num_warps=ACT_NUM_WARPS, enable_fp_fusion=False,

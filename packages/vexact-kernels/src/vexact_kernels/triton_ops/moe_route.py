@@ -17,6 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
+from . import next_pow2
+
 
 @triton.jit
 def _route_kernel(
@@ -58,7 +60,7 @@ class _Route(torch.autograd.Function):
         ids = torch.empty(t, top_k, dtype=torch.int64, device=logits.device)
         if t:
             lg = logits if logits.stride(-1) == 1 else logits.contiguous()
-            block = triton.next_power_of_2(e)
+            block = next_pow2(e)
             _route_kernel[(t,)](
                 lg, w, ids, e, lg.stride(0), K=top_k, NORM=norm, BLOCK_E=block, num_warps=4 if block >= 512 else 1
             )
@@ -170,12 +172,12 @@ class _GroupedRoute(torch.autograd.Function):
             lg = logits if logits.stride(-1) == 1 else logits.contiguous()
             b = lg if bias is None else bias.contiguous()
             group_size = e // n_group
-            block_g, block_s = triton.next_power_of_2(n_group), triton.next_power_of_2(group_size)
+            block_g, block_s = next_pow2(n_group), next_pow2(group_size)
             _grouped_route_kernel[(t,)](
                 lg, b, w, ids, lg.stride(0), scale,
                 K=top_k, N_GROUP=n_group, GROUP_SIZE=group_size, TOPK_GROUP=topk_group, NORM=norm,
                 SOFTMAX=scoring_func == "softmax", HAS_BIAS=bias is not None,
-                BLOCK_G=block_g, BLOCK_S=block_s, BLOCK_K=triton.next_power_of_2(top_k),
+                BLOCK_G=block_g, BLOCK_S=block_s, BLOCK_K=next_pow2(top_k),
                 num_warps=4 if block_g * block_s >= 512 else 1,
             )  # fmt: skip
         ctx.save_for_backward(logits, ids)

@@ -24,6 +24,8 @@ import torch
 import triton
 import triton.language as tl
 
+from . import cdiv, next_pow2
+
 # Numerics-affecting launch parameters: fixed for every shape (the sum-of-squares tree depends on them).
 RMS_BLOCK = 1024
 RMS_NUM_WARPS = 4
@@ -301,7 +303,7 @@ def rms_norm_bwd(
     if add is not None:
         add = aligned_rows(add)
     if m:
-        _rms_norm_bwd_dx_kernel[(triton.cdiv(m, rows),)](
+        _rms_norm_bwd_dx_kernel[(cdiv(m, rows),)](
             dy, x2d, weight, rstd, dx, dx if add is None else add, m, h,
             ROWS=rows, BLOCK=block, HAS_ADD=add is not None, num_warps=RMS_NUM_WARPS,
         )  # fmt: skip
@@ -309,9 +311,9 @@ def rms_norm_bwd(
         return dx, None
     dw = torch.empty_like(weight)
     part_rows, cols = bwd_dw_shape(h)
-    n_parts = max(1, triton.cdiv(m, part_rows))
+    n_parts = max(1, cdiv(m, part_rows))
     parts = torch.zeros(n_parts, h, dtype=torch.float32, device=x2d.device)
-    col_blocks = triton.cdiv(h, cols)
+    col_blocks = cdiv(h, cols)
     if m:
         _rms_norm_bwd_dw_partial_kernel[(n_parts, col_blocks)](
             dy, x2d, rstd, parts, m, h, ROWS=part_rows, TILE_ROWS=RMS_DW_TILE, COLS=cols, num_warps=RMS_NUM_WARPS
@@ -324,7 +326,7 @@ def rms_norm_bwd(
 
 def bwd_dx_shape(h: int) -> tuple[int, int]:
     """(rows per program, column block) of the ``dx`` kernel for hidden size ``h``: a function of ``h`` alone."""
-    block = min(triton.next_power_of_2(max(h, 1)), RMS_BLOCK)
+    block = min(next_pow2(max(h, 1)), RMS_BLOCK)
     return max(1, RMS_BWD_TILE // block), block
 
 
@@ -332,7 +334,7 @@ def bwd_dw_shape(h: int) -> tuple[int, int]:
     """(rows per ``dweight`` partial, columns per program) for hidden size ``h``: a function of ``h`` alone, so the
     order of the sum over rows is fixed by the shape (small ``h``, as q/k norms over head_dim: more rows a partial,
     so the final sum has few partials to add)."""
-    cols = min(triton.next_power_of_2(max(h, 1)), RMS_DW_COLS)
+    cols = min(next_pow2(max(h, 1)), RMS_DW_COLS)
     rows = max(RMS_DW_ROWS, RMS_DW_ELEMS // max(h, 1)) // RMS_DW_TILE * RMS_DW_TILE
     return rows, cols
 

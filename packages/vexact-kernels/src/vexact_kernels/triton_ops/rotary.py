@@ -15,6 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
+from . import cdiv, next_pow2
+
 # Heads per program; elementwise kernel, so this only affects speed.
 ROPE_HEADS_BLOCK = 4
 ROPE_NUM_WARPS = 4
@@ -91,11 +93,11 @@ def rotary_launch(
     cos, sin, positions = cos.contiguous(), sin.contiguous(), positions.contiguous()
     out = torch.empty(tokens, n_heads, head_dim, dtype=x.dtype, device=x.device)
     if tokens and n_heads:
-        grid = (tokens, triton.cdiv(n_heads, ROPE_HEADS_BLOCK))
+        grid = (tokens, cdiv(n_heads, ROPE_HEADS_BLOCK))
         _rotary_kernel[grid](
             x, positions, cos, sin, out,
             n_heads, half, x.stride(0), x.stride(1), out.stride(0), out.stride(1), cos.stride(0),
-            HEADS=ROPE_HEADS_BLOCK, HALF=triton.next_power_of_2(half), NEG_SIN=inverse,
+            HEADS=ROPE_HEADS_BLOCK, HALF=next_pow2(half), NEG_SIN=inverse,
             num_warps=ROPE_NUM_WARPS, enable_fp_fusion=False,
         )  # fmt: skip
     return out
@@ -116,13 +118,13 @@ def rotary_pair_launch(
     cos, sin, positions = cos.contiguous(), sin.contiguous(), positions.contiguous()
     qo = torch.empty(tokens, hq, head_dim, dtype=q.dtype, device=q.device)
     ko = torch.empty(tokens, hk, head_dim, dtype=k.dtype, device=k.device)
-    q_blocks, k_blocks = triton.cdiv(hq, ROPE_HEADS_BLOCK), triton.cdiv(hk, ROPE_HEADS_BLOCK)
+    q_blocks, k_blocks = cdiv(hq, ROPE_HEADS_BLOCK), cdiv(hk, ROPE_HEADS_BLOCK)
     if tokens and q_blocks + k_blocks:
         _rotary_pair_kernel[(tokens, q_blocks + k_blocks)](
             q, k, positions, cos, sin, qo, ko, q_blocks,
             hq, hk, half, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
             qo.stride(0), qo.stride(1), ko.stride(0), ko.stride(1), cos.stride(0),
-            HEADS=ROPE_HEADS_BLOCK, HALF=triton.next_power_of_2(half),
+            HEADS=ROPE_HEADS_BLOCK, HALF=next_pow2(half),
             num_warps=ROPE_NUM_WARPS, enable_fp_fusion=False,
         )  # fmt: skip
     return qo, ko
