@@ -173,6 +173,41 @@ def test_interpreted_backward_matches_autograd_and_is_deterministic():
 
 
 @interp
+def test_interpreted_packed_layout_is_built_once_per_cu_seqlens(monkeypatch):
+    """The packed layout (tile tables) is built once for a ``cu_seqlens`` tensor and reused by later layers and their
+    backward; a ``cu_seqlens`` written in place, or a new tensor with the same values, gets its own; the outputs and
+    gradients are the bits of a fresh build every time."""
+    from vexact_kernels.triton_ops import attention_bwd
+
+    ops = _ops()
+    built = []
+    real = ops._tiles
+    monkeypatch.setattr(ops, "_tiles", lambda *a: built.append(1) or real(*a))
+    monkeypatch.setattr(attention_bwd, "_tiles", lambda *a: built.append(1) or real(*a))
+    q, k, v, cu = _qkv([70, 3, 40], 4, 2, 64, seed=6)
+    do = torch.randn(q.shape[0], 4, 64, generator=torch.Generator().manual_seed(7)).bfloat16()
+
+    def step(cu_arg):
+        qq, kk, vv = (t.detach().clone().requires_grad_() for t in (q, k, v))
+        o = _packed(qq, kk, vv, cu_arg)
+        o.backward(do)
+        return o.detach(), qq.grad, kk.grad, vv.grad
+
+    first = step(cu)
+    assert len(built) == 3  # the forward's table and the backward's two
+    for _ in range(3):  # later layers of the pass: no new table, the same bits
+        assert all(torch.equal(a, b) for a, b in zip(step(cu), first, strict=True))
+    assert len(built) == 3
+    fresh = cu.clone()  # same values, another tensor: its own build, the same bits
+    assert all(torch.equal(a, b) for a, b in zip(step(fresh), first, strict=True)) and len(built) == 6
+    moved = cu.clone()
+    step(moved)
+    moved[1:] += 0  # written in place (same values): the version counter moved, so it is built again
+    step(moved)
+    assert len(built) == 12
+
+
+@interp
 def test_interpreted_mla_head_dims():
     """Separate q/k and v head dims (MLA-shaped, padded to powers of two inside the kernel)."""
     lens = [20, 9]

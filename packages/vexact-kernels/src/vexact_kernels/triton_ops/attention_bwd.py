@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from . import interpreting, next_pow2
-from .attention import _LOG2E, _check_shapes, _last_dim_contiguous, _mma, _packed_fwd, _tiles
+from .attention import _LOG2E, _check_shapes, _last_dim_contiguous, _mma, _packed_fwd, _tiles, packed_layout
 
 # Backward: only determinism depends on these (not the forward's bits); may be tuned.
 BWD_BLOCK_M = 64
@@ -220,7 +220,10 @@ def _attn_bwd_dq(
     )
 
 
-def _bwd(q, k, v, o, lse, do, cu: torch.Tensor, scale: float):
+def _bwd(q, k, v, o, lse, do, layout: dict, scale: float):
+    """dq, dk, dv; ``layout``: the forward's :func:`~.attention.packed_layout`, to which the backward's tile tables
+    are added on first use (so later layers of the pass reuse them)."""
+    cu = layout["cu"]
     total, hq, dk = q.shape
     hkv, dv = k.shape[1], v.shape[2]
     g = hq // hkv
@@ -230,7 +233,7 @@ def _bwd(q, k, v, o, lse, do, cu: torch.Tensor, scale: float):
     if total == 0 or nseq == 0:
         return dq.zero_(), dkk.zero_(), dvv.zero_()
     delta = (do.float() * o.float()).sum(-1).contiguous()  # [T, Hq]
-    n = (cu[1:] - cu[:-1]).to(torch.int64)
+    n = layout["n"].to(torch.int64)
     common = dict(
         UPCAST=interpreting(),
         G=g,
@@ -239,7 +242,10 @@ def _bwd(q, k, v, o, lse, do, cu: torch.Tensor, scale: float):
         BLOCK_DK=next_pow2(dk),
         BLOCK_DV=next_pow2(dv),
     )
-    kt_seq, kt_row0, kgrid = _tiles(n, BWD_BLOCK_N, total)
+    if "dkdv" not in layout:
+        layout["dkdv"] = _tiles(n, BWD_BLOCK_N, total)
+        layout["dq"] = _tiles(n * g, BWD_BLOCK_M, total * g)
+    kt_seq, kt_row0, kgrid = layout["dkdv"]
     _attn_bwd_dkdv[(kgrid, hkv)](
         q,
         k,
@@ -274,7 +280,7 @@ def _bwd(q, k, v, o, lse, do, cu: torch.Tensor, scale: float):
         num_stages=BWD_NUM_STAGES,
         **common,
     )
-    qt_seq, qt_row0, qgrid = _tiles(n * g, BWD_BLOCK_M, total * g)
+    qt_seq, qt_row0, qgrid = layout["dq"]
     _attn_bwd_dq[(qgrid, hkv)](
         q,
         k,
@@ -313,18 +319,19 @@ class _PackedAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, cu, scale):
         q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
-        cu = cu.to(device=q.device, dtype=torch.int32).contiguous()
+        layout = packed_layout(cu, q.device, q.shape[1] // k.shape[1], q.shape[0])
         want_lse = torch.is_grad_enabled() or any(t.requires_grad for t in (q, k, v))
-        o, lse = _packed_fwd(q, k, v, cu, scale, want_lse)
+        o, lse = _packed_fwd(q, k, v, layout, scale, want_lse)
         if want_lse:
-            ctx.save_for_backward(q, k, v, o, lse, cu)
+            ctx.save_for_backward(q, k, v, o, lse)
+            ctx.layout = layout  # index tensors of this batch, never written after they are built
         ctx.scale = scale
         return o
 
     @staticmethod
     def backward(ctx, do):
-        q, k, v, o, lse, cu = ctx.saved_tensors
-        dq, dk, dv = _bwd(q, k, v, o, lse, do, cu, ctx.scale)
+        q, k, v, o, lse = ctx.saved_tensors
+        dq, dk, dv = _bwd(q, k, v, o, lse, do, ctx.layout, ctx.scale)
         return dq, dk, dv, None, None
 
 
