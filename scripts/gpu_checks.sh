@@ -24,7 +24,8 @@
 #   profile         scripts/profile_decode.py: decode steps at batch 1/64/256 (graph replay) and steps with prompt
 #                   tokens (64 decoding + a 1024-token chunk, 256 + 2048; eager, then as CUDA graphs)
 #                   -> $OUT/profile-{decode,mixed}-<target>.txt
-#   bench-trainer   benchmarks/trainer.py (FSDP2, Qwen3-1.7B shape): tokens/s and MFU -> $OUT/trainer-<target>.md
+#   bench-trainer   benchmarks/trainer.py --profile 2 (FSDP2, Qwen3-1.7B shape): tokens/s, MFU and the kernels of a step
+#                   -> $OUT/trainer-<target>.md (host-side profile tables in $OUT/trainer-<target>.log)
 #   bench-moonlight benchmarks/throughput.py --models moonlight (invariant vs fast) -> $OUT/throughput-moonlight-...
 #   tim             scripts/tim_gpu.py: `vexact tim` on fast and invariant GPU rollouts + attribution -> $OUT/tim/
 #   tim-study       examples/tim_study/sweep.py on the GPU preset -> $OUT/tim-study-<target>.jsonl and its .png
@@ -124,9 +125,11 @@ for step in "$@"; do
     bench-moonlight)  # issue #12: engine throughput of the Moonlight-16B-A3B shape, invariant vs fast
       python3 benchmarks/throughput.py --models moonlight --modes invariant,fast --grpo-prompts 0 \
         --out "$OUT/throughput-moonlight-$TARGET.md" 2>&1 | grep -v "it/s\]" | tail -30 || status=1 ;;
-    bench-trainer)  # issue #14: trainer tokens/s and MFU, invariant vs plain PyTorch (fast)
-      python3 -m torch.distributed.run --standalone --nproc_per_node=1 benchmarks/trainer.py \
-        --out "$OUT/trainer-$TARGET.md" 2>&1 | tail -15 || status=1 ;;
+    bench-trainer)  # issue #14: trainer tokens/s and MFU, invariant vs plain PyTorch (fast); the kernels of 2 profiled
+      # steps per backend go into the table, the host-side tables into the log
+      python3 -m torch.distributed.run --standalone --nproc_per_node=1 benchmarks/trainer.py --profile 2 \
+        --out "$OUT/trainer-$TARGET.md" > "$OUT/trainer-$TARGET.log" 2>&1 || status=1
+      grep -A4 "| backend" "$OUT/trainer-$TARGET.log" ;;
     bench-moe)
       python3 benchmarks/moe.py --out "$OUT/moe-$TARGET.md" || status=1 ;;
     tim)

@@ -38,7 +38,7 @@ from .moe import fused_moe, moe_route, moe_route_grouped
 from .rms_norm import add_rms_norm, rms_norm, rms_norm_pair
 from .rotary import apply_rotary, apply_rotary_qk, rope_cos_sin
 
-__version__ = "0.4.0"
+__version__ = "0.4.1"
 
 __all__ = [
     "ATTENTION_IMPLS",

@@ -59,7 +59,7 @@ from .weight_transfer import (
     weight_targets,
 )
 
-__version__ = "0.3.0"
+__version__ = "0.3.1"
 
 __all__ = [
     "DEEPSEEK_V3_SHAPES",
