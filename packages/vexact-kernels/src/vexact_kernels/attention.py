@@ -359,20 +359,24 @@ def _sdpa(q, k, v, causal_offset: int, scale: float) -> torch.Tensor:
     """Plain SDPA for one sequence; queries sit at positions causal_offset.. of the keys.
 
     A whole sequence (training, a prefill without cached keys) goes in as torch's own causal attention with GQA,
-    no mask and no repeated K/V, so torch may pick its fastest kernel (flash or cuDNN on a GPU): the ``fast``
-    backend is what a plain PyTorch trainer gets. Queries over a cached prefix need the bottom-right mask."""
+    no mask and no repeated K/V, so torch may pick its fastest kernel (flash on a GPU, the one backend that takes
+    GQA): the ``fast`` backend is what a plain PyTorch trainer gets. On CUDA the call is 4-D (a batch of one): torch's
+    fused backends take only 4-D inputs, and a 3-D call ran the math backend (fp32 score matrices, an H100 profile of
+    the trainer in the fifteenth session). Queries over a cached prefix need the bottom-right mask."""
     hq, hk = q.shape[1], k.shape[1]
     if causal_offset == 0 and q.shape[0] == k.shape[0] and hq % hk == 0:
-        o = F.scaled_dot_product_attention(
-            q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True, scale=scale, enable_gqa=hq != hk
-        )
-        return o.transpose(0, 1)
+        qt, kt, vt = (t.transpose(0, 1) for t in (q, k, v))
+        if q.is_cuda:
+            qt, kt, vt = qt[None], kt[None], vt[None]
+        o = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, scale=scale, enable_gqa=hq != hk)
+        return (o[0] if q.is_cuda else o).transpose(0, 1)
     if hq != hk:
         k = k.repeat_interleave(hq // hk, dim=1)
         v = v.repeat_interleave(hq // hk, dim=1)
     nq, nk = q.shape[0], k.shape[0]
     mask = torch.arange(nk, device=q.device)[None, :] <= (torch.arange(nq, device=q.device)[:, None] + causal_offset)
-    o = F.scaled_dot_product_attention(
-        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask, scale=scale
-    )
-    return o.transpose(0, 1)
+    qt, kt, vt = (t.transpose(0, 1) for t in (q, k, v))
+    if q.is_cuda:  # 4-D, as above: the fused backends that take a mask (memory-efficient, cuDNN)
+        qt, kt, vt = qt[None], kt[None], vt[None]
+    o = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, scale=scale)
+    return (o[0] if q.is_cuda else o).transpose(0, 1)
