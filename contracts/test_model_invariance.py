@@ -70,7 +70,9 @@ def test_invariant_matches_fast_within_bf16_tolerance(model, device):
     # MoE: the fast path's bf16 router logits pick other experts at near-ties (at the 30B-A3B shape, within the first
     # few tokens of every sequence), which changes that token's output completely. Compare the tokens whose own
     # experts agree in every layer; they still see flipped tokens through attention, so the bound is on the mean and
-    # the 99th percentile, not the max.
+    # the 99th percentile, not the max. The mean's bound is 0.03: with the fast path's attention on flash (bf16
+    # probabilities before P @ V; before, a 3-D SDPA call ran the fp32 math backend) an H200 measured a mean of 0.0201
+    # and a 99th percentile of 0.069 over the 1274 of 1642 tokens that route alike.
     errs, kept, total = [], 0, 0
     for a, b, ra, rb, p in zip(inv.logprobs, fast.logprobs, inv.router, fast.router, prompts, strict=True):
         same = (ra.sort(-1).values == rb.sort(-1).values).all(-1).all(0)  # [positions]
@@ -80,4 +82,4 @@ def test_invariant_matches_fast_within_bf16_tolerance(model, device):
     err = torch.cat(errs)
     assert kept >= total // 2, f"only {kept} of {total} tokens route alike in both backends"
     q99 = err.quantile(0.99).item()
-    assert q99 < 0.25 and err.mean().item() < 0.02, (q99, err.mean().item(), kept, total)
+    assert q99 < 0.25 and err.mean().item() < 0.03, (q99, err.mean().item(), kept, total)
