@@ -1,7 +1,8 @@
 """Invariant attention on GPU, backward, and the differentiable packed op (training).
 
-The forward kernels, their rule and constants are in ``attention.py``; this file holds the packed path's backward and
-the ``torch.autograd.Function`` that pairs the two. Deterministic, no atomics: ``_attn_bwd_dkdv`` owns one KV tile of
+The forward kernels, their rule and constants are in ``attention.py``; this file holds the packed path: its layout
+(built once per ``cu_seqlens``, :func:`packed_layout`), its backward and the ``torch.autograd.Function`` that pairs the
+two. Deterministic, no atomics: ``_attn_bwd_dkdv`` owns one KV tile of
 one KV head and loops, in order, over the query rows (all ``G`` heads of the group) that can see it; ``_attn_bwd_dq``
 owns a query tile and loops over its key tiles. ``delta = rowsum(dO * O)`` is a plain torch reduction (fixed shape, no
 atomics). Gradients are run-to-run identical; they are not promised batch-invariant (no one compares them across
@@ -10,12 +11,15 @@ batch compositions). The backward reads the forward's base-2 log-sum-exp per row
 
 from __future__ import annotations
 
+import weakref
+from collections import OrderedDict
+
 import torch
 import triton
 import triton.language as tl
 
 from . import interpreting, next_pow2
-from .attention import _LOG2E, _check_shapes, _last_dim_contiguous, _mma, _packed_fwd, _tiles, packed_layout
+from .attention import _LOG2E, _PACKED_PAGE, _check_shapes, _fwd, _fwd_tiles, _last_dim_contiguous, _mma, _tiles
 
 # Backward: only determinism depends on these (not the forward's bits); may be tuned.
 BWD_BLOCK_M = 64
@@ -218,6 +222,42 @@ def _attn_bwd_dq(
         dq.to(DQO.dtype.element_ty),
         mask=ok[:, None] & (offs_dk[None, :] < DK),
     )
+
+
+# The packed path's layout (int32 ``cu_seqlens`` on the device, sequence starts and lengths, the tile tables of the
+# forward and of the backward's two kernels) depends on ``cu_seqlens`` and the shapes alone, which every layer of a
+# forward pass (and its backward) shares. It is kept for the last few ``cu_seqlens`` tensors (by identity, and only
+# while their version counter says nothing wrote them in place), so the later layers reuse it instead of paying
+# ~10 small launches and ~90 us of host time each (the trainer's step is host-bound). Never kept or reused during CUDA
+# graph capture, nor for tensors without a version counter (inference mode). The same values either way.
+_PACKED_LAYOUTS: OrderedDict[int, tuple] = OrderedDict()
+_PACKED_LAYOUTS_KEPT = 4
+
+
+def packed_layout(cu_seqlens: torch.Tensor, device: torch.device, g: int, total: int) -> dict:
+    """``{"cu", "starts", "n", "fwd"}`` of a packed batch (the backward adds its tile tables to the same dict)."""
+    try:
+        key = (cu_seqlens._version, device, g, total)
+    except RuntimeError:  # an inference tensor: no version counter to trust
+        key = None
+    if key is not None and device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        key = None
+    hit = _PACKED_LAYOUTS.get(id(cu_seqlens)) if key is not None else None
+    if hit is not None and hit[0]() is cu_seqlens and hit[1] == key:
+        return hit[2]
+    cu = cu_seqlens.to(device=device, dtype=torch.int32).contiguous()
+    n = (cu[1:] - cu[:-1]).contiguous()
+    layout = {"cu": cu, "starts": cu[:-1].contiguous(), "n": n, "fwd": _fwd_tiles(n, g, total)}
+    if key is not None:
+        _PACKED_LAYOUTS[id(cu_seqlens)] = (weakref.ref(cu_seqlens), key, layout)
+        while len(_PACKED_LAYOUTS) > _PACKED_LAYOUTS_KEPT:
+            _PACKED_LAYOUTS.popitem(last=False)
+    return layout
+
+
+def _packed_fwd(q, k, v, layout: dict, scale: float, want_lse: bool):
+    starts, n = layout["starts"], layout["n"]
+    return _fwd(q, k, v, starts.view(-1, 1), _PACKED_PAGE, starts, n, n, scale, want_lse, tiles=layout["fwd"])
 
 
 def _bwd(q, k, v, o, lse, do, layout: dict, scale: float):
