@@ -261,8 +261,8 @@ def _packed_fwd(q, k, v, layout: dict, scale: float, want_lse: bool):
 
 
 def _bwd(q, k, v, o, lse, do, layout: dict, scale: float):
-    """dq, dk, dv; ``layout``: the forward's :func:`~.attention.packed_layout`, to which the backward's tile tables
-    are added on first use (so later layers of the pass reuse them)."""
+    """dq, dk, dv; ``layout``: the forward's :func:`packed_layout`, to which the backward's tile tables are added on
+    first use (so later layers of the pass reuse them)."""
     cu = layout["cu"]
     total, hq, dk = q.shape
     hkv, dv = k.shape[1], v.shape[2]
@@ -273,7 +273,6 @@ def _bwd(q, k, v, o, lse, do, layout: dict, scale: float):
     if total == 0 or nseq == 0:
         return dq.zero_(), dkk.zero_(), dvv.zero_()
     delta = (do.float() * o.float()).sum(-1).contiguous()  # [T, Hq]
-    n = layout["n"].to(torch.int64)
     common = dict(
         UPCAST=interpreting(),
         G=g,
@@ -283,6 +282,7 @@ def _bwd(q, k, v, o, lse, do, layout: dict, scale: float):
         BLOCK_DV=next_pow2(dv),
     )
     if "dkdv" not in layout:
+        n = layout["n"].to(torch.int64)
         layout["dkdv"] = _tiles(n, BWD_BLOCK_N, total)
         layout["dq"] = _tiles(n * g, BWD_BLOCK_M, total * g)
     kt_seq, kt_row0, kgrid = layout["dkdv"]
