@@ -34,11 +34,15 @@ WHEELS=(
   apache-tvm-ffi==0.1.15.post2 torch-c-dlpack-ext==0.1.5
 )
 
-download() {
-  rm -rf "$DIR" && mkdir -p "$DIR/all"
+fetch() {  # the wheels, whole, into $1 (scripts/rl_stack_wheels.sh packs them with verl's and vLLM's)
+  mkdir -p "$1"
   python3 -m pip download -q --no-deps --pre --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 \
-    --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d "$DIR/all" "${WHEELS[@]}"
+    --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d "$1" "${WHEELS[@]}"
+}
+
+download() {
+  rm -rf "$DIR" && fetch "$DIR/all"
   # parts p1, p2, ... of at most PART_MIB (the CUDA 13 libs cut into pieces), each with the MANIFEST `install` checks
   python3 scripts/wheel_parts.py pack "$DIR" "$PART_MIB" p
   n=$(ls -d "$DIR"/p* | wc -l)
@@ -67,6 +71,10 @@ install() {
     || { echo "stage every part first (see the carry plan of 'download')" >&2; exit 1; }
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
     "$STAGE"/*.whl
+  check
+}
+
+check() {
   PYTHONPATH="$SITE/nvidia_cutlass_dsl/dsl_packages:$SITE${PYTHONPATH:+:$PYTHONPATH}" python3 -c "
 import torch, cutlass, flash_attn.cute.interface as fi
 print('fa4 installed:', fi.__file__, 'cutlass', getattr(cutlass, '__version__', '?'), 'torch', torch.__version__)"
@@ -74,7 +82,9 @@ print('fa4 installed:', fi.__file__, 'cutlass', getattr(cutlass, '__version__', 
 
 case "${1:-}" in
   download) download ;;
+  fetch) fetch "${2:?usage: $0 fetch DIR}" ;;
+  check) check ;;
   stage) stage ;;
   install) install ;;
-  *) echo "usage: $0 download|stage|install" >&2; exit 2 ;;
+  *) echo "usage: $0 download|stage|install|fetch DIR|check" >&2; exit 2 ;;
 esac

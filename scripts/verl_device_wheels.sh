@@ -48,14 +48,18 @@ WHEELS=(
 # Published as a source archive only (omegaconf 2.3 needs antlr4 4.9.*): built here into a pure-Python wheel.
 SDIST_ONLY=(antlr4-python3-runtime==4.9.3)
 
-download() {
-  grep -qx "/$DIR/" .git/info/exclude 2>/dev/null || echo "/$DIR/" >> .git/info/exclude
-  rm -rf "$DIR" && mkdir -p "$DIR/all"
+fetch() {  # the wheels, whole, into $1 (scripts/rl_stack_wheels.sh packs them with vLLM's and FA4's)
+  mkdir -p "$1"
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp --abi cp312 \
     --abi abi3 --abi none --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64 \
-    --platform manylinux_2_5_x86_64 --platform any -d "$DIR/all" "${WHEELS[@]}"
-  python3 -m pip wheel -q --no-deps -w "$DIR/all" "${SDIST_ONLY[@]}"
+    --platform manylinux_2_5_x86_64 --platform any -d "$1" "${WHEELS[@]}"
+  python3 -m pip wheel -q --no-deps -w "$1" "${SDIST_ONLY[@]}"
+}
+
+download() {
+  grep -qx "/$DIR/" .git/info/exclude 2>/dev/null || echo "/$DIR/" >> .git/info/exclude
+  rm -rf "$DIR" && fetch "$DIR/all"
   # bundles b1, b2, ... of at most BUNDLE_MIB (Ray cut into pieces), each with the MANIFEST `install` checks
   python3 scripts/wheel_parts.py pack "$DIR" "$BUNDLE_MIB" b
   n=$(ls -d "$DIR"/b* | wc -l)
@@ -83,6 +87,10 @@ install() {
   python3 scripts/wheel_parts.py join "$STAGE" || { echo "stage every bundle first (see the carry plan)" >&2; exit 1; }
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
     "$STAGE"/*.whl
+  check
+}
+
+check() {
   # conflicts with the image's own packages show here (not fatal: --no-deps installs cannot see them otherwise)
   PYTHONPATH=/tmp/site python3 -m pip check || true
   # the modules verl's default trainer path imports (a missing one fails here, not an hour into a run)
@@ -97,7 +105,9 @@ print('verl', verl.__version__, 'ray', ray.__version__, 'transformers', transfor
 
 case "${1:-}" in
   download) download ;;
+  fetch) fetch "${2:?usage: $0 fetch DIR}" ;;
+  check) check ;;
   stage) stage ;;
   install) install ;;
-  *) echo "usage: $0 download|stage|install" >&2; exit 2 ;;
+  *) echo "usage: $0 download|stage|install|fetch DIR|check" >&2; exit 2 ;;
 esac

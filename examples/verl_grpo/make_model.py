@@ -8,6 +8,10 @@ rollout/actor mismatch metrics are meaningful on it. Use a real Qwen3 checkpoint
 ``python examples/verl_grpo/make_model.py --out data/qwen3-random`` then ``MODEL=data/qwen3-random bash
 examples/verl_grpo/run_grpo.sh``.
 
+``--shape qwen3-1.7b`` / ``--shape qwen3-30b-a3b`` take the widths of those models (hidden 2048, heads of 128:
+16 query / 8 KV for 1.7B, 32 / 4 for 30B-A3B with 128 experts of width 768, top-8, renormalised) at ``--layers``
+depth (default: the model's own, 28 / 48), keeping the byte vocabulary (the GPU machines have no hub tokenizer).
+
 ``--family deepseek_v3`` writes a DeepSeek-V3 / Moonlight-style model instead (``tiny_deepseek_v3_config`` widened:
 MLA with 128/64/128 head dims and a KV latent of ``--hidden / 2``, the first layer dense, ``--experts`` routed
 experts (default 16) in 4 groups with 2 kept, top ``--top-k``, 1 shared expert, YaRN rope), e.g.
@@ -41,12 +45,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--out", type=Path, default=Path("data/qwen3-random"))
     ap.add_argument("--hidden", type=int, default=256, help="hidden size (head_dim 64, 2 query heads per KV head)")
-    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--layers", type=int, default=None, help="depth (default 4, or the --shape model's own)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--family", choices=["qwen3", "deepseek_v3"], default="qwen3")
     ap.add_argument("--experts", type=int, default=0, help="> 0: a Qwen3-MoE with this many experts in every layer")
     ap.add_argument("--top-k", type=int, default=4, help="experts per token (with --experts)")
+    ap.add_argument("--shape", choices=sorted(SHAPES), help="a real model's widths (overrides --hidden/--experts)")
     args = ap.parse_args()
+    args.layers_given = args.layers is not None
+    args.layers = 4 if args.layers is None else args.layers
+    if args.shape:
+        return _write(args, _shaped(args))
     if args.hidden < 64 or args.hidden % 64:
         raise ValueError(f"--hidden must be a positive multiple of 64, got {args.hidden}")
     if args.layers < 1:
@@ -69,6 +78,31 @@ def main() -> None:
         cfg = tiny_qwen3_moe_config(**shape, **moe, moe_intermediate_size=args.hidden // 2)
     else:
         cfg = tiny_qwen3_config(**shape)
+    _write(args, cfg)
+
+
+# The widths of real checkpoints (their config.json), at a depth of choice; vocabulary: the byte tokenizer's.
+SHAPES = {
+    "qwen3-1.7b": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
+                       num_key_value_heads=8, head_dim=128, rope_theta=1_000_000.0, tie_word_embeddings=True),
+    "qwen3-30b-a3b": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=48, num_attention_heads=32,
+                          num_key_value_heads=4, head_dim=128, rope_theta=1_000_000.0, tie_word_embeddings=False,
+                          num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768, norm_topk_prob=True,
+                          mlp_only_layers=()),
+}  # fmt: skip
+
+
+def _shaped(args):
+    shape = dict(SHAPES[args.shape], max_position_embeddings=1024)
+    if args.layers_given:
+        shape["num_hidden_layers"] = args.layers
+    if "num_experts" in shape:
+        args.experts, args.top_k = shape["num_experts"], shape["num_experts_per_tok"]
+        return tiny_qwen3_moe_config(**shape)
+    return tiny_qwen3_config(**shape)
+
+
+def _write(args, cfg) -> None:
     path = make_tiny_checkpoint(args.out, cfg, seed=args.seed)
     if args.family == "deepseek_v3":
         _deepseek_tokenizer(path, cfg)
@@ -78,7 +112,10 @@ def main() -> None:
     meta.update(chat_template=template, model_max_length=cfg.max_position_embeddings)
     tok_cfg.write_text(json.dumps(meta, indent=2) + "\n")
     moe = f", {args.experts} experts top-{args.top_k}" if args.experts else ""
-    print(f"wrote {path} ({args.family}, hidden {args.hidden}, {args.layers} layers{moe}, vocab {cfg.vocab_size})")
+    print(
+        f"wrote {path} ({args.shape or args.family}, hidden {cfg.hidden_size}, {cfg.num_hidden_layers} layers{moe}, "
+        f"vocab {cfg.vocab_size})"
+    )
 
 
 def _deepseek_tokenizer(path: Path, cfg) -> None:
