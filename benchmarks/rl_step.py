@@ -44,10 +44,14 @@ def tokens_per_s(run: Run, warmup: int) -> tuple[float | None, str]:
     missing = [k for k in ("train_batch_size", "rollout_n") if k not in cfg]
     if missing:
         return None, f"config lacks {missing}"
+    try:
+        per_step = int(cfg["train_batch_size"]) * int(cfg["rollout_n"])
+    except (TypeError, ValueError):
+        return None, f"train_batch_size {cfg['train_batch_size']!r}, rollout_n {cfg['rollout_n']!r}: not integers"
     length, gen = run.mean_after(RESPONSE_LEN, warmup), run.mean_after("timing_s/gen", warmup)
     if length is None or not gen:
         return None, f"{RESPONSE_LEN} or timing_s/gen not logged"
-    return length * cfg["train_batch_size"] * cfg["rollout_n"] / gen, ""
+    return length * per_step / gen, ""
 
 
 def ratio(a: float | None, b: float | None) -> str:
@@ -66,12 +70,13 @@ def equal_work(runs: list[Run], warmup: int) -> str:
     lengths = ", ".join(f"{r.arm} {fmt_float(r.mean_after(RESPONSE_LEN, warmup), '.1f')}" for r in runs)
     measured = f"measured `{RESPONSE_LEN}` after warm-up: {lengths}"
     max_len = cfg.get("max_response_length")
-    if cfg.get("ignore_eos") is True:
+    if str(cfg.get("ignore_eos")).lower() == "true":  # a JSON true, or "true" / "True" from a shell script
         text = (
             f"Equal work: `ignore_eos=True` in the shared config, so every response runs to "
             f"`max_response_length={max_len}` tokens; {measured}."
         )
         off = [r.arm for r in runs if max_len is None or r.mean_after(RESPONSE_LEN, warmup) != float(max_len)]
+        # verl's response_length/mean of an ignore_eos run is max_response_length exactly
         if off:
             text += f" **The lengths of {', '.join(off)} differ from max_response_length: the work is not equal.**"
         return text

@@ -28,7 +28,7 @@ PHASE_S["invariant"] = PHASE_S["vexact"]
 
 def write_run(
     d: Path, arm: str, k3: list[float], pdiff: list[float] | None = None, model: str = "qwen3-1.7b",
-    meta: bool = True, gpu: str = "h100", **config,
+    meta: bool = True, gpu: str = "h100", resp_len: float = 64.0, **config,
 ) -> Path:  # fmt: skip
     pdiff = [v * 10 for v in k3] if pdiff is None else pdiff
     path = d / f"{gpu}-{model}-{arm}.jsonl"
@@ -38,7 +38,7 @@ def write_run(
                       for ph, s in PHASE_S[arm].items()}  # fmt: skip
             data = {"rollout_corr/k3_kl": k, "training/rollout_probs_diff_max": p,
                     "training/rollout_probs_diff_mean": p / 20, "critic/score/mean": 0.01 * (i + 1),
-                    "actor/grad_norm": 1.0 + i, "actor/entropy": 5.0 - i, "response_length/mean": 64.0,
+                    "actor/grad_norm": 1.0 + i, "actor/entropy": 5.0 - i, "response_length/mean": resp_len,
                     **timing}  # fmt: skip
             f.write(json.dumps({"step": i + 1, "data": data}) + "\n")
     if meta:
@@ -180,3 +180,21 @@ def test_rl_step_refuses_different_configs_and_missing_meta_and_says_when_work_i
     b = write_run(tmp_path, "vexact", EXACT, ignore_eos=False)
     assert rl_step.main([str(a), str(b)]) == 0
     assert "Equal work is not ensured" in capsys.readouterr().out
+
+
+def test_rl_step_flags_responses_shorter_than_max_under_ignore_eos(tmp_path, capsys):
+    a = write_run(tmp_path, "vllm", MISMATCH, ignore_eos="true")
+    b = write_run(tmp_path, "vexact", EXACT, resp_len=50.0, ignore_eos="true")
+    assert rl_step.main([str(a), str(b)]) == 0
+    out = capsys.readouterr().out
+    assert "`ignore_eos=True`" in out and "vllm 64.0, vexact 50.0" in out
+    assert "The lengths of vexact differ from max_response_length: the work is not equal." in out
+
+
+def test_a_run_name_without_an_arm_is_refused_naming_the_allowed_arms(tmp_path, capsys):
+    a = write_run(tmp_path, "vllm", MISMATCH)
+    b = tmp_path / "verify-invariant-1gpu-lr3e-6.jsonl"
+    b.write_text(a.read_text())
+    assert compare.main([str(a), str(b)]) == 2
+    err = capsys.readouterr().err
+    assert "last '-' field is '6'" in err and "vllm, vexact, fast" in err, err

@@ -187,6 +187,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"compare.py: {e}", file=sys.stderr)
         return 2
     print(f"runs ({len(runs[0].steps)} steps): " + ", ".join(f"{r.arm}={r.path}" for r in runs))
+    for r in runs:
+        if r.meta is not None:
+            m = r.meta
+            print(f"  {r.arm}: {m['model']} on {m['gpu']}, {m['date']}, commit {m['commit']}; stack {m['stack']}; "
+                  f"peak GPU memory {m['peak_gpu_mem_mib']} MiB")  # fmt: skip
+    gpus = sorted({str(r.meta["gpu"]) for r in runs if r.meta is not None})
+    if len(gpus) > 1:
+        notes.append(f"runs of different GPUs ({', '.join(gpus)}): the timing ratios compare unlike machines")
     for note in notes:
         print(f"note: {note}")
     print_steps(runs)
