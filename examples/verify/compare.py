@@ -1,84 +1,208 @@
-"""Compare verl's rollout-correction metrics of the invariant and fast runs (JSONL from verl's file logger).
+"""Compare the arms of the verify pair: verl's rollout/actor mismatch, reward and step time per arm.
 
-``python examples/verify/compare.py outputs/verify/verify-invariant.jsonl outputs/verify/verify-fast.jsonl``
-prints a per-step table and a verdict; ``--plot out.png`` draws the K3 KL of both runs; ``--expect-exact`` exits
-non-zero unless every step of the invariant run has exactly zero rollout/actor mismatch (use it once the actor runs in
-invariant mode) while the fast run shows some.
+    python examples/verify/compare.py results/h100-qwen3-1.7b-vllm.jsonl results/h100-qwen3-1.7b-vexact.jsonl \\
+        [results/h100-qwen3-1.7b-fast.jsonl] --plot results/h100-qwen3-1.7b.png --expect-exact vexact
+
+Each run is verl's file-logger JSONL, named ``<gpu>-<model>-<arm>.jsonl`` (arm in vllm, vexact, fast), with the run
+script's ``<same stem>.meta.json`` beside it (``runs.py`` lists its keys). Runs of different configs or step counts
+are refused (exit 2, naming the key and both values); runs without a meta file are compared on step counts only.
+Prints the per-step K3 KL and largest per-token probability gap, a per-arm summary and the mean phase times after
+``--warmup`` steps (ratio to the vllm arm). ``--plot`` draws K3 KL, rollout_probs_diff mean and max (log scales, an
+exact 0.0 drawn on a floor line), reward, grad norm and entropy. ``--expect-exact ARM`` exits 1 unless ARM's
+``rollout_corr/k3_kl`` and ``training/rollout_probs_diff_max`` are exactly 0.0 at every step and every other arm's are
+above 0 at every step.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import math
 import sys
+from functools import partial
 from pathlib import Path
 
-PROBS_DIFF_MAX = "training/rollout_probs_diff_max"
-METRICS = ("rollout_corr/k3_kl", "rollout_corr/kl", "rollout_corr/log_ppl_abs_diff", "rollout_corr/chi2_token")
+from runs import (
+    DEFAULT_ARM,
+    ENTROPY,
+    GRAD_NORM,
+    K3,
+    PHASES,
+    PROBS_DIFF_MAX,
+    PROBS_DIFF_MEAN,
+    REWARD,
+    Run,
+    RunError,
+    check_comparable,
+    fmt_float,
+    read_run,
+)
+
+COLORS = {"vllm": "tab:red", "vexact": "tab:blue", "fast": "tab:orange", "invariant": "tab:purple"}
+# (metric, panel title, log scale)
+PANELS = (
+    (K3, "rollout_corr/k3_kl: K3 KL(rollout || actor)", True),
+    (PROBS_DIFF_MEAN, "rollout_probs_diff_mean: mean |p_rollout - p_actor|", True),
+    (PROBS_DIFF_MAX, "rollout_probs_diff_max: max |p_rollout - p_actor|", True),
+    (REWARD, "critic/score/mean: mean reward", False),
+    (GRAD_NORM, "actor/grad_norm", False),
+    (ENTROPY, "actor/entropy", False),
+)
 
 
-def load(path: Path) -> dict[int, dict[str, float]]:
-    """step -> metrics, from verl's file logger (one JSON object per line with 'step' and 'data')."""
-    steps: dict[int, dict[str, float]] = {}
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        rec = json.loads(line)
-        if "step" not in rec or "data" not in rec:
-            raise ValueError(f"{path}:{n}: expected verl file-logger records with 'step' and 'data', got {sorted(rec)}")
-        steps.setdefault(int(rec["step"]), {}).update(rec["data"])
-    missing = [m for m in METRICS[:1] if not any(m in d for d in steps.values())]
-    if missing:
-        raise ValueError(f"{path}: no {missing} logged; run with actor_rollout_ref.rollout.calculate_log_probs=True")
-    return steps
+def finite(vals: list[float]) -> list[float]:
+    return [v for v in vals if not math.isnan(v)]
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("invariant", type=Path)
-    ap.add_argument("fast", type=Path)
-    ap.add_argument("--plot", type=Path, default=None)
-    ap.add_argument("--expect-exact", action="store_true")
-    args = ap.parse_args()
-    inv, fast = load(args.invariant), load(args.fast)
-    steps = sorted(set(inv) & set(fast))
-    if not steps:
-        raise ValueError(f"the runs share no step: {sorted(inv)} vs {sorted(fast)}")
-    print("step  " + "  ".join(f"{m.split('/')[1] + ' inv':>18} {m.split('/')[1] + ' fast':>18}" for m in METRICS))
-    for s in steps:
-        cells = [f"{inv[s].get(m, float('nan')):>18.3e} {fast[s].get(m, float('nan')):>18.3e}" for m in METRICS]
-        print(f"{s:>4}  " + "  ".join(cells))
-    k3 = "rollout_corr/k3_kl"
-    # exact: verl's K3 and KL estimators, and its largest per-token |p_rollout - p_actor|, all exactly zero
-    inv_exact = all(
-        inv[s].get(k3) == 0.0 and inv[s].get("rollout_corr/kl") == 0.0 and inv[s].get(PROBS_DIFF_MAX, 0.0) == 0.0
-        for s in steps
-    )
-    fast_mismatch = any(fast[s].get(k3, 0.0) > 0.0 for s in steps)
-    print(f"invariant run exact at every step: {inv_exact}; fast run shows mismatch: {fast_mismatch}")
-    if args.plot is not None:
-        import matplotlib
+def print_steps(runs: list[Run]) -> None:
+    head = "".join(f"{'k3_kl ' + r.arm:>22}" for r in runs) + "".join(f"{'probs_diff_max ' + r.arm:>28}" for r in runs)
+    print(f"{'step':>4}{head}")
+    for i, s in enumerate(runs[0].steps):
+        k3 = "".join(f"{r.series(K3)[i]:>22.3e}" for r in runs)
+        pd = "".join(f"{r.series(PROBS_DIFF_MAX)[i]:>28.3e}" for r in runs)
+        print(f"{s:>4}{k3}{pd}")
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
 
-        fig, (ax, ax_r) = plt.subplots(1, 2, figsize=(11, 3.8))
-        for name, run in (("invariant", inv), ("fast", fast)):
-            ax.plot(steps, [run[s].get(k3, float("nan")) for s in steps], marker="o", label=name)
-            ax_r.plot(steps, [run[s].get("critic/score/mean", float("nan")) for s in steps], marker=".", label=name)
+def print_summary(runs: list[Run]) -> None:
+    cols = ("K3 KL min", "K3 KL max", "pdiff_max min", "pdiff_max max")
+    print(f"\n{'arm':<10}" + "".join(f"{c:>15}" for c in cols) + "  reward first -> last")
+    for r in runs:
+        k3, pd, rw = finite(r.series(K3)), finite(r.series(PROBS_DIFF_MAX)), r.series(REWARD)
+        cells = [min(k3, default=None), max(k3, default=None), min(pd, default=None), max(pd, default=None)]
+        line = f"{r.arm:<10}" + "".join(f"{fmt_float(c, '.3e'):>15}" for c in cells)
+        print(f"{line}  {fmt_float(rw[0], '.4f')} -> {fmt_float(rw[-1], '.4f')}")
+
+
+def print_timing(runs: list[Run], warmup: int) -> None:
+    steps = runs[0].steps
+    base = next((r.phase_means(warmup) for r in runs if r.arm == DEFAULT_ARM), None)
+    ratio = f"(x) = ratio to the {DEFAULT_ARM} arm" if base is not None else f"no {DEFAULT_ARM} arm: no ratios"
+    print(f"\ntiming_s/*: mean s over steps {steps[warmup]}..{steps[-1]} (after {warmup} warm-up); {ratio}")
+    print(f"{'arm':<10}" + "".join(f"{p:>22}" for p in PHASES))
+    for r in runs:
+        cells = []
+        for p, v in r.phase_means(warmup).items():
+            cell = fmt_float(v, ".3f")
+            if base is not None and r.arm != DEFAULT_ARM and v is not None and base[p]:
+                cell += f" ({v / base[p]:.2f}x)"
+            cells.append(f"{cell:>22}")
+        print(f"{r.arm:<10}" + "".join(cells))
+
+
+def expect_exact(runs: list[Run], arm: str) -> bool:
+    """ARM exactly 0.0 at every step in both metrics; every other arm above 0.0 at every step in both."""
+    ok = True
+    print(f"\nexpect-exact {arm}:")
+    for r in runs:
+        exact = r.arm == arm
+        for key in (K3, PROBS_DIFF_MAX):
+            vals = r.series(key)
+            good = [v == 0.0 if exact else v > 0.0 for v in vals]  # NaN (not logged) is neither
+            ok &= all(good)
+            want = "exactly 0.0" if exact else "> 0"
+            bad = [f"step {s}: {v!r}" for s, v, g in zip(r.steps, vals, good, strict=True) if not g]
+            lo, hi = min(finite(vals), default=None), max(finite(vals), default=None)
+            line = f"  {r.arm}: {key} {want} at {sum(good)}/{len(vals)} steps (min {lo!r}, max {hi!r})"
+            print(line + (f"; fails at {', '.join(bad[:5])}{' ...' if len(bad) > 5 else ''}" if bad else ""))
+    print(f"expect-exact: {'PASS' if ok else 'FAIL'}")
+    return ok
+
+
+def log_tick(y: float, _pos: int, floor: float) -> str:
+    """Decade labels of a log axis, with the floor that stands for exact zeros labelled as such."""
+    if y <= 0.0:
+        return ""
+    if math.isclose(y, floor, rel_tol=1e-6):
+        return "0.0 (exact)"
+    e = math.log10(y)
+    return f"$10^{{{round(e)}}}$" if math.isclose(e, round(e), abs_tol=1e-6) else ""
+
+
+def plot(runs: list[Run], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
+
+    fig, axes = plt.subplots(2, 3, figsize=(16, 8))
+    for ax, (key, title, log) in zip(axes.flat, PANELS, strict=True):
+        series = {r.arm: r.series(key) for r in runs}
+        positive = [v for vals in series.values() for v in vals if v > 0.0]
+        # a log axis cannot show 0.0: exact zeros sit on a floor a decade below the smallest positive value
+        floor = 10 ** (math.floor(math.log10(min(positive))) - 1) if positive else 1e-8
+        any_zero = False
+        for r in runs:
+            vals, color = series[r.arm], COLORS.get(r.arm)
+            if not log:
+                ax.plot(r.steps, vals, marker=".", color=color, label=r.arm)
+                continue
+            above = [v if v > 0.0 else math.nan for v in vals]
+            if any(not math.isnan(v) for v in above):
+                ax.plot(r.steps, above, marker=".", color=color, label=r.arm)
+            zeros = [floor if v == 0.0 else math.nan for v in vals]
+            if any(not math.isnan(z) for z in zeros):
+                any_zero = True
+                ax.plot(r.steps, zeros, marker="s", ms=4, color=color, label=f"{r.arm}: 0.0 (exact)")
+        if log:
+            ax.set_yscale("log")
+            if any_zero:
+                ax.axhline(floor, color="grey", lw=0.6, ls=":")
+                ax.yaxis.set_major_formatter(FuncFormatter(partial(log_tick, floor=floor)))
+                ax.set_ylim(bottom=floor / 3)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_title(title, fontsize=10)
         ax.set_xlabel("training step")
-        ax.set_ylabel("K3 KL(rollout || actor)")
-        ax.set_yscale("symlog", linthresh=1e-8)
-        ax.set_title("verl rollout_corr/k3_kl")
-        ax.legend()
-        ax_r.set_xlabel("training step")
-        ax_r.set_ylabel("mean reward")
-        ax_r.set_title("critic/score/mean")
-        ax_r.legend()
-        fig.tight_layout()
-        fig.savefig(args.plot, dpi=120)
-        print(f"wrote {args.plot}")
-    if args.expect_exact and not (inv_exact and fast_mismatch):
+        ax.legend(fontsize=8)
+    meta = next((r.meta for r in runs if r.meta is not None), None)
+    if meta is not None:
+        what = f"{meta['model']} on {meta['gpu']}, verl GRPO"
+    else:
+        what = runs[0].path.name.removesuffix(".jsonl").rsplit("-", 1)[0]
+    fig.suptitle(f"{what}: {', '.join(r.arm for r in runs)}")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    print(f"wrote {out}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("runs", type=Path, nargs="+", help="2 or 3 runs: <gpu>-<model>-<arm>.jsonl")
+    ap.add_argument("--plot", type=Path, default=None, metavar="PATH", help="write the six-panel PNG here")
+    ap.add_argument("--warmup", type=int, default=2, help="steps left out of the timing means (default 2)")
+    ap.add_argument("--expect-exact", default=None, metavar="ARM",
+                    help="exit 1 unless ARM is exactly 0.0 and every other arm above 0 at every step")  # fmt: skip
+    args = ap.parse_args(argv)
+    try:
+        if not 2 <= len(args.runs) <= 3:
+            raise RunError(f"got {len(args.runs)} runs; compare.py takes 2 or 3 (one per arm)")
+        runs = [read_run(p) for p in args.runs]
+        notes = check_comparable(runs)
+        if args.warmup < 0 or args.warmup >= len(runs[0].steps):
+            n = len(runs[0].steps)
+            raise RunError(f"--warmup {args.warmup}: the runs have {n} steps; allowed 0..{n - 1}")
+        if args.expect_exact is not None and args.expect_exact not in {r.arm for r in runs}:
+            raise RunError(f"--expect-exact {args.expect_exact}: no such arm; the runs are {[r.arm for r in runs]}")
+    except RunError as e:
+        print(f"compare.py: {e}", file=sys.stderr)
+        return 2
+    print(f"runs ({len(runs[0].steps)} steps): " + ", ".join(f"{r.arm}={r.path}" for r in runs))
+    for r in runs:
+        if r.meta is not None:
+            m = r.meta
+            print(f"  {r.arm}: {m['model']} on {m['gpu']}, {m['date']}, commit {m['commit']}; stack {m['stack']}; "
+                  f"peak GPU memory {m['peak_gpu_mem_mib']} MiB")  # fmt: skip
+    gpus = sorted({str(r.meta["gpu"]) for r in runs if r.meta is not None})
+    if len(gpus) > 1:
+        notes.append(f"runs of different GPUs ({', '.join(gpus)}): the timing ratios compare unlike machines")
+    for note in notes:
+        print(f"note: {note}")
+    print_steps(runs)
+    print_summary(runs)
+    print_timing(runs, args.warmup)
+    if args.plot is not None:
+        plot(runs, args.plot)
+    if args.expect_exact is not None and not expect_exact(runs, args.expect_exact):
         return 1
     return 0
 
