@@ -1,17 +1,20 @@
 """Golden logprob fixtures, one set per target: what the engine and trainer produced for a fixed checkpoint,
 prompts and seeds, stored with the sha256 of the tensors and the package versions that made them.
 
-One fixture per model family (``qwen3``, ``qwen3_moe``, ``qwen2``, ``llama``, ``mistral``, ``deepseek_v3``: the
-committed tiny checkpoints), under ``fixtures/<target>/<family>/``; on a GPU target with an attention implementation
-other than the default ``triton`` (``$VEXACT_ATTENTION``, see vexact_kernels.set_attention_impl) under
-``fixtures/<target>-<impl>/<family>/``, since the implementations give different bits. A family whose tiny checkpoint
-that implementation does not take (FA4: MLA's head sizes, heads under 32; every committed tiny checkpoint has heads of
-16) runs the Triton kernels under it, and uses the Triton fixtures.
+One fixture per committed tiny checkpoint (vexact_models' ``TINY_CHECKPOINTS``): one per model family (``qwen3``,
+``qwen3_moe``, ``qwen2``, ``llama``, ``mistral``, ``deepseek_v3``), then the variants whose shapes make more of the
+promised orders change bits (``TINY_VARIANTS``: MoE routing top-4 with and without ``norm_topk_prob``, DeepSeek-V3
+grouped top-6 with a shared expert, Qwen3 with heads of 64), under ``fixtures/<target>/<name>/``; on a GPU target with
+an attention implementation other than the default ``triton`` (``$VEXACT_ATTENTION``, see
+vexact_kernels.set_attention_impl) under ``fixtures/<target>-<impl>/<name>/``, since the implementations give
+different bits. A checkpoint that implementation does not take (FA4: MLA's head sizes, heads under 32; of the committed
+ones FA4 takes only ``qwen3_hd64``) runs the Triton kernels under it, and uses the Triton fixtures.
 
 Record (after a deliberate numerics change, together with a version bump):
-    python -m contracts.golden --target cpu            # every family
+    python -m contracts.golden --target cpu            # every checkpoint
     python -m contracts.golden --target h100 --family qwen3_moe
-    VEXACT_ATTENTION=fa4 python -m contracts.golden --target h100   # -> fixtures/h100-fa4/ (checkpoints FA4 takes)
+    VEXACT_ATTENTION=fa4 python -m contracts.golden --target h100 --family qwen3_hd64   # -> fixtures/h100-fa4/
+    FAMILIES="qwen3_moe_top4 qwen3_hd64" bash scripts/gpu_checks.sh h100 golden fa4-golden   # on the GPU machine
 """
 
 from __future__ import annotations
@@ -32,12 +35,12 @@ import vexact_models
 import vexact_trainer
 from vexact_engine import LLM, EngineConfig, SamplingParams
 from vexact_kernels.attention import fa4_takes
-from vexact_models import default_checkpoint, load_config, load_model
+from vexact_models import TINY_CHECKPOINTS, default_checkpoint, load_config, load_model
 from vexact_trainer import Actor
 
 FIXTURES = Path(__file__).parent / "fixtures"
 N_PROMPTS = 8
-FAMILIES = ("qwen3", "qwen3_moe", "qwen2", "llama", "mistral", "deepseek_v3")
+FAMILIES = TINY_CHECKPOINTS  # the fixtures' names: the model families' tiny checkpoints, then the variants
 
 
 def versions() -> dict[str, str]:
@@ -62,7 +65,7 @@ def attention_impl(target: str, family: str | None = None) -> str | None:
 
 
 def _head_dims(family: str) -> tuple[int, int]:
-    """(qk, v) head sizes of the family's tiny checkpoint."""
+    """(qk, v) head sizes of the tiny checkpoint ``family`` (a family or a variant)."""
     cfg = load_config(default_checkpoint(family))
     if getattr(cfg, "kv_lora_rank", None):  # MLA
         return cfg.qk_nope_head_dim + cfg.qk_rope_head_dim, cfg.v_head_dim
@@ -75,9 +78,8 @@ def fixture_dir(target: str, family: str) -> Path:
     return FIXTURES / (target if impl in (None, "triton") else f"{target}-{impl}") / family
 
 
-def produce(device: str = "cpu", family: str = "qwen3") -> dict[str, torch.Tensor]:
-    """Run the fixed workload: engine rollouts (sampled and greedy) and the trainer's rescoring."""
-    model = load_model(default_checkpoint(family), device=device)
+def workload() -> tuple[list[list[int]], list[SamplingParams]]:
+    """The fixed prompts and sampling parameters (greedy and sampled rows) of every fixture."""
     g = torch.Generator().manual_seed(1234)
     prompts = [
         torch.randint(0, 256, (int(torch.randint(3, 48, (1,), generator=g)),), generator=g).tolist()
@@ -89,12 +91,24 @@ def produce(device: str = "cpu", family: str = "qwen3") -> dict[str, torch.Tenso
         )
         for i in range(N_PROMPTS)
     ]
+    return prompts, params
+
+
+def _score_temperatures(params: list[SamplingParams]) -> list[float]:
+    return [p.temperature if p.temperature > 0 else 1.0 for p in params]
+
+
+def produce(device: str = "cpu", family: str = "qwen3") -> dict[str, torch.Tensor]:
+    """Run the fixed workload: engine rollouts (sampled and greedy) and the trainer's rescoring."""
+    model = load_model(default_checkpoint(family), device=device)
+    prompts, params = workload()
     # a copy for the engine, which packs its weights (grouped projections); the trainer scores with its own
     engine_cfg = EngineConfig(max_num_seqs=4, max_num_batched_tokens=32, block_size=8, device=device)
     llm = LLM(model=copy.deepcopy(model), config=engine_cfg)
     outs = llm.generate(prompts, params, use_tqdm=False)
-    temps = [p.temperature if p.temperature > 0 else 1.0 for p in params]
-    scored = Actor(model).compute_log_probs(prompts, [o.token_ids for o in outs], temps, with_entropy=True)
+    scored = Actor(model).compute_log_probs(
+        prompts, [o.token_ids for o in outs], _score_temperatures(params), with_entropy=True
+    )
     return {
         "prompt_ids": torch.tensor([t for p in prompts for t in p], dtype=torch.int64),
         "prompt_lens": torch.tensor([len(p) for p in prompts], dtype=torch.int64),
@@ -103,6 +117,19 @@ def produce(device: str = "cpu", family: str = "qwen3") -> dict[str, torch.Tenso
         "trainer_logprobs": torch.cat(scored.logprobs).cpu(),
         "trainer_entropy": torch.cat(scored.entropy).cpu(),
     }
+
+
+def rescore(tensors: dict[str, torch.Tensor], device: str = "cpu", family: str = "qwen3") -> dict[str, torch.Tensor]:
+    """The trainer's half of the workload alone: its logprobs and entropy of a fixture's recorded rollouts (one packed
+    forward, no generation), which must reproduce the fixture's ``trainer_logprobs`` and ``trainer_entropy``. A quick
+    form of the golden contract for what the trainer and the engine share (every op family but sampling)."""
+    model = load_model(default_checkpoint(family), device=device)
+    _, params = workload()
+    cuts = torch.cumsum(tensors["prompt_lens"], 0).tolist()
+    prompts = [p.tolist() for p in torch.tensor_split(tensors["prompt_ids"], cuts[:-1])]
+    responses = [r.tolist() for r in torch.split(tensors["token_ids"], [p.max_tokens for p in params])]
+    scored = Actor(model).compute_log_probs(prompts, responses, _score_temperatures(params), with_entropy=True)
+    return {"trainer_logprobs": torch.cat(scored.logprobs).cpu(), "trainer_entropy": torch.cat(scored.entropy).cpu()}
 
 
 def tensors_sha256(tensors: dict[str, torch.Tensor]) -> str:
@@ -155,7 +182,7 @@ def record(target: str, device: str, family: str = "qwen3") -> Path:
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default="cpu", choices=["cpu", "h100", "h200", "b200"])
-    ap.add_argument("--family", choices=FAMILIES, help="default: every family")
+    ap.add_argument("--family", choices=FAMILIES, help="a tiny checkpoint (default: every one)")
     args = ap.parse_args()
     for family in [args.family] if args.family else FAMILIES:
         print(f"recorded {record(args.target, 'cpu' if args.target == 'cpu' else 'cuda', family)}")

@@ -71,9 +71,13 @@ def test_hash_catches_a_one_bit_change(recorded):
 def test_fixture_dir_is_per_attention_impl(monkeypatch):
     """GPU fixtures of a non-default attention implementation live beside the default's, never over them."""
     monkeypatch.setattr(golden.vexact_kernels, "get_attention_impl", lambda: "fa4")
-    # the committed tiny checkpoints have heads of 16, which FA4 does not take: they run (and are recorded with) Triton
+    # the families' tiny checkpoints have heads of 16, which FA4 does not take: they run (and are recorded with)
+    # Triton; the variant with heads of 64 runs FA4
     assert golden._head_dims("qwen3") == (16, 16) and golden._head_dims("deepseek_v3") == (24, 16)
-    assert all(golden.fixture_dir("h100", f) == golden.FIXTURES / "h100" / f for f in golden.FAMILIES)
+    assert golden._head_dims("qwen3_hd64") == (64, 64)
+    fa4_dirs = {f for f in golden.FAMILIES if golden.fixture_dir("h100", f) == golden.FIXTURES / "h100-fa4" / f}
+    assert fa4_dirs == {"qwen3_hd64"}
+    assert all(golden.fixture_dir("h100", f) == golden.FIXTURES / "h100" / f for f in set(golden.FAMILIES) - fa4_dirs)
     assert golden.record_command("h200", "qwen3_moe") == "python -m contracts.golden --target h200 --family qwen3_moe"
     monkeypatch.setattr(golden, "_head_dims", lambda family: (128, 128))  # a checkpoint FA4 takes
     assert golden.fixture_dir("h100", "qwen3") == golden.FIXTURES / "h100-fa4" / "qwen3"

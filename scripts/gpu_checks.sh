@@ -4,8 +4,9 @@
 # Results land in $OUT (the device tool brings back at most 8 files, two folders deep: keep a call to <= 8 outputs).
 #
 # Steps without extra wheels:
-#   golden          record contracts/fixtures/<target>/<family> for $FAMILIES (default: every family of
-#                   contracts.golden) -> $OUT/golden-<target>.tgz (one file; unpack in the repo root and commit)
+#   golden          record contracts/fixtures/<target>/<name> for $FAMILIES (default: every tiny checkpoint of
+#                   contracts.golden, the families' and the variants') -> $OUT/golden-<target>.tgz (one file; unpack
+#                   in the repo root and commit)
 #   golden-check    golden, then one line per family: the fixture's sha256 and kernels version before and after,
 #                   and whether the tensors changed (after a version bump without a numerics change they must not)
 #                   -> $OUT/golden-<target>.tgz and $OUT/golden-check-<target>.txt
@@ -32,7 +33,8 @@
 # Steps that need carried wheels (installed earlier in the same warm machine):
 #   fa4-probe | fa4-kernels | fa4-contracts | fa4-golden | fa4-bench
 #                   FlashAttention 4 (scripts/fa4_device_wheels.sh): the probe, its kernel tests, the contracts and
-#                   golden fixtures with VEXACT_ATTENTION=fa4 (fixtures/<target>-fa4), benchmarks/attention.py
+#                   golden fixtures with VEXACT_ATTENTION=fa4 (fixtures/<target>-fa4: of $FAMILIES the checkpoints
+#                   FA4 runs, qwen3_hd64; -> $OUT/golden-<target>-fa4.tgz), benchmarks/attention.py
 #   bench-throughput    the peer table: VeXact vs vLLM default / batch-invariant / HF generate
 #                   (scripts/vllm_device_wheels.sh puts vLLM in /tmp/vllmsite) -> $OUT/throughput-<target>.md
 #   tim-vllm        vLLM's rollouts (default, VLLM_BATCH_INVARIANT=1) rescored by `vexact tim` -> $OUT/tim-vllm/
@@ -65,6 +67,9 @@ NO_FA4_PATH=$(tr ':' '\n' <<< "${PYTHONPATH:-}" | grep -v fa4site | paste -sd: -
 
 record_golden() {  # $1: fixture dir suffix ("" or "-fa4")
   local fams=${FAMILIES:-$(python3 -c "from contracts.golden import FAMILIES; print(' '.join(FAMILIES))")}
+  if [ -n "$1" ]; then  # only the checkpoints the implementation runs (the others run, and are recorded by, Triton)
+    fams=$(python3 -c "import sys; from contracts.golden import attention_impl as a; print(' '.join(f for f in sys.argv[2:] if a(sys.argv[1], f) not in (None, 'triton')))" "$TARGET" $fams)
+  fi
   local pids=() fam
   for fam in $fams; do  # one process per family, side by side on the GPU
     python3 -m contracts.golden --target "$TARGET" --family "$fam" > "/tmp/golden-$TARGET$1-$fam.log" 2>&1 &
@@ -72,9 +77,7 @@ record_golden() {  # $1: fixture dir suffix ("" or "-fa4")
   done
   for pid in "${pids[@]}"; do wait "$pid" || status=1; done
   tail -n 3 /tmp/golden-"$TARGET$1"-*.log
-  # a family FA4 does not take (the tiny checkpoints: heads of 16) is recorded with Triton, in fixtures/<target>/
-  local dirs=(); for d in "contracts/fixtures/$TARGET" "contracts/fixtures/$TARGET$1"; do [ -d "$d" ] && dirs+=("$d"); done
-  tar czf "$OUT/golden-$TARGET$1.tgz" "${dirs[@]}"
+  tar czf "$OUT/golden-$TARGET$1.tgz" "contracts/fixtures/$TARGET$1"
 }
 
 fixture_shas() {  # one line per family of the target's fixtures: path, sha256, the kernels version that made it

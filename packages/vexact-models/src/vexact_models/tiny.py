@@ -240,6 +240,53 @@ def tiny_config(family: str = "qwen3", **overrides) -> DenseConfig:
     return CONFIG_CLASSES[family](**base)
 
 
+# Extra committed checkpoints beside one per family, for the golden contracts: shapes under which more of the promised
+# orders change bits. With top-2 routing, ``a + b == b + a`` hides the order of the MoE combine and of the weights'
+# renormalisation; these route top-8 (as Qwen3-30B-A3B) and top-6 (as Moonlight). An fp32 order changes a last bit,
+# which the cast to bf16 keeps only near a rounding boundary (about 5e-5 of the combine's outputs here) and the
+# residual add keeps only where the experts' output is not small beside the residual: so these are 512 wide (more
+# values per token), every layer but DeepSeek's first is sparse, and the experts' down projection is scaled by 8
+# (``weight_scales``). The families' tiny checkpoints have heads of 16, which FA4 does not run
+# (``vexact_kernels.attention.FA4_MIN_HEAD_DIM``); ``qwen3_hd64`` has heads of 64, so its golden fixtures under
+# ``VEXACT_ATTENTION=fa4`` hold FA4's own bits.
+# name -> (family, overrides of that family's tiny config, random_model's embed_std and factors applied to the random
+# weights by name suffix).
+_WIDE_MOE = dict(
+    hidden_size=512,
+    num_hidden_layers=4,
+    mlp_only_layers=(),
+    num_experts=16,
+    moe_intermediate_size=8,
+    tie_word_embeddings=True,
+)
+# tied embeddings of 512 drawn N(0, 1) would give logits in the tens (one token always): N(0, 0.1^2) keeps them near
+# the family checkpoints' spread, and the residual stream small beside the experts' output
+_LOUD_EXPERTS = dict(embed_std=0.1, weight_scales={"experts.down_proj": 8.0})
+TINY_VARIANTS = {
+    "qwen3_moe_top8": ("qwen3_moe", dict(_WIDE_MOE, num_experts_per_tok=8), _LOUD_EXPERTS),
+    "qwen3_moe_top8_raw": ("qwen3_moe", dict(_WIDE_MOE, num_experts_per_tok=8, norm_topk_prob=False), _LOUD_EXPERTS),
+    "deepseek_v3_top6": ("deepseek_v3", dict(hidden_size=512, intermediate_size=32, num_hidden_layers=4,
+                                             n_routed_experts=16, moe_intermediate_size=8, n_group=4, topk_group=2,
+                                             num_experts_per_tok=6, tie_word_embeddings=True), _LOUD_EXPERTS),
+    "qwen3_hd64": ("qwen3", dict(head_dim=64), dict(embed_std=1.0, weight_scales={})),
+}  # fmt: skip
+FAMILIES = ("qwen3", "qwen3_moe", "qwen2", "llama", "mistral", "deepseek_v3")
+# Every committed tiny checkpoint: one per family, then the variants.
+TINY_CHECKPOINTS = FAMILIES + tuple(TINY_VARIANTS)
+
+
+def tiny_checkpoint_config(name: str):
+    """The config of the committed tiny checkpoint ``name`` (a family or a :data:`TINY_VARIANTS` key)."""
+    if name not in TINY_CHECKPOINTS:
+        raise ValueError(f"no tiny checkpoint {name!r}; have {list(TINY_CHECKPOINTS)}")
+    family, overrides, _ = TINY_VARIANTS.get(name, (name, {}, {}))
+    if family == "qwen3_moe":
+        return tiny_qwen3_moe_config(**overrides)
+    if family == "deepseek_v3":
+        return tiny_deepseek_v3_config(**overrides)
+    return tiny_config(family, **overrides)
+
+
 def random_model(cfg: Qwen3Config, seed: int = 0, embed_std: float = 1.0, device: str | torch.device = "cpu"):
     """A model with deterministic random weights: linear ~ N(0, 1/fan_in), norms ~ 1 + N(0, 0.1^2), embeddings
     ~ N(0, embed_std^2) (use a small std for big tied models, whose logits otherwise reach the hundreds).
@@ -305,11 +352,26 @@ def make_tiny_checkpoint(
     return path
 
 
+def write_tiny_checkpoint(name: str) -> Path:
+    """Rewrite the committed tiny checkpoint ``name`` (seed 0; a variant's ``weight_scales`` applied)."""
+    cfg = tiny_checkpoint_config(name)
+    extras = TINY_VARIANTS[name][2] if name in TINY_VARIANTS else dict(embed_std=1.0, weight_scales={})
+    model = random_model(cfg, seed=0, embed_std=extras["embed_std"])
+    with torch.no_grad():
+        for weight_name, w in named_weights(model):
+            for suffix, factor in extras["weight_scales"].items():
+                if weight_name.endswith(suffix):
+                    w.mul_(factor)  # a power of two: exact in bf16
+    path = default_checkpoint(name)
+    save_checkpoint(model, path)
+    write_tokenizer(path)
+    return path
+
+
 def default_checkpoint(family: str = "qwen3") -> Path:
     """The committed tiny checkpoint of a family (``qwen3``: the demo's; ``qwen3_moe``, ``qwen2``, ``llama``,
-    ``mistral``, ``deepseek_v3``) that the golden fixtures use."""
-    families = ("qwen3", "qwen3_moe", "qwen2", "llama", "mistral", "deepseek_v3")
-    names = {f: "tiny-" + f.replace("_", "-") for f in families}
-    if family not in names:
-        raise ValueError(f"no committed tiny checkpoint for family {family!r}; have {sorted(names)}")
-    return Path(str(resources.files("vexact_models") / "assets" / names[family]))
+    ``mistral``, ``deepseek_v3``) or of a variant (:data:`TINY_VARIANTS`: ``qwen3_moe_top4``, ...), as the golden
+    fixtures use them: ``assets/tiny-<name with dashes>``."""
+    if family not in TINY_CHECKPOINTS:
+        raise ValueError(f"no committed tiny checkpoint {family!r}; have {list(TINY_CHECKPOINTS)}")
+    return Path(str(resources.files("vexact_models") / "assets" / ("tiny-" + family.replace("_", "-"))))
