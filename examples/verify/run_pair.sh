@@ -52,7 +52,8 @@ mkdir -p "$RESULTS"
 for arm in "${ARMS[@]}"; do
   case "$arm" in vllm | vexact | fast) ;; *) echo "unknown arm '$arm' (vllm, vexact, fast)" >&2; exit 2 ;; esac
 done
-if [ "$DRY_RUN" != 1 ] && [[ " ${ARMS[*]} " == *" vllm "* ]] && ! python3 -c "import vllm" 2> /dev/null; then
+if [ "$DRY_RUN" != 1 ] && [[ " ${ARMS[*]} " == *" vllm "* ]] \
+  && ! PYTHONPATH="${PYTHONPATH_VLLM:-}${PYTHONPATH:+:$PYTHONPATH}" python3 -c "import vllm" 2> /dev/null; then
   echo "vLLM is not importable: pip install 'verl[vllm]==0.9.1' (vllm 0.24.0), or on an air-gapped GPU machine" \
     "bash scripts/rl_stack_wheels.sh download (where pip works) and then install there" >&2
   exit 2
