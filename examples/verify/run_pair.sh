@@ -46,6 +46,9 @@ DATA=${DATA:-outputs/data/arith}
 # DRY_RUN=1: print each arm's command (one line: arm, then the command's words, NUL-separated) and run nothing
 DRY_RUN=${DRY_RUN:-0}
 mkdir -p "$RESULTS"
+# absolute paths: vLLM's engine process and verl's workers resolve a relative one from another directory (as a hub id)
+MODEL_DIR=$(realpath -m "$MODEL_DIR")
+DATA=$(realpath -m "$DATA")
 [ "$DRY_RUN" = 1 ] || [ -f "$MODEL_DIR/config.json" ] || python3 examples/verl_grpo/make_model.py --shape "$SHAPE" --layers "$LAYERS" \
   --out "$MODEL_DIR"
 [ "$DRY_RUN" = 1 ] || [ -f "$DATA/train.parquet" ] || python3 examples/verl_grpo/make_dataset.py --out "$DATA"
