@@ -332,3 +332,18 @@ def test_top2_checkpoints_cannot_see_the_rank_order(monkeypatch, perturb, checkp
         perturb(m, "cpu")
         after = golden.rescore(ref, "cpu", checkpoint)
     assert all(torch.equal(after[k], before[k]) for k in before)
+
+
+def test_full_golden_catches_the_reversed_combine(monkeypatch, target):
+    """The whole golden workload (engine rollouts and the trainer's rescoring, as ``test_golden_reproduces`` runs it)
+    under the reversed combine: the engine's logprobs no longer reproduce either, and engine == trainer still holds
+    (both drivers call the same perturbed op, which is why only a golden fixture can see it)."""
+    if target != "cpu":
+        pytest.skip("the quick GPU twins cover the GPU targets")
+    assert _holds_unperturbed("cpu", "cpu", "qwen3_moe_top8") == [], "golden[qwen3_moe_top8] fails unperturbed"
+    ref = _fixture("cpu", "qwen3_moe_top8")
+    moe_combine_reversed(monkeypatch, "cpu")
+    now = golden.produce("cpu", "qwen3_moe_top8")
+    assert not torch.equal(now["engine_logprobs"], ref["engine_logprobs"])
+    assert not torch.equal(now["trainer_logprobs"], ref["trainer_logprobs"])
+    assert torch.equal(now["engine_logprobs"], now["trainer_logprobs"])
