@@ -104,8 +104,9 @@ for step in "$@"; do
     golden-check)
       fixture_shas > "$OUT/golden-before.txt"
       record_golden ""
-      fixture_shas | paste "$OUT/golden-before.txt" - | awk '{print $1, ($2 == $5 ? "same tensors" : "TENSORS CHANGED"), $3, "->", $6}' \
-        | tee "$OUT/golden-check-$TARGET.txt"
+      fixture_shas | awk 'NR == FNR {sha[$1] = $2; ver[$1] = $3; next}
+        {print $1, (!($1 in sha) ? "new fixture" : sha[$1] == $2 ? "same tensors" : "TENSORS CHANGED"), ver[$1], "->", $3}' \
+        "$OUT/golden-before.txt" - | tee "$OUT/golden-check-$TARGET.txt"
       rm -f "$OUT/golden-before.txt" ;;
     contracts)
       contract_suite 2>&1 | tee "$OUT/contracts-$TARGET.log" || status=1 ;;

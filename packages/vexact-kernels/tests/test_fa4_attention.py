@@ -256,7 +256,7 @@ def test_mla_head_sizes_stay_off_fa4_in_both_paths(stand_in, monkeypatch):
 
 def test_heads_under_32_stay_off_fa4_in_both_paths(stand_in, monkeypatch):
     """FA4's backward at head_dim 16 is wrong (GPU test below), so heads under FA4_MIN_HEAD_DIM run the Triton kernels
-    in both drivers (all the committed tiny checkpoints have heads of 16)."""
+    in both drivers (the families' committed tiny checkpoints have heads of 16)."""
     from vexact_kernels import attention as attn
 
     monkeypatch.setattr(attn, "_on_cuda", lambda *t: "fa4")

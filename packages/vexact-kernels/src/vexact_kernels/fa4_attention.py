@@ -25,8 +25,9 @@ on an H200 its contracts pass and the engine and trainer run faster with it.
 
 Heads under ``attention.FA4_MIN_HEAD_DIM`` (32) run the Triton kernels too (tenth session): FA4's backward at head_dim
 16 is wrong (H100: dq max error 2.2 against an fp32 reference, the Triton kernel's 1.0e-2; 32, 64 and 128 agree), found
-when the tiny Qwen3-MoE's world-size-2 step-0 grad norm came out 6.5% off world size 1 under FA4 only (2x H200). Every
-committed tiny checkpoint has heads of 16, so their golden fixtures under ``fa4`` are the Triton ones, and FA4 is
+when the tiny Qwen3-MoE's world-size-2 step-0 grad norm came out 6.5% off world size 1 under FA4 only (2x H200). The
+families' tiny checkpoints have heads of 16, so their golden fixtures under ``fa4`` are the Triton ones; the tiny
+``qwen3_hd64`` (heads of 64) runs FA4 and has golden fixtures of its own (``fixtures/<target>-fa4``). FA4 is also
 covered by this package's GPU tests (heads of 32-128) and by the contracts that run real shapes (FSDP: Qwen3-0.6B).
 
 Cache rule of FA4's paged path: rows of a sequence's last page past its context are read (masked, but a NaN there

@@ -352,8 +352,9 @@ def make_tiny_checkpoint(
     return path
 
 
-def write_tiny_checkpoint(name: str) -> Path:
-    """Rewrite the committed tiny checkpoint ``name`` (seed 0; a variant's ``weight_scales`` applied)."""
+def write_tiny_checkpoint(name: str, path: str | Path | None = None) -> Path:
+    """Write the committed tiny checkpoint ``name`` (seed 0; a variant's ``embed_std`` and ``weight_scales``) to
+    ``path`` (default: over the committed one, ``default_checkpoint(name)``)."""
     cfg = tiny_checkpoint_config(name)
     extras = TINY_VARIANTS[name][2] if name in TINY_VARIANTS else dict(embed_std=1.0, weight_scales={})
     model = random_model(cfg, seed=0, embed_std=extras["embed_std"])
@@ -362,7 +363,7 @@ def write_tiny_checkpoint(name: str) -> Path:
             for suffix, factor in extras["weight_scales"].items():
                 if weight_name.endswith(suffix):
                     w.mul_(factor)  # a power of two: exact in bf16
-    path = default_checkpoint(name)
+    path = Path(path) if path is not None else default_checkpoint(name)
     save_checkpoint(model, path)
     write_tokenizer(path)
     return path

@@ -1,0 +1,349 @@
+"""Every contract must be seen failing: one documented perturbation per op family, and the named contract it breaks.
+
+Each test applies a perturbation to a kernel op (monkeypatched for the test only), runs a contract, and asserts that
+the contract fails, after checking that it holds unperturbed (so a failure here is the perturbation's doing, never a
+fixture that no longer reproduces on this machine). The contracts:
+
+* **golden[<checkpoint>]**: the golden fixture of a committed tiny checkpoint (``contracts/golden.py``), in its quick
+  form: the trainer's logprobs and entropy of the fixture's recorded rollouts (``golden.rescore``: one packed forward,
+  0.2-3 s on CPU) must reproduce ``trainer_logprobs`` and ``trainer_entropy`` bitwise. Those tensors are part of the
+  full fixture, so a perturbation that breaks the quick form breaks ``test_golden.py::test_golden_reproduces``.
+* **batch invariance**: ``row_invariance_violations`` of ``test_batch_invariance.py`` (a row alone == in the batch).
+
+Each row: op family; the perturbation; the contract that fails; how many of the fixture's 192 trainer logprobs
+change on CPU (``python -m pytest contracts/test_perturbations.py``; 2026-11-27, torch 2.13.0+cpu, Intel Xeon with
+AVX-512; the count tells how far from a silent miss each case is).
+
+- matmul: K reduced in reversed order (both operands flipped along K) -> golden[qwen3_moe_top8], 177
+- matmul: the K order chosen by M (reversed when a call has more than 8 rows, as a split-K switch by M would be)
+  -> batch invariance of ``linear`` (fp32 out)
+- rms_norm: rounding at another point, the normalised row rounded to bf16 before the weight multiply (transformers'
+  Llama order) -> golden[qwen3_hd64], 192
+- rms_norm: the sum of squares added left to right, not the pairwise tree (CPU only) -> golden[qwen3_moe_top8], 181
+- rotary: rounding at another point, the cos/sin tables rounded to bf16 (as transformers casts them to the
+  activations' dtype) -> golden[qwen3_hd64], 192
+- attention: key blocks of another size (CPU ``ATTN_BLOCK_N`` 16 -> 32; GPU Triton ``BLOCK_N`` 64 -> 32)
+  -> golden[qwen3_hd64], 38
+- logprobs: the vocabulary sums (log-sum-exp, entropy) left to right, not the tree (CPU only) -> golden[qwen3_hd64],
+  91 (172 entropies)
+- logprobs: rounding at another point, the temperature rounded to bf16 before the division -> golden[qwen3_hd64], 96
+  (the rows at temperature 0.7 and 1.2; 1.0 is exact in bf16)
+- MoE routing: the top-k weights renormalised by their sum in reversed rank order -> golden[qwen3_moe_top8], 40;
+  golden[deepseek_v3_top6], 73
+- MoE combine: the k expert outputs combined in reversed rank order -> golden[qwen3_moe_top8], 18;
+  golden[qwen3_moe_top8_raw], 70; golden[deepseek_v3_top6], 32
+- MLA: rounding at another point, the softmax scale (YaRN's mscale included) folded into q and rounded to bf16, the
+  kernel run with scale 1 -> golden[deepseek_v3_top6], 192
+
+What a contract cannot see, and why the variants exist: with top-2 routing ``a + b == b + a``, so the reversed
+combine and the reversed renormalisation change no bit of ``qwen3_moe`` or ``deepseek_v3``
+(``test_top2_checkpoints_cannot_see_the_rank_order``); ``qwen3_moe_top8_raw`` does not renormalise, so the reversed
+renormalisation is no perturbation there. An fp32 order change whose result is cast to bf16 shows only where a value
+sits near a bf16 rounding boundary (about 5e-5 of the MoE combine's outputs) and survives the residual add: the MoE
+variants are 512 wide, with loud experts and small embeddings, for that reason (``vexact_models.tiny``). Measured
+silent on CPU (0 of 192 logprobs change), so not used as a case: the reversed K order on ``qwen3_hd64`` (its fp32
+lm_head reduces K = 64 in two blocks of 32, whose sum commutes, and a reversed pairwise tree adds the same pairs;
+elsewhere the change rarely survives a bf16 cast), the sequential sum of squares on ``qwen3_hd64`` (64 wide), and
+key blocks of 32 on ``qwen3_moe_top8`` (its attention output is small beside the experts').
+
+The GPU twins (marked ``gpu``) apply the same perturbations on the target's Triton path (where a perturbation lives
+inside a CPU function, the GPU twin changes the matching Triton constant, or is CPU only as marked) and check the
+target's fixtures.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import sys
+from collections.abc import Callable
+
+import pytest
+import torch
+
+import vexact_kernels as vk
+from contracts import golden
+from contracts.harness import row_invariance_violations
+
+_VEXACT = ("vexact_kernels", "vexact_models", "vexact_engine", "vexact_trainer")
+
+
+def _patch_everywhere(monkeypatch, original: Callable, replacement: Callable) -> None:
+    """Replace a kernel function under every name a vexact module holds it by (the package's re-export and each
+    ``from .x import f``), for this test only."""
+    hits = 0
+    for name, mod in list(sys.modules.items()):
+        if mod is None or not name.startswith(_VEXACT):
+            continue
+        for attr, value in list(vars(mod).items()):
+            if value is original:
+                monkeypatch.setattr(mod, attr, replacement)
+                hits += 1
+    assert hits, f"{original.__name__} is bound nowhere"
+
+
+def _mod(name: str):
+    return importlib.import_module(f"vexact_kernels.{name}")  # the package re-exports functions of the same names
+
+
+# ---- the perturbations: (monkeypatch, device) -> None -------------------------------------------------------------
+
+
+def matmul_reversed_k(monkeypatch, device):
+    real = vk.linear
+
+    def linear(x, weight, bias=None, out_dtype=None):
+        return real(x.flip(-1), weight.flip(-1), bias, out_dtype)
+
+    _patch_everywhere(monkeypatch, real, linear)
+
+
+def matmul_k_order_by_m(monkeypatch, device):
+    real = vk.linear
+
+    def linear(x, weight, bias=None, out_dtype=None):
+        if x.reshape(-1, x.shape[-1]).shape[0] > 8:
+            x, weight = x.flip(-1), weight.flip(-1)
+        return real(x, weight, bias, out_dtype)
+
+    _patch_everywhere(monkeypatch, real, linear)
+
+
+def _norm_rounded_first(real_rms_norm):
+    def rms_norm(x, weight, eps, out_dtype=None):
+        normed = real_rms_norm(x, torch.ones_like(weight), eps)  # x's dtype: rounded here
+        return (normed.float() * weight.float()).to(out_dtype or x.dtype)
+
+    return rms_norm
+
+
+def rms_norm_rounded_before_weight(monkeypatch, device):
+    real_norm, real_pair, real_add = vk.rms_norm, vk.rms_norm_pair, vk.add_rms_norm
+    norm = _norm_rounded_first(real_norm)
+
+    def pair(x1, w1, x2, w2, eps, out_dtype=None):
+        return norm(x1, w1, eps, out_dtype), norm(x2, w2, eps, out_dtype)
+
+    def add(x, residual, weight, eps):
+        s = x + residual
+        return s, norm(s, weight, eps)
+
+    _patch_everywhere(monkeypatch, real_norm, norm)
+    _patch_everywhere(monkeypatch, real_pair, pair)
+    _patch_everywhere(monkeypatch, real_add, add)
+
+
+def _left_to_right(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    x = x.movedim(dim, -1)
+    acc = x[..., 0]
+    for i in range(1, x.shape[-1]):
+        acc = acc + x[..., i]
+    return acc
+
+
+def rms_norm_sequential_sum(monkeypatch, device):
+    monkeypatch.setattr(_mod("rms_norm"), "tree_sum", _left_to_right)
+
+
+def rotary_bf16_tables(monkeypatch, device):
+    real, real_qk = vk.apply_rotary, vk.apply_rotary_qk
+
+    def r(t):
+        return t.to(torch.bfloat16).float()
+
+    _patch_everywhere(monkeypatch, real, lambda x, pos, cos, sin: real(x, pos, r(cos), r(sin)))
+    _patch_everywhere(monkeypatch, real_qk, lambda q, k, pos, cos, sin: real_qk(q, k, pos, r(cos), r(sin)))
+
+
+def attention_other_block(monkeypatch, device):
+    if device == "cpu":
+        monkeypatch.setattr(_mod("attention"), "ATTN_BLOCK_N", 32)
+    else:
+        monkeypatch.setattr(importlib.import_module("vexact_kernels.triton_ops.attention"), "BLOCK_N", 32)
+
+
+def logprobs_sequential_sums(monkeypatch, device):
+    monkeypatch.setattr(_mod("logprobs"), "tree_sum", _left_to_right)
+
+
+def logprobs_bf16_temperature(monkeypatch, device):
+    real, real_sample = vk.logprobs_from_hidden, vk.sample_from_hidden
+
+    def r(t):
+        return torch.as_tensor(t, dtype=torch.float32).to(torch.bfloat16).float()
+
+    def logprobs(
+        hidden, norm_weight, eps, lm_head_weight, targets, temperature=1.0, chunk_size=1024, with_entropy=False
+    ):
+        return real(hidden, norm_weight, eps, lm_head_weight, targets, r(temperature), chunk_size, with_entropy)
+
+    _patch_everywhere(monkeypatch, real, logprobs)
+    _patch_everywhere(monkeypatch, real_sample, lambda h, nw, eps, w, t, seeds: real_sample(h, nw, eps, w, r(t), seeds))
+
+
+def _renormalised_reversed(w: torch.Tensor, eps: float) -> torch.Tensor:
+    k = w.shape[1]
+    total = w[:, k - 1]
+    for r in range(k - 2, -1, -1):
+        total = total + w[:, r]
+    return w / (total + eps).unsqueeze(-1) if eps else w / total.unsqueeze(-1)
+
+
+def moe_route_reversed_renorm(monkeypatch, device):
+    real, real_grouped = vk.moe_route, vk.moe_route_grouped
+
+    def route(logits, top_k, norm_topk_prob=True):
+        w, ids = real(logits, top_k, False)
+        return (_renormalised_reversed(w, 0.0) if norm_topk_prob else w), ids
+
+    def grouped(logits, top_k, *, norm_topk_prob=True, routed_scaling_factor=1.0, **kw):
+        w, ids = real_grouped(logits, top_k, norm_topk_prob=False, routed_scaling_factor=1.0, **kw)
+        if norm_topk_prob:
+            w = _renormalised_reversed(w, 1e-20)
+        return w * float(routed_scaling_factor), ids
+
+    _patch_everywhere(monkeypatch, real, route)
+    _patch_everywhere(monkeypatch, real_grouped, grouped)
+
+
+def moe_combine_reversed(monkeypatch, device):
+    real = vk.fused_moe
+    _patch_everywhere(monkeypatch, real, lambda x, w13, w2, w, ids: real(x, w13, w2, w.flip(1), ids.flip(1)))
+
+
+def mla_scale_folded_into_q(monkeypatch, device):
+    from vexact_models.layers.mla import MLAttention
+
+    real_forward = MLAttention.forward
+
+    def forward(self, x, positions, meta, kv_cache=None):
+        attn, scale = self.attn, self.attn.scale
+        real_attn = attn.forward
+
+        def folded(q, k, v, meta, kv_cache=None):
+            return real_attn((q.float() * scale).to(q.dtype), k, v, meta, kv_cache)
+
+        attn.scale, attn.forward = 1.0, folded
+        try:
+            return real_forward(self, x, positions, meta, kv_cache)
+        finally:
+            attn.scale = scale
+            del attn.forward
+
+    monkeypatch.setattr(MLAttention, "forward", forward)
+
+
+# (perturbation, checkpoint whose golden contract must fail, CPU only)
+GOLDEN_CASES = [
+    (matmul_reversed_k, "qwen3_moe_top8", False),
+    (rms_norm_rounded_before_weight, "qwen3_hd64", False),
+    (rms_norm_sequential_sum, "qwen3_moe_top8", True),
+    (rotary_bf16_tables, "qwen3_hd64", False),
+    (attention_other_block, "qwen3_hd64", False),
+    (logprobs_sequential_sums, "qwen3_hd64", True),
+    (logprobs_bf16_temperature, "qwen3_hd64", False),
+    (moe_route_reversed_renorm, "qwen3_moe_top8", False),
+    (moe_route_reversed_renorm, "deepseek_v3_top6", False),
+    (moe_combine_reversed, "qwen3_moe_top8", False),
+    (moe_combine_reversed, "qwen3_moe_top8_raw", False),
+    (moe_combine_reversed, "deepseek_v3_top6", False),
+    (mla_scale_folded_into_q, "deepseek_v3_top6", False),
+]
+
+
+def _case_id(case) -> str:
+    return f"{case[0].__name__}-{case[1]}"
+
+
+@functools.cache
+def _fixture(target: str, checkpoint: str):
+    return golden.load(target, checkpoint)[0]
+
+
+def _golden_mismatches(target: str, device: str, checkpoint: str) -> list[str]:
+    """The quick golden contract: the names of the fixture's trainer tensors that the rescoring does not reproduce."""
+    ref = _fixture(target, checkpoint)
+    now = golden.rescore(ref, device, checkpoint)
+    return [name for name, t in now.items() if not torch.equal(t, ref[name])]
+
+
+@functools.cache
+def _holds_unperturbed(target: str, device: str, checkpoint: str) -> list[str]:
+    return _golden_mismatches(target, device, checkpoint)
+
+
+def _check_golden_fails(monkeypatch, perturb, checkpoint: str, target: str, device: str) -> None:
+    broken = _holds_unperturbed(target, device, checkpoint)
+    assert broken == [], (
+        f"golden[{checkpoint}] on {target} does not hold unperturbed ({broken} differ), so it cannot be shown "
+        f"failing; re-record it where it is wrong: {golden.record_command(target, checkpoint)}"
+    )
+    with monkeypatch.context() as m:
+        perturb(m, device)
+        broken = _golden_mismatches(target, device, checkpoint)
+    assert "trainer_logprobs" in broken, f"golden[{checkpoint}] did not see {perturb.__name__}"
+
+
+@pytest.mark.parametrize("case", GOLDEN_CASES, ids=_case_id)
+def test_golden_catches(monkeypatch, case, target):
+    if target != "cpu":
+        pytest.skip(f"the cpu fixtures' case; test_golden_catches_gpu checks the {target} fixtures")
+    perturb, checkpoint, _ = case
+    _check_golden_fails(monkeypatch, perturb, checkpoint, "cpu", "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", [c for c in GOLDEN_CASES if not c[2]], ids=_case_id)
+def test_golden_catches_gpu(monkeypatch, case, target, device):
+    if target == "cpu":
+        pytest.skip("the GPU twin checks a GPU target's fixtures: run with --target h100 / h200 / b200")
+    perturb, checkpoint, _ = case
+    impl = golden.attention_impl(target, checkpoint)
+    if perturb is attention_other_block and impl != "triton":
+        pytest.skip(f"{checkpoint} runs attention {impl!r} here, whose tiles this perturbation does not change")
+    _check_golden_fails(monkeypatch, perturb, checkpoint, target, device)
+
+
+def _linear_rows_violations(device: str) -> list[int]:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(24, 512, generator=g).to(torch.bfloat16).to(device)
+    w = torch.randn(48, 512, generator=g).to(torch.bfloat16).to(device)
+    # fp32 out, as the MoE router calls it: an fp32 order change shows in every row, not only where a bf16 cast flips
+    op = lambda t: vk.linear(t, w, out_dtype=torch.float32)  # noqa: E731
+    return row_invariance_violations(op, x, [[0, 3, 5], list(range(12))])
+
+
+@pytest.mark.parametrize("on", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_batch_invariance_catches_k_order_by_m(monkeypatch, on):
+    assert _linear_rows_violations(on) == [], "batch invariance does not hold unperturbed"
+    with monkeypatch.context() as m:
+        matmul_k_order_by_m(m, on)
+        assert _linear_rows_violations(on) != [], "batch invariance did not see a K order chosen by M"
+
+
+@pytest.mark.parametrize("checkpoint", ["qwen3_moe", "deepseek_v3"])
+@pytest.mark.parametrize("perturb", [moe_combine_reversed, moe_route_reversed_renorm], ids=lambda f: f.__name__)
+def test_top2_checkpoints_cannot_see_the_rank_order(monkeypatch, perturb, checkpoint):
+    """Why the top-8 / top-6 variants exist: with two terms the rank order changes no bit (compared with the unperturbed
+    rescoring on this machine, not with the fixture)."""
+    ref = _fixture("cpu", checkpoint)
+    before = golden.rescore(ref, "cpu", checkpoint)
+    with monkeypatch.context() as m:
+        perturb(m, "cpu")
+        after = golden.rescore(ref, "cpu", checkpoint)
+    assert all(torch.equal(after[k], before[k]) for k in before)
+
+
+def test_full_golden_catches_the_reversed_combine(monkeypatch, target):
+    """The whole golden workload (engine rollouts and the trainer's rescoring, as ``test_golden_reproduces`` runs it)
+    under the reversed combine: the engine's logprobs no longer reproduce either, and engine == trainer still holds
+    (both drivers call the same perturbed op, which is why only a golden fixture can see it)."""
+    if target != "cpu":
+        pytest.skip("the quick GPU twins cover the GPU targets")
+    assert _holds_unperturbed("cpu", "cpu", "qwen3_moe_top8") == [], "golden[qwen3_moe_top8] fails unperturbed"
+    ref = _fixture("cpu", "qwen3_moe_top8")
+    moe_combine_reversed(monkeypatch, "cpu")
+    now = golden.produce("cpu", "qwen3_moe_top8")
+    assert not torch.equal(now["engine_logprobs"], ref["engine_logprobs"])
+    assert not torch.equal(now["trainer_logprobs"], ref["trainer_logprobs"])
+    assert torch.equal(now["engine_logprobs"], now["trainer_logprobs"])
