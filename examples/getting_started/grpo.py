@@ -11,9 +11,9 @@ Run it twice, changing only the rollout engine's kernels:
     python examples/getting_started/grpo.py --rollout-backend invariant   # K3 KL is exactly 0.0 every step
     python examples/getting_started/grpo.py --rollout-backend fast        # today's baseline: K3 KL > 0
 
-Each run writes ``outputs/getting_started/<backend>.jsonl`` under the repository root (ignored by git; one line per
-step), or ``--out PATH``; ``plot.py`` draws the two side by side. The trainer always runs the invariant kernels (it is
-the reference the rollouts are compared with).
+Each run writes ``outputs/getting_started/<backend>.jsonl`` in the current directory (one line per step; at the
+repository root git ignores ``outputs/``), or ``--out PATH``; ``plot.py`` draws the two side by side. The trainer
+always runs the invariant kernels (it is the reference the rollouts are compared with).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from vexact_models import default_checkpoint, make_tiny_checkpoint, tiny_qwen3_c
 from vexact_trainer import RolloutBatch, Trainer, TrainerConfig, grpo_advantages, init_distributed
 
 HERE = Path(__file__).resolve().parent
-OUTPUTS = HERE.parents[1] / "outputs" / "getting_started"  # ignored by git; committed results only with --out
+OUTPUTS = Path("outputs") / "getting_started"  # relative to the current directory; git ignores outputs/
 # a bigger random-weight model for GPU runs (same byte-level tokenizer as the committed tiny checkpoint)
 MODEL_PRESETS = {
     "small": dict(hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=8,
@@ -82,7 +82,7 @@ HELP = {
     "rollout_correction": f"the trainer's rollout correction, one of {CORRECTIONS}",
     "logit_noise_std": "Gaussian noise on the engine's sampling logits (injected mismatch; 0: none)",
     "seed": "seed of the prompts and of the sampling",
-    "out": "JSONL file, one line per step; unset: outputs/getting_started/<rollout backend>.jsonl",
+    "out": "JSONL file, one line per step; unset: outputs/getting_started/<rollout backend>.jsonl (current directory)",
     "quiet": "no progress bar and no per-step line",
 }
 

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-OUTPUTS = HERE.parents[1] / "outputs" / "getting_started"  # where grpo.py writes by default (ignored by git)
+OUTPUTS = Path("outputs") / "getting_started"  # where grpo.py writes by default, in the current directory
 PANELS = [
     ("reward", "mean reward (exact match)"),
     ("k3_kl", "K3 KL(rollout || trainer)"),

@@ -17,7 +17,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-OUTPUTS = Path(__file__).resolve().parents[2] / "outputs" / "tim_study"  # where sweep.py writes by default
+OUTPUTS = Path("outputs") / "tim_study"  # where sweep.py writes by default, in the current directory
 
 
 def plot(path: str | Path) -> Path:

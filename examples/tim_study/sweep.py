@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 HERE = Path(__file__).resolve().parent
-OUTPUTS = HERE.parents[1] / "outputs" / "tim_study"  # ignored by git; committed results only with --out
+OUTPUTS = Path("outputs") / "tim_study"  # relative to the current directory; git ignores outputs/
 RENAMED = {"--model ": "--model-size ", "--rollout-correction ": "--corrections "}  # grpo.py's option -> this one's
 
 
