@@ -14,6 +14,7 @@ import os
 import re
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -142,3 +143,13 @@ def test_gpu_commands_parse_and_are_refused_without_cuda(cmd, tmp_path):
         env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
     )  # fmt: skip
     assert out.returncode == 2 and "--device cuda: this machine has no CUDA device" in out.stderr, out.stderr[-2000:]
+
+
+def test_root_readme_use_snippet_runs(tmp_path):
+    """The README's Python example (text and token-id prompts, the ok check, engine == trainer) as written."""
+    code = re.search(r"## Use\n\n```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    assert code, "README.md: a python block right under ## Use"
+    out = subprocess.run(
+        [sys.executable, "-c", code.group(1)], cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
