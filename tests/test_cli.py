@@ -121,3 +121,16 @@ def test_examples_refuse_a_bad_value_naming_it(script, argv, words, capsys):
     assert len(err.splitlines()) == 1 and ": error: " in err, err
     for w in words:
         assert w in err, (w, err)
+
+
+def test_rescore_summary_never_prints_greedy_flips_none():
+    from vexact.tim import _greedy_line
+
+    no_rank = {"available": True, "trainer_top1_is_sampled": 0.5, "flips": None, "reason": "no engine rank"}
+    assert (
+        _greedy_line(no_rank)
+        == "greedy flips: not available (no engine rank); trainer top-1 is the sampled token: 0.5000"
+    )
+    assert "not computed" in _greedy_line({"available": False, "reason": "the trainer's top-1 was not computed"})
+    counted = {"available": True, "trainer_top1_is_sampled": 1.0, "flips": 2, "flip_rate": 0.25}
+    assert _greedy_line(counted).startswith("greedy flips: 2 (25.0000% of tokens)")
