@@ -86,6 +86,8 @@ def test_device_cuda_without_cuda_exits_2_in_one_line():
         (["tim", "rescore", "README.md", "--device", "tpu"], ["'tpu'", "cpu, cuda"]),
         (["tim", "attribute", "--ops", "linear,convolution"], ["'convolution'", "attention"]),
         (["tim", "attribute", "--temperature", "0"], ["--temperature 0", "> 0"]),
+        (["tim", "attribute", "--prompts", "0"], ["--prompts 0", ">= 1"]),
+        (["demo", "--max-tokens", "-3"], ["--max-tokens -3", ">= 1"]),
     ],
 )
 def test_vexact_refuses_a_bad_value_naming_it(argv, words, capsys):

@@ -52,6 +52,14 @@ def check_model(path: str | None) -> Path | None:
     return Path(path)
 
 
+def check_positive(args: argparse.Namespace, *names: str) -> None:
+    """Each named integer option is >= 1."""
+    for name in names:
+        value = getattr(args, name)
+        if value < 1:
+            raise UsageError(f"--{name.replace('_', '-')} {value}: must be >= 1")
+
+
 def check_file(path: str, what: str) -> Path:
     if not Path(path).is_file():
         raise UsageError(f"{what} {path!r}: no such file")
@@ -84,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "demo":
             model, dtypes = check_model(args.model), check_dtypes(args.dtypes)
+            check_positive(args, "prompts", "max_tokens")
             from .demo import run_demo
 
             return run_demo(model, args.prompts, args.max_tokens, dtypes, args.seed)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from .cli import DTYPES, UsageError, check_device, check_file, check_model
+from .cli import DTYPES, UsageError, check_device, check_file, check_model, check_positive
 
 LAYOUTS = ("auto", "vexact", "vllm", "verl")  # vexact_trainer.tim.LAYOUTS, without importing the trainer for --help
 
@@ -129,6 +129,7 @@ def run_rescore(args: argparse.Namespace) -> int:
     from vexact_trainer import Actor, BadRolloutError, compare, load_rollouts, rescore, write_report
 
     rollouts_file = check_file(args.rollouts, "rollouts")
+    check_positive(args, "max_batch_tokens")
     device, model_dir, dtype = check_device(args.device), check_model(args.model), _check_dtype(args.dtype)
     path, model = _load(model_dir, device, dtype)
     try:
@@ -251,6 +252,7 @@ def run_attribute(args: argparse.Namespace) -> int:
     bad = [f for f in families if f not in vk.OPS]
     if bad:
         raise UsageError(f"--ops {args.ops!r}: {', '.join(map(repr, bad))} not an op family; expected of {vk.OPS}")
+    check_positive(args, "prompts", "prompt_len", "max_tokens")
     if not args.temperature > 0:
         raise UsageError(f"--temperature {args.temperature}: must be > 0")
     rows = attribute(
