@@ -6,7 +6,7 @@ vexact packages themselves excluded), as links in one folder on a .pth. torch is
 downloaded (no CUDA torch, no network): pip runs the README's command with `--no-index` and builds the local
 packages with this environment's hatchling (`--no-build-isolation`). An import the pyprojects do not declare is not
 in the venv, so the snippet fails (seen with numpy removed from vexact-kernels' dependencies: the kernels' and the
-engine's snippets stop in the CPU sampler, "Numpy is not available"). About 100 s for the five on 2 cores.
+engine's snippets stop in the CPU sampler, "Numpy is not available"). About 45 s for the five on 2 idle cores.
 """
 
 from __future__ import annotations
