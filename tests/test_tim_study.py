@@ -31,5 +31,5 @@ def test_sweep_runs_every_cell_per_seed_and_magnitude_zero_is_exact(tmp_path):
     assert len(rows) == 8
     assert all(r["k3_kl"] == 0.0 for r in rows if r["logit_noise_std"] == 0.0)
     assert all(r["k3_kl"] > 0.0 for r in rows if r["logit_noise_std"] == 0.1)
-    png = _load("plot").main(str(out))
+    png = _load("plot").plot(str(out))
     assert png.is_file() and png.stat().st_size > 10_000

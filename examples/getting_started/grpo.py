@@ -11,7 +11,8 @@ Run it twice, changing only the rollout engine's kernels:
     python examples/getting_started/grpo.py --rollout-backend invariant   # K3 KL is exactly 0.0 every step
     python examples/getting_started/grpo.py --rollout-backend fast        # today's baseline: K3 KL > 0
 
-Each run writes ``results/<backend>.jsonl`` (one line per step); ``plot.py`` draws the two side by side. The trainer
+Each run writes ``outputs/getting_started/<backend>.jsonl`` in the current directory (one line per step; at the
+repository root git ignores ``outputs/``), or ``--out PATH``; ``plot.py`` draws the two side by side. The trainer
 always runs the invariant kernels (it is the reference the rollouts are compared with).
 """
 
@@ -21,6 +22,7 @@ import argparse
 import dataclasses
 import json
 import random
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -34,6 +36,7 @@ from vexact_models import default_checkpoint, make_tiny_checkpoint, tiny_qwen3_c
 from vexact_trainer import RolloutBatch, Trainer, TrainerConfig, grpo_advantages, init_distributed
 
 HERE = Path(__file__).resolve().parent
+OUTPUTS = Path("outputs") / "getting_started"  # relative to the current directory; git ignores outputs/
 # a bigger random-weight model for GPU runs (same byte-level tokenizer as the committed tiny checkpoint)
 MODEL_PRESETS = {
     "small": dict(hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=8,
@@ -54,7 +57,7 @@ class RunConfig:
     rollout_correction: str = "tis"
     logit_noise_std: float = 0.0  # injected mismatch (EngineConfig.logit_noise_std): examples/tim_study sweeps it
     seed: int = 0
-    out: str | None = None  # JSONL path (default: results/<backend>.jsonl next to this file)
+    out: str | None = None  # JSONL path (default: outputs/getting_started/<backend>.jsonl)
     quiet: bool = False
 
 
@@ -64,6 +67,56 @@ TASKS = {
     "add_mod10": [(f"{a}+{b}=", str((a + b) % 10)) for a in range(10) for b in range(10)],
     "succ": [(f"{a}+1=", str((a + 1) % 10)) for a in range(10)],
 }
+CORRECTIONS = ("none", "tis", "mis")
+
+HELP = {
+    "model": f"'tiny' (the committed 2-layer checkpoint), a preset of {sorted(MODEL_PRESETS)} (random weights, made "
+    "in a temporary directory) or a Qwen3 checkpoint directory with a tokenizer",
+    "device": "cpu or cuda; unset: cuda when available",
+    "rollout_backend": "the rollout engine's kernels: invariant, fast, or fast:<op>,... (the trainer is invariant)",
+    "task": f"the prompts and answers, one of {sorted(TASKS)}",
+    "steps": "GRPO steps",
+    "prompts_per_step": "distinct prompts per step",
+    "group_size": "samples per prompt (the GRPO group)",
+    "lr": "AdamW learning rate",
+    "rollout_correction": f"the trainer's rollout correction, one of {CORRECTIONS}",
+    "logit_noise_std": "Gaussian noise on the engine's sampling logits (injected mismatch; 0: none)",
+    "seed": "seed of the prompts and of the sampling",
+    "out": "JSONL file, one line per step; unset: outputs/getting_started/<rollout backend>.jsonl (current directory)",
+    "quiet": "no progress bar and no per-step line",
+}
+
+
+class UsageError(Exception):
+    """A bad option: :func:`main` prints it on one line and exits 2."""
+
+
+def check(cfg: RunConfig) -> None:
+    """Raise :class:`UsageError` naming the first option whose value is not allowed."""
+    import vexact_kernels as vk
+
+    try:
+        vk.check_backend(cfg.rollout_backend)
+    except ValueError as e:
+        raise UsageError(f"--rollout-backend {cfg.rollout_backend!r}: {e}") from None
+    if cfg.device not in (None, "cpu", "cuda"):
+        raise UsageError(f"--device {cfg.device!r}: expected cpu or cuda")
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda: this machine has no CUDA device (torch.cuda.is_available() is False); use cpu")
+    if cfg.task not in TASKS:
+        raise UsageError(f"--task {cfg.task!r}: expected one of {', '.join(TASKS)}")
+    if cfg.rollout_correction not in CORRECTIONS:
+        raise UsageError(f"--rollout-correction {cfg.rollout_correction!r}: expected one of {', '.join(CORRECTIONS)}")
+    if cfg.model != "tiny" and cfg.model not in MODEL_PRESETS and not (Path(cfg.model) / "config.json").is_file():
+        raise UsageError(
+            f"--model {cfg.model!r}: expected tiny, one of {sorted(MODEL_PRESETS)} or a checkpoint directory "
+            "(no config.json there)"
+        )
+    for name in ("steps", "prompts_per_step", "group_size"):
+        if getattr(cfg, name) < 1:
+            raise UsageError(f"--{name.replace('_', '-')} {getattr(cfg, name)}: must be >= 1")
+    if not cfg.logit_noise_std >= 0:
+        raise UsageError(f"--logit-noise-std {cfg.logit_noise_std}: must be >= 0")
 
 
 def checkpoint_for(model: str, workdir: Path) -> Path:
@@ -78,7 +131,7 @@ def run(cfg: RunConfig) -> list[dict]:
     """Train for ``cfg.steps`` GRPO steps; returns the per-step log (also appended to the JSONL file)."""
     device = cfg.device or ("cuda" if torch.cuda.is_available() else "cpu")
     mesh = init_distributed(device)
-    out = Path(cfg.out) if cfg.out else HERE / "results" / f"{cfg.rollout_backend}.jsonl"
+    out = Path(cfg.out) if cfg.out else OUTPUTS / f"{cfg.rollout_backend}.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("")
     rng = random.Random(cfg.seed)
@@ -154,14 +207,23 @@ def run(cfg: RunConfig) -> list[dict]:
     return rows
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     for f in dataclasses.fields(RunConfig):
-        kw = {"action": "store_true"} if f.type == "bool" else {"type": int if f.type == "int" else None}
-        if f.type == "float":
-            kw = {"type": float}
-        ap.add_argument("--" + f.name.replace("_", "-"), default=f.default, **kw)
-    cfg = RunConfig(**vars(ap.parse_args(argv)))
+        kw = {"action": "store_true"} if f.type == "bool" else {"type": {"int": int, "float": float}.get(f.type)}
+        ap.add_argument("--" + f.name.replace("_", "-"), default=f.default, help=HELP[f.name], **kw)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    cfg = RunConfig(**vars(parser().parse_args(argv)))
+    try:
+        check(cfg)
+    except UsageError as e:
+        print(f"grpo.py: error: {e}", file=sys.stderr)
+        return 2
     if cfg.device != "cuda":
         torch.set_num_threads(1)
     rows = run(cfg)
@@ -172,7 +234,9 @@ def main(argv: list[str] | None = None) -> None:
         f"(last 10%); K3 KL per step: max {max(r['k3_kl'] for r in rows)!r}, all exactly 0.0: "
         f"{all(r['k3_kl'] == 0.0 for r in rows)}"
     )
+    print(f"written: {Path(cfg.out) if cfg.out else OUTPUTS / f'{cfg.rollout_backend}.jsonl'}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

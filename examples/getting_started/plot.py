@@ -1,15 +1,18 @@
 """Plot the GRPO runs side by side: reward, rollout/trainer K3 KL, mismatched-token fraction, gradient norm.
 
-python examples/getting_started/plot.py results/invariant.jsonl results/fast.jsonl -o results/grpo.png
+python examples/getting_started/plot.py    # outputs/getting_started/{invariant,fast}.jsonl -> ..._vs_fast.png
+python examples/getting_started/plot.py A.jsonl B.jsonl -o grpo.png
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+OUTPUTS = Path("outputs") / "getting_started"  # where grpo.py writes by default, in the current directory
 PANELS = [
     ("reward", "mean reward (exact match)"),
     ("k3_kl", "K3 KL(rollout || trainer)"),
@@ -68,18 +71,27 @@ def plot(runs: dict[str, list[dict]], out: str | Path, window: int = 10) -> Path
     return out
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("runs", nargs="*", default=[HERE / "results" / "invariant.jsonl", HERE / "results" / "fast.jsonl"])
-    ap.add_argument("-o", "--out", default=HERE / "results" / "grpo_invariant_vs_fast.png")
-    ap.add_argument("--window", type=int, default=10)
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    default_runs = [str(OUTPUTS / "invariant.jsonl"), str(OUTPUTS / "fast.jsonl")]
+    ap.add_argument("runs", nargs="*", default=default_runs, help="grpo.py JSONL files, one curve each")
+    ap.add_argument("-o", "--out", default=str(OUTPUTS / "grpo_invariant_vs_fast.png"), help="the PNG to write")
+    ap.add_argument("--window", type=int, default=10, help="steps in the reward's moving mean")
     args = ap.parse_args(argv)
+    missing = [p for p in args.runs if not Path(p).is_file()]
+    if missing:
+        print(f"plot.py: error: {missing[0]!r}: no such file (grpo.py writes it)", file=sys.stderr)
+        return 2
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     runs = {}
     for path in args.runs:
         rows = load(path)
         runs[rows[0]["rollout_backend"] if rows else Path(path).stem] = rows
     print(plot(runs, args.out, args.window))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

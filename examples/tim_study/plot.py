@@ -1,11 +1,13 @@
 """One figure of a TIM sweep: reward, K3 KL and gradient norm per step (rows), one column per rollout correction,
 one line per injected mismatch magnitude (the mean over seeds when the sweep ran several, each seed faint behind it).
 
-    python examples/tim_study/plot.py results/cpu.jsonl    # writes results/cpu.png
+    python examples/tim_study/plot.py                                   # outputs/tim_study/cpu.jsonl -> cpu.png
+    python examples/tim_study/plot.py examples/tim_study/results/h200.jsonl   # -> results/h200.png
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -15,8 +17,11 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+OUTPUTS = Path("outputs") / "tim_study"  # where sweep.py writes by default, in the current directory
 
-def main(path: str) -> Path:
+
+def plot(path: str | Path) -> Path:
+    """Draw the sweep in JSONL file ``path``; the figure goes beside it, as ``<name>.png``."""
     rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
     corrections = list(dict.fromkeys(r["rollout_correction"] for r in rows))
     mags = sorted({r["logit_noise_std"] for r in rows})
@@ -63,5 +68,18 @@ def main(path: str) -> Path:
     return out
 
 
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    ap.add_argument("sweep", nargs="?", default=str(OUTPUTS / "cpu.jsonl"), help="sweep.py's JSONL file")
+    args = ap.parse_args(argv)
+    if not Path(args.sweep).is_file():
+        print(f"plot.py: error: {args.sweep!r}: no such file (sweep.py writes it)", file=sys.stderr)
+        return 2
+    plot(args.sweep)
+    return 0
+
+
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else str(Path(__file__).parent / "results" / "cpu.jsonl"))
+    raise SystemExit(main())

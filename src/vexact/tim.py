@@ -26,37 +26,62 @@ from pathlib import Path
 
 import torch
 
+from .cli import DTYPES, UsageError, check_device, check_file, check_model, check_positive
+
+LAYOUTS = ("auto", "vexact", "vllm", "verl")  # vexact_trainer.tim.LAYOUTS, without importing the trainer for --help
+
 
 def add_parser(sub) -> None:
-    tim = sub.add_parser("tim", help="training-inference mismatch diagnostics (rescore, attribute)")
+    fmt = argparse.ArgumentDefaultsHelpFormatter
+    tim = sub.add_parser("tim", help="training-inference mismatch diagnostics", formatter_class=fmt)
     tsub = tim.add_subparsers(dest="tim_command", required=True)
-    r = tsub.add_parser("rescore", help="rescore a rollout file with the invariant trainer and report the mismatch")
-    r.add_argument("rollouts", help="JSONL / JSON / parquet rollout file, or a verl DataProto pickle (.pkl)")
-    r.add_argument("--model", default=None, help="HF checkpoint dir the rollouts came from (default: the tiny Qwen3)")
-    r.add_argument("--layout", default="auto", help="auto, vexact, vllm or verl")
-    r.add_argument("--temperature", type=float, default=None, help="for rows that carry none")
-    r.add_argument(
-        "--vllm-logprobs-mode", default="processed", help="processed (after temperature) or raw (vLLM's default)"
+    r = tsub.add_parser(
+        "rescore",
+        help="rescore a rollout file with the invariant trainer and report the mismatch",
+        description="Rescore a rollout file with the trainer on the invariant kernels; write summary.json, PNG plots "
+        "and report.html under --out.",
+        formatter_class=fmt,
     )
-    r.add_argument("--out", default="tim_report", help="output directory (summary.json, *.png, report.html)")
-    r.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    r.add_argument("--dtype", default=None, help="model dtype (default: the checkpoint's)")
+    r.add_argument("rollouts", help="JSONL / JSON / parquet rollout file, or a verl DataProto pickle (.pkl)")
+    r.add_argument("--model", default=None, help="HF checkpoint dir the rollouts came from; unset: the tiny Qwen3")
+    r.add_argument("--layout", default="auto", choices=LAYOUTS, help="the rows' layout (auto: told from the rows)")
+    r.add_argument("--temperature", type=float, default=None, help="sampling temperature for rows that carry none")
+    r.add_argument(
+        "--vllm-logprobs-mode",
+        default="processed",
+        choices=("processed", "raw"),
+        help="vLLM rows: logprobs after temperature (processed) or before it (raw, vLLM's default)",
+    )
+    r.add_argument("--out", default="outputs/tim_report", help="output directory (summary.json, *.png, report.html)")
+    r.add_argument("--device", default=None, help="cpu or cuda; unset: cuda when available")
+    r.add_argument("--dtype", default=None, help="bfloat16, float16 or float32; unset: the checkpoint's")
     r.add_argument("--max-batch-tokens", type=int, default=16384, help="prompt + response tokens per trainer batch")
     r.add_argument("--no-top1", action="store_true", help="skip the trainer's top-1 pass (no greedy flips)")
     r.add_argument("--skip-bad", action="store_true", help="report bad rows and rescore the rest")
     r.add_argument("--expect-exact", action="store_true", help="exit 1 when any logprob differs")
-    a = tsub.add_parser("attribute", help="the mismatch each op family's fast kernel causes in our engine")
-    a.add_argument("--model", default=None, help="HF checkpoint dir (default: the tiny Qwen3)")
-    a.add_argument("--mode", default="engine", choices=("engine", "trainer"))
-    a.add_argument("--prompts", type=int, default=16)
-    a.add_argument("--prompt-len", type=int, default=16)
-    a.add_argument("--max-tokens", type=int, default=32)
-    a.add_argument("--temperature", type=float, default=1.0)
-    a.add_argument("--ops", default=None, help="comma-separated op families (default: all the model uses)")
-    a.add_argument("--seed", type=int, default=0)
-    a.add_argument("--out", default="tim_attribution")
-    a.add_argument("--device", default=None)
-    a.add_argument("--dtype", default=None)
+    a = tsub.add_parser(
+        "attribute",
+        help="the mismatch each op family's fast kernel causes in our engine",
+        description="Run our engine with the fast kernel of one op family at a time, rescore with the invariant "
+        "trainer, and report each family's share of the mismatch (attribution.json and .png under --out).",
+        formatter_class=fmt,
+    )
+    a.add_argument("--model", default=None, help="HF checkpoint dir; unset: the tiny Qwen3")
+    a.add_argument(
+        "--mode",
+        default="engine",
+        choices=("engine", "trainer"),
+        help="engine: re-generate with each backend; trainer: score one set of invariant rollouts with each",
+    )
+    a.add_argument("--prompts", type=int, default=16, help="number of random token-id prompts")
+    a.add_argument("--prompt-len", type=int, default=16, help="tokens per prompt")
+    a.add_argument("--max-tokens", type=int, default=32, help="tokens generated per prompt")
+    a.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (> 0)")
+    a.add_argument("--ops", default=None, help="comma-separated op families; unset: every family the model runs")
+    a.add_argument("--seed", type=int, default=0, help="the prompts' and the sampling's seed")
+    a.add_argument("--out", default="outputs/tim_attribution", help="output directory (attribution.json, .png)")
+    a.add_argument("--device", default=None, help="cpu or cuda; unset: cuda when available")
+    a.add_argument("--dtype", default=None, help="bfloat16, float16 or float32; unset: the checkpoint's")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -65,8 +90,10 @@ def main(args: argparse.Namespace) -> int:
     return run_attribute(args)
 
 
-def _device(name: str | None) -> str:
-    return name or ("cuda" if torch.cuda.is_available() else "cpu")
+def _check_dtype(name: str | None) -> str | None:
+    if name is not None and name not in DTYPES:
+        raise UsageError(f"--dtype {name!r}: expected one of {', '.join(DTYPES)}")
+    return name
 
 
 def _load(model: str | None, device: str, dtype: str | None):
@@ -79,25 +106,35 @@ def _load(model: str | None, device: str, dtype: str | None):
 
 def _print_summary(s: dict, file=sys.stdout) -> None:
     ad = s["abs_delta"]
-    g = s.get("greedy", {})
     print(
         f"sequences {s['sequences']}  tokens {s['tokens']}  differ {s['tokens_differ']} ({s['fraction_differ']:.4%})\n"
         f"|delta logprob| mean {ad['mean']:.3e}  p99 {ad['p99']:.3e}  max {ad['max']:.3e}\n"
         f"KL k1 {s['kl_k1']:.3e}  K3 {s['kl_k3']:.3e}  chi2 {s['chi2']:.3e}  log-ppl diff {s['log_ppl_diff']:.3e}\n"
-        f"greedy flips: {g.get('flips', 'n/a')}  trainer top-1 is the sampled token: "
-        f"{g.get('trainer_top1_is_sampled', float('nan')):.4f}",
+        + _greedy_line(s.get("greedy", {})),
         file=file,
     )
+
+
+def _greedy_line(g: dict) -> str:
+    """The greedy-flip line: a count where the rollouts tell the engine's top-1, else why there is none."""
+    if not g.get("available"):
+        return f"greedy flips: not computed ({g.get('reason', 'no trainer top-1')})"
+    top1 = f"trainer top-1 is the sampled token: {g['trainer_top1_is_sampled']:.4f}"
+    if g.get("flips") is None:
+        return f"greedy flips: not available ({g.get('reason', 'no engine top-1')}); {top1}"
+    return f"greedy flips: {g['flips']} ({g['flip_rate']:.4%} of tokens); {top1}"
 
 
 def run_rescore(args: argparse.Namespace) -> int:
     from vexact_trainer import Actor, BadRolloutError, compare, load_rollouts, rescore, write_report
 
-    device = _device(args.device)
-    path, model = _load(args.model, device, args.dtype)
+    rollouts_file = check_file(args.rollouts, "rollouts")
+    check_positive(args, "max_batch_tokens")
+    device, model_dir, dtype = check_device(args.device), check_model(args.model), _check_dtype(args.dtype)
+    path, model = _load(model_dir, device, dtype)
     try:
         rollouts, errors = load_rollouts(
-            args.rollouts,
+            rollouts_file,
             args.layout,
             args.temperature,
             model.config.vocab_size,
@@ -209,14 +246,18 @@ def run_attribute(args: argparse.Namespace) -> int:
     import vexact_kernels as vk
     from vexact_models import default_checkpoint, load_config
 
-    device = _device(args.device)
-    path = Path(args.model) if args.model else default_checkpoint()
+    device, model_dir, dtype = check_device(args.device), check_model(args.model), _check_dtype(args.dtype)
+    path = model_dir or default_checkpoint()
     families = args.ops.split(",") if args.ops else default_families(load_config(path))
-    for f in families:
-        vk.check_backend(f"fast:{f}")
+    bad = [f for f in families if f not in vk.OPS]
+    if bad:
+        raise UsageError(f"--ops {args.ops!r}: {', '.join(map(repr, bad))} not an op family; expected of {vk.OPS}")
+    check_positive(args, "prompts", "prompt_len", "max_tokens")
+    if not args.temperature > 0:
+        raise UsageError(f"--temperature {args.temperature}: must be > 0")
     rows = attribute(
         path, families, args.mode, args.prompts, args.prompt_len, args.max_tokens, args.temperature, args.seed, device,
-        args.dtype,
+        dtype,
     )  # fmt: skip
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

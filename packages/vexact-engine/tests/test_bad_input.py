@@ -102,8 +102,19 @@ def test_sampling_params_validate_at_construction(kw, message):
 
 
 def test_sampling_params_not_a_sampling_params(engine):
-    with pytest.raises(TypeError, match="sampling params must be a SamplingParams, got dict"):
+    with pytest.raises(TypeError, match=r"must be a SamplingParams, got a dict \{'temperature': 1.0\}: SamplingParams"):
         engine.add_request([1, 2], {"temperature": 1.0})
+    with pytest.raises(TypeError, match="sampling params must be a SamplingParams, got str"):
+        engine.add_request([1, 2], "greedy")
+
+
+def test_generate_names_a_dict_of_sampling_params(model):
+    """A dict is iterable (its keys): without the check each prompt was paired with a key and rejected as "got str"."""
+    llm = LLM(model=model, num_kv_blocks=16)
+    with pytest.raises(TypeError, match=r"sampling_params must be a SamplingParams or a list of them, got a dict"):
+        llm.generate([[1, 2]], {"temperature": 0.5}, use_tqdm=False)
+    out = llm.generate([[1, 2]], [{"temperature": 0.5}], use_tqdm=False)[0]  # one per prompt: rejected by name
+    assert not out.ok and out.finish_reason == "rejected" and "got a dict" in out.error
 
 
 def test_duplicate_request_id(engine):

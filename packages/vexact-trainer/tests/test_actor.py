@@ -119,7 +119,7 @@ def test_pack_layout():
         ([[1] * 90], [[2] * 7], {}, "sequence 0 has 97 tokens; the model's max length is 96"),
         ([[1, 2]], [[3, VOCAB]], {}, rf"sequence 0: token id {VOCAB} is outside the vocabulary \[0, {VOCAB}\)"),
         ([[1, -5]], [[3]], {}, r"sequence 0: token id -5 is outside the vocabulary"),
-        ([[1]], [[2]], {"temperature": 0}, "temperature must be a finite number > 0, got 0"),
+        ([[1]], [[2]], {"temperature": 0}, "got 0: temperature 0 \\(greedy\\) has no logprobs.*temperature=1.0"),
         ([[1]], [[2]], {"temperature": -1.5}, r"temperature must be a finite number > 0, got -1.5"),
         ([[1], [2]], [[3], [4]], {"temperature": [1.0, 0.0]}, r"temperature\[1\] must be a finite number > 0, got 0.0"),
         ([[1], [2]], [[3], [4]], {"temperature": [1.0]}, "1 temperatures for 2 sequences"),

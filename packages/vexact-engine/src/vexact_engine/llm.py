@@ -24,12 +24,22 @@ class LLM(LLMEngine):
     ) -> list[RequestOutput]:
         """Generate for every prompt (text or token ids); outputs come back in input order.
 
-        A request that fails validation comes back with ``finish_reason='rejected'`` and ``error`` set; the other
-        requests run as if it had not been there.
+        ``sampling_params``: one :class:`SamplingParams` for every prompt, or a sequence of them, one per prompt (a
+        dict raises ``TypeError``: pass ``SamplingParams(**d)``).
+
+        A request that fails validation (empty prompt, token outside the vocabulary, too long, bad sampling params)
+        does not raise: it comes back with ``ok == False``, ``finish_reason == "rejected"`` and the reason in
+        ``error`` (and a logged warning); the other requests run as if it had not been there. Check ``ok`` before
+        using an output.
         """
         if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         prompts = list(prompts)
+        if isinstance(sampling_params, dict):
+            raise TypeError(
+                f"sampling_params must be a SamplingParams or a list of them, got a dict {sampling_params!r}: "
+                "pass SamplingParams(**it)"
+            )
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
             params = [sampling_params or SamplingParams()] * len(prompts)
         else:

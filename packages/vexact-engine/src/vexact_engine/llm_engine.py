@@ -308,6 +308,8 @@ class LLMEngine:
     def add_request(self, prompt, params: SamplingParams | None = None, request_id: str | None = None) -> str:
         """Validate and queue a request (text or token ids). Raises ValueError/TypeError naming the problem."""
         params = params or SamplingParams()
+        if isinstance(params, dict):
+            raise TypeError(f"sampling params must be a SamplingParams, got a dict {params!r}: SamplingParams(**it)")
         if not isinstance(params, SamplingParams):
             raise TypeError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
         params.validate()

@@ -10,7 +10,8 @@ MIN_TEMPERATURE = 1e-5  # the smallest positive temperature (vLLM treats those b
 class SamplingParams:
     """How to sample one request.
 
-    ``temperature == 0`` is greedy (argmax); its reported logprobs are at temperature 1. Otherwise the reported
+    ``temperature == 0`` is greedy (argmax); its reported logprobs are at temperature 1, so a trainer scores greedy
+    rollouts at temperature 1 (``vexact_trainer.Actor`` refuses 0, which has no logprobs). Otherwise the reported
     logprob of a token is ``log_softmax(logits / temperature)`` over the full vocabulary, exactly what the trainer
     computes; top-k / top-p only restrict which tokens can be drawn. ``seed`` makes the draw reproducible whatever
     else is in the batch (``None``: the engine derives one from its own seed and the request's arrival order).

@@ -98,6 +98,11 @@ def check_temperatures(temperature, n: int, unit: str = "sequences") -> torch.Te
 
 
 def _check_one(value, t32: torch.Tensor, name: str) -> None:
+    if value == 0:
+        raise ValueError(
+            f"{name} must be a finite number > 0, got {value!r}: temperature 0 (greedy) has no logprobs; the engine "
+            "reports greedy tokens' logprobs at temperature 1, so score greedy rollouts with temperature=1.0"
+        )
     if not (bool(torch.isfinite(t32)) and t32 > 0):
         # a value that is fine in float64 but not in fp32 (1e39, 1e-50): say what it became
         fp32 = f" ({float(t32)} in fp32)" if math.isfinite(value) and value > 0 else ""

@@ -225,6 +225,11 @@ def check_rollout(r: Rollout, vocab_size: int | None = None) -> None:
             if isinstance(t, bool) or not isinstance(t, int) or t < 0 or (vocab_size is not None and t >= vocab_size):
                 raise BadRolloutError(f"{r.row}: {name} token {k} is {t!r}, outside the vocabulary [0, {vocab_size})")
     t = r.temperature
+    if t == 0 and not isinstance(t, bool):
+        raise BadRolloutError(
+            f"{r.row}: temperature 0 (must be a finite number > 0): greedy rows have no temperature-0 logprobs; "
+            "the vexact engine reports greedy tokens' logprobs at temperature 1, so record 1.0 for them"
+        )
     if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0:
         raise BadRolloutError(f"{r.row}: temperature {t!r} (must be a finite number > 0)")
 

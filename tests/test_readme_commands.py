@@ -1,0 +1,155 @@
+"""Every command in a fenced bash block of a README runs as written from the repository root.
+
+Each command is listed below with what this test does with it: `RUN` runs the CPU ones (with the arguments given
+there appended where the README's run takes minutes), in README order from a copy of the root (links to its entries,
+its own `outputs/`), so a later command reads what an earlier one wrote; `GPU` ones must parse completely and be
+refused in one line for want of CUDA (on a machine without it); `ELSEWHERE` names where the rest is run. A README
+command missing from these lists fails the first test, and so does a path in any command that is not in the
+repository.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+RUN = {  # command -> arguments appended (keeps the run to seconds)
+    "python -m vexact tim rescore packages/vexact-trainer/tests/data/vllm_sample.jsonl --layout vllm": "",
+    "python -m vexact tim attribute --prompts 4 --max-tokens 8": "",
+    "python examples/getting_started/grpo.py --rollout-backend invariant": "--steps 2 --quiet",
+    "python examples/getting_started/grpo.py --rollout-backend fast": "--steps 2 --quiet",
+    "python examples/getting_started/plot.py": "",
+    "python examples/tim_study/sweep.py": "--steps 1 --magnitudes 0,0.1 --corrections none",
+    "python examples/tim_study/plot.py outputs/tim_study/cpu.jsonl": "",
+}
+GPU = {
+    "python examples/tim_study/sweep.py --device cuda --model-size small --steps 60 --out outputs/tim_study/gpu.jsonl",
+}
+ELSEWHERE = {
+    "python -m pip install -r requirements/cpu.txt && python -m vexact demo": "the demo: tests/test_repo.py; the "
+    "install: CI (.ci/run installs requirements/test.txt, which includes it)",
+    "python -m pip install -r requirements/test.txt && python -m pip install --no-deps -r requirements/veomni.txt "
+    "&& python -m pytest -n auto": "CI runs exactly this (.ci/run)",
+    "python examples/tim_study/plot.py outputs/tim_study/gpu.jsonl": "reads the GPU sweep's output",
+    "python -m pip install packages/vexact-kernels": "tests/test_standalone_install.py",
+    "python -m pip install packages/vexact-kernels packages/vexact-models": "tests/test_standalone_install.py",
+    "python -m pip install packages/vexact-kernels packages/vexact-models packages/vexact-engine": "tests/"
+    "test_standalone_install.py",
+    "python -m pip install packages/vexact-kernels packages/vexact-models packages/vexact-trainer": "tests/"
+    "test_standalone_install.py",
+    "python -m pip install packages/vexact-kernels packages/vexact-models packages/vexact-engine "
+    "packages/vexact-trainer 'packages/vexact-verl[verl]'": "tests/test_standalone_install.py",
+    "source scripts/device_env.sh && bash scripts/trainer_gpu.sh h100": "GPU machines",
+    "torchrun --standalone --nproc_per_node=1 -m vexact_trainer.fsdp_check --model qwen3-0.6b --out /tmp/fsdp": "GPU",
+    "torchrun --standalone --nproc_per_node=2 -m vexact_trainer.fsdp_check --model qwen3-0.6b --out /tmp/fsdp": "GPUs",
+    "torchrun --standalone --nproc_per_node=2 -m vexact_trainer.fsdp_check --model tiny-moe "
+    "--router-aux-loss-coef 0.01": "two GPUs",
+    "python -m vexact_verl.main_ppo <your verl GRPO/PPO overrides> actor_rollout_ref.rollout.name=vexact "
+    "actor_rollout_ref.rollout.calculate_log_probs=True +actor_rollout_ref.rollout.engine_kwargs.vexact.backend="
+    "invariant": "a template (the overrides are the user's); the CPU run: tests/test_verl_grpo_cpu.py",
+    "python -m vexact_verl.main_ppo <overrides> actor_rollout_ref.rollout.name=vexact "
+    "actor_rollout_ref.actor.strategy=vexact": "a template; the CPU run: tests/test_verl_grpo_cpu.py",
+    "pip install --no-deps -r requirements/veomni.txt": "CI (.ci/run)",
+    "python -m vexact_verl.main_ppo <overrides> model_engine=veomni actor_rollout_ref.rollout.name=vexact "
+    "actor_rollout_ref.actor.veomni._target_=vexact_verl.veomni_engine.VexactVeOmniEngineConfig "
+    "actor_rollout_ref.ref.veomni._target_=vexact_verl.veomni_engine.VexactVeOmniEngineConfig": "a template; "
+    "packages/vexact-verl/README.md names the CPU run",
+    "VERL_PLATFORM=cpu MODEL=... bash examples/verl_grpo/run_grpo.sh actor_rollout_ref.actor.strategy=vexact "
+    "+ray_kwargs.ray_init.num_gpus=1 +ray_kwargs.ray_init.num_cpus=16 data.train_batch_size=8 "
+    "actor_rollout_ref.actor.ppo_mini_batch_size=8 reward.num_workers=1 "
+    "actor_rollout_ref.rollout.agent.num_workers=1": "tests/test_verl_grpo_cpu.py (about 5 minutes)",
+}
+
+
+def readmes() -> list[Path]:
+    skip = {".git", "outputs", ".nox", "node_modules"}
+    return sorted(p for p in ROOT.rglob("README.md") if not skip & set(p.relative_to(ROOT).parts))
+
+
+def commands(readme: Path) -> list[str]:
+    """The commands of every fenced bash block: continuation lines joined, comments dropped."""
+    found, block = [], None
+    for line in readme.read_text().splitlines():
+        fence = line.strip().startswith("```")
+        if block is None and fence:
+            block = [] if line.strip()[3:].strip() in ("bash", "sh", "shell") else "other"
+        elif block is not None and fence:
+            if block != "other":
+                text = re.sub(r"\\\n\s*", "", "\n".join(block))
+                for ln in text.splitlines():
+                    cmd = re.split(r"\s+#", ln)[0].strip()
+                    if cmd and not cmd.startswith("#"):
+                        found.append(" ".join(cmd.split()))
+            block = None
+        elif block not in (None, "other"):
+            block.append(line)
+    return found
+
+
+def all_commands() -> list[tuple[Path, str]]:
+    return [(r, c) for r in readmes() for c in commands(r)]
+
+
+def test_every_readme_command_is_listed_and_its_paths_exist():
+    listed = set(RUN) | GPU | set(ELSEWHERE)
+    seen = set()
+    for readme, cmd in all_commands():
+        where = readme.relative_to(ROOT)
+        assert cmd in listed, f"{where}: {cmd!r} is in no list of tests/test_readme_commands.py"
+        seen.add(cmd)
+        for token in shlex.split(cmd.replace("<", "'<").replace(">", ">'")):
+            path = token.split("=")[-1].split("[")[0]
+            if "/" in path and not path.startswith(("/", "-", "$", "<", "outputs/", "http")) and "..." not in path:
+                assert (ROOT / path).exists(), f"{where}: {cmd!r} names {path}, which is not in the repository"
+    assert seen == listed, f"listed but in no README: {sorted(listed - seen)}"
+
+
+def _copy_of_root(tmp: Path) -> Path:
+    for entry in ROOT.iterdir():
+        if entry.name not in ("outputs", ".git"):
+            (tmp / entry.name).symlink_to(entry)
+    return tmp
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "readme", [r for r in readmes() if any(c in RUN for c in commands(r))], ids=lambda p: str(p.relative_to(ROOT))
+)
+def test_cpu_commands_run_from_the_root(readme, tmp_path):
+    cwd = _copy_of_root(tmp_path)
+    for cmd in commands(readme):
+        if cmd not in RUN:
+            continue
+        full = f"{cmd} {RUN[cmd]}".strip()
+        out = subprocess.run(["bash", "-c", full], cwd=cwd, capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, f"{readme.name}: {full}\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}"
+    assert (cwd / "outputs").is_dir()  # the defaults write under outputs/ of the current directory
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a CUDA machine the GPU commands would run for minutes")
+@pytest.mark.parametrize("cmd", sorted(GPU))
+def test_gpu_commands_parse_and_are_refused_without_cuda(cmd, tmp_path):
+    out = subprocess.run(
+        ["bash", "-c", cmd], cwd=_copy_of_root(tmp_path), capture_output=True, text=True, timeout=300,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+    )  # fmt: skip
+    assert out.returncode == 2 and "--device cuda: this machine has no CUDA device" in out.stderr, out.stderr[-2000:]
+
+
+def test_root_readme_use_snippet_runs(tmp_path):
+    """The README's Python example (text and token-id prompts, the ok check, engine == trainer) as written."""
+    code = re.search(r"## Use\n\n```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    assert code, "README.md: a python block right under ## Use"
+    out = subprocess.run(
+        [sys.executable, "-c", code.group(1)], cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
