@@ -2,7 +2,7 @@
 1, and the roofline bound every engine is measured against.
 
 Written against vLLM 0.26.0's offline API (``vllm.LLM``, ``SamplingParams``, token-id prompts with
-``skip_tokenizer_init=True``); NOT YET RUN ON A GPU (no device was lent in the session that wrote it). vLLM comes from
+``skip_tokenizer_init=True``). vLLM comes from
 ``scripts/vllm_device_wheels.sh`` (installed into ``/tmp/vllmsite`` on the device); without it every vLLM cell says
 "not installed" and the rest of the run is unaffected.
 

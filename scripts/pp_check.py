@@ -165,8 +165,8 @@ def main() -> int:
 
 if __name__ == "__main__":
     rc = main()
-    # leave without the interpreter's teardown: after the barrier and destroy_process_group a gloo rank still aborted
-    # now and then at exit ("terminate called without an active exception", a CI run of the tenth session), with every
+    # leave without the interpreter's teardown: after the barrier and destroy_process_group a gloo rank can abort
+    # now and then at exit ("terminate called without an active exception", seen in CI), with every
     # result already printed
     sys.stdout.flush()
     sys.stderr.flush()

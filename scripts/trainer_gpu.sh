@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TARGET=${1:-h100}
-CHECK_DIR=${VEXACT_FSDP_DIR:-/tmp/vexact-fsdp}  # not $OUT: the device tool uses that name
+CHECK_DIR=${VEXACT_FSDP_DIR:-/tmp/vexact-fsdp}  # not $OUT: a results folder, kept small
 rm -rf "$CHECK_DIR" "$CHECK_DIR-ac"
 RUN="python3 -m torch.distributed.run --standalone"
 $RUN --nproc_per_node=1 -m vexact_trainer.fsdp_check --model qwen3-0.6b --device cuda --out "$CHECK_DIR"
@@ -19,6 +19,6 @@ if [ "$(python3 -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ]; t
   $RUN --nproc_per_node=2 -m vexact_trainer.fsdp_check --model qwen3-0.6b --device cuda --out "$CHECK_DIR" \
     --micro-batch-tokens 256
 else
-  echo "one GPU visible: world size 2 skipped (run on nvidia-h200-x2)"
+  echo "one GPU visible: world size 2 skipped (run on a machine with two GPUs)"
 fi
 $RUN --nproc_per_node=1 benchmarks/trainer.py --out "benchmarks/results/trainer-$TARGET.md"

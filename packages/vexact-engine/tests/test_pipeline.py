@@ -55,8 +55,8 @@ def _stage(rank: int, world: int, port: int):
         dist.barrier()
     finally:
         dist.destroy_process_group()
-    # reached only when the rank's work succeeded: leave without the interpreter's teardown, where a gloo rank still
-    # aborted now and then after the barrier (a CI run of the tenth session; pp_check.py does the same)
+    # reached only when the rank's work succeeded: leave without the interpreter's teardown, where a gloo rank can
+    # abort now and then after the barrier (seen in CI; pp_check.py does the same)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)

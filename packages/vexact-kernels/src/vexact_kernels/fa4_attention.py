@@ -23,7 +23,7 @@ head sizes that differ (MLA: 192 / 128) stay on the Triton kernels (``attention.
 kernel refuses them ("Paged KV does not support irregular head dim"). The default where it is installed (``auto``):
 on an H200 its contracts pass and the engine and trainer run faster with it.
 
-Heads under ``attention.FA4_MIN_HEAD_DIM`` (32) run the Triton kernels too (tenth session): FA4's backward at head_dim
+Heads under ``attention.FA4_MIN_HEAD_DIM`` (32) run the Triton kernels too: FA4's backward at head_dim
 16 is wrong (H100: dq max error 2.2 against an fp32 reference, the Triton kernel's 1.0e-2; 32, 64 and 128 agree), found
 when the tiny Qwen3-MoE's world-size-2 step-0 grad norm came out 6.5% off world size 1 under FA4 only (2x H200). Every
 committed tiny checkpoint has heads of 16, so their golden fixtures under ``fa4`` are the Triton ones, and FA4 is
