@@ -1,6 +1,7 @@
 """Batch-invariant matmul for ``linear``: ``C = A @ B_t.T (+ bias)``, bf16/fp16/fp32 in, fp32 accumulation.
 
-Invariance: every output element is reduced over K in one fixed structure, the same for every M and every launch:
+Invariance (design.md rule 2): every output element is reduced over K in one fixed structure, the same for every M and
+every launch:
 
 * K is cut at fixed absolute positions into splits of ``SPLIT_TILES * BLOCK_K`` (1024) elements. Within a split,
   tiles of ``BLOCK_K`` (64) are reduced in K order, one ``tl.dot`` per tile accumulating into an fp32 partial that
