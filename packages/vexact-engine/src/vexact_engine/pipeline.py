@@ -40,7 +40,7 @@ from vexact_models import WeightSyncGroup, expected_tensors, load_model, receive
 from .block_manager import BlockManager
 from .config import EngineConfig
 from .llm import LLM
-from .llm_engine import load_tokenizer
+from .loading import load_tokenizer
 from .model_runner import kv_cache_shapes, sample_rows, step_lists, step_tensors
 from .scheduler import ScheduledSeq
 
