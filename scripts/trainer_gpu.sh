@@ -12,11 +12,11 @@ TARGET=${1:-h100}
 CHECK_DIR=${VEXACT_FSDP_DIR:-/tmp/vexact-fsdp}  # not $OUT: a results folder, kept small
 rm -rf "$CHECK_DIR" "$CHECK_DIR-ac"
 RUN="python3 -m torch.distributed.run --standalone"
-$RUN --nproc_per_node=1 -m vexact_trainer.fsdp_check --model qwen3-0.6b --device cuda --out "$CHECK_DIR"
-$RUN --nproc_per_node=1 -m vexact_trainer.fsdp_check --model qwen3-0.6b --device cuda --out "$CHECK_DIR-ac" \
+$RUN --nproc_per_node=1 -m contracts.fsdp_check --model qwen3-0.6b --device cuda --out "$CHECK_DIR"
+$RUN --nproc_per_node=1 -m contracts.fsdp_check --model qwen3-0.6b --device cuda --out "$CHECK_DIR-ac" \
   --activation-checkpointing
 if [ "$(python3 -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ]; then
-  $RUN --nproc_per_node=2 -m vexact_trainer.fsdp_check --model qwen3-0.6b --device cuda --out "$CHECK_DIR" \
+  $RUN --nproc_per_node=2 -m contracts.fsdp_check --model qwen3-0.6b --device cuda --out "$CHECK_DIR" \
     --micro-batch-tokens 256
 else
   echo "one GPU visible: world size 2 skipped (run on a machine with two GPUs)"

@@ -2,8 +2,8 @@
 
 Run under torchrun (any world size; the engine lives on rank 0)::
 
-    torchrun --standalone --nproc_per_node=1 -m vexact_trainer.fsdp_check --out /tmp/fsdp   # writes probe-ws1
-    torchrun --standalone --nproc_per_node=2 -m vexact_trainer.fsdp_check --out /tmp/fsdp   # compares to ws1
+    torchrun --standalone --nproc_per_node=1 -m contracts.fsdp_check --out /tmp/fsdp   # writes probe-ws1
+    torchrun --standalone --nproc_per_node=2 -m contracts.fsdp_check --out /tmp/fsdp   # compares to ws1
 
 or in-process (world size 1) through :func:`run`. Checks, each ``torch.equal`` on every token:
 
@@ -48,12 +48,15 @@ from vexact_models import (
     tiny_qwen3_config,
     tiny_qwen3_moe_config,
 )
-
-from .actor import Actor
-from .losses import grpo_advantages
-from .parallel import init_distributed
-from .trainer import RolloutBatch, Trainer, TrainerConfig
-from .weights import iter_weight_buckets
+from vexact_trainer import (
+    Actor,
+    RolloutBatch,
+    Trainer,
+    TrainerConfig,
+    grpo_advantages,
+    init_distributed,
+    iter_weight_buckets,
+)
 
 # "tiny-tied": the tiny config with tied embeddings (the real small Qwen3s tie them), cheap enough for CPU; the rest
 # are real model shapes (HF config.json values) for random-weight runs on GPU.
