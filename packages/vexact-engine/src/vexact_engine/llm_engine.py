@@ -17,6 +17,7 @@ import torch
 
 from vexact_models import pack_parameters
 
+from .ablation import MismatchInjection, take_mismatch
 from .block_manager import BlockManager
 from .config import EngineConfig
 from .kv_cache import num_kv_blocks, resolve_max_model_len
@@ -43,8 +44,11 @@ class LLMEngine(EngineSleep, EngineWeights):
         model: torch.nn.Module | None = None,
         tokenizer=None,
         config: EngineConfig | None = None,
+        mismatch: MismatchInjection | None = None,
         **config_kw,
     ):
+        # a study tool, apart from the serving settings: MismatchInjection's fields are also taken as keywords
+        self.mismatch = take_mismatch(mismatch, config_kw)
         if config is not None and config_kw:
             raise TypeError("pass either config=EngineConfig(...) or keyword settings, not both")
         self.config = config or EngineConfig(**config_kw)
@@ -220,4 +224,4 @@ class LLMEngine(EngineSleep, EngineWeights):
 
     def _make_runner(self, model: torch.nn.Module, num_blocks: int):
         """The step executor (a pipeline-parallel engine substitutes its own; see ``pipeline.py``)."""
-        return ModelRunner(model, self.config, num_blocks, self.max_model_len)
+        return ModelRunner(model, self.config, num_blocks, self.max_model_len, self.mismatch)

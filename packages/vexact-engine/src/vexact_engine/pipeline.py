@@ -37,6 +37,7 @@ from torch import nn
 import vexact_kernels as vk
 from vexact_models import WeightSyncGroup, expected_tensors, load_model, receive_weights
 
+from .ablation import MismatchInjection, take_mismatch
 from .block_manager import BlockManager
 from .config import EngineConfig
 from .llm import LLM
@@ -63,9 +64,19 @@ def stage_layers(num_layers: int, num_stages: int) -> list[range]:
 class _StageRunner:
     """Runs one stage's layers on its own KV cache; on the driver, also drives the whole pipeline for a step."""
 
-    def __init__(self, model: nn.Module, config: EngineConfig, num_blocks: int, layers: range, rank: int, world: int):
+    def __init__(
+        self,
+        model: nn.Module,
+        config: EngineConfig,
+        num_blocks: int,
+        layers: range,
+        rank: int,
+        world: int,
+        mismatch: MismatchInjection | None = None,
+    ):
         self.model = model
         self.config = config
+        self.mismatch = mismatch
         self.layers = layers
         self.rank, self.world = rank, world
         self.first, self.last = rank == 0, rank == world - 1
@@ -119,7 +130,7 @@ class _StageRunner:
                 return [], []
             rows = torch.tensor(step["rows"], dtype=torch.int64, device=dev)
             return sample_rows(
-                self.model, self.config.backend, x[rows], step["params"], step["seeds"], step["indices"], self.config
+                self.model, self.config.backend, x[rows], step["params"], step["seeds"], step["indices"], self.mismatch
             )
 
     # ---- driver side
@@ -205,10 +216,12 @@ class PipelineLLM(LLM):
         model: nn.Module | None = None,
         tokenizer=None,
         config: EngineConfig | None = None,
+        mismatch: MismatchInjection | None = None,
         **config_kw,
     ):
         if not dist.is_initialized():
             raise RuntimeError("PipelineLLM needs an initialised torch.distributed process group (e.g. torchrun)")
+        mismatch = take_mismatch(mismatch, config_kw)
         if config is not None and config_kw:
             raise TypeError("pass either config=EngineConfig(...) or keyword settings, not both")
         config = config or EngineConfig(**config_kw)
@@ -230,14 +243,14 @@ class PipelineLLM(LLM):
         model = model.to(config.device)
         # graphs are one-device only for now: the driver's steps run eagerly (a copy: the caller's config is theirs)
         config = dataclasses.replace(config, enforce_eager=True)
-        super().__init__(model=model, tokenizer=tokenizer, config=config)
+        super().__init__(model=model, tokenizer=tokenizer, config=config, mismatch=mismatch)
         self._own_names = _weight_names(self.model)
         self._remote_pending: set[str] = set()  # driver: weights other stages still miss
         self._sync_group: WeightSyncGroup | None = None  # this stage's member of a trainer's weight sync group
         log.info("pipeline rank %d/%d holds layers %s", self.rank, self.world, list(self.stage))
 
     def _make_runner(self, model: nn.Module, num_blocks: int) -> _StageRunner:
-        return _StageRunner(model, self.config, num_blocks, self.stage, self.rank, self.world)
+        return _StageRunner(model, self.config, num_blocks, self.stage, self.rank, self.world, self.mismatch)
 
     @property
     def is_driver(self) -> bool:
