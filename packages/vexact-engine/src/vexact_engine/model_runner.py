@@ -259,7 +259,7 @@ class ModelRunner:
     def forward(self, batch: list[ScheduledSeq], blocks: BlockManager) -> tuple[torch.Tensor, list[ScheduledSeq]]:
         """Run the model over the step; returns the pre-norm hidden rows ``[S, H]`` of the ``S`` sequences that
         sample in it, and those sequences."""
-        sampling = [b for b, item in enumerate(batch) if item.samples]
+        sampling = [b for b, item in enumerate(batch) if item.is_last_chunk]
         items = [batch[b] for b in sampling]
         size = self.padded_size(batch)
         tokens = self.padded_tokens(batch) if size is None else None

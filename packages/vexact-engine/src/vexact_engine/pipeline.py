@@ -136,7 +136,7 @@ class _StageRunner:
     # ---- driver side
     def run(self, batch: list[ScheduledSeq], blocks: BlockManager) -> list[tuple[ScheduledSeq, int, float]]:
         step = step_lists(batch, blocks)
-        sampling = [b for b, item in enumerate(batch) if item.samples]
+        sampling = [b for b, item in enumerate(batch) if item.is_last_chunk]
         items = [batch[b] for b in sampling]
         step.update(
             rows=[step["cu"][b + 1] - 1 for b in sampling],
