@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # The FSDP trainer's GPU checks and benchmark, on the GPU machine:
-#   source scripts/device_env.sh && bash scripts/trainer_gpu.sh [h100|h200]
+#   source scripts/device_env.sh && bash scripts/checks/trainer_gpu.sh [h100|h200]
 # 1. fsdp_check at world size 1 (Qwen3-0.6B-shaped, tied embeddings): FSDP == unsharded == engine through updates;
 # 2. the same with activation checkpointing;
 # 3. world size 2 when two GPUs are visible (uneven split, micro-batches): == world size 1, == engine;
 # 4. benchmarks/trainer.py (Qwen3-1.7B shape): invariant / fast tokens/s -> benchmarks/results/trainer-<target>.md.
 # Each check prints one JSON line with "ok": true|false and exits non-zero on failure.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 TARGET=${1:-h100}
 CHECK_DIR=${VEXACT_FSDP_DIR:-/tmp/vexact-fsdp}  # not $OUT: a results folder, kept small
 rm -rf "$CHECK_DIR" "$CHECK_DIR-ac"

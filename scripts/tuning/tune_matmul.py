@@ -1,6 +1,6 @@
 """Sweep tile configs of the invariant matmul on the GPU (speed only: BLOCK_K, hence the bits, never changes).
 
-python scripts/tune_matmul.py   # prints, per shape, each config's time and the best one
+python scripts/tuning/tune_matmul.py   # prints, per shape, each config's time and the best one
 """
 
 import torch

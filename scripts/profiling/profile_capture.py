@@ -1,6 +1,6 @@
 """CUDA graph capture at start-up and at every wake_up (GPU): what a verl iteration pays to wake the engine.
 
-    python scripts/profile_capture.py [--shape 1.7b] [--max-num-seqs 256] [--tokens 4096] [--cycles 2]
+    python scripts/profiling/profile_capture.py [--shape 1.7b] [--max-num-seqs 256] [--tokens 4096] [--cycles 2]
 
 The engine captures every graph (decode batch sizes and token counts of the steps with prompt tokens) at start-up and
 again at each ``wake_up``, since the KV cache comes back at new addresses. Prints the start-up capture, then per
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import throughput  # noqa: E402  (the benchmark's model builder: random bf16 weights drawn on the GPU)
 
 from vexact_engine import LLM, SamplingParams, model_runner  # noqa: E402
@@ -39,7 +39,7 @@ def main() -> int:
     ap.add_argument("--cycles", type=int, default=2, help="sleep / wake_up cycles per warm-up setting")
     args = ap.parse_args()
     if not torch.cuda.is_available():
-        print("scripts/profile_capture.py needs a CUDA device", file=sys.stderr)
+        print("scripts/profiling/profile_capture.py needs a CUDA device", file=sys.stderr)
         return 2
     model = throughput.make_model(args.shape, None)
     t0 = time.perf_counter()

@@ -1,6 +1,6 @@
 """GPU sweep behind the matmul and logprobs launch constants (run on the device; prints tables).
 
-    python scripts/tune_kernels.py [--parts agree,small,large,logprobs]
+    python scripts/tuning/tune_kernels.py [--parts agree,small,large,logprobs]
 
 (An earlier ``flat`` part compared a loop per split against one loop with the split boundary as a branch; the branch
 won and is the only form kept: benchmarks/results/tune-matmul-h100.txt.)
@@ -26,7 +26,7 @@ import triton.testing
 from vexact_kernels.triton_ops import logprobs as lpk
 from vexact_kernels.triton_ops import matmul as mm
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from kernels import LINEAR_SHAPES as SHAPES  # noqa: E402  (the benchmark's shapes: K = N = 4096, Qwen3-1.7B/8B)
 
 

@@ -2,7 +2,7 @@
 bookkeeping. The model's replay and the sampler are replaced by constant-time stubs, so what is timed is the Python a
 GPU waits on between two replays (``scripts/profile_decode.py`` calls it "the rest" on a GPU). Runs on CPU.
 
-    python scripts/profile_host.py --batch 64,256 [--profile]
+    python scripts/profiling/profile_host.py --batch 64,256 [--profile]
 """
 
 from __future__ import annotations

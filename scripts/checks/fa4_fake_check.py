@@ -12,7 +12,7 @@ Setup on a CPU machine (any CPython; wheels for that version, installed apart fr
         torch-c-dlpack-ext==0.1.5 cuda-bindings cuda-pathfinder einops
     python -m pip install --no-index --no-deps --target /tmp/fa4cpu /tmp/fa4w/*.whl
     PYTHONPATH=/tmp/fa4cpu/nvidia_cutlass_dsl/dsl_packages:/tmp/fa4cpu:<packages' src dirs> \
-        python scripts/fa4_fake_check.py            # about 4 minutes (each variant compiles for 5-25 s)
+        python scripts/checks/fa4_fake_check.py            # about 4 minutes (each variant compiles for 5-25 s)
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 # safetensors, pytest, xdist, hypothesis but no internet) into .whl/ (git-ignored via .git/info/exclude).
 # Copy .whl to the GPU machine with the checkout and `source scripts/device_env.sh` there to install them.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 mkdir -p .whl
 grep -qx "/.whl/" .git/info/exclude 2>/dev/null || echo "/.whl/" >> .git/info/exclude
 # nox and its runtime dependencies (versions: whatever PyPI serves today; one version of each).
