@@ -1,6 +1,6 @@
-"""scripts/tuning/kernel_regs.py compiles the Triton kernels for a GPU on this CPU machine (a stand-in driver, every launch a
-compile) and reads ptxas's registers and spills: run here on the fused draw, where it must show the TMA split kernel
-without spills and the noise kernel; on an arch before TMA, where the same call compiles the pointer path; and on
+"""scripts/tuning/kernel_regs.py compiles the Triton kernels for a GPU on this CPU machine (a stand-in driver, every
+launch a compile) and reads ptxas's registers and spills: run here on the fused draw, where it must show the TMA split
+kernel without spills and the noise kernel; on an arch before TMA, where the same call compiles the pointer path; and on
 sm_100, where the draw must compile at all."""
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Registers, spills and shared memory of the Triton kernels, compiled for a GPU on a machine without one.
 
-    python scripts/tuning/kernel_regs.py [--arch 90] [--only logprobs,linear,attention,norm,other] [--match 'draw T=256']
+    python scripts/tuning/kernel_regs.py [--arch 90] [--only logprobs,linear,attention,norm,other] \
+        [--match 'draw T=256']
 
 Triton compiles for a target without its driver: this script makes a stand-in driver that reports ``sm_<arch>``,
 turns every kernel launch into a compile (``JITFunction.run`` with ``warmup=True``: the real argument binding and

@@ -479,7 +479,8 @@ def _cuda_major(device: torch.device) -> int | None:
 def _skip_ok(device: torch.device) -> bool:
     """Whether the draw's tile skip compiles for ``device``: Triton 3.6 fails on its data-dependent branch for sm_100
     and later (TritonNvidiaGPUOptimizeTMemLayoutsPass: "parent layout must have at least rank >= 2"; the logits tile
-    lives in tensor memory there; ``scripts/tuning/kernel_regs.py --arch 100`` shows it). Speed only: the same tokens."""
+    lives in tensor memory there; ``scripts/tuning/kernel_regs.py --arch 100`` shows it). Speed only: the same
+    tokens."""
     major = _cuda_major(device)
     return major is None or major < 10
 
