@@ -38,6 +38,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+import vexact_trainer as vt
 from vexact_models import (
     QWEN3_MOE_SHAPES,
     QWEN3_SHAPES,
@@ -48,15 +49,7 @@ from vexact_models import (
     tiny_qwen3_config,
     tiny_qwen3_moe_config,
 )
-from vexact_trainer import (
-    Actor,
-    RolloutBatch,
-    Trainer,
-    TrainerConfig,
-    grpo_advantages,
-    init_distributed,
-    iter_weight_buckets,
-)
+from vexact_trainer import Actor, RolloutBatch, Trainer, TrainerConfig, grpo_advantages, init_distributed
 
 # "tiny-tied": the tiny config with tied embeddings (the real small Qwen3s tie them), cheap enough for CPU; the rest
 # are real model shapes (HF config.json values) for random-weight runs on GPU.
@@ -226,7 +219,7 @@ def run(
         metrics[-1]["micro_batches_per_rank"] = counts  # (own, run after padding to the busiest rank)
         if perturb == "export-fp16":
             # a wrong export: weights rounded through fp16, not the bf16 the forward used
-            buckets = iter_weight_buckets(trainer.model, dtype=torch.float16)
+            buckets = vt.iter_weight_buckets(trainer.model, dtype=torch.float16)
             for bucket in buckets:
                 if rank == 0:
                     llm.update_weights(bucket)

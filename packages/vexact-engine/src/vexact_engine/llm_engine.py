@@ -68,6 +68,7 @@ class LLMEngine(EngineSleep, EngineWeights):
         self.blocks = BlockManager(num_blocks, self.config.block_size, self.config.enable_prefix_caching)
         self.scheduler = Scheduler(self.config, self.blocks)
         self.runner = self._make_runner(model, num_blocks)
+        self.runner.mismatch = self.mismatch
         self.eos_token_ids = set(model.config.eos_token_ids)
         if tokenizer is not None and getattr(tokenizer, "eos_token_id", None) is not None:
             self.eos_token_ids.add(tokenizer.eos_token_id)
@@ -224,4 +225,4 @@ class LLMEngine(EngineSleep, EngineWeights):
 
     def _make_runner(self, model: torch.nn.Module, num_blocks: int):
         """The step executor (a pipeline-parallel engine substitutes its own; see ``pipeline.py``)."""
-        return ModelRunner(model, self.config, num_blocks, self.max_model_len, self.mismatch)
+        return ModelRunner(model, self.config, num_blocks, self.max_model_len)

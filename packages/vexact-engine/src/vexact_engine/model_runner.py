@@ -50,17 +50,11 @@ class ModelRunner:
     # A pad row of a padded decode step: token 0 at position 0, KV slot -1 (write_kv_cache skips it), context 1.
     PAD_ROW = (0, 0, -1, 1)
 
-    def __init__(
-        self,
-        model: torch.nn.Module,
-        config: EngineConfig,
-        num_blocks: int,
-        max_model_len: int,
-        mismatch: MismatchInjection | None = None,
-    ):
+    mismatch: MismatchInjection | None = None  # a study tool, set by the engine that asks for one
+
+    def __init__(self, model: torch.nn.Module, config: EngineConfig, num_blocks: int, max_model_len: int):
         self.model = model
         self.config = config
-        self.mismatch = mismatch
         self.num_blocks = num_blocks
         cfg = model.config
         self.kv_shapes = kv_cache_shapes(cfg, num_blocks, config.block_size)

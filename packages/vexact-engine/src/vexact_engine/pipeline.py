@@ -64,19 +64,11 @@ def stage_layers(num_layers: int, num_stages: int) -> list[range]:
 class _StageRunner:
     """Runs one stage's layers on its own KV cache; on the driver, also drives the whole pipeline for a step."""
 
-    def __init__(
-        self,
-        model: nn.Module,
-        config: EngineConfig,
-        num_blocks: int,
-        layers: range,
-        rank: int,
-        world: int,
-        mismatch: MismatchInjection | None = None,
-    ):
+    mismatch: MismatchInjection | None = None  # a study tool, set by the engine that asks for one
+
+    def __init__(self, model: nn.Module, config: EngineConfig, num_blocks: int, layers: range, rank: int, world: int):
         self.model = model
         self.config = config
-        self.mismatch = mismatch
         self.layers = layers
         self.rank, self.world = rank, world
         self.first, self.last = rank == 0, rank == world - 1
@@ -250,7 +242,7 @@ class PipelineLLM(LLM):
         log.info("pipeline rank %d/%d holds layers %s", self.rank, self.world, list(self.stage))
 
     def _make_runner(self, model: nn.Module, num_blocks: int) -> _StageRunner:
-        return _StageRunner(model, self.config, num_blocks, self.stage, self.rank, self.world, self.mismatch)
+        return _StageRunner(model, self.config, num_blocks, self.stage, self.rank, self.world)
 
     @property
     def is_driver(self) -> bool:
