@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The FSDP trainer's GPU checks and benchmark, on the GPU machine:
-#   source scripts/device_env.sh && bash scripts/checks/trainer_gpu.sh [h100|h200]
+#   source scripts/staging/device_env.sh && bash scripts/checks/trainer_gpu.sh [h100|h200]
 # 1. fsdp_check at world size 1 (Qwen3-0.6B-shaped, tied embeddings): FSDP == unsharded == engine through updates;
 # 2. the same with activation checkpointing;
 # 3. world size 2 when two GPUs are visible (uneven split, micro-batches): == world size 1, == engine;

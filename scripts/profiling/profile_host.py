@@ -1,6 +1,6 @@
 """The engine's host work per decode step, without the model: scheduler, step lists, static-buffer fill, result
 bookkeeping. The model's replay and the sampler are replaced by constant-time stubs, so what is timed is the Python a
-GPU waits on between two replays (``scripts/profile_decode.py`` calls it "the rest" on a GPU). Runs on CPU.
+GPU waits on between two replays (``scripts/profiling/profile_decode.py`` calls it "the rest" on a GPU). Runs on CPU.
 
     python scripts/profiling/profile_host.py --batch 64,256 [--profile]
 """

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Download, on a machine with internet, the wheels the air-gapped GPU machine lacks (it has torch, triton, transformers,
 # safetensors, pytest, xdist, hypothesis but no internet) into .whl/ (git-ignored via .git/info/exclude).
-# Copy .whl to the GPU machine with the checkout and `source scripts/device_env.sh` there to install them.
+# Copy .whl to the GPU machine with the checkout and `source scripts/staging/device_env.sh` there to install them.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 mkdir -p .whl

@@ -1,8 +1,7 @@
 """Pipeline parallelism: stages of consecutive layers on several ranks give one device's tokens and logprobs, bitwise.
 
-CPU: two (or three) processes over gloo. GPU: ``torchrun --nproc_per_node=2 scripts/pp_check.py`` on a two-GPU host
-(``tests/test_pp_check.py`` runs that script over gloo here, and on two GPUs when marked ``gpu``).
-"""
+CPU: two (or three) processes over gloo. GPU: ``torchrun --nproc_per_node=2 scripts/checks/pp_check.py`` on a two-GPU
+host (``tests/test_pp_check.py`` runs that script over gloo here, and on two GPUs when marked ``gpu``)."""
 
 from __future__ import annotations
 

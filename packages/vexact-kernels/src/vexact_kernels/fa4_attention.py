@@ -15,7 +15,7 @@ prefill == a paged decode, bitwise, for pages of 16 to 256 tokens; the backward 
 to run. The bits differ from the Triton kernel's (other tiles, other exp), so trainer and engine must run the same
 implementation, and golden fixtures are per implementation.
 
-Status (first GPU run, H100, flash-attn-4 4.0.0b36; ``scripts/gpu_checks.sh h100 fa4-probe fa4-kernels fa4-golden
+Status (first GPU run, H100, flash-attn-4 4.0.0b36; ``scripts/checks/gpu_checks.sh h100 fa4-probe fa4-kernels fa4-golden
 fa4-contracts fa4-bench``): every check of the probe bitwise (alone == packed == chunked == paged for pages of 16 to
 256, CUDA-graph replay == eager, deterministic backward run to run); this package's FA4 GPU tests pass; the contract
 suite under ``VEXACT_ATTENTION=fa4`` passed 121 tests (h100-fa4 golden fixtures recorded for every family). K and V
@@ -46,7 +46,7 @@ FA4_CAPABILITY_MAJORS = (9, 10)
 
 _INSTALL_HINT = (
     "install the extra vexact-kernels[fa4] (flash-attn-4 and nvidia-cutlass-dsl[cu13]; on the GPU machine "
-    "scripts/fa4_device_wheels.sh), or choose VEXACT_ATTENTION=triton"
+    "scripts/staging/fa4_device_wheels.sh), or choose VEXACT_ATTENTION=triton"
 )
 
 

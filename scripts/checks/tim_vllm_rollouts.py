@@ -1,9 +1,10 @@
 """Roll out a checkpoint with vLLM's offline API and write the rows ``vexact tim rescore --layout vllm`` reads.
 
 Run on the GPU machine where vLLM is installed (untested here: vLLM is not installed on the CPU machine; on the GPU
-machine ``scripts/gpu_checks.sh <target> tim-vllm`` runs both modes on the checkpoint ``bench-throughput`` saved):
+machine ``scripts/checks/gpu_checks.sh <target> tim-vllm`` runs both modes on the checkpoint ``bench-throughput``
+saved):
 
-    python scripts/tim_vllm_rollouts.py CKPT $OUT/vllm.jsonl [--batch-invariant]
+    python scripts/checks/tim_vllm_rollouts.py CKPT $OUT/vllm.jsonl [--batch-invariant]
     python -m vexact tim rescore $OUT/vllm.jsonl --model CKPT --layout vllm --device cuda --out $OUT/vllm
 
 ``logprobs_mode="processed_logprobs"`` makes vLLM report logprobs after temperature (as verl runs it; vLLM's default
@@ -21,7 +22,7 @@ import os
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def main() -> None:

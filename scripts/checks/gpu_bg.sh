@@ -3,21 +3,21 @@
 # The device gives its machine back 30 s after a call ends, but a process that started its own session (setsid) runs
 # on while later calls keep the machine warm; a device call's own limit is 10 minutes, a lease's 30.
 #
-#   bash scripts/gpu_bg.sh start NAME CMD...   # snapshot the checkout (without carried wheel dirs) to
+#   bash scripts/checks/gpu_bg.sh start NAME CMD...   # snapshot the checkout (without carried wheel dirs) to
 #                                              # /tmp/vxbg/NAME/repo, then run CMD there in a new session with
-#                                              # scripts/device_env.sh sourced and OUT=/tmp/vxbg/NAME/out; the
+#                                              # scripts/staging/device_env.sh sourced and OUT=/tmp/vxbg/NAME/out; the
 #                                              # exit status lands in /tmp/vxbg/NAME/rc
-#   bash scripts/gpu_bg.sh wait SECONDS [quiet] # until every job has an rc or SECONDS pass; prints each job's state
+#   bash scripts/checks/gpu_bg.sh wait SECONDS [quiet] # until every job has an rc or SECONDS pass; prints each job's state
 #                                              # and the tail of its log (quiet: the states only, one line a job:
 #                                              # inside a lease, read nothing long between calls, or the machine
 #                                              # goes back while you read)
-#   bash scripts/gpu_bg.sh collect [NAME...]   # $OUT/bg-NAME.tgz for each job (its out/ and log), at most 8 files
+#   bash scripts/checks/gpu_bg.sh collect [NAME...]   # $OUT/bg-NAME.tgz for each job (its out/ and log), at most 8 files
 #
-# e.g. bash scripts/gpu_bg.sh start contracts bash scripts/gpu_checks.sh h100 golden contracts
+# e.g. bash scripts/checks/gpu_bg.sh start contracts bash scripts/checks/gpu_checks.sh h100 golden contracts
 # The snapshot keeps a job away from the next call's re-sync of the working tree (fixtures written by `golden`
 # stay in the job's copy: unpack the collected tarball here and commit them).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 BG=/tmp/vxbg
 verb=${1:?usage: gpu_bg.sh start NAME CMD... | wait SECONDS | collect [NAME...]}
 shift
@@ -34,7 +34,7 @@ case "$verb" in
     printf '%q ' "$@" > "$job/cmd"
     # setsid: its own session, so the device does not end it when this call returns
     date +%s > "$job/t0"
-    setsid nohup bash -c "cd '$job/repo' || exit 1; source scripts/device_env.sh; export OUT='$job/out'; \
+    setsid nohup bash -c "cd '$job/repo' || exit 1; source scripts/staging/device_env.sh; export OUT='$job/out'; \
       $(cat "$job/cmd"); echo \$? > '$job/rc'; date +%s > '$job/t1'" \
       > "$job/log" 2>&1 < /dev/null &
     echo "started $name (pid $!): $(cat "$job/cmd")"

@@ -1,11 +1,11 @@
 """Wheels cut into parts that each fit one call of the GPU device tool (64 MiB a call, the working tree included),
 and joined back on the device. Shared by verl_device_wheels.sh, fa4_device_wheels.sh and vllm_device_wheels.sh.
 
-    python3 scripts/wheel_parts.py pack DIR MIB PREFIX
+    python3 scripts/staging/wheel_parts.py pack DIR MIB PREFIX
         DIR/all/* -> DIR/<PREFIX>1, DIR/<PREFIX>2, ... : a file over MIB is cut into NAME.part-00, -01, ...; the
         parts are filled greedily, biggest first, to at most MIB each; every part gets MANIFEST (the sha256 of
         every whole file). DIR/all is removed.
-    python3 scripts/wheel_parts.py join DIR
+    python3 scripts/staging/wheel_parts.py join DIR
         DIR holds the files of the parts carried so far (copied there from one call to the next): joins every
         NAME.part-* back into NAME and checks MANIFEST. Exit 0 when every file is whole and matches, 3 when files
         are still missing (carry the next part), 1 on a mismatch.

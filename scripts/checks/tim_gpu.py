@@ -1,4 +1,5 @@
-"""TIM diagnostics on one GPU (run from the repo root after ``source scripts/device_env.sh``; writes under $OUT).
+"""TIM diagnostics on one GPU (run from the repo root after ``source scripts/staging/device_env.sh``; writes under
+$OUT).
 
 1. a random-weight Qwen3 (``--preset``: hidden 1024, 8 layers by default) as a checkpoint;
 2. rollouts of it with our engine on the ``fast`` backend (cuBLAS/SDPA: today's baseline) and on ``invariant``,

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The verl GPU checks (issue #7) on the device, once verl is installed there (scripts/verl_device_wheels.sh: stage the
+# The verl GPU checks (issue #7) on the device, once verl is installed there (scripts/staging/verl_device_wheels.sh: stage the
 # three bundles, then `install`, on the same warm machine).
 #
-#   bash scripts/verl_gpu.sh RESULTS_DIR N_GPUS STEPS WHAT [LR]
+#   bash scripts/checks/verl_gpu.sh RESULTS_DIR N_GPUS STEPS WHAT [LR]
 #
 # WHAT:
 # - tests:     `pytest -m gpu packages/vexact-verl/tests` (rollout and actor engine through verl's registries, CUDA)
@@ -21,9 +21,9 @@
 #   `invariant`: K3 exactly 0.0 at every step; `fast`: the fast rollout against the same actor, K3 > 0.
 # - veomni-verl: verl's own VeOmni engine (VeOmni's HF model, SDPA attention), the baseline a VeOmni user has today;
 #   one GPU needs init_device=cuda there (VeOmni shards only when the data-parallel world is > 1). Not a contract.
-# e.g. ENGINE=veomni bash scripts/verl_gpu.sh $OUT 1 20 invariant; then the same with `fast` in the next call.
+# e.g. ENGINE=veomni bash scripts/checks/verl_gpu.sh $OUT 1 20 invariant; then the same with `fast` in the next call.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 RESULTS=${1:?usage: verl_gpu.sh RESULTS_DIR N_GPUS STEPS tests|invariant|fast|pair [LR]}
 NGPU=${2:-1}
 STEPS=${3:-20}
@@ -31,7 +31,7 @@ WHAT=${4:-tests}
 LR=${5:-3e-6}
 mkdir -p "$RESULTS"
 export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-source scripts/device_env.sh
+source scripts/staging/device_env.sh
 python3 -c "import verl, ray; print('verl', verl.__version__, 'ray', ray.__version__)"
 
 if [ "$WHAT" = tests ]; then

@@ -1,6 +1,6 @@
 """Where a decode step's time goes (GPU): the captured graph vs the rest of ``LLMEngine.step``, per batch size.
 
-    python scripts/profile_decode.py [--shape 1.7b] [--layers 28] [--batch 1,64,256] [--no-pack]
+    python scripts/profiling/profile_decode.py [--shape 1.7b] [--layers 28] [--batch 1,64,256] [--no-pack]
                                      [--mixed 64:2048,256:1024]
 
 Prints, per batch size: the whole step (median wall ms), the decode graph replay alone (CUDA events), the sampling
@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import profiling  # noqa: E402  (benchmarks/profiling.py: the kernel table)
 import throughput  # noqa: E402  (the benchmark's model builder: random bf16 weights drawn on the GPU)
 

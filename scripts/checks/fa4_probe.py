@@ -1,8 +1,8 @@
 """Probe FlashAttention 4 (flash-attn-4, CuTe DSL) on the GPU machine: does it give VeXact's invariances?
 (Written against flash-attn-4 4.0.0b36; checked on CPU against a stand-in only, not yet run on a GPU.)
 
-    bash scripts/fa4_device_wheels.sh stage && bash scripts/fa4_device_wheels.sh install   # (see that script)
-    source scripts/device_env.sh && python3 scripts/fa4_probe.py 2>&1 | tee $OUT/fa4-probe.txt
+    bash scripts/staging/fa4_device_wheels.sh stage && bash scripts/staging/fa4_device_wheels.sh install  # see there
+    source scripts/staging/device_env.sh && python3 scripts/checks/fa4_probe.py 2>&1 | tee $OUT/fa4-probe.txt
 
 GQA 32/8, head_dim 128, bf16, causal, ``num_splits=1``. Prints, each check on its own line (``OK``/``DIFF``/``ERROR``):
 the exact signature and versions used; a sequence alone == its rows of a packed varlen batch; paged decode of each

@@ -1,6 +1,6 @@
 """Pipeline-parallel engine on GPUs == one GPU, bitwise (run on a host with >= 2 GPUs).
 
-    torchrun --nproc_per_node=2 scripts/pp_check.py [--shape 0.6b|1.7b] [--layers N] [--prompts 48]
+    torchrun --nproc_per_node=2 scripts/checks/pp_check.py [--shape 0.6b|1.7b] [--layers N] [--prompts 48]
 
 Every rank builds the same random Qwen3-shaped model (bf16, HF config shapes); rank r keeps stage r's layers.
 Rank 0 generates a workload through the pipeline (sampled and greedy requests, chunked prefill, a KV cache small

@@ -2,16 +2,16 @@
 # FlashAttention 4 (flash-attn-4, CuTe DSL) on the GPU device, which has no internet. Three verbs:
 #
 #   here (a machine with internet), in the repo root:
-#     bash scripts/fa4_device_wheels.sh download   # wheels for Linux x86_64 / CPython 3.12 into .whl-fa4/p1, p2, ...
+#     bash scripts/staging/fa4_device_wheels.sh download   # wheels for Linux x86_64 / CPython 3.12 into .whl-fa4/p1, p2, ...
 #                                                  # (each part <= PART_MIB; a wheel over that is cut into pieces by
-#                                                  # scripts/wheel_parts.py and joined back by `install`); prints the
+#                                                  # scripts/staging/wheel_parts.py and joined back by `install`); prints the
 #                                                  # carry plan
 #   on the device, one call per part (carry .whl-fa4/pN), back to back on the same warm machine:
-#     bash scripts/fa4_device_wheels.sh stage      # copy the carried part(s) to /tmp/fa4parts
+#     bash scripts/staging/fa4_device_wheels.sh stage      # copy the carried part(s) to /tmp/fa4parts
 #   on the device, in the call that carries the last part (after its `stage`):
-#     bash scripts/fa4_device_wheels.sh install    # join cut wheels (sha256 checked), pip install --target /tmp/fa4site (no index,
+#     bash scripts/staging/fa4_device_wheels.sh install    # join cut wheels (sha256 checked), pip install --target /tmp/fa4site (no index,
 #                                                  # no deps), then check that flash_attn.cute imports
-#     source scripts/device_env.sh                 # puts /tmp/fa4site and the DSL's dsl_packages on PYTHONPATH
+#     source scripts/staging/device_env.sh                 # puts /tmp/fa4site and the DSL's dsl_packages on PYTHONPATH
 #
 # What is carried: flash-attn-4 and the runtime packages it needs that the device image lacks (the image's list:
 # .library device KINDS.md, last table). The image has torch 2.11+cu130, einops, typing-extensions, protobuf,
@@ -22,7 +22,7 @@
 # A `--target` install does not run .pth files, so nvidia_cutlass_dsl_packages.pth (it puts
 # nvidia_cutlass_dsl/dsl_packages on sys.path, where the `cutlass` package lives) is replaced by device_env.sh.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 DIR=${FA4_WHL_DIR:-.whl-fa4}
 STAGE=/tmp/fa4parts
 SITE=/tmp/fa4site
@@ -40,17 +40,17 @@ download() {
     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 \
     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d "$DIR/all" "${WHEELS[@]}"
   # parts p1, p2, ... of at most PART_MIB (the CUDA 13 libs cut into pieces), each with the MANIFEST `install` checks
-  python3 scripts/wheel_parts.py pack "$DIR" "$PART_MIB" p
+  python3 scripts/staging/wheel_parts.py pack "$DIR" "$PART_MIB" p
   n=$(ls -d "$DIR"/p* | wc -l)
   echo
   echo "carry plan: $n device calls, one part each, back to back on the same warm machine (it keeps /tmp only"
   echo "while warm, about 30 s after a call):"
   for i in $(seq 1 "$n"); do
     if [ "$i" -lt "$n" ]; then
-      echo "  call $i: carry [\"$(basename "$DIR")/p$i\"]  command: bash scripts/fa4_device_wheels.sh stage"
+      echo "  call $i: carry [\"$(basename "$DIR")/p$i\"]  command: bash scripts/staging/fa4_device_wheels.sh stage"
     else
-      echo "  call $i: carry [\"$(basename "$DIR")/p$i\"]  command: bash scripts/fa4_device_wheels.sh stage && \\"
-      echo "          bash scripts/fa4_device_wheels.sh install && source scripts/device_env.sh && ..."
+      echo "  call $i: carry [\"$(basename "$DIR")/p$i\"]  command: bash scripts/staging/fa4_device_wheels.sh stage && \\"
+      echo "          bash scripts/staging/fa4_device_wheels.sh install && source scripts/staging/device_env.sh && ..."
     fi
   done
 }
@@ -63,7 +63,7 @@ stage() {
 }
 
 install() {
-  python3 scripts/wheel_parts.py join "$STAGE" \
+  python3 scripts/staging/wheel_parts.py join "$STAGE" \
     || { echo "stage every part first (see the carry plan of 'download')" >&2; exit 1; }
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
     "$STAGE"/*.whl

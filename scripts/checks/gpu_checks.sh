@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every GPU check of the repo, on the GPU machine (the `device` tool), one step or several per call:
-#   source scripts/device_env.sh && bash scripts/gpu_checks.sh <h100|h200|b200> <step>...
+#   source scripts/staging/device_env.sh && bash scripts/checks/gpu_checks.sh <h100|h200|b200> <step>...
 # Results land in $OUT (the device tool brings back at most 8 files, two folders deep: keep a call to <= 8 outputs).
 #
 # Steps without extra wheels:
@@ -21,28 +21,28 @@
 #   bench-mla       benchmarks/mla.py, Moonlight and DeepSeek-V3 layer shapes -> $OUT/mla-<target>.md, mla-v3-...
 #   bench-grpo      benchmarks/throughput.py --grpo-only (prefix caching on/off) -> $OUT/throughput-grpo-<target>.md
 #   bench-moe       benchmarks/moe.py -> $OUT/moe-<target>.md
-#   profile         scripts/profile_decode.py: decode steps at batch 1/64/256 (graph replay) and steps with prompt
+#   profile         scripts/profiling/profile_decode.py: decode steps at batch 1/64/256 (graph replay) and steps with prompt
 #                   tokens (64 decoding + a 1024-token chunk, 256 + 2048; eager, then as CUDA graphs)
 #                   -> $OUT/profile-{decode,mixed}-<target>.txt
 #   bench-trainer   benchmarks/trainer.py --profile 2 (FSDP2, Qwen3-1.7B shape): tokens/s, MFU and the kernels of a step
 #                   -> $OUT/trainer-<target>.md (host-side profile tables in $OUT/trainer-<target>.log)
 #   bench-moonlight benchmarks/throughput.py --models moonlight (invariant vs fast) -> $OUT/throughput-moonlight-...
-#   tim             scripts/tim_gpu.py: `vexact tim` on fast and invariant GPU rollouts + attribution -> $OUT/tim/
+#   tim             scripts/checks/tim_gpu.py: `vexact tim` on fast and invariant GPU rollouts + attribution -> $OUT/tim/
 #   tim-study       examples/tim_study/sweep.py on the GPU preset -> $OUT/tim-study-<target>.jsonl and its .png
 # Steps that need carried wheels (installed earlier in the same warm machine):
 #   fa4-probe | fa4-kernels | fa4-contracts | fa4-golden | fa4-bench
-#                   FlashAttention 4 (scripts/fa4_device_wheels.sh): the probe, its kernel tests, the contracts and
+#                   FlashAttention 4 (scripts/staging/fa4_device_wheels.sh): the probe, its kernel tests, the contracts and
 #                   golden fixtures with VEXACT_ATTENTION=fa4 (fixtures/<target>-fa4), benchmarks/attention.py
 #   bench-throughput    the peer table: VeXact vs vLLM default / batch-invariant / HF generate
-#                   (scripts/vllm_device_wheels.sh puts vLLM in /tmp/vllmsite) -> $OUT/throughput-<target>.md
+#                   (scripts/staging/vllm_device_wheels.sh puts vLLM in /tmp/vllmsite) -> $OUT/throughput-<target>.md
 #   tim-vllm        vLLM's rollouts (default, VLLM_BATCH_INVARIANT=1) rescored by `vexact tim` -> $OUT/tim-vllm/
 #   verl-rollout    the verl rollout GPU test (weight sync through CUDA IPC); verl + Ray wheels
-#                   (scripts/verl_device_wheels.sh). The GRPO runs are scripts/verl_gpu.sh.
+#                   (scripts/staging/verl_device_wheels.sh). The GRPO runs are scripts/checks/verl_gpu.sh.
 # Two GPUs:
 #   nccl            benchmarks/weight_sync.py --mode nccl under torchrun --nproc_per_node 2
-#   pp              scripts/pp_check.py under torchrun --nproc_per_node 2 (pipeline replica == one GPU, lifecycle)
+#   pp              scripts/checks/pp_check.py under torchrun --nproc_per_node 2 (pipeline replica == one GPU, lifecycle)
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 TARGET=${1:?target: h100 | h200 | b200}
 shift
 OUT=${OUT:-/tmp/vexact-out}
@@ -133,7 +133,7 @@ for step in "$@"; do
     bench-moe)
       python3 benchmarks/moe.py --out "$OUT/moe-$TARGET.md" || status=1 ;;
     tim)
-      python3 scripts/tim_gpu.py --out "$OUT/tim" || status=1 ;;
+      python3 scripts/checks/tim_gpu.py --out "$OUT/tim" || status=1 ;;
     tim-study)  # issue #13's GPU sweep: noise 0 / 0.1 / 1.0 x corrections none / tis / mis, small model, 60 steps;
       # TIM_ARGS (env): more sweep options. At lr 3e-3 (the default) the policy collapsed by step 16 on an H200, e.g.
       # TIM_ARGS="--lr 1e-3 --seeds 0,1,2"
@@ -142,7 +142,7 @@ for step in "$@"; do
         2>&1 | grep -v "it/s\]" | tail -40 || status=1
       python3 examples/tim_study/plot.py "$OUT/tim-study-$TARGET.jsonl" || status=1 ;;
     fa4-probe)
-      python3 scripts/fa4_probe.py 2>&1 | tee "$OUT/fa4-probe.txt" || status=1 ;;
+      python3 scripts/checks/fa4_probe.py 2>&1 | tee "$OUT/fa4-probe.txt" || status=1 ;;
     fa4-kernels)
       "${PYTEST[@]}" -m gpu packages/vexact-kernels/tests/test_fa4_attention.py 2>&1 \
         | tee "$OUT/fa4-kernels-$TARGET.log" || status=1 ;;
@@ -152,8 +152,8 @@ for step in "$@"; do
     fa4-bench)
       python3 benchmarks/attention.py --out "$OUT/attention-$TARGET.md" || status=1 ;;
     profile)
-      python3 scripts/profile_decode.py --batch 1,64,256 2>&1 | grep -v "Warning\|warn" > "$OUT/profile-decode-$TARGET.txt" || status=1
-      python3 scripts/profile_decode.py --mixed 64:1024,256:2048 2>&1 | grep -v "Warning\|warn" \
+      python3 scripts/profiling/profile_decode.py --batch 1,64,256 2>&1 | grep -v "Warning\|warn" > "$OUT/profile-decode-$TARGET.txt" || status=1
+      python3 scripts/profiling/profile_decode.py --mixed 64:1024,256:2048 2>&1 | grep -v "Warning\|warn" \
         > "$OUT/profile-mixed-$TARGET.txt" || status=1 ;;
     bench-throughput)
       site=(); [ -d /tmp/vllmsite ] && site=(--vllm-site /tmp/vllmsite)
@@ -167,7 +167,7 @@ for step in "$@"; do
       mkdir -p "$OUT/tim-vllm"
       for mode in default batch-invariant; do
         flag=(); [ "$mode" = batch-invariant ] && flag=(--batch-invariant)
-        PYTHONPATH=/tmp/vllmsite:$NO_FA4_PATH VLLM_USE_FLASHINFER_SAMPLER=0 python3 scripts/tim_vllm_rollouts.py \
+        PYTHONPATH=/tmp/vllmsite:$NO_FA4_PATH VLLM_USE_FLASHINFER_SAMPLER=0 python3 scripts/checks/tim_vllm_rollouts.py \
           "$ckpt" "/tmp/vllm-$mode.jsonl" "${flag[@]}" --make-checkpoint 1.7b \
           --gpu-memory-utilization "${VLLM_GPU_MEM:-0.9}" 2>&1 | tail -3 || status=1
         python3 -m vexact tim rescore "/tmp/vllm-$mode.jsonl" --model "$ckpt" --layout vllm --device cuda \
@@ -178,7 +178,7 @@ for step in "$@"; do
         || status=1 ;;
     pp)  # issue #15: the pipeline replica on two GPUs (== one GPU, the perturbed boundary caught, sleep / wake /
       # update_weights through both stages)
-      torchrun --standalone --nproc_per_node 2 scripts/pp_check.py --shape 0.6b --prompts 32 2>&1 \
+      torchrun --standalone --nproc_per_node 2 scripts/checks/pp_check.py --shape 0.6b --prompts 32 2>&1 \
         | grep -v Warning | tee "$OUT/pp-$TARGET.log" || status=1 ;;
     nccl)
       torchrun --standalone --nproc_per_node 2 benchmarks/weight_sync.py --mode nccl \

@@ -3,22 +3,22 @@
 # GPU device, which has no internet, for the peer columns of benchmarks/throughput.py. Two verbs:
 #
 #   here (a machine with internet), in the repo root (the coordinator's checkout, /work/main: only it travels):
-#     bash scripts/vllm_device_wheels.sh download  # wheels for CPython 3.12 / manylinux x86_64 into .whl-vllm/p1,
-#                                                  # p2, ... (each <= PART_MIB; scripts/wheel_parts.py), adds
+#     bash scripts/staging/vllm_device_wheels.sh download  # wheels for CPython 3.12 / manylinux x86_64 into .whl-vllm/p1,
+#                                                  # p2, ... (each <= PART_MIB; scripts/staging/wheel_parts.py), adds
 #                                                  # /.whl-vllm/ to .git/info/exclude, prints the device plan
 #   on the device, one call per part, back to back on the same warm machine (/tmp survives only while it is warm):
-#     bash scripts/vllm_device_wheels.sh install   # copies the carried part(s) to /tmp/vllmparts; once every file
+#     bash scripts/staging/vllm_device_wheels.sh install   # copies the carried part(s) to /tmp/vllmparts; once every file
 #                                                  # of MANIFEST is there: re-joins the cut wheels, checks sha256
 #                                                  # pip install --no-index --no-deps --target /tmp/vllmsite, imports
 #   then: export PYTHONPATH=/tmp/vllmsite:$PYTHONPATH (benchmarks/throughput.py --vllm-site /tmp/vllmsite does it).
 #
 # Device calls (`download` prints the plan for the parts it made; vLLM 0.26.0 gives 3 parts, 156 MiB in all):
-#   call 1: carry [".whl-vllm/p1"]  command: bash scripts/vllm_device_wheels.sh install 2>&1 | tee $OUT/vllm_install_p1.log
-#   call 2: carry [".whl-vllm/p2"]  command: bash scripts/vllm_device_wheels.sh install 2>&1 | tee $OUT/vllm_install_p2.log
-#   call 3: carry [".whl-vllm/p3"]  command: bash scripts/vllm_device_wheels.sh install 2>&1 | tee $OUT/vllm_install_p3.log
+#   call 1: carry [".whl-vllm/p1"]  command: bash scripts/staging/vllm_device_wheels.sh install 2>&1 | tee $OUT/vllm_install_p1.log
+#   call 2: carry [".whl-vllm/p2"]  command: bash scripts/staging/vllm_device_wheels.sh install 2>&1 | tee $OUT/vllm_install_p2.log
+#   call 3: carry [".whl-vllm/p3"]  command: bash scripts/staging/vllm_device_wheels.sh install 2>&1 | tee $OUT/vllm_install_p3.log
 #           (the last call installs and prints `vllm 0.26.0 ... FA3 True`)
 #   call 4 (same warm machine, no carry; needs benchmarks/peers.py and throughput.py on the travelling checkout):
-#     source scripts/device_env.sh && python benchmarks/throughput.py --vllm-site /tmp/vllmsite --ckpt-dir /tmp/peers \
+#     source scripts/staging/device_env.sh && python benchmarks/throughput.py --vllm-site /tmp/vllmsite --ckpt-dir /tmp/peers \
 #       --out $OUT/throughput-h100.md 2>&1 | tee $OUT/throughput.log; cp /tmp/peers/*.log $OUT/
 #   (add --quick for a first look; the full run is sized for under 8 minutes on one H100)
 #
@@ -65,7 +65,7 @@ WHEELS=(
 STRIP=(vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so vllm/vllm-rs vllm/third_party/deep_gemm/ vllm/third_party/fmha_sm100/)
 
 download() {
-  cd "${1:-$(dirname "$HERE")/..}"  # the checkout that travels to the device (the coordinator's: /work/main)
+  cd "${1:-$(dirname "$HERE")/../..}"  # the checkout that travels to the device (the coordinator's: /work/main)
   grep -qx "/$DIR/" .git/info/exclude 2>/dev/null || echo "/$DIR/" >> .git/info/exclude
   rm -rf "$DIR" && mkdir -p "$DIR/all"
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp --abi cp312 \
@@ -94,12 +94,12 @@ with zipfile.ZipFile(src) as zin, zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED
 os.replace(tmp, src)
 print(f"stripped {os.path.basename(src)}: {os.path.getsize(src) / 2**20:.1f} MiB")
 EOF
-  python3 scripts/wheel_parts.py pack "$DIR" "$PART_MIB" p  # parts p1, p2, ..., each with its MANIFEST
+  python3 scripts/staging/wheel_parts.py pack "$DIR" "$PART_MIB" p  # parts p1, p2, ..., each with its MANIFEST
   n=$(ls -d "$DIR"/p* | wc -l)
   echo
   echo "device plan: $n calls, back to back on the same warm machine, each from the repo root:"
   for i in $(seq 1 "$n"); do
-    echo "  call $i: carry [\"$DIR/p$i\"]  command: bash scripts/vllm_device_wheels.sh install 2>&1 | tee \$OUT/vllm_install_p$i.log"
+    echo "  call $i: carry [\"$DIR/p$i\"]  command: bash scripts/staging/vllm_device_wheels.sh install 2>&1 | tee \$OUT/vllm_install_p$i.log"
   done
 }
 
@@ -111,7 +111,7 @@ install() {  # run from the repo root on the device (where .whl-vllm/pN was carr
   for part in "$DIR"/p*/; do cp "$part"* "$PARTS"/; done
   echo "carried: $(ls -d "$DIR"/p* | xargs -n1 basename | tr '\n' ' ')-> $PARTS holds $(ls "$PARTS" | wc -l) files"
   local rc=0
-  python3 scripts/wheel_parts.py join "$PARTS" || rc=$?
+  python3 scripts/staging/wheel_parts.py join "$PARTS" || rc=$?
   [ "$rc" = 3 ] && return 0  # the next call carries the next part
   [ "$rc" = 0 ] || exit "$rc"
   cd "$PARTS"

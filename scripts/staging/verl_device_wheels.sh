@@ -2,16 +2,16 @@
 # verl 0.9.1 + Ray on the GPU device, which has no internet. Three verbs:
 #
 #   here (a machine with internet), in the repo root:
-#     bash scripts/verl_device_wheels.sh download   # wheels for Linux x86_64 / CPython 3.12 into .whl-verl/, files
+#     bash scripts/staging/verl_device_wheels.sh download   # wheels for Linux x86_64 / CPython 3.12 into .whl-verl/, files
 #                                                   # over a bundle cut into pieces, grouped into bundles b1, b2, ...
 #                                                   # that each fit one device call (64 MiB a call; the packing is
-#                                                   # scripts/wheel_parts.py's); prints the plan
+#                                                   # scripts/staging/wheel_parts.py's); prints the plan
 #   on the device, one call per bundle (carry .whl-verl/bN):
-#     bash scripts/verl_device_wheels.sh stage      # copy the carried bundle(s) to /tmp/verl-wheels (kept while the
+#     bash scripts/staging/verl_device_wheels.sh stage      # copy the carried bundle(s) to /tmp/verl-wheels (kept while the
 #                                                   # machine stays warm)
 #   on the device, in the call that carries the last bundle (after its `stage`):
-#     bash scripts/verl_device_wheels.sh install    # join cut wheels (sha256 checked), pip install into /tmp/site (no index, no deps)
-#     export PYTHONPATH=/tmp/site:$PYTHONPATH       # then `source scripts/device_env.sh` for the repo's own paths
+#     bash scripts/staging/verl_device_wheels.sh install    # join cut wheels (sha256 checked), pip install into /tmp/site (no index, no deps)
+#     export PYTHONPATH=/tmp/site:$PYTHONPATH       # then `source scripts/staging/device_env.sh` for the repo's own paths
 #
 # What is carried: verl, Ray and every package in their dependency closure (verl's install_requires, ray[default],
 # transformers 5.9.0's, and the modules verl's default trainer imports beyond those: TransferQueue, pyzmq, msgspec,
@@ -22,7 +22,7 @@
 # Versions are the ones the CPU CI installs (requirements/test.txt, requirements/veomni.txt), so both run the same
 # code. The list was computed from the installed closure minus the device's package list (.library device KINDS.md).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 DIR=.whl-verl
 STAGE=/tmp/verl-wheels
 BUNDLE_MIB=52  # a call carries 64 MiB with the working tree; leave room for the tree
@@ -57,16 +57,16 @@ download() {
     --platform manylinux_2_5_x86_64 --platform any -d "$DIR/all" "${WHEELS[@]}"
   python3 -m pip wheel -q --no-deps -w "$DIR/all" "${SDIST_ONLY[@]}"
   # bundles b1, b2, ... of at most BUNDLE_MIB (Ray cut into pieces), each with the MANIFEST `install` checks
-  python3 scripts/wheel_parts.py pack "$DIR" "$BUNDLE_MIB" b
+  python3 scripts/staging/wheel_parts.py pack "$DIR" "$BUNDLE_MIB" b
   n=$(ls -d "$DIR"/b* | wc -l)
   echo
   echo "carry plan: $n device calls, one bundle each, on the same warm machine:"
   for i in $(seq 1 "$n"); do
     if [ "$i" -lt "$n" ]; then
-      echo "  call $i: carry [\"$DIR/b$i\"]  command: bash scripts/verl_device_wheels.sh stage"
+      echo "  call $i: carry [\"$DIR/b$i\"]  command: bash scripts/staging/verl_device_wheels.sh stage"
     else
-      echo "  call $i: carry [\"$DIR/b$i\"]  command: bash scripts/verl_device_wheels.sh stage && \\"
-      echo "          bash scripts/verl_device_wheels.sh install && export PYTHONPATH=/tmp/site:\$PYTHONPATH && ..."
+      echo "  call $i: carry [\"$DIR/b$i\"]  command: bash scripts/staging/verl_device_wheels.sh stage && \\"
+      echo "          bash scripts/staging/verl_device_wheels.sh install && export PYTHONPATH=/tmp/site:\$PYTHONPATH && ..."
     fi
   done
   echo "(the machine keeps /tmp/verl-wheels and /tmp/site only while it stays warm: make the calls back to back)"
@@ -80,7 +80,7 @@ stage() {
 }
 
 install() {
-  python3 scripts/wheel_parts.py join "$STAGE" || { echo "stage every bundle first (see the carry plan)" >&2; exit 1; }
+  python3 scripts/staging/wheel_parts.py join "$STAGE" || { echo "stage every bundle first (see the carry plan)" >&2; exit 1; }
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
     "$STAGE"/*.whl
   # conflicts with the image's own packages show here (not fatal: --no-deps installs cannot see them otherwise)
