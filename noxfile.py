@@ -1,4 +1,5 @@
-"""nox sessions: tests (CPU suite), demo, lint, contracts per target (cpu, h100, h200, b200).
+"""nox sessions: tests (CPU suite), demo, lint, contracts per target (cpu, h100, h200, b200), and the GPU check steps
+of ``scripts/checks/gpu_checks.sh`` per GPU target.
 
 GPU targets run offline on the device's preinstalled CUDA torch: a venv with system site packages and the
 packages put on PYTHONPATH, so nothing is downloaded or built there.
@@ -12,6 +13,8 @@ import nox
 
 ROOT = Path(__file__).parent
 TARGETS = ["cpu", "h100", "h200", "b200"]
+GPU_TARGETS = TARGETS[1:]
+DEVICE_ENV, GPU_CHECKS = "scripts/staging/device_env.sh", "scripts/checks/gpu_checks.sh"
 SRC_PATHS = [str(p) for p in sorted(ROOT.glob("packages/*/src"))] + [str(ROOT / "src"), str(ROOT)]
 
 nox.options.sessions = ["lint", "tests"]
@@ -53,3 +56,15 @@ def contracts(session, target):
         session.env["PIP_NO_INDEX"] = "1"
     session.env["VEXACT_TARGET"] = target
     session.run("python", "-m", "pytest", "contracts", "--target", target, *session.posargs)
+
+
+@nox.session(venv_backend="none")
+@nox.parametrize("target", GPU_TARGETS)
+def gpu_checks(session, target):
+    """The GPU check steps of scripts/checks/gpu_checks.sh on this machine, e.g. ``nox -s "gpu_checks(target='h100')" --
+    golden contracts`` (results under $OUT), after ``source scripts/staging/device_env.sh``. Runs on the machine's own
+    interpreter and packages, as the script does."""
+    if not session.posargs:
+        session.error(f"name the steps after --, e.g. nox -s \"gpu_checks(target='{target}')\" -- golden contracts")
+    script = f'source {DEVICE_ENV} && exec bash {GPU_CHECKS} "$@"'
+    session.run("bash", "-c", script, "gpu_checks", target, *session.posargs, external=True)

@@ -9,7 +9,7 @@ Moonlight-16B-A3B (16 heads) or DeepSeek-V3 (128 heads). Writes a markdown repor
 - prefill: causal forward and forward + backward of the packed (training) op vs ``scaled_dot_product_attention``
   (the best backend torch picks among flash / efficient / cuDNN) on the same expanded K/V.
 
-Usage (GPU machine): ``source scripts/device_env.sh && python benchmarks/mla.py --out $OUT/mla-h100.md
+Usage (GPU machine): ``source scripts/staging/device_env.sh && python benchmarks/mla.py --out $OUT/mla-h100.md
 [--shape deepseek-v3]``.
 """
 

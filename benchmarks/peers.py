@@ -2,9 +2,8 @@
 1, and the roofline bound every engine is measured against.
 
 Written against vLLM 0.26.0's offline API (``vllm.LLM``, ``SamplingParams``, token-id prompts with
-``skip_tokenizer_init=True``); NOT YET RUN ON A GPU (no device was lent in the session that wrote it). vLLM comes from
-``scripts/vllm_device_wheels.sh`` (installed into ``/tmp/vllmsite`` on the device); without it every vLLM cell says
-"not installed" and the rest of the run is unaffected.
+``skip_tokenizer_init=True``). vLLM comes from ``scripts/staging/vllm_device_wheels.sh`` (installed into
+``/tmp/vllmsite`` on the device); without it every vLLM cell says "not installed" and the rest of the run is unaffected.
 
 Each vLLM mode and batch limit runs in its own subprocess (``python benchmarks/peers.py --worker SPEC.json``) so its
 GPU memory, its EngineCore process and its environment (``VLLM_BATCH_INVARIANT``) end with it. Both engines load the
@@ -104,13 +103,14 @@ def vllm_version(site: str | None) -> str | None:
 
 def _env(site: str | None, batch_invariant: bool) -> dict:
     env = dict(os.environ)
-    # FA4's site (scripts/fa4_device_wheels.sh) carries apache-tvm-ffi in another version than vLLM's: off vLLM's path
+    # FA4's site (scripts/staging/fa4_device_wheels.sh) carries apache-tvm-ffi in another version than vLLM's:
+    # off vLLM's path
     parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and "fa4site" not in p]
     env["PYTHONPATH"] = os.pathsep.join(parts)
     if site:
         env["PYTHONPATH"] = site + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env["VLLM_BATCH_INVARIANT"] = "1" if batch_invariant else "0"
-    # FlashInfer is not carried (scripts/vllm_device_wheels.sh); vLLM 0.26 imports it when it builds its sampler
+    # FlashInfer is not carried (scripts/staging/vllm_device_wheels.sh); vLLM 0.26 imports it when it builds its sampler
     # unless its top-k/top-p sampler is switched off. The workload samples with neither top-k nor top-p, so that
     # sampler would not run anyway (first H100 run: ModuleNotFoundError: No module named 'flashinfer').
     env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")

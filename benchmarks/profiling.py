@@ -1,5 +1,5 @@
-"""The GPU kernels of a profiled run, per step: the table the profiling scripts print (``scripts/profile_decode.py``,
-``benchmarks/trainer.py --profile``)."""
+"""The GPU kernels of a profiled run, per step: the table the profiling scripts print
+(``scripts/profiling/profile_decode.py``, ``benchmarks/trainer.py --profile``)."""
 
 from __future__ import annotations
 

@@ -11,9 +11,9 @@ lengths, ``ignore_eos``, sampling settings (temperature 1, no top-k/top-p, a see
 - decode step time at batch 1 of each engine against the bound ``weight bytes a step reads / copy bandwidth``
   (``peers.decode_weight_bytes``: an MoE step reads k of E routed experts; bandwidth of a device-to-device copy
   measured in the same run, bytes read + written); goal for VeXact <= 1.3x.
-vLLM (0.26.0, from ``scripts/vllm_device_wheels.sh``; ``--vllm-site /tmp/vllmsite``) loads the same weights from an
-HF checkpoint directory the run writes (``--ckpt-dir``), one subprocess per mode and batch limit; without vLLM its
-cells say "not installed". First run on a GPU: ``benchmarks/results/throughput-h200.md`` (``--quick``).
+vLLM (0.26.0, from ``scripts/staging/vllm_device_wheels.sh``; ``--vllm-site /tmp/vllmsite``) loads the same weights
+from an HF checkpoint directory the run writes (``--ckpt-dir``), one subprocess per mode and batch limit; without vLLM
+its cells say "not installed". First run on a GPU: ``benchmarks/results/throughput-h200.md`` (``--quick``).
 Then a GRPO-shaped row (VeXact's own engine): ``--grpo-prompts`` prompts of ``--grpo-prompt-len LO HI`` tokens, each
   sampled ``--grpo-n`` times (n requests share a prompt, distinct seeds), with prefix caching on and off: output
   tokens/s, the prompt tokens served from the cache (hit rate), and whether on and off gave the same tokens and
@@ -490,7 +490,7 @@ def main(argv=None) -> int:
     ap.add_argument("--hf-static-cache", action="store_true", help="HF generate with a static cache (compiled)")
     ap.add_argument("--decode-steps", type=int, default=64, help="decode steps timed at batch 1")
     ap.add_argument("--enforce-eager", action="store_true", help="engines without CUDA graphs")
-    ap.add_argument("--vllm-site", help="directory holding vLLM (scripts/vllm_device_wheels.sh: /tmp/vllmsite)")
+    ap.add_argument("--vllm-site", help="directory holding vLLM (scripts/staging/vllm_device_wheels.sh: /tmp/vllmsite)")
     ap.add_argument("--vllm-timeout", type=int, default=300, help="seconds for one vLLM subprocess")
     ap.add_argument("--ckpt-dir", help="where the HF checkpoint for vLLM and the worker logs go (default: a temp dir)")
     ap.add_argument("--seed", type=int, default=0)

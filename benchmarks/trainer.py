@@ -25,14 +25,13 @@ import time
 import torch
 import torch.distributed as dist
 
-from vexact_models import Qwen3ForCausalLM, tiny_qwen3_config
+from vexact_models import QWEN3_SHAPES, Qwen3ForCausalLM, tiny_qwen3_config
 from vexact_trainer import Actor, ActorConfig, init_distributed, pack, parallelize, ppo_clip_loss
-from vexact_trainer.fsdp_check import SHAPES
 
 
 def build_model(shape: str, seed: int, device: str) -> Qwen3ForCausalLM:
     """fp32 master weights initialised on the device (fast), scaled like vexact_models.random_model."""
-    cfg = tiny_qwen3_config(**SHAPES.get(shape, {}), torch_dtype="float32")
+    cfg = tiny_qwen3_config(**QWEN3_SHAPES.get(shape, {}), torch_dtype="float32")
     with torch.device(device):
         model = Qwen3ForCausalLM(cfg)
     g = torch.Generator(device=device).manual_seed(seed)
@@ -136,7 +135,9 @@ def profile_backends(model, actors, batch, mask, adv, steps: int, med: dict[str,
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--shape", default="qwen3-1.7b", choices=sorted(SHAPES) + ["tiny"], help="tiny: CPU smoke run")
+    ap.add_argument(
+        "--shape", default="qwen3-1.7b", choices=sorted(QWEN3_SHAPES) + ["tiny"], help="tiny: CPU smoke run"
+    )
     ap.add_argument("--seqs", type=int, default=8, help="sequences per packed batch")
     ap.add_argument("--mean-len", type=int, default=1024, help="mean sequence length (uniform in [0.5, 1.5] x)")
     ap.add_argument("--warmup", type=int, default=2)

@@ -36,7 +36,7 @@ sum and position-weighted sum of the int16 view); a mismatch is reported in the 
 Shapes: Qwen3-1.7B, Qwen3-8B (dense), Qwen3-30B-A3B (MoE: its 61 GB must fit twice on the device, so it is skipped on
 an 80 GB H100). Random bf16 weights drawn on the GPU; values do not change the speed.
 
-Usage (on the GPU machine, after ``source scripts/device_env.sh``)::
+Usage (on the GPU machine, after ``source scripts/staging/device_env.sh``)::
 
     python benchmarks/weight_sync.py --out benchmarks/results/weight-sync-h100.md
     torchrun --standalone --nproc_per_node 2 benchmarks/weight_sync.py --mode nccl --out weight-sync-nccl.md

@@ -37,7 +37,7 @@ def tiny_moe_model(device):
 
 @pytest.fixture(scope="session")
 def family_model(device):
-    """``family_model(family)``: the committed tiny checkpoint of a family (bf16), loaded once per session."""
+    """``family_model(family)``: the committed tiny checkpoint of a family (bf16), loaded once per test run."""
     loaded = {}
 
     def get(family: str):

@@ -14,7 +14,7 @@ Record (after a deliberate numerics change, together with a version bump):
     python -m contracts.golden --target cpu            # every checkpoint
     python -m contracts.golden --target h100 --family qwen3_moe
     VEXACT_ATTENTION=fa4 python -m contracts.golden --target h100 --family qwen3_hd64   # -> fixtures/h100-fa4/
-    FAMILIES="qwen3_moe_top4 qwen3_hd64" bash scripts/gpu_checks.sh h100 golden fa4-golden   # on the GPU machine
+    FAMILIES="qwen3_moe_top4 qwen3_hd64" bash scripts/checks/gpu_checks.sh h100 golden fa4-golden   # on the GPU machine
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Contract: the FSDP2 trainer's logprobs == the unsharded model's == the engine's, torch.equal, at world size 1 and
 2, before and after training steps whose bf16 weights are exported to the engine with ``update_weights``.
 
-The checks live in ``vexact_trainer.fsdp_check`` (also the torchrun entry point for GPUs); here they run in-process
+The checks live in ``contracts/fsdp_check.py`` (also the torchrun entry point for GPUs); here they run in-process
 (world size 1) and under torchrun with two gloo ranks. ``--perturb export-fp16`` shows the contract failing. Each
 family runs: Qwen3, Qwen3-MoE (the tiny MoE's stacked experts are sharded with their decoder layer and exported one
 tensor per expert; at world size 2 with the router's load-balancing loss on, which no rank split may change) and
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from vexact_trainer import fsdp_check
+from contracts import fsdp_check
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -28,7 +28,7 @@ def _torchrun(nproc: int, *args: str, timeout: float = 240) -> subprocess.Comple
     paths = [str(p) for p in sorted(ROOT.glob("packages/*/src"))] + [str(ROOT / "src"), str(ROOT)]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.environ.get("PYTHONPATH", ""), *paths]))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
-    cmd += ["-m", "vexact_trainer.fsdp_check", *args]
+    cmd += ["-m", "contracts.fsdp_check", *args]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
 
 

@@ -131,8 +131,8 @@ def _broadcast_rank(rank: int, world: int, ports: tuple[int, int], family: str, 
                 dist.barrier()  # the stages tear their group down together (a gloo rank left alone can abort)
             finally:
                 dist.destroy_process_group()
-            # and leave without the interpreter's teardown, where a gloo rank still aborted now and then (tenth
-            # session's CI, test_pp_check); the result is in the queue already (a SimpleQueue writes as it puts)
+            # and leave without the interpreter's teardown, where a gloo rank can abort now and then (seen in
+            # CI, test_pp_check); the result is in the queue already (a SimpleQueue writes as it puts)
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(0)

@@ -1,6 +1,6 @@
-"""scripts/kernel_regs.py compiles the Triton kernels for a GPU on this CPU machine (a stand-in driver, every launch a
-compile) and reads ptxas's registers and spills: run here on the fused draw, where it must show the TMA split kernel
-without spills and the noise kernel; on an arch before TMA, where the same call compiles the pointer path; and on
+"""scripts/tuning/kernel_regs.py compiles the Triton kernels for a GPU on this CPU machine (a stand-in driver, every
+launch a compile) and reads ptxas's registers and spills: run here on the fused draw, where it must show the TMA split
+kernel without spills and the noise kernel; on an arch before TMA, where the same call compiles the pointer path; and on
 sm_100, where the draw must compile at all."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def _rows(arch: int) -> dict[str, tuple[int, int]]:
     srcs = [str(p) for p in sorted((ROOT / "packages").glob("*/src"))]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([*srcs, str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
-    cmd = ["scripts/kernel_regs.py", "--arch", str(arch), "--only", "logprobs", "--match", "draw T=256"]
+    cmd = ["scripts/tuning/kernel_regs.py", "--arch", str(arch), "--only", "logprobs", "--match", "draw T=256"]
     out = subprocess.run([sys.executable, *cmd], capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     rows = re.findall(r"\| logprobs: draw T=256 \| (\w+) \| \d+ \| \d+ \| (\d+) \| (\d+)", out.stdout)

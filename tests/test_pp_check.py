@@ -1,6 +1,6 @@
-"""scripts/pp_check.py, the pipeline-parallel check that runs on two GPUs (torchrun, NCCL), run here over gloo on CPU
-with the tiny shape, so the script itself is tested (its comparisons, the perturbed boundary that must be caught, the
-sleep / wake / update_weights phase) before a two-GPU machine runs it. The gpu-marked twin runs it on two GPUs."""
+"""scripts/checks/pp_check.py, the pipeline-parallel check that runs on two GPUs (torchrun, NCCL), run here over gloo on
+CPU with the tiny shape, so the script itself is tested (its comparisons, the perturbed boundary that must be caught,
+the sleep / wake / update_weights phase) before a two-GPU machine runs it. The gpu-marked twin runs it on two GPUs."""
 
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ def _run(*args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env["PYTHONPATH"] = os.pathsep.join([*srcs, str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    return subprocess.run([*cmd, "scripts/pp_check.py", *args], capture_output=True, text=True, cwd=ROOT, env=env,
+    script = "scripts/checks/pp_check.py"
+    return subprocess.run([*cmd, script, *args], capture_output=True, text=True, cwd=ROOT, env=env,
                           timeout=900)  # fmt: skip
 
 

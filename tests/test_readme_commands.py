@@ -48,7 +48,7 @@ ELSEWHERE = {
     "test_standalone_install.py",
     "python -m pip install packages/vexact-kernels packages/vexact-models packages/vexact-engine "
     "packages/vexact-trainer 'packages/vexact-verl[verl]'": "tests/test_standalone_install.py",
-    "source scripts/device_env.sh && bash scripts/trainer_gpu.sh h100": "GPU machines",
+    "source scripts/staging/device_env.sh && bash scripts/trainer_gpu.sh h100": "GPU machines",
     "torchrun --standalone --nproc_per_node=1 -m vexact_trainer.fsdp_check --model qwen3-0.6b --out /tmp/fsdp": "GPU",
     "torchrun --standalone --nproc_per_node=2 -m vexact_trainer.fsdp_check --model qwen3-0.6b --out /tmp/fsdp": "GPUs",
     "torchrun --standalone --nproc_per_node=2 -m vexact_trainer.fsdp_check --model tiny-moe "

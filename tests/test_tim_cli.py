@@ -92,6 +92,23 @@ def test_injected_logit_noise_grows_from_exactly_zero():
         LLM(default_checkpoint(), lm_head_dtype="int8")
 
 
+def test_mismatch_injection_is_an_object_apart_from_the_serving_config():
+    from vexact_engine import EngineConfig, MismatchInjection
+
+    prompts, params = [[3, 4, i] for i in range(4)], SamplingParams(temperature=1.0, max_tokens=8, seed=2)
+    by_keyword = LLM(default_checkpoint(), max_num_seqs=4, max_num_batched_tokens=64, logit_noise_std=0.3)
+    by_object = LLM(default_checkpoint(), max_num_seqs=4, max_num_batched_tokens=64,
+                    mismatch=MismatchInjection(logit_noise_std=0.3))  # fmt: skip
+    a, b = by_keyword.generate(prompts, params, use_tqdm=False), by_object.generate(prompts, params, use_tqdm=False)
+    assert all(x.token_ids == y.token_ids and torch.equal(x.logprobs, y.logprobs) for x, y in zip(a, b, strict=True))
+    assert by_object.mismatch == MismatchInjection(logit_noise_std=0.3)
+    assert LLM(default_checkpoint(), mismatch=MismatchInjection()).mismatch is None  # all off: the serving path
+    with pytest.raises(TypeError, match="not both"):
+        LLM(default_checkpoint(), mismatch=MismatchInjection(), logit_noise_std=0.1)
+    with pytest.raises(TypeError):
+        EngineConfig(logit_noise_std=0.1)  # serving settings only
+
+
 @pytest.mark.parametrize("family", ["qwen3", "llama", "qwen3_moe", "deepseek_v3"])
 def test_attribute_default_families_follow_the_model(family):
     """Without --ops, every op family the model runs: moe only for the families with routed experts (a dense config

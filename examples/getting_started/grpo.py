@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from vexact_engine import LLM, SamplingParams
+from vexact_engine import LLM, MismatchInjection, SamplingParams
 from vexact_models import default_checkpoint, make_tiny_checkpoint, tiny_qwen3_config
 from vexact_trainer import RolloutBatch, Trainer, TrainerConfig, grpo_advantages, init_distributed
 
@@ -55,7 +55,7 @@ class RunConfig:
     group_size: int = 8
     lr: float = 1e-3
     rollout_correction: str = "tis"
-    logit_noise_std: float = 0.0  # injected mismatch (EngineConfig.logit_noise_std): examples/tim_study sweeps it
+    logit_noise_std: float = 0.0  # injected mismatch (MismatchInjection): examples/tim_study sweeps it
     seed: int = 0
     out: str | None = None  # JSONL path (default: outputs/getting_started/<backend>.jsonl)
     quiet: bool = False
@@ -141,7 +141,7 @@ def run(cfg: RunConfig) -> list[dict]:
         llm = LLM(
             path,
             backend=cfg.rollout_backend,
-            logit_noise_std=cfg.logit_noise_std,
+            mismatch=MismatchInjection(logit_noise_std=cfg.logit_noise_std),
             device=device,
             max_num_seqs=n,
             max_num_batched_tokens=max(512, n),

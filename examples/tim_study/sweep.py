@@ -1,10 +1,11 @@
 """TIM study: the GRPO loop of examples/getting_started with a controlled training-inference mismatch injected on the
 rollout side, swept from exactly 0 upward, with and without the trainer's rollout corrections (TIS, MIS).
 
-The injection is ``EngineConfig.logit_noise_std``: seeded Gaussian noise of that standard deviation on the engine's
-fp32 sampling logits; the engine samples from and reports the logprobs of its own perturbed distribution, the
-trainer (invariant kernels) scores the clean one. Magnitude 0 is the invariant engine: K3 KL exactly 0.0. Everything
-else (seeds, prompts, model, optimiser) is the same across runs, so the magnitude is the only thing that changes.
+The injection is ``vexact_engine.MismatchInjection(logit_noise_std=...)``: seeded Gaussian noise of that standard
+deviation on the engine's fp32 sampling logits; the engine samples from and reports the logprobs of its own perturbed
+distribution, the trainer (invariant kernels) scores the clean one. Magnitude 0 is the invariant engine: K3 KL exactly
+0.0. Everything else (seeds, prompts, model, optimiser) is the same across runs, so the magnitude is the only thing that
+changes.
 
     python examples/tim_study/sweep.py                    # CPU, tiny model: outputs/tim_study/cpu.jsonl
     python examples/tim_study/sweep.py --device cuda --model-size small --out outputs/tim_study/gpu.jsonl

@@ -17,13 +17,13 @@
 #   STEPS (10), LR (3e-6), GPU_MEM (rollout's share of GPU memory: 0.4 dense, 0.25 MoE), TAG (file prefix: the GPU,
 #   e.g. h100), MODEL_DIR (where the checkpoint is written), DATA (the dataset folder), COMMIT (recorded in the metas)
 #   PYTHONPATH_VLLM / PYTHONPATH_VEXACT: put in front of PYTHONPATH for the vllm arm / the vexact and fast arms, where
-#   the two stacks live in separate folders (scripts/rl_stack_wheels.sh env vllm|vexact prints them)
+#   the two stacks live in separate folders (scripts/staging/rl_stack_wheels.sh env vllm|vexact prints them)
 #
 # Every arm samples with `ignore_eos=True`, so each step generates exactly train_batch_size x n x max_response_length
 # tokens in every arm: equal work for the timing (benchmarks/rl_step.py reads the same files). Outputs, per arm:
 # RESULTS_DIR/<TAG>-<SHAPE>-<ARM>.jsonl (verl's file logger: one record a step), .meta.json (the run's config, stack,
 # GPU, commit, command, peak GPU memory sampled by nvidia-smi) and .log; then compare.py writes <TAG>-<SHAPE>.png.
-# Needs verl, Ray and vLLM importable (on an air-gapped machine: scripts/rl_stack_wheels.sh install).
+# Needs verl, Ray and vLLM importable (on an air-gapped machine: scripts/staging/rl_stack_wheels.sh install).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 RESULTS=${1:?usage: run_pair.sh RESULTS_DIR [vllm] [vexact] [fast]}
@@ -58,7 +58,7 @@ done
 if [ "$DRY_RUN" != 1 ] && [[ " ${ARMS[*]} " == *" vllm "* ]] \
   && ! PYTHONPATH="${PYTHONPATH_VLLM:-}${PYTHONPATH:+:$PYTHONPATH}" python3 -c "import vllm" 2> /dev/null; then
   echo "vLLM is not importable: pip install 'verl[vllm]==0.9.1' (vllm 0.24.0), or on an air-gapped GPU machine" \
-    "bash scripts/rl_stack_wheels.sh download (where pip works) and then install there" >&2
+    "bash scripts/staging/rl_stack_wheels.sh download (where pip works) and then install there" >&2
   exit 2
 fi
 

@@ -1,8 +1,7 @@
 """Pipeline parallelism: stages of consecutive layers on several ranks give one device's tokens and logprobs, bitwise.
 
-CPU: two (or three) processes over gloo. GPU: ``torchrun --nproc_per_node=2 scripts/pp_check.py`` on a two-GPU host
-(``tests/test_pp_check.py`` runs that script over gloo here, and on two GPUs when marked ``gpu``).
-"""
+CPU: two (or three) processes over gloo. GPU: ``torchrun --nproc_per_node=2 scripts/checks/pp_check.py`` on a two-GPU
+host (``tests/test_pp_check.py`` runs that script over gloo here, and on two GPUs when marked ``gpu``)."""
 
 from __future__ import annotations
 
@@ -55,8 +54,8 @@ def _stage(rank: int, world: int, port: int):
         dist.barrier()
     finally:
         dist.destroy_process_group()
-    # reached only when the rank's work succeeded: leave without the interpreter's teardown, where a gloo rank still
-    # aborted now and then after the barrier (a CI run of the tenth session; pp_check.py does the same)
+    # reached only when the rank's work succeeded: leave without the interpreter's teardown, where a gloo rank can
+    # abort now and then after the barrier (seen in CI; pp_check.py does the same)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)

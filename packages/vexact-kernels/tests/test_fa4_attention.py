@@ -2,8 +2,8 @@
 errors (CPU), and on a Hopper/Blackwell GPU with flash_attn.cute installed (``-m gpu``): packed == chunked prefill ==
 paged decode == a sequence alone, per query token (torch.equal), across lengths, head shapes and page sizes; a decode
 step inside a CUDA graph; a deterministic backward; correctness against fp32 SDPA; a perturbed setting in one driver
-(``num_splits=2``, another KV tile) caught. The GPU tests are written against flash-attn-4 4.0.0b36 and have not run
-on a GPU yet (scripts/gpu_checks.sh <target> fa4-kernels); on CPU the drivers' wiring is checked against a stand-in.
+(``num_splits=2``, another KV tile) caught. The GPU tests are written against flash-attn-4 4.0.0b36 and have not run on
+a GPU yet (scripts/checks/gpu_checks.sh <target> fa4-kernels); on CPU the drivers' wiring is checked against a stand-in.
 """
 
 from __future__ import annotations

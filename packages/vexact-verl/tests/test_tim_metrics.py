@@ -47,30 +47,29 @@ def test_verl_debug_metrics_carry_tim_metrics():
     assert "training/rollout_probs_diff_max" in out and out["tim/tokens_differ"] == 1
 
 
-def test_attribution_config_from_env_and_bad_values_name_the_variable():
+def test_attribution_config_from_settings_and_bad_values_name_the_key():
     from vexact_verl.tim import AttributionConfig
 
-    assert AttributionConfig.from_env({}) == AttributionConfig(every=0, samples=4, ops=None)  # off by default
-    cfg = AttributionConfig.from_env(
-        {
-            "VEXACT_TIM_ATTRIBUTE_EVERY": "5",
-            "VEXACT_TIM_ATTRIBUTE_SAMPLES": "2",
-            "VEXACT_TIM_ATTRIBUTE_OPS": "linear, moe",
-        }
+    assert AttributionConfig.from_settings(None) == AttributionConfig(every=0, samples=4, ops=None)  # off by default
+    assert AttributionConfig.from_settings({}) == AttributionConfig()
+    cfg = AttributionConfig.from_settings(
+        {"tim_attribute_every": 5, "tim_attribute_samples": 2, "tim_attribute_ops": "linear, moe"}
     )
     assert (cfg.every, cfg.samples, cfg.ops) == (5, 2, ("linear", "moe"))
+    assert AttributionConfig.from_settings({"tim_attribute_ops": ["linear", "moe"]}).ops == ("linear", "moe")
     assert cfg.specs(object()) == ["fast:linear", "fast:moe", "fast"]
     dense = AttributionConfig(every=1).specs(object())
     assert "fast:moe" not in dense and dense[-1] == "fast"
     assert "fast:moe" in AttributionConfig(every=1).specs(type("C", (), {"num_experts": 4})())
-    for env, match in (
-        ({"VEXACT_TIM_ATTRIBUTE_EVERY": "often"}, "VEXACT_TIM_ATTRIBUTE_EVERY must be an integer"),
-        ({"VEXACT_TIM_ATTRIBUTE_EVERY": "-1"}, "VEXACT_TIM_ATTRIBUTE_EVERY must be an integer >= 0"),
-        ({"VEXACT_TIM_ATTRIBUTE_SAMPLES": "0"}, "VEXACT_TIM_ATTRIBUTE_SAMPLES must be an integer >= 1"),
-        ({"VEXACT_TIM_ATTRIBUTE_OPS": "linear,matmul"}, "unknown op family 'matmul'; allowed: linear"),
+    for settings, match in (
+        ({"tim_attribute_every": "often"}, "vexact.tim_attribute_every must be an integer"),
+        ({"tim_attribute_every": -1}, "vexact.tim_attribute_every must be an integer >= 0"),
+        ({"tim_attribute_samples": 0}, "vexact.tim_attribute_samples must be an integer >= 1"),
+        ({"tim_attribute_ops": "linear,matmul"}, "unknown op family 'matmul'; allowed: linear"),
+        ({"tim_attribution_every": 1}, r"unknown key\(s\) \['tim_attribution_every'\]"),
     ):
         with pytest.raises(ValueError, match=match):
-            AttributionConfig.from_env(env)
+            AttributionConfig.from_settings(settings)
 
 
 def test_attribution_metrics_compare_each_spec_with_the_reference():

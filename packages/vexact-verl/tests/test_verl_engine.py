@@ -26,7 +26,7 @@ pytest.importorskip("verl", reason="verl is not installed: pip install 'vexact-v
 from tensordict import TensorDict  # noqa: E402
 from verl.trainer.config import CheckpointConfig  # noqa: E402
 from verl.utils import tensordict_utils as tu  # noqa: E402
-from verl.workers.config import FSDPEngineConfig, FSDPOptimizerConfig, HFModelConfig  # noqa: E402
+from verl.workers.config import FSDPOptimizerConfig, HFModelConfig  # noqa: E402
 from verl.workers.engine.base import EngineRegistry  # noqa: E402
 from verl.workers.utils.padding import no_padding_2_padding  # noqa: E402
 from verl_batches import packed_batch  # noqa: E402
@@ -39,7 +39,7 @@ from vexact_models import (  # noqa: E402
     load_model,
 )
 from vexact_trainer import Actor, init_distributed  # noqa: E402
-from vexact_verl.engine import VexactEngineWithLMHead  # noqa: E402
+from vexact_verl.engine import VexactEngineWithLMHead, VexactFSDPEngineConfig  # noqa: E402
 from vexact_verl.registration import is_engine_registered  # noqa: E402
 from vexact_verl.tim import ATTR_KEYS, AttributionConfig  # noqa: E402
 
@@ -62,7 +62,7 @@ def make_engine(
     path = default_checkpoint(family)
     model_config = HFModelConfig(path=str(path), enable_gradient_checkpointing=not forward_only)
     model_config.model_type = "language_model"  # what verl's TrainingWorker sets before EngineRegistry.new
-    engine_config = FSDPEngineConfig(forward_only=forward_only, use_torch_compile=False, **engine_kw)
+    engine_config = VexactFSDPEngineConfig(forward_only=forward_only, use_torch_compile=False, **engine_kw)
     object.__setattr__(engine_config, "strategy", "vexact")  # as FSDPActorConfig.__post_init__ copies actor.strategy
     optim = FSDPOptimizerConfig(lr=1e-3, total_training_steps=10)
     engine = EngineRegistry.new(
@@ -262,6 +262,23 @@ def test_one_hydra_setting_switches_actor_and_ref(device, actor_ref_configs):
     assert EngineRegistry.get_engine_cls("language_model", actor.engine.strategy) is VexactEngineWithLMHead
 
 
+def test_vexact_settings_are_hydra_keys_of_the_actor_engine_config(device, actor_ref_configs):
+    """The vexact actor engine's own settings (the TIM attribution) are keys of verl's config tree, under the engine
+    config's ``vexact`` section, and reach the engine."""
+    actor, _ = actor_ref_configs(
+        "actor_rollout_ref.actor.strategy=vexact",
+        "actor_rollout_ref.actor.fsdp_config._target_=vexact_verl.engine.VexactFSDPEngineConfig",
+        "+actor_rollout_ref.actor.fsdp_config.vexact.tim_attribute_every=10",
+        "+actor_rollout_ref.actor.fsdp_config.vexact.tim_attribute_ops=[linear,attention]",
+    )
+    assert isinstance(actor.engine, VexactFSDPEngineConfig) and actor.engine.strategy == "vexact"
+    assert AttributionConfig.from_settings(actor.engine.vexact) == AttributionConfig(10, 4, ("linear", "attention"))
+    engine = make_engine(forward_only=False, vexact={"tim_attribute_every": 10})
+    assert engine.tim_attribution == AttributionConfig(every=10)
+    with pytest.raises(ValueError, match="unknown key"):
+        make_engine(forward_only=False, vexact={"tim_every": 10})
+
+
 def test_a_veomni_engine_config_is_refused_by_name(device):
     from verl.workers.config import VeOmniEngineConfig
 
@@ -276,9 +293,6 @@ def test_a_veomni_engine_config_is_refused_by_name(device):
             optimizer_config=FSDPOptimizerConfig(lr=1e-3, total_training_steps=1),
             checkpoint_config=CheckpointConfig(),
         )
-
-
-ATTR_ENV = ("VEXACT_TIM_ATTRIBUTE_EVERY", "VEXACT_TIM_ATTRIBUTE_SAMPLES", "VEXACT_TIM_ATTRIBUTE_OPS")
 
 
 def _step(engine):
@@ -296,20 +310,17 @@ def _step(engine):
     return out, torch.cat(seen), grads, dict(engine.get_per_tensor_param()[0])
 
 
-def test_tim_attribution_is_off_by_default_and_leaves_the_step_unchanged(device, monkeypatch):
-    """``VEXACT_TIM_ATTRIBUTE_EVERY=N``: every N-th step logs ``tim_attr/<family>/*`` from rescoring a sample of the
-    step's sequences with one op family on ``fast`` at a time; the step itself (loss, its logprobs, gradient norm,
-    the weights it writes) is bitwise the step without attribution, and all-invariant gives exactly zero."""
-    for name in ATTR_ENV:
-        monkeypatch.delenv(name, raising=False)
+def test_tim_attribution_is_off_by_default_and_leaves_the_step_unchanged(device):
+    """The engine config's ``vexact.tim_attribute_every=N``: every N-th step logs ``tim_attr/<family>/*`` from rescoring
+    a sample of the step's sequences with one op family on ``fast`` at a time; the step itself (loss, its logprobs,
+    gradient norm, the weights it writes) is bitwise the step without attribution, and all-invariant gives exactly
+    zero."""
     off = make_engine(forward_only=False)
     assert off.tim_attribution.every == 0
     m_off, lp_off, g_off, w_off = _step(off)
     assert not [k for k in m_off["metrics"] if k.startswith("tim_attr/")]
 
-    monkeypatch.setenv("VEXACT_TIM_ATTRIBUTE_EVERY", "1")
-    monkeypatch.setenv("VEXACT_TIM_ATTRIBUTE_SAMPLES", "3")
-    on = make_engine(forward_only=False)
+    on = make_engine(forward_only=False, vexact={"tim_attribute_every": 1, "tim_attribute_samples": 3})
     data = verl_batch(torch.tensor(TEMPS))
     control = on.tim_attribute(data, ["invariant"])  # before the step: the same weights as the step's attribution
     m_on, lp_on, g_on, w_on = _step(on)

@@ -8,7 +8,8 @@ GRPO advantages, the actor update, verl's weight sync into the rollout, and verl
 
 The invariant run must log K3 KL, KL and verl's largest |p_rollout - p_actor| as exactly 0.0 at both steps, with a
 nonzero gradient (the second step's rollout runs on weights verl synced after a real update), and at step 2 (only) the
-per-op attribution's ``actor/tim_attr/*`` (``VEXACT_TIM_ATTRIBUTE_EVERY=2``), which leaves the steps exact. The fast
+per-op attribution's ``actor/tim_attr/*`` (the actor engine config's ``vexact.tim_attribute_every=2``), which leaves
+the steps exact. The fast
 rollout backend against the same actor must not: that is the check seen failing, on the same metrics.
 """
 
@@ -42,10 +43,10 @@ def inputs(tmp_path_factory, subprocess_env):
     return d
 
 
-def run_grpo(inputs: Path, backend: str, subprocess_env, **extra_env: str) -> list[dict]:
+def run_grpo(inputs: Path, backend: str, subprocess_env, *overrides: str) -> list[dict]:
     out = inputs / f"run-{backend}"
     env = subprocess_env(VERL_PLATFORM="cpu", MODEL=str(inputs / "model"), DATA=str(inputs / "data"), BACKEND=backend,
-               STEPS=str(STEPS), LR="1e-4", RUN_DIR=str(out), NAME=f"cpu-{backend}", **extra_env)  # fmt: skip
+               STEPS=str(STEPS), LR="1e-4", RUN_DIR=str(out), NAME=f"cpu-{backend}")  # fmt: skip
     env.pop("RAY_ADDRESS", None)  # a cluster of its own
     cmd = ["bash", str(ROOT / "examples/verl_grpo/run_grpo.sh"),
            "+ray_kwargs.ray_init.num_gpus=1", "+ray_kwargs.ray_init.num_cpus=16",
@@ -54,7 +55,7 @@ def run_grpo(inputs: Path, backend: str, subprocess_env, **extra_env: str) -> li
            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8", "actor_rollout_ref.actor.strategy=vexact",
            "reward.num_workers=1", "actor_rollout_ref.rollout.agent.num_workers=1",
            "transfer_queue.backend.SimpleStorage.num_data_storage_units=1", "data.dataloader_num_workers=0",
-           f"reward.custom_reward_function.path={ROOT / 'examples/verl_grpo/reward.py'}"]  # fmt: skip
+           f"reward.custom_reward_function.path={ROOT / 'examples/verl_grpo/reward.py'}", *overrides]  # fmt: skip
     proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=1200)
     if proc.returncode != 0:
         raise AssertionError(
@@ -67,8 +68,12 @@ def run_grpo(inputs: Path, backend: str, subprocess_env, **extra_env: str) -> li
 
 def test_verl_grpo_on_cpu_invariant_is_exact_and_fast_is_not(inputs, subprocess_env):
     # with the per-op attribution on at step 2 (and the step still exact: it does not touch the step's numerics)
-    attr = {"VEXACT_TIM_ATTRIBUTE_EVERY": "2", "VEXACT_TIM_ATTRIBUTE_SAMPLES": "3"}
-    inv = run_grpo(inputs, "invariant", subprocess_env, **attr)
+    attr = (
+        "actor_rollout_ref.actor.fsdp_config._target_=vexact_verl.engine.VexactFSDPEngineConfig",
+        "+actor_rollout_ref.actor.fsdp_config.vexact.tim_attribute_every=2",
+        "+actor_rollout_ref.actor.fsdp_config.vexact.tim_attribute_samples=3",
+    )
+    inv = run_grpo(inputs, "invariant", subprocess_env, *attr)
     assert len(inv) == STEPS
     assert not [k for k in inv[0] if "tim_attr/" in k]
     assert inv[1]["actor/tim_attr/all/abs_delta_mean"] > 0 and inv[1]["actor/tim_attr/all/fraction_differ"] > 0

@@ -1,7 +1,7 @@
 """The vexact rollout through verl's registry on a GPU: placement, sleep frees device memory, weight sync from CUDA
 tensors (written in place into the engine's packed weights through CUDA IPC handles: the test process shares the
 server's GPU), and logprobs == the vexact trainer on the same GPU, bitwise. Needs verl + Ray on the GPU machine
-(scripts/verl_device_wheels.sh)."""
+(scripts/staging/verl_device_wheels.sh)."""
 
 from __future__ import annotations
 

@@ -121,6 +121,14 @@ def test_hydra_model_engine_veomni_selects_the_vexact_engine_for_actor_and_ref(d
     # there as it does for FSDP), so verl would build its own VeOmni engine
     actor, _ = configs("actor_rollout_ref.actor.strategy=vexact")
     assert (actor.strategy, actor.engine.strategy) == ("vexact", "veomni")
+    # the vexact engine's own settings: the config's vexact section, carried into the FSDP config the engine runs on
+    actor, _ = configs(
+        f"actor_rollout_ref.actor.veomni._target_={TARGET}",
+        "+actor_rollout_ref.actor.veomni.vexact.tim_attribute_every=10",
+        "actor_rollout_ref.actor.veomni.mixed_precision=true",
+    )
+    assert actor.engine.vexact == {"tim_attribute_every": 10}
+    assert fsdp_config_from_veomni(actor.engine).vexact == {"tim_attribute_every": 10}
 
 
 def test_veomni_plan_maps_onto_the_fsdp_engine():

@@ -1,5 +1,6 @@
 """vexact-engine: the VeXact rollout engine (continuous batching, paged KV, chunked prefill, exact logprobs)."""
 
+from .ablation import MismatchInjection
 from .config import EngineConfig
 from .llm import LLM
 from .llm_engine import LLMEngine
@@ -9,4 +10,13 @@ from .sampling_params import SamplingParams
 
 __version__ = "0.4.0"
 
-__all__ = ["LLM", "EngineConfig", "LLMEngine", "PipelineLLM", "RequestOutput", "SamplingParams", "__version__"]
+__all__ = [
+    "LLM",
+    "EngineConfig",
+    "LLMEngine",
+    "MismatchInjection",
+    "PipelineLLM",
+    "RequestOutput",
+    "SamplingParams",
+    "__version__",
+]

@@ -9,12 +9,12 @@ DEFAULT_GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 # step budget itself).
 GRAPH_TOKEN_STEP, GRAPH_TOKEN_STEP_LARGE, GRAPH_TOKEN_STEP_UNTIL = 256, 1024, 4096
 CPU_KV_CACHE_BYTES = 256 << 20
-LM_HEAD_DTYPES = ("float32", "bfloat16", "float16")
 
 
 @dataclass
 class EngineConfig:
-    """Engine settings; validated at construction.
+    """Engine settings (serving only; mismatch injection for studies is ``MismatchInjection``); validated at
+    construction.
 
     KV cache size, first setting that applies: ``num_kv_blocks`` pages of ``block_size`` tokens; else
     ``kv_cache_bytes``; else, on CUDA, ``gpu_memory_utilization`` (the fraction of the device's total memory this
@@ -64,12 +64,6 @@ class EngineConfig:
     cuda_graph_batch_sizes: tuple[int, ...] | list[int] | None = None
     cuda_graph_token_sizes: tuple[int, ...] | list[int] | None = None
     pack_weights: bool = True
-    # Mismatch injection, for training-inference mismatch studies only (both off by default; see the README):
-    # Gaussian noise of this standard deviation added to the fp32 sampling logits (seeded per request and token), and
-    # the lm_head output rounded to this dtype before sampling. The reported logprob is then the engine's own
-    # (perturbed) log_softmax of the sampled token, so a trainer sees a mismatch that grows from exactly 0.
-    logit_noise_std: float = 0.0
-    lm_head_dtype: str = "float32"
 
     def __post_init__(self) -> None:
         try:
@@ -78,11 +72,6 @@ class EngineConfig:
             raise ValueError(
                 f"backend must be one of {vk.BACKENDS}, got {self.backend!r} (or 'fast:<op>,...' with ops in {vk.OPS})"
             ) from None
-        noise = self.logit_noise_std
-        if isinstance(noise, bool) or not isinstance(noise, (int, float)) or not 0.0 <= noise < float("inf"):
-            raise ValueError(f"EngineConfig.logit_noise_std must be a finite number >= 0, got {noise!r}")
-        if self.lm_head_dtype not in LM_HEAD_DTYPES:
-            raise ValueError(f"EngineConfig.lm_head_dtype must be one of {LM_HEAD_DTYPES}, got {self.lm_head_dtype!r}")
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -123,10 +112,6 @@ class EngineConfig:
                     f"got {sizes!r}"
                 )
             self.cuda_graph_token_sizes = tuple(sorted(set(sizes)))
-
-    @property
-    def injects_mismatch(self) -> bool:
-        return self.logit_noise_std > 0 or self.lm_head_dtype != "float32"
 
     def graph_batch_sizes(self, on_cuda: bool) -> list[int]:
         """The padded decode sizes in force: none when eager (or on CPU without an explicit list)."""

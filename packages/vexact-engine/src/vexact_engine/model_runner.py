@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 import vexact_kernels as vk
 from vexact_models import AttentionMetadata
 
+from .ablation import MismatchInjection
 from .block_manager import BlockManager
 from .config import EngineConfig
 from .sampler import needs_filter, sample, token_seed
@@ -48,6 +49,8 @@ def kv_cache_shapes(model_config, num_blocks: int, block_size: int) -> tuple[tup
 class ModelRunner:
     # A pad row of a padded decode step: token 0 at position 0, KV slot -1 (write_kv_cache skips it), context 1.
     PAD_ROW = (0, 0, -1, 1)
+
+    mismatch: MismatchInjection | None = None  # a study tool, set by the engine that asks for one
 
     def __init__(self, model: torch.nn.Module, config: EngineConfig, num_blocks: int, max_model_len: int):
         self.model = model
@@ -250,7 +253,7 @@ class ModelRunner:
     def forward(self, batch: list[ScheduledSeq], blocks: BlockManager) -> tuple[torch.Tensor, list[ScheduledSeq]]:
         """Run the model over the step; returns the pre-norm hidden rows ``[S, H]`` of the ``S`` sequences that
         sample in it, and those sequences."""
-        sampling = [b for b, item in enumerate(batch) if item.samples]
+        sampling = [b for b, item in enumerate(batch) if item.is_last_chunk]
         items = [batch[b] for b in sampling]
         size = self.padded_size(batch)
         tokens = self.padded_tokens(batch) if size is None else None
@@ -289,7 +292,7 @@ class ModelRunner:
             [it.seq.params for it in items],
             [it.seq.seed for it in items],
             [len(it.seq.output_token_ids) for it in items],
-            self.config,
+            self.mismatch,
         )
         return [(it, t, lp) for it, t, lp in zip(items, tokens, logprobs, strict=True)]
 
@@ -401,22 +404,6 @@ def step_tensors(step: dict[str, list], device: torch.device) -> tuple[torch.Ten
     return ids, pos, meta
 
 
-NOISE_SALT = 0x7E5A  # the logit noise of a token is drawn from a stream apart from its sampling draw
-
-
-def inject_mismatch(logits: torch.Tensor, config: EngineConfig, seeds: list[int], indices: list[int]) -> torch.Tensor:
-    """fp32 ``logits [S, V]`` rounded to ``config.lm_head_dtype``, plus ``N(0, logit_noise_std^2)`` noise drawn per row
-    from a generator seeded by (request seed, token index): a row's noise depends on nothing else in the batch."""
-    logits = logits.to(getattr(torch, config.lm_head_dtype)).float()
-    if config.logit_noise_std > 0:
-        noise = torch.empty_like(logits)
-        gen = torch.Generator(device=logits.device)
-        for i, (seed, index) in enumerate(zip(seeds, indices, strict=True)):
-            noise[i].normal_(generator=gen.manual_seed(token_seed(seed ^ NOISE_SALT, index)))
-        logits = logits + config.logit_noise_std * noise
-    return logits
-
-
 @torch.no_grad()
 def sample_rows(
     model: torch.nn.Module,
@@ -425,7 +412,7 @@ def sample_rows(
     params: list[SamplingParams],
     seeds: list[int],
     indices: list[int],
-    config: EngineConfig | None = None,
+    mismatch: MismatchInjection | None = None,
 ) -> tuple[list[int], list[float]]:
     """Tokens and their logprobs for pre-norm ``hidden [S, H]`` rows (token ``indices[i]`` of a request seeded
     ``seeds[i]``); the logprob is the trainer's ``model.logprobs``. Shared by the runner and the last pipeline stage.
@@ -433,13 +420,13 @@ def sample_rows(
     Rows that draw from the whole distribution (temperature > 0, no top-k / top-p: an RL rollout's rows) take the
     fused draw (``model.sample``: one pass over the lm_head gives the token and its logprob, which is bitwise
     ``model.logprobs``'); greedy and filtered rows take the logits and :func:`~vexact_engine.sampler.sample`.
-    With mismatch injection on (``config.logit_noise_std`` / ``config.lm_head_dtype``), every row takes the logits,
-    perturbed before the draw, and the reported logprob is the engine's own log_softmax of those perturbed logits.
+    With a ``mismatch`` injection (a study tool, :class:`~vexact_engine.MismatchInjection`), every row takes the
+    logits, perturbed before the draw, and the reported logprob is the engine's own log_softmax of those logits.
     """
     n = len(params)
     with vk.use_backend(backend):
-        if config is not None and config.injects_mismatch:
-            logits = inject_mismatch(model.logits(hidden), config, seeds, indices)
+        if mismatch is not None and mismatch.active:
+            logits = mismatch.apply(model.logits(hidden), seeds, indices)
             tokens, logprobs = sample(logits, params, seeds, indices)
         else:
             vocab = getattr(getattr(model, "config", None), "vocab_size", None)

@@ -37,10 +37,11 @@ from torch import nn
 import vexact_kernels as vk
 from vexact_models import WeightSyncGroup, expected_tensors, load_model, receive_weights
 
+from .ablation import MismatchInjection, take_mismatch
 from .block_manager import BlockManager
 from .config import EngineConfig
 from .llm import LLM
-from .llm_engine import load_tokenizer
+from .loading import load_tokenizer
 from .model_runner import kv_cache_shapes, sample_rows, step_lists, step_tensors
 from .scheduler import ScheduledSeq
 
@@ -62,6 +63,8 @@ def stage_layers(num_layers: int, num_stages: int) -> list[range]:
 
 class _StageRunner:
     """Runs one stage's layers on its own KV cache; on the driver, also drives the whole pipeline for a step."""
+
+    mismatch: MismatchInjection | None = None  # a study tool, set by the engine that asks for one
 
     def __init__(self, model: nn.Module, config: EngineConfig, num_blocks: int, layers: range, rank: int, world: int):
         self.model = model
@@ -119,13 +122,13 @@ class _StageRunner:
                 return [], []
             rows = torch.tensor(step["rows"], dtype=torch.int64, device=dev)
             return sample_rows(
-                self.model, self.config.backend, x[rows], step["params"], step["seeds"], step["indices"], self.config
+                self.model, self.config.backend, x[rows], step["params"], step["seeds"], step["indices"], self.mismatch
             )
 
     # ---- driver side
     def run(self, batch: list[ScheduledSeq], blocks: BlockManager) -> list[tuple[ScheduledSeq, int, float]]:
         step = step_lists(batch, blocks)
-        sampling = [b for b, item in enumerate(batch) if item.samples]
+        sampling = [b for b, item in enumerate(batch) if item.is_last_chunk]
         items = [batch[b] for b in sampling]
         step.update(
             rows=[step["cu"][b + 1] - 1 for b in sampling],
@@ -205,10 +208,12 @@ class PipelineLLM(LLM):
         model: nn.Module | None = None,
         tokenizer=None,
         config: EngineConfig | None = None,
+        mismatch: MismatchInjection | None = None,
         **config_kw,
     ):
         if not dist.is_initialized():
             raise RuntimeError("PipelineLLM needs an initialised torch.distributed process group (e.g. torchrun)")
+        mismatch = take_mismatch(mismatch, config_kw)
         if config is not None and config_kw:
             raise TypeError("pass either config=EngineConfig(...) or keyword settings, not both")
         config = config or EngineConfig(**config_kw)
@@ -230,7 +235,7 @@ class PipelineLLM(LLM):
         model = model.to(config.device)
         # graphs are one-device only for now: the driver's steps run eagerly (a copy: the caller's config is theirs)
         config = dataclasses.replace(config, enforce_eager=True)
-        super().__init__(model=model, tokenizer=tokenizer, config=config)
+        super().__init__(model=model, tokenizer=tokenizer, config=config, mismatch=mismatch)
         self._own_names = _weight_names(self.model)
         self._remote_pending: set[str] = set()  # driver: weights other stages still miss
         self._sync_group: WeightSyncGroup | None = None  # this stage's member of a trainer's weight sync group

@@ -28,7 +28,7 @@ class ScheduledSeq:
     num_new_tokens: int
 
     @property
-    def samples(self) -> bool:
+    def is_last_chunk(self) -> bool:
         """True when this chunk reaches the end of the sequence, so the step samples its next token."""
         return self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
 

@@ -1,11 +1,11 @@
 """A device tensor's value range, read from the GPU once per tensor version instead of once per check.
 
 An input check on a CUDA tensor (every position inside the rotary table, every token id inside the vocabulary, every
-expert id below E) reads the tensor's min and max on the host, and a host read waits for the GPU to finish all the
-work queued before it. A model checks the same tensor in every layer (the step's positions in each layer's rotary),
-so an eager forward used to stall its host behind the GPU once a layer: the GPU then idles while the host launches
-the next layer. On the engine's eager steps (prompt chunks mixed with decode rows; 28 layers) that made a step four
-times its GPU time (H100, Qwen3-1.7B shape, 64 decode rows + a 1024-token chunk: 60 ms wall, 12.5 ms of kernels).
+expert id below E) reads the tensor's min and max on the host, and a host read waits for the GPU to finish all the work
+queued before it. A model checks the same tensor in every layer (the step's positions in each layer's rotary), so an
+eager forward that read it each time would stall its host behind the GPU once a layer: the GPU then idles while the host
+launches the next layer. On the engine's eager steps (prompt chunks mixed with decode rows; 28 layers) that makes a step
+four times its GPU time (H100, Qwen3-1.7B shape, 64 decode rows + a 1024-token chunk: 60 ms wall, 12.5 ms of kernels).
 
 So :func:`tensor_range` remembers what it read for the exact tensor object and its version (an in-place write bumps
 the version, and the range is read again), and an op that makes a tensor whose range it knows by construction (the

@@ -361,8 +361,8 @@ def _sdpa(q, k, v, causal_offset: int, scale: float) -> torch.Tensor:
     A whole sequence (training, a prefill without cached keys) goes in as torch's own causal attention with GQA,
     no mask and no repeated K/V, so torch may pick its fastest kernel (flash on a GPU, the one backend that takes
     GQA): the ``fast`` backend is what a plain PyTorch trainer gets. On CUDA the call is 4-D (a batch of one): torch's
-    fused backends take only 4-D inputs, and a 3-D call ran the math backend (fp32 score matrices, an H100 profile of
-    the trainer in the fifteenth session). Queries over a cached prefix need the bottom-right mask."""
+    fused backends take only 4-D inputs, and a 3-D call runs the math backend (fp32 score matrices, seen in an H100
+    profile of the trainer). Queries over a cached prefix need the bottom-right mask."""
     hq, hk = q.shape[1], k.shape[1]
     if causal_offset == 0 and q.shape[0] == k.shape[0] and hq % hk == 0:
         qt, kt, vt = (t.transpose(0, 1) for t in (q, k, v))

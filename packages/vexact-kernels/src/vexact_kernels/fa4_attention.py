@@ -15,7 +15,7 @@ prefill == a paged decode, bitwise, for pages of 16 to 256 tokens; the backward 
 to run. The bits differ from the Triton kernel's (other tiles, other exp), so trainer and engine must run the same
 implementation, and golden fixtures are per implementation.
 
-Status (first GPU run, H100, flash-attn-4 4.0.0b36; ``scripts/gpu_checks.sh h100 fa4-probe fa4-kernels fa4-golden
+Status (first GPU run, H100, flash-attn-4 4.0.0b36; ``scripts/checks/gpu_checks.sh h100 fa4-probe fa4-kernels fa4-golden
 fa4-contracts fa4-bench``): every check of the probe bitwise (alone == packed == chunked == paged for pages of 16 to
 256, CUDA-graph replay == eager, deterministic backward run to run); this package's FA4 GPU tests pass; the contract
 suite under ``VEXACT_ATTENTION=fa4`` passed 121 tests (h100-fa4 golden fixtures recorded for every family). K and V
@@ -23,7 +23,7 @@ head sizes that differ (MLA: 192 / 128) stay on the Triton kernels (``attention.
 kernel refuses them ("Paged KV does not support irregular head dim"). The default where it is installed (``auto``):
 on an H200 its contracts pass and the engine and trainer run faster with it.
 
-Heads under ``attention.FA4_MIN_HEAD_DIM`` (32) run the Triton kernels too (tenth session): FA4's backward at head_dim
+Heads under ``attention.FA4_MIN_HEAD_DIM`` (32) run the Triton kernels too: FA4's backward at head_dim
 16 is wrong (H100: dq max error 2.2 against an fp32 reference, the Triton kernel's 1.0e-2; 32, 64 and 128 agree), found
 when the tiny Qwen3-MoE's world-size-2 step-0 grad norm came out 6.5% off world size 1 under FA4 only (2x H200). The
 families' tiny checkpoints have heads of 16, so their golden fixtures under ``fa4`` are the Triton ones; the tiny
@@ -47,7 +47,7 @@ FA4_CAPABILITY_MAJORS = (9, 10)
 
 _INSTALL_HINT = (
     "install the extra vexact-kernels[fa4] (flash-attn-4 and nvidia-cutlass-dsl[cu13]; on the GPU machine "
-    "scripts/fa4_device_wheels.sh), or choose VEXACT_ATTENTION=triton"
+    "scripts/staging/fa4_device_wheels.sh), or choose VEXACT_ATTENTION=triton"
 )
 
 

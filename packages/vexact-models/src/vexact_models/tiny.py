@@ -3,7 +3,7 @@
 Weights come from a seeded ``torch.Generator`` on CPU; the tokenizer is byte-level (256 byte tokens plus
 specials), built with the ``tokenizers`` library when it is installed. The demo's default checkpoint
 (``assets/tiny-qwen3``) and one per family (``assets/tiny-<family>``) are committed;
-``scripts/make_tiny_checkpoint.py`` rewrites them.
+``scripts/fixtures/make_tiny_checkpoint.py`` rewrites them.
 """
 
 from __future__ import annotations

@@ -124,7 +124,7 @@ def _host_memory() -> tuple[int, int]:
 
 def _fill_device_module() -> None:
     """verl calls CUDA-module functions on the platform's ``device_module`` (memory statistics, ``empty_cache``, RNG
-    state, ...). ``torch.cpu`` lacks them; lend it neutral ones (no device memory: 0 bytes, no-op frees, torch's own
+    state, ...). ``torch.cpu`` lacks them; give it neutral ones (no device memory: 0 bytes, no-op frees, torch's own
     RNG state, host memory for ``mem_get_info``). verl keeps recognising ``torch.cpu`` by identity, so the module
     itself is kept."""
 

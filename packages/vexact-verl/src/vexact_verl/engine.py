@@ -28,14 +28,16 @@ the only thing the test replaces is verl's platform singleton (a CPU platform, i
 fills), because verl 0.9.1 has no CPU platform. The same tests' ``cuda`` variants (``-m gpu``) run the path on
 verl's CUDA platform.
 
-``train_batch`` also runs the TIM attribution by op family on a sample of the step's sequences when
-``VEXACT_TIM_ATTRIBUTE_EVERY`` asks for it (off by default; :mod:`vexact_verl.tim`), adding ``tim_attr/*`` to the
-step's metrics without touching the step's numerics.
+``train_batch`` also runs the TIM attribution by op family on a sample of the step's sequences when the engine
+config's ``vexact.tim_attribute_every`` asks for it (off by default; :class:`VexactFSDPEngineConfig`,
+:mod:`vexact_verl.tim`), adding ``tim_attr/*`` to the step's metrics without touching the step's numerics.
 """
 
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from tensordict import TensorDict
@@ -44,6 +46,7 @@ from verl.utils.dataset.dataset_utils import DatasetPadMode
 from verl.utils.device import get_device_id, get_device_name
 from verl.utils.model import extract_multi_modal_inputs
 from verl.utils.torch_dtypes import PrecisionType
+from verl.workers.config import FSDPEngineConfig
 from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
 from verl.workers.engine.utils import detach_tree
 from verl.workers.utils.padding import no_padding_2_padding
@@ -61,6 +64,17 @@ MODEL_TYPE = "language_model"
 DEVICES = ("cuda", "cpu")
 
 
+@dataclass
+class VexactFSDPEngineConfig(FSDPEngineConfig):
+    """verl's ``FSDPEngineConfig`` with a ``vexact`` section: the settings of the vexact actor engine that verl's
+    schema has no field for (the TIM attribution: ``tim_attribute_every``, ``tim_attribute_samples``,
+    ``tim_attribute_ops``; :class:`vexact_verl.tim.AttributionConfig`). Set it as the ``_target_`` of
+    ``actor_rollout_ref.actor.fsdp_config`` and add keys with
+    ``+actor_rollout_ref.actor.fsdp_config.vexact.KEY=...``."""
+
+    vexact: dict[str, Any] = field(default_factory=dict)
+
+
 class VexactEngineWithLMHead(FSDPEngineWithLMHead):
     """verl's FSDP LM-head engine with the vexact model and kernels (see the module docstring)."""
 
@@ -70,7 +84,8 @@ class VexactEngineWithLMHead(FSDPEngineWithLMHead):
 
     def __init__(self, model_config, engine_config, optimizer_config, checkpoint_config):
         _check_supported(model_config, engine_config)
-        self.tim_attribution = AttributionConfig.from_env()  # off unless VEXACT_TIM_ATTRIBUTE_EVERY >= 1
+        # off unless the config's vexact.tim_attribute_every >= 1 (a plain FSDPEngineConfig has no vexact section)
+        self.tim_attribution = AttributionConfig.from_settings(getattr(engine_config, "vexact", None))
         self._tim_step = 0  # training steps begun (verl's update_actor: one step, one or more train_batch calls)
         self._tim_step_open = False
         super().__init__(model_config, engine_config, optimizer_config, checkpoint_config)
@@ -267,7 +282,6 @@ def _rows(t: torch.Tensor, idx: list[int]) -> torch.Tensor:
 
 
 def _check_supported(model_config, engine_config) -> None:
-    from verl.workers.config import FSDPEngineConfig
 
     if not isinstance(engine_config, FSDPEngineConfig):
         # e.g. model_engine=veomni: VeOmni's engine config describes VeOmni's own parallel plan, which only the

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from vexact_engine import EngineConfig, LLMEngine, PipelineLLM, RequestOutput, SamplingParams
+from vexact_engine import EngineConfig, LLMEngine, MismatchInjection, PipelineLLM, RequestOutput, SamplingParams
 
 log = logging.getLogger("vexact_verl")
 
@@ -62,7 +62,8 @@ def engine_kwargs_from_verl(config, replica_rank: int = 0) -> dict[str, Any]:
     """EngineConfig fields from a verl RolloutConfig.
 
     ``rollout.engine_kwargs.vexact`` may set any EngineConfig field (``backend``, ``block_size``, ``num_kv_blocks``,
-    ``kv_cache_bytes``, ...); an unknown key raises ``ValueError`` naming it and the allowed ones.
+    ``kv_cache_bytes``, ...) and, for mismatch studies, a ``MismatchInjection`` field (``logit_noise_std``,
+    ``lm_head_dtype``); an unknown key raises ``ValueError`` naming it and the allowed ones.
     """
     kw: dict[str, Any] = {
         "max_num_seqs": int(config.max_num_seqs),
@@ -80,7 +81,7 @@ def engine_kwargs_from_verl(config, replica_rank: int = 0) -> dict[str, Any]:
     # the engine needs room for every running sequence to decode in one step
     kw["max_num_batched_tokens"] = max(kw["max_num_batched_tokens"], kw["max_num_seqs"])
     extra = dict((config.engine_kwargs or {}).get("vexact", None) or {})
-    allowed = {f.name for f in dataclasses.fields(EngineConfig)}
+    allowed = {f.name for cls in (EngineConfig, MismatchInjection) for f in dataclasses.fields(cls)}
     bad = sorted(set(extra) - allowed)
     if bad:
         raise ValueError(f"rollout.engine_kwargs.vexact has unknown key(s) {bad}; allowed: {sorted(allowed)}")

@@ -7,19 +7,19 @@ imports that function at the call. :func:`install` wraps it (no copy of verl cod
 log-perplexity difference. The vexact plugin installs it in every process that loads it (so with
 ``rollout.name=vexact``, and with any rollout while the plugin is loaded).
 
-Attribution by op family inside verl (off by default): with ``VEXACT_TIM_ATTRIBUTE_EVERY=N`` (N >= 1) in the actor
-workers' environment, the ``vexact`` actor engine (``actor.strategy=vexact``) rescores, on every N-th training step,
-``VEXACT_TIM_ATTRIBUTE_SAMPLES`` (default 4) of the step's sequences once per op family with that family on the
-``fast`` kernel and the rest invariant, once all-``fast`` and once all-invariant, before the step's first update (the
-weights that scored ``old_log_prob``), under ``torch.no_grad``; :func:`attribution_metrics` turns the rescores into
-``tim_attr/<family>/*`` (``all``: the whole fast backend), which the engine adds to the step's metrics, so they
-reach verl's logger with the ``actor/`` prefix. ``VEXACT_TIM_ATTRIBUTE_OPS`` (comma-separated) narrows the families.
+Attribution by op family inside verl (off by default): with the actor engine config's ``vexact.tim_attribute_every=N``
+(N >= 1; the config class :class:`vexact_verl.engine.VexactFSDPEngineConfig`, or the VeOmni one), the ``vexact`` actor
+engine rescores, on every N-th training step, ``vexact.tim_attribute_samples`` (default 4) of the step's sequences
+once per op family with that family on the ``fast`` kernel and the rest invariant, once all-``fast`` and once
+all-invariant, before the step's first update (the weights that scored ``old_log_prob``), under ``torch.no_grad``;
+:func:`attribution_metrics` turns the rescores into ``tim_attr/<family>/*`` (``all``: the whole fast backend), which
+the engine adds to the step's metrics, so they reach verl's logger with the ``actor/`` prefix.
+``vexact.tim_attribute_ops`` (a list, or a comma-separated string) narrows the families.
 """
 
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -77,11 +77,8 @@ def install() -> bool:
 
 
 ATTR_KEYS = ("abs_delta_mean", "abs_delta_max", "fraction_differ", "kl_k3")
-ENV_EVERY, ENV_SAMPLES, ENV_OPS = (
-    "VEXACT_TIM_ATTRIBUTE_EVERY",
-    "VEXACT_TIM_ATTRIBUTE_SAMPLES",
-    "VEXACT_TIM_ATTRIBUTE_OPS",
-)
+# the keys of the actor engine config's ``vexact`` section (vexact_verl.engine.VexactFSDPEngineConfig)
+KEY_EVERY, KEY_SAMPLES, KEY_OPS = "tim_attribute_every", "tim_attribute_samples", "tim_attribute_ops"
 
 
 @dataclass(frozen=True)
@@ -97,30 +94,33 @@ class AttributionConfig:
         import vexact_kernels as vk
 
         if not isinstance(self.every, int) or self.every < 0:
-            raise ValueError(f"{ENV_EVERY} must be an integer >= 0 (0: off), got {self.every!r}")
+            raise ValueError(f"vexact.{KEY_EVERY} must be an integer >= 0 (0: off), got {self.every!r}")
         if not isinstance(self.samples, int) or self.samples < 1:
-            raise ValueError(f"{ENV_SAMPLES} must be an integer >= 1, got {self.samples!r}")
+            raise ValueError(f"vexact.{KEY_SAMPLES} must be an integer >= 1, got {self.samples!r}")
         for op in self.ops or ():
             if op not in vk.OPS:
-                raise ValueError(f"{ENV_OPS}: unknown op family {op!r}; allowed: {', '.join(vk.OPS)}")
+                raise ValueError(f"vexact.{KEY_OPS}: unknown op family {op!r}; allowed: {', '.join(vk.OPS)}")
 
     @classmethod
-    def from_env(cls, env: dict | None = None) -> AttributionConfig:
-        env = os.environ if env is None else env
+    def from_settings(cls, settings) -> AttributionConfig:
+        """From the actor engine config's ``vexact`` section (a mapping; None or empty: off). An unknown key, or a
+        value of the wrong kind, raises ``ValueError`` naming it."""
+        settings = dict(settings or {})
+        unknown = sorted(set(settings) - {KEY_EVERY, KEY_SAMPLES, KEY_OPS})
+        if unknown:
+            raise ValueError(f"vexact has unknown key(s) {unknown}; allowed: {[KEY_EVERY, KEY_SAMPLES, KEY_OPS]}")
 
-        def integer(name: str, default: int) -> int:
-            raw = env.get(name, "").strip()
-            if not raw:
-                return default
-            try:
-                return int(raw)
-            except ValueError:
-                raise ValueError(f"{name} must be an integer, got {raw!r}") from None
+        def integer(key: str, default: int) -> int:
+            value = settings.get(key, default)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"vexact.{key} must be an integer, got {value!r}")
+            return value
 
-        ops = env.get(ENV_OPS, "").strip()
-        return cls(
-            integer(ENV_EVERY, 0), integer(ENV_SAMPLES, 4), tuple(o.strip() for o in ops.split(",")) if ops else None
-        )
+        ops = settings.get(KEY_OPS)
+        if isinstance(ops, str):
+            ops = [o for o in ops.split(",") if o.strip()]
+        ops = tuple(str(o).strip() for o in ops) if ops else None
+        return cls(integer(KEY_EVERY, 0), integer(KEY_SAMPLES, 4), ops)
 
     def specs(self, model_config) -> list[str]:
         """Backend specs to rescore with: ``fast:<family>`` each, then ``fast`` (MoE only for a model with experts)."""

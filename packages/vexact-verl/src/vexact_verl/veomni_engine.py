@@ -36,12 +36,13 @@ logprobs can only be reproduced by the same model definition on the same kernels
 
 from __future__ import annotations
 
-from dataclasses import fields
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 from verl.workers.config import FSDPEngineConfig, VeOmniEngineConfig, VeOmniOptimizerConfig
 from verl.workers.config.engine import EngineConfig
 
-from .engine import VexactEngineWithLMHead
+from .engine import VexactEngineWithLMHead, VexactFSDPEngineConfig
 
 VEOMNI_BACKEND = "vexact_veomni"
 
@@ -71,9 +72,14 @@ _SHARED = tuple(f.name for f in fields(EngineConfig) if f.name not in ("_target_
 )
 
 
+@dataclass
 class VexactVeOmniEngineConfig(VeOmniEngineConfig):
     """verl's ``VeOmniEngineConfig`` that selects :class:`VexactVeOmniEngineWithLMHead` (``strategy``
-    ``vexact_veomni``). Set it as the ``_target_`` of ``actor_rollout_ref.actor.veomni`` and ``.ref.veomni``."""
+    ``vexact_veomni``). Set it as the ``_target_`` of ``actor_rollout_ref.actor.veomni`` and ``.ref.veomni``. Its
+    ``vexact`` section holds the vexact engine's own settings, as :class:`vexact_verl.engine.VexactFSDPEngineConfig`'s
+    does (``+actor_rollout_ref.actor.veomni.vexact.tim_attribute_every=10``)."""
+
+    vexact: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):
         # verl's checks (and its attn_implementation renaming) assert the strategy is "veomni": run them as such
@@ -114,8 +120,9 @@ def fsdp_config_from_veomni(engine_config: VeOmniEngineConfig) -> FSDPEngineConf
             f"model and kernels only; unsupported settings {got}; set {allowed}"
         )
     kw = {name: getattr(engine_config, name) for name in _SHARED}
-    fsdp = FSDPEngineConfig(
+    fsdp = VexactFSDPEngineConfig(
         **kw,
+        vexact=dict(getattr(engine_config, "vexact", None) or {}),
         offload_policy=engine_config.enable_fsdp_offload,
         reshard_after_forward=True,  # VeOmni reshards every decoder layer after its forward
         use_torch_compile=False,  # verl's compiled entropy helper; the vexact forward computes its own

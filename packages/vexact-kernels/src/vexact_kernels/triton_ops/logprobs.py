@@ -55,7 +55,7 @@ LOGPROBS_COMBINE_ROWS = 128
 LOGPROBS_BWD_CHUNK = 4096
 # The logits-gradient kernel's tile (speed only): a logit is the same MMA sequence over H whatever rows and columns
 # share its tile (as for the linear kernel's tiles), and the gradient is elementwise in it, so any tile gives the same
-# bits (the GPU test compares this tile with the forward's). H100 sweep at 4096 x 151936 x 2048 (one session, 3
+# bits (the GPU test compares this tile with the forward's). H100 sweep at 4096 x 151936 x 2048 (one machine, 3
 # stages): 128 x 128 with 4 warps 5.36 ms, 8 warps 5.95, the forward's 64 x 128 with 4 warps 6.00, 64 x 256 6.89.
 LOGPROBS_BWD_BLOCK_T = 128
 LOGPROBS_BWD_BLOCK_V = 128
@@ -479,7 +479,8 @@ def _cuda_major(device: torch.device) -> int | None:
 def _skip_ok(device: torch.device) -> bool:
     """Whether the draw's tile skip compiles for ``device``: Triton 3.6 fails on its data-dependent branch for sm_100
     and later (TritonNvidiaGPUOptimizeTMemLayoutsPass: "parent layout must have at least rank >= 2"; the logits tile
-    lives in tensor memory there; ``scripts/kernel_regs.py --arch 100`` shows it). Speed only: the same tokens."""
+    lives in tensor memory there; ``scripts/tuning/kernel_regs.py --arch 100`` shows it). Speed only: the same
+    tokens."""
     major = _cuda_major(device)
     return major is None or major < 10
 

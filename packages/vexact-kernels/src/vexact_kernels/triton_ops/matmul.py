@@ -1,6 +1,7 @@
 """Batch-invariant matmul for ``linear``: ``C = A @ B_t.T (+ bias)``, bf16/fp16/fp32 in, fp32 accumulation.
 
-Invariance: every output element is reduced over K in one fixed structure, the same for every M and every launch:
+Invariance (design.md rule 2): every output element is reduced over K in one fixed structure, the same for every M and
+every launch:
 
 * K is cut at fixed absolute positions into splits of ``SPLIT_TILES * BLOCK_K`` (1024) elements. Within a split,
   tiles of ``BLOCK_K`` (64) are reduced in K order, one ``tl.dot`` per tile accumulating into an fp32 partial that
@@ -49,7 +50,7 @@ SPLIT_TILES = 16
 GROUP_M = 8
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages): speed only, picked by M (and N) from an H100 sweep
-# (scripts/tune_matmul.py). Under the interpreter the smallest tiles are used so CPU tests stay fast.
+# (scripts/tuning/tune_matmul.py). Under the interpreter the smallest tiles are used so CPU tests stay fast.
 CONFIGS = (
     (16, 32, 4, 6),  # decode: M <= 32, more CTAs over N to stream the weight
     (64, 64, 4, 6),  # M <= 256
@@ -59,7 +60,7 @@ INTERPRET_CONFIG = (16, 16, 4, 1)
 # fp32 operands (speed only): (BLOCK_M, BLOCK_N, num_warps, num_stages, split-programs max tiles) for M <= 32 and above
 FP32_CONFIGS = ((16, 32, 4, 4, 131), (64, 64, 4, 3, 48))
 # Split programs (one per K split, then the combine) pay when the output has fewer tiles than this, per config above
-# (H100 sweep, scripts/tune_kernels.py `cold`/`small`). Speed only: the bits are the same either way.
+# (H100 sweep, scripts/tuning/tune_kernels.py `cold`/`small`). Speed only: the bits are the same either way.
 SPLIT_PROGRAMS_MAX_TILES = (131, 48, 0)
 
 
@@ -251,7 +252,7 @@ TMA_CONFIG_FP32_OUT = (128, 128, 8, 4, False)  # a 128x256 fp32 epilogue does no
 TMA_MIN_M = 256
 # The pick among these three (speed only) by how well each fills the GPU's SMs: score = (tiles / (waves * SMs)) x the
 # tile's own efficiency. The efficiencies are fitted to an H200 sweep of the grouped Qwen3-1.7B / 8B projections at
-# M = 256 .. 4096 (scripts/tune_kernels.py --parts mid; benchmarks/results/tune-mid-h200.txt): e.g. 64 tiles of
+# M = 256 .. 4096 (scripts/tuning/tune_kernels.py --parts mid; benchmarks/results/tune-mid-h200.txt): e.g. 64 tiles of
 # 128x128 leave half the SMs idle, so 64x128 wins (1.7B q/k/v at M = 256: 0.86 of cuBLAS against 0.63 with the
 # pointer kernel); at 384 tiles the warp-specialized 128x128 wins (8B gate/up at M = 256: 0.89 against 0.52).
 TMA_PICKS = ((TMA_CONFIG_NARROW, 0.65), (TMA_CONFIG_MID, 0.92), (TMA_CONFIG, 1.0))

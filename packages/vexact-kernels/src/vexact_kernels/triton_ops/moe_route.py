@@ -1,12 +1,12 @@
 """Top-k routing in one Triton program per token: the invariant backend's ``moe_route`` (softmax) and
 ``moe_route_grouped`` (DeepSeek-V3, below) on CUDA.
 
-Invariance: a token's program reads only its own row of router logits; the max, the softmax sum (``tl.sum`` over one
-block of ``next_pow2(E)`` lanes, a reduction tree fixed by E alone) and the k rounds of "largest probability, lowest
-index among equals" depend on that row only, so the weights and ids never depend on the batch, and the one launch is
-the same in a training batch, a prefill chunk and a captured decode step. The renormalised weights divide by the sum
-of the k chosen probabilities added in rank order. (The bits differ from the CPU reference's ``exp``; bitwise
-equality holds within a device type, as everywhere.)
+Invariance (design.md rule 5): a token's program reads only its own row of router logits; the max, the softmax sum
+(``tl.sum`` over one block of ``next_pow2(E)`` lanes, a reduction tree fixed by E alone) and the k rounds of "largest
+probability, lowest index among equals" depend on that row only, so the weights and ids never depend on the batch, and
+the one launch is the same in a training batch, a prefill chunk and a captured decode step. The renormalised weights
+divide by the sum of the k chosen probabilities added in rank order. (The bits differ from the CPU reference's ``exp``;
+bitwise equality holds within a device type, as everywhere.)
 
 Backward (the router gradient of training): recomputed with torch ops from the saved logits and ids; deterministic.
 """

@@ -57,37 +57,38 @@ class MLAttention(nn.Module):
         super().__init__()
         dt, h, bias = cfg.dtype, cfg.num_attention_heads, cfg.attention_bias
         self.num_heads = h
-        self.nope, self.rope, self.v_dim = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
+        self.qk_nope_dim, self.qk_rope_dim, self.v_dim = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
         self.kv_lora_rank, self.interleave = cfg.kv_lora_rank, cfg.rope_interleave
-        qk = self.nope + self.rope
+        qk = self.qk_nope_dim + self.qk_rope_dim
         if cfg.q_lora_rank is None:
             self.q_proj = Linear(cfg.hidden_size, h * qk, False, dt)
         else:
             self.q_a_proj = Linear(cfg.hidden_size, cfg.q_lora_rank, bias, dt)
             self.q_a_layernorm = RMSNorm(cfg.q_lora_rank, LORA_NORM_EPS, dt)
             self.q_b_proj = Linear(cfg.q_lora_rank, h * qk, False, dt)
-        self.kv_a_proj_with_mqa = Linear(cfg.hidden_size, self.kv_lora_rank + self.rope, bias, dt)
+        self.kv_a_proj_with_mqa = Linear(cfg.hidden_size, self.kv_lora_rank + self.qk_rope_dim, bias, dt)
         self.kv_a_layernorm = RMSNorm(self.kv_lora_rank, LORA_NORM_EPS, dt)
-        self.kv_b_proj = Linear(self.kv_lora_rank, h * (self.nope + self.v_dim), False, dt)
+        self.kv_b_proj = Linear(self.kv_lora_rank, h * (self.qk_nope_dim + self.v_dim), False, dt)
         self.o_proj = Linear(h * self.v_dim, cfg.hidden_size, bias, dt)
-        self.rotary = [rotary]  # shared table, kept out of this module's state_dict
+        self.rotary = rotary  # the model's shared table (non-persistent buffers: in no state_dict)
         self.attn = Attention(h, h, qk, scale=cfg.softmax_scale)
 
     def forward(self, x, positions, meta: AttentionMetadata, kv_cache=None):
         t, h = x.shape[0], self.num_heads
+        nope, rope = self.qk_nope_dim, self.qk_rope_dim
         if hasattr(self, "q_proj"):
             q = self.q_proj(x)
         else:
             q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
-        q_nope, q_pe = q.view(t, h, self.nope + self.rope).split([self.nope, self.rope], -1)  # [T, H, *]
-        c_kv, k_pe = self.kv_a_proj_with_mqa(x).split([self.kv_lora_rank, self.rope], -1)  # [T, r], [T, rope]
-        kv = self.kv_b_proj(self.kv_a_layernorm(c_kv.contiguous())).view(t, h, self.nope + self.v_dim)
-        k_nope, v = kv.split([self.nope, self.v_dim], -1)
-        q_pe, k_pe = q_pe.contiguous(), k_pe.reshape(t, 1, self.rope).contiguous()  # kernels take dense rows
+        q_nope, q_pe = q.view(t, h, nope + rope).split([nope, rope], -1)  # [T, H, *]
+        c_kv, k_pe = self.kv_a_proj_with_mqa(x).split([self.kv_lora_rank, rope], -1)  # [T, r], [T, rope]
+        kv = self.kv_b_proj(self.kv_a_layernorm(c_kv.contiguous())).view(t, h, nope + self.v_dim)
+        k_nope, v = kv.split([nope, self.v_dim], -1)
+        q_pe, k_pe = q_pe.contiguous(), k_pe.reshape(t, 1, rope).contiguous()  # kernels take dense rows
         if self.interleave:
             q_pe, k_pe = deinterleave(q_pe), deinterleave(k_pe)
-        q_pe, k_pe = self.rotary[0](positions, q_pe, k_pe)
+        q_pe, k_pe = self.rotary(positions, q_pe, k_pe)
         q = torch.cat([q_nope, q_pe], -1)  # [T, H, qk]
-        k = torch.cat([k_nope, k_pe.expand(t, h, self.rope)], -1)  # [T, H, qk]
+        k = torch.cat([k_nope, k_pe.expand(t, h, rope)], -1)  # [T, H, qk]
         o = self.attn(q, k, v.contiguous(), meta, kv_cache)  # [T, H, v_dim]
         return self.o_proj(o.reshape(t, h * self.v_dim))

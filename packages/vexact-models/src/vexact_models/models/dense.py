@@ -59,7 +59,7 @@ class DenseAttention(nn.Module):
         self.o_proj = Linear(self.num_heads * d, cfg.hidden_size, cfg.o_bias, dt)
         self.q_norm = RMSNorm(d, cfg.rms_norm_eps, dt) if cfg.qk_norm else None
         self.k_norm = RMSNorm(d, cfg.rms_norm_eps, dt) if cfg.qk_norm else None
-        self.rotary = [rotary]  # shared table, kept out of this module's state_dict
+        self.rotary = rotary  # the model's shared table (non-persistent buffers: in no state_dict)
         self.attn = Attention(self.num_heads, self.num_kv_heads, d)
 
     def forward(self, x, positions, meta: AttentionMetadata, kv_cache: KVCache | None):
@@ -70,7 +70,7 @@ class DenseAttention(nn.Module):
         v = v.view(t, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = rms_norm_pair(self.q_norm, q, self.k_norm, k)  # one launch for both on CUDA
-        q, k = self.rotary[0](positions, q, k)
+        q, k = self.rotary(positions, q, k)
         o = self.attn(q, k, v, meta, kv_cache)  # [T, Hq, D]
         return self.o_proj(o.reshape(t, self.num_heads * self.head_dim))
 

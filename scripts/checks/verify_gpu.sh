@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The verify pairs and the RL step benchmark on one GPU machine, after `bash scripts/staging/rl_stack_wheels.sh install`:
+#
+#   bash scripts/checks/verify_gpu.sh RESULTS_DIR [STEPS]
+#
+# runs examples/verify/run_pair.sh for the Qwen3-1.7B shape and the Qwen3-30B-A3B shape (arms vllm and vexact), then
+# benchmarks/rl_step.py over the four runs (benchmarks/results-style Markdown in RESULTS_DIR/rl-step-<gpu>.md), then,
+# while FAST=1, the `fast` arm of each shape. Each stack runs from its own folder of wheels (rl_stack_wheels.sh).
+# Meant to run in the background of a long session (nohup), with RESULTS_DIR/progress.log to follow.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+RESULTS=${1:?usage: verify_gpu.sh RESULTS_DIR [STEPS]}
+export STEPS=${2:-10}
+mkdir -p "$RESULTS"
+exec > >(tee -a "$RESULTS/progress.log") 2>&1
+source scripts/staging/device_env.sh
+export PYTHONPATH_VLLM=/tmp/vllmsite:/tmp/site PYTHONPATH_VEXACT=/tmp/site
+export TAG=${TAG:-$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -oiE 'h100|h200|b200' | tr 'A-Z' 'a-z')}
+date
+for shape in qwen3-1.7b qwen3-30b-a3b; do
+  SHAPE=$shape bash examples/verify/run_pair.sh "$RESULTS" vllm vexact
+  date
+done
+python3 benchmarks/rl_step.py "$RESULTS"/$TAG-qwen3-*-{vllm,vexact}.jsonl --out "$RESULTS/rl-step-$TAG.md"
+if [ "${FAST:-1}" = 1 ]; then
+  for shape in qwen3-1.7b qwen3-30b-a3b; do
+    SHAPE=$shape bash examples/verify/run_pair.sh "$RESULTS" fast
+    python3 examples/verify/compare.py "$RESULTS/$TAG-$shape-"{vllm,vexact,fast}.jsonl --plot "$RESULTS/$TAG-$shape.png" \
+      --expect-exact vexact
+  done
+fi
+date
+echo "verify_gpu done"

@@ -1,0 +1,170 @@
+"""Where a decode step's time goes (GPU): the captured graph vs the rest of ``LLMEngine.step``, per batch size.
+
+    python scripts/profiling/profile_decode.py [--shape 1.7b] [--layers 28] [--batch 1,64,256] [--no-pack]
+                                     [--mixed 64:2048,256:1024]
+
+Prints, per batch size: the whole step (median wall ms), the decode graph replay alone (CUDA events), the sampling
+half (``sample_rows``: logits, seeded draw, fused logprobs, one host sync) alone, the remainder (scheduler, step
+tensors, Python); then, from a torch.profiler trace over a few steps, the number of GPU kernels per step and the
+kernels with the most GPU time (graph replays included: CUPTI records the kernels a graph launches), and the top
+host-side ops. ``--mixed B:P,...``: steps with prompt tokens instead (they run eagerly): B running requests decode
+while a new request's prompt chunk of P tokens prefills in the same step; the same kernel and host tables.
+``--no-pack``: the engine with ``pack_weights=False`` (q/k/v and gate/up as separate matmuls).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import profiling  # noqa: E402  (benchmarks/profiling.py: the kernel table)
+import throughput  # noqa: E402  (the benchmark's model builder: random bf16 weights drawn on the GPU)
+
+from vexact_engine import LLM, SamplingParams  # noqa: E402
+from vexact_engine.model_runner import sample_rows  # noqa: E402
+
+
+def cuda_ms(fn, n: int = 30) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    fn()
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(n):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / n
+
+
+def profile_batch(model, batch: int, weight_bytes: int, label: str, pack: bool = True) -> None:
+    llm = LLM(model=model, device="cuda", max_num_seqs=max(8, batch), max_num_batched_tokens=max(512, 2 * batch),
+              num_kv_blocks=max(256, batch * 24), pack_weights=pack)  # fmt: skip
+    for i in range(batch):
+        prompt = [1 + (i * 7 + j) % 1000 for j in range(256)]
+        llm.add_request(prompt, SamplingParams(max_tokens=400, temperature=1.0, top_p=1.0, seed=i, ignore_eos=True))
+    while any(len(s.output_token_ids) < 2 for s in llm.running_sequences()) or len(llm.running_sequences()) < batch:
+        llm.step()  # prefill every request; graphs were captured at construction
+    llm.step()
+    walls = []
+    for _ in range(30):
+        t = time.perf_counter()
+        llm.step()
+        walls.append((time.perf_counter() - t) * 1e3)
+    runner = llm.runner
+    graph_batch = min(b for kind, b in runner._graphs if kind == "decode" and b >= batch)
+    graph, out = runner._graphs[("decode", graph_batch)]
+    replay = cuda_ms(graph.replay)
+    # the same replay started from an idle GPU, as an engine step starts it (after the previous step's read-back):
+    # what it costs above the back-to-back figure is the host's graph launch, during which the GPU waits
+    idle = statistics.median(synced_ms(graph.replay) for _ in range(20))
+    launch = []
+    for _ in range(20):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        graph.replay()
+        launch.append((time.perf_counter() - t) * 1e3)
+        torch.cuda.synchronize()
+    seqs = llm.running_sequences()[:batch]  # the benchmark's sampling: temperature 1, no top-k / top-p
+    hidden = out[: len(seqs)]
+    sample = cuda_ms(
+        lambda: sample_rows(
+            model, "invariant", hidden, [s.params for s in seqs], [s.seed for s in seqs],
+            [len(s.output_token_ids) for s in seqs],
+        )
+    )  # fmt: skip
+    step = statistics.median(walls)
+    print(f"\n##### {label}, {weight_bytes / 2**30:.2f} GiB of weights, batch {batch} (graph of {graph_batch})")
+    print(f"engine step (median wall): {step:.3f} ms = {step / batch * 1e3:.1f} us per token")
+    print(f"  decode graph replay alone:          {replay:.3f} ms")
+    print(
+        f"  the replay from an idle GPU (synced wall): {idle:.3f} ms; host time in graph.replay(): "
+        f"{statistics.median(launch):.3f} ms"
+    )
+    print(f"  sample_rows alone (logits, draw, logprobs, host sync): {sample:.3f} ms")
+    print(f"  the rest (scheduler, step tensors, Python): {step - replay - sample:.3f} ms")
+    trace_steps(lambda k, engine=llm: engine.step(), 5)
+    del llm
+    torch.cuda.empty_cache()
+
+
+def synced_ms(fn) -> float:
+    """Wall ms of ``fn()`` between two device syncs."""
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t) * 1e3
+
+
+def trace_steps(run, steps: int) -> None:
+    """Profile ``run(k)`` for k < steps; print the GPU kernels per step and the top host ops."""
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for k in range(steps):
+            run(k)
+        torch.cuda.synchronize()
+    print("\n".join(profiling.kernel_table(prof, steps)))
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12))
+
+
+def profile_mixed(model, batch: int, prompt: int, label: str, pack: bool = True, graphs: bool = True) -> None:
+    """Steps with prompt tokens: ``batch`` requests decode while one new request's ``prompt``-token chunk prefills;
+    as CUDA graphs padded to a token count (``graphs``, the default) or eagerly."""
+    llm = LLM(model=model, device="cuda", max_num_seqs=batch + 1, max_num_batched_tokens=batch + prompt,
+              num_kv_blocks=max(256, (batch + 12) * 24 + 12 * prompt // 16), pack_weights=pack,
+              cuda_graph_token_sizes=None if graphs else ())  # fmt: skip
+    sp = dict(max_tokens=300, temperature=1.0, top_p=1.0, ignore_eos=True)
+    vocab = min(997, model.config.vocab_size - 3)
+    for i in range(batch):
+        llm.add_request([1 + (i * 7 + j) % vocab for j in range(256)], SamplingParams(seed=i, **sp))
+    while any(len(s.output_token_ids) < 2 for s in llm.running_sequences()) or len(llm.running_sequences()) < batch:
+        llm.step()
+
+    def mixed_step(k: int) -> float:
+        # a finished slot is not needed: max_num_seqs leaves one free, and a request of max_tokens 1 leaves it again
+        one = SamplingParams(seed=10_000 + k, **{**sp, "max_tokens": 1})
+        llm.add_request([3 + (k * 11 + j) % vocab for j in range(prompt)], one)
+        return synced_ms(llm.step)
+
+    for k in range(3):
+        mixed_step(k)  # compiles the prefill shapes
+    walls = [mixed_step(100 + k) for k in range(10)]
+    llm.step()  # a decode-only step for comparison (graph replay)
+    dec = [synced_ms(llm.step) for _ in range(10)]
+    how = f"CUDA graphs, {llm.runner.num_padded_prompt_steps} steps padded" if graphs else "eager"
+    print(f"\n##### {label}, {batch} decoding + a {prompt}-token prompt chunk per step ({how})")
+    print(f"step with prompt tokens (median wall, synced): {statistics.median(walls):.3f} ms")
+    print(f"decode-only step of the same batch (median wall, synced): {statistics.median(dec):.3f} ms")
+    trace_steps(lambda k: mixed_step(200 + k), 3)
+    torch.cuda.empty_cache()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shape", default="1.7b")
+    ap.add_argument("--layers", type=int, default=28)
+    ap.add_argument("--batch", default="1", help="comma-separated batch sizes (running requests per decode step)")
+    ap.add_argument("--no-pack", action="store_true", help="EngineConfig.pack_weights=False: no grouped projections")
+    ap.add_argument("--mixed", default="", help="B:P pairs, comma-separated: B decoding + a P-token prompt chunk")
+    args = ap.parse_args()
+    model = throughput.make_model(args.shape, args.layers)
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    if args.mixed:
+        for pair in args.mixed.split(","):
+            b, p = (int(x) for x in pair.split(":"))
+            for graphs in (False, True):
+                profile_mixed(model, b, p, f"{args.shape}-shaped, {args.layers} layers", not args.no_pack, graphs)
+        return
+    for batch in (int(b) for b in args.batch.split(",")):
+        label = f"{args.shape}-shaped, {args.layers} layers, weights {'unpacked' if args.no_pack else 'packed'}"
+        profile_batch(model, batch, weight_bytes, label, pack=not args.no_pack)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# The RL stacks of examples/verify/run_pair.sh for an air-gapped GPU machine, staged by one script: verl 0.9.1 + Ray
+# (scripts/staging/verl_device_wheels.sh), vLLM 0.24.0 with verl's vLLM rollout (scripts/staging/vllm_device_wheels.sh) and, with
+# `fa4`, FlashAttention 4 (scripts/staging/fa4_device_wheels.sh). The GPU machine needs only its own torch 2.11 + Triton.
+#
+#   on a machine with internet, in the repo root:
+#     bash scripts/staging/rl_stack_wheels.sh download [verl] [vllm] [fa4]   # default: verl vllm fa4
+#         wheels for CPython 3.12 / manylinux x86_64, named GROUP__WHEEL, packed into .whl-stack/p1, p2, ... of at
+#         most PART_MIB each (big wheels cut into pieces; scripts/staging/wheel_parts.py); prints the parts
+#   on the GPU machine, in the repo root, with the parts copied to .whl-stack/ (all at once, or one part a step for a
+#   copy channel that takes one part at a time: /tmp keeps what earlier steps brought):
+#     bash scripts/staging/rl_stack_wheels.sh install
+#         copies the parts to /tmp/stackparts; once every file of MANIFEST is whole (sha256 checked) it installs each
+#         group with --no-index --no-deps into its own folder: verl -> /tmp/site, vllm -> /tmp/vllmsite,
+#         fa4 -> /tmp/fa4site, and runs each group's import check. Exit 0 also while parts are missing (it says so).
+#     bash scripts/staging/rl_stack_wheels.sh env vllm|vexact   # prints the PYTHONPATH line for one arm (eval it)
+#
+# Why three folders: the groups pin different versions of a few shared packages (fastapi: vLLM < 0.137, verl's
+# resolve 0.165; apache-tvm-ffi: vLLM's xgrammar 0.1.9, FA4's 0.1.15), so the vllm arm runs on vllmsite + site and
+# the vexact arm on site + fa4site, each with its own versions.
+# The GPU image's own packages (not carried): torch 2.11, triton 3.6, numpy, aiohttp, httpx, anyio, uvloop, typer,
+# rich, pillow, opencv, regex, einops, numba, prometheus-client, psutil, pyyaml, safetensors, sentencepiece, tiktoken.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+DIR=.whl-stack
+PARTS=/tmp/stackparts
+PART_MIB=${PART_MIB:-55}
+declare -A SITE=([verl]=/tmp/site [vllm]=/tmp/vllmsite [fa4]=/tmp/fa4site)
+
+download() {
+  local groups=("$@")
+  [ ${#groups[@]} -gt 0 ] || groups=(verl vllm fa4)
+  grep -qx "/$DIR/" .git/info/exclude 2>/dev/null || echo "/$DIR/" >> .git/info/exclude
+  rm -rf "$DIR" && mkdir -p "$DIR/all"
+  for g in "${groups[@]}"; do
+    [ -n "${SITE[$g]:-}" ] || { echo "unknown group '$g' (verl, vllm, fa4)" >&2; exit 2; }
+    bash "scripts/staging/${g}_device_wheels.sh" fetch "$DIR/tmp-$g"
+    for f in "$DIR/tmp-$g"/*; do mv "$f" "$DIR/all/${g}__$(basename "$f")"; done
+    rmdir "$DIR/tmp-$g"
+  done
+  python3 scripts/staging/wheel_parts.py pack "$DIR" "$PART_MIB" p
+}
+
+install() {
+  mkdir -p "$PARTS"
+  compgen -G "$DIR/p*/MANIFEST" > /dev/null || { echo "no part under $DIR/ (run 'download' where pip works)" >&2; exit 1; }
+  for part in "$DIR"/p*/; do cp "$part"* "$PARTS"/; done  # one cp per part: each part holds the same MANIFEST
+  local rc=0
+  python3 scripts/staging/wheel_parts.py join "$PARTS" || rc=$?
+  if [ "$rc" = 3 ]; then echo "parts so far: $(ls "$PARTS" | wc -l) files in $PARTS; copy the next part"; return 0; fi
+  [ "$rc" = 0 ] || exit "$rc"
+  for g in verl vllm fa4; do
+    compgen -G "$PARTS/${g}__*" > /dev/null || continue
+    rm -rf "$PARTS/$g" && mkdir -p "$PARTS/$g"
+    for f in "$PARTS/${g}__"*; do ln -f "$f" "$PARTS/$g/${f##*/${g}__}"; done
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "${SITE[$g]}" \
+      "$PARTS/$g"/*.whl
+    echo "installed $g: $(ls "$PARTS/$g" | wc -l) wheels -> ${SITE[$g]}"
+    touch "${SITE[$g]}/.complete"
+  done
+  [ ! -f /tmp/site/.complete ] || bash scripts/staging/verl_device_wheels.sh check
+  [ ! -f /tmp/vllmsite/.complete ] || bash scripts/staging/vllm_device_wheels.sh check
+  [ ! -f /tmp/fa4site/.complete ] || bash scripts/staging/fa4_device_wheels.sh check
+}
+
+env_line() {  # the PYTHONPATH prefix of one arm
+  case "$1" in
+    vllm) echo "export PYTHONPATH=/tmp/vllmsite:/tmp/site\${PYTHONPATH:+:\$PYTHONPATH}" ;;
+    vexact) echo "export PYTHONPATH=/tmp/site\${PYTHONPATH:+:\$PYTHONPATH}" ;;  # FA4: scripts/staging/device_env.sh adds it
+    *) echo "usage: $0 env vllm|vexact" >&2; exit 2 ;;
+  esac
+}
+
+case "${1:-}" in
+  download) shift; download "$@" ;;
+  install) install ;;
+  env) env_line "${2:-}" ;;
+  *) echo "usage: $0 download [verl] [vllm] [fa4] | install | env vllm|vexact" >&2; exit 2 ;;
+esac

@@ -1,0 +1,116 @@
+"""Wheels cut into parts that each fit one call of the GPU device tool (64 MiB a call, the working tree included),
+and joined back on the device. Shared by verl_device_wheels.sh, fa4_device_wheels.sh and vllm_device_wheels.sh.
+
+    python3 scripts/staging/wheel_parts.py pack DIR MIB PREFIX
+        DIR/all/* -> DIR/<PREFIX>1, DIR/<PREFIX>2, ... : a file over MIB is cut into NAME.part-00, -01, ...; the
+        parts are filled greedily, biggest first, to at most MIB each; every part gets MANIFEST (the sha256 of
+        every whole file). DIR/all is removed.
+    python3 scripts/staging/wheel_parts.py join DIR
+        DIR holds the files of the parts carried so far (copied there from one call to the next): joins every
+        NAME.part-* back into NAME and checks MANIFEST. Exit 0 when every file is whole and matches, 3 when files
+        are still missing (carry the next part), 1 on a mismatch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import shutil
+import sys
+from pathlib import Path
+
+PIECE = ".part-"
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def pack(root: Path, mib: int, prefix: str) -> None:
+    cap = mib << 20
+    alldir = root / "all"
+    files = sorted(alldir.iterdir())
+    manifest = "".join(f"{_sha256(f)}  {f.name}\n" for f in files)
+    pieces: list[tuple[int, Path]] = []
+    for f in files:
+        size = f.stat().st_size
+        if size <= cap:
+            pieces.append((size, f))
+            continue
+        with f.open("rb") as src:
+            for i, chunk in enumerate(iter(lambda: src.read(cap), b"")):
+                piece = f.with_name(f"{f.name}{PIECE}{i:02d}")
+                piece.write_bytes(chunk)
+                pieces.append((len(chunk), piece))
+        f.unlink()
+    parts: list[list] = []  # [size, [paths]]
+    for size, path in sorted(pieces, key=lambda p: (-p[0], p[1].name)):
+        for part in parts:
+            if part[0] + size <= cap:
+                part[0] += size
+                part[1].append(path)
+                break
+        else:
+            parts.append([size, [path]])
+    for i, (size, paths) in enumerate(parts, 1):
+        d = root / f"{prefix}{i}"
+        d.mkdir()
+        for path in paths:
+            shutil.move(path, d)
+        (d / "MANIFEST").write_text(manifest)
+        print(f"{d}: {len(paths)} files, {size / 2**20:.1f} MiB")
+    alldir.rmdir()
+    print(f"total {sum(s for s, _ in parts) / 2**20:.1f} MiB in {len(parts)} parts, {len(files)} files")
+
+
+def join(root: Path) -> int:
+    lines = [line.split(maxsplit=1) for line in (root / "MANIFEST").read_text().splitlines()]
+    missing = []
+    for digest, name in lines:
+        whole = root / name
+        pieces = sorted(root.glob(f"{name}{PIECE}*"))
+        if not whole.exists() and not pieces:
+            missing.append(name)
+        elif pieces:
+            with whole.open("wb") as out:
+                for piece in pieces:
+                    out.write(piece.read_bytes())
+            if _sha256(whole) != digest:  # a piece is still to come (or damaged): keep the pieces, drop the join
+                whole.unlink()
+                missing.append(name)
+                continue
+            for piece in pieces:
+                piece.unlink()
+    if missing:
+        print(f"waiting for more parts: {len(missing)} file(s) not whole yet, e.g. {missing[0]}")
+        return 3
+    bad = [name for digest, name in lines if _sha256(root / name) != digest]
+    if bad:
+        print(f"sha256 mismatch: {bad}", file=sys.stderr)
+        return 1
+    print(f"all {len(lines)} files whole, sha256 checked")
+    return 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("pack")
+    p.add_argument("dir", type=Path)
+    p.add_argument("mib", type=int)
+    p.add_argument("prefix")
+    j = sub.add_parser("join")
+    j.add_argument("dir", type=Path)
+    args = ap.parse_args(argv)
+    if args.cmd == "pack":
+        pack(args.dir, args.mib, args.prefix)
+        return 0
+    return join(args.dir)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,255 @@
+"""GPU sweep behind the matmul and logprobs launch constants (run on the device; prints tables).
+
+    python scripts/tuning/tune_kernels.py [--parts agree,small,large,logprobs]
+
+(An earlier ``flat`` part compared a loop per split against one loop with the split boundary as a branch; the branch
+won and is the only form kept: benchmarks/results/tune-matmul-h100.txt.)
+
+agree:    every matmul variant (pointer tiles, one program per K split + combine, persistent TMA, warp-specialized)
+          gives the same bits; this is what lets the tile be chosen per shape for speed.
+small:    M <= 64 tile / split choices vs cuBLAS (CUDA-graph timing, like benchmarks/kernels.py).
+large:    M >= 1024 tile choices vs cuBLAS.
+mid:      M = 256 .. 4096 over the grouped projections (q/k/v, gate/up as one matmul), every tile form.
+logprobs: fused logprobs forward at small T for each LOGPROBS_SPLIT_TILES (a numerics constant: the sweep picks it
+          once, then it is fixed), and the fused forward+backward vs torch at one training shape.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+import triton.testing
+
+from vexact_kernels.triton_ops import logprobs as lpk
+from vexact_kernels.triton_ops import matmul as mm
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from kernels import LINEAR_SHAPES as SHAPES  # noqa: E402  (the benchmark's shapes: K = N = 4096, Qwen3-1.7B/8B)
+
+
+def graph_ms(fn) -> float:
+    fn()
+    return triton.testing.do_bench_cudagraph(fn, rep=60)
+
+
+def agree() -> None:
+    variants = {
+        "ptr16x32": dict(config=(16, 32, 4, 6), split_programs=False),
+        "ptr16x32 split": dict(config=(16, 32, 4, 6), split_programs=True),
+        "ptr16x64 split": dict(config=(16, 64, 4, 4), split_programs=True),
+        "ptr64x64": dict(config=(64, 64, 4, 6), split_programs=False),
+        "ptr64x64 split": dict(config=(64, 64, 4, 6), split_programs=True),
+        "ptr128x128": dict(config=(128, 128, 8, 3), split_programs=False),
+        "ptr256x128": dict(config=(256, 128, 8, 3), split_programs=False),
+        "tma128x256": dict(config=(128, 256, 8, 3, False)),
+        "tma128x128": dict(config=(128, 128, 8, 4, False)),
+        "tma128x128 ws": dict(config=(128, 128, 8, 4, True)),
+    }
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for m, k, n in [(1, 4096, 4096), (64, 2048, 1024), (777, 2048, 1000), (1024, 6144, 2048), (3000, 1100, 520)]:
+        a = torch.randn(m, k, device="cuda", generator=g).bfloat16()
+        w = torch.randn(n, k, device="cuda", generator=g).bfloat16()
+        outs = {name: mm.matmul(a, w, out_dtype=torch.float32, **kw) for name, kw in variants.items()}
+        ref = outs["ptr16x32"]
+        bad = [name for name, o in outs.items() if not torch.equal(o, ref)]
+        row0 = mm.matmul(a[:1], w, out_dtype=torch.float32)
+        err = (ref.double() - a.double() @ w.double().T).abs().max().item()
+        print(
+            f"agree M={m} K={k} N={n}: {len(outs) - len(bad)}/{len(outs)} variants equal"
+            f"{' (differ: ' + ', '.join(bad) + ')' if bad else ''}; row0==M1: {torch.equal(row0[0], ref[0])};"
+            f" max err vs fp64 {err:.2e}"
+        )
+
+
+def small() -> None:
+    cands = {
+        "16x32": dict(config=(16, 32, 4, 6), split_programs=False),
+        "16x32 s": dict(config=(16, 32, 4, 6), split_programs=True),
+        "16x64 s": dict(config=(16, 64, 4, 4), split_programs=True),
+        "16x128 s": dict(config=(16, 128, 4, 4), split_programs=True),
+        "32x64 s": dict(config=(32, 64, 4, 4), split_programs=True),
+        "64x64 s": dict(config=(64, 64, 4, 4), split_programs=True),
+        "default": dict(),
+    }
+    print("\nsmall M: ratio cuBLAS_time / invariant_time (higher is better)")
+    print(f"{'shape':14s} {'M':>4s} " + " ".join(f"{c:>9s}" for c in cands))
+    best: dict[str, list[float]] = {c: [] for c in cands}
+    for name, n, k in SHAPES:
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+        for m in (1, 8, 64):
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            t_ref = graph_ms(lambda x=x, w=w: torch.nn.functional.linear(x, w))
+            row = []
+            for c, kw in cands.items():
+                r = t_ref / graph_ms(lambda x=x, w=w, kw=kw: mm.matmul(x, w, **kw))
+                best[c].append(r)
+                row.append(r)
+            print(f"{name:14s} {m:4d} " + " ".join(f"{r:9.2f}" for r in row))
+    for c, rs in best.items():
+        geo = torch.tensor(rs).log().mean().exp().item()
+        print(f"  {c:10s} geomean {geo:.3f} min {min(rs):.2f}")
+
+
+def large() -> None:
+    cands = {
+        "ptr128x128": dict(config=(128, 128, 8, 3)),
+        "ptr256x128": dict(config=(256, 128, 8, 3)),
+        "tma128x256": dict(config=(128, 256, 8, 3, False)),
+        "tma128x128": dict(config=(128, 128, 8, 4, False)),
+        "tma128x256s4": dict(config=(128, 256, 8, 4, False)),
+        "default": dict(),
+    }
+    print("\nlarge M: ratio cuBLAS_time / invariant_time")
+    print(f"{'shape':14s} {'M':>6s} " + " ".join(f"{c:>12s}" for c in cands))
+    for name, n, k in SHAPES:
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+        for m in (256, 1024, 4096, 16384):
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            t_ref = graph_ms(lambda x=x, w=w: torch.nn.functional.linear(x, w))
+            row = []
+            for kw in cands.values():
+                try:
+                    row.append(t_ref / graph_ms(lambda x=x, w=w, kw=kw: mm.matmul(x, w, **kw)))
+                except Exception as e:  # noqa: BLE001 - a config that does not compile is reported, not fatal
+                    print(f"  {kw}: {type(e).__name__}: {str(e)[:80]}")
+                    row.append(float("nan"))
+            print(f"{name:14s} {m:6d} " + " ".join(f"{r:12.2f}" for r in row))
+
+
+# The engine's projections as they run now (grouped q/k/v and gate/up: one matmul each), 1.7B and 8B: (name, N, K)
+GROUPED_SHAPES = (
+    ("1.7B qkv", 4096, 2048), ("1.7B o", 2048, 2048), ("1.7B gate_up", 12288, 2048), ("1.7B down", 2048, 6144),
+    ("8B qkv", 6144, 4096), ("8B o", 4096, 4096), ("8B gate_up", 24576, 4096), ("8B down", 4096, 12288),
+)  # fmt: skip
+
+
+def mid() -> None:
+    """M = 256 .. 4096 (prefill chunks, mixed steps) over the grouped projections: every tile form vs cuBLAS, then
+    the best per shape and M (what the picker should choose). Speed only: BLOCK_K and the splits never change."""
+    cands = {
+        "p64x64": dict(config=(64, 64, 4, 6), split_programs=False),
+        "p64x128": dict(config=(64, 128, 4, 4), split_programs=False),
+        "p128x64": dict(config=(128, 64, 4, 4), split_programs=False),
+        "p128x128": dict(config=(128, 128, 8, 3), split_programs=False),
+        "p128x128w4": dict(config=(128, 128, 4, 4), split_programs=False),
+        "s64x128": dict(config=(64, 128, 4, 4), split_programs=True),
+        "s128x128": dict(config=(128, 128, 8, 3), split_programs=True),
+        "t64x128": dict(config=(64, 128, 4, 4, False)),
+        "t128x128": dict(config=(128, 128, 8, 4, False)),
+        "t128x128ws": dict(config=(128, 128, 8, 4, True)),
+        "t128x256": dict(config=(128, 256, 8, 3, False)),
+        "t128x256ws": dict(config=(128, 256, 8, 3, True)),
+        "default": dict(),
+    }
+    print("\nmid M (grouped projections): ratio cuBLAS_time / invariant_time")
+    print(f"{'shape':14s} {'M':>5s} " + " ".join(f"{c:>10s}" for c in cands) + "  best")
+    picks = []
+    for name, n, k in GROUPED_SHAPES:
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+        for m in (256, 512, 1024, 2048, 4096):
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            t_ref = graph_ms(lambda x=x, w=w: torch.nn.functional.linear(x, w))
+            row = {}
+            for c, kw in cands.items():
+                try:
+                    row[c] = t_ref / graph_ms(lambda x=x, w=w, kw=kw: mm.matmul(x, w, **kw))
+                except Exception as e:  # noqa: BLE001 - a config that does not compile is reported, not fatal
+                    print(f"  {c}: {type(e).__name__}: {str(e)[:80]}")
+                    row[c] = float("nan")
+            best = max((r, c) for c, r in row.items() if r == r)
+            picks.append((name, m, best[1], best[0], row["default"]))
+            print(f"{name:14s} {m:5d} " + " ".join(f"{r:10.2f}" for r in row.values()) + f"  {best[1]}", flush=True)
+    print("\npicks: shape, M, best form, its ratio, default's ratio")
+    for name, m, c, r, d in picks:
+        print(f"  {name:14s} {m:5d} {c:>10s} {r:.2f} (default {d:.2f})")
+
+
+def cold() -> None:
+    """Small M with the weight streamed from HBM (copies rotated past the 50 MB L2), as in a real decode step."""
+    cands = {
+        "16x64 s": dict(config=(16, 64, 4, 4), split_programs=True),
+        "32x64 s": dict(config=(32, 64, 4, 4), split_programs=True),
+        "64x64 s": dict(config=(64, 64, 4, 6), split_programs=True),
+        "64x64": dict(config=(64, 64, 4, 6), split_programs=False),
+        "default": dict(),
+    }
+    print("\nsmall M, cold L2: ratio cuBLAS_time / invariant_time")
+    print(f"{'shape':14s} {'M':>4s} " + " ".join(f"{c:>9s}" for c in cands))
+    res: dict[str, list[float]] = {c: [] for c in cands}
+    for name, n, k in SHAPES:
+        copies = max(2, -(-256 * 2**20 // (n * k * 2)))
+        ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
+        for m in (1, 8, 16, 32, 64):
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+
+            def run(f, x=x, ws=ws):
+                for w in ws:
+                    f(x, w)
+
+            t_ref = graph_ms(lambda: run(torch.nn.functional.linear))
+            row = []
+            for c, kw in cands.items():
+                r = t_ref / graph_ms(lambda kw=kw: run(lambda xx, ww, kw=kw: mm.matmul(xx, ww, **kw)))
+                res[c].append(r)
+                row.append(r)
+            print(f"{name:14s} {m:4d} " + " ".join(f"{r:9.2f}" for r in row))
+    for c, rs in res.items():
+        geo = torch.tensor(rs).log().mean().exp().item()
+        print(f"  {c:10s} geomean {geo:.3f} min {min(rs):.2f}")
+
+
+def logprobs() -> None:
+    h, v = 2048, 151936
+    head = torch.randn(v, h, device="cuda", dtype=torch.bfloat16) * 0.02
+    print("\nlogprobs forward: ratio torch_time / fused_time per LOGPROBS_SPLIT_TILES")
+    default = lpk.LOGPROBS_SPLIT_TILES
+    for t in (1, 16, 64, 256, 1024, 4096):
+        x = torch.randn(t, h, device="cuda", dtype=torch.bfloat16)
+        tg = torch.randint(0, v, (t,), device="cuda")
+        temps = torch.ones(t, device="cuda")
+
+        def ref(x=x, tg=tg):
+            return torch.log_softmax((x @ head.T).float(), -1).gather(1, tg[:, None])
+
+        t_ref = triton.testing.do_bench(ref, warmup=10, rep=50)
+        row = []
+        for st in (1, 2, 4, 8):
+            lpk.LOGPROBS_SPLIT_TILES = st
+            ms = triton.testing.do_bench(lambda x=x, tg=tg, tp=temps: lpk.logprobs_fwd(x, head, tg, tp, False))
+            row.append(t_ref / ms)
+        print(f"  T={t:5d} " + " ".join(f"st{st}={r:.2f}" for st, r in zip((1, 2, 4, 8), row, strict=True)))
+    lpk.LOGPROBS_SPLIT_TILES = default
+    t = 4096
+    x = torch.randn(t, h, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w = head.clone().requires_grad_()
+    tg = torch.randint(0, v, (t,), device="cuda")
+    temps = torch.ones(t, device="cuda")
+    gl = torch.randn(t, device="cuda")
+
+    def fused():
+        lp, _ = lpk.FusedLogprobsFunction.apply(x, w, tg, temps, False)
+        torch.autograd.grad(lp, (x, w), gl)
+
+    def torch_ref():
+        lp = torch.log_softmax((x @ w.T).float(), -1).gather(1, tg[:, None])[:, 0]
+        torch.autograd.grad(lp, (x, w), gl)
+
+    a, b = triton.testing.do_bench(torch_ref, rep=50), triton.testing.do_bench(fused, rep=50)
+    print(f"logprobs fwd+bwd T={t} H={h} V={v}: torch {a:.2f} ms, fused {b:.2f} ms, ratio {a / b:.2f}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--parts", default="agree,small,large,logprobs")
+    args = ap.parse_args()
+    print(torch.cuda.get_device_name(), torch.__version__, triton.__version__)
+    for part in args.parts.split(","):
+        parts = {"agree": agree, "small": small, "large": large, "mid": mid, "logprobs": logprobs, "cold": cold}
+        parts[part]()
+
+
+if __name__ == "__main__":
+    main()
