@@ -1,16 +1,15 @@
 #!/usr/bin/env bash
-# Background jobs on the GPU device, so that one lease runs the correctness suites while later calls stage wheels.
-# The device gives its machine back 30 s after a call ends, but a process that started its own session (setsid) runs
-# on while later calls keep the machine warm; a device call's own limit is 10 minutes, a lease's 30.
+# Background jobs on a GPU machine reached through short remote commands: a job started here (setsid, detached
+# from the shell that started it) keeps running after the command that started it returns, while later commands
+# copy wheels or read its progress.
 #
 #   bash scripts/checks/gpu_bg.sh start NAME CMD...   # snapshot the checkout (without carried wheel dirs) to
-#                                              # /tmp/vxbg/NAME/repo, then run CMD there in a new session with
+#                                              # /tmp/vxbg/NAME/repo, then run CMD there, detached, with
 #                                              # scripts/staging/device_env.sh sourced and OUT=/tmp/vxbg/NAME/out; the
 #                                              # exit status lands in /tmp/vxbg/NAME/rc
 #   bash scripts/checks/gpu_bg.sh wait SECONDS [quiet] # until every job has an rc or SECONDS pass; prints each job's state
 #                                              # and the tail of its log (quiet: the states only, one line a job:
-#                                              # inside a lease, read nothing long between calls, or the machine
-#                                              # goes back while you read)
+#                                              # short output for a remote command)
 #   bash scripts/checks/gpu_bg.sh collect [NAME...]   # $OUT/bg-NAME.tgz for each job (its out/ and log), at most 8 files
 #
 # e.g. bash scripts/checks/gpu_bg.sh start contracts bash scripts/checks/gpu_checks.sh h100 golden contracts
@@ -32,7 +31,7 @@ case "$verb" in
     mkdir -p "$job/repo" "$job/out"
     tar --exclude='./.whl*' --exclude='./.git' -cf - . | tar -xf - -C "$job/repo"
     printf '%q ' "$@" > "$job/cmd"
-    # setsid: its own session, so the device does not end it when this call returns
+    # setsid: detached, so the job outlives the remote command that started it
     date +%s > "$job/t0"
     setsid nohup bash -c "cd '$job/repo' || exit 1; source scripts/staging/device_env.sh; export OUT='$job/out'; \
       $(cat "$job/cmd"); echo \$? > '$job/rc'; date +%s > '$job/t1'" \

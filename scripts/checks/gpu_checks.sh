@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Every GPU check of the repo, on the GPU machine (the `device` tool), one step or several per call:
+# Every GPU check of the repo, on a GPU machine, one step or several per command:
 #   source scripts/staging/device_env.sh && bash scripts/checks/gpu_checks.sh <h100|h200|b200> <step>...
-# Results land in $OUT (the device tool brings back at most 8 files, two folders deep: keep a call to <= 8 outputs).
+# Results land in $OUT (default /tmp/vexact-out), a few files per step.
 #
 # Steps without extra wheels:
 #   golden          record contracts/fixtures/<target>/<name> for $FAMILIES (default: every tiny checkpoint of
@@ -30,7 +30,7 @@
 #   bench-moonlight benchmarks/throughput.py --models moonlight (invariant vs fast) -> $OUT/throughput-moonlight-...
 #   tim             scripts/checks/tim_gpu.py: `vexact tim` on fast and invariant GPU rollouts + attribution -> $OUT/tim/
 #   tim-study       examples/tim_study/sweep.py on the GPU preset -> $OUT/tim-study-<target>.jsonl and its .png
-# Steps that need carried wheels (installed earlier in the same warm machine):
+# Steps that need staged wheels (scripts/staging/, installed earlier on the same machine):
 #   fa4-probe | fa4-kernels | fa4-contracts | fa4-golden | fa4-bench
 #                   FlashAttention 4 (scripts/staging/fa4_device_wheels.sh): the probe, its kernel tests, the contracts and
 #                   golden fixtures with VEXACT_ATTENTION=fa4 (fixtures/<target>-fa4: of $FAMILIES the checkpoints
@@ -49,7 +49,7 @@ TARGET=${1:?target: h100 | h200 | b200}
 shift
 OUT=${OUT:-/tmp/vexact-out}
 mkdir -p "$OUT"
-# FA4 compiles each kernel variant on first use; keep them on disk for later steps on the same warm machine
+# FA4 compiles each kernel variant on first use; keep them on disk for later steps on the same machine
 export FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=/tmp/fa4-jit-cache
 # WORKERS (env): pytest-xdist workers on the one GPU for the test steps (default 4; 0 runs in one process). Most of a
 # contract's time is Triton compilation and Python, so workers sharing the GPU finish the suite sooner.

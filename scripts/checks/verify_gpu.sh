@@ -6,7 +6,7 @@
 # runs examples/verify/run_pair.sh for the Qwen3-1.7B shape and the Qwen3-30B-A3B shape (arms vllm and vexact), then
 # benchmarks/rl_step.py over the four runs (benchmarks/results-style Markdown in RESULTS_DIR/rl-step-<gpu>.md), then,
 # while FAST=1, the `fast` arm of each shape. Each stack runs from its own folder of wheels (rl_stack_wheels.sh).
-# Meant to run in the background of a long session (nohup), with RESULTS_DIR/progress.log to follow.
+# It can run in the background (nohup); RESULTS_DIR/progress.log shows how far it is.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 RESULTS=${1:?usage: verify_gpu.sh RESULTS_DIR [STEPS]}

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The verl GPU checks (issue #7) on the device, once verl is installed there (scripts/staging/verl_device_wheels.sh: stage the
-# three bundles, then `install`, on the same warm machine).
+# three bundles, then `install`, on the same machine).
 #
 #   bash scripts/checks/verl_gpu.sh RESULTS_DIR N_GPUS STEPS WHAT [LR]
 #
@@ -8,7 +8,7 @@
 # - tests:     `pytest -m gpu packages/vexact-verl/tests` (rollout and actor engine through verl's registries, CUDA)
 # - invariant: one verl GRPO run, rollout backend invariant (examples/verl_grpo/run_grpo.sh)
 # - fast:      the same run with the fast rollout backend
-# - pair:      both, then examples/verify/compare.py --expect-exact (examples/verify/run_pair.sh)
+# - pair:      both, then examples/verify/compare.py --expect-exact invariant
 # Every run: actor_rollout_ref.actor.strategy=vexact, a random-weights Qwen3-shaped model (hidden 1024, 8 layers,
 # byte vocabulary; the device has no hub), the shaped reward examples/verl_grpo/reward.py, LR default 3e-6.
 # A pair of 20-step runs takes about 11 minutes on one H100, over the device's 10-minute call limit: run `invariant`
@@ -82,9 +82,11 @@ TAG="$TAG-${NGPU}gpu-lr${LR}"
 LOG="$RESULTS/$WHAT$TAG.log"
 rc=0
 case "$WHAT" in
-  invariant|fast) BACKEND=$WHAT NAME="verify-$WHAT$TAG" bash examples/verl_grpo/run_grpo.sh "${ARGS[@]}" > "$LOG" 2>&1 \
+  invariant|fast) BACKEND=$WHAT NAME="verl${TAG}-$WHAT" bash examples/verl_grpo/run_grpo.sh "${ARGS[@]}" > "$LOG" 2>&1 \
                     || rc=$? ;;
-  pair) TAG=$TAG bash examples/verify/run_pair.sh "${ARGS[@]}" > "$LOG" 2>&1 || rc=$? ;;
+  pair) { for b in invariant fast; do BACKEND=$b NAME="verl${TAG}-$b" bash examples/verl_grpo/run_grpo.sh "${ARGS[@]}"; done \
+          && python3 examples/verify/compare.py "$RESULTS/verl${TAG}-invariant.jsonl" "$RESULTS/verl${TAG}-fast.jsonl" \
+               --plot "$RESULTS/verl${TAG}.png" --expect-exact invariant; } > "$LOG" 2>&1 || rc=$? ;;
   *) echo "unknown WHAT: $WHAT" >&2; exit 2 ;;
 esac
 # errors first (if any), then the log's tail (compare.py's table and verdict for a pair)

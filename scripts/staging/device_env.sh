@@ -1,4 +1,4 @@
-# Source this on the GPU device (the `device` tool's machine) at the start of every call:
+# Source this on an air-gapped GPU machine before running the repo's GPU steps:
 #   source scripts/staging/device_env.sh
 # It makes the monorepo importable without installing (the machine has torch+triton but no internet) and installs
 # any wheels carried in .whl/ (see scripts/staging/fetch_device_wheels.sh) into /tmp/site; FA4 from /tmp/fa4site if installed

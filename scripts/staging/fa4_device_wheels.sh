@@ -6,7 +6,7 @@
 #                                                  # (each part <= PART_MIB; a wheel over that is cut into pieces by
 #                                                  # scripts/staging/wheel_parts.py and joined back by `install`); prints the
 #                                                  # carry plan
-#   on the device, one call per part (carry .whl-fa4/pN), back to back on the same warm machine:
+#   on the GPU machine, once per part copied to .whl-fa4/pN (/tmp keeps the earlier parts):
 #     bash scripts/staging/fa4_device_wheels.sh stage      # copy the carried part(s) to /tmp/fa4parts
 #   on the device, in the call that carries the last part (after its `stage`):
 #     bash scripts/staging/fa4_device_wheels.sh install    # join cut wheels (sha256 checked), pip install --target /tmp/fa4site (no index,
@@ -26,7 +26,7 @@ cd "$(dirname "$0")/../.."
 DIR=${FA4_WHL_DIR:-.whl-fa4}
 STAGE=/tmp/fa4parts
 SITE=/tmp/fa4site
-PART_MIB=56  # a call carries 64 MiB together with the working tree (about 3 MiB)
+PART_MIB=${PART_MIB:-56}  # parts of a size that a slow or size-limited copy channel takes one at a time
 
 WHEELS=(
   flash-attn-4==4.0.0b36 nvidia-cutlass-dsl==4.8.1 nvidia-cutlass-dsl-libs-base==4.8.1
@@ -47,13 +47,12 @@ download() {
   python3 scripts/staging/wheel_parts.py pack "$DIR" "$PART_MIB" p
   n=$(ls -d "$DIR"/p* | wc -l)
   echo
-  echo "carry plan: $n device calls, one part each, back to back on the same warm machine (it keeps /tmp only"
-  echo "while warm, about 30 s after a call):"
+  echo "copy plan: $n parts, staged one at a time on the GPU machine (/tmp keeps the earlier ones):"
   for i in $(seq 1 "$n"); do
     if [ "$i" -lt "$n" ]; then
-      echo "  call $i: carry [\"$(basename "$DIR")/p$i\"]  command: bash scripts/staging/fa4_device_wheels.sh stage"
+      echo "  step $i: copy $(basename "$DIR")/p$i, then: bash scripts/staging/fa4_device_wheels.sh stage"
     else
-      echo "  call $i: carry [\"$(basename "$DIR")/p$i\"]  command: bash scripts/staging/fa4_device_wheels.sh stage && \\"
+      echo "  step $i: copy $(basename "$DIR")/p$i, then: bash scripts/staging/fa4_device_wheels.sh stage && \\"
       echo "          bash scripts/staging/fa4_device_wheels.sh install && source scripts/staging/device_env.sh && ..."
     fi
   done

@@ -4,7 +4,7 @@
 #   here (a machine with internet), in the repo root:
 #     bash scripts/staging/verl_device_wheels.sh download   # wheels for Linux x86_64 / CPython 3.12 into .whl-verl/, files
 #                                                   # over a bundle cut into pieces, grouped into bundles b1, b2, ...
-#                                                   # that each fit one device call (64 MiB a call; the packing is
+#                                                   # of at most BUNDLE_MIB each (the packing is
 #                                                   # scripts/staging/wheel_parts.py's); prints the plan
 #   on the device, one call per bundle (carry .whl-verl/bN):
 #     bash scripts/staging/verl_device_wheels.sh stage      # copy the carried bundle(s) to /tmp/verl-wheels (kept while the
@@ -25,7 +25,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 DIR=.whl-verl
 STAGE=/tmp/verl-wheels
-BUNDLE_MIB=52  # a call carries 64 MiB with the working tree; leave room for the tree
+BUNDLE_MIB=${BUNDLE_MIB:-52}  # bundles a size-limited copy channel takes one at a time
 
 WHEELS=(
   verl==0.9.1 ray==2.60.0 transformers==5.9.0 tokenizers==0.22.2 tensordict==0.10.0 torchdata==0.11.0
@@ -64,12 +64,12 @@ download() {
   python3 scripts/staging/wheel_parts.py pack "$DIR" "$BUNDLE_MIB" b
   n=$(ls -d "$DIR"/b* | wc -l)
   echo
-  echo "carry plan: $n device calls, one bundle each, on the same warm machine:"
+  echo "copy plan: $n bundles, staged one at a time on the GPU machine:"
   for i in $(seq 1 "$n"); do
     if [ "$i" -lt "$n" ]; then
-      echo "  call $i: carry [\"$DIR/b$i\"]  command: bash scripts/staging/verl_device_wheels.sh stage"
+      echo "  step $i: copy $DIR/b$i, then: bash scripts/staging/verl_device_wheels.sh stage"
     else
-      echo "  call $i: carry [\"$DIR/b$i\"]  command: bash scripts/staging/verl_device_wheels.sh stage && \\"
+      echo "  step $i: copy $DIR/b$i, then: bash scripts/staging/verl_device_wheels.sh stage && \\"
       echo "          bash scripts/staging/verl_device_wheels.sh install && export PYTHONPATH=/tmp/site:\$PYTHONPATH && ..."
     fi
   done

@@ -46,6 +46,7 @@ WHEELS=(
   outlines-core==0.2.14 lark==1.2.2 lm-format-enforcer==0.11.3 diskcache==5.6.3 cbor2==6.3.0 pybase64==1.5.1
   blake3==1.0.11 compressed-tensors==0.17.0 depyf==0.20.0 opentelemetry-semantic-conventions-ai==0.5.1
   model-hosting-container-standards==0.1.16 python-json-logger==4.2.0 ijson==3.6.0 setproctitle==1.3.8
+  jmespath==1.1.0  # transformers 5.9 imports it unguarded on the rollout server's chat path
 )
 STRIP=(vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so vllm/vllm-rs vllm/third_party/deep_gemm/ vllm/third_party/fmha_sm100/)
 

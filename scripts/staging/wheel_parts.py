@@ -1,5 +1,5 @@
-"""Wheels cut into parts that each fit one call of the GPU device tool (64 MiB a call, the working tree included),
-and joined back on the device. Shared by verl_device_wheels.sh, fa4_device_wheels.sh and vllm_device_wheels.sh.
+"""Wheels cut into parts of a bounded size, for a copy channel to an air-gapped GPU machine that limits each transfer,
+and joined back there. Shared by the stagers in scripts/staging/ (verl, vLLM, FA4, rl_stack_wheels.sh).
 
     python3 scripts/staging/wheel_parts.py pack DIR MIB PREFIX
         DIR/all/* -> DIR/<PREFIX>1, DIR/<PREFIX>2, ... : a file over MIB is cut into NAME.part-00, -01, ...; the
