@@ -22,9 +22,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 from pathlib import Path
 
-from vexact_models import make_tiny_checkpoint, tiny_deepseek_v3_config, tiny_qwen3_config, tiny_qwen3_moe_config
+from vexact_models import (
+    default_checkpoint,
+    make_tiny_checkpoint,
+    random_model,
+    save_checkpoint,
+    tiny_deepseek_v3_config,
+    tiny_qwen3_config,
+    tiny_qwen3_moe_config,
+)
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -103,7 +112,15 @@ def _shaped(args):
 
 
 def _write(args, cfg) -> None:
-    path = make_tiny_checkpoint(args.out, cfg, seed=args.seed)
+    if cfg.tie_word_embeddings:
+        # tied: the embedding is the LM head, so N(0, 1) embeddings give logits of std sqrt(hidden) (45 at 2048) and a
+        # one-hot policy (entropy 0, every logprob 0: no mismatch can show); std 1/sqrt(hidden) gives logits of std ~1
+        path = Path(args.out)
+        save_checkpoint(random_model(cfg, args.seed, embed_std=cfg.hidden_size**-0.5), path)
+        for name in ("tokenizer.json", "tokenizer_config.json"):  # the byte tokenizer every tiny checkpoint has
+            shutil.copyfile(default_checkpoint("qwen3") / name, path / name)
+    else:
+        path = make_tiny_checkpoint(args.out, cfg, seed=args.seed)
     if args.family == "deepseek_v3":
         _deepseek_tokenizer(path, cfg)
     tok_cfg = path / "tokenizer_config.json"
