@@ -29,7 +29,7 @@ def test_a_greedy_rollout_file_recorded_at_temperature_zero_is_refused_with_the_
     llm = LLM(default_checkpoint(), max_num_seqs=4, max_num_batched_tokens=64)
     outs = llm.generate([[17, 42, 7]], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
     rollouts_to_jsonl(rollouts_from_outputs(outs, 0.0), tmp_path / "greedy.jsonl")
-    with pytest.raises(BadRolloutError, match=r"greedy.jsonl:1: temperature 0 .*record 1.0 for them"):
+    with pytest.raises(BadRolloutError, match=r"greedy.jsonl:1: temperature 0\.0 .*record 1.0 for them"):
         load_rollouts(tmp_path / "greedy.jsonl")
     rollouts_to_jsonl(rollouts_from_outputs(outs, 1.0), tmp_path / "greedy1.jsonl")
     rollouts, errors = load_rollouts(tmp_path / "greedy1.jsonl")

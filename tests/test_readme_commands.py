@@ -35,6 +35,9 @@ GPU = {
     "python examples/tim_study/sweep.py --device cuda --model-size small --steps 60 --out outputs/tim_study/gpu.jsonl",
 }
 ELSEWHERE = {
+    "actor_rollout_ref.actor.fsdp_config._target_=vexact_verl.engine.VexactFSDPEngineConfig "
+    "+actor_rollout_ref.actor.fsdp_config.vexact.tim_attribute_every=10": "Hydra overrides for a verl run; "
+    "packages/vexact-verl/tests run the attribution keys",
     "python -m pip install -r requirements/cpu.txt && python -m vexact demo": "the demo: tests/test_repo.py; the "
     "install: CI (.ci/run installs requirements/test.txt, which includes it)",
     "python -m pip install -r requirements/test.txt && python -m pip install --no-deps -r requirements/veomni.txt "
@@ -48,10 +51,10 @@ ELSEWHERE = {
     "test_standalone_install.py",
     "python -m pip install packages/vexact-kernels packages/vexact-models packages/vexact-engine "
     "packages/vexact-trainer 'packages/vexact-verl[verl]'": "tests/test_standalone_install.py",
-    "source scripts/staging/device_env.sh && bash scripts/trainer_gpu.sh h100": "GPU machines",
-    "torchrun --standalone --nproc_per_node=1 -m vexact_trainer.fsdp_check --model qwen3-0.6b --out /tmp/fsdp": "GPU",
-    "torchrun --standalone --nproc_per_node=2 -m vexact_trainer.fsdp_check --model qwen3-0.6b --out /tmp/fsdp": "GPUs",
-    "torchrun --standalone --nproc_per_node=2 -m vexact_trainer.fsdp_check --model tiny-moe "
+    "source scripts/staging/device_env.sh && bash scripts/checks/trainer_gpu.sh h100": "GPU machines",
+    "torchrun --standalone --nproc_per_node=1 -m contracts.fsdp_check --model qwen3-0.6b --out /tmp/fsdp": "GPU",
+    "torchrun --standalone --nproc_per_node=2 -m contracts.fsdp_check --model qwen3-0.6b --out /tmp/fsdp": "GPUs",
+    "torchrun --standalone --nproc_per_node=2 -m contracts.fsdp_check --model tiny-moe "
     "--router-aux-loss-coef 0.01": "two GPUs",
     "python -m vexact_verl.main_ppo <your verl GRPO/PPO overrides> actor_rollout_ref.rollout.name=vexact "
     "actor_rollout_ref.rollout.calculate_log_probs=True +actor_rollout_ref.rollout.engine_kwargs.vexact.backend="

@@ -198,7 +198,7 @@ def check_rollout(r: Rollout, vocab_size: int | None = None) -> None:
     t = r.temperature
     if t == 0 and not isinstance(t, bool):
         raise BadRolloutError(
-            f"{r.row}: temperature 0 (must be a finite number > 0): greedy rows have no temperature-0 logprobs; "
+            f"{r.row}: temperature {t!r} (must be a finite number > 0): greedy rows have no temperature-0 logprobs; "
             "the vexact engine reports greedy tokens' logprobs at temperature 1, so record 1.0 for them"
         )
     if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0:
