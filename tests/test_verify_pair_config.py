@@ -50,6 +50,7 @@ def test_arms_compose_in_verl_config(shape, tmp_path):
     if shape == "qwen3-30b-a3b":  # verl's MoE actor: VeOmni with its grouped-GEMM MoE
         assert cfgs["vllm"].model_engine == "veomni"
         assert cfgs["vllm"].actor_rollout_ref.actor.veomni.moe_implementation == "fused_triton"
+        assert cfgs["vllm"].actor_rollout_ref.actor.veomni.mixed_precision is False  # one GPU: no FSDP autocast
     for key in ("data", "algorithm", "trainer"):
         for arm in ("vexact", "fast"):
             a, b = dict(cfgs["vllm"][key]), dict(cfgs[arm][key])

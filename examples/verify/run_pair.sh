@@ -90,6 +90,12 @@ for arm in "${ARMS[@]}"; do
         ARGS+=(model_engine=veomni actor_rollout_ref.actor.veomni.attn_implementation=sdpa
                actor_rollout_ref.actor.veomni.moe_implementation=fused_triton
                actor_rollout_ref.actor.veomni.init_device=cuda actor_rollout_ref.ref.veomni.init_device=cuda)
+        # on one GPU VeOmni applies no FSDP, so no mixed precision: its fp32 weights reach the fused_triton MoE,
+        # which takes bf16/fp16 only (AssertionError: torch.float32, seen on an H100); bf16 weights there
+        if [ "${NGPUS:-1}" = 1 ]; then
+          ACTOR="$ACTOR, bf16 weights (one GPU: no FSDP mixed precision)"
+          ARGS+=(actor_rollout_ref.actor.veomni.mixed_precision=False actor_rollout_ref.ref.veomni.mixed_precision=False)
+        fi
       else
         ATTN=sdpa ACTOR="verl FSDP engine (transformers model)"
         ARGS+=(+actor_rollout_ref.model.override_config.attn_implementation=sdpa)
