@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from .cli import DTYPES, UsageError, check_device, check_file, check_model, check_positive
+from .args import DTYPES, UsageError, check_device, check_file, check_model, check_positive
 
 LAYOUTS = ("auto", "vexact", "vllm", "verl")  # vexact_trainer.tim.LAYOUTS, without importing the trainer for --help
 
