@@ -17,7 +17,7 @@
 #   STEPS (10), LR (3e-6), GPU_MEM (rollout's share of GPU memory: 0.4 dense, 0.25 MoE), TAG (file prefix: the GPU,
 #   e.g. h100), MODEL_DIR (where the checkpoint is written), DATA (the dataset folder), COMMIT (recorded in the metas)
 #   PYTHONPATH_VLLM / PYTHONPATH_VEXACT: put in front of PYTHONPATH for the vllm arm / the vexact and fast arms, where
-#   the two stacks live in separate folders (scripts/staging/rl_stack_wheels.sh env vllm|vexact prints them)
+#   the two stacks live in separate folders (scripts/staging/rl_stack_wheels.sh path vllm|vexact prints them)
 #
 # Every arm samples with `ignore_eos=True`, so each step generates exactly train_batch_size x n x max_response_length
 # tokens in every arm: equal work for the timing (benchmarks/rl_step.py reads the same files). Outputs, per arm:
@@ -136,7 +136,7 @@ for arm in "${ARMS[@]}"; do
   sleep 3
   echo "== $NAME: exit $rc after $(( $(date +%s) - START )) s, $(wc -l < "$VERL_FILE_LOGGER_PATH" 2> /dev/null || echo 0) steps"
   ARM="$arm" NAME="$NAME" RESULTS="$RESULTS" ATTN="$ATTN" ACTOR="$ACTOR" MOE="$MOE" SHAPE="$SHAPE" LAYERS="$LAYERS" \
-  STEPS="$STEPS" LR="$LR" GPU_MEM="$GPU_MEM" MODEL_DIR="$MODEL_DIR" RC="$rc" CMDLINE="${CMD[*]}" \
+  RC="$rc" CMDLINE="${CMD[*]}" \
   python3 examples/verify/write_meta.py
   [ "$rc" = 0 ] || tail -30 "$RESULTS/$NAME.log"
 done

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 from datetime import UTC, datetime
 from importlib import metadata
@@ -55,26 +56,46 @@ def _peak_mib(path: Path) -> int | None:
     return max(samples) if samples else None
 
 
+# meta config key -> the verl override it is read from
+SHARED = {
+    "steps": "trainer.total_training_steps",
+    "lr": "actor_rollout_ref.actor.optim.lr",
+    "train_batch_size": "data.train_batch_size",
+    "rollout_n": "actor_rollout_ref.rollout.n",
+    "ppo_mini_batch_size": "actor_rollout_ref.actor.ppo_mini_batch_size",
+    "ppo_micro_batch_size_per_gpu": "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+    "max_prompt_length": "data.max_prompt_length",
+    "max_response_length": "data.max_response_length",
+    "ignore_eos": "actor_rollout_ref.rollout.ignore_eos",
+    "gpu_memory_utilization": "actor_rollout_ref.rollout.gpu_memory_utilization",
+}
+
+
+def _value(text: str) -> bool | int | float | str:
+    """A Hydra override's value as JSON would hold it (True -> true, 32 -> 32, 3e-6 -> 3e-06)."""
+    if text in ("True", "False"):
+        return text == "True"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
 def main() -> None:
     env = os.environ
     results, name = Path(env["RESULTS"]), env["NAME"]
     moe = env["MOE"] == "1"
+    # the shared settings as the arm's command passed them to verl (one source: run_pair.sh's overrides)
+    overrides = dict(w.split("=", 1) for w in shlex.split(env["CMDLINE"]) if "=" in w and not w.startswith("+"))
     config = {
         "shape": env["SHAPE"],
         "layers": int(env["LAYERS"]),
         "weights": "random (examples/verl_grpo/make_model.py --seed 0)",
-        "data": "examples/verl_grpo/make_dataset.py (arithmetic), data.seed 0",
-        "reward": "examples/verl_grpo/reward.py",
-        "steps": int(env["STEPS"]),
-        "lr": float(env["LR"]),
-        "train_batch_size": 32,
-        "rollout_n": 4,
-        "ppo_mini_batch_size": 32,
-        "ppo_micro_batch_size_per_gpu": 16,
-        "max_prompt_length": 128,
-        "max_response_length": 64,
-        "ignore_eos": True,
-        "gpu_memory_utilization": float(env["GPU_MEM"]),
+        "data": "examples/verl_grpo/make_dataset.py (arithmetic), data.seed " + overrides["data.seed"],
+        "reward": overrides["reward.custom_reward_function.path"],
+        **{key: _value(overrides[override]) for key, override in SHARED.items()},
     }
     stack = {
         "rollout": "vllm" if env["ARM"] == "vllm" else "vexact",

@@ -14,7 +14,9 @@ export STEPS=${2:-10}
 mkdir -p "$RESULTS"
 exec > >(tee -a "$RESULTS/progress.log") 2>&1
 source scripts/staging/device_env.sh
-export PYTHONPATH_VLLM=/tmp/vllmsite:/tmp/site PYTHONPATH_VEXACT=/tmp/site
+PYTHONPATH_VLLM=$(bash scripts/staging/rl_stack_wheels.sh path vllm)
+PYTHONPATH_VEXACT=$(bash scripts/staging/rl_stack_wheels.sh path vexact)
+export PYTHONPATH_VLLM PYTHONPATH_VEXACT
 export TAG=${TAG:-$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -oiE 'h100|h200|b200' | tr 'A-Z' 'a-z')}
 date
 for shape in qwen3-1.7b qwen3-30b-a3b; do

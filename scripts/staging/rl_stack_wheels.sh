@@ -13,7 +13,7 @@
 #         copies the parts to /tmp/stackparts; once every file of MANIFEST is whole (sha256 checked) it installs each
 #         group with --no-index --no-deps into its own folder: verl -> /tmp/site, vllm -> /tmp/vllmsite,
 #         fa4 -> /tmp/fa4site, and runs each group's import check. Exit 0 also while parts are missing (it says so).
-#     bash scripts/staging/rl_stack_wheels.sh env vllm|vexact   # prints the PYTHONPATH line for one arm (eval it)
+#     bash scripts/staging/rl_stack_wheels.sh path vllm|vexact  # prints one arm's folders, for PYTHONPATH
 #
 # Why three folders: the groups pin different versions of a few shared packages (fastapi: vLLM < 0.137, verl's
 # resolve 0.165; apache-tvm-ffi: vLLM's xgrammar 0.1.9, FA4's 0.1.15), so the vllm arm runs on vllmsite + site and
@@ -63,17 +63,17 @@ install() {
   [ ! -f /tmp/fa4site/.complete ] || bash scripts/staging/fa4_device_wheels.sh check
 }
 
-env_line() {  # the PYTHONPATH prefix of one arm
+arm_path() {  # the folders one arm puts in front of PYTHONPATH (FA4's: scripts/staging/device_env.sh adds them)
   case "$1" in
-    vllm) echo "export PYTHONPATH=/tmp/vllmsite:/tmp/site\${PYTHONPATH:+:\$PYTHONPATH}" ;;
-    vexact) echo "export PYTHONPATH=/tmp/site\${PYTHONPATH:+:\$PYTHONPATH}" ;;  # FA4: scripts/staging/device_env.sh adds it
-    *) echo "usage: $0 env vllm|vexact" >&2; exit 2 ;;
+    vllm) echo "${SITE[vllm]}:${SITE[verl]}" ;;
+    vexact) echo "${SITE[verl]}" ;;
+    *) echo "usage: $0 path vllm|vexact" >&2; exit 2 ;;
   esac
 }
 
 case "${1:-}" in
   download) shift; download "$@" ;;
   install) install ;;
-  env) env_line "${2:-}" ;;
-  *) echo "usage: $0 download [verl] [vllm] [fa4] | install | env vllm|vexact" >&2; exit 2 ;;
+  path) arm_path "${2:-}" ;;
+  *) echo "usage: $0 download [verl] [vllm] [fa4] | install | path vllm|vexact" >&2; exit 2 ;;
 esac
