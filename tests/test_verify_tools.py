@@ -128,10 +128,15 @@ def test_compare_timing_means_after_warmup_and_ratio_to_vllm(tmp_path, capsys):
     assert compare.main([str(a), str(b), "--warmup", "4"]) == 2
 
 
-def test_compare_runs_as_a_script_on_the_committed_pairs(tmp_path):
+@pytest.mark.parametrize(
+    "stem,arms,exact",
+    [("h100-1gpu-lr3e-6", ("invariant", "fast"), "invariant"), ("h100-qwen3-1.7b", ("vllm", "vexact"), "vexact"),
+     ("h100-qwen3-30b-a3b", ("vllm", "vexact"), "vexact")],
+)  # fmt: skip
+def test_compare_runs_as_a_script_on_the_committed_pairs(tmp_path, stem, arms, exact):
     res = ROOT / "examples/verify/results"
-    pair = [str(res / f"h100-1gpu-lr3e-6-{arm}.jsonl") for arm in ("invariant", "fast")]
-    cmd = [sys.executable, str(ROOT / "examples/verify/compare.py"), *pair, "--expect-exact", "invariant", "--plot",
+    pair = [str(res / f"{stem}-{arm}.jsonl") for arm in arms]
+    cmd = [sys.executable, str(ROOT / "examples/verify/compare.py"), *pair, "--expect-exact", exact, "--plot",
            str(tmp_path / "p.png")]  # fmt: skip
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -198,3 +203,51 @@ def test_a_run_name_without_an_arm_is_refused_naming_the_allowed_arms(tmp_path, 
     assert compare.main([str(a), str(b)]) == 2
     err = capsys.readouterr().err
     assert "last '-' field is '6'" in err and "vllm, vexact, fast" in err, err
+
+
+def test_headline_draws_one_row_per_model(tmp_path, capsys):
+    import headline
+
+    runs = [write_run(tmp_path, arm, k3, model=m) for m in ("qwen3-1.7b", "qwen3-30b-a3b")
+            for arm, k3 in (("vllm", MISMATCH), ("vexact", EXACT))]  # fmt: skip
+    out = tmp_path / "pair.png"
+    assert headline.main([str(p) for p in runs] + ["--out", str(out)]) == 0
+    groups = headline.group([headline.read_run(p) for p in runs])
+    assert [[r.arm for r in g] for g in groups] == [["vllm", "vexact"], ["vllm", "vexact"]]
+    assert [g[0].meta["model"] for g in groups] == ["qwen3-1.7b", "qwen3-30b-a3b"]
+    assert out.stat().st_size > 10_000
+
+
+def test_headline_refuses_a_model_with_one_arm_or_runs_of_different_configs(tmp_path, capsys):
+    import headline
+
+    a = write_run(tmp_path, "vllm", MISMATCH)
+    b = write_run(tmp_path, "vexact", EXACT, model="qwen3-30b-a3b")
+    assert headline.main([str(a), str(b), "--out", str(tmp_path / "x.png")]) == 2
+    assert "'qwen3-1.7b' has one run" in capsys.readouterr().err
+    c = write_run(tmp_path, "vexact", EXACT, lr=1e-5)
+    assert headline.main([str(a), str(c), "--out", str(tmp_path / "x.png")]) == 2
+    assert "lr" in capsys.readouterr().err
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_committed_rl_step_table_is_what_the_committed_runs_give(tmp_path):
+    committed = ROOT / "benchmarks/results/rl-step-h100.md"
+    cmd_line = next(ln for ln in committed.read_text().splitlines() if ln.startswith("- Command (this file): "))
+    args = cmd_line.split("`")[1].split()[2:]  # after `python benchmarks/rl_step.py`
+    out = tmp_path / "rl-step.md"
+    args[args.index("--out") + 1] = str(out)
+    res = ROOT / "examples/verify/results"
+    assert [a for a in args if a.endswith(".jsonl")] == [
+        f"examples/verify/results/h100-{m}-{arm}.jsonl"
+        for m in ("qwen3-1.7b", "qwen3-30b-a3b")
+        for arm in ("vllm", "vexact")
+    ]
+    assert res.is_dir()
+    assert rl_step.main([str(ROOT / a) if a.endswith(".jsonl") else a for a in args]) == 0
+
+    def tables(text: str) -> list[str]:
+        return [ln for ln in text.splitlines() if ln.startswith("|")]
+
+    assert tables(out.read_text()) == tables(committed.read_text())
+    assert len(tables(committed.read_text())) == 2 * 9

@@ -117,48 +117,56 @@ def log_tick(y: float, _pos: int, floor: float) -> str:
     return f"$10^{{{round(e)}}}$" if math.isclose(e, round(e), abs_tol=1e-6) else ""
 
 
+def draw(ax, runs: list[Run], key: str, title: str, log: bool) -> None:
+    """One panel: ``key`` per step for every arm; on a log axis exact zeros sit on a floor line labelled so."""
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
+
+    series = {r.arm: r.series(key) for r in runs}
+    positive = [v for vals in series.values() for v in vals if v > 0.0]
+    # a log axis cannot show 0.0: exact zeros sit on a floor a decade below the smallest positive value
+    floor = 10 ** (math.floor(math.log10(min(positive))) - 1) if positive else 1e-8
+    any_zero = False
+    for r in runs:
+        vals, color = series[r.arm], COLORS.get(r.arm)
+        if not log:
+            ax.plot(r.steps, vals, marker=".", color=color, label=r.arm)
+            continue
+        above = [v if v > 0.0 else math.nan for v in vals]
+        if any(not math.isnan(v) for v in above):
+            ax.plot(r.steps, above, marker=".", color=color, label=r.arm)
+        zeros = [floor if v == 0.0 else math.nan for v in vals]
+        if any(not math.isnan(z) for z in zeros):
+            any_zero = True
+            ax.plot(r.steps, zeros, marker="s", ms=4, color=color, label=f"{r.arm}: 0.0 (exact)")
+    if log:
+        ax.set_yscale("log")
+        if any_zero:
+            ax.axhline(floor, color="grey", lw=0.6, ls=":")
+            ax.yaxis.set_major_formatter(FuncFormatter(partial(log_tick, floor=floor)))
+            ax.set_ylim(bottom=floor / 3)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel("training step")
+    ax.legend(fontsize=8)
+
+
+def describe(runs: list[Run]) -> str:
+    meta = next((r.meta for r in runs if r.meta is not None), None)
+    if meta is not None:
+        return f"{meta['model']} on {meta['gpu']}, verl GRPO"
+    return runs[0].path.name.removesuffix(".jsonl").rsplit("-", 1)[0]
+
+
 def plot(runs: list[Run], out: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import FuncFormatter, MaxNLocator
 
     fig, axes = plt.subplots(2, 3, figsize=(16, 8))
     for ax, (key, title, log) in zip(axes.flat, PANELS, strict=True):
-        series = {r.arm: r.series(key) for r in runs}
-        positive = [v for vals in series.values() for v in vals if v > 0.0]
-        # a log axis cannot show 0.0: exact zeros sit on a floor a decade below the smallest positive value
-        floor = 10 ** (math.floor(math.log10(min(positive))) - 1) if positive else 1e-8
-        any_zero = False
-        for r in runs:
-            vals, color = series[r.arm], COLORS.get(r.arm)
-            if not log:
-                ax.plot(r.steps, vals, marker=".", color=color, label=r.arm)
-                continue
-            above = [v if v > 0.0 else math.nan for v in vals]
-            if any(not math.isnan(v) for v in above):
-                ax.plot(r.steps, above, marker=".", color=color, label=r.arm)
-            zeros = [floor if v == 0.0 else math.nan for v in vals]
-            if any(not math.isnan(z) for z in zeros):
-                any_zero = True
-                ax.plot(r.steps, zeros, marker="s", ms=4, color=color, label=f"{r.arm}: 0.0 (exact)")
-        if log:
-            ax.set_yscale("log")
-            if any_zero:
-                ax.axhline(floor, color="grey", lw=0.6, ls=":")
-                ax.yaxis.set_major_formatter(FuncFormatter(partial(log_tick, floor=floor)))
-                ax.set_ylim(bottom=floor / 3)
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_title(title, fontsize=10)
-        ax.set_xlabel("training step")
-        ax.legend(fontsize=8)
-    meta = next((r.meta for r in runs if r.meta is not None), None)
-    if meta is not None:
-        what = f"{meta['model']} on {meta['gpu']}, verl GRPO"
-    else:
-        what = runs[0].path.name.removesuffix(".jsonl").rsplit("-", 1)[0]
-    fig.suptitle(f"{what}: {', '.join(r.arm for r in runs)}")
+        draw(ax, runs, key, title, log)
+    fig.suptitle(f"{describe(runs)}: {', '.join(r.arm for r in runs)}")
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)

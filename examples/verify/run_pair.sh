@@ -136,8 +136,8 @@ for arm in "${ARMS[@]}"; do
   sleep 3
   echo "== $NAME: exit $rc after $(( $(date +%s) - START )) s, $(wc -l < "$VERL_FILE_LOGGER_PATH" 2> /dev/null || echo 0) steps"
   ARM="$arm" NAME="$NAME" RESULTS="$RESULTS" ATTN="$ATTN" ACTOR="$ACTOR" MOE="$MOE" SHAPE="$SHAPE" LAYERS="$LAYERS" \
-  RC="$rc" CMDLINE="${CMD[*]}" \
-  python3 examples/verify/write_meta.py
+  RC="$rc" CMDLINE="${CMD[*]}" PYTHONPATH="$ARM_PATH${PYTHONPATH:+:$PYTHONPATH}" \
+  python3 examples/verify/write_meta.py  # the arm's own folders: the versions recorded are the ones the arm ran
   [ "$rc" = 0 ] || tail -30 "$RESULTS/$NAME.log"
 done
 [ "$DRY_RUN" = 1 ] && exit 0
