@@ -28,6 +28,8 @@
 #   bench-trainer   benchmarks/trainer.py --profile 2 (FSDP2, Qwen3-1.7B shape): tokens/s, MFU and the kernels of a step
 #                   -> $OUT/trainer-<target>.md (host-side profile tables in $OUT/trainer-<target>.log)
 #   bench-moonlight benchmarks/throughput.py --models moonlight (invariant vs fast) -> $OUT/throughput-moonlight-...
+#   capture         scripts/profiling/profile_capture.py: CUDA graph re-capture at wake_up, eager against lazy
+#                   (graph_recapture), wake_up + a GRPO-sized rollout per sleep/wake cycle -> $OUT/capture-<target>.txt
 #   tim             scripts/checks/tim_gpu.py: `vexact tim` on fast and invariant GPU rollouts + attribution -> $OUT/tim/
 #   tim-study       examples/tim_study/sweep.py on the GPU preset -> $OUT/tim-study-<target>.jsonl and its .png
 # Steps that need staged wheels (scripts/staging/, installed earlier on the same machine):
@@ -155,6 +157,8 @@ for step in "$@"; do
     fa4-golden) export VEXACT_ATTENTION=fa4; record_golden "-fa4"; unset VEXACT_ATTENTION ;;
     fa4-bench)
       python3 benchmarks/attention.py --out "$OUT/attention-$TARGET.md" || status=1 ;;
+    capture)
+      python3 scripts/profiling/profile_capture.py 2>&1 | grep -v "Warning\|warn" > "$OUT/capture-$TARGET.txt" || status=1 ;;
     profile)
       python3 scripts/profiling/profile_decode.py --batch 1,64,256 2>&1 | grep -v "Warning\|warn" > "$OUT/profile-decode-$TARGET.txt" || status=1
       python3 scripts/profiling/profile_decode.py --mixed 64:1024,256:2048 2>&1 | grep -v "Warning\|warn" \

@@ -103,11 +103,13 @@ def test_packed_engine_runs_grouped_projections(monkeypatch):
 
 
 @pytest.mark.gpu
-def test_gpu_packed_engine_equals_unpacked_through_graphs_sleep_and_updates():
+@pytest.mark.parametrize("recapture", ["eager", "lazy"])
+def test_gpu_packed_engine_equals_unpacked_through_graphs_sleep_and_updates(recapture):
     """On CUDA: decode graphs and a graph of the steps with prompt tokens captured over the grouped projections, a
     level-1 wake restoring from pinned host copies into new flat buffers, a level-2 wake allocating them: tokens and
-    logprobs those of the unpacked engine."""
-    kw = dict(KW, device="cuda")
+    logprobs those of the unpacked engine. ``graph_recapture="lazy"``: a wake_up captures the largest decode size
+    and token count (4 and 16), and decode size 2 comes at its first step."""
+    kw = dict(KW, device="cuda", graph_recapture=recapture)
     packed = LLM(default_checkpoint(), **kw)
     plain = LLM(default_checkpoint(), pack_weights=False, **kw)
     buffers, _ = packed_buffers(packed.model)
@@ -121,5 +123,8 @@ def test_gpu_packed_engine_equals_unpacked_through_graphs_sleep_and_updates():
         packed.wake_up()
         if level == 2:
             packed.update_weights([(n, t.detach().clone()) for n, t in expected_tensors(plain.model).items()])
-        assert packed_buffers(packed.model) is not None and packed.runner.num_graphs == 3
+        assert packed_buffers(packed.model) is not None
+        assert packed.runner.num_graphs == (3 if recapture == "eager" else 2) and packed.runner.graph_error is None
         _same(_gen(packed), ref)
+        # the workload decodes at 4 and then 2 sequences: lazily, decode size 2 is captured at its first step
+        assert packed.runner.num_graphs == 3 and packed.runner.captured_at_steps == (recapture == "lazy")

@@ -190,3 +190,47 @@ def test_one_token_prefill_chunks_run_padded_even_when_no_row_samples(model):
     llm = LLM(model=model, cuda_graph_batch_sizes=[1], **kw)
     _equal(llm.generate(prompts, params, use_tqdm=False), ref)
     assert llm.runner.num_padded_steps > sum(len(p) for p in prompts)
+
+
+def test_graph_recapture_setting_is_checked():
+    assert EngineConfig().graph_recapture == "lazy"
+    assert EngineConfig(graph_recapture="eager").graph_recapture == "eager"
+    with pytest.raises(ValueError, match=r"graph_recapture must be one of \('lazy', 'eager'\), got 'sometimes'"):
+        EngineConfig(graph_recapture="sometimes")
+
+
+def test_lazy_recapture_takes_the_largest_shapes_now_and_each_other_at_its_first_step(model, monkeypatch):
+    """The bookkeeping of ``graph_recapture="lazy"`` on CPU, where a stand-in for the CUDA capture records the shape
+    and writes the static buffers as a real capture's warm-up does (pad tokens): a re-capture takes the largest token
+    count and decode size, each other shape comes at the first step that runs it, once, before the step fills the
+    buffers (else the step would run on the pad tokens and its tokens would differ), and the outputs stay those of
+    an engine that never captures."""
+    prompts, params = _workload(6, seed=7, hi=14, max_tokens=9)
+    kw = dict(KW, max_num_seqs=6, cuda_graph_batch_sizes=[1, 2, 4, 6], cuda_graph_token_sizes=[8, 16, 32])
+    ref = LLM(model=model, **kw).generate(prompts, params, use_tqdm=False)
+    llm = LLM(model=model, **kw)
+    runner = llm.runner
+    captured = []
+
+    def capture(key, static, tokens, seqs, warmups):
+        runner._warm_layout(static, tokens, seqs)
+        captured.append(key)
+
+    monkeypatch.setattr(runner, "_capture", capture)
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    runner.captures = 1  # a wake_up's re-capture, not the start-up's
+    runner._capture_all(lazy=True)
+    assert captured == [("mixed", 32), ("decode", 6)]
+    left = {("mixed", 8), ("mixed", 16), ("decode", 1), ("decode", 2), ("decode", 4)}
+    assert runner._uncaptured == left
+    captured.clear()
+    _equal(llm.generate(prompts, params, use_tqdm=False), ref)
+    assert captured and len(captured) == len(set(captured)) and set(captured) <= left
+    assert runner._uncaptured == left - set(captured) and runner.captured_at_steps == len(captured)
+    assert ("decode", 1) in captured  # the workload's sequences end at different steps: the last decodes alone
+    captured.clear()
+    runner._capture_all(lazy=False)  # eager: every shape, largest first
+    assert captured == [("mixed", 32), ("mixed", 16), ("mixed", 8), ("decode", 6), ("decode", 4), ("decode", 2),
+                        ("decode", 1)]  # fmt: skip
+    assert runner._uncaptured == set()

@@ -8,6 +8,8 @@ DEFAULT_GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 # Token buckets of the steps with prompt tokens, by default: every 256 tokens up to 4096, then every 1024 (and the
 # step budget itself).
 GRAPH_TOKEN_STEP, GRAPH_TOKEN_STEP_LARGE, GRAPH_TOKEN_STEP_UNTIL = 256, 1024, 4096
+# when the CUDA graphs come back after a wake_up (EngineConfig.graph_recapture)
+GRAPH_RECAPTURE = ("lazy", "eager")
 CPU_KV_CACHE_BYTES = 256 << 20
 
 
@@ -41,6 +43,13 @@ class EngineConfig:
     attention kernels (the ``fast`` ones read the step's layout on the host); on CPU an explicit list runs the padded
     path eagerly.
 
+    ``graph_recapture`` says when the graphs come back after a ``wake_up`` (the KV cache and the packed weights return
+    at new addresses, so every graph is captured again): ``"lazy"`` (default) captures the largest decode size and the
+    largest token count at the wake_up (so the graphs' memory pool reaches the size it has after an eager capture),
+    and every other size at the first step that needs it; ``"eager"`` captures them all at the wake_up. A verl step
+    decodes at one or two batch sizes, so lazily it pays for a few captures instead of every one (25 by default at a
+    4096-token budget). The graphs are the same either way, and so are the tokens and logprobs.
+
     ``pack_weights`` (default on): the parameters live in one flat buffer per dtype (``vexact_models.pack_parameters``,
     at construction and again when waking from sleep), so each layer's q/k/v and gate/up projections lie end to end
     and the models run them as one matmul each (``vexact_models.layers.grouped_linear``: the same bits as three and
@@ -64,6 +73,7 @@ class EngineConfig:
     cuda_graph_batch_sizes: tuple[int, ...] | list[int] | None = None
     cuda_graph_token_sizes: tuple[int, ...] | list[int] | None = None
     pack_weights: bool = True
+    graph_recapture: str = "lazy"
 
     def __post_init__(self) -> None:
         try:
@@ -80,6 +90,10 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"EngineConfig.{name} must be a positive integer, got {value!r}")
+        if self.graph_recapture not in GRAPH_RECAPTURE:
+            raise ValueError(
+                f"EngineConfig.graph_recapture must be one of {GRAPH_RECAPTURE}, got {self.graph_recapture!r}"
+            )
         if not isinstance(self.pack_weights, bool):
             raise TypeError(f"EngineConfig.pack_weights must be True or False, got {self.pack_weights!r}")
         if not isinstance(self.enable_prefix_caching, bool):

@@ -78,6 +78,7 @@ class ModelRunner:
         self.token_sizes = [t for t in self.token_sizes if -(-t // self.mixed_seqs) <= self.max_context]
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] | None = None
         self._graphs: dict[tuple[str, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._uncaptured: set[tuple[str, int]] = set()  # graphs a lazy re-capture leaves to their first step
         self._graph_pool = None
         self._decode: StaticStep | None = None
         self._mixed: StaticStep | None = None
@@ -85,8 +86,9 @@ class ModelRunner:
         self.num_padded_steps = 0  # decode steps run padded (replayed as a graph on CUDA)
         self.num_padded_prompt_steps = 0  # steps with prompt tokens run padded (replayed as a graph on CUDA)
         self.graph_error: str | None = None  # why capture failed, when it did (steps then run eagerly)
-        self.capture_seconds = 0.0  # how long the last capture of every graph took
-        self.captures = 0  # captures of every graph so far (start-up, then one per wake_up)
+        self.capture_seconds = 0.0  # time spent capturing graphs since the last allocate (start-up or wake_up)
+        self.captures = 0  # captures of the graphs so far (start-up, then one per wake_up)
+        self.captured_at_steps = 0  # graphs captured at their first step (lazy re-capture), since the last allocate
         self.allocate()
 
     # ---- memory
@@ -97,7 +99,8 @@ class ModelRunner:
         return per_token * block_size * torch.empty(0, dtype=dtype).element_size()
 
     def allocate(self) -> None:
-        """Allocate the KV cache and the static step buffers; capture the CUDA graphs on CUDA."""
+        """Allocate the KV cache and the static step buffers; capture the CUDA graphs on CUDA (after a wake_up
+        with ``graph_recapture="lazy"``, the largest of each kind now and the others at their first step)."""
         self.kv_caches = [
             tuple(torch.zeros(shape, dtype=self.dtype, device=self.device) for shape in self.kv_shapes)
             for _ in range(self.model.config.num_hidden_layers)
@@ -105,17 +108,24 @@ class ModelRunner:
         if self.graph_sizes or self.token_sizes:
             self._allocate_static()
             if self.device.type == "cuda":
-                try:
-                    self._capture_all()
-                except Exception as e:  # an op that cannot be captured: run eagerly, loudly
-                    self._graphs.clear()
-                    self._graph_pool = None
-                    self.graph_error = f"{type(e).__name__}: {e}"
-                    log.warning("CUDA graph capture failed, steps run eagerly (padded): %s", self.graph_error)
+                self.capture_seconds, self.captured_at_steps = 0.0, 0
+                lazy = self.captures > 0 and self.config.graph_recapture == "lazy"
+                self._guarded(self._capture_all, lazy)
+
+    def _guarded(self, capture, *args) -> None:
+        try:
+            capture(*args)
+        except Exception as e:  # an op that cannot be captured: run eagerly, loudly
+            self._graphs.clear()
+            self._uncaptured.clear()
+            self._graph_pool = None
+            self.graph_error = f"{type(e).__name__}: {e}"
+            log.warning("CUDA graph capture failed, steps run eagerly (padded): %s", self.graph_error)
 
     def release(self) -> None:
         """Drop the graphs, their memory pool, the static buffers and the KV cache (see ``LLMEngine.sleep``)."""
         self._graphs.clear()
+        self._uncaptured.clear()
         self._graph_pool = None
         self._decode = self._mixed = self._mixed_out = None
         self.kv_caches = None
@@ -207,46 +217,74 @@ class ModelRunner:
         positions = [p for n in lens for p in range(n)]
         static.write([t_id] * tokens, positions, [t_slot] * tokens, cu, lens, [], seqs)
 
-    def _capture_all(self) -> None:
+    def _shapes(self) -> list[tuple[tuple[str, int], StaticStep, int, int]]:
+        """Every graph's (key, static buffers, tokens, sequences): the token counts of the steps with prompt tokens,
+        then the decode sizes, each largest first (the order of an eager capture)."""
+        shapes = [(("mixed", t), self._mixed, t, self.mixed_seqs) for t in sorted(self.token_sizes, reverse=True)]
+        return shapes + [(("decode", s), self._decode, s, s) for s in sorted(self.graph_sizes, reverse=True)]
+
+    def _capture_all(self, lazy: bool = False) -> None:
         """Capture one graph per token count of the steps with prompt tokens and one per decode size, largest
         first, sharing one memory pool (they never run together). A graph of prompt tokens copies its hidden rows
-        to one static buffer, so no graph's output holds pool memory another graph reuses."""
+        to one static buffer, so no graph's output holds pool memory another graph reuses. ``lazy``: only the
+        largest of each kind; the others wait in ``_uncaptured`` for their first step (:meth:`_ensure_graph`)."""
         self._graph_pool = torch.cuda.graph_pool_handle()
-        shapes = [(("mixed", t), self._mixed, t, self.mixed_seqs) for t in sorted(self.token_sizes, reverse=True)]
-        shapes += [(("decode", s), self._decode, s, s) for s in sorted(self.graph_sizes, reverse=True)]
+        shapes = self._shapes()
+        self._uncaptured = set()
+        if lazy:
+            largest = {("mixed", max(self.token_sizes, default=0)), ("decode", max(self.graph_sizes, default=0))}
+            self._uncaptured = {key for key, *_ in shapes if key not in largest}
+            shapes = [shape for shape in shapes if shape[0] in largest]
         start = time.perf_counter()
         warmups = WARMUPS_RECAPTURE if self.captures else WARMUPS_FIRST_CAPTURE
         bar = tqdm(shapes, desc="capturing CUDA graphs", unit="graph", leave=False)
-        with vk.use_backend(self.config.backend), torch.no_grad():
-            for key, static, tokens, seqs in bar:
-                self._warm_layout(static, tokens, seqs)
-                ids, pos, meta = static.args(tokens, seqs)
-                # Warm-up outside the capture: compiles the Triton kernels for this shape (pad tokens only, so
-                # nothing is written to the KV cache).
-                side = torch.cuda.Stream()
-                side.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(side):
-                    for _ in range(warmups):
-                        warm = self.model(ids, pos, meta, self.kv_caches)
-                torch.cuda.current_stream().wait_stream(side)
-                if key[0] == "mixed" and self._mixed_out is None:
-                    self._mixed_out = torch.empty((tokens, *warm.shape[1:]), dtype=warm.dtype, device=self.device)
-                del warm
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=self._graph_pool):
-                    out = self.model(ids, pos, meta, self.kv_caches)
-                    if key[0] == "mixed":
-                        self._mixed_out[:tokens].copy_(out)
-                        out = self._mixed_out[:tokens]
-                self._graphs[key] = (graph, out)
+        for shape in bar:
+            self._capture(*shape, warmups)
         torch.cuda.synchronize(self.device)
         # at start-up and at every wake_up (the KV cache comes back at new addresses)
         self.capture_seconds = time.perf_counter() - start
         self.captures += 1
         log.info(
-            "captured %d CUDA graphs in %.1f s, %d warm-up run(s) each (decode batch sizes %s, token counts %s)",
+            "captured %d CUDA graphs in %.1f s, %d warm-up run(s) each (decode batch sizes %s, token counts %s)%s",
             len(self._graphs), self.capture_seconds, warmups, sorted(self.graph_sizes), sorted(self.token_sizes),
+            f"; {len(self._uncaptured)} more at their first step" if self._uncaptured else "",
         )  # fmt: skip
+
+    def _capture(self, key: tuple[str, int], static: StaticStep, tokens: int, seqs: int, warmups: int) -> None:
+        """One graph: ``warmups`` eager runs of a pad-only step (they compile the Triton kernels for the shape and
+        write no KV), then the capture into the shared pool. Writes the static buffers: a step fills them after."""
+        with vk.use_backend(self.config.backend), torch.no_grad():
+            self._warm_layout(static, tokens, seqs)
+            ids, pos, meta = static.args(tokens, seqs)
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(warmups):
+                    warm = self.model(ids, pos, meta, self.kv_caches)
+            torch.cuda.current_stream().wait_stream(side)
+            if key[0] == "mixed" and self._mixed_out is None:  # as many rows as the largest token count
+                rows = max(self.token_sizes)
+                self._mixed_out = torch.empty((rows, *warm.shape[1:]), dtype=warm.dtype, device=self.device)
+            del warm
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._graph_pool):
+                out = self.model(ids, pos, meta, self.kv_caches)
+                if key[0] == "mixed":
+                    self._mixed_out[:tokens].copy_(out)
+                    out = self._mixed_out[:tokens]
+            self._graphs[key] = (graph, out)
+
+    def _ensure_graph(self, key: tuple[str, int], static: StaticStep, tokens: int, seqs: int) -> None:
+        """Capture ``key``'s graph now if a lazy re-capture left it for its first step; before the step fills the
+        static buffers, which the capture's warm-up overwrites."""
+        if key not in self._uncaptured:
+            return
+        self._uncaptured.discard(key)
+        start = time.perf_counter()
+        self._guarded(self._capture, key, static, tokens, seqs, WARMUPS_RECAPTURE)
+        torch.cuda.synchronize(self.device)
+        self.capture_seconds += time.perf_counter() - start
+        self.captured_at_steps += 1
 
     # ---- a step
     @torch.no_grad()
@@ -259,6 +297,7 @@ class ModelRunner:
         tokens = self.padded_tokens(batch) if size is None else None
         with vk.use_backend(self.config.backend):
             if size is not None:
+                self._ensure_graph(("decode", size), self._decode, size, size)
                 self._fill_decode(batch, blocks, size)
                 self.num_padded_steps += 1
                 hidden = self._replay(("decode", size), self._decode, size, size)
@@ -267,6 +306,7 @@ class ModelRunner:
                 # one-token prefill chunks also run padded; a step may have no row that samples
                 return hidden[torch.tensor(sampling, dtype=torch.int64, device=hidden.device)], items
             if tokens is not None:
+                self._ensure_graph(("mixed", tokens), self._mixed, tokens, self.mixed_seqs)
                 cu = self._fill_mixed(batch, blocks, tokens)
                 self.num_padded_prompt_steps += 1
                 hidden = self._replay(("mixed", tokens), self._mixed, tokens, self.mixed_seqs)
