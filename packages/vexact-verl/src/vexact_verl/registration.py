@@ -46,6 +46,7 @@ def register() -> None:
     from .tim import install
 
     install()  # tim/* metrics beside verl's rollout_probs_diff ones
+    from . import agent_loop  # noqa: F401  (verl's agent-loop table gets `vexact_single_turn_agent`)
 
 
 def register_engine() -> None:
