@@ -33,8 +33,9 @@ def test_sample_seed_is_a_function_of_the_sample():
     base = sample_seed(42, 3, 7, 1, MESSAGES)
     assert base == sample_seed(42, 3, 7, 1, [dict(m) for m in MESSAGES])  # same sample, same seed
     assert 0 <= base < 2**63
-    others = [sample_seed(43, 3, 7, 1, MESSAGES), sample_seed(42, 4, 7, 1, MESSAGES), sample_seed(42, 3, 8, 1, MESSAGES),
-              sample_seed(42, 3, 7, 2, MESSAGES), sample_seed(42, 3, 7, 1, [{"role": "user", "content": "2+2?"}])]  # fmt: skip
+    other_prompt = [{"role": "user", "content": "2+2?"}]
+    others = [sample_seed(*args) for args in ((43, 3, 7, 1, MESSAGES), (42, 4, 7, 1, MESSAGES), (42, 3, 8, 1, MESSAGES),
+                                              (42, 3, 7, 2, MESSAGES), (42, 3, 7, 1, other_prompt))]  # fmt: skip
     assert len({base, *others}) == 1 + len(others)
 
 
