@@ -25,6 +25,8 @@ from verl.workers.rollout.llm_server import LLMServerManager  # noqa: E402
 from vexact_verl import register  # noqa: E402
 from vexact_verl.rollout import server_actor_name  # noqa: E402
 
+pytestmark = pytest.mark.slow  # about a minute on 2 cores: Ray, the engine, and Ray noticing the death
+
 TIMEOUT_S = 60  # far above the few seconds Ray takes to report a dead actor; a hang would run into it
 PROMPTS = [[257, 72, 101, 108], [257, 49, 43, 49, 61], [257, 10]]
 
