@@ -20,7 +20,7 @@ logprobs equal the actor's, ``rollout_corr/k3_kl == 0``) and a cold prefix cache
 
 from __future__ import annotations
 
-import json
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -34,11 +34,6 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[3]
 NAME = "grpo"
-
-
-def wall_clock(key: str) -> bool:
-    """Timings, throughput and memory: what a rerun may change."""
-    return key.startswith(("timing_s/", "timing_per_token_ms/")) or ("perf/" in key and key != "perf/total_num_tokens")
 
 
 def run_job(tmp: Path, run_dir: Path, log: str, steps: int, subprocess_env, *overrides: str) -> dict[int, dict]:
@@ -62,50 +57,29 @@ def run_job(tmp: Path, run_dir: Path, log: str, steps: int, subprocess_env, *ove
     if proc.returncode != 0:
         raise AssertionError(f"verl job in {run_dir} failed, rc {proc.returncode}:\n{proc.stdout[-6000:]}\n"
                              f"{proc.stderr[-6000:]}")  # fmt: skip
-    lines = (run_dir / log).read_text().splitlines()
-    return {r["step"]: r["data"] for r in map(json.loads, filter(str.strip, lines))}
+    return compare_runs().read_metrics(run_dir / log)
 
 
-def checkpoint(run_dir: Path, step: int) -> dict:
-    """Everything verl saves at ``step`` for one rank: model, optimizer, LR scheduler + RNG, dataloader."""
-    import torch
-
-    d = run_dir / "checkpoints" / NAME / f"global_step_{step}"
-    out = {"data": torch.load(d / "data.pt", weights_only=False)}
-    for part in ("model", "optim", "extra_state"):
-        out[part] = torch.load(d / "actor" / f"{part}_world_size_1_rank_0.pt", weights_only=False, map_location="cpu")
-    return out
-
-
-def assert_same(a, b, where: str) -> None:
-    """Equal, tensors by ``torch.equal`` (DTensors by their local shard: world size 1), everything else by ``==``."""
-    import numpy as np
-    import torch
-
-    if isinstance(a, dict):
-        assert isinstance(b, dict) and a.keys() == b.keys(), (where, sorted(a), sorted(b))
-        for k in a:
-            assert_same(a[k], b[k], f"{where}.{k}")
-    elif isinstance(a, (list, tuple)):
-        assert isinstance(b, (list, tuple)) and len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            assert_same(x, y, f"{where}[{i}]")
-    elif isinstance(a, torch.Tensor):
-        a, b = (t.to_local() if hasattr(t, "to_local") else t for t in (a, b))
-        assert a.dtype == b.dtype and torch.equal(a, b), where
-    elif isinstance(a, np.ndarray):  # numpy's RNG state
-        assert a.dtype == b.dtype and np.array_equal(a, b), where
-    else:
-        assert a == b, (where, a, b)
+def compare_runs():
+    """examples/verl_grpo/compare_runs.py, the comparison the GPU runs use."""
+    spec = importlib.util.spec_from_file_location("compare_runs", ROOT / "examples/verl_grpo/compare_runs.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def assert_same_metrics(got: dict[int, dict], want: dict[int, dict], steps: list[int], what: str) -> None:
     assert sorted(got) == steps, (what, sorted(got))
-    for step in steps:
-        g, w = ({k: v for k, v in m[step].items() if not wall_clock(k)} for m in (got, want))
-        assert g.keys() == w.keys(), (what, step, sorted(g.keys() ^ w.keys()))
-        diff = {k: (g[k], w[k]) for k in g if g[k] != w[k]}
-        assert not diff, f"{what}, step {step}: {len(diff)} of {len(g)} metrics differ, e.g. {list(diff.items())[:5]}"
+    for step, diffs in compare_runs().metric_diffs(got, want, steps).items():
+        assert not diffs, f"{what}, step {step}: {len(diffs)} metrics differ, e.g. {diffs[:5]}"
+
+
+def assert_same_checkpoint(got_dir: Path, want_dir: Path, what: str) -> None:
+    cmp = compare_runs()
+    got, want = cmp.load_checkpoint(got_dir), cmp.load_checkpoint(want_dir)
+    assert sorted(got) == sorted(want) and len(got) >= 4, (what, sorted(got), sorted(want))
+    diffs = [d for name in got for d in cmp.state_diffs(got[name], want[name], name)]
+    assert not diffs, f"{what}: {len(diffs)} differences, e.g. {diffs[:5]}"
 
 
 def test_verl_grpo_rerun_and_resume_are_bitwise(tmp_path, subprocess_env):
@@ -124,6 +98,7 @@ def test_verl_grpo_rerun_and_resume_are_bitwise(tmp_path, subprocess_env):
     assert c[3]["rollout_corr/k3_kl"] == 0.0 and c[3]["training/rollout_probs_diff_max"] == 0.0
 
     assert_same_metrics(b, a, [1, 2], "rerun (B vs A)")
-    assert_same(checkpoint(tmp_path / "b", 2), checkpoint(tmp_path / "a", 2), "rerun, step-2 checkpoint")
+    ckpt = f"checkpoints/{NAME}/global_step_{{}}"
+    assert_same_checkpoint(tmp_path / "b" / ckpt.format(2), tmp_path / "a" / ckpt.format(2), "rerun, step 2")
     assert_same_metrics(c, a, [3, 4], "resumed from step 2 (C vs A)")
-    assert_same(checkpoint(tmp_path / "b", 4), checkpoint(tmp_path / "a", 4), "resumed, step-4 checkpoint")
+    assert_same_checkpoint(tmp_path / "b" / ckpt.format(4), tmp_path / "a" / ckpt.format(4), "resumed, step 4")
