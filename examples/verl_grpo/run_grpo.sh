@@ -15,6 +15,11 @@
 # packages/vexact-verl/README.md ("verl on CPU").
 # `calculate_log_probs=True` makes verl log its rollout-correction metrics (rollout_corr/k3_kl, rollout_corr/kl,
 # rollout_corr/log_ppl_abs_diff, ...) every step: the rollout's logprobs against the actor's recomputed old_log_prob.
+# Reproducible: the same command gives the same metrics and weights, bit for bit, and a job resumed from a checkpoint
+# (trainer.save_freq, then trainer.resume_mode=auto) continues as the uninterrupted one would. That takes the two
+# settings below: `vexact_single_turn_agent` seeds each request from (rollout.seed, step, dataset index, sample)
+# instead of arrival order, and `OrderedReplayBuffer` orders each step's batch as the dataloader gave it instead of
+# as the rollouts finished (packages/vexact-verl/README.md, "Reproducible runs").
 # Extra Hydra overrides given on the command line are passed through.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -56,6 +61,9 @@ python3 -m vexact_verl.main_ppo \
   actor_rollout_ref.rollout.max_num_seqs=256 \
   actor_rollout_ref.rollout.max_num_batched_tokens=4096 \
   actor_rollout_ref.rollout.calculate_log_probs=True \
+  actor_rollout_ref.rollout.agent.default_agent_loop=vexact_single_turn_agent \
+  trainer.v1.sampler.custom_sampler.path=pkg://vexact_verl.replay \
+  trainer.v1.sampler.custom_sampler.name=OrderedReplayBuffer \
   actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16 \
   +actor_rollout_ref.rollout.engine_kwargs.vexact.backend="$BACKEND" \
   trainer.n_gpus_per_node=1 \

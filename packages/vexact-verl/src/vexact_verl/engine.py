@@ -36,9 +36,11 @@ config's ``vexact.tim_attribute_every`` asks for it (off by default; :class:`Vex
 from __future__ import annotations
 
 import copy
+import random
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from tensordict import TensorDict
 from verl.utils import tensordict_utils as tu
@@ -88,6 +90,13 @@ class VexactEngineWithLMHead(FSDPEngineWithLMHead):
         self.tim_attribution = AttributionConfig.from_settings(getattr(engine_config, "vexact", None))
         self._tim_step = 0  # training steps begun (verl's update_actor: one step, one or more train_batch calls)
         self._tim_step_open = False
+        if not engine_config.full_determinism:
+            # verl seeds the process's RNGs only under full_determinism, which also pins NCCL's algorithm and protocol
+            # (slower all-gathers) and turns on torch's deterministic mode: seed them alone, so that the RNG states
+            # verl saves in a checkpoint are the same in two runs of a job (the invariant kernels need nothing else)
+            random.seed(engine_config.seed)
+            np.random.seed(engine_config.seed)
+            torch.manual_seed(engine_config.seed)
         super().__init__(model_config, engine_config, optimizer_config, checkpoint_config)
 
     def _build_module(self):

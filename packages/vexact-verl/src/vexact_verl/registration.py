@@ -9,6 +9,8 @@ verl 0.9.1 looks a rollout backend up in two tables, in every process that needs
 
 The actor's invariant mode adds a third table, ``EngineRegistry`` (``verl/workers/engine/base.py``): backend ->
 model engine, used inside each trainer worker to build the actor and ref engines (see :mod:`vexact_verl.engine`).
+Reproducible runs add a fourth, ``_agent_loop_registry`` (``verl/experimental/agent_loop/agent_loop.py``): agent-loop
+name -> class, used inside each agent-loop worker (``vexact_single_turn_agent``, see :mod:`vexact_verl.agent_loop`).
 
 So registration must happen in the workers too. Three ways, all verl's own: the ``verl.plugins`` entry point this
 package declares (verl loads it whenever it is imported, in every process), ``VERL_USE_EXTERNAL_MODULES=vexact_verl``
@@ -46,6 +48,7 @@ def register() -> None:
     from .tim import install
 
     install()  # tim/* metrics beside verl's rollout_probs_diff ones
+    from . import agent_loop  # noqa: F401  (verl's agent-loop table gets `vexact_single_turn_agent`)
 
 
 def register_engine() -> None:

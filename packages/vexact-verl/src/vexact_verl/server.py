@@ -185,6 +185,7 @@ class VexactServer:
         self._port, self._port_sock = _free_port()
         self._weight_buffers: list[torch.Tensor] = []  # a colocated trainer's bucket buffers (CUDA IPC), one sync
         self._writing = False  # a colocated trainer is writing into the engine's weights (the single-copy path)
+        self._warned_unseeded = False
 
     # ---- lifecycle
     async def launch_server(self, dist_address: tuple[str, int] | None = None) -> None:
@@ -264,6 +265,11 @@ class VexactServer:
             params, want_logprobs = to_engine_params(sampling_params, len(prompt_ids), self.settings)
         except ValueError as e:  # raised to the caller (verl's agent loop), never dropped
             raise ValueError(f"request {request_id}: {e}") from e
+        if params.seed is None and not self._warned_unseeded:
+            self._warned_unseeded = True
+            log.warning("vexact replica %d: requests carry no seed, so their samples follow arrival order and differ "
+                        "between runs; for reproducible runs set actor_rollout_ref.rollout.agent.default_agent_loop="
+                        "vexact_single_turn_agent (vexact_verl.agent_loop)", self.replica_rank)  # fmt: skip
         while self._paused:  # a weight sync is under way: wait for it (or be told to re-route)
             if self._reject:
                 steps = {"global_steps": self.global_steps}

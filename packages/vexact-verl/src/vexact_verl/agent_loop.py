@@ -1,0 +1,65 @@
+"""Sampling seeds from the sample, not from arrival order: verl's single-turn agent loop with a per-request seed.
+
+verl 0.9.1's agent loops send no ``seed``, so every rollout backend draws with a seed of its own: the vexact engine
+derives one from its seed and the order in which requests reach it, which depends on Ray's and asyncio's scheduling,
+on which replica a request lands, and restarts at zero when a job is resumed. Two runs of the same job then sample
+different tokens from the first step.
+
+:class:`SeededSingleTurnAgentLoop` is verl's ``SingleTurnAgentLoop`` with one change: the request carries
+``seed = sample_seed(rollout.seed, global_steps, index, session_id, raw_prompt)``, i.e. a function of the trainer
+step the prompt was drawn at, the prompt's dataset index and content, and which of the ``rollout.n`` samples this is.
+The engine keys every draw by (request seed, token index), so the tokens drawn are a function of the sample alone,
+whatever the arrival order, the batch or the replica. Select it with
+``actor_rollout_ref.rollout.agent.default_agent_loop=vexact_single_turn_agent``: importing this module puts the
+name in verl's agent-loop table, and :func:`vexact_verl.register` imports it (in every Ray worker, as for the rollout).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from verl.experimental.agent_loop.agent_loop import register
+from verl.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentLoop
+
+AGENT_LOOP_NAME = "vexact_single_turn_agent"
+
+
+def sample_seed(base: int, step: int, index: int, session: int, prompt: Any = None) -> int:
+    """A 63-bit sampling seed for sample ``session`` of dataset row ``index`` drawn at trainer step ``step``.
+
+    ``prompt`` (the raw chat messages) is mixed in so that rows without a distinct ``extra_info.index`` (verl then
+    reads 0 for every row) still get distinct seeds. blake2b, not Python's ``hash``: the latter is salted per process.
+    """
+    if hasattr(prompt, "tolist"):  # a numpy array of messages: its str() would abridge long arrays
+        prompt = prompt.tolist()
+    text = json.dumps(prompt, sort_keys=True, default=str) if prompt is not None else ""
+    key = f"{int(base)}:{int(step)}:{int(index)}:{int(session)}:{text}".encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") >> 1
+
+
+@register(AGENT_LOOP_NAME)
+class SeededSingleTurnAgentLoop(SingleTurnAgentLoop):
+    """verl's single-turn agent loop whose request carries a seed derived from the sample (module docstring)."""
+
+    async def run(self, sampling_params: dict[str, Any], **kwargs) -> Any:
+        missing = [k for k in ("global_steps", "index", "session_id") if k not in kwargs]
+        if missing:
+            raise ValueError(
+                f"agent loop {AGENT_LOOP_NAME!r} derives each request's seed from the prompt's global_steps, index "
+                f"and session_id; this sample has no {missing} (verl's V1 trainer, trainer.use_v1=True, passes them)"
+            )
+        seed = sample_seed(
+            self.rollout_config.seed,
+            _scalar(kwargs["global_steps"]),
+            _scalar(kwargs["index"]),
+            _scalar(kwargs["session_id"]),
+            kwargs.get("raw_prompt"),
+        )
+        return await super().run({**sampling_params, "seed": seed}, **kwargs)
+
+
+def _scalar(value: Any) -> int:
+    """An int from verl's per-sample values (Python or numpy ints, 0-d tensors)."""
+    return int(value.item() if hasattr(value, "item") else value)
