@@ -6,7 +6,8 @@
 #   DATA_DIR       the data root examples/data/prepare.py writes: DATA_DIR/<dataset>/{train,test}.parquet
 #   NNODES         nodes in the Ray cluster (default: the recipe's)
 #   GPUS_PER_NODE  GPUs per node (default: the recipe's; at most the GPUs visible on this node)
-#   RUN_DIR        where metrics (RUN_DIR/metrics.jsonl, verl's file logger), checkpoints and Hydra's files go
+#   RUN_DIR        where metrics (RUN_DIR/metrics.jsonl, verl's file logger; VERL_FILE_LOGGER_PATH to put them
+#                  elsewhere), checkpoints and Hydra's files go (default outputs/recipes/<recipe>)
 #   SMOKE=1        a small run: batch, lengths and steps shrink (2 steps); every other setting stays the recipe's
 #   VERL_PLATFORM=cpu  runs on CPU (packages/vexact-verl/README.md, "verl on CPU"); no GPU count is checked then
 # Arguments after the script are Hydra overrides, passed to verl last (so they win).
@@ -82,8 +83,8 @@ launch() {
     trainer.logger='["console","file"]' \
     trainer.project_name=vexact_recipes \
     trainer.experiment_name="$RECIPE" \
-    trainer.default_local_dir="$RUN_DIR/checkpoints" \
-    hydra.run.dir="$RUN_DIR/hydra" \
+    trainer.default_local_dir="$RUN_DIR/checkpoints/$RECIPE" \
+    hydra.run.dir="$RUN_DIR/hydra/$RECIPE" \
     "$@"
 }
 

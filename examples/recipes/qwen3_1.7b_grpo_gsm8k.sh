@@ -25,7 +25,7 @@ launch "${VEXACT[@]}" \
   actor_rollout_ref.model.enable_gradient_checkpointing=True \
   actor_rollout_ref.actor.optim.lr=1e-6 \
   actor_rollout_ref.actor.ppo_mini_batch_size="$(pick 64 2)" \
-  actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu="$(pick 16 2)" \
+  actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu="$(pick 16 10)" \
   actor_rollout_ref.actor.use_kl_loss=True \
   actor_rollout_ref.actor.kl_loss_coef=0.001 \
   actor_rollout_ref.actor.kl_loss_type=low_var_kl \
@@ -34,8 +34,8 @@ launch "${VEXACT[@]}" \
   actor_rollout_ref.rollout.n=5 \
   actor_rollout_ref.rollout.temperature=1.0 \
   actor_rollout_ref.rollout.gpu_memory_utilization=0.5 \
-  actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu="$(pick 32 2)" \
-  actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu="$(pick 32 2)" \
+  actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu="$(pick 32 10)" \
+  actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu="$(pick 32 10)" \
   actor_rollout_ref.rollout.val_kwargs.do_sample=False \
   actor_rollout_ref.rollout.val_kwargs.n=1 \
   trainer.val_before_train=True \
