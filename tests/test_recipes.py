@@ -15,6 +15,7 @@ the rest run with ``VEXACT_RECIPE_SMOKE=all`` (skipped otherwise, with that reas
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -77,17 +78,21 @@ def data_dir(tmp_path_factory) -> Path:
 
 def tiny_model(family: str, out: Path) -> Path:
     """The family's committed tiny checkpoint with a chat template (verl's dataset formats prompts with it); for
-    deepseek_v3 also DeepSeek's special tokens, which verl's token builder for that model_type requires."""
-    import importlib.util
-
-    from vexact_models import default_checkpoint, load_model
+    deepseek_v3 also DeepSeek's special tokens, which verl's token builder for that model_type requires. Where the
+    embeddings are tied (tiny-llama) the weights are drawn again with embeddings of std 1/sqrt(hidden), as
+    examples/verl_grpo/make_model.py draws them: N(0, 1) tied embeddings give a one-hot policy (entropy ~1e-12, every
+    logprob 0, every response alike), on which a zero K3 KL would prove nothing."""
+    from vexact_models import default_checkpoint, load_model, random_model, save_checkpoint
 
     spec = importlib.util.spec_from_file_location("examples_make_model", ROOT / "examples/verl_grpo/make_model.py")
     make_model = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(make_model)
     shutil.copytree(default_checkpoint(family), out)
+    cfg = load_model(out).config
+    if cfg.tie_word_embeddings:
+        save_checkpoint(random_model(cfg, 0, embed_std=cfg.hidden_size**-0.5), out)
     if family == "deepseek_v3":
-        make_model._deepseek_tokenizer(out, load_model(out).config)
+        make_model._deepseek_tokenizer(out, cfg)
     tok_cfg = out / "tokenizer_config.json"
     meta = json.loads(tok_cfg.read_text())
     meta["chat_template"] = make_model.DEEPSEEK_CHAT_TEMPLATE if family == "deepseek_v3" else make_model.CHAT_TEMPLATE
@@ -120,6 +125,7 @@ def test_recipe_runs_two_steps_on_cpu_with_zero_k3_kl(name, data_dir, tmp_path):
         assert m["rollout_corr/k3_kl"] == 0.0, (name, step, m["rollout_corr/k3_kl"])
         assert m["training/rollout_probs_diff_max"] == 0.0, (name, step, m["training/rollout_probs_diff_max"])
         assert m["actor/grad_norm"] > 0.0, (name, step)  # a real update: step 2 samples from synced new weights
+        assert m["actor/entropy"] > 0.1, (name, step)  # a policy that samples, whose logprobs are not all 0
     assert val_key in steps[-1], (name, sorted(k for k in steps[-1] if k.startswith("val")))
 
 
@@ -150,6 +156,13 @@ def test_recipes_refuse_bad_input_naming_the_value(tmp_path):
         (tmp_path / "data" / f).write_bytes(b"")
     assert "PP=3 must be a positive integer that divides GPUS_PER_NODE=8" in _refusal(dapo, tmp_path, PP="3")
     assert "ALGO must be grpo or reinforce_pp, got 'ppo'" in _refusal("moonlight_16b_a3b", tmp_path, ALGO="ppo")
+    pair = "r1_distill_qwen_1.5b_verify_pair_math"
+    for f in ("math/train.parquet", "aime25/test.parquet"):
+        (tmp_path / "data" / f).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "data" / f).write_bytes(b"")
+    assert "ARMS: unknown arm 'sglang' (vllm, vexact)" in _refusal(pair, tmp_path, ARMS="vexact sglang")
+    if importlib.util.find_spec("vllm") is None:
+        assert "ARMS includes vllm but vLLM is not importable" in _refusal(pair, tmp_path)
 
 
 def test_recipes_refuse_more_gpus_than_visible(tmp_path):

@@ -69,8 +69,9 @@ launch() {
     entry=$2
     shift 2
   fi
+  # verl's file logger starts the file afresh; a rerun in the same RUN_DIR resumes from its last checkpoint (verl's
+  # trainer.resume_mode=auto)
   export VERL_FILE_LOGGER_PATH=${VERL_FILE_LOGGER_PATH:-$RUN_DIR/metrics.jsonl}
-  rm -f "$VERL_FILE_LOGGER_PATH"
   cd "$ROOT"
   echo "== $RECIPE: $NNODES node(s) x $GPUS_PER_NODE GPU(s), SMOKE=$SMOKE, metrics in $VERL_FILE_LOGGER_PATH"
   python3 -m "$entry" \
