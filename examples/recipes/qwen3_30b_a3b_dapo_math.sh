@@ -12,13 +12,14 @@
 # whose 16 answers are all right or all wrong are dropped and refilled, metric acc); overlong shaping (verl's dapo
 # reward manager: a penalty growing linearly to -1 over the last 4096 tokens of the 20480 allowed). 128 prompts x 16
 # responses a step, 4 mini-batches of 32 prompts, lr 1e-6 with 10 warm-up steps, weight decay 0.1, gradient clip 1.0.
-# Also read: PP (rollout pipeline stages, default 2), KV_BLOCKS (KV pages per stage, same on every stage; default
-# 8192 pages of 16 tokens). Environment and SMOKE=1: examples/recipes/common.sh.
+# Also read: PP (rollout pipeline stages, default 2), KV_BLOCKS (KV pages of 16 tokens per stage, the same on every
+# stage; default 32768: 24 of the 48 layers at 48 KiB a token make 24 GiB beside a stage's 30.5 GB of weights).
+# Environment and SMOKE=1: examples/recipes/common.sh.
 source "$(dirname "$0")/common.sh"
 recipe_init qwen3-30b-a3b-dapo-math 1 8
 need_data dapo_math/train.parquet aime24/test.parquet
 PP=${PP:-2}
-KV_BLOCKS=${KV_BLOCKS:-8192}
+KV_BLOCKS=${KV_BLOCKS:-32768}
 [[ "$PP" =~ ^[1-9][0-9]*$ ]] && [ $((GPUS_PER_NODE % PP)) = 0 ] \
   || die "PP=$PP must be a positive integer that divides GPUS_PER_NODE=$GPUS_PER_NODE"
 RESP=$(pick 20480 16)

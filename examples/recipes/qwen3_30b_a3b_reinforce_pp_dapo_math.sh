@@ -17,7 +17,7 @@ source "$(dirname "$0")/common.sh"
 recipe_init qwen3-30b-a3b-reinforce-pp-dapo-math 4 8
 need_data dapo_math/train.parquet aime24/test.parquet
 PP=${PP:-2}
-KV_BLOCKS=${KV_BLOCKS:-8192}
+KV_BLOCKS=${KV_BLOCKS:-32768}
 [[ "$PP" =~ ^[1-9][0-9]*$ ]] && [ $((GPUS_PER_NODE % PP)) = 0 ] \
   || die "PP=$PP must be a positive integer that divides GPUS_PER_NODE=$GPUS_PER_NODE"
 
