@@ -33,7 +33,8 @@ only_with_all = pytest.mark.skipif(not ALL, reason="a 2-4 minute CPU verl run: V
 # recipe -> (tiny checkpoint family, extra environment, the validation key logged at the last step)
 RUNS = {
     "qwen3_1.7b_grpo_gsm8k": ("qwen3", {}, "val-core/openai/gsm8k/acc/mean@1"),
-    "qwen3_30b_a3b_dapo_math": ("qwen3_moe", {"PP": "1"}, "val-aux/aime24/overlong_reward/mean@2"),
+    # the recipe's own PP=2: one rollout replica of 2 pipeline stages, the actor FSDP over 2 ranks (gloo)
+    "qwen3_30b_a3b_dapo_math": ("qwen3_moe", {"GPUS_PER_NODE": "2"}, "val-aux/aime24/overlong_reward/mean@2"),
     "qwen3_30b_a3b_reinforce_pp_dapo_math": ("qwen3_moe", {"PP": "1"}, "val-core/aime24/acc/mean@2"),
     "moonlight_16b_a3b-grpo": ("deepseek_v3", {"ALGO": "grpo"}, "val-core/openai/gsm8k/acc/mean@1"),
     "moonlight_16b_a3b-reinforce_pp": ("deepseek_v3", {"ALGO": "reinforce_pp"}, "val-core/aime24/acc/mean@2"),
@@ -42,7 +43,7 @@ RUNS = {
 }
 DEFAULT_SUITE = {"qwen3_1.7b_grpo_gsm8k"}
 CPU_OVERRIDES = [
-    "+ray_kwargs.ray_init.num_gpus=1", "+ray_kwargs.ray_init.num_cpus=16",
+    "+ray_kwargs.ray_init.num_cpus=16",
     "+ray_kwargs.ray_init.include_dashboard=False", "reward.num_workers=1",
     "actor_rollout_ref.rollout.agent.num_workers=1", "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
     "data.dataloader_num_workers=0", f"reward.custom_reward_function.path={ROOT / 'examples/verl_grpo/reward.py'}",
@@ -114,9 +115,10 @@ def test_recipe_runs_two_steps_on_cpu_with_zero_k3_kl(name, data_dir, tmp_path):
     model = tiny_model(family, tmp_path / "model")
     run_dir = tmp_path / "run"
     env = _env(VERL_PLATFORM="cpu", SMOKE="1", MODEL_DIR=str(model), DATA_DIR=str(data_dir), RUN_DIR=str(run_dir),
-               NNODES="1", GPUS_PER_NODE="1", **extra)  # fmt: skip
-    proc = subprocess.run(["bash", str(_recipe(name)), *CPU_OVERRIDES], env=env, cwd=tmp_path, capture_output=True,
-                          text=True, timeout=1200)  # fmt: skip
+               NNODES="1", **{"GPUS_PER_NODE": "1", **extra})  # fmt: skip
+    gpus = f"+ray_kwargs.ray_init.num_gpus={env['GPUS_PER_NODE']}"  # Ray's GPU slots, declared (VERL_PLATFORM=cpu)
+    proc = subprocess.run(["bash", str(_recipe(name)), gpus, *CPU_OVERRIDES], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=1200)  # fmt: skip
     assert proc.returncode == 0, f"{name}: rc {proc.returncode}\n{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}"
     (metrics,) = [p for p in run_dir.glob("*.jsonl")]
     records = sorted((json.loads(line) for line in metrics.read_text().splitlines() if line.strip()),
