@@ -9,8 +9,9 @@ DAPO's dynamic sampling would drop every group: the runs score with examples/ver
 plus a small credit for digits), passed as a Hydra override like the CPU settings; verl's scorers on these data are
 tested in tests/test_data_prepare.py.
 
-Cost: one run is 1.5 to 4 minutes on 2 cores, so the default suite runs one recipe (Qwen3-1.7B GRPO on GSM8K) and
-the rest run with ``VEXACT_RECIPE_SMOKE=all`` (skipped otherwise, with that reason).
+Cost on 2 cores: one run takes about 70 s (Qwen3-1.7B GRPO, cores otherwise idle) to 3 minutes (MoE recipes, cores
+shared), all seven about 18 minutes; so the default suite runs one recipe (Qwen3-1.7B GRPO on GSM8K) and the rest
+run with ``VEXACT_RECIPE_SMOKE=all`` (skipped otherwise, with that reason).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ROOT / "examples/recipes"
 ALL = os.environ.get("VEXACT_RECIPE_SMOKE") == "all"
-only_with_all = pytest.mark.skipif(not ALL, reason="a 2-4 minute CPU verl run: VEXACT_RECIPE_SMOKE=all runs it")
+only_with_all = pytest.mark.skipif(not ALL, reason="a 1-3 minute CPU verl run: VEXACT_RECIPE_SMOKE=all runs it")
 
 # recipe -> (tiny checkpoint family, extra environment, the validation key logged at the last step)
 RUNS = {
