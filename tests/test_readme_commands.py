@@ -30,6 +30,7 @@ RUN = {  # command -> arguments appended (keeps the run to seconds)
     "python examples/getting_started/plot.py": "",
     "python examples/tim_study/sweep.py": "--steps 1 --magnitudes 0,0.1 --corrections none",
     "python examples/tim_study/plot.py outputs/tim_study/cpu.jsonl": "",
+    "python examples/data/prepare.py gsm8k --out outputs/data --from examples/data/samples/gsm8k.jsonl": "",
 }
 GPU = {
     "python examples/tim_study/sweep.py --device cuda --model-size small --steps 60 --out outputs/tim_study/gpu.jsonl",
@@ -70,6 +71,13 @@ ELSEWHERE = {
     "+ray_kwargs.ray_init.num_gpus=1 +ray_kwargs.ray_init.num_cpus=16 data.train_batch_size=8 "
     "actor_rollout_ref.actor.ppo_mini_batch_size=8 reward.num_workers=1 "
     "actor_rollout_ref.rollout.agent.num_workers=1": "tests/test_verl_grpo_cpu.py (about 5 minutes)",
+    "python examples/data/prepare.py dapo_math --out data": "needs the hub; the hub path: tests/test_data_prepare.py",
+    "MODEL_DIR=/models/Qwen3-1.7B DATA_DIR=data bash examples/recipes/qwen3_1.7b_grpo_gsm8k.sh "
+    "trainer.total_epochs=3": "a GPU and a real checkpoint; every recipe with SMOKE=1 on CPU: tests/test_recipes.py",
+    "ray start --head --port=6379": "a Ray cluster of several nodes",
+    "ray start --address=HEAD_IP:6379": "a Ray cluster of several nodes",
+    "NNODES=4 GPUS_PER_NODE=8 MODEL_DIR=/shared/Qwen3-30B-A3B DATA_DIR=/shared/data bash "
+    "examples/recipes/qwen3_30b_a3b_reinforce_pp_dapo_math.sh": "4 nodes of 8 GPUs; SMOKE=1: tests/test_recipes.py",
 }
 
 
