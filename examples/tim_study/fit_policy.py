@@ -199,8 +199,8 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(1)
     r = fit(args)
     print(
-        f"{r['preset']} ({r['parameters'] / 1e6:.1f}M parameters): {r['steps']} steps in {r['seconds']:.0f} s; held-out "
-        f"reward at temperature 1 {r['reward']:.3f} (engine), p(worked solution) {r['p_solution']:.3f}"
+        f"{r['preset']} ({r['parameters'] / 1e6:.1f}M parameters): {r['steps']} steps in {r['seconds']:.0f} s; "
+        f"held-out reward at temperature 1 {r['reward']:.3f} (engine), p(worked solution) {r['p_solution']:.3f}"
     )
     if not r["reached_target"]:
         print(f"fit_policy.py: warning: --target {args.target} not reached in {args.steps} steps", file=sys.stderr)
