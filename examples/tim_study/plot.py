@@ -1,6 +1,6 @@
-"""One figure of a TIM sweep: reward, K3 KL and gradient norm per step (rows), one column per rollout correction,
-one line per arm (a mismatch magnitude or an engine; the mean over seeds when the sweep ran several, each seed faint
-behind it).
+"""One figure of a TIM sweep: reward, K3 KL, gradient norm and entropy per step (rows), one column per rollout
+correction, one line per arm (a mismatch magnitude or an engine; the mean over seeds when the sweep ran several, each
+seed faint behind it).
 
     python examples/tim_study/plot.py                                   # outputs/tim_study/cpu.jsonl -> cpu.png
     python examples/tim_study/plot.py examples/tim_study/results/h200.jsonl   # -> results/h200.png
@@ -31,9 +31,10 @@ def plot(path: str | Path) -> Path:
         ("reward", "reward", "linear"),
         ("k3_kl", "K3 KL (rollout || trainer)", "symlog"),
         ("grad_norm", "grad norm", "linear"),
+        ("entropy", "trainer entropy", "linear"),
     )
     fig, axes = plt.subplots(
-        len(metrics), len(corrections), figsize=(4.2 * len(corrections), 8), squeeze=False, sharex=True
+        len(metrics), len(corrections), figsize=(4.2 * len(corrections), 10), squeeze=False, sharex=True
     )
     colors = plt.cm.viridis([i / max(1, len(arms) - 1) for i in range(len(arms))])
     for j, corr in enumerate(corrections):
