@@ -22,10 +22,13 @@ processes share one GPU.
 from __future__ import annotations
 
 import argparse
+import datetime
 import importlib.util
 import json
 import math
 import random
+import shlex
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -195,6 +198,25 @@ def calibrate(args, grpo, model: str, task: str) -> dict:
     return cal
 
 
+def meta_path(out: Path) -> Path:
+    return out.with_name(out.stem + ".meta.jsonl")
+
+
+def run_record(device: str, argv: list[str] | None) -> dict:
+    """Date, device, commit and command line of one sweep invocation."""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True, text=True)
+    except OSError:  # no git: a copy of the examples outside a checkout
+        commit = subprocess.CompletedProcess([], 1, "", "")
+    return {
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "device": torch.cuda.get_device_name() if device == "cuda" else f"cpu ({torch.get_num_threads()} threads)",
+        "torch": torch.__version__,
+        "commit": commit.stdout.strip() or "unknown",
+        "command": shlex.join(["python", "examples/tim_study/sweep.py", *(sys.argv[1:] if argv is None else argv)]),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     grpo = _grpo()
@@ -259,6 +281,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     else:
         out.write_text("")
+    with meta_path(out).open("a") as f:  # who ran what where, one line per invocation, for report.py's header
+        f.write(json.dumps(run_record(args.device, argv)) + "\n")
     tmp = out.parent / f".{out.stem}.tmp.jsonl"
     t0 = time.perf_counter()
     cells = [
