@@ -157,13 +157,17 @@ def report(paths: list[Path], out: Path) -> Path:
     return md
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
     ap.add_argument("sweeps", nargs="+", help="sweep.py's JSONL files (one per shard)")
     ap.add_argument("--out", default="outputs/tim_study/study", help="prefix of the .jsonl, .png and .md written")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     missing = [p for p in args.sweeps if not Path(p).is_file()]
     if missing:
         print(f"report.py: error: {missing[0]!r}: no such file (sweep.py writes it)", file=sys.stderr)
