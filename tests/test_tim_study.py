@@ -136,3 +136,18 @@ def test_collapse_step_definition():
     assert collapse_step(_run([0.5] * 50 + [0.0] * 20 + [0.5] * 30)) is None  # below half for 15 steps only
     assert collapse_step(_run([0.5] * 50, [1.0] * 30 + [11.0] + [1.0] * 19)) == 30  # grad norm > 10x the median
     assert collapse_step(_run([0.5] * 50, [1.0] * 40 + [float("nan")] + [1.0] * 9)) == 40
+
+
+def test_jobs_split_the_cells_into_shards_that_the_report_merges(fitted, tmp_path):
+    out = tmp_path / "study.jsonl"
+    args = ["--from-fitted", str(fitted / "policy"), *SMALL, "--arms", "exact,fast", "--corrections", "none"]
+    assert _load("sweep").main([*args, "--steps", "1", "--jobs", "2", "--out", str(out)]) == 0
+    shards = [
+        [json.loads(line)["arm"] for line in (tmp_path / f"study-{i}.jsonl").read_text().splitlines()] for i in (0, 1)
+    ]
+    assert shards == [["exact"], ["fast"]] and not out.exists()
+    md = _load("report").report(sorted(tmp_path.glob("study-*.jsonl")), tmp_path / "merged")  # .meta.jsonl skipped
+    assert [line.split(" | ")[0] for line in md.read_text().splitlines() if line.startswith("| ")][1:] == [
+        "| exact",
+        "| fast",
+    ]

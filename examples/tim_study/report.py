@@ -128,7 +128,7 @@ def _plot():
 def report(paths: list[Path], out: Path) -> Path:
     """Merge ``paths`` into ``<out>.jsonl``, draw ``<out>.png`` and write ``<out>.md``; returns the .md path."""
     rows, meta = [], []
-    for p in paths:
+    for p in [p for p in paths if not p.name.endswith(".meta.jsonl")]:  # a shell glob of the shards matches those
         rows += [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
         m = p.with_name(p.stem + ".meta.jsonl")
         if m.is_file():

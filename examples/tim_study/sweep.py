@@ -77,6 +77,10 @@ def parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--resume", action="store_true", help="keep --out and skip the cells complete in it")
     ap.add_argument("--shard", default="0/1", help="I/N: run cells I, I+N, I+2N, ... (N processes, one file each)")
+    ap.add_argument(
+        "--jobs", type=int, default=1, help="run the cells in this many processes (shard I writes <out stem>-I.jsonl, "
+        "its log beside it; report.py merges them)"
+    )  # fmt: skip
     ap.add_argument("--out", default=str(OUTPUTS / "cpu.jsonl"), help="JSONL file, one line per step per run")
     return ap
 
@@ -198,6 +202,25 @@ def calibrate(args, grpo, model: str, task: str) -> dict:
     return cal
 
 
+def run_jobs(args, argv: list[str], out: Path) -> int:
+    """Run the sweep as ``args.jobs`` processes, shard I (of ``args.jobs``) writing ``<out stem>-I.jsonl``; each
+    checks its cells itself. The exit status is the worst of theirs."""
+    procs = []
+    for i in range(args.jobs):
+        shard_out = out.with_name(f"{out.stem}-{i}.jsonl")
+        log = shard_out.with_suffix(".log").open("a")
+        cmd = [sys.executable, str(Path(__file__).resolve()), *argv, "--jobs", "1", "--shard", f"{i}/{args.jobs}"]
+        procs.append((subprocess.Popen([*cmd, "--out", str(shard_out)], stdout=log, stderr=subprocess.STDOUT), log))
+        print(f"shard {i}/{args.jobs}: {shard_out} (log {shard_out.with_suffix('.log')})", flush=True)
+    codes = []
+    for proc, log in procs:
+        codes.append(proc.wait())
+        log.close()
+    merge = f"python examples/tim_study/report.py {out.parent / out.stem}-*.jsonl"
+    print(f"shards done, exit statuses {codes}; merge them: {merge}")
+    return max(codes)
+
+
 def meta_path(out: Path) -> Path:
     return out.with_name(out.stem + ".meta.jsonl")
 
@@ -221,6 +244,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     grpo = _grpo()
     try:
+        grpo.check(grpo.RunConfig(device=args.device))  # before anything else (a missing calibration, say)
+    except grpo.UsageError as e:
+        print(f"sweep.py: error: {e}", file=sys.stderr)
+        return 2
+    try:
+        if args.jobs < 1:
+            raise SweepError(f"--jobs {args.jobs}: must be >= 1")
         seeds = _numbers(args.seeds, int, "--seeds")
         shard, _, n_shards = args.shard.partition("/")
         if not (shard.isdigit() and n_shards.isdigit() and int(shard) < int(n_shards)):
@@ -265,6 +295,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    if args.jobs > 1:
+        return run_jobs(args, sys.argv[1:] if argv is None else list(argv), out)
     done: set[tuple] = set()
     if args.resume and out.is_file():
         rows = []
