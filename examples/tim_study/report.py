@@ -50,11 +50,13 @@ def collapse_step(rows: list[dict]) -> int | None:
 
 
 def _runs(rows: list[dict]) -> dict[tuple, dict[int, list[dict]]]:
-    """(arm, correction) -> seed -> that run's rows."""
+    """(arm, correction, lr) -> seed -> that run's rows."""
     out: dict[tuple, dict[int, list[dict]]] = {}
     for r in rows:
         arm = r.get("arm") or f"noise:{r['logit_noise_std']:g}"
-        out.setdefault((arm, r["rollout_correction"]), {}).setdefault(r.get("seed", 0), []).append(r)
+        out.setdefault((arm, r["rollout_correction"], r.get("lr") or 0.0), {}).setdefault(r.get("seed", 0), []).append(
+            r
+        )
     return out
 
 
@@ -65,10 +67,10 @@ def _spread(values: list[float], fmt: str) -> str:
 
 
 def summarize(rows: list[dict]) -> list[dict]:
-    """One entry per (arm, correction): per-seed values and their mean and spread."""
+    """One entry per (arm, correction, lr): per-seed values and their mean and spread."""
     out = []
-    order = lambda k: (k[0] != "exact", k[0] == "fast", k[0], k[1])  # noqa: E731
-    for (arm, corr), seeds in sorted(_runs(rows).items(), key=lambda kv: order(kv[0])):
+    order = lambda k: (k[2], k[0] != "exact", k[0] == "fast", k[0], k[1])  # noqa: E731
+    for (arm, corr, lr), seeds in sorted(_runs(rows).items(), key=lambda kv: order(kv[0])):
         per_seed = []
         for seed, run in sorted(seeds.items()):
             run = sorted(run, key=lambda r: r["step"])
@@ -87,16 +89,19 @@ def summarize(rows: list[dict]) -> list[dict]:
                     "collapse_step": collapse_step(run),
                 }
             )
-        out.append({"arm": arm, "correction": corr, "noise_std": seeds[next(iter(seeds))][0]["logit_noise_std"],
-                    "seeds": per_seed})  # fmt: skip
+        out.append({"arm": arm, "correction": corr, "lr": lr, "seeds": per_seed,
+                    "noise_std": seeds[next(iter(seeds))][0]["logit_noise_std"]})  # fmt: skip
     return out
 
 
 def table(summary: list[dict]) -> str:
     """The Markdown table: mean ± standard deviation over seeds; collapse as collapsed/seeds and the mean step."""
+    several_lrs = len({s["lr"] for s in summary}) > 1
     head = (
-        "| arm | correction | noise std | seeds | steps | reward start | reward peak | reward final | K3 KL (mean) | "
-        "grad norm (mean) | entropy final | collapsed (step) |\n" + "|---" * 12 + "|\n"
+        "| "
+        + "lr | " * several_lrs
+        + "arm | correction | noise std | seeds | steps | reward start | reward peak | reward final | K3 KL (mean) | "
+        "grad norm (mean) | entropy final | collapsed (step) |\n" + "|---" * (12 + several_lrs) + "|\n"
     )
     lines = []
     exact_corrections = {s["correction"] for s in summary if s["arm"] == "exact"}
@@ -109,7 +114,9 @@ def table(summary: list[dict]) -> str:
         if s["arm"] == "exact" and exact_corrections == {"none"}:
             corr = "any (bitwise the same run)"  # sweep.py runs exact once: TIS and MIS are no-ops at ratio 1
         lines.append(
-            f"| {s['arm']} | {corr} | {s['noise_std']:g} | {len(ps)} | {min(col('steps'))} | "
+            "| "
+            + f"{s['lr']:g} | " * several_lrs
+            + f"{s['arm']} | {corr} | {s['noise_std']:g} | {len(ps)} | {min(col('steps'))} | "
             f"{_spread(col('reward_start'), '.3f')} | {_spread(col('reward_peak'), '.3f')} | "
             f"{_spread(col('reward_final'), '.3f')} | {_spread(col('k3_kl'), '.2e')} | "
             f"{_spread(col('grad_norm'), '.3f')} | {_spread(col('entropy_final'), '.3f')} | "
@@ -140,7 +147,8 @@ def report(paths: list[Path], out: Path) -> Path:
     merged = out.with_suffix(".jsonl")
     merged.write_text("".join(json.dumps(r) + "\n" for r in rows))
     png = _plot().plot(merged)
-    header = [f"Runs of `{rows[0]['model']}` on task `{rows[0]['task']}`, lr {rows[0].get('lr', 'unknown')}."]
+    lrs = ", ".join(f"{lr:g}" for lr in sorted({r["lr"] for r in rows if r.get("lr")})) or "not recorded"
+    header = [f"Runs of `{rows[0]['model']}` on task `{rows[0]['task']}`, lr {lrs}."]
     for m in meta:
         header.append(f"- {m['date']}, {m['device']}, torch {m['torch']}, commit {m['commit']}: "
                       f"`{m['command']}`")  # fmt: skip

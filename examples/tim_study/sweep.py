@@ -62,7 +62,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--steps", type=int, default=20, help="GRPO steps per run")
     ap.add_argument("--prompts-per-step", type=int, default=8, help="distinct prompts per step")
     ap.add_argument("--group-size", type=int, default=8, help="samples per prompt (the GRPO group)")
-    ap.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate")
+    ap.add_argument("--lr", default="3e-3", help="AdamW learning rate; several, comma-separated: each cell per lr")
     ap.add_argument("--seeds", default="0", help="comma-separated run seeds (prompts and draws); each cell per seed")
     ap.add_argument("--task", default="succ", help="add, add_mod10, succ or chain (examples/getting_started/grpo.py)")
     ap.add_argument(
@@ -147,11 +147,16 @@ def resolve_arms(args, calibration_path: Path) -> list[dict]:
     return arms
 
 
+def _cell(r: dict) -> tuple:
+    """The cell a row belongs to: (arm, correction, seed, lr)."""
+    return r.get("arm"), r["rollout_correction"], r.get("seed", 0), r.get("lr")
+
+
 def _complete(rows: list[dict], steps: int) -> set[tuple]:
-    """The cells (arm, correction, seed) of ``rows`` that have every step 0..steps-1."""
+    """The cells of ``rows`` (:func:`_cell`) that have every step 0..steps-1."""
     seen: dict[tuple, set] = {}
     for r in rows:
-        seen.setdefault((r.get("arm"), r["rollout_correction"], r.get("seed", 0)), set()).add(r["step"])
+        seen.setdefault(_cell(r), set()).add(r["step"])
     return {k for k, v in seen.items() if v >= set(range(steps))}
 
 
@@ -229,13 +234,14 @@ def run_record(device: str, argv: list[str] | None) -> dict:
     """Date, device, commit and command line of one sweep invocation."""
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True, text=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "-uno"], cwd=HERE, capture_output=True, text=True)
     except OSError:  # no git: a copy of the examples outside a checkout
-        commit = subprocess.CompletedProcess([], 1, "", "")
+        commit = dirty = subprocess.CompletedProcess([], 1, "", "")
     return {
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "device": torch.cuda.get_device_name() if device == "cuda" else f"cpu ({torch.get_num_threads()} threads)",
         "torch": torch.__version__,
-        "commit": commit.stdout.strip() or "unknown",
+        "commit": (commit.stdout.strip() or "unknown") + (" with local changes" if dirty.stdout.strip() else ""),
         "command": shlex.join(["python", "examples/tim_study/sweep.py", *(sys.argv[1:] if argv is None else argv)]),
     }
 
@@ -252,6 +258,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.jobs < 1:
             raise SweepError(f"--jobs {args.jobs}: must be >= 1")
         seeds = _numbers(args.seeds, int, "--seeds")
+        lrs = _numbers(args.lr, float, "--lr")
+        if not all(math.isfinite(lr) and lr > 0 for lr in lrs):
+            raise SweepError(f"--lr {args.lr!r}: every learning rate must be a finite number > 0")
         shard, _, n_shards = args.shard.partition("/")
         if not (shard.isdigit() and n_shards.isdigit() and int(shard) < int(n_shards)):
             raise SweepError(f"--shard {args.shard!r}: expected I/N with 0 <= I < N")
@@ -306,11 +315,7 @@ def main(argv: list[str] | None = None) -> int:
             except json.JSONDecodeError:
                 pass  # a line cut by a kill mid-write; its cell runs again
         done = _complete(rows, args.steps)
-        out.write_text(
-            "".join(
-                json.dumps(r) + "\n" for r in rows if (r.get("arm"), r["rollout_correction"], r.get("seed", 0)) in done
-            )
-        )
+        out.write_text("".join(json.dumps(r) + "\n" for r in rows if _cell(r) in done))
     else:
         out.write_text("")
     with meta_path(out).open("a") as f:  # who ran what where, one line per invocation, for report.py's header
@@ -318,14 +323,16 @@ def main(argv: list[str] | None = None) -> int:
     tmp = out.parent / f".{out.stem}.tmp.jsonl"
     t0 = time.perf_counter()
     cells = [
-        (arm, correction, int(seed))
+        (arm, correction, int(seed), lr)
+        for lr in lrs
         for arm in arms
         for correction in (["none"] if args.arms and arm["arm"] == "exact" else corrections)
         for seed in seeds
     ][shard::n_shards]
-    for arm, correction, seed in cells:
-        if (arm["arm"], correction, seed) in done:
-            print(f"{arm['arm']} correction {correction} seed {seed}: complete in {out}, skipped", flush=True)
+    for arm, correction, seed, lr in cells:
+        name = f"{arm['arm']} correction {correction:4s} seed {seed}" + (f" lr {lr:g}" if len(lrs) > 1 else "")
+        if (arm["arm"], correction, seed, lr) in done:
+            print(f"{name}: complete in {out}, skipped", flush=True)
             continue
         cfg = grpo.RunConfig(
             model=model,
@@ -335,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
             steps=args.steps,
             prompts_per_step=args.prompts_per_step,
             group_size=args.group_size,
-            lr=args.lr,
+            lr=lr,
             rollout_correction=correction,
             logit_noise_std=arm["logit_noise_std"],
             seed=seed,
@@ -343,13 +350,13 @@ def main(argv: list[str] | None = None) -> int:
             quiet=True,
         )
         extra = {k: v for k, v in arm.items() if k in ("arm", "k3_target")}
-        rows = [dict(r, seed=seed, lr=args.lr, **extra) for r in grpo.run(cfg)]
+        rows = [dict(r, seed=seed, lr=lr, **extra) for r in grpo.run(cfg)]
         with out.open("a") as f:
             f.write("".join(json.dumps(r) + "\n" for r in rows))
         last = rows[-max(1, len(rows) // 5) :]
         mean = lambda xs, k: sum(r[k] for r in xs) / len(xs)  # noqa: E731
         print(
-            f"{arm['arm']} correction {correction:4s} seed {seed}  reward last 20% {mean(last, 'reward'):.3f}  "
+            f"{name}  reward last 20% {mean(last, 'reward'):.3f}  "
             f"K3 mean {mean(rows, 'k3_kl'):.3e} max {max(r['k3_kl'] for r in rows):.3e}  "
             f"grad_norm mean {mean(rows, 'grad_norm'):.3f}  ({time.perf_counter() - t0:.0f} s)",
             flush=True,
