@@ -61,6 +61,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--steps", type=int, default=3000, help="most optimizer steps (stops earlier at --target)")
     ap.add_argument("--batch-size", type=int, default=128, help="worked solutions per step")
     ap.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate")
+    ap.add_argument("--warmup", type=int, default=20, help="steps of linear learning-rate warm-up from 0")
     ap.add_argument("--eval-every", type=int, default=25, help="steps between held-out evaluations")
     ap.add_argument("--target", type=float, default=0.35, help="stop at the first evaluation at or above this")
     ap.add_argument("--seed", type=int, default=0, help="seed of the initial weights, the split and the batches")
@@ -77,6 +78,8 @@ def check(args: argparse.Namespace) -> None:
         raise ValueError(f"--device {args.device!r}: expected cpu or cuda")
     if args.device == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda: this machine has no CUDA device (torch.cuda.is_available() is False); use cpu")
+    if args.warmup < 0:
+        raise ValueError(f"--warmup {args.warmup}: must be >= 0")
     for name in ("steps", "batch_size", "eval_every"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} {getattr(args, name)}: must be >= 1")
@@ -153,6 +156,8 @@ def fit(args: argparse.Namespace) -> dict:
     step = 0
     for step in bar:
         batch = [rng.choice(train) for _ in range(args.batch_size)]
+        for group in trainer.optimizer.param_groups:  # without warm-up the small preset's loss jumps at step 2
+            group["lr"] = args.lr * min(1.0, step / args.warmup) if args.warmup else args.lr
         m = trainer.train_step(
             RolloutBatch([encode(q) for q, _ in batch], [encode(a) + [eos] for _, a in batch], [1.0] * len(batch))
         )
@@ -175,6 +180,7 @@ def fit(args: argparse.Namespace) -> dict:
         "device": args.device,
         "seed": args.seed,
         "lr": args.lr,
+        "warmup": args.warmup,
         "batch_size": args.batch_size,
         "steps": step,
         "target": args.target,
