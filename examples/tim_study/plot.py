@@ -42,6 +42,8 @@ def plot(path: str | Path) -> Path:
             ax = axes[i][j]
             for arm, color in zip(arms, colors, strict=True):
                 sel = [r for r in rows if r["rollout_correction"] == corr and arm_of(r) == arm]
+                if not sel and arm == "exact":  # sweep.py --arms runs it once: the same run under every correction
+                    sel = [r for r in rows if arm_of(r) == arm]
                 if not sel:
                     continue
                 runs = {}  # seed -> its rows (files written before --seeds have one run, seed 0)
@@ -62,9 +64,13 @@ def plot(path: str | Path) -> Path:
                 ax.set_title(f"rollout correction: {corr}")
             if i == len(metrics) - 1:
                 ax.set_xlabel("GRPO step")
-    axes[0][0].legend(fontsize=7)
+    legend = {}  # every arm once, whichever column drew it
+    for ax in axes[0]:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            legend.setdefault(label, handle)
+    axes[0][0].legend(legend.values(), legend.keys(), fontsize=7)
     fig.suptitle(
-        f"GRPO with injected logit noise on the rollout side ({rows[0]['model']} model, task {rows[0]['task']})"
+        f"GRPO with a training-inference mismatch on the rollouts (model {rows[0]['model']}, task {rows[0]['task']})"
     )
     fig.tight_layout()
     out = Path(path).with_suffix(".png")
