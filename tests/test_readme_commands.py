@@ -33,7 +33,7 @@ RUN = {  # command -> arguments appended (keeps the run to seconds)
     "python examples/tim_study/fit_policy.py --preset tiny --lr 3e-3 --batch-size 64 --out outputs/tim_study/"
     "policy-tiny": "--steps 20 --eval-every 10 --quiet",
     "python examples/tim_study/sweep.py --from-fitted outputs/tim_study/policy-tiny --calibrate --calibration "
-    "outputs/tim_study/calibration-tiny.json": "--calibrate-stds 0.01,0.1 --prompts-per-step 2 --group-size 2",
+    "outputs/tim_study/calibration-tiny.json": "--calibrate-stds 0.01,0.1 --calibrate-prompts 2 --group-size 2",
     "python examples/tim_study/sweep.py --from-fitted outputs/tim_study/policy-tiny --calibration "
     "outputs/tim_study/calibration-tiny.json --arms exact,k3:1.5e-4,k3:1.5e-3,fast --lr 1e-4 --steps 20 --out "
     "outputs/tim_study/study-tiny.jsonl": "--steps 1 --corrections none --prompts-per-step 2 --group-size 2",

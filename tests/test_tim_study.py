@@ -55,7 +55,15 @@ def fitted(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("tim_study")
     fit = ["--preset", "tiny", "--steps", "60", "--eval-every", "30", "--batch-size", "32", "--lr", "3e-3"]
     assert _quiet_threads(_load("fit_policy").main, [*fit, "--out", str(tmp / "policy"), "--quiet"]) == 0
-    cal = ["--from-fitted", str(tmp / "policy"), "--calibrate", "--calibrate-stds", "0.01,0.1", *SMALL]
+    cal = [
+        "--from-fitted",
+        str(tmp / "policy"),
+        "--calibrate",
+        "--calibrate-stds",
+        "0.01,0.1",
+        "--calibrate-prompts",
+        "4",
+    ]
     assert _quiet_threads(_load("sweep").main, [*cal, "--calibration", str(tmp / "cal.json")]) == 0
     return tmp
 
@@ -105,6 +113,9 @@ def test_sweep_arms_from_the_fitted_policy_resume_and_report(fitted, tmp_path, c
     strip = lambda rs: [{k: v for k, v in r.items() if k != "seconds"} for r in rs]  # noqa: E731
     assert strip(again) == strip(rows)
     assert len((tmp_path / "study.meta.jsonl").read_text().splitlines()) == 2  # one line per invocation
+    other = ["--arms", "k3:1.5e-4", "--calibration", str(fitted / "cal.json"), "--out", str(tmp_path / "x.jsonl")]
+    assert _load("sweep").main(other) == 2  # that calibration is of the fitted policy, not of the default model
+    assert "calibrates" in capsys.readouterr().err
     md = _load("report").report([out], tmp_path / "report")
     table = [line for line in md.read_text().splitlines() if line.startswith("| ")]
     assert len(table) == 1 + 3 and table[1].startswith("| exact | any (bitwise the same run) | 0 | 1 | 2 |")

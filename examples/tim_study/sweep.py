@@ -71,6 +71,8 @@ def parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     ap.add_argument("--calibrate", action="store_true", help="measure K3 KL per noise std, write --calibration, stop")
     ap.add_argument("--calibrate-stds", default="0.003,0.01,0.03,0.1", help="noise stds that --calibrate measures")
+    ap.add_argument("--calibrate-prompts", type=int, default=64, help="distinct prompts --calibrate samples (each "
+                    "--group-size times)")  # fmt: skip
     ap.add_argument("--k3-targets", default="1.5e-4,1.5e-3", help="K3 KL values --calibrate finds the noise std of")
     ap.add_argument(
         "--calibration", default=str(OUTPUTS / "calibration.json"), help="what --calibrate writes, k3: arms read"
@@ -112,7 +114,7 @@ def std_for_k3(calibration: dict, k3: float) -> float:
     return (k3 / a) ** (1 / p)
 
 
-def resolve_arms(args, calibration_path: Path) -> list[dict]:
+def resolve_arms(args, calibration_path: Path, model: str) -> list[dict]:
     """Each arm as {arm, rollout_backend, logit_noise_std} (and k3_target for k3: arms)."""
     if not args.arms:
         return [
@@ -140,6 +142,11 @@ def resolve_arms(args, calibration_path: Path) -> list[dict]:
                         f"--arms {spec!r}: no calibration file {str(calibration_path)!r} (run --calibrate first)"
                     )
                 cal = json.loads(calibration_path.read_text())
+                if Path(cal["model"]).resolve() != Path(model).resolve():
+                    raise SweepError(
+                        f"--arms {spec!r}: {str(calibration_path)!r} calibrates {cal['model']!r}, this sweep runs "
+                        f"{model!r} (run --calibrate on it, or pass its --calibration)"
+                    )
                 arm.update(logit_noise_std=round(std_for_k3(cal, x), 6), k3_target=x)
             arms.append(arm)
         else:
@@ -168,9 +175,9 @@ def calibrate(args, grpo, model: str, task: str) -> dict:
     mesh = init_distributed(args.device)
     path = grpo.checkpoint_for(model, Path(args.out).parent)
     trainer = Trainer(path, TrainerConfig(lr=0.0), mesh=mesh)
-    n = args.prompts_per_step * args.group_size
+    n = args.calibrate_prompts * args.group_size
     rng = random.Random(0)
-    problems = [rng.choice(grpo.TASKS[task]) for _ in range(args.prompts_per_step)]
+    problems = [rng.choice(grpo.TASKS[task]) for _ in range(args.calibrate_prompts)]
     points = []
     for backend, std in [("invariant", s) for s in _numbers(args.calibrate_stds, float, "--calibrate-stds")] + [
         ("fast", 0.0)
@@ -272,7 +279,9 @@ def main(argv: list[str] | None = None) -> int:
                 raise SweepError(f"--from-fitted {args.from_fitted!r}: no fit.json there (fit_policy.py writes it)")
             model, task = args.from_fitted, json.loads(fit.read_text())["task"]
         calibration = Path(args.calibration)
-        arms = [] if args.calibrate else resolve_arms(args, calibration)
+        arms = [] if args.calibrate else resolve_arms(args, calibration, model)
+        if args.calibrate_prompts < 1:
+            raise SweepError(f"--calibrate-prompts {args.calibrate_prompts}: must be >= 1")
     except SweepError as e:
         print(f"sweep.py: error: {e}", file=sys.stderr)
         return 2
