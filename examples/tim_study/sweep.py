@@ -28,6 +28,7 @@ import json
 import math
 import random
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -224,10 +225,22 @@ def run_jobs(args, argv: list[str], out: Path) -> int:
         cmd = [sys.executable, str(Path(__file__).resolve()), *argv, "--jobs", "1", "--shard", f"{i}/{args.jobs}"]
         procs.append((subprocess.Popen([*cmd, "--out", str(shard_out)], stdout=log, stderr=subprocess.STDOUT), log))
         print(f"shard {i}/{args.jobs}: {shard_out} (log {shard_out.with_suffix('.log')})", flush=True)
+
+    def stop(signum, _frame):  # a timeout or kill of this process stops its shards too (--resume reruns their cells)
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
     codes = []
-    for proc, log in procs:
-        codes.append(proc.wait())
-        log.close()
+    try:
+        for proc, log in procs:
+            codes.append(proc.wait())
+            log.close()
+    except (SystemExit, KeyboardInterrupt):
+        for proc, _ in procs:
+            proc.terminate()
+        for proc, _ in procs:
+            proc.wait()
+        raise
     merge = f"python examples/tim_study/report.py {out.parent / out.stem}-*.jsonl"
     print(f"shards done, exit statuses {codes}; merge them: {merge}")
     return max(codes)
