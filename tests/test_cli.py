@@ -1,4 +1,4 @@
-"""Command lines: every option of `vexact`, grpo.py and sweep.py has help text and shows its default; a bad value
+"""Command lines: every option of `vexact` and the examples' scripts has help text and shows its default; a bad value
 prints one line naming it and what is allowed, and exits 2 (no traceback)."""
 
 from __future__ import annotations
@@ -39,6 +39,8 @@ def _all_parsers():
     yield from _parsers(build_parser(), "vexact")
     yield "grpo.py", _load("examples/getting_started/grpo.py").parser()
     yield "sweep.py", _load("examples/tim_study/sweep.py").parser()
+    yield "fit_policy.py", _load("examples/tim_study/fit_policy.py").parser()
+    yield "report.py", _load("examples/tim_study/report.py").parser()
 
 
 def test_every_option_has_help_and_shows_its_default():
@@ -114,6 +116,20 @@ def test_vexact_device_cuda_without_cuda(capsys):
         ("examples/tim_study/sweep.py", ["--model-size", "huge"], ["--model-size 'huge'", "small"]),
         ("examples/tim_study/sweep.py", ["--magnitudes", "0,a"], ["'0,a'", "numbers"]),
         ("examples/tim_study/plot.py", ["no/such.jsonl"], ["'no/such.jsonl'", "no such file"]),
+        ("examples/tim_study/sweep.py", ["--arms", "exact,warp"], ["--arms 'warp'", "k3:<kl>"]),
+        ("examples/tim_study/sweep.py", ["--arms", "noise:-1"], ["'noise:-1'", "> 0"]),
+        (
+            "examples/tim_study/sweep.py",
+            ["--arms", "k3:1e-4", "--calibration", "no/cal.json"],
+            ["'no/cal.json'", "--calibrate"],
+        ),
+        ("examples/tim_study/sweep.py", ["--shard", "3/2"], ["--shard '3/2'", "0 <= I < N"]),
+        ("examples/tim_study/sweep.py", ["--from-fitted", "no/dir"], ["--from-fitted 'no/dir'", "fit.json"]),
+        ("examples/tim_study/fit_policy.py", ["--preset", "huge"], ["--preset 'huge'", "small"]),
+        ("examples/tim_study/fit_policy.py", ["--steps", "0"], ["--steps 0", ">= 1"]),
+        ("examples/tim_study/fit_policy.py", ["--target", "1.5"], ["--target 1.5", "(0, 1)"]),
+        ("examples/tim_study/report.py", ["no/such.jsonl"], ["'no/such.jsonl'", "no such file"]),
+        ("examples/tim_study/report.py", ["README.md", "--out", "x.md"], ["--out 'x.md'", "prefix"]),
         ("examples/getting_started/plot.py", ["no/such.jsonl"], ["'no/such.jsonl'", "no such file"]),
     ],
 )

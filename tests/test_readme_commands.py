@@ -31,9 +31,24 @@ RUN = {  # command -> arguments appended (keeps the run to seconds)
     "python examples/tim_study/sweep.py": "--steps 1 --magnitudes 0,0.1 --corrections none",
     "python examples/tim_study/plot.py outputs/tim_study/cpu.jsonl": "",
     "python examples/data/prepare.py gsm8k --out outputs/data --from examples/data/samples/gsm8k.jsonl": "",
+    "python examples/tim_study/fit_policy.py --preset tiny --lr 3e-3 --batch-size 64 --out outputs/tim_study/"
+    "policy-tiny": "--steps 20 --eval-every 10 --quiet",
+    "python examples/tim_study/sweep.py --from-fitted outputs/tim_study/policy-tiny --calibrate --calibration "
+    "outputs/tim_study/calibration-tiny.json": "--calibrate-stds 0.01,0.1 --calibrate-prompts 2 --group-size 2",
+    "python examples/tim_study/sweep.py --from-fitted outputs/tim_study/policy-tiny --calibration "
+    "outputs/tim_study/calibration-tiny.json --arms exact,k3:1.5e-4,k3:1.5e-3,fast --lr 1e-4 --steps 20 --out "
+    "outputs/tim_study/study-tiny.jsonl": "--steps 1 --corrections none --prompts-per-step 2 --group-size 2",
+    "python examples/tim_study/report.py outputs/tim_study/study-tiny.jsonl --out outputs/tim_study/report-tiny": "",
 }
 GPU = {
     "python examples/tim_study/sweep.py --device cuda --model-size small --steps 60 --out outputs/tim_study/gpu.jsonl",
+    "python examples/tim_study/fit_policy.py --device cuda --preset small --out outputs/tim_study/policy",
+    "python examples/tim_study/sweep.py --device cuda --from-fitted outputs/tim_study/policy --calibrate",
+    "python examples/tim_study/sweep.py --device cuda --from-fitted outputs/tim_study/policy --arms exact --lr "
+    "3e-5,1e-4,3e-4 --steps 300 --jobs 3 --resume --out outputs/tim_study/lr.jsonl",
+    "python examples/tim_study/sweep.py --device cuda --from-fitted outputs/tim_study/policy --arms "
+    "exact,k3:1.5e-4,k3:1.5e-3,fast --seeds 0,1,2 --steps 300 --lr 1e-4 --jobs 8 --resume --out "
+    "outputs/tim_study/study.jsonl",
 }
 ELSEWHERE = {
     "actor_rollout_ref.actor.fsdp_config._target_=vexact_verl.engine.VexactFSDPEngineConfig "
@@ -44,6 +59,11 @@ ELSEWHERE = {
     "python -m pip install -r requirements/test.txt && python -m pip install --no-deps -r requirements/veomni.txt "
     "&& python -m pytest -n auto": "CI runs exactly this (.ci/run)",
     "python examples/tim_study/plot.py outputs/tim_study/gpu.jsonl": "reads the GPU sweep's output",
+    "python examples/tim_study/report.py outputs/tim_study/lr-*.jsonl --out outputs/tim_study/lr-report": "reads "
+    "the GPU lr probe's output; tests/test_tim_study.py runs report.py on CPU sweeps",
+    "python examples/tim_study/report.py outputs/tim_study/study-*.jsonl --out outputs/tim_study/study": "reads "
+    "the GPU sweep's output; tests/test_tim_study.py runs report.py on CPU sweeps",
+    "cp outputs/tim_study/study.{md,png,jsonl} examples/tim_study/results/": "copies the GPU study's report",
     "python -m pip install packages/vexact-kernels": "tests/test_standalone_install.py",
     "python -m pip install packages/vexact-kernels packages/vexact-models": "tests/test_standalone_install.py",
     "python -m pip install packages/vexact-kernels packages/vexact-models packages/vexact-engine": "tests/"

@@ -1,7 +1,8 @@
 """A small, real GRPO loop: the VeXact engine samples, the FSDP trainer learns, the weights go back to the engine.
 
 Task (verifiable, exact-match reward): add one to a digit, mod 10 (``"3+1="`` -> ``"4"``, ``"9+1="`` -> ``"0"``; one
-answer token; ``--task add`` and ``add_mod10`` are harder two-operand variants). Each step: sample ``group_size``
+answer token; ``--task add`` and ``add_mod10`` are harder two-operand variants; ``--task chain`` sums four digits
+step by step in several tokens, for a policy fitted first, as examples/tim_study does). Each step: sample ``group_size``
 answers per prompt with the engine (temperature 1, seeded), reward 1 for the right digit, group-normalised advantages
 (GRPO), one PPO-clip update with truncated importance sampling (TIS) on the rollout/trainer ratio, then
 ``update_weights`` on the engine with the trainer's exact bf16 weights.
@@ -61,12 +62,31 @@ class RunConfig:
     quiet: bool = False
 
 
-# (prompt, answer) pairs of each task; every answer is one digit, so one sampled token decides the reward
+def _chain(a: int, b: int, c: int, d: int) -> tuple[str, str]:
+    """``"7+5+9+3="`` -> ``"12,21,24"``: the running sums written out, the last one the answer."""
+    return f"{a}+{b}+{c}+{d}=", f"{a + b},{a + b + c},{a + b + c + d}"
+
+
+# (prompt, answer) pairs of each task. The first three answer with one digit, so one sampled token decides the
+# reward; ``chain`` (four digits summed step by step, used by examples/tim_study) writes its running sums before the
+# answer and is scored on the last one (:func:`reward`).
 TASKS = {
     "add": [(f"{a}+{b}=", str(a + b)) for a in range(10) for b in range(10) if a + b <= 9],
     "add_mod10": [(f"{a}+{b}=", str((a + b) % 10)) for a in range(10) for b in range(10)],
     "succ": [(f"{a}+1=", str((a + 1) % 10)) for a in range(10)],
+    "chain": [_chain(a, b, c, d) for a in range(10) for b in range(10) for c in range(10) for d in range(10)],
 }
+# tokens a response may take: the longest answer plus its end-of-text token (one byte per token)
+MAX_TOKENS = {task: max(len(a) for _, a in pairs) + (task == "chain") for task, pairs in TASKS.items()}
+
+
+def reward(task: str, text: str, answer: str) -> float:
+    """1.0 for the right answer, else 0.0; ``chain`` compares the last comma-separated field only."""
+    if task == "chain":
+        return float(text.strip().split(",")[-1] == answer.split(",")[-1])
+    return float(text.strip() == answer)
+
+
 CORRECTIONS = ("none", "tis", "mis")
 
 HELP = {
@@ -138,6 +158,8 @@ def run(cfg: RunConfig) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         path = checkpoint_for(cfg.model, Path(tmp))
         n = cfg.prompts_per_step * cfg.group_size
+        max_tokens = MAX_TOKENS[cfg.task]
+        seq_blocks = -(-(max(len(q) for q, _ in TASKS[cfg.task]) + max_tokens) // 16)  # one byte per token
         llm = LLM(
             path,
             backend=cfg.rollout_backend,
@@ -145,7 +167,7 @@ def run(cfg: RunConfig) -> list[dict]:
             device=device,
             max_num_seqs=n,
             max_num_batched_tokens=max(512, n),
-            num_kv_blocks=2 * n,
+            num_kv_blocks=max(2, seq_blocks) * n,
             block_size=16,
         )
         trainer = Trainer(
@@ -161,13 +183,16 @@ def run(cfg: RunConfig) -> list[dict]:
             problems = [rng.choice(TASKS[cfg.task]) for _ in range(cfg.prompts_per_step)]
             prompts = [tok(q, add_special_tokens=False)["input_ids"] for q, _ in problems]
             params = [
-                SamplingParams(temperature=1.0, max_tokens=1, seed=cfg.seed * 1_000_003 + step * n + i)
+                SamplingParams(temperature=1.0, max_tokens=max_tokens, seed=cfg.seed * 1_000_003 + step * n + i)
                 for i in range(n)
             ]
             outs = llm.generate([p for p in prompts for _ in range(cfg.group_size)], params, use_tqdm=False)
             answers = [a for _, a in problems for _ in range(cfg.group_size)]
             rewards = torch.tensor(
-                [float(tok.decode(o.token_ids).strip() == ans) for o, ans in zip(outs, answers, strict=True)]
+                [
+                    reward(cfg.task, tok.decode(o.token_ids, skip_special_tokens=True), ans)
+                    for o, ans in zip(outs, answers, strict=True)
+                ]
             )
             batch = RolloutBatch(
                 [o.prompt_token_ids for o in outs],

@@ -1,5 +1,6 @@
-"""One figure of a TIM sweep: reward, K3 KL and gradient norm per step (rows), one column per rollout correction,
-one line per injected mismatch magnitude (the mean over seeds when the sweep ran several, each seed faint behind it).
+"""One figure of a TIM sweep: reward, K3 KL, gradient norm and entropy per step (rows), one column per rollout
+correction, one line per arm (a mismatch magnitude or an engine; the mean over seeds when the sweep ran several, each
+seed faint behind it).
 
     python examples/tim_study/plot.py                                   # outputs/tim_study/cpu.jsonl -> cpu.png
     python examples/tim_study/plot.py examples/tim_study/results/h200.jsonl   # -> results/h200.png
@@ -24,27 +25,33 @@ def plot(path: str | Path) -> Path:
     """Draw the sweep in JSONL file ``path``; the figure goes beside it, as ``<name>.png``."""
     rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
     corrections = list(dict.fromkeys(r["rollout_correction"] for r in rows))
-    mags = sorted({r["logit_noise_std"] for r in rows})
+    arm_of = lambda r: r.get("arm") or f"noise {r['logit_noise_std']:g}"  # noqa: E731 (files without arms)
+    arms = sorted({arm_of(r) for r in rows}, key=lambda a: (a != "exact", a == "fast", a))
     metrics = (
         ("reward", "reward", "linear"),
         ("k3_kl", "K3 KL (rollout || trainer)", "symlog"),
         ("grad_norm", "grad norm", "linear"),
+        ("entropy", "trainer entropy", "linear"),
     )
     fig, axes = plt.subplots(
-        len(metrics), len(corrections), figsize=(4.2 * len(corrections), 8), squeeze=False, sharex=True
+        len(metrics), len(corrections), figsize=(4.2 * len(corrections), 10), squeeze=False, sharex=True
     )
-    colors = plt.cm.viridis([i / max(1, len(mags) - 1) for i in range(len(mags))])
+    colors = plt.cm.viridis([i / max(1, len(arms) - 1) for i in range(len(arms))])
     for j, corr in enumerate(corrections):
         for i, (key, label, scale) in enumerate(metrics):
             ax = axes[i][j]
-            for mag, color in zip(mags, colors, strict=True):
-                sel = [r for r in rows if r["rollout_correction"] == corr and r["logit_noise_std"] == mag]
+            for arm, color in zip(arms, colors, strict=True):
+                sel = [r for r in rows if r["rollout_correction"] == corr and arm_of(r) == arm]
+                if not sel and arm == "exact":  # sweep.py --arms runs it once: the same run under every correction
+                    sel = [r for r in rows if arm_of(r) == arm]
+                if not sel:
+                    continue
                 runs = {}  # seed -> its rows (files written before --seeds have one run, seed 0)
                 for r in sel:
                     runs.setdefault(r.get("seed", 0), []).append(r)
                 steps = sorted({r["step"] for r in sel})
                 by_step = {st: [r[key] for r in sel if r["step"] == st] for st in steps}
-                name = f"noise {mag:g}" + (f" (mean of {len(runs)} seeds)" if len(runs) > 1 else "")
+                name = arm + (f" (mean of {len(runs)} seeds)" if len(runs) > 1 else "")
                 ax.plot(steps, [sum(v) / len(v) for v in by_step.values()], color=color, lw=1.2, label=name)
                 if len(runs) > 1:  # each seed faintly behind the mean
                     for run in runs.values():
@@ -57,9 +64,13 @@ def plot(path: str | Path) -> Path:
                 ax.set_title(f"rollout correction: {corr}")
             if i == len(metrics) - 1:
                 ax.set_xlabel("GRPO step")
-    axes[0][0].legend(fontsize=7)
+    legend = {}  # every arm once, whichever column drew it
+    for ax in axes[0]:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            legend.setdefault(label, handle)
+    axes[0][0].legend(legend.values(), legend.keys(), fontsize=7)
     fig.suptitle(
-        f"GRPO with injected logit noise on the rollout side ({rows[0]['model']} model, task {rows[0]['task']})"
+        f"GRPO with a training-inference mismatch on the rollouts (model {rows[0]['model']}, task {rows[0]['task']})"
     )
     fig.tight_layout()
     out = Path(path).with_suffix(".png")
