@@ -1,7 +1,7 @@
 """The two pieces that make a verl run a function of its config and data (no Ray, no job: milliseconds).
 
 - :class:`vexact_verl.agent_loop.SeededSingleTurnAgentLoop` gives each request a seed from (rollout.seed, step,
-  dataset index, session, prompt), never from arrival order.
+  dataset index, session_id, prompt), never from arrival order.
 - :class:`vexact_verl.replay.OrderedReplayBuffer` lists a step's trajectories in dataloader order whatever order they
   finished in, and refuses a batch with a failed group.
 
@@ -57,8 +57,8 @@ def test_agent_loop_sends_the_sample_seed(monkeypatch):
     assert _agent_loop_registry[AGENT_LOOP_NAME]["_target_"].endswith("SeededSingleTurnAgentLoop")
     loop, sent = seeded_loop(monkeypatch)
     sample = dict(global_steps=3, index=7, raw_prompt=MESSAGES, uid="a-random-uuid")
-    for session in (0, 1):
-        asyncio.run(loop.run({"temperature": 1.0}, session_id=session, **sample))
+    for sample_id in (0, 1):
+        asyncio.run(loop.run({"temperature": 1.0}, session_id=sample_id, **sample))
     assert [s["seed"] for s in sent] == [sample_seed(42, 3, 7, s, MESSAGES) for s in (0, 1)]
     assert all(s["temperature"] == 1.0 for s in sent)
 

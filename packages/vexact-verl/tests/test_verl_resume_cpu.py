@@ -12,7 +12,7 @@ Three jobs, one test (pytest-xdist hands tests to workers one by one; one test k
 Rerun: B's steps 1-2 equal A's in every logged number except wall-clock timings, throughput and memory, and B's
 step-2 checkpoint (model, optimizer, LR scheduler and RNG states, dataloader position) equals A's, tensor by tensor
 (``torch.equal``). Resume: C's steps 3-4 equal A's the same way, and so does C's final checkpoint. What this covers:
-the dataloader position (verl's ``data.pt``), sampling seeds from (step, dataset index, session) through
+the dataloader position (verl's ``data.pt``), sampling seeds from (step, dataset index, session_id) through
 ``vexact_single_turn_agent``, the batch in dataloader order (``OrderedReplayBuffer``), optimizer and RNG states,
 the engine's weights after the resume (verl syncs them from the restored actor before step 3: step 3's rollout
 logprobs equal the actor's, ``rollout_corr/k3_kl == 0``) and a cold prefix cache (C's engine starts empty).

@@ -26,8 +26,9 @@ from verl.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentL
 AGENT_LOOP_NAME = "vexact_single_turn_agent"
 
 
-def sample_seed(base: int, step: int, index: int, session: int, prompt: Any = None) -> int:
-    """A 63-bit sampling seed for sample ``session`` of dataset row ``index`` drawn at trainer step ``step``.
+def sample_seed(base: int, step: int, index: int, sample: int, prompt: Any = None) -> int:
+    """A 63-bit sampling seed for sample ``sample`` (verl's ``session_id``) of dataset row ``index``, drawn at
+    trainer step ``step``.
 
     ``prompt`` (the raw chat messages) is mixed in so that rows without a distinct ``extra_info.index`` (verl then
     reads 0 for every row) still get distinct seeds. blake2b, not Python's ``hash``: the latter is salted per process.
@@ -35,7 +36,7 @@ def sample_seed(base: int, step: int, index: int, session: int, prompt: Any = No
     if hasattr(prompt, "tolist"):  # a numpy array of messages: its str() would abridge long arrays
         prompt = prompt.tolist()
     text = json.dumps(prompt, sort_keys=True, default=str) if prompt is not None else ""
-    key = f"{int(base)}:{int(step)}:{int(index)}:{int(session)}:{text}".encode()
+    key = f"{int(base)}:{int(step)}:{int(index)}:{int(sample)}:{text}".encode()
     return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") >> 1
 
 

@@ -51,8 +51,8 @@ class OrderedReplayBuffer(ReplayBuffer):
         rank = {uid: i for i, uid in enumerate(selected_prompt_uids)}
         rows = []
         for key, tag in partition_snapshot.items():
-            uid, session, index = key.rsplit("_", 2)  # {uid}_{session_id}_{index}; uid is a uuid4 (no "_")
+            uid, sample, index = key.rsplit("_", 2)  # {uid}_{session_id}_{index}; uid is a uuid4 (no "_")
             if uid in rank:
-                rows.append(((rank[uid], int(session), int(index)), key, tag))
+                rows.append(((rank[uid], int(sample), int(index)), key, tag))
         rows.sort(key=lambda row: row[0])
         return KVBatchMeta(partition_id=partition_id, keys=[r[1] for r in rows], tags=[r[2] for r in rows])
