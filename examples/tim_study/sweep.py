@@ -193,7 +193,11 @@ def calibrate(args, grpo, model: str, task: str) -> dict:
         outs = llm.generate(prompts, params, use_tqdm=False)
         lp = trainer.compute_log_probs([o.prompt_token_ids for o in outs], [o.token_ids for o in outs]).logprobs
         log_r = torch.cat(
-            [t.double() - torch.as_tensor(o.logprobs, dtype=torch.float64) for t, o in zip(lp, outs, strict=True)]
+            # on the host: the trainer's logprobs are on its device, the engine's outputs on the host
+            [
+                t.double().cpu() - torch.as_tensor(o.logprobs, dtype=torch.float64, device="cpu")
+                for t, o in zip(lp, outs, strict=True)
+            ]  # fmt: skip
         )
         point = {"backend": backend, "std": std, "k3_kl": float((torch.expm1(log_r) - log_r).mean()),
                  "tokens": log_r.numel()}  # fmt: skip
