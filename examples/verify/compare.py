@@ -167,6 +167,12 @@ def plot(runs: list[Run], out: Path) -> None:
     for ax, (key, title, log) in zip(axes.flat, PANELS, strict=True):
         draw(ax, runs, key, title, log)
     fig.suptitle(f"{describe(runs)}: {', '.join(r.arm for r in runs)}")
+    save(fig, out)
+
+
+def save(fig, out: Path) -> None:
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)

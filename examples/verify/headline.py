@@ -15,8 +15,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from compare import describe, draw
+from compare import PANELS, describe, draw, save
 from runs import K3, REWARD, Run, RunError, check_comparable, read_run
+
+TITLES = {key: title for key, title, _ in PANELS}  # compare.py's panel titles
+LOG = {key: log for key, _, log in PANELS}
 
 
 def group(runs: list[Run]) -> list[list[Run]]:
@@ -44,12 +47,9 @@ def plot(groups: list[list[Run]], out: Path) -> None:
     fig, axes = plt.subplots(len(groups), 2, figsize=(12, 3.6 * len(groups)), squeeze=False)
     for row, runs in zip(axes, groups, strict=True):
         what = describe(runs)
-        draw(row[0], runs, K3, f"{what}\nrollout_corr/k3_kl: K3 KL(rollout || actor)", True)
-        draw(row[1], runs, REWARD, f"{what}\ncritic/score/mean: mean reward", False)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    print(f"wrote {out}")
+        for ax, key in zip(row, (K3, REWARD), strict=True):
+            draw(ax, runs, key, f"{what}\n{TITLES[key]}", LOG[key])
+    save(fig, out)
 
 
 def main(argv: list[str] | None = None) -> int:
