@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -162,3 +163,48 @@ def test_jobs_split_the_cells_into_shards_that_the_report_merges(fitted, tmp_pat
         "| exact",
         "| fast",
     ]
+
+
+def _rows(lr: float, rewards: list[float], seed: int = 0) -> list[dict]:
+    return [
+        dict(r, arm="exact", lr=lr, seed=seed, rollout_correction="none", logit_noise_std=0.0, k3_kl=0.0, entropy=1.0)
+        for r in _run(rewards)
+    ]
+
+
+def test_pick_lr_takes_the_largest_rate_that_neither_collapses_nor_stalls():
+    pick_lr = _load("report").pick_lr
+    learns = [0.2] * 50 + [0.4] * 50  # final - start = +0.2
+    stalls = [0.2] * 100  # +0.0
+    collapses = [0.2] * 30 + [0.5] * 20 + [0.0] * 50  # peaks, then below half for good
+    rows = _rows(3e-5, learns) + _rows(1e-4, learns) + _rows(1e-4, learns, seed=1) + _rows(3e-4, collapses)
+    lr, lines = pick_lr(rows)
+    assert lr == 1e-4 and len(lines) == 3 and lines[-1].endswith("no")
+    assert pick_lr(_rows(1e-4, stalls))[0] is None
+    assert pick_lr(_rows(1e-4, stalls), stall=-1.0)[0] == 1e-4
+    with pytest.raises(ValueError, match="exact arm"):
+        pick_lr([dict(r, arm="fast") for r in _rows(1e-4, learns)])
+
+
+def test_run_gpu_script_shares_cells_picks_the_lr_and_reports(fitted, tmp_path):
+    """examples/tim_study/run_gpu.sh on CPU: the fitted policy and calibration kept, a probe of two rates, the pick,
+    the mismatched cells at the picked rate and the report (one step per run: the control flow, not the question)."""
+    import shutil
+    import subprocess
+
+    shutil.copytree(fitted / "policy", tmp_path / "policy")
+    shutil.copy(fitted / "cal.json", tmp_path / "calibration.json")
+    env = dict(
+        os.environ, DEVICE="cpu", STEPS="1", SEEDS="0", LRS="1e-4,3e-3", ARMS="fast", CORRECTIONS="none,tis",
+        PROCS="2", PICK_ARGS="--stall -1",
+    )  # fmt: skip
+    proc = subprocess.run(
+        ["bash", str(ROOT / "examples/tim_study/run_gpu.sh"), str(tmp_path)], env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert (tmp_path / "lr.txt").read_text().splitlines()[-1] == "0.003"
+    cells = sorted(p.name for p in (tmp_path / "cells").glob("*.jsonl") if not p.name.endswith(".meta.jsonl"))
+    assert cells == ["exact~none~0~0.0001.jsonl", "exact~none~0~0.003.jsonl", "fast~none~0~0.003.jsonl",
+                     "fast~tis~0~0.003.jsonl"]  # fmt: skip
+    md = (tmp_path / "study.md").read_text()
+    assert "| exact |" in md and md.count("| fast |") == 2 and "lr 0.003." in md

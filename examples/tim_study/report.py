@@ -28,6 +28,7 @@ DROP = 0.5  # collapse: the average below this fraction of its peak so far ...
 PATIENCE = 20  # ... for this many steps in a row
 BLOWUP = 10.0  # collapse: a gradient norm above this many times the median of the first PATIENCE steps
 TAIL = 0.2  # "final" reward and entropy: the mean over this fraction of the last steps
+STALL = 0.05  # the lr probe: a run stalls when its final reward is less than this above its start
 
 
 def collapse_step(rows: list[dict]) -> int | None:
@@ -165,12 +166,41 @@ def report(paths: list[Path], out: Path) -> Path:
     return md
 
 
+def pick_lr(rows: list[dict], stall: float = STALL) -> tuple[float | None, list[str]]:
+    """The lr probe's rule: the largest learning rate at which the exact arm neither collapses (no seed's run does)
+    nor stalls (its final reward, averaged over seeds, at least ``stall`` above its start, likewise averaged).
+    Returns that rate (None where no rate qualifies) and one line of reasons per rate."""
+    exact = summarize([r for r in rows if r.get("arm") == "exact"])
+    if not exact:
+        raise ValueError("no rows of the exact arm: the lr probe runs sweep.py --arms exact")
+    best, lines = None, []
+    for s in sorted(exact, key=lambda s: s["lr"]):
+        ps = s["seeds"]
+        collapsed = [p["seed"] for p in ps if p["collapse_step"] is not None]
+        gain = statistics.mean(p["reward_final"] - p["reward_start"] for p in ps)
+        ok = not collapsed and gain >= stall
+        lines.append(
+            f"lr {s['lr']:g}: {len(ps)} seeds, {min(p['steps'] for p in ps)} steps, final - start reward "
+            f"{gain:+.3f} (stall below {stall:+.3f}), collapsed seeds {collapsed or 'none'}: {'ok' if ok else 'no'}"
+        )
+        if ok:
+            best = s["lr"]
+    return best, lines
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
     ap.add_argument("sweeps", nargs="+", help="sweep.py's JSONL files (one per shard)")
     ap.add_argument("--out", default="outputs/tim_study/study", help="prefix of the .jsonl, .png and .md written")
+    ap.add_argument(
+        "--pick-lr",
+        action="store_true",
+        help="the lr probe: print the largest lr at which the exact arm neither collapses nor stalls (last line: the "
+        "rate, or 'none'), and write nothing",
+    )
+    ap.add_argument("--stall", type=float, default=STALL, help="--pick-lr: the least final - start reward gain")
     return ap
 
 
@@ -180,6 +210,16 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         print(f"report.py: error: {missing[0]!r}: no such file (sweep.py writes it)", file=sys.stderr)
         return 2
+    if args.pick_lr:
+        rows = [json.loads(line) for p in args.sweeps for line in Path(p).read_text().splitlines() if line.strip()]
+        try:
+            lr, lines = pick_lr(rows, args.stall)
+        except ValueError as e:
+            print(f"report.py: error: {e}", file=sys.stderr)
+            return 2
+        print("\n".join(lines))
+        print("none" if lr is None else f"{lr:g}")
+        return 0
     out = Path(args.out)
     if out.suffix:
         print(
