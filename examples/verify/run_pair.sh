@@ -16,6 +16,8 @@
 #   LAYERS  depth (default: 1.7B's own 28; 4 for 30B-A3B, so that both stacks fit one 80 GB GPU)
 #   STEPS (10), LR (3e-6), GPU_MEM (rollout's share of GPU memory: 0.4 dense, 0.25 MoE), TAG (file prefix: the GPU,
 #   e.g. h100), MODEL_DIR (where the checkpoint is written), DATA (the dataset folder), COMMIT (recorded in the metas)
+#   SHARED_HOST=1: other Ray jobs run on this host (each on its own GPUs, CUDA_VISIBLE_DEVICES): no `ray stop` between
+#   arms (it would stop theirs too); set RAY_ADDRESS=local as well, so each arm starts its own Ray cluster
 #   PYTHONPATH_VLLM / PYTHONPATH_VEXACT: put in front of PYTHONPATH for the vllm arm / the vexact and fast arms, where
 #   the two stacks live in separate folders (scripts/staging/rl_stack_wheels.sh path vllm|vexact prints them)
 #
@@ -123,16 +125,22 @@ for arm in "${ARMS[@]}"; do
     continue
   fi
   MEMLOG="$RESULTS/$NAME.mem"
-  nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 500 > "$MEMLOG" 2> /dev/null &
+  # the GPU this arm runs on (the first of CUDA_VISIBLE_DEVICES), not every GPU of the host
+  GPU_INDEX=${CUDA_VISIBLE_DEVICES:-0}
+  nvidia-smi -i "${GPU_INDEX%%,*}" --query-gpu=memory.used --format=csv,noheader,nounits -lms 500 > "$MEMLOG" \
+    2> /dev/null &
   SMI=$!
   echo "== $NAME: ${CMD[*]}"
   START=$(date +%s)
   rc=0
   PYTHONPATH="$ARM_PATH${PYTHONPATH:+:$PYTHONPATH}" "${CMD[@]}" > "$RESULTS/$NAME.log" 2>&1 || rc=$?
   kill "$SMI" 2> /dev/null || true
-  # a stack's Ray cluster and rollout processes must be gone before the next arm measures memory and time
-  ray stop --force > /dev/null 2>&1 || true
-  pkill -f "VLLM::EngineCore" 2> /dev/null || true
+  # a stack's Ray cluster and rollout processes must be gone before the next arm measures memory and time; where
+  # other Ray jobs share the host (SHARED_HOST=1), only the arm's own driver ends, whose exit stops its local cluster
+  if [ "${SHARED_HOST:-0}" != 1 ]; then
+    ray stop --force > /dev/null 2>&1 || true
+    pkill -f "VLLM::EngineCore" 2> /dev/null || true
+  fi
   sleep 3
   echo "== $NAME: exit $rc after $(( $(date +%s) - START )) s, $(wc -l < "$VERL_FILE_LOGGER_PATH" 2> /dev/null || echo 0) steps"
   ARM="$arm" NAME="$NAME" RESULTS="$RESULTS" ATTN="$ATTN" ACTOR="$ACTOR" MOE="$MOE" SHAPE="$SHAPE" LAYERS="$LAYERS" \
