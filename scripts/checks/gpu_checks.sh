@@ -22,6 +22,9 @@
 #   bench-mla       benchmarks/mla.py, Moonlight and DeepSeek-V3 layer shapes -> $OUT/mla-<target>.md, mla-v3-...
 #   bench-grpo      benchmarks/throughput.py --grpo-only (prefix caching on/off) -> $OUT/throughput-grpo-<target>.md
 #   bench-moe       benchmarks/moe.py -> $OUT/moe-<target>.md
+#   bench-moe-train benchmarks/moe_train.py: forward+backward of 4 layers of the Qwen3-30B-A3B and Moonlight shapes,
+#                   ours (invariant) vs the torch._grouped_mm anchor (fast), MFU and ours' kernels (about 3-4 minutes)
+#                   -> $OUT/moe-train-<target>.md (the run's output in $OUT/moe-train-<target>.log)
 #   profile         scripts/profiling/profile_decode.py: decode steps at batch 1/64/256 (graph replay) and steps with prompt
 #                   tokens (64 decoding + a 1024-token chunk, 256 + 2048; eager, then as CUDA graphs)
 #                   -> $OUT/profile-{decode,mixed}-<target>.txt
@@ -138,6 +141,10 @@ for step in "$@"; do
       grep -A4 "| backend" "$OUT/trainer-$TARGET.log" ;;
     bench-moe)
       python3 benchmarks/moe.py --out "$OUT/moe-$TARGET.md" || status=1 ;;
+    bench-moe-train)  # issue #34: MoE training MFU, ours against the plain-PyTorch grouped-GEMM path, both shapes
+      timeout 600 python3 benchmarks/moe_train.py --out "$OUT/moe-train-$TARGET.md" > "$OUT/moe-train-$TARGET.log" 2>&1 \
+        || status=1
+      grep -E "^## |^\| (ours|anchor)|tokens/s: " "$OUT/moe-train-$TARGET.log" ;;
     tim)
       python3 scripts/checks/tim_gpu.py --out "$OUT/tim" || status=1 ;;
     tim-study)  # issue #13's GPU sweep: noise 0 / 0.1 / 1.0 x corrections none / tis / mis, small model, 60 steps;
