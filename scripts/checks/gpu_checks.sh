@@ -42,6 +42,11 @@
 #                   FA4 runs, qwen3_hd64; -> $OUT/golden-<target>-fa4.tgz), benchmarks/attention.py
 #   bench-throughput    the peer table: VeXact vs vLLM default / batch-invariant / HF generate
 #                   (scripts/staging/vllm_device_wheels.sh puts vLLM in /tmp/vllmsite) -> $OUT/throughput-<target>.md
+#   bench-moe-peers the MoE peer table at full depth: benchmarks/throughput.py --models qwen3-30b-a3b (48 layers, 57 GiB
+#                   of bf16 weights: an H200) then moonlight (27 layers), VeXact invariant vs vLLM default / batch-
+#                   invariant, one run per model; the HF checkpoint vLLM reads goes to $PEERS_CKPT_DIR (default
+#                   /tmp/peers-moe; it needs the model's size free, and is removed after each model) -> $OUT/throughput-
+#                   moe-<target>.md (both tables) and a .log. Long: about 20 minutes a model (estimate; four vLLM starts)
 #   tim-vllm        vLLM's rollouts (default, VLLM_BATCH_INVARIANT=1) rescored by `vexact tim` -> $OUT/tim-vllm/
 #   verl-rollout    the verl rollout GPU test (weight sync through CUDA IPC); verl + Ray wheels
 #                   (scripts/staging/verl_device_wheels.sh). The GRPO runs are scripts/checks/verl_gpu.sh.
@@ -174,6 +179,17 @@ for step in "$@"; do
       site=(); [ -d /tmp/vllmsite ] && site=(--vllm-site /tmp/vllmsite)
       python3 benchmarks/throughput.py "${site[@]}" ${THROUGHPUT_ARGS:-} --ckpt-dir /tmp/peers --out "$OUT/throughput-$TARGET.md" 2>&1 \
         | grep -v "it/s\]" | tee "$OUT/throughput-$TARGET.log" || status=1 ;;
+    bench-moe-peers)  # issue #34: MoE shapes at full depth against vLLM (where vLLM 0.26 ships tuned MoE configs: H200)
+      site=(); [ -d /tmp/vllmsite ] && site=(--vllm-site /tmp/vllmsite)
+      ckdir=${PEERS_CKPT_DIR:-/tmp/peers-moe}
+      : > "$OUT/throughput-moe-$TARGET.md"
+      for model in ${MOE_PEER_MODELS:-qwen3-30b-a3b moonlight}; do
+        python3 benchmarks/throughput.py "${site[@]}" --models "$model" --modes invariant,vllm,vllm-bi --grpo-prompts 0 \
+          --vllm-timeout 1200 ${THROUGHPUT_ARGS:-} --ckpt-dir "$ckdir" --out "$OUT/throughput-moe-$model-$TARGET.md" 2>&1 \
+          | grep -v "it/s\]" | tee -a "$OUT/throughput-moe-$TARGET.log" || status=1
+        cat "$OUT/throughput-moe-$model-$TARGET.md" >> "$OUT/throughput-moe-$TARGET.md" 2>/dev/null || status=1
+        rm -rf "$ckdir"/*-"$model"  # the checkpoint (tens of GiB) before the next model's
+      done ;;
     tim-vllm)  # issue #13: vLLM's own rollouts (default and batch-invariant) rescored by our trainer; needs vLLM
       # (/tmp/vllmsite); the 1.7B checkpoint in /tmp/peers is bench-throughput's when it ran first, else written
       # here; FA4's site off the path; VLLM_GPU_MEM: vLLM's memory share (lower it when other jobs share the GPU:
