@@ -38,7 +38,7 @@ measured in the same run (8192^3) beside it.
 
 The profile table (``--profile STEPS``, default 2) lists ours' top GPU kernels by time and their share of the step.
 
-Usage (on the GPU machine; both shapes take about 3 minutes on an H100)::
+Usage (on the GPU machine; both shapes: about 3-4 minutes on an H100, an estimate)::
 
     PYTHONPATH=<packages' src dirs>:. python benchmarks/moe_train.py --out benchmarks/results/moe-train-h100.md
     PYTHONPATH=<packages' src dirs>:. python benchmarks/moe_train.py --device cpu --shape tiny   # CPU smoke run
@@ -50,6 +50,7 @@ import argparse
 import datetime
 import gc
 import importlib.util
+import os
 import statistics
 import subprocess
 import sys
@@ -234,9 +235,12 @@ def bench_shape(shape: str, args, tb, mesh, device: str, peaks: tuple[float | No
     k = cfg.num_experts_per_tok
     num_e = getattr(cfg, "num_experts", None) or cfg.n_routed_experts
     inter = cfg.moe_intermediate_size
-    grouped = "per-expert F.linear loop (no torch._grouped_mm kernel on CPU)" if device != "cuda" else (
-        "torch._grouped_mm, bf16, groups padded to 16 rows"
-    )  # fmt: skip
+    if device != "cuda":
+        grouped = "per-expert F.linear loop (no torch._grouped_mm kernel on CPU)"
+    elif torch.cuda.get_device_capability() < (9, 0):
+        grouped = "per-expert F.linear loop (torch._grouped_mm's bf16 kernel needs compute capability 9.0+)"
+    else:
+        grouped = "torch._grouped_mm, bf16, groups padded to 16 rows"
     lines = [
         f"## {shape}: {cfg.num_hidden_layers} layers",
         "",
@@ -284,6 +288,9 @@ def bench_shape(shape: str, args, tb, mesh, device: str, peaks: tuple[float | No
 
 
 def commit() -> str:
+    """``$COMMIT`` when set (a copy of the tree without its git directory), else git's short HEAD."""
+    if os.environ.get("COMMIT"):
+        return os.environ["COMMIT"]
     try:
         out = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent
