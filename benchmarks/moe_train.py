@@ -26,9 +26,10 @@ has no kernel, so the anchor's experts fall back to a per-expert ``F.linear`` lo
 
 FLOPs of one step (the MFU numerator; forward 2 x, backward 4 x the multiply-adds)::
 
-    flops = 6 * tokens * (dense + routed) + 3.5 * layers * sum_seq(heads * (d_qk + d_v) * len^2)
-    dense  = every 2-D weight a token multiplies through: attention projections (MLA's included), the router,
-             shared experts, dense MLPs, the lm_head (logprobs on every position); not the embedding (a lookup)
+    flops = 6 * tokens * (dense + lm_head + routed) + 3.5 * layers * sum_seq(heads * (d_qk + d_v) * len^2)
+    dense  = every 2-D weight of the decoder layers a token multiplies through: attention projections (MLA's
+             included), the router, shared experts, dense MLPs
+    lm_head = vocab * hidden (logprobs on every position); the embedding is a lookup, not counted
     routed = per sparse layer top_k * 3 * hidden * moe_intermediate (only the experts a token is routed to)
 
 The attention term is causal (half of len^2 scores), QK^T and PV forward, backward 2.5 x the forward (as
@@ -109,18 +110,18 @@ def step_flops(model, seq_lens: list[int]) -> tuple[float, dict[str, float]]:
     num_e = getattr(cfg, "num_experts", None) or cfg.n_routed_experts
     dense = routed = 0
     for name, p in model.named_parameters():
-        if "embed_tokens" in name:
+        if "embed_tokens" in name or name.startswith("lm_head."):
             continue
         if p.dim() == 3:  # experts.gate_up_proj [E, 2I, H], experts.down_proj [E, H, I]
             routed += p.numel() * k // num_e
         elif p.dim() == 2:
             dense += p.numel()
-    if cfg.tie_word_embeddings:
-        dense += cfg.vocab_size * cfg.hidden_size  # the tied lm_head is a matmul too
+    head = cfg.vocab_size * cfg.hidden_size  # the lm_head, tied or not
     tokens = sum(seq_lens)
     heads, d_qk, d_v = attention_dims(cfg)
     attn = 3.5 * cfg.num_hidden_layers * sum(heads * (d_qk + d_v) * n * n for n in seq_lens)
-    parts = {"dense": 6.0 * tokens * dense, "routed": 6.0 * tokens * routed, "attention": attn}
+    parts = {"dense": 6.0 * tokens * dense, "lm_head": 6.0 * tokens * head, "routed": 6.0 * tokens * routed,
+             "attention": attn}  # fmt: skip
     return sum(parts.values()), parts
 
 
@@ -255,8 +256,9 @@ def bench_shape(shape: str, args, tb, mesh, device: str, peaks: tuple[float | No
         f"{min(batch.seq_lens)}..{max(batch.seq_lens)}); median of {len(times['ours'])} steps per backend after "
         f"{args.warmup} warm-up, backends alternating by round. Anchor experts: {grouped}.",
         "",
-        f"FLOPs per step {flops / 1e12:.4g} T: dense weights {parts['dense'] / 1e12:.4g} T, routed experts "
-        f"{parts['routed'] / 1e12:.4g} T, attention core {parts['attention'] / 1e12:.4g} T.",
+        f"FLOPs per step {flops / 1e12:.4g} T: dense layer weights {parts['dense'] / 1e12:.4g} T, lm_head "
+        f"{parts['lm_head'] / 1e12:.4g} T, routed experts {parts['routed'] / 1e12:.4g} T, attention core "
+        f"{parts['attention'] / 1e12:.4g} T.",
         "",
         "| backend | kernels | ms / step | tokens/s | TFLOP/s | MFU (data sheet) | MFU (measured mm peak) | peak GiB |",
         "|---|---|---|---|---|---|---|---|",

@@ -23,8 +23,8 @@ def test_flops_count_routed_experts_per_token():
     assert parts["routed"] == 6 * 16 * cfg.num_hidden_layers * k * 3 * h * i
     d = cfg.head_dim
     attn_proj = h * d * (2 * cfg.num_attention_heads + 2 * cfg.num_key_value_heads)
-    dense = cfg.num_hidden_layers * (attn_proj + cfg.num_experts * h) + cfg.vocab_size * h
-    assert parts["dense"] == 6 * 16 * dense
+    assert parts["dense"] == 6 * 16 * cfg.num_hidden_layers * (attn_proj + cfg.num_experts * h)
+    assert parts["lm_head"] == 6 * 16 * cfg.vocab_size * h
     assert parts["attention"] == 3.5 * 2 * cfg.num_attention_heads * 2 * d * (100 + 36)
     assert flops == sum(parts.values())
 
