@@ -26,6 +26,7 @@ import json
 import math
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -77,13 +78,25 @@ def decode_weight_bytes(model) -> int:
 
 
 def save_hf_checkpoint(model, path: str | Path) -> Path:
-    """Save ``model`` (vexact Qwen3) as an HF checkpoint directory vLLM and transformers can load (no tokenizer)."""
+    """Save ``model`` (any vexact_models family: qwen3, qwen3_moe, deepseek_v3, llama, qwen2, mistral) as an HF
+    checkpoint directory vLLM and transformers can load (no tokenizer): ``config.json`` with the family's
+    ``architectures`` and ``model_type``, and the weights under their published names (one tensor per expert).
+
+    Raises ``OSError`` before writing when the directory's file system has less free space than the weights."""
     from vexact_models import save_checkpoint
 
     path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    need = sum(p.numel() * p.element_size() for p in model.parameters())
+    free = shutil.disk_usage(path).free
+    if free < need:
+        raise OSError(
+            f"the HF checkpoint for vLLM needs {need / 2**30:.1f} GiB and {path} has {free / 2**30:.1f} GiB free: "
+            "point --ckpt-dir at a larger file system"
+        )
     save_checkpoint(model, path)
     cfg = json.loads((path / "config.json").read_text())
-    cfg.setdefault("model_type", "qwen3")
+    cfg.setdefault("model_type", model.config.model_type)
     cfg["torch_dtype"] = cfg["dtype"] = "bfloat16"
     (path / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     return path

@@ -1,8 +1,10 @@
 """Engine throughput on the GPU against the engines users would pick instead, side by side in one run (prints a
 markdown report; ``--out`` also writes it).
 
-For each model shape (Qwen3-1.7B and/or 0.6B, random bf16 weights, real HF config shapes), on the same prompts,
-lengths, ``ignore_eos``, sampling settings (temperature 1, no top-k/top-p, a seed per request) and CUDA graphs on:
+For each model shape (``--models``: Qwen3-1.7B / 0.6B, Qwen3-30B-A3B, Moonlight-16B-A3B, the Llama, Qwen2.5 and
+Mistral shapes of ``vexact_models``; random bf16 weights, real HF config shapes, the shape's own depth unless
+``--layers``), on the same prompts, lengths, ``ignore_eos``, sampling settings (temperature 1, no top-k/top-p, a seed
+per request) and CUDA graphs on:
 - output tokens/s of VeXact ``invariant``, vLLM default (``vllm``), vLLM with ``VLLM_BATCH_INVARIANT=1``
   (``vllm-bi``), each with its ratio to vLLM default (goals: invariant >= 0.85x vLLM default and > vLLM
   batch-invariant) and its fraction of the roofline (``benchmarks/peers.py``: least bytes the run must read / copy
@@ -12,8 +14,10 @@ lengths, ``ignore_eos``, sampling settings (temperature 1, no top-k/top-p, a see
   (``peers.decode_weight_bytes``: an MoE step reads k of E routed experts; bandwidth of a device-to-device copy
   measured in the same run, bytes read + written); goal for VeXact <= 1.3x.
 vLLM (0.26.0, from ``scripts/staging/vllm_device_wheels.sh``; ``--vllm-site /tmp/vllmsite``) loads the same weights
-from an HF checkpoint directory the run writes (``--ckpt-dir``), one subprocess per mode and batch limit; without vLLM
-its cells say "not installed". First run on a GPU: ``benchmarks/results/throughput-h200.md`` (``--quick``).
+from an HF checkpoint directory the run writes (``--ckpt-dir``: config.json with the family's architecture, the weights
+under their published names; it needs the model's bf16 size free on disk), one subprocess per mode and batch limit,
+while this process keeps the model's weights on the host; without vLLM its cells say "not installed". First run on a
+GPU: ``benchmarks/results/throughput-h200.md`` (``--quick``).
 Then a GRPO-shaped row (VeXact's own engine): ``--grpo-prompts`` prompts of ``--grpo-prompt-len LO HI`` tokens, each
   sampled ``--grpo-n`` times (n requests share a prompt, distinct seeds), with prefix caching on and off: output
   tokens/s, the prompt tokens served from the cache (hit rate), and whether on and off gave the same tokens and
@@ -25,7 +29,7 @@ batch of ``--hf-prompts`` prompts for ``--hf-new-tokens`` tokens (it cannot stop
 count). Sized to finish in under 8 minutes on an H100 with every peer (estimate; four vLLM engine starts of about a
 minute each are most of it); ``--quick`` is a smaller workload for a first look.
 
-Usage: ``PYTHONPATH=<packages' src dirs>:. python benchmarks/throughput.py [--quick] [--models 1.7b,0.6b]
+Usage: ``PYTHONPATH=<packages' src dirs>:. python benchmarks/throughput.py [--quick] [--models 1.7b,qwen3-30b-a3b]
 [--num-prompts 64] [--prompt-len 128 512] [--gen-len 128 256] [--max-num-seqs 64]
 [--modes invariant,fast,vllm,vllm-bi,hf] [--vllm-site /tmp/vllmsite] [--grpo-prompts 32] [--grpo-only]
 [--out results.md]`` (``--grpo-prompts 0`` skips the GRPO row).
@@ -36,6 +40,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import datetime
+import functools
 import gc
 import multiprocessing
 import sys
@@ -48,21 +53,47 @@ from tqdm.auto import tqdm
 
 import vexact_kernels as vk
 from vexact_engine import LLM, SamplingParams
-from vexact_models import DEEPSEEK_V3_SHAPES, QWEN3_SHAPES, random_model, tiny_deepseek_v3_config, tiny_qwen3_config
+from vexact_models import (
+    DEEPSEEK_V3_SHAPES,
+    LLAMA_SHAPES,
+    MISTRAL_SHAPES,
+    QWEN2_SHAPES,
+    QWEN3_MOE_SHAPES,
+    QWEN3_SHAPES,
+    random_model,
+    tiny_config,
+    tiny_deepseek_v3_config,
+    tiny_qwen3_config,
+    tiny_qwen3_moe_config,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import peers  # noqa: E402  (benchmarks/peers.py: vLLM workers, roofline, HF checkpoint)
 
-SHAPES = {  # name: (family, the config's sizes); only the Qwen3 shapes have peer columns (vLLM, HF generate)
-    # for a CPU smoke run of the script only
-    "tiny": ("qwen3", dict(rope_theta=1_000_000.0, tie_word_embeddings=True)),  # tiny_qwen3_config's sizes
-    "tiny-deepseek": ("deepseek_v3", {}),  # tiny_deepseek_v3_config's sizes
+SHAPES = {  # name: (family, the config's sizes); every family has peer columns (vLLM and HF generate load each)
+    # for a CPU smoke run of the script only: the tiny configs' sizes
+    "tiny": ("qwen3", dict(rope_theta=1_000_000.0, tie_word_embeddings=True)),
+    "tiny-deepseek": ("deepseek_v3", {}),
+    "tiny-qwen3-moe": ("qwen3_moe", {}),
+    "tiny-llama": ("llama", {}),
+    "tiny-qwen2": ("qwen2", {}),
+    "tiny-mistral": ("mistral", {}),
     "0.6b": ("qwen3", QWEN3_SHAPES["qwen3-0.6b"]),
     "1.7b": ("qwen3", QWEN3_SHAPES["qwen3-1.7b"]),
-    # issue #12: Moonlight-16B-A3B (MLA, DeepSeek MoE), VeXact invariant vs fast
+    # issue #12: Moonlight-16B-A3B (MLA, DeepSeek MoE)
     "moonlight": ("deepseek_v3", DEEPSEEK_V3_SHAPES["moonlight-16b-a3b"]),
+    # the published shapes of the other families, under their vexact_models names
+    **{name: ("qwen3_moe", sizes) for name, sizes in QWEN3_MOE_SHAPES.items()},
+    **{name: ("llama", sizes) for name, sizes in LLAMA_SHAPES.items()},
+    **{name: ("qwen2", sizes) for name, sizes in QWEN2_SHAPES.items()},
+    **{name: ("mistral", sizes) for name, sizes in MISTRAL_SHAPES.items()},
 }
-CONFIGS = {"qwen3": tiny_qwen3_config, "deepseek_v3": tiny_deepseek_v3_config}
+CONFIGS = {
+    "qwen3": tiny_qwen3_config,
+    "qwen3_moe": tiny_qwen3_moe_config,
+    "deepseek_v3": tiny_deepseek_v3_config,
+    **{family: functools.partial(tiny_config, family) for family in ("llama", "qwen2", "mistral")},
+}
 GIB = 2**30
 DEV = torch.device("cuda")
 
@@ -244,13 +275,14 @@ def decode_step_time(model, mode: str, args) -> float:
 
 
 def hf_model(model):
-    """HF transformers Qwen3 (sdpa attention, bf16) holding the same weights as ``model``."""
+    """The HF transformers model of ``model``'s family (sdpa attention, bf16) holding the same weights (vexact_models
+    keeps transformers' in-memory names and layouts, stacked experts included)."""
     import transformers
 
-    hf_cfg = transformers.Qwen3Config(**model.config.to_hf_dict())
+    hf_cfg = transformers.AutoConfig.for_model(**model.config.to_hf_dict())
     hf_cfg._attn_implementation = "sdpa"
     with torch.device(DEV):
-        hf = transformers.Qwen3ForCausalLM(hf_cfg).to(torch.bfloat16).eval()
+        hf = transformers.AutoModelForCausalLM.from_config(hf_cfg, dtype=torch.bfloat16).eval()
     missing, unexpected = hf.load_state_dict(model.state_dict(), strict=False)
     assert not unexpected and all(m == "lm_head.weight" for m in missing), (missing, unexpected)
     hf.tie_weights()
@@ -359,16 +391,26 @@ def peer_section(model, shape: str, args, bw: float, modes, batch_limits, workdi
     prompts, params = workload(args, cfg.vocab_size)
     max_tokens, seeds = [p.max_tokens for p in params], [p.seed for p in params]
     ckpt = None
-    if any(m in PEER_MODES for m in modes) and vllm_ver:
-        ckpt = peers.save_hf_checkpoint(model, workdir / f"qwen3-{shape}")
+    vllm_runs = any(m in PEER_MODES for m in modes) and vllm_ver
+    if vllm_runs:
+        ckpt = peers.save_hf_checkpoint(model, workdir / f"{SHAPES[shape][0]}-{shape}")
     results: dict[tuple[int, str], dict | str] = {}
     step_s: dict[str, float | str] = {}
     # vLLM first: its start refuses to run when less than gpu_memory_utilization of the GPU is free, and on an
     # 80 GB H100 what this process had held for VeXact's engines left it 9 GiB (the first H100 peer table's failure)
     runs = [(limit, m) for m in modes if m in PEER_MODES for limit in batch_limits]
     runs += [(limit, m) for limit in batch_limits for m in modes if m in ENGINE_MODES]
+    # the model's weights wait on the host while vLLM runs: a full-depth MoE (Qwen3-30B-A3B: 57 GiB of bf16) held
+    # here would leave vLLM less than gpu_memory_utilization of the GPU
+    offloaded = bool(vllm_runs) and DEV.type == "cuda"
+    if offloaded:
+        model.to("cpu")
+        free_memory()
     for limit, mode in runs:
         if mode in ENGINE_MODES:
+            if offloaded:
+                model.to(DEV)
+                offloaded = False
             results[(limit, mode)] = run_engine(model, shape, mode, limit, prompts, params, args)
             continue
         if not vllm_ver:
@@ -380,6 +422,8 @@ def peer_section(model, shape: str, args, bw: float, modes, batch_limits, workdi
         results[(limit, mode)] = r
         if batch1:
             step_s[mode] = r.get("step_s", "-") if isinstance(r, dict) else r
+    if offloaded:  # no VeXact engine ran: back for HF generate, the batch-1 steps and the GRPO rows
+        model.to(DEV)
     hf = hf_throughput(model, prompts, args) if "hf" in modes else None
 
     def fraction(r: dict, limit: int) -> str:
@@ -387,10 +431,9 @@ def peer_section(model, shape: str, args, bw: float, modes, batch_limits, workdi
                                     args.max_num_batched_tokens)  # fmt: skip
         return f"{need / bw / r['wall']:.2f}"
 
-    peer_note = "" if SHAPES[shape][0] == "qwen3" else "; peers: Qwen3 shapes only"
     lines = [
         f"## {SHAPES[shape][0]} {shape}-shaped, {cfg.num_hidden_layers} layers ({weight_bytes / GIB:.2f} GiB of bf16 "
-        f"weights, {kv_tok / 1024:.0f} KiB of KV per token{peer_note})",
+        f"weights, {kv_tok / 1024:.0f} KiB of KV per token)",
         "",
         "| batch limit | engine | output tok/s | / vLLM default | roofline fraction | wall s | tokens |",
         "| --- | --- | --- | --- | --- | --- | --- |",
@@ -469,7 +512,8 @@ def main(argv=None) -> int:
         "--layers",
         type=int,
         default=None,
-        help="decoder layers (default: the shape's own: 28 in both Qwen3 models, 27 in Moonlight)",
+        help="decoder layers (default: the shape's own: 28 in both dense Qwen3 models, 48 in Qwen3-30B-A3B, 27 in "
+        "Moonlight)",
     )
     ap.add_argument("--quick", action="store_true", help=f"a smaller workload for a first look: {QUICK}")
     ap.add_argument("--num-prompts", type=int, default=256)
@@ -545,10 +589,8 @@ def main(argv=None) -> int:
         if shape not in SHAPES:
             ap.error(f"--models: unknown shape {shape!r}; known: {','.join(SHAPES)}")
         model = make_model(shape, args.layers, seed=args.seed)
-        # vLLM and HF generate load the Qwen3 shapes only; the others compare VeXact's backends
-        shape_modes = modes if SHAPES[shape][0] == "qwen3" else [m for m in modes if m in ENGINE_MODES]
         if not args.grpo_only:
-            lines += peer_section(model, shape, args, bw, shape_modes, batch_limits, workdir, vllm_ver)
+            lines += peer_section(model, shape, args, bw, modes, batch_limits, workdir, vllm_ver)
         if args.grpo_prompts > 0:
             lines += grpo_rows(model, [m for m in modes if m in ("invariant", "fast")], args)
         del model

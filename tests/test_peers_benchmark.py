@@ -37,7 +37,10 @@ FAKE_VLLM = textwrap.dedent("""
             assert skip_tokenizer_init and dtype == "bfloat16"
             self.dir = pathlib.Path(model)
             cfg = json.loads((self.dir / "config.json").read_text())
-            assert cfg["architectures"] == ["Qwen3ForCausalLM"] and cfg["torch_dtype"] == "bfloat16", cfg
+            arch = {"qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM", "llama": "LlamaForCausalLM",
+                    "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM",
+                    "deepseek_v3": "DeepseekV3ForCausalLM"}[cfg["model_type"]]
+            assert cfg["architectures"] == [arch] and cfg["torch_dtype"] == "bfloat16", cfg
             assert (self.dir / "model.safetensors").exists()
         def generate(self, prompts, params, use_tqdm):
             with open(self.dir / f"seen-{os.getpid()}.jsonl", "a") as f:
@@ -78,17 +81,49 @@ def test_roofline_bytes_counts_full_steps_kv_attended_and_prefill_passes():
         peers.roofline_bytes(1, 1, [1], [1], 0, 1)
 
 
-def test_hf_checkpoint_holds_the_same_weights(tmp_path):
+FAMILY_SHAPES = ["tiny", "tiny-qwen3-moe", "tiny-deepseek", "tiny-llama", "tiny-qwen2", "tiny-mistral"]
+ARCHITECTURES = {"qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
+                 "deepseek_v3": "DeepseekV3ForCausalLM", "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                 "mistral": "MistralForCausalLM"}  # fmt: skip
+
+
+@pytest.mark.parametrize("shape", FAMILY_SHAPES)
+def test_hf_checkpoint_holds_the_same_weights(shape, tmp_path):
+    """Every family's checkpoint for vLLM: the published architecture and names (one tensor per expert), which
+    transformers and vexact_models' own loader read back to the same weights."""
     import transformers
+    from safetensors import safe_open
+
+    from vexact_models import expected_tensors, load_model
 
     throughput.DEV = torch.device("cpu")
-    model = throughput.make_model("tiny", 2)
+    model = throughput.make_model(shape, 2)
+    family = throughput.SHAPES[shape][0]
     path = peers.save_hf_checkpoint(model, tmp_path / "ckpt")
+    cfg = json.loads((path / "config.json").read_text())
+    assert cfg["architectures"] == [ARCHITECTURES[family]] and cfg["model_type"] == family, cfg
+    with safe_open(str(path / "model.safetensors"), "pt") as f:
+        names = set(f.keys())
+    assert names == set(expected_tensors(model))
+    if family in ("qwen3_moe", "deepseek_v3"):
+        assert any(n.endswith(".mlp.experts.0.gate_proj.weight") for n in names), sorted(names)
     hf = transformers.AutoModelForCausalLM.from_pretrained(path)
-    assert hf.config.model_type == "qwen3" and hf.dtype == torch.bfloat16
+    assert hf.config.model_type == family and hf.dtype == torch.bfloat16
     ours = model.state_dict()
     for name, t in hf.state_dict().items():
         assert torch.equal(t, ours[name]), name
+    back = load_model(path, dtype="bfloat16")
+    for name, t in back.state_dict().items():
+        assert torch.equal(t, ours[name]), name
+
+
+def test_checkpoint_needs_the_free_space(tmp_path, monkeypatch):
+    throughput.DEV = torch.device("cpu")
+    model = throughput.make_model("tiny", 2)
+    monkeypatch.setattr(peers.shutil, "disk_usage", lambda p: argparse.Namespace(free=1000))
+    with pytest.raises(OSError, match=r"has 0\.0 GiB free: point --ckpt-dir at a larger file system"):
+        peers.save_hf_checkpoint(model, tmp_path / "ckpt")
+    assert not (tmp_path / "ckpt" / "model.safetensors").exists()
 
 
 def test_without_vllm_the_peer_cells_say_not_installed(tmp_path, capsys):
@@ -121,20 +156,58 @@ def test_vllm_workers_get_the_same_workload_and_their_mode(tmp_path, capsys):
         assert calls[1] == prompts  # calls[0] is the warm-up, the rest batch-1 decode
 
 
-def test_moonlight_family_rows_compare_vexact_backends_only(capsys):
-    """A DeepSeek-V3 shape (issue #12's Moonlight row; here the tiny one on CPU): VeXact invariant and fast rows, no
-    peer rows (vLLM and HF generate load the Qwen3 shapes only), and the KV bytes of the expanded MLA cache."""
-    argv = [*TINY, "--models", "tiny-deepseek", "--modes", "invariant,fast,vllm,hf", "--grpo-prompts", "0"]
+def test_moonlight_family_rows_have_peer_columns(capsys):
+    """A DeepSeek-V3 shape (Moonlight's family; here the tiny one on CPU): VeXact invariant and fast rows, the vLLM
+    cells (not installed here) and an HF generate row, and the KV bytes of the expanded MLA cache."""
+    argv = [*TINY, "--models", "tiny-deepseek", "--modes", "invariant,fast,vllm,hf", "--grpo-prompts", "0",
+            "--hf-prompts", "2", "--hf-new-tokens", "3"]  # fmt: skip
     assert throughput.main(argv) == 0
     out = capsys.readouterr().out
-    assert "## deepseek_v3 tiny-deepseek-shaped" in out and "peers: Qwen3 shapes only" in out
+    assert "## deepseek_v3 tiny-deepseek-shaped" in out and "Qwen3 shapes only" not in out
     table = [ln for ln in out.splitlines() if ln.startswith("| ") and "---" not in ln and "engine |" not in ln]
     # 2 backends x (2 batch limits + the batch-1 step + the 2 batch limits' step-time split)
     assert sum("VeXact" in ln for ln in table) == 10
     head = out.index("| batch limit | engine | decode-only steps")
     split = [ln.split(" | ") for ln in out[head:].split("\n\n")[0].splitlines()[2:]]
     assert len(split) == 4 and all(int(row[2]) > 0 and int(row[4]) > 0 for row in split), split  # both kinds ran
-    assert not any("vLLM" in ln or "HF generate" in ln for ln in table), table
+    assert sum(f"| vLLM default | {peers.NOT_INSTALLED} |" in ln for ln in table) == 3  # 2 batch limits + batch 1
+    hf_rows = [ln for ln in table if "HF generate" in ln]
+    assert len(hf_rows) == 2 and hf_rows[0].startswith("| 2 (one batch, 3 new tokens) | HF generate"), hf_rows
+    assert float(hf_rows[0].split("|")[3]) > 0 and float(hf_rows[1].split("|")[2]) >= 0, hf_rows
     cfg = throughput.make_model("tiny-deepseek", 2).config
     heads, k, v = cfg.kv_cache_dims
     assert peers.kv_bytes_per_token(cfg) == 2 * heads * (k + v) * 2
+
+
+def test_vllm_workers_load_the_moe_families(tmp_path, capsys):
+    """The peer path for the MoE families (the dense ones differ only in the checkpoint, which
+    test_hf_checkpoint_holds_the_same_weights checks for each): the checkpoint the worker gets carries the family's
+    architecture (the stand-in vLLM checks it against the model_type) and each family gets its vLLM row and ratio."""
+    site = tmp_path / "site"
+    (site / "vllm").mkdir(parents=True)
+    (site / "vllm" / "__init__.py").write_text(FAKE_VLLM)
+    work = tmp_path / "work"
+    shapes = ["tiny-qwen3-moe", "tiny-deepseek"]
+    argv = [*TINY, "--models", ",".join(shapes), "--modes", "vllm", "--max-num-seqs", "2", "--grpo-prompts", "0",
+            "--decode-steps", "1", "--vllm-site", str(site), "--ckpt-dir", str(work)]  # fmt: skip
+    assert throughput.main(argv) == 0
+    out = capsys.readouterr().out
+    for shape in shapes:
+        family = throughput.SHAPES[shape][0]
+        section = out[out.index(f"## {family} {shape}-shaped") :].split("\n## ")[0]
+        rows = [ln for ln in section.splitlines() if ln.startswith("| 2 | vLLM default |")]
+        assert len(rows) == 1 and rows[0].split("|")[4].strip() == "1.00", (shape, section)
+        assert (work / f"{family}-{shape}" / "config.json").exists()
+
+
+def test_every_family_has_a_real_shape_and_a_config():
+    families = {family for family, _ in throughput.SHAPES.values()}
+    assert families == set(ARCHITECTURES)
+    assert throughput.SHAPES["qwen3-30b-a3b"][0] == "qwen3_moe" and throughput.SHAPES["moonlight"][0] == "deepseek_v3"
+    with torch.device("meta"):
+        for name in ("qwen3-30b-a3b", "moonlight", "llama-3.1-8b", "qwen2.5-7b", "mistral-7b-v0.1"):
+            family, sizes = throughput.SHAPES[name]
+            cfg = throughput.CONFIGS[family](**sizes)
+            assert cfg.model_type == family and cfg.num_hidden_layers == sizes["num_hidden_layers"], name
+    assert throughput.SHAPES["qwen3-30b-a3b"][1]["num_hidden_layers"] == 48
+    assert throughput.SHAPES["moonlight"][1]["num_hidden_layers"] == 27

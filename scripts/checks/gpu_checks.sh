@@ -22,6 +22,9 @@
 #   bench-mla       benchmarks/mla.py, Moonlight and DeepSeek-V3 layer shapes -> $OUT/mla-<target>.md, mla-v3-...
 #   bench-grpo      benchmarks/throughput.py --grpo-only (prefix caching on/off) -> $OUT/throughput-grpo-<target>.md
 #   bench-moe       benchmarks/moe.py -> $OUT/moe-<target>.md
+#   bench-moe-train benchmarks/moe_train.py: forward+backward of 4 layers of the Qwen3-30B-A3B and Moonlight shapes,
+#                   ours (invariant) vs the torch._grouped_mm anchor (fast), MFU and ours' kernels (about 3-4 minutes)
+#                   -> $OUT/moe-train-<target>.md (the run's output in $OUT/moe-train-<target>.log)
 #   profile         scripts/profiling/profile_decode.py: decode steps at batch 1/64/256 (graph replay) and steps with prompt
 #                   tokens (64 decoding + a 1024-token chunk, 256 + 2048; eager, then as CUDA graphs)
 #                   -> $OUT/profile-{decode,mixed}-<target>.txt
@@ -39,6 +42,11 @@
 #                   FA4 runs, qwen3_hd64; -> $OUT/golden-<target>-fa4.tgz), benchmarks/attention.py
 #   bench-throughput    the peer table: VeXact vs vLLM default / batch-invariant / HF generate
 #                   (scripts/staging/vllm_device_wheels.sh puts vLLM in /tmp/vllmsite) -> $OUT/throughput-<target>.md
+#   bench-moe-peers the MoE peer table at full depth: benchmarks/throughput.py --models qwen3-30b-a3b (48 layers, 57 GiB
+#                   of bf16 weights: an H200) then moonlight (27 layers), VeXact invariant vs vLLM default / batch-
+#                   invariant, one run per model; the HF checkpoint vLLM reads goes to $PEERS_CKPT_DIR (default
+#                   /tmp/peers-moe; it needs the model's size free, and is removed after each model) -> $OUT/throughput-
+#                   moe-<target>.md (both tables) and a .log. Long: about 20 minutes a model (estimate; four vLLM starts)
 #   tim-vllm        vLLM's rollouts (default, VLLM_BATCH_INVARIANT=1) rescored by `vexact tim` -> $OUT/tim-vllm/
 #   verl-rollout    the verl rollout GPU test (weight sync through CUDA IPC); verl + Ray wheels
 #                   (scripts/staging/verl_device_wheels.sh). The GRPO runs are scripts/checks/verl_gpu.sh.
@@ -138,6 +146,10 @@ for step in "$@"; do
       grep -A4 "| backend" "$OUT/trainer-$TARGET.log" ;;
     bench-moe)
       python3 benchmarks/moe.py --out "$OUT/moe-$TARGET.md" || status=1 ;;
+    bench-moe-train)  # issue #34: MoE training MFU, ours against the plain-PyTorch grouped-GEMM path, both shapes
+      timeout 600 python3 benchmarks/moe_train.py --out "$OUT/moe-train-$TARGET.md" > "$OUT/moe-train-$TARGET.log" 2>&1 \
+        || status=1
+      grep -E "^## |^\| (ours|anchor)|tokens/s: " "$OUT/moe-train-$TARGET.log" ;;
     tim)
       python3 scripts/checks/tim_gpu.py --out "$OUT/tim" || status=1 ;;
     tim-study)  # issue #13's GPU sweep: noise 0 / 0.1 / 1.0 x corrections none / tis / mis, small model, 60 steps;
@@ -167,6 +179,17 @@ for step in "$@"; do
       site=(); [ -d /tmp/vllmsite ] && site=(--vllm-site /tmp/vllmsite)
       python3 benchmarks/throughput.py "${site[@]}" ${THROUGHPUT_ARGS:-} --ckpt-dir /tmp/peers --out "$OUT/throughput-$TARGET.md" 2>&1 \
         | grep -v "it/s\]" | tee "$OUT/throughput-$TARGET.log" || status=1 ;;
+    bench-moe-peers)  # issue #34: MoE shapes at full depth against vLLM (where vLLM 0.26 ships tuned MoE configs: H200)
+      site=(); [ -d /tmp/vllmsite ] && site=(--vllm-site /tmp/vllmsite)
+      ckdir=${PEERS_CKPT_DIR:-/tmp/peers-moe}
+      : > "$OUT/throughput-moe-$TARGET.md"
+      for model in ${MOE_PEER_MODELS:-qwen3-30b-a3b moonlight}; do
+        python3 benchmarks/throughput.py "${site[@]}" --models "$model" --modes invariant,vllm,vllm-bi --grpo-prompts 0 \
+          --vllm-timeout 1200 ${THROUGHPUT_ARGS:-} --ckpt-dir "$ckdir" --out "$OUT/throughput-moe-$model-$TARGET.md" 2>&1 \
+          | grep -v "it/s\]" | tee -a "$OUT/throughput-moe-$TARGET.log" || status=1
+        cat "$OUT/throughput-moe-$model-$TARGET.md" >> "$OUT/throughput-moe-$TARGET.md" 2>/dev/null || status=1
+        rm -rf "$ckdir"/*-"$model"  # the checkpoint (tens of GiB) before the next model's
+      done ;;
     tim-vllm)  # issue #13: vLLM's own rollouts (default and batch-invariant) rescored by our trainer; needs vLLM
       # (/tmp/vllmsite); the 1.7B checkpoint in /tmp/peers is bench-throughput's when it ran first, else written
       # here; FA4's site off the path; VLLM_GPU_MEM: vLLM's memory share (lower it when other jobs share the GPU:
