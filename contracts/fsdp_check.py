@@ -112,6 +112,11 @@ def run(
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     mesh = init_distributed(device)
     rank, ws = dist.get_rank(), dist.get_world_size()
+    if prompts_per_step * group_size < ws:
+        raise ValueError(
+            f"prompts_per_step * group_size = {prompts_per_step * group_size} rollouts a step for world size {ws}: "
+            f"every rank needs at least one, so at least {ws}"
+        )
     dev = torch.device(device, torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
     master, eng_model = build_models(model, str(dev), seed, engine=rank == 0)
     vocab = master.config.vocab_size
@@ -188,8 +193,9 @@ def run(
             payload = [[(o.prompt_token_ids, o.token_ids, o.logprobs.tolist(), a) for o, a in rows]]
         dist.broadcast_object_list(payload, src=0)
         rows = payload[0]
-        # an uneven split (rank 0 takes 60%): ranks with different amounts of work must still stay in step
-        first = len(rows) if ws == 1 else math.ceil(0.6 * len(rows))
+        # an uneven split (rank 0 takes 60%, leaving every other rank at least one row): ranks with different
+        # amounts of work must still stay in step
+        first = len(rows) if ws == 1 else min(math.ceil(0.6 * len(rows)), len(rows) - (ws - 1))
         bounds = [0, first] + [first + (len(rows) - first) * (r + 1) // (ws - 1) for r in range(ws - 1)]
         mine = rows[bounds[rank] : bounds[rank + 1]]
         return (

@@ -1,8 +1,9 @@
-"""Pipeline-parallel engine on GPUs == one GPU, bitwise (run on a host with >= 2 GPUs).
+"""Pipeline-parallel engine on GPUs == one GPU, bitwise (run on a host with >= 2 GPUs; one stage per rank).
 
-    torchrun --nproc_per_node=2 scripts/checks/pp_check.py [--shape 0.6b|1.7b] [--layers N] [--prompts 48]
+    torchrun --nproc_per_node=N scripts/checks/pp_check.py [--shape 0.6b|1.7b] [--layers N] [--prompts 48]
 
-Every rank builds the same random Qwen3-shaped model (bf16, HF config shapes); rank r keeps stage r's layers.
+Every rank builds the same random Qwen3-shaped model (bf16, HF config shapes); rank r keeps stage r's layers
+(``vexact_engine.pipeline.stage_layers``: consecutive ranges, the first ``layers % N`` stages one layer more).
 Rank 0 generates a workload through the pipeline (sampled and greedy requests, chunked prefill, a KV cache small
 enough to preempt), then the same workload on one GPU with the same weights, and compares tokens and logprobs with
 torch.equal. Then it shows the check can fail: the same pipeline with the stage boundary off by one bf16 ulp (the
@@ -54,9 +55,10 @@ def run_pipeline(cfg, engine_kw, prompts, params):
     t0 = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=False)
     llm.shutdown()
+    stages = [f"{r.start}-{r.stop - 1}" for r in pp.stage_layers(cfg.num_hidden_layers, dist.get_world_size())]
     print(
         f"pipeline x{dist.get_world_size()}: {sum(len(o.token_ids) for o in outs)} tokens in "
-        f"{time.perf_counter() - t0:.1f}s, {llm.num_preemptions} preemptions, layers of rank 0: {list(llm.stage)}"
+        f"{time.perf_counter() - t0:.1f}s, {llm.num_preemptions} preemptions, layers per stage: {stages}"
     )
     return outs
 
