@@ -40,8 +40,8 @@ esac
   echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
   echo "GPU: $GPU x $NGPU"
   dirty=""
-  git diff --quiet HEAD 2> /dev/null || dirty=" (uncommitted changes)"
-  echo "commit: $(git rev-parse --short HEAD 2> /dev/null || echo unknown)$dirty"
+  git rev-parse HEAD > /dev/null 2>&1 && ! git diff --quiet HEAD && dirty=" (uncommitted changes)"
+  echo "commit: ${COMMIT:-$(git rev-parse --short HEAD 2> /dev/null || echo unknown)}$dirty"
   echo "command: bash scripts/checks/multi_gpu.sh $RESULTS ${WHAT[*]}"
 } | tee -a "$SUMMARY"
 status=0

@@ -75,8 +75,8 @@ fi
 
 echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
 DIRTY=""
-git diff --quiet HEAD 2> /dev/null || DIRTY=" (uncommitted changes)"
-echo "commit: $(git rev-parse --short HEAD 2> /dev/null || echo unknown)$DIRTY"
+git rev-parse HEAD > /dev/null 2>&1 && ! git diff --quiet HEAD && DIRTY=" (uncommitted changes)"
+echo "commit: ${COMMIT:-$(git rev-parse --short HEAD 2> /dev/null || echo unknown)}$DIRTY"
 if [ "$CPU" = 1 ]; then echo "device: CPU (VERL_PLATFORM=cpu)"; else
   echo "device: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1);" \
        "head GPUs $HEAD_DEVS, worker GPUs $WORKER_DEVS"
