@@ -13,10 +13,11 @@ examples/verl_grpo/run_grpo.sh``.
 and ``moonlight-16b-a3b`` (a DeepSeek-V3), at ``--layers`` depth (default: the model's own), keeping the byte
 vocabulary (the GPU machines have no hub tokenizer) and a context of 1024.
 
-``--family deepseek_v3`` writes a DeepSeek-V3 / Moonlight-style model instead (``tiny_deepseek_v3_config`` widened:
-MLA with 128/64/128 head dims and a KV latent of ``--hidden / 2``, the first layer dense, ``--experts`` routed
-experts (default 16) in 4 groups with 2 kept, top ``--top-k``, 1 shared expert, YaRN rope), e.g.
-``--family deepseek_v3 --hidden 1024 --layers 8 --experts 32``.
+``--family qwen2`` / ``--family llama`` write that dense family at the ``--hidden`` width instead (Qwen2's q/k/v
+biases; Llama's llama3 rope and tied head). ``--family deepseek_v3`` writes a DeepSeek-V3 / Moonlight-style model
+(``tiny_deepseek_v3_config`` widened: MLA with 128/64/128 head dims and a KV latent of ``--hidden / 2``, the first
+layer dense, ``--experts`` routed experts (default 16) in 4 groups with 2 kept, top ``--top-k``, 1 shared expert, YaRN
+rope), e.g. ``--family deepseek_v3 --hidden 1024 --layers 8 --experts 32``.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=256, help="hidden size (head_dim 64, 2 query heads per KV head)")
     ap.add_argument("--layers", type=int, default=None, help="depth (default 4, or the --shape model's own)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--family", choices=["qwen3", "deepseek_v3"], default="qwen3")
+    ap.add_argument("--family", choices=["qwen3", "qwen2", "llama", "deepseek_v3"], default="qwen3")
     ap.add_argument("--experts", type=int, default=0, help="> 0: a Qwen3-MoE with this many experts in every layer")
     ap.add_argument("--top-k", type=int, default=4, help="experts per token (with --experts)")
     ap.add_argument("--shape", choices=sorted(SHAPES), help="a real model's widths (overrides --hidden/--experts)")
@@ -92,6 +93,8 @@ def main() -> None:
     elif args.experts:
         moe = dict(num_experts=args.experts, num_experts_per_tok=args.top_k, mlp_only_layers=())
         cfg = tiny_qwen3_moe_config(**shape, **moe, moe_intermediate_size=args.hidden // 2)
+    elif args.family in ("qwen2", "llama"):
+        cfg = tiny_config(args.family, **shape)  # the family's tiny traits (q/k/v biases; llama3 rope, tied head)
     else:
         cfg = tiny_qwen3_config(**shape)
     _write(args, cfg)
