@@ -77,6 +77,8 @@ def test_smoke_results_marks_each_failure(tmp_path):
     assert not rows["short"][1] and "1/2 steps" in rows["short"][0]
     assert not rows["crashed"][1] and "exit 1" in rows["crashed"][0]
     assert not rows["none"][1] and "0/2 steps" in rows["none"][0]
+    late = writer.row(dict(base, name="late", metrics=str(good), skipped="time budget: 850 of 900 s spent"))
+    assert not late[1] and "**not run** (time budget: 850 of 900 s spent)" in late[0]
     runs_file = tmp_path / "runs.jsonl"
     runs_file.write_text(json.dumps(runs[0]) + "\n")
     out = tmp_path / "recipes.md"

@@ -1,7 +1,8 @@
 """The one-GPU smoke runs of the recipes (scripts/checks/recipes_gpu.sh) as a results file: one table row a recipe.
 
 Reads RUNS.jsonl, one line a recipe run as the script records it (``name``, ``shape``, ``layers``, ``steps`` asked for,
-``rc``, ``wall_s``, ``metrics``: verl's file-logger JSONL of the run, ``env``: the run's environment line), and each
+``rc``, ``wall_s``, ``metrics``: verl's file-logger JSONL of the run, ``env``: the run's environment line, ``skipped``:
+why it did not run, if it did not), and each
 run's metrics; a run passes when it exits 0, logs every step asked for, and its rollout/actor K3 KL and maximum
 probability difference are exactly 0.0 at every step.
 
@@ -40,6 +41,8 @@ def row(run: dict) -> tuple[str, bool]:
     why = [] if ok else [f"exit {run['rc']}" if run["rc"] else "", f"{len(steps)}/{run['steps']} steps",
                          "" if exact else "K3 KL or probability difference not 0.0"]  # fmt: skip
     verdict = "pass" if ok else "**FAIL** (" + ", ".join(filter(None, why)) + ")"
+    if run.get("skipped"):  # not run at all: the reason instead
+        ok, verdict = False, f"**not run** ({run['skipped']})"
     cells = [
         f"`{run['name']}`",
         f"{run['shape']}, {run['layers']} layers",

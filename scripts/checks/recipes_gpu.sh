@@ -19,7 +19,8 @@
 # recipes-<TAG>-runs.jsonl (the table's input), progress.log. Models, data and run directories go to WORK (default
 # /tmp/vexact-recipes-gpu-<TAG>), removed at the end (KEEP_WORK=1 keeps them).
 # Environment: LAYERS (2), STEPS (5), ONLY (space-separated recipe names to run, default all), RECIPE_TIMEOUT (420 s a
-# recipe), TAG (file-name prefix: the GPU, e.g. h100), COMMIT. Each run starts a Ray cluster of its own
+# recipe), BUDGET (900 s: no recipe starts after BUDGET - MIN_RUN (100) s; those left are listed as not run), TAG
+# (file-name prefix: the GPU, e.g. h100), COMMIT. The models are written in the background, beside the first runs. Each run starts a Ray cluster of its own
 # (RAY_ADDRESS=local) and writes only under RESULTS_DIR and WORK, so it runs beside other jobs on other GPUs of the
 # host (CUDA_VISIBLE_DEVICES picks this one).
 # VERL_PLATFORM=cpu: the same flow on CPU, each family at hidden 64 (make_model.py --hidden 64 --family ...), STEPS 2,
@@ -56,6 +57,8 @@ fi
 COMMIT=${COMMIT:-$(git rev-parse --short HEAD 2> /dev/null || echo unknown)}
 WORK=$(realpath -m "${WORK:-/tmp/vexact-recipes-gpu-$TAG}")
 RECIPE_TIMEOUT=${RECIPE_TIMEOUT:-420}
+BUDGET=${BUDGET:-900}   # seconds: a recipe starts only while at least MIN_RUN of them are left
+MIN_RUN=${MIN_RUN:-100}
 rm -rf "$WORK" && mkdir -p "$WORK"
 RUNS="$RESULTS/recipes-$TAG-runs.jsonl"
 : > "$RUNS"
@@ -90,13 +93,13 @@ for name in gsm8k math dapo_math aime24 aime25; do
 done
 python3 examples/data/prepare.py gsm8k --out "$WORK/data" --from examples/data/samples/gsm8k.jsonl --split test || exit 1
 
-FAILED=0
-for name in "${SELECTED[@]}"; do
-  read -r -a spec <<< "${PLAN[$name]}"
-  script=${spec[0]} shape=${spec[1]}
-  envs=("${spec[@]:2}")
-  model="$WORK/models/$shape"
-  if [ ! -f "$model/config.json" ]; then
+make_models() {  # every selected recipe's model, in run order, one at a time: SHAPE.done or SHAPE.failed beside it
+  local name shape spec margs
+  for name in "${SELECTED[@]}"; do
+    [ -e "$WORK/models/stop" ] && return
+    read -r -a spec <<< "${PLAN[$name]}"
+    shape=${spec[1]}
+    [ -e "$WORK/models/$shape.done" ] && continue
     if [ "$CPU" = 1 ]; then
       case "$shape" in  # the family at a tiny width
         qwen3-30b-a3b) margs=(--experts 8 --top-k 2) ;;
@@ -105,13 +108,50 @@ for name in "${SELECTED[@]}"; do
         llama-3.1-8b) margs=(--family llama) ;;
         *) margs=() ;;
       esac
-      python3 examples/verl_grpo/make_model.py --hidden 64 --layers "$LAYERS" "${margs[@]}" --out "$model" || exit 1
+      margs=(--hidden 64 "${margs[@]}")
     else
-      python3 examples/verl_grpo/make_model.py --shape "$shape" --layers "$LAYERS" --out "$model" || exit 1
+      margs=(--shape "$shape")
     fi
+    if python3 examples/verl_grpo/make_model.py "${margs[@]}" --layers "$LAYERS" --out "$WORK/models/$shape"; then
+      touch "$WORK/models/$shape.done"
+    else
+      touch "$WORK/models/$shape.failed"
+    fi
+  done
+}
+mkdir -p "$WORK/models"
+make_models &  # beside the first recipes' runs: the models of the later ones are written on the host's CPU meanwhile
+
+record() {  # record NAME SHAPE RC WALL METRICS ENV [SKIPPED]: one line of the table's input
+  NAME=$1 SHAPE=$2 LAYERS=$LAYERS STEPS=$STEPS RC=$3 WALL=$4 METRICS=$5 ENVS=$6 SKIPPED=${7:-} python3 -c '
+import json, os
+e = os.environ
+print(json.dumps(dict(name=e["NAME"], shape=e["SHAPE"], layers=int(e["LAYERS"]), steps=int(e["STEPS"]), rc=int(e["RC"]),
+                      wall_s=int(e["WALL"]), metrics=e["METRICS"], env=e["ENVS"], skipped=e["SKIPPED"])))' >> "$RUNS"
+}
+
+FAILED=0
+for name in "${SELECTED[@]}"; do
+  read -r -a spec <<< "${PLAN[$name]}"
+  script=${spec[0]} shape=${spec[1]}
+  envs=("${spec[@]:2}")
+  model="$WORK/models/$shape"
+  out="$RESULTS/recipes-$TAG-$name"
+  elapsed=$(( $(date +%s) - T0 ))
+  if [ "$elapsed" -gt "$((BUDGET - MIN_RUN))" ]; then
+    echo "== $name: not run, $elapsed s of the $BUDGET s budget spent"
+    record "$name" "$shape" 0 0 "$out.jsonl" "${envs[*]}" "time budget: $elapsed of $BUDGET s spent"
+    FAILED=1
+    continue
+  fi
+  while [ ! -e "$model.done" ] && [ ! -e "$model.failed" ]; do sleep 2; done
+  if [ -e "$model.failed" ]; then
+    echo "== $name: make_model.py failed for $shape"
+    record "$name" "$shape" 1 0 "$out.jsonl" "${envs[*]}" "make_model.py --shape $shape failed"
+    FAILED=1
+    continue
   fi
   run_dir="$WORK/runs/$name"
-  out="$RESULTS/recipes-$TAG-$name"
   cmd=(env SMOKE=1 NNODES=1 GPUS_PER_NODE=1 MODEL_DIR="$model" DATA_DIR="$WORK/data" RUN_DIR="$run_dir" "${envs[@]}"
        timeout "$RECIPE_TIMEOUT" bash "examples/recipes/$script.sh" trainer.total_training_steps="$STEPS"
        trainer.save_freq=-1 +ray_kwargs.ray_init.include_dashboard=False
@@ -125,10 +165,7 @@ for name in "${SELECTED[@]}"; do
   [ -n "$metrics" ] && cp "$metrics" "$out.jsonl"
   echo "== $name: exit $rc after $wall s, $(wc -l < "$out.jsonl" 2> /dev/null || echo 0) metric lines"
   [ "$rc" = 0 ] || { FAILED=1; tail -30 "$out.log"; }
-  NAME=$name SHAPE=$shape LAYERS=$LAYERS STEPS=$STEPS RC=$rc WALL=$wall METRICS="$out.jsonl" ENVS="SMOKE=1 NNODES=1 GPUS_PER_NODE=1 ${envs[*]}" \
-    python3 -c 'import json, os; e = os.environ; print(json.dumps(dict(name=e["NAME"], shape=e["SHAPE"],
-      layers=int(e["LAYERS"]), steps=int(e["STEPS"]), rc=int(e["RC"]), wall_s=int(e["WALL"]), metrics=e["METRICS"],
-      env=e["ENVS"])))' >> "$RUNS"
+  record "$name" "$shape" "$rc" "$wall" "$out.jsonl" "SMOKE=1 NNODES=1 GPUS_PER_NODE=1 ${envs[*]}"
 done
 
 HEADER=(
@@ -150,6 +187,8 @@ HEADER=(
 STATUS=0
 python3 examples/recipes/smoke_results.py "$RUNS" --out "$RESULTS/recipes-$TAG.md" "${HEADER[@]/#/--header=}" || STATUS=1
 [ "$FAILED" = 0 ] || STATUS=1
+touch "$WORK/models/stop"
+wait  # make_models: at most the model it is writing
 [ "${KEEP_WORK:-0}" = 1 ] || rm -rf "$WORK"
 date -u
 echo "recipes_gpu done: $([ "$STATUS" = 0 ] && echo PASS || echo FAIL) after $(( $(date +%s) - T0 )) s; $RESULTS/recipes-$TAG.md"
