@@ -54,11 +54,12 @@ def report(a: Path, b: Path, c: Path, stop: int, steps: int, checkpoints: list[P
         ok &= not diffs and m.get("actor/grad_norm", 0) > 0 and m.get("rollout_corr/k3_kl") == 0.0
         cells = [m.get(k) for k in COLUMNS]
         b_cell, c_cell = (verdict, "") if step <= stop else ("", verdict)
+        cells[2] = "-" if cells[2] is None else repr(cells[2])  # K3 KL as logged: exactly 0.0, or the value
         lines.append(f"| {step} | " + " | ".join(map(_fmt, cells)) + f" | {b_cell} | {c_cell} |")
     first = rc.get(stop + 1, {})
     lines += ["", f"C's first step after the resume (step {stop + 1}): rollout/actor K3 KL "
-              f"{_fmt(first.get('rollout_corr/k3_kl'))}, max probability difference "
-              f"{_fmt(first.get('training/rollout_probs_diff_max'))} (the engine's weights are synced from the "
+              f"{first.get('rollout_corr/k3_kl')!r}, max probability difference "
+              f"{first.get('training/rollout_probs_diff_max')!r} (the engine's weights are synced from the "
               "restored actor)."]  # fmt: skip
     ok &= first.get("rollout_corr/k3_kl") == 0.0
     if checkpoints:

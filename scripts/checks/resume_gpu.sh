@@ -108,7 +108,9 @@ job a "$WORK/a" "$STEPS" trainer.save_freq="$STEPS" "${SMALL_CKPT[@]}" || FAILED
 job b "$WORK/b" "$STOP" trainer.save_freq="$STOP" || FAILED=1
 job c "$WORK/b" "$STEPS" trainer.save_freq="$STOP" trainer.resume_mode=auto "${SMALL_CKPT[@]}" \
   "actor_rollout_ref.actor.checkpoint.load_contents=[model,optimizer,extra]" || FAILED=1
-CKPT_SIZES="$(du -sh "$WORK"/{a,b}/checkpoints/grpo/global_step_* 2> /dev/null | tr '\t' ' ' | paste -sd, -)"
+CKPT_SIZES=$(for d in "$WORK"/{a,b}/checkpoints/grpo/global_step_*; do
+  [ -d "$d" ] && printf '%s %s; ' "${d#"$WORK"/}" "$(du -sh "$d" | cut -f1)"
+done)
 
 HEADER=(
   "# Rerun and resume, bitwise: verl GRPO on one GPU"
@@ -120,7 +122,8 @@ HEADER=(
   "- Model: $SHAPE_TEXT; data: examples/verl_grpo/make_dataset.py; $BATCH prompts x $N responses of up to $RESP"
   "  tokens a step, lr 1e-4, reward examples/verl_grpo/reward.py"
   "- Jobs (examples/verl_grpo/run_grpo.sh): A $STEPS steps (${WALL[a]:-?} s), B stopped after $STOP (${WALL[b]:-?} s),"
-  "  C resumed from B's step-$STOP checkpoint to $STEPS (${WALL[c]:-?} s); checkpoints: $CKPT_SIZES"
+  "  C resumed from B's step-$STOP checkpoint to $STEPS (${WALL[c]:-?} s); checkpoints (A and C: model and extra"
+  "  states, B: with the optimizer; C's run keeps B's): ${CKPT_SIZES%; }"
   "- Metrics: resume-$TAG-a.jsonl, resume-$TAG-b.jsonl, resume-$TAG-c.jsonl (verl's file logger); compared by"
   "  examples/verl_grpo/resume_results.py (examples/verl_grpo/compare_runs.py: every number but timings, throughput"
   "  and memory with ==; checkpoint tensors with torch.equal)"
