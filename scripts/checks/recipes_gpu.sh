@@ -7,12 +7,14 @@
 # Each recipe runs through its own script with SMOKE=1 (its small-run switch: batch, lengths and steps shrink, every
 # other setting stays the recipe's), NNODES=1 GPUS_PER_NODE=1 (PP=1 for the Qwen3-30B-A3B recipes, whose rollout
 # defaults to 2 pipeline stages; the vexact arm alone for the verify pair: the vllm arm needs vLLM's own stack), and
-# these overrides: trainer.total_training_steps=STEPS, trainer.save_freq=-1 (no checkpoint), verl's dashboard off, and
+# these overrides: trainer.total_training_steps=STEPS, trainer.save_freq=-1 (no checkpoint),
+# trainer.val_before_train=False (the recipe's validation runs once, after the last step), verl's dashboard off, and
 # examples/verl_grpo/reward.py as the reward (verl's GSM8K rule plus a small credit for digits: random weights never
 # answer, so verl's scorers alone give every response 0, every advantage 0, and DAPO's dynamic sampling drops every
-# group). One recipe after another; a failing one is recorded and the next runs.
+# group). One recipe after another, one of each family first; a failing one is recorded and the next runs.
 # Data: examples/data/prepare.py on examples/data/samples/ (no hub). Models: examples/verl_grpo/make_model.py --shape
-# (qwen3-1.7b, qwen3-30b-a3b, moonlight-16b-a3b, r1-distill-qwen-1.5b, llama-3.1-8b) at LAYERS layers (default 2).
+# (qwen3-1.7b, qwen3-30b-a3b, moonlight-16b-a3b, r1-distill-qwen-1.5b, llama-3.1-8b) at LAYERS layers (default 2),
+# written in the background beside the first runs.
 #
 # Outputs in RESULTS_DIR: recipes-<TAG>.md (date, GPU, commit, command, the table: K3 KL, reward mean, response
 # length and step time per step, pass/fail), recipes-<TAG>-<recipe>.jsonl (verl's file logger) and .log,
@@ -20,9 +22,10 @@
 # /tmp/vexact-recipes-gpu-<TAG>), removed at the end (KEEP_WORK=1 keeps them).
 # Environment: LAYERS (2), STEPS (5), ONLY (space-separated recipe names to run, default all), RECIPE_TIMEOUT (420 s a
 # recipe), BUDGET (900 s: no recipe starts after BUDGET - MIN_RUN (100) s; those left are listed as not run), TAG
-# (file-name prefix: the GPU, e.g. h100), COMMIT. The models are written in the background, beside the first runs. Each run starts a Ray cluster of its own
-# (RAY_ADDRESS=local) and writes only under RESULTS_DIR and WORK, so it runs beside other jobs on other GPUs of the
-# host (CUDA_VISIBLE_DEVICES picks this one).
+# (file-name prefix: the GPU, e.g. h100), COMMIT. Estimate on an H100: ~2 minutes a recipe (verl's start ~90 s, then
+# 5 small steps and one validation), ~15 minutes for the seven.
+# Each run starts a Ray cluster of its own (RAY_ADDRESS=local) and writes only under RESULTS_DIR and WORK, so it runs
+# beside other jobs on other GPUs of the host (CUDA_VISIBLE_DEVICES picks this one).
 # VERL_PLATFORM=cpu: the same flow on CPU, each family at hidden 64 (make_model.py --hidden 64 --family ...), STEPS 2,
 # to check the script itself.
 set -uo pipefail
@@ -76,8 +79,9 @@ declare -A PLAN=(
   [r1_distill_qwen_1.5b_verify_pair_math]="r1_distill_qwen_1.5b_verify_pair_math r1-distill-qwen-1.5b ARMS=vexact"
   [llama_3.1_8b_grpo_gsm8k]="llama_3.1_8b_grpo_gsm8k llama-3.1-8b"
 )
+# one recipe of each family first, then the second recipes of the MoE families
 ORDER=(qwen3_1.7b_grpo_gsm8k r1_distill_qwen_1.5b_verify_pair_math llama_3.1_8b_grpo_gsm8k moonlight_16b_a3b-grpo
-       moonlight_16b_a3b-reinforce_pp qwen3_30b_a3b_dapo_math qwen3_30b_a3b_reinforce_pp_dapo_math)
+       qwen3_30b_a3b_dapo_math moonlight_16b_a3b-reinforce_pp qwen3_30b_a3b_reinforce_pp_dapo_math)
 read -r -a SELECTED <<< "${ONLY:-${ORDER[*]}}"
 for name in "${SELECTED[@]}"; do
   [ -n "${PLAN[$name]:-}" ] || { echo "ONLY: unknown recipe run '$name' (${ORDER[*]})" >&2; exit 2; }
@@ -154,7 +158,7 @@ for name in "${SELECTED[@]}"; do
   run_dir="$WORK/runs/$name"
   cmd=(env SMOKE=1 NNODES=1 GPUS_PER_NODE=1 MODEL_DIR="$model" DATA_DIR="$WORK/data" RUN_DIR="$run_dir" "${envs[@]}"
        timeout "$RECIPE_TIMEOUT" bash "examples/recipes/$script.sh" trainer.total_training_steps="$STEPS"
-       trainer.save_freq=-1 +ray_kwargs.ray_init.include_dashboard=False
+       trainer.save_freq=-1 trainer.val_before_train=False +ray_kwargs.ray_init.include_dashboard=False
        reward.custom_reward_function.path="$ROOT/examples/verl_grpo/reward.py" "${EXTRA[@]}")
   echo "== $name: ${cmd[*]}"
   start=$(date +%s)
@@ -176,7 +180,7 @@ HEADER=(
   "- Commit: $COMMIT"
   "- Command: \`bash scripts/checks/recipes_gpu.sh $1\`$([ "$CPU" = 1 ] && echo " with VERL_PLATFORM=cpu")$([ -n "${ONLY:-}" ] && echo " with ONLY='$ONLY'")"
   "- Each run: \`env SMOKE=1 NNODES=1 GPUS_PER_NODE=1 MODEL_DIR=... DATA_DIR=... RUN_DIR=... [ENV] bash"
-  "  examples/recipes/SCRIPT.sh trainer.total_training_steps=$STEPS trainer.save_freq=-1"
+  "  examples/recipes/SCRIPT.sh trainer.total_training_steps=$STEPS trainer.save_freq=-1 trainer.val_before_train=False"
   "  +ray_kwargs.ray_init.include_dashboard=False reward.custom_reward_function.path=examples/verl_grpo/reward.py"
   "  ${EXTRA[*]}\`"
   "- Data: examples/data/prepare.py on the committed samples (examples/data/samples/); models:"
