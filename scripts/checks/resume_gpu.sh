@@ -19,7 +19,7 @@
 # of fp32 weights at 28 layers), B's the optimizer too (17 GB); trainer.max_actor_ckpt_to_keep=1.
 #
 # Environment: SHAPE (qwen3-1.7b), LAYERS (28), STEPS (20), STOP (10), BATCH (32 prompts), N (4 responses each),
-# RESP (64 tokens), GPU_MEM (0.4), JOB_TIMEOUT (900 s a job), TAG (file-name prefix: the GPU, e.g. h100), COMMIT.
+# RESP (64 tokens), GPU_MEM (0.4), JOB_TIMEOUT (600 s a job), TAG (file-name prefix: the GPU, e.g. h100), COMMIT.
 # Estimate on an H100 at the defaults: a step ~11 s, verl's start ~90 s: A ~5.5 min, B ~3.5, C ~3.5, model ~0.5.
 # Each job starts a Ray cluster of its own (RAY_ADDRESS=local) and writes only under RESULTS_DIR and WORK, so it runs
 # beside other jobs on other GPUs of the host (CUDA_VISIBLE_DEVICES picks this one).
@@ -61,7 +61,7 @@ fi
 [ "$STOP" -gt 0 ] && [ "$STOP" -lt "$STEPS" ] || { echo "STOP=$STOP must be in 1..$((STEPS - 1))" >&2; exit 2; }
 COMMIT=${COMMIT:-$(git rev-parse --short HEAD 2> /dev/null || echo unknown)}
 WORK=$(realpath -m "${WORK:-/tmp/vexact-resume-gpu-$TAG}")
-JOB_TIMEOUT=${JOB_TIMEOUT:-900}
+JOB_TIMEOUT=${JOB_TIMEOUT:-600}
 rm -rf "$WORK" && mkdir -p "$WORK"
 echo "== resume_gpu: $GPU, commit $COMMIT, $SHAPE_TEXT, $STEPS steps, stop at $STOP, work dir $WORK ($(df -h --output=avail "$WORK" | tail -1) free)"
 date -u
