@@ -20,8 +20,8 @@
 # length and step time per step, pass/fail), recipes-<TAG>-<recipe>.jsonl (verl's file logger) and .log,
 # recipes-<TAG>-runs.jsonl (the table's input), progress.log. Models, data and run directories go to WORK (default
 # /tmp/vexact-recipes-gpu-<TAG>), removed at the end (KEEP_WORK=1 keeps them).
-# Environment: LAYERS (2), STEPS (5), ONLY (space-separated recipe names to run, default all), RECIPE_TIMEOUT (420 s a
-# recipe), BUDGET (900 s: no recipe starts after BUDGET - MIN_RUN (100) s; those left are listed as not run), TAG
+# Environment: LAYERS (2), STEPS (5), ONLY (space-separated recipe names to run, default all), RECIPE_TIMEOUT (300 s a
+# recipe), BUDGET (900 s: no recipe starts after BUDGET - MIN_RUN (150) s; those left are listed as not run), TAG
 # (file-name prefix: the GPU, e.g. h100), COMMIT. Estimate on an H100: ~2 minutes a recipe (verl's start ~90 s, then
 # 5 small steps and one validation), ~15 minutes for the seven.
 # Each run starts a Ray cluster of its own (RAY_ADDRESS=local) and writes only under RESULTS_DIR and WORK, so it runs
@@ -59,9 +59,9 @@ else
 fi
 COMMIT=${COMMIT:-$(git rev-parse --short HEAD 2> /dev/null || echo unknown)}
 WORK=$(realpath -m "${WORK:-/tmp/vexact-recipes-gpu-$TAG}")
-RECIPE_TIMEOUT=${RECIPE_TIMEOUT:-420}
+RECIPE_TIMEOUT=${RECIPE_TIMEOUT:-300}
 BUDGET=${BUDGET:-900}   # seconds: a recipe starts only while at least MIN_RUN of them are left
-MIN_RUN=${MIN_RUN:-100}
+MIN_RUN=${MIN_RUN:-150}
 rm -rf "$WORK" && mkdir -p "$WORK"
 RUNS="$RESULTS/recipes-$TAG-runs.jsonl"
 : > "$RUNS"
@@ -125,9 +125,12 @@ make_models() {  # every selected recipe's model, in run order, one at a time: S
 }
 mkdir -p "$WORK/models"
 make_models &  # beside the first recipes' runs: the models of the later ones are written on the host's CPU meanwhile
+MAKER=$!
 
 record() {  # record NAME SHAPE RC WALL METRICS ENV [SKIPPED]: one line of the table's input
-  NAME=$1 SHAPE=$2 LAYERS=$LAYERS STEPS=$STEPS RC=$3 WALL=$4 METRICS=$5 ENVS=$6 SKIPPED=${7:-} python3 -c '
+  local label=$2
+  [ "$CPU" = 1 ] && label="$2 family at hidden 64"
+  NAME=$1 SHAPE=$label LAYERS=$LAYERS STEPS=$STEPS RC=$3 WALL=$4 METRICS=$5 ENVS=$6 SKIPPED=${7:-} python3 -c '
 import json, os
 e = os.environ
 print(json.dumps(dict(name=e["NAME"], shape=e["SHAPE"], layers=int(e["LAYERS"]), steps=int(e["STEPS"]), rc=int(e["RC"]),
@@ -144,14 +147,16 @@ for name in "${SELECTED[@]}"; do
   elapsed=$(( $(date +%s) - T0 ))
   if [ "$elapsed" -gt "$((BUDGET - MIN_RUN))" ]; then
     echo "== $name: not run, $elapsed s of the $BUDGET s budget spent"
-    record "$name" "$shape" 0 0 "$out.jsonl" "${envs[*]}" "time budget: $elapsed of $BUDGET s spent"
+    record "$name" "$shape" 0 0 "$out.jsonl" "SMOKE=1 NNODES=1 GPUS_PER_NODE=1 ${envs[*]}" \
+      "time budget: $elapsed of $BUDGET s spent"
     FAILED=1
     continue
   fi
   while [ ! -e "$model.done" ] && [ ! -e "$model.failed" ]; do sleep 2; done
   if [ -e "$model.failed" ]; then
     echo "== $name: make_model.py failed for $shape"
-    record "$name" "$shape" 1 0 "$out.jsonl" "${envs[*]}" "make_model.py --shape $shape failed"
+    record "$name" "$shape" 1 0 "$out.jsonl" "SMOKE=1 NNODES=1 GPUS_PER_NODE=1 ${envs[*]}" \
+      "make_model.py --shape $shape failed"
     FAILED=1
     continue
   fi
@@ -178,7 +183,7 @@ HEADER=(
   "- Date: $(date -u '+%Y-%m-%d %H:%M UTC')"
   "- GPU: $GPU"
   "- Commit: $COMMIT"
-  "- Command: \`bash scripts/checks/recipes_gpu.sh $1\`$([ "$CPU" = 1 ] && echo " with VERL_PLATFORM=cpu")$([ -n "${ONLY:-}" ] && echo " with ONLY='$ONLY'")"
+  "- Command: \`bash scripts/checks/recipes_gpu.sh $1\`$([ "$CPU" = 1 ] && echo ", VERL_PLATFORM=cpu")$([ -n "${ONLY:-}" ] && echo ", ONLY='$ONLY'")$([ "$BUDGET" != 900 ] && echo ", BUDGET=$BUDGET")"
   "- Each run: \`env SMOKE=1 NNODES=1 GPUS_PER_NODE=1 MODEL_DIR=... DATA_DIR=... RUN_DIR=... [ENV] bash"
   "  examples/recipes/SCRIPT.sh trainer.total_training_steps=$STEPS trainer.save_freq=-1 trainer.val_before_train=False"
   "  +ray_kwargs.ray_init.include_dashboard=False reward.custom_reward_function.path=examples/verl_grpo/reward.py"
@@ -192,7 +197,7 @@ STATUS=0
 python3 examples/recipes/smoke_results.py "$RUNS" --out "$RESULTS/recipes-$TAG.md" "${HEADER[@]/#/--header=}" || STATUS=1
 [ "$FAILED" = 0 ] || STATUS=1
 touch "$WORK/models/stop"
-wait  # make_models: at most the model it is writing
+wait "$MAKER"  # at most the model it is writing (a bare `wait` would also wait for the tee of progress.log)
 [ "${KEEP_WORK:-0}" = 1 ] || rm -rf "$WORK"
 date -u
 echo "recipes_gpu done: $([ "$STATUS" = 0 ] && echo PASS || echo FAIL) after $(( $(date +%s) - T0 )) s; $RESULTS/recipes-$TAG.md"
