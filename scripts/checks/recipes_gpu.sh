@@ -51,7 +51,7 @@ else
   STACK=$(bash scripts/staging/rl_stack_wheels.sh path vexact)
   export PYTHONPATH="$STACK${PYTHONPATH:+:$PYTHONPATH}"
   STEPS=${STEPS:-5}
-  GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader -i "${CUDA_VISIBLE_DEVICES%%,*}" 2> /dev/null | head -1)
+  GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader -i "${CUDA_VISIBLE_DEVICES:-0}" 2> /dev/null | head -1)
   GPU=${GPU:-$(python3 -c "import torch; print(torch.cuda.get_device_name())")}
   TAG=${TAG:-$(echo "$GPU" | grep -oiE 'h100|h200|b200|a100' | head -1 | tr 'A-Z' 'a-z')}
   TAG=${TAG:-gpu}

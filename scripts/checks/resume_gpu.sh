@@ -52,7 +52,7 @@ else
   SHAPE_ARGS=(--shape "$SHAPE" --layers "$LAYERS")
   SHAPE_TEXT="$SHAPE shape, $LAYERS layers, random weights (examples/verl_grpo/make_model.py --seed 0)"
   STEPS=${STEPS:-20} STOP=${STOP:-10} BATCH=${BATCH:-32} N=${N:-4} RESP=${RESP:-64}
-  GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader -i "${CUDA_VISIBLE_DEVICES%%,*}" 2> /dev/null | head -1)
+  GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader -i "${CUDA_VISIBLE_DEVICES:-0}" 2> /dev/null | head -1)
   GPU=${GPU:-$(python3 -c "import torch; print(torch.cuda.get_device_name())")}
   TAG=${TAG:-$(echo "$GPU" | grep -oiE 'h100|h200|b200|a100' | head -1 | tr 'A-Z' 'a-z')}
   TAG=${TAG:-gpu}
