@@ -24,8 +24,9 @@
 # recipe), BUDGET (900 s: no recipe starts after BUDGET - MIN_RUN (150) s; those left are listed as not run), TAG
 # (file-name prefix: the GPU, e.g. h100), COMMIT. Estimate on an H100: ~2 minutes a recipe (verl's start ~90 s, then
 # 5 small steps and one validation), ~15 minutes for the seven.
-# Each run starts a Ray cluster of its own (RAY_ADDRESS=local) and writes only under RESULTS_DIR and WORK, so it runs
-# beside other jobs on other GPUs of the host (CUDA_VISIBLE_DEVICES picks this one).
+# Each run starts a Ray cluster of its own (RAY_ADDRESS=local, sessions under /tmp/ray-recipes-<TAG>, where the Ray
+# processes a failed or timed-out run leaves are found and stopped) and writes only under RESULTS_DIR, WORK and that
+# folder, so it runs beside other jobs on other GPUs of the host (CUDA_VISIBLE_DEVICES picks this one).
 # VERL_PLATFORM=cpu: the same flow on CPU, each family at hidden 64 (make_model.py --hidden 64 --family ...), STEPS 2,
 # to check the script itself.
 set -uo pipefail
@@ -63,6 +64,18 @@ RECIPE_TIMEOUT=${RECIPE_TIMEOUT:-300}
 BUDGET=${BUDGET:-900}   # seconds: a recipe starts only while at least MIN_RUN of them are left
 MIN_RUN=${MIN_RUN:-150}
 rm -rf "$WORK" && mkdir -p "$WORK"
+# this job's Ray sessions (ray.init's _temp_dir): every Ray process of the job names it, so what a stopped job leaves
+# behind is found by it and no other job's Ray is touched
+RAY_TMP=/tmp/ray-recipes-$TAG
+reap() {
+  local pids
+  pids=$(pgrep -f -- "$RAY_TMP/" | tr '\n' ' ')
+  [ -z "$pids" ] && return
+  echo "== stopping Ray processes left by the job under $RAY_TMP: $pids"
+  kill $pids 2> /dev/null
+  sleep 3
+  kill -9 $pids 2> /dev/null
+}
 RUNS="$RESULTS/recipes-$TAG-runs.jsonl"
 : > "$RUNS"
 T0=$(date +%s)
@@ -164,15 +177,17 @@ for name in "${SELECTED[@]}"; do
   cmd=(env SMOKE=1 NNODES=1 GPUS_PER_NODE=1 MODEL_DIR="$model" DATA_DIR="$WORK/data" RUN_DIR="$run_dir" "${envs[@]}"
        timeout "$RECIPE_TIMEOUT" bash "examples/recipes/$script.sh" trainer.total_training_steps="$STEPS"
        trainer.save_freq=-1 trainer.val_before_train=False +ray_kwargs.ray_init.include_dashboard=False
+       +ray_kwargs.ray_init._temp_dir="$RAY_TMP"
        reward.custom_reward_function.path="$ROOT/examples/verl_grpo/reward.py" "${EXTRA[@]}")
   echo "== $name: ${cmd[*]}"
   start=$(date +%s)
   rc=0
   "${cmd[@]}" > "$out.log" 2>&1 || rc=$?
   wall=$(( $(date +%s) - start ))
+  reap
   metrics=$(ls "$run_dir"/*.jsonl 2> /dev/null | head -1)
   [ -n "$metrics" ] && cp "$metrics" "$out.jsonl"
-  echo "== $name: exit $rc after $wall s, $(wc -l < "$out.jsonl" 2> /dev/null || echo 0) metric lines"
+  echo "== $name: exit $rc after $wall s, $(cat "$out.jsonl" 2> /dev/null | wc -l) metric lines"
   [ "$rc" = 0 ] || { FAILED=1; tail -30 "$out.log"; }
   record "$name" "$shape" "$rc" "$wall" "$out.jsonl" "SMOKE=1 NNODES=1 GPUS_PER_NODE=1 ${envs[*]}"
 done
@@ -186,7 +201,8 @@ HEADER=(
   "- Command: \`bash scripts/checks/recipes_gpu.sh $1\`$([ "$CPU" = 1 ] && echo ", VERL_PLATFORM=cpu")$([ -n "${ONLY:-}" ] && echo ", ONLY='$ONLY'")$([ "$BUDGET" != 900 ] && echo ", BUDGET=$BUDGET")"
   "- Each run: \`env SMOKE=1 NNODES=1 GPUS_PER_NODE=1 MODEL_DIR=... DATA_DIR=... RUN_DIR=... [ENV] bash"
   "  examples/recipes/SCRIPT.sh trainer.total_training_steps=$STEPS trainer.save_freq=-1 trainer.val_before_train=False"
-  "  +ray_kwargs.ray_init.include_dashboard=False reward.custom_reward_function.path=examples/verl_grpo/reward.py"
+  "  +ray_kwargs.ray_init.include_dashboard=False +ray_kwargs.ray_init._temp_dir=$RAY_TMP"
+  "  reward.custom_reward_function.path=examples/verl_grpo/reward.py"
   "  ${EXTRA[*]}\`"
   "- Data: examples/data/prepare.py on the committed samples (examples/data/samples/); models:"
   "  examples/verl_grpo/make_model.py --shape SHAPE --layers $LAYERS (byte vocabulary); metrics:"

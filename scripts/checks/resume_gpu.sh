@@ -21,8 +21,9 @@
 # Environment: SHAPE (qwen3-1.7b), LAYERS (28), STEPS (20), STOP (10), BATCH (32 prompts), N (4 responses each),
 # RESP (64 tokens), GPU_MEM (0.4), JOB_TIMEOUT (600 s a job), TAG (file-name prefix: the GPU, e.g. h100), COMMIT.
 # Estimate on an H100 at the defaults: a step ~11 s, verl's start ~90 s: A ~5.5 min, B ~3.5, C ~3.5, model ~0.5.
-# Each job starts a Ray cluster of its own (RAY_ADDRESS=local) and writes only under RESULTS_DIR and WORK, so it runs
-# beside other jobs on other GPUs of the host (CUDA_VISIBLE_DEVICES picks this one).
+# Each job starts a Ray cluster of its own (RAY_ADDRESS=local, sessions under /tmp/ray-resume-<TAG>, where the Ray
+# processes a failed or timed-out job leaves are found and stopped) and writes only under RESULTS_DIR, WORK and that
+# folder, so it runs beside other jobs on other GPUs of the host (CUDA_VISIBLE_DEVICES picks this one).
 # VERL_PLATFORM=cpu: the same flow on CPU at tiny sizes (hidden 64, 2 layers, 4 steps stopped at 2, 4 x 2 responses
 # of 16 tokens), to check the script itself.
 set -uo pipefail
@@ -63,6 +64,18 @@ COMMIT=${COMMIT:-$(git rev-parse --short HEAD 2> /dev/null || echo unknown)}
 WORK=$(realpath -m "${WORK:-/tmp/vexact-resume-gpu-$TAG}")
 JOB_TIMEOUT=${JOB_TIMEOUT:-600}
 rm -rf "$WORK" && mkdir -p "$WORK"
+# this job's Ray sessions (ray.init's _temp_dir): every Ray process of the job names it, so what a stopped job leaves
+# behind is found by it and no other job's Ray is touched
+RAY_TMP=/tmp/ray-resume-$TAG
+reap() {
+  local pids
+  pids=$(pgrep -f -- "$RAY_TMP/" | tr '\n' ' ')
+  [ -z "$pids" ] && return
+  echo "== stopping Ray processes left by the job under $RAY_TMP: $pids"
+  kill $pids 2> /dev/null
+  sleep 3
+  kill -9 $pids 2> /dev/null
+}
 echo "== resume_gpu: $GPU, commit $COMMIT, $SHAPE_TEXT, $STEPS steps, stop at $STOP, work dir $WORK ($(df -h --output=avail "$WORK" | tail -1) free)"
 date -u
 
@@ -73,7 +86,7 @@ echo "== model and data: $(( $(date +%s) - T0 )) s, model $(du -sh "$WORK/model"
 
 # the settings the three jobs share (run_grpo.sh's own, then these); each job adds its steps and checkpoint settings
 SHARED=(
-  +ray_kwargs.ray_init.include_dashboard=False
+  +ray_kwargs.ray_init.include_dashboard=False +ray_kwargs.ray_init._temp_dir="$RAY_TMP"
   actor_rollout_ref.actor.strategy=vexact
   data.train_batch_size="$BATCH" actor_rollout_ref.actor.ppo_mini_batch_size="$BATCH"
   actor_rollout_ref.rollout.n="$N" data.max_response_length="$RESP"
@@ -97,7 +110,8 @@ job() {  # job NAME RUN_DIR STEPS OVERRIDES...: one run of run_grpo.sh; metrics 
   start=$(date +%s)
   "${cmd[@]}" > "$log.log" 2>&1 || rc=$?
   WALL[$name]=$(( $(date +%s) - start ))
-  echo "== job $name: exit $rc after ${WALL[$name]} s, $(wc -l < "$log.jsonl" 2> /dev/null || echo 0) metric lines"
+  reap
+  echo "== job $name: exit $rc after ${WALL[$name]} s, $(cat "$log.jsonl" 2> /dev/null | wc -l) metric lines"
   du -sh "$dir"/checkpoints/grpo/global_step_* 2> /dev/null
   [ "$rc" = 0 ] || { tail -40 "$log.log"; echo "resume_gpu: job $name failed (rc $rc), see $log.log"; }
   return "$rc"
