@@ -19,7 +19,7 @@
 # Outputs in RESULTS_DIR: recipes-<TAG>.md (date, GPU, commit, command, the table: K3 KL, reward mean, response
 # length and step time per step, pass/fail), recipes-<TAG>-<recipe>.jsonl (verl's file logger) and .log,
 # recipes-<TAG>-runs.jsonl (the table's input), progress.log. Models, data and run directories go to WORK (default
-# /tmp/vexact-recipes-gpu-<TAG>), removed at the end (KEEP_WORK=1 keeps them).
+# /tmp/vexact-recipes-gpu-<TAG>), removed at the end with the Ray temp dir (KEEP_WORK=1 keeps them).
 # Environment: LAYERS (2), STEPS (5), ONLY (space-separated recipe names to run, default all), RECIPE_TIMEOUT (300 s a
 # recipe), BUDGET (900 s: no recipe starts after BUDGET - MIN_RUN (150) s; those left are listed as not run), TAG
 # (file-name prefix: the GPU, e.g. h100), COMMIT. Estimate on an H100: ~2 minutes a recipe (verl's start ~90 s, then
@@ -214,7 +214,7 @@ python3 examples/recipes/smoke_results.py "$RUNS" --out "$RESULTS/recipes-$TAG.m
 [ "$FAILED" = 0 ] || STATUS=1
 touch "$WORK/models/stop"
 wait "$MAKER"  # at most the model it is writing (a bare `wait` would also wait for the tee of progress.log)
-[ "${KEEP_WORK:-0}" = 1 ] || rm -rf "$WORK"
+[ "${KEEP_WORK:-0}" = 1 ] || rm -rf "$WORK" "$RAY_TMP"
 date -u
 echo "recipes_gpu done: $([ "$STATUS" = 0 ] && echo PASS || echo FAIL) after $(( $(date +%s) - T0 )) s; $RESULTS/recipes-$TAG.md"
 exit "$STATUS"

@@ -15,7 +15,7 @@
 #
 # Outputs in RESULTS_DIR: resume-<TAG>.md (date, GPU, commit, commands, the table), resume-<TAG>-{a,b,c}.jsonl (verl's
 # file logger) and .log, progress.log. Checkpoints, model and data go to WORK (default /tmp/vexact-resume-gpu), removed
-# at the end (KEEP_WORK=1 keeps them): the final checkpoints of A and C hold the model and extra states only (5.6 GB
+# at the end with the Ray temp dir (KEEP_WORK=1 keeps them): the final checkpoints of A and C hold the model and extra states only (5.6 GB
 # of fp32 weights at 28 layers), B's the optimizer too (17 GB); trainer.max_actor_ckpt_to_keep=1.
 #
 # Environment: SHAPE (qwen3-1.7b), LAYERS (28), STEPS (20), STOP (10), BATCH (32 prompts), N (4 responses each),
@@ -151,7 +151,7 @@ python3 examples/verl_grpo/resume_results.py "$RESULTS/resume-$TAG-"{a,b,c}.json
   --checkpoints "$WORK/b/checkpoints/grpo/global_step_$STEPS" "$WORK/a/checkpoints/grpo/global_step_$STEPS" \
   --out "$RESULTS/resume-$TAG.md" "${HEADER[@]/#/--header=}" || STATUS=1
 [ "$FAILED" = 0 ] || STATUS=1
-[ "${KEEP_WORK:-0}" = 1 ] || rm -rf "$WORK"
+[ "${KEEP_WORK:-0}" = 1 ] || rm -rf "$WORK" "$RAY_TMP"
 date -u
 echo "resume_gpu done: $([ "$STATUS" = 0 ] && echo PASS || echo FAIL) after $(( $(date +%s) - T0 )) s; $RESULTS/resume-$TAG.md"
 exit "$STATUS"
