@@ -14,13 +14,15 @@
 # tensor with torch.equal. Exit status 1 when anything differs or a job fails.
 #
 # Outputs in RESULTS_DIR: resume-<TAG>.md (date, GPU, commit, commands, the table), resume-<TAG>-{a,b,c}.jsonl (verl's
-# file logger) and .log, progress.log. Checkpoints, model and data go to WORK (default /tmp/vexact-resume-gpu), removed
-# at the end with the Ray temp dir (KEEP_WORK=1 keeps them): the final checkpoints of A and C hold the model and extra states only (5.6 GB
-# of fp32 weights at 28 layers), B's the optimizer too (17 GB); trainer.max_actor_ckpt_to_keep=1.
+# file logger) and .log, progress.log. Checkpoints, model and data go to WORK (default /tmp/vexact-resume-gpu-<TAG>),
+# removed at the end with the Ray temp dir (KEEP_WORK=1 keeps them). The final checkpoints of A and C hold the model
+# and extra states only (5.6 GB of fp32 weights at 28 layers), B's the optimizer too (17 GB): about 28 GB at the peak;
+# trainer.max_actor_ckpt_to_keep=1.
 #
 # Environment: SHAPE (qwen3-1.7b), LAYERS (28), STEPS (20), STOP (10), BATCH (32 prompts), N (4 responses each),
 # RESP (64 tokens), GPU_MEM (0.4), JOB_TIMEOUT (600 s a job), TAG (file-name prefix: the GPU, e.g. h100), COMMIT.
-# Estimate on an H100 at the defaults: a step ~11 s, verl's start ~90 s: A ~5.5 min, B ~3.5, C ~3.5, model ~0.5.
+# Estimate on an H100 at the defaults: a step ~11 s, verl's start ~90 s, checkpoint writes and loads ~1 min in all:
+# A ~5.5 min, B ~3.5, C ~4, model and comparison ~1; about 14 minutes (LAYERS=14: about 10).
 # Each job starts a Ray cluster of its own (RAY_ADDRESS=local, sessions under /tmp/ray-resume-<TAG>, where the Ray
 # processes a failed or timed-out job leaves are found and stopped) and writes only under RESULTS_DIR, WORK and that
 # folder, so it runs beside other jobs on other GPUs of the host (CUDA_VISIBLE_DEVICES picks this one).
