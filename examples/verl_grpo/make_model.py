@@ -1,4 +1,4 @@
-"""Write a random-weights Qwen3 checkpoint verl can train, for machines without a hub (the GPU device).
+"""Write a random-weights checkpoint (Qwen3 by default) verl can train, for machines without a hub (the GPU device).
 
 The model is vexact's byte-level Qwen3 (``vexact_models.tiny_qwen3_config``, widened with ``--hidden``/``--layers``)
 saved in HF layout, plus a Qwen-style chat template so verl's dataset code can format prompts. It learns nothing
@@ -8,14 +8,16 @@ rollout/actor mismatch metrics are meaningful on it. Use a real Qwen3 checkpoint
 ``python examples/verl_grpo/make_model.py --out data/qwen3-random`` then ``MODEL=data/qwen3-random bash
 examples/verl_grpo/run_grpo.sh``.
 
-``--shape qwen3-1.7b`` / ``--shape qwen3-30b-a3b`` take the widths of those models (hidden 2048, heads of 128:
-16 query / 8 KV for 1.7B, 32 / 4 for 30B-A3B with 128 experts of width 768, top-8, renormalised) at ``--layers``
-depth (default: the model's own, 28 / 48), keeping the byte vocabulary (the GPU machines have no hub tokenizer).
+``--shape NAME`` takes the widths of a real model (its config.json: ``SHAPES`` below, from vexact-models' tables):
+``qwen3-1.7b``, ``qwen3-30b-a3b``, ``llama-3.1-8b``, ``r1-distill-qwen-1.5b`` (DeepSeek-R1-Distill-Qwen-1.5B, a Qwen2)
+and ``moonlight-16b-a3b`` (a DeepSeek-V3), at ``--layers`` depth (default: the model's own), keeping the byte
+vocabulary (the GPU machines have no hub tokenizer) and a context of 1024.
 
-``--family deepseek_v3`` writes a DeepSeek-V3 / Moonlight-style model instead (``tiny_deepseek_v3_config`` widened:
-MLA with 128/64/128 head dims and a KV latent of ``--hidden / 2``, the first layer dense, ``--experts`` routed
-experts (default 16) in 4 groups with 2 kept, top ``--top-k``, 1 shared expert, YaRN rope), e.g.
-``--family deepseek_v3 --hidden 1024 --layers 8 --experts 32``.
+``--family qwen2`` / ``--family llama`` write that dense family at the ``--hidden`` width instead (Qwen2's q/k/v
+biases; Llama's llama3 rope and tied head). ``--family deepseek_v3`` writes a DeepSeek-V3 / Moonlight-style model
+(``tiny_deepseek_v3_config`` widened: MLA with 128/64/128 head dims and a KV latent of ``--hidden / 2``, the first
+layer dense, ``--experts`` routed experts (default 16) in 4 groups with 2 kept, top ``--top-k``, 1 shared expert, YaRN
+rope), e.g. ``--family deepseek_v3 --hidden 1024 --layers 8 --experts 32``.
 """
 
 from __future__ import annotations
@@ -26,10 +28,16 @@ import shutil
 from pathlib import Path
 
 from vexact_models import (
+    DEEPSEEK_V3_SHAPES,
+    LLAMA_SHAPES,
+    QWEN2_SHAPES,
+    QWEN3_MOE_SHAPES,
+    QWEN3_SHAPES,
     default_checkpoint,
     make_tiny_checkpoint,
     random_model,
     save_checkpoint,
+    tiny_config,
     tiny_deepseek_v3_config,
     tiny_qwen3_config,
     tiny_qwen3_moe_config,
@@ -56,7 +64,7 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=256, help="hidden size (head_dim 64, 2 query heads per KV head)")
     ap.add_argument("--layers", type=int, default=None, help="depth (default 4, or the --shape model's own)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--family", choices=["qwen3", "deepseek_v3"], default="qwen3")
+    ap.add_argument("--family", choices=["qwen3", "qwen2", "llama", "deepseek_v3"], default="qwen3")
     ap.add_argument("--experts", type=int, default=0, help="> 0: a Qwen3-MoE with this many experts in every layer")
     ap.add_argument("--top-k", type=int, default=4, help="experts per token (with --experts)")
     ap.add_argument("--shape", choices=sorted(SHAPES), help="a real model's widths (overrides --hidden/--experts)")
@@ -85,30 +93,41 @@ def main() -> None:
     elif args.experts:
         moe = dict(num_experts=args.experts, num_experts_per_tok=args.top_k, mlp_only_layers=())
         cfg = tiny_qwen3_moe_config(**shape, **moe, moe_intermediate_size=args.hidden // 2)
+    elif args.family in ("qwen2", "llama"):
+        cfg = tiny_config(args.family, **shape)  # the family's tiny traits (q/k/v biases; llama3 rope, tied head)
     else:
         cfg = tiny_qwen3_config(**shape)
     _write(args, cfg)
 
 
-# The widths of real checkpoints (their config.json), at a depth of choice; vocabulary: the byte tokenizer's.
+# The widths of real checkpoints (vexact-models' tables of their config.json values), at a depth of choice; vocabulary:
+# the byte tokenizer's, context 1024. name -> (family, the model's config values).
 SHAPES = {
-    "qwen3-1.7b": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
-                       num_key_value_heads=8, head_dim=128, rope_theta=1_000_000.0, tie_word_embeddings=True),
-    "qwen3-30b-a3b": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=48, num_attention_heads=32,
-                          num_key_value_heads=4, head_dim=128, rope_theta=1_000_000.0, tie_word_embeddings=False,
-                          num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768, norm_topk_prob=True,
-                          mlp_only_layers=()),
+    "qwen3-1.7b": ("qwen3", QWEN3_SHAPES["qwen3-1.7b"]),
+    "qwen3-30b-a3b": ("qwen3_moe", QWEN3_MOE_SHAPES["qwen3-30b-a3b"]),
+    "llama-3.1-8b": ("llama", LLAMA_SHAPES["llama-3.1-8b"]),
+    # DeepSeek-R1-Distill-Qwen-1.5B: Qwen2.5-1.5B's widths with its own rope base (10000) and an untied LM head
+    "r1-distill-qwen-1.5b": ("qwen2", {**QWEN2_SHAPES["qwen2.5-1.5b"], "rope_theta": 10_000.0,
+                                       "tie_word_embeddings": False}),
+    "moonlight-16b-a3b": ("deepseek_v3", DEEPSEEK_V3_SHAPES["moonlight-16b-a3b"]),
 }  # fmt: skip
 
 
 def _shaped(args):
-    shape = dict(SHAPES[args.shape], max_position_embeddings=1024)
+    family, values = SHAPES[args.shape]
+    shape = {k: v for k, v in values.items() if k not in ("vocab_size", "max_position_embeddings")}
+    shape["max_position_embeddings"] = 1024
     if args.layers_given:
         shape["num_hidden_layers"] = args.layers
-    if "num_experts" in shape:
+    if family == "deepseek_v3":
+        args.family = "deepseek_v3"
+        args.experts, args.top_k = shape["n_routed_experts"], shape["num_experts_per_tok"]
+        shape["first_k_dense_replace"] = min(shape["first_k_dense_replace"], shape["num_hidden_layers"] - 1)
+        return tiny_deepseek_v3_config(**shape)
+    if family == "qwen3_moe":
         args.experts, args.top_k = shape["num_experts"], shape["num_experts_per_tok"]
         return tiny_qwen3_moe_config(**shape)
-    return tiny_qwen3_config(**shape)
+    return tiny_config(family, **shape)
 
 
 def _write(args, cfg) -> None:

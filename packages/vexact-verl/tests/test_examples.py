@@ -54,3 +54,34 @@ def test_random_model_checkpoint_has_a_chat_template_verl_can_use(tmp_path, extr
     create_continuous_token_builder(tok, hf_model_type=cfg.model_type)
     if extra:
         assert tok.eos_token == "<\uff5cend\u2581of\u2581sentence\uff5c>" and tok.eos_token_id < cfg.vocab_size
+
+
+def test_make_model_shapes_take_the_published_widths():
+    """``make_model.py --shape``: each real model's widths (its config.json) at the depth asked for, with the byte
+    vocabulary and a context of 1024 (config only: writing the weights takes seconds to minutes)."""
+    import argparse
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("make_model", ROOT / "examples/verl_grpo/make_model.py")
+    make_model = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make_model)
+    want = {
+        "qwen3-1.7b": dict(model_type="qwen3", hidden_size=2048, num_attention_heads=16, num_key_value_heads=8),
+        "qwen3-30b-a3b": dict(model_type="qwen3_moe", num_experts=128, num_experts_per_tok=8,
+                              moe_intermediate_size=768),
+        "llama-3.1-8b": dict(model_type="llama", hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
+                             num_key_value_heads=8, rope_theta=500_000.0, tie_word_embeddings=False),
+        "r1-distill-qwen-1.5b": dict(model_type="qwen2", hidden_size=1536, intermediate_size=8960,
+                                     num_attention_heads=12, num_key_value_heads=2, rope_theta=10_000.0,
+                                     tie_word_embeddings=False),
+        "moonlight-16b-a3b": dict(model_type="deepseek_v3", hidden_size=2048, n_routed_experts=64,
+                                  num_experts_per_tok=6, n_shared_experts=2, kv_lora_rank=512, first_k_dense_replace=1,
+                                  moe_intermediate_size=1408),
+    }  # fmt: skip
+    assert set(want) == set(make_model.SHAPES)
+    for shape, fields in want.items():
+        args = argparse.Namespace(shape=shape, layers=2, layers_given=True, family="qwen3", experts=0, top_k=4)
+        cfg = make_model._shaped(args)
+        got = {k: getattr(cfg, k) for k in fields}
+        assert got == fields, shape
+        assert (cfg.num_hidden_layers, cfg.vocab_size, cfg.max_position_embeddings) == (2, 272, 1024), shape
