@@ -26,6 +26,7 @@ import datetime
 import importlib.util
 import json
 import math
+import os
 import random
 import shlex
 import signal
@@ -265,7 +266,9 @@ def run_record(device: str, argv: list[str] | None) -> dict:
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "device": torch.cuda.get_device_name() if device == "cuda" else f"cpu ({torch.get_num_threads()} threads)",
         "torch": torch.__version__,
-        "commit": (commit.stdout.strip() or "unknown") + (" with local changes" if dirty.stdout.strip() else ""),
+        # COMMIT (env): the commit of a copy of the tree without git
+        "commit": (commit.stdout.strip() or os.environ.get("COMMIT") or "unknown")
+        + (" with local changes" if dirty.stdout.strip() else ""),
         "command": shlex.join(["python", "examples/tim_study/sweep.py", *(sys.argv[1:] if argv is None else argv)]),
     }
 
