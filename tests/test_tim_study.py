@@ -208,3 +208,20 @@ def test_run_gpu_script_shares_cells_picks_the_lr_and_reports(fitted, tmp_path):
                      "fast~tis~0~0.003.jsonl"]  # fmt: skip
     md = (tmp_path / "study.md").read_text()
     assert "| exact |" in md and md.count("| fast |") == 2 and "lr 0.003." in md
+
+
+def test_report_reads_gzip_compressed_sweeps(tmp_path):
+    """The committed results are gzip-compressed JSONL: report.py and plot.py read them as they read plain files."""
+    import gzip
+
+    rows = _rows(1e-4, [0.2] * 30 + [0.4] * 30)
+    for r in rows:
+        r.update(model="m", task="chain", rollout_backend="invariant")
+    plain = tmp_path / "s.jsonl"
+    plain.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    packed = tmp_path / "s.jsonl.gz"
+    packed.write_bytes(gzip.compress(plain.read_bytes()))
+    report = _load("report")
+    assert report.read_rows(packed) == report.read_rows(plain) == rows
+    assert report.pick_lr(report.read_rows(packed))[0] == 1e-4
+    assert _load("plot").plot(packed).is_file()

@@ -9,6 +9,7 @@ seed faint behind it).
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import sys
 from pathlib import Path
@@ -23,7 +24,8 @@ OUTPUTS = Path("outputs") / "tim_study"  # where sweep.py writes by default, in 
 
 def plot(path: str | Path) -> Path:
     """Draw the sweep in JSONL file ``path``; the figure goes beside it, as ``<name>.png``."""
-    rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    text = gzip.decompress(Path(path).read_bytes()).decode() if str(path).endswith(".gz") else Path(path).read_text()
+    rows = [json.loads(line) for line in text.splitlines() if line.strip()]
     corrections = list(dict.fromkeys(r["rollout_correction"] for r in rows))
     arm_of = lambda r: r.get("arm") or f"noise {r['logit_noise_std']:g}"  # noqa: E731 (files without arms)
     arms = sorted({arm_of(r) for r in rows}, key=lambda a: (a != "exact", a == "fast", a))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import gzip
 import json
 import math
 import statistics
@@ -29,6 +30,13 @@ PATIENCE = 20  # ... for this many steps in a row
 BLOWUP = 10.0  # collapse: a gradient norm above this many times the median of the first PATIENCE steps
 TAIL = 0.2  # "final" reward and entropy: the mean over this fraction of the last steps
 STALL = 0.05  # the lr probe: a run stalls when its final reward is less than this above its start
+
+
+def read_rows(path: str | Path) -> list[dict]:
+    """The rows of a sweep JSONL file, plain or gzip-compressed (``.jsonl.gz``, as the committed results are)."""
+    path = Path(path)
+    text = gzip.decompress(path.read_bytes()).decode() if path.name.endswith(".gz") else path.read_text()
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 def collapse_step(rows: list[dict]) -> int | None:
@@ -137,7 +145,7 @@ def report(paths: list[Path], out: Path) -> Path:
     """Merge ``paths`` into ``<out>.jsonl``, draw ``<out>.png`` and write ``<out>.md``; returns the .md path."""
     rows, meta = [], []
     for p in [p for p in paths if not p.name.endswith(".meta.jsonl")]:  # a shell glob of the shards matches those
-        rows += [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+        rows += read_rows(p)
         m = p.with_name(p.stem + ".meta.jsonl")
         if m.is_file():
             meta += [json.loads(line) for line in m.read_text().splitlines() if line.strip()]
@@ -211,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"report.py: error: {missing[0]!r}: no such file (sweep.py writes it)", file=sys.stderr)
         return 2
     if args.pick_lr:
-        rows = [json.loads(line) for p in args.sweeps for line in Path(p).read_text().splitlines() if line.strip()]
+        rows = [r for p in args.sweeps for r in read_rows(p)]
         try:
             lr, lines = pick_lr(rows, args.stall)
         except ValueError as e:
