@@ -15,8 +15,8 @@ gradient norm above ``BLOWUP`` times the median of the run's first ``PATIENCE`` 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import gzip
+import importlib.util
 import json
 import math
 import statistics
