@@ -231,16 +231,19 @@ def test_headline_refuses_a_model_with_one_arm_or_runs_of_different_configs(tmp_
     assert not (tmp_path / "x.png").exists()
 
 
-def test_committed_rl_step_table_is_what_the_committed_runs_give(tmp_path):
-    committed = ROOT / "benchmarks/results/rl-step-h100.md"
+@pytest.mark.parametrize(
+    "gpu, models", [("h100", ("qwen3-1.7b", "qwen3-30b-a3b")), ("h200", ("qwen3-1.7b",))], ids=["h100", "h200"]
+)
+def test_committed_rl_step_table_is_what_the_committed_runs_give(tmp_path, gpu, models):
+    committed = ROOT / f"benchmarks/results/rl-step-{gpu}.md"
     cmd_line = next(ln for ln in committed.read_text().splitlines() if ln.startswith("- Command (this file): "))
     args = cmd_line.split("`")[1].split()[2:]  # after `python benchmarks/rl_step.py`
     out = tmp_path / "rl-step.md"
     args[args.index("--out") + 1] = str(out)
     res = ROOT / "examples/verify/results"
     assert [a for a in args if a.endswith(".jsonl")] == [
-        f"examples/verify/results/h100-{m}-{arm}.jsonl"
-        for m in ("qwen3-1.7b", "qwen3-30b-a3b")
+        f"examples/verify/results/{gpu}-{m}-{arm}.jsonl"
+        for m in models
         for arm in ("vllm", "vexact")
     ]
     assert res.is_dir()
@@ -250,4 +253,4 @@ def test_committed_rl_step_table_is_what_the_committed_runs_give(tmp_path):
         return [ln for ln in text.splitlines() if ln.startswith("|")]
 
     assert tables(out.read_text()) == tables(committed.read_text())
-    assert len(tables(committed.read_text())) == 2 * 9
+    assert len(tables(committed.read_text())) == len(models) * 9
