@@ -49,6 +49,8 @@ GPU = {
     "python examples/tim_study/sweep.py --device cuda --from-fitted outputs/tim_study/policy --arms "
     "exact,k3:1.5e-4,k3:1.5e-3,fast --seeds 0,1,2 --steps 300 --lr 1e-4 --jobs 8 --resume --out "
     "outputs/tim_study/study.jsonl",
+    "GPUS=0 PROCS=8 bash examples/tim_study/run_gpu.sh outputs/tim_study/gpu",
+    "GPUS=1 PROCS=8 bash examples/tim_study/run_gpu.sh outputs/tim_study/gpu",
 }
 ELSEWHERE = {
     "actor_rollout_ref.actor.fsdp_config._target_=vexact_verl.engine.VexactFSDPEngineConfig "
@@ -63,7 +65,6 @@ ELSEWHERE = {
     "the GPU lr probe's output; tests/test_tim_study.py runs report.py on CPU sweeps",
     "python examples/tim_study/report.py outputs/tim_study/study-*.jsonl --out outputs/tim_study/study": "reads "
     "the GPU sweep's output; tests/test_tim_study.py runs report.py on CPU sweeps",
-    "cp outputs/tim_study/study.{md,png,jsonl} examples/tim_study/results/": "copies the GPU study's report",
     "python -m pip install packages/vexact-kernels": "tests/test_standalone_install.py",
     "python -m pip install packages/vexact-kernels packages/vexact-models": "tests/test_standalone_install.py",
     "python -m pip install packages/vexact-kernels packages/vexact-models packages/vexact-engine": "tests/"

@@ -24,7 +24,7 @@
 # recipe), BUDGET (900 s: no recipe starts after BUDGET - MIN_RUN (150) s; those left are listed as not run), TAG
 # (file-name prefix: the GPU, e.g. h100), COMMIT. Estimate on an H100: ~2 minutes a recipe (verl's start ~90 s, then
 # 5 small steps and one validation), ~15 minutes for the seven.
-# Each run starts a Ray cluster of its own (RAY_ADDRESS=local, sessions under /tmp/ray-recipes-<TAG>, where the Ray
+# Each run starts a Ray cluster of its own (RAY_ADDRESS=local, its files under /tmp/ray-recipes-<TAG>, where the Ray
 # processes a failed or timed-out run leaves are found and stopped) and writes only under RESULTS_DIR, WORK and that
 # folder, so it runs beside other jobs on other GPUs of the host (CUDA_VISIBLE_DEVICES picks this one).
 # VERL_PLATFORM=cpu: the same flow on CPU, each family at hidden 64 (make_model.py --hidden 64 --family ...), STEPS 2,
@@ -64,7 +64,7 @@ RECIPE_TIMEOUT=${RECIPE_TIMEOUT:-300}
 BUDGET=${BUDGET:-900}   # seconds: a recipe starts only while at least MIN_RUN of them are left
 MIN_RUN=${MIN_RUN:-150}
 rm -rf "$WORK" && mkdir -p "$WORK"
-# this job's Ray sessions (ray.init's _temp_dir): every Ray process of the job names it, so what a stopped job leaves
+# this job's Ray temp dir (ray.init's _temp_dir): every Ray process of the job names it, so what a stopped job leaves
 # behind is found by it and no other job's Ray is touched
 RAY_TMP=/tmp/ray-recipes-$TAG
 reap() {

@@ -23,7 +23,7 @@
 # RESP (64 tokens), GPU_MEM (0.4), JOB_TIMEOUT (600 s a job), TAG (file-name prefix: the GPU, e.g. h100), COMMIT.
 # Estimate on an H100 at the defaults: a step ~11 s, verl's start ~90 s, checkpoint writes and loads ~1 min in all:
 # A ~5.5 min, B ~3.5, C ~4, model and comparison ~1; about 14 minutes (LAYERS=14: about 10).
-# Each job starts a Ray cluster of its own (RAY_ADDRESS=local, sessions under /tmp/ray-resume-<TAG>, where the Ray
+# Each job starts a Ray cluster of its own (RAY_ADDRESS=local, its files under /tmp/ray-resume-<TAG>, where the Ray
 # processes a failed or timed-out job leaves are found and stopped) and writes only under RESULTS_DIR, WORK and that
 # folder, so it runs beside other jobs on other GPUs of the host (CUDA_VISIBLE_DEVICES picks this one).
 # VERL_PLATFORM=cpu: the same flow on CPU at tiny sizes (hidden 64, 2 layers, 4 steps stopped at 2, 4 x 2 responses
@@ -66,7 +66,7 @@ COMMIT=${COMMIT:-$(git rev-parse --short HEAD 2> /dev/null || echo unknown)}
 WORK=$(realpath -m "${WORK:-/tmp/vexact-resume-gpu-$TAG}")
 JOB_TIMEOUT=${JOB_TIMEOUT:-600}
 rm -rf "$WORK" && mkdir -p "$WORK"
-# this job's Ray sessions (ray.init's _temp_dir): every Ray process of the job names it, so what a stopped job leaves
+# this job's Ray temp dir (ray.init's _temp_dir): every Ray process of the job names it, so what a stopped job leaves
 # behind is found by it and no other job's Ray is touched
 RAY_TMP=/tmp/ray-resume-$TAG
 reap() {
