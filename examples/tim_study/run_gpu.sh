@@ -35,6 +35,10 @@ SWEEP=examples/tim_study/sweep.py
 REPORT=examples/tim_study/report.py
 # one spelling per rate (as report.py --pick-lr prints it), so a cell's file name is the same in every phase
 LRS=$(python3 -c "import sys; print(','.join(f'{float(x):g}' for x in sys.argv[1].split(',')))" "$LRS") || exit 2
+if [ "$DEVICE" = cuda ] && ! python3 -c "import sys, torch; sys.exit(not torch.cuda.is_available())"; then
+  echo "run_gpu.sh: --device cuda: this machine has no CUDA device (torch.cuda.is_available() is False); use DEVICE=cpu" >&2
+  exit 2
+fi
 mkdir -p "$DIR/cells" "$DIR/claims" "$DIR/logs"
 [[ "$PROCS" =~ ^[1-9][0-9]*$ ]] || { echo "run_gpu.sh: PROCS must be a positive integer, got '$PROCS'" >&2; exit 2; }
 IFS=, read -r -a gpus <<< "$GPUS"
