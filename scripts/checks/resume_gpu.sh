@@ -48,7 +48,7 @@ if [ "$CPU" = 1 ]; then
   TAG=${TAG:-cpu}
   EXTRA=(+ray_kwargs.ray_init.num_gpus=1 +ray_kwargs.ray_init.num_cpus=16 reward.num_workers=1
          actor_rollout_ref.rollout.agent.num_workers=1 transfer_queue.backend.SimpleStorage.num_data_storage_units=1
-         data.dataloader_num_workers=0 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8
+         actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8
          actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8)
 else
   source scripts/staging/device_env.sh
