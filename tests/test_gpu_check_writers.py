@@ -61,6 +61,26 @@ def test_resume_results_passes_equal_runs_and_fails_a_perturbed_one(tmp_path):
     assert not writer.report(a, b, tmp_path / "missing.jsonl", 2, 4, ckpts)[1]
 
 
+def test_resume_results_fails_a_run_without_gradients(tmp_path):
+    """A collapsed policy (zero gradient norm from some step on) compares trivially: more than 2 such steps fail."""
+    writer = _load("examples/verl_grpo/resume_results.py")
+    zero = {"actor/grad_norm": 0.0}
+    metrics = {s: _metrics(s, **(zero if s in (3, 5) else {})) for s in range(1, 7)}  # two steps: an untrained policy
+    a = _write(tmp_path / "a.jsonl", metrics)
+    b = _write(tmp_path / "b.jsonl", {s: metrics[s] for s in (1, 2, 3)})
+    c = _write(tmp_path / "c.jsonl", {s: metrics[s] for s in (4, 5, 6)})
+    lines, ok = writer.report(a, b, c, 3, 6, None)
+    assert ok and any("zero gradient norm: 2 of 6 [3, 5]" in line for line in lines), lines
+    metrics[6] = _metrics(6, **zero)  # a third
+    _write(a, metrics)
+    _write(c, {s: metrics[s] for s in (4, 5, 6)})
+    lines, ok = writer.report(a, b, c, 3, 6, None)
+    assert not ok and any("zero gradient norm: 3 of 6 [3, 5, 6]" in line for line in lines), lines
+    assert writer.report(a, b, c, 3, 6, None, max_zero_grad=3)[1]
+    out = str(tmp_path / "r.md")
+    assert writer.main([str(a), str(b), str(c), "--stop", "3", "--steps", "6", "--out", out]) == 1
+
+
 def test_smoke_results_marks_each_failure(tmp_path):
     writer = _load("examples/recipes/smoke_results.py")
     good = _write(tmp_path / "good.jsonl", {0: {"val-core/x": 0.0}, 1: _metrics(1), 2: _metrics(2)})

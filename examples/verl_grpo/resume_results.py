@@ -9,8 +9,11 @@ with ``torch.equal``).
     python examples/verl_grpo/resume_results.py A.jsonl B.jsonl C.jsonl --stop 10 --steps 20 \\
         --checkpoints C_DIR/global_step_20 A_DIR/global_step_20 --out resume.md --header "Date: ..." ...
 
-Exit status 1 when anything differs, or when the run is vacuous: a step without a gradient, a nonzero rollout/actor
-K3 KL, or a missing step.
+Exit status 1 when anything differs, or when the run is vacuous: a nonzero rollout/actor K3 KL, a missing step, or
+a zero gradient norm at more than ``--max-zero-grad`` (2) of A's steps. GRPO's gradient is zero only where every
+prompt's responses all get the same reward (all advantages zero). An untrained policy can do that at a step or two
+(every response scoring 0), but a policy that has collapsed to one answer does it at every step from then on, and
+those steps compare trivially: each repeats the last. Two of twenty steps (10 %) tells the two apart.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 COLUMNS = ("critic/score/mean", "response_length/mean", "rollout_corr/k3_kl", "actor/grad_norm")  # A's, per step
+MAX_ZERO_GRAD = 2  # steps of A with a zero gradient norm that still pass (see the module docstring)
 
 
 def _compare_runs():
@@ -35,7 +39,8 @@ def _fmt(value) -> str:
     return "-" if value is None else f"{value:.6g}" if isinstance(value, float) else str(value)
 
 
-def report(a: Path, b: Path, c: Path, stop: int, steps: int, checkpoints: list[Path] | None) -> tuple[list[str], bool]:
+def report(a: Path, b: Path, c: Path, stop: int, steps: int, checkpoints: list[Path] | None,
+           max_zero_grad: int = MAX_ZERO_GRAD) -> tuple[list[str], bool]:  # fmt: skip
     """The Markdown lines of the comparison, and whether it passed."""
     cmp = _compare_runs()
     ra, rb, rc = (cmp.read_metrics(p) if Path(p).is_file() else {} for p in (a, b, c))  # a failed job: no file
@@ -51,7 +56,7 @@ def report(a: Path, b: Path, c: Path, stop: int, steps: int, checkpoints: list[P
         m = ra.get(step, {})
         diffs = rerun.get(step, resumed.get(step, []))
         verdict = "equal" if not diffs else f"**{len(diffs)} differ**: " + "; ".join(diffs[:3])
-        ok &= not diffs and m.get("actor/grad_norm", 0) > 0 and m.get("rollout_corr/k3_kl") == 0.0
+        ok &= not diffs and "actor/grad_norm" in m and m.get("rollout_corr/k3_kl") == 0.0
         cells = [m.get(k) for k in COLUMNS]
         b_cell, c_cell = (verdict, "") if step <= stop else ("", verdict)
         cells[2] = "-" if cells[2] is None else repr(cells[2])  # K3 KL as logged: exactly 0.0, or the value
@@ -62,6 +67,11 @@ def report(a: Path, b: Path, c: Path, stop: int, steps: int, checkpoints: list[P
               f"{first.get('training/rollout_probs_diff_max')!r} (the engine's weights are synced from the "
               "restored actor)."]  # fmt: skip
     ok &= first.get("rollout_corr/k3_kl") == 0.0
+    zero = [s for s in range(1, steps + 1) if ra.get(s, {}).get("actor/grad_norm") == 0]
+    ok &= len(zero) <= max_zero_grad
+    listed = f" {zero}" if zero else ""
+    lines += ["", f"Steps of A with a zero gradient norm: {len(zero)} of {steps}{listed} (at most {max_zero_grad} "
+              "pass; more means a collapsed policy, whose steps compare trivially)."]  # fmt: skip
     if checkpoints:
         try:
             got, want = (cmp.load_checkpoint(d) for d in checkpoints)
@@ -91,10 +101,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="the global_step_N directories of C and A")  # fmt: skip
     ap.add_argument("--out", type=Path, required=True, help="the Markdown file to write")
     ap.add_argument("--header", action="append", default=[], help="a line above the table (date, GPU, commit, ...)")
+    ap.add_argument("--max-zero-grad", type=int, default=MAX_ZERO_GRAD,
+                    help="steps of A with a zero gradient norm that still pass (default %(default)s)")  # fmt: skip
     args = ap.parse_args(argv)
     if not 0 < args.stop < args.steps:
         raise SystemExit(f"--stop must be in 1..{args.steps - 1} (below --steps), got {args.stop}")
-    lines, ok = report(args.a, args.b, args.c, args.stop, args.steps, args.checkpoints)
+    if args.max_zero_grad < 0:
+        raise SystemExit(f"--max-zero-grad must be 0 or more, got {args.max_zero_grad}")
+    lines, ok = report(args.a, args.b, args.c, args.stop, args.steps, args.checkpoints, args.max_zero_grad)
     args.out.write_text("\n".join([*args.header, "", *lines]) + "\n")
     print("\n".join(lines))
     return 0 if ok else 1

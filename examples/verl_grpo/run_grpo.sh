@@ -16,10 +16,11 @@
 # `calculate_log_probs=True` makes verl log its rollout-correction metrics (rollout_corr/k3_kl, rollout_corr/kl,
 # rollout_corr/log_ppl_abs_diff, ...) every step: the rollout's logprobs against the actor's recomputed old_log_prob.
 # Reproducible: the same command gives the same metrics and weights, bit for bit, and a job resumed from a checkpoint
-# (trainer.save_freq, then trainer.resume_mode=auto) continues as the uninterrupted one would. That takes the two
+# (trainer.save_freq, then trainer.resume_mode=auto) continues as the uninterrupted one would. That takes the three
 # settings below: `vexact_single_turn_agent` seeds each request from (rollout.seed, step, dataset index, sample)
-# instead of arrival order, and `OrderedReplayBuffer` orders each step's batch as the dataloader gave it instead of
-# as the rollouts finished (packages/vexact-verl/README.md, "Reproducible runs").
+# instead of arrival order, `OrderedReplayBuffer` orders each step's batch as the dataloader gave it instead of
+# as the rollouts finished, and `data.dataloader_num_workers=0` keeps a per-process random worker seed out of the
+# checkpoint's dataloader state, data.pt (packages/vexact-verl/README.md, "Reproducible runs").
 # Extra Hydra overrides given on the command line are passed through.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -47,6 +48,7 @@ python3 -m vexact_verl.main_ppo \
   data.max_prompt_length=128 \
   data.max_response_length=64 \
   data.seed=0 \
+  data.dataloader_num_workers=0 \
   actor_rollout_ref.model.path="$MODEL" \
   actor_rollout_ref.model.use_remove_padding=True \
   actor_rollout_ref.actor.optim.lr="$LR" \

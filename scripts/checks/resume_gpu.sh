@@ -20,14 +20,17 @@
 # trainer.max_actor_ckpt_to_keep=1.
 #
 # Environment: SHAPE (qwen3-1.7b), LAYERS (28), STEPS (20), STOP (10), BATCH (32 prompts), N (4 responses each),
-# RESP (64 tokens), GPU_MEM (0.4), JOB_TIMEOUT (600 s a job), TAG (file-name prefix: the GPU, e.g. h100), COMMIT.
+# RESP (64 tokens), LR (3e-6), GPU_MEM (0.4), JOB_TIMEOUT (600 s a job), TAG (file-name prefix: the GPU, e.g. h100),
+# COMMIT. LR 3e-6 is the verify pairs' (examples/verify) on the same model and data: the reward rises and the policy
+# keeps sampling, so every step has a gradient. At 1e-4 the random policy collapses to one answer by step 3 (reward
+# 0.2 and grad norm 0 at every later step), and resume_results.py fails a run with more than 2 zero-gradient steps.
 # Estimate on an H100 at the defaults: a step ~11 s, verl's start ~90 s, checkpoint writes and loads ~1 min in all:
 # A ~5.5 min, B ~3.5, C ~4, model and comparison ~1; about 14 minutes (LAYERS=14: about 10).
 # Each job starts a Ray cluster of its own (RAY_ADDRESS=local, its files under /tmp/ray-resume-<TAG>, where the Ray
 # processes a failed or timed-out job leaves are found and stopped) and writes only under RESULTS_DIR, WORK and that
 # folder, so it runs beside other jobs on other GPUs of the host (CUDA_VISIBLE_DEVICES picks this one).
 # VERL_PLATFORM=cpu: the same flow on CPU at tiny sizes (hidden 64, 2 layers, 4 steps stopped at 2, 4 x 2 responses
-# of 16 tokens), to check the script itself.
+# of 16 tokens, lr 1e-4), to check the script itself.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -40,12 +43,12 @@ CPU=0
 if [ "$CPU" = 1 ]; then
   SHAPE_ARGS=(--hidden 64 --layers 2)
   SHAPE_TEXT="tiny Qwen3 (hidden 64, 2 layers)"
-  STEPS=${STEPS:-4} STOP=${STOP:-2} BATCH=${BATCH:-4} N=${N:-2} RESP=${RESP:-16}
+  STEPS=${STEPS:-4} STOP=${STOP:-2} BATCH=${BATCH:-4} N=${N:-2} RESP=${RESP:-16} LR=${LR:-1e-4}
   GPU="cpu (VERL_PLATFORM=cpu)"
   TAG=${TAG:-cpu}
   EXTRA=(+ray_kwargs.ray_init.num_gpus=1 +ray_kwargs.ray_init.num_cpus=16 reward.num_workers=1
          actor_rollout_ref.rollout.agent.num_workers=1 transfer_queue.backend.SimpleStorage.num_data_storage_units=1
-         data.dataloader_num_workers=0 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8
+         actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8
          actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8)
 else
   source scripts/staging/device_env.sh
@@ -54,7 +57,7 @@ else
   SHAPE=${SHAPE:-qwen3-1.7b} LAYERS=${LAYERS:-28}
   SHAPE_ARGS=(--shape "$SHAPE" --layers "$LAYERS")
   SHAPE_TEXT="$SHAPE shape, $LAYERS layers, random weights (examples/verl_grpo/make_model.py --seed 0)"
-  STEPS=${STEPS:-20} STOP=${STOP:-10} BATCH=${BATCH:-32} N=${N:-4} RESP=${RESP:-64}
+  STEPS=${STEPS:-20} STOP=${STOP:-10} BATCH=${BATCH:-32} N=${N:-4} RESP=${RESP:-64} LR=${LR:-3e-6}
   GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader -i "${CUDA_VISIBLE_DEVICES:-0}" 2> /dev/null | head -1)
   GPU=${GPU:-$(python3 -c "import torch; print(torch.cuda.get_device_name())")}
   TAG=${TAG:-$(echo "$GPU" | grep -oiE 'h100|h200|b200|a100' | head -1 | tr 'A-Z' 'a-z')}
@@ -103,7 +106,7 @@ job() {  # job NAME RUN_DIR STEPS OVERRIDES...: one run of run_grpo.sh; metrics 
   local name=$1 dir=$2 steps=$3
   shift 3
   local log="$RESULTS/resume-$TAG-$name"
-  local cmd=(env MODEL="$WORK/model" DATA="$WORK/data" STEPS="$steps" LR=1e-4 GPU_MEM="${GPU_MEM:-0.4}"
+  local cmd=(env MODEL="$WORK/model" DATA="$WORK/data" STEPS="$steps" LR="$LR" GPU_MEM="${GPU_MEM:-0.4}"
              RUN_DIR="$dir" NAME=grpo VERL_FILE_LOGGER_PATH="$log.jsonl"
              timeout "$JOB_TIMEOUT" bash examples/verl_grpo/run_grpo.sh "${SHARED[@]}" "$@")
   COMMANDS+=("$name: ${cmd[*]}")
@@ -136,7 +139,7 @@ HEADER=(
   "- Commit: $COMMIT"
   "- Command: \`bash scripts/checks/resume_gpu.sh $1\`$([ "$CPU" = 1 ] && echo " with VERL_PLATFORM=cpu")"
   "- Model: $SHAPE_TEXT; data: examples/verl_grpo/make_dataset.py; $BATCH prompts x $N responses of up to $RESP"
-  "  tokens a step, lr 1e-4, reward examples/verl_grpo/reward.py"
+  "  tokens a step, lr $LR, reward examples/verl_grpo/reward.py"
   "- Jobs (examples/verl_grpo/run_grpo.sh): A $STEPS steps (${WALL[a]:-?} s), B stopped after $STOP (${WALL[b]:-?} s),"
   "  C resumed from B's step-$STOP checkpoint to $STEPS (${WALL[c]:-?} s); checkpoints (A and C: model and extra"
   "  states, B: with the optimizer; C's run keeps B's): ${CKPT_SIZES%; }"
