@@ -62,6 +62,8 @@ pick() {
 }
 
 # launch [ENTRY] OVERRIDES...: verl's trainer with the settings every recipe shares, then the recipe's, then "$@"
+# (no dataloader worker processes: with them verl's dataloader saves a per-process random worker seed in its
+# checkpoint, and a resumed run's data.pt differs from the uninterrupted run's)
 # of the recipe (the caller passes them last). ENTRY defaults to vexact_verl.main_ppo.
 launch() {
   local entry=vexact_verl.main_ppo
@@ -79,6 +81,7 @@ launch() {
     actor_rollout_ref.model.use_remove_padding=True \
     actor_rollout_ref.rollout.tensor_model_parallel_size=1 \
     actor_rollout_ref.rollout.calculate_log_probs=True \
+    data.dataloader_num_workers=0 \
     trainer.nnodes="$NNODES" \
     trainer.n_gpus_per_node="$GPUS_PER_NODE" \
     trainer.logger='["console","file"]' \
