@@ -22,10 +22,16 @@ import matplotlib.pyplot as plt  # noqa: E402
 OUTPUTS = Path("outputs") / "tim_study"  # where sweep.py writes by default, in the current directory
 
 
+def read_rows(path: str | Path) -> list[dict]:
+    """The rows of a sweep JSONL file, plain or gzip-compressed (``.jsonl.gz``, as the committed results are)."""
+    path = Path(path)
+    text = gzip.decompress(path.read_bytes()).decode() if path.name.endswith(".gz") else path.read_text()
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
 def plot(path: str | Path) -> Path:
     """Draw the sweep in JSONL file ``path``; the figure goes beside it, as ``<name>.png``."""
-    text = gzip.decompress(Path(path).read_bytes()).decode() if str(path).endswith(".gz") else Path(path).read_text()
-    rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+    rows = read_rows(path)
     corrections = list(dict.fromkeys(r["rollout_correction"] for r in rows))
     arm_of = lambda r: r.get("arm") or f"noise {r['logit_noise_std']:g}"  # noqa: E731 (files without arms)
     arms = sorted({arm_of(r) for r in rows}, key=lambda a: (a != "exact", a == "fast", a))

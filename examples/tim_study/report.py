@@ -15,7 +15,6 @@ gradient norm above ``BLOWUP`` times the median of the run's first ``PATIENCE`` 
 from __future__ import annotations
 
 import argparse
-import gzip
 import importlib.util
 import json
 import math
@@ -33,10 +32,8 @@ STALL = 0.05  # the lr probe: a run stalls when its final reward is less than th
 
 
 def read_rows(path: str | Path) -> list[dict]:
-    """The rows of a sweep JSONL file, plain or gzip-compressed (``.jsonl.gz``, as the committed results are)."""
-    path = Path(path)
-    text = gzip.decompress(path.read_bytes()).decode() if path.name.endswith(".gz") else path.read_text()
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
+    """The rows of a sweep JSONL file, plain or gzip-compressed (plot.py's reader)."""
+    return _plot().read_rows(path)
 
 
 def collapse_step(rows: list[dict]) -> int | None:
