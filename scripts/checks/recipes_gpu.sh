@@ -38,44 +38,15 @@ exec > >(tee -a "$RESULTS/progress.log") 2>&1
 export RAY_ADDRESS=local
 unset VERL_FILE_LOGGER_PATH
 LAYERS=${LAYERS:-2}
-CPU=0
-[ "${VERL_PLATFORM:-}" = cpu ] && CPU=1
-if [ "$CPU" = 1 ]; then
-  STEPS=${STEPS:-2}
-  GPU="cpu (VERL_PLATFORM=cpu)"
-  TAG=${TAG:-cpu}
-  EXTRA=(+ray_kwargs.ray_init.num_gpus=1 +ray_kwargs.ray_init.num_cpus=16 reward.num_workers=1
-         actor_rollout_ref.rollout.agent.num_workers=1 transfer_queue.backend.SimpleStorage.num_data_storage_units=1
-         data.dataloader_num_workers=0)
-else
-  source scripts/staging/device_env.sh
-  STACK=$(bash scripts/staging/rl_stack_wheels.sh path vexact)
-  export PYTHONPATH="$STACK${PYTHONPATH:+:$PYTHONPATH}"
-  STEPS=${STEPS:-5}
-  GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader -i "${CUDA_VISIBLE_DEVICES:-0}" 2> /dev/null | head -1)
-  GPU=${GPU:-$(python3 -c "import torch; print(torch.cuda.get_device_name())")}
-  TAG=${TAG:-$(echo "$GPU" | grep -oiE 'h100|h200|b200|a100' | head -1 | tr 'A-Z' 'a-z')}
-  TAG=${TAG:-gpu}
-  EXTRA=()
-fi
-COMMIT=${COMMIT:-$(git rev-parse --short HEAD 2> /dev/null || echo unknown)}
+source scripts/checks/verl_job_lib.sh
+verl_job_setup recipes
+EXTRA=("${CPU_EXTRA[@]}")
+if [ "$CPU" = 1 ]; then STEPS=${STEPS:-2}; else STEPS=${STEPS:-5}; fi
 WORK=$(realpath -m "${WORK:-/tmp/vexact-recipes-gpu-$TAG}")
 RECIPE_TIMEOUT=${RECIPE_TIMEOUT:-300}
 BUDGET=${BUDGET:-900}   # seconds: a recipe starts only while at least MIN_RUN of them are left
 MIN_RUN=${MIN_RUN:-150}
 rm -rf "$WORK" && mkdir -p "$WORK"
-# this job's Ray temp dir (ray.init's _temp_dir): every Ray process of the job names it, so what a stopped job leaves
-# behind is found by it and no other job's Ray is touched
-RAY_TMP=/tmp/ray-recipes-$TAG
-reap() {
-  local pids
-  pids=$(pgrep -f -- "$RAY_TMP/" | tr '\n' ' ')
-  [ -z "$pids" ] && return
-  echo "== stopping Ray processes left by the job under $RAY_TMP: $pids"
-  kill $pids 2> /dev/null
-  sleep 3
-  kill -9 $pids 2> /dev/null
-}
 RUNS="$RESULTS/recipes-$TAG-runs.jsonl"
 : > "$RUNS"
 T0=$(date +%s)

@@ -38,49 +38,25 @@ RESULTS=$(realpath -m "${1:?usage: resume_gpu.sh RESULTS_DIR}")
 mkdir -p "$RESULTS"
 exec > >(tee -a "$RESULTS/progress.log") 2>&1
 export RAY_ADDRESS=local
-CPU=0
-[ "${VERL_PLATFORM:-}" = cpu ] && CPU=1
+source scripts/checks/verl_job_lib.sh
+verl_job_setup resume
 if [ "$CPU" = 1 ]; then
   SHAPE_ARGS=(--hidden 64 --layers 2)
   SHAPE_TEXT="tiny Qwen3 (hidden 64, 2 layers)"
   STEPS=${STEPS:-4} STOP=${STOP:-2} BATCH=${BATCH:-4} N=${N:-2} RESP=${RESP:-16} LR=${LR:-1e-4}
-  GPU="cpu (VERL_PLATFORM=cpu)"
-  TAG=${TAG:-cpu}
-  EXTRA=(+ray_kwargs.ray_init.num_gpus=1 +ray_kwargs.ray_init.num_cpus=16 reward.num_workers=1
-         actor_rollout_ref.rollout.agent.num_workers=1 transfer_queue.backend.SimpleStorage.num_data_storage_units=1
-         actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8
+  EXTRA=("${CPU_EXTRA[@]}" actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8
          actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8)
 else
-  source scripts/staging/device_env.sh
-  STACK=$(bash scripts/staging/rl_stack_wheels.sh path vexact)
-  export PYTHONPATH="$STACK${PYTHONPATH:+:$PYTHONPATH}"
   SHAPE=${SHAPE:-qwen3-1.7b} LAYERS=${LAYERS:-28}
   SHAPE_ARGS=(--shape "$SHAPE" --layers "$LAYERS")
   SHAPE_TEXT="$SHAPE shape, $LAYERS layers, random weights (examples/verl_grpo/make_model.py --seed 0)"
   STEPS=${STEPS:-20} STOP=${STOP:-10} BATCH=${BATCH:-32} N=${N:-4} RESP=${RESP:-64} LR=${LR:-3e-6}
-  GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader -i "${CUDA_VISIBLE_DEVICES:-0}" 2> /dev/null | head -1)
-  GPU=${GPU:-$(python3 -c "import torch; print(torch.cuda.get_device_name())")}
-  TAG=${TAG:-$(echo "$GPU" | grep -oiE 'h100|h200|b200|a100' | head -1 | tr 'A-Z' 'a-z')}
-  TAG=${TAG:-gpu}
   EXTRA=()
 fi
 [ "$STOP" -gt 0 ] && [ "$STOP" -lt "$STEPS" ] || { echo "STOP=$STOP must be in 1..$((STEPS - 1))" >&2; exit 2; }
-COMMIT=${COMMIT:-$(git rev-parse --short HEAD 2> /dev/null || echo unknown)}
 WORK=$(realpath -m "${WORK:-/tmp/vexact-resume-gpu-$TAG}")
 JOB_TIMEOUT=${JOB_TIMEOUT:-600}
 rm -rf "$WORK" && mkdir -p "$WORK"
-# this job's Ray temp dir (ray.init's _temp_dir): every Ray process of the job names it, so what a stopped job leaves
-# behind is found by it and no other job's Ray is touched
-RAY_TMP=/tmp/ray-resume-$TAG
-reap() {
-  local pids
-  pids=$(pgrep -f -- "$RAY_TMP/" | tr '\n' ' ')
-  [ -z "$pids" ] && return
-  echo "== stopping Ray processes left by the job under $RAY_TMP: $pids"
-  kill $pids 2> /dev/null
-  sleep 3
-  kill -9 $pids 2> /dev/null
-}
 echo "== resume_gpu: $GPU, commit $COMMIT, $SHAPE_TEXT, $STEPS steps, stop at $STOP, work dir $WORK ($(df -h --output=avail "$WORK" | tail -1) free)"
 date -u
 
