@@ -70,6 +70,11 @@ export VEXACT_ATTENTION=${VEXACT_ATTENTION:-triton}
 if [ "$WORKERS" -gt 0 ]; then PYTEST=(python3 -m pytest -q -rs --durations=10 -n "$WORKERS")
 else PYTEST=(python3 -m pytest -q -rs --durations=10 -p no:xdist); fi
 SERIAL=(python3 -m pytest -q -rs -p no:xdist)
+# vLLM's folders: scripts/staging/vllm_device_wheels.sh installs vLLM and every package it needs in /tmp/vllmsite;
+# scripts/staging/rl_stack_wheels.sh keeps one copy of the packages verl and vLLM share (pydantic, pyzmq, msgspec,
+# transformers, ...) in verl's /tmp/site, so vLLM needs that folder behind its own
+VLLM_SITE=/tmp/vllmsite
+[ -f /tmp/site/.complete ] && [ -f /tmp/vllmsite/.complete ] && VLLM_SITE=$(bash scripts/staging/rl_stack_wheels.sh path vllm)
 status=0
 # vLLM's steps run without FA4's site on the path: both carry apache-tvm-ffi, in different versions (bench-throughput
 # keeps it: its invariant-fa4 mode needs FA4, and benchmarks/peers.py takes it off each vLLM subprocess's path)
@@ -176,11 +181,11 @@ for step in "$@"; do
       python3 scripts/profiling/profile_decode.py --mixed 64:1024,256:2048 2>&1 | grep -v "Warning\|warn" \
         > "$OUT/profile-mixed-$TARGET.txt" || status=1 ;;
     bench-throughput)
-      site=(); [ -d /tmp/vllmsite ] && site=(--vllm-site /tmp/vllmsite)
+      site=(); [ -d /tmp/vllmsite ] && site=(--vllm-site "$VLLM_SITE")
       python3 benchmarks/throughput.py "${site[@]}" ${THROUGHPUT_ARGS:-} --ckpt-dir /tmp/peers --out "$OUT/throughput-$TARGET.md" 2>&1 \
         | grep -v "it/s\]" | tee "$OUT/throughput-$TARGET.log" || status=1 ;;
     bench-moe-peers)  # issue #34: MoE shapes at full depth against vLLM (where vLLM 0.26 ships tuned MoE configs: H200)
-      site=(); [ -d /tmp/vllmsite ] && site=(--vllm-site /tmp/vllmsite)
+      site=(); [ -d /tmp/vllmsite ] && site=(--vllm-site "$VLLM_SITE")
       ckdir=${PEERS_CKPT_DIR:-/tmp/peers-moe}
       : > "$OUT/throughput-moe-$TARGET.md"
       for model in ${MOE_PEER_MODELS:-qwen3-30b-a3b moonlight}; do

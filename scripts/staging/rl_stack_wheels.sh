@@ -6,13 +6,15 @@
 #   on a machine with internet, in the repo root:
 #     bash scripts/staging/rl_stack_wheels.sh download [verl] [vllm] [fa4]   # default: verl vllm fa4
 #         wheels for CPython 3.12 / manylinux x86_64, named GROUP__WHEEL, packed into .whl-stack/p1, p2, ... of at
-#         most PART_MIB each (big wheels cut into pieces; scripts/staging/wheel_parts.py); prints the parts
+#         most PART_MIB each (big wheels cut into pieces; scripts/staging/wheel_parts.py), group by group in the
+#         order given: the first group's parts come first, and it installs before the later groups arrive
 #   on the GPU machine, in the repo root, with the parts copied to .whl-stack/ (all at once, or one part a step for a
 #   copy channel that takes one part at a time: /tmp keeps what earlier steps brought):
 #     bash scripts/staging/rl_stack_wheels.sh install
-#         copies the parts to /tmp/stackparts; once every file of MANIFEST is whole (sha256 checked) it installs each
-#         group with --no-index --no-deps into its own folder: verl -> /tmp/site, vllm -> /tmp/vllmsite,
-#         fa4 -> /tmp/fa4site, and runs each group's import check. Exit 0 also while parts are missing (it says so).
+#         copies the parts to /tmp/stackparts; each group whose files are all whole (sha256 checked) and not yet
+#         installed is installed with --no-index --no-deps into its own folder: verl -> /tmp/site, vllm ->
+#         /tmp/vllmsite, fa4 -> /tmp/fa4site, and its import check runs. Exit 0 also while parts are missing (it
+#         names the groups still waiting).
 #     bash scripts/staging/rl_stack_wheels.sh path vllm|vexact  # prints one arm's folders, for PYTHONPATH
 #
 # Why three folders: the groups pin different versions of a few shared packages (fastapi: vLLM < 0.137, verl's
@@ -38,29 +40,30 @@ download() {
     for f in "$DIR/tmp-$g"/*; do mv "$f" "$DIR/all/${g}__$(basename "$f")"; done
     rmdir "$DIR/tmp-$g"
   done
-  python3 scripts/staging/wheel_parts.py pack "$DIR" "$PART_MIB" p
+  python3 scripts/staging/wheel_parts.py pack "$DIR" "$PART_MIB" p --order "$(IFS=,; echo "${groups[*]}")"
 }
 
 install() {
   mkdir -p "$PARTS"
   compgen -G "$DIR/p*/MANIFEST" > /dev/null || { echo "no part under $DIR/ (run 'download' where pip works)" >&2; exit 1; }
   for part in "$DIR"/p*/; do cp "$part"* "$PARTS"/; done  # one cp per part: each part holds the same MANIFEST
-  local rc=0
-  python3 scripts/staging/wheel_parts.py join "$PARTS" || rc=$?
-  if [ "$rc" = 3 ]; then echo "parts so far: $(ls "$PARTS" | wc -l) files in $PARTS; copy the next part"; return 0; fi
-  [ "$rc" = 0 ] || exit "$rc"
-  for g in verl vllm fa4; do
-    compgen -G "$PARTS/${g}__*" > /dev/null || continue
+  local g rc waiting=()
+  for g in verl vllm fa4; do  # each group as soon as its own files are whole (download packs them group by group)
+    grep -q "  ${g}__" "$PARTS/MANIFEST" || continue
+    if [ -f "${SITE[$g]}/.complete" ]; then echo "$g: installed already (${SITE[$g]})"; continue; fi
+    rc=0
+    python3 scripts/staging/wheel_parts.py join "$PARTS" --group "$g" || rc=$?
+    if [ "$rc" = 3 ]; then waiting+=("$g"); continue; fi
+    [ "$rc" = 0 ] || exit "$rc"
     rm -rf "$PARTS/$g" && mkdir -p "$PARTS/$g"
     for f in "$PARTS/${g}__"*; do ln -f "$f" "$PARTS/$g/${f##*/${g}__}"; done
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "${SITE[$g]}" \
       "$PARTS/$g"/*.whl
     echo "installed $g: $(ls "$PARTS/$g" | wc -l) wheels -> ${SITE[$g]}"
     touch "${SITE[$g]}/.complete"
+    bash "scripts/staging/${g}_device_wheels.sh" check
   done
-  [ ! -f /tmp/site/.complete ] || bash scripts/staging/verl_device_wheels.sh check
-  [ ! -f /tmp/vllmsite/.complete ] || bash scripts/staging/vllm_device_wheels.sh check
-  [ ! -f /tmp/fa4site/.complete ] || bash scripts/staging/fa4_device_wheels.sh check
+  [ ${#waiting[@]} -eq 0 ] || echo "waiting for more parts: ${waiting[*]} (copy the next part)"
 }
 
 arm_path() {  # the folders one arm puts in front of PYTHONPATH (FA4's: scripts/staging/device_env.sh adds them)
