@@ -1,7 +1,7 @@
 """Engine throughput on the GPU against the engines users would pick instead, side by side in one run (prints a
 markdown report; ``--out`` also writes it).
 
-For each model shape (``--models``: Qwen3-1.7B / 0.6B, Qwen3-30B-A3B, Moonlight-16B-A3B, the Llama, Qwen2.5 and
+For each model shape (``--models``: Qwen3-8B / 1.7B / 0.6B, Qwen3-30B-A3B, Moonlight-16B-A3B, the Llama, Qwen2.5 and
 Mistral shapes of ``vexact_models``; random bf16 weights, real HF config shapes, the shape's own depth unless
 ``--layers``), on the same prompts, lengths, ``ignore_eos``, sampling settings (temperature 1, no top-k/top-p, a seed
 per request) and CUDA graphs on:
@@ -80,6 +80,7 @@ SHAPES = {  # name: (family, the config's sizes); every family has peer columns 
     "tiny-mistral": ("mistral", {}),
     "0.6b": ("qwen3", QWEN3_SHAPES["qwen3-0.6b"]),
     "1.7b": ("qwen3", QWEN3_SHAPES["qwen3-1.7b"]),
+    "8b": ("qwen3", QWEN3_SHAPES["qwen3-8b"]),
     # issue #12: Moonlight-16B-A3B (MLA, DeepSeek MoE)
     "moonlight": ("deepseek_v3", DEEPSEEK_V3_SHAPES["moonlight-16b-a3b"]),
     # the published shapes of the other families, under their vexact_models names
@@ -512,8 +513,8 @@ def main(argv=None) -> int:
         "--layers",
         type=int,
         default=None,
-        help="decoder layers (default: the shape's own: 28 in both dense Qwen3 models, 48 in Qwen3-30B-A3B, 27 in "
-        "Moonlight)",
+        help="decoder layers (default: the shape's own: 28 in Qwen3-0.6B and 1.7B, 36 in Qwen3-8B, 48 in "
+        "Qwen3-30B-A3B, 27 in Moonlight)",
     )
     ap.add_argument("--quick", action="store_true", help=f"a smaller workload for a first look: {QUICK}")
     ap.add_argument("--num-prompts", type=int, default=256)

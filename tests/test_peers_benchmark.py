@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from vexact_models import tiny_qwen3_config
+from vexact_models import QWEN3_SHAPES, tiny_qwen3_config
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -205,9 +205,10 @@ def test_every_family_has_a_real_shape_and_a_config():
     assert families == set(ARCHITECTURES)
     assert throughput.SHAPES["qwen3-30b-a3b"][0] == "qwen3_moe" and throughput.SHAPES["moonlight"][0] == "deepseek_v3"
     with torch.device("meta"):
-        for name in ("qwen3-30b-a3b", "moonlight", "llama-3.1-8b", "qwen2.5-7b", "mistral-7b-v0.1"):
+        for name in ("8b", "qwen3-30b-a3b", "moonlight", "llama-3.1-8b", "qwen2.5-7b", "mistral-7b-v0.1"):
             family, sizes = throughput.SHAPES[name]
             cfg = throughput.CONFIGS[family](**sizes)
             assert cfg.model_type == family and cfg.num_hidden_layers == sizes["num_hidden_layers"], name
     assert throughput.SHAPES["qwen3-30b-a3b"][1]["num_hidden_layers"] == 48
     assert throughput.SHAPES["moonlight"][1]["num_hidden_layers"] == 27
+    assert throughput.SHAPES["8b"] == ("qwen3", QWEN3_SHAPES["qwen3-8b"])

@@ -1,6 +1,6 @@
 """Where a decode step's time goes (GPU): the captured graph vs the rest of ``LLMEngine.step``, per batch size.
 
-    python scripts/profiling/profile_decode.py [--shape 1.7b] [--layers 28] [--batch 1,64,256] [--no-pack]
+    python scripts/profiling/profile_decode.py [--shape 1.7b] [--layers N] [--batch 1,64,256] [--no-pack]
                                      [--mixed 64:2048,256:1024]
 
 Prints, per batch size: the whole step (median wall ms), the decode graph replay alone (CUDA events), the sampling
@@ -147,22 +147,25 @@ def profile_mixed(model, batch: int, prompt: int, label: str, pack: bool = True,
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--shape", default="1.7b")
-    ap.add_argument("--layers", type=int, default=28)
+    ap.add_argument("--shape", default="1.7b", help="a shape of benchmarks/throughput.py: 1.7b, 8b, ...")
+    ap.add_argument("--layers", type=int, default=None, help="decoder layers (default: the shape's own)")
     ap.add_argument("--batch", default="1", help="comma-separated batch sizes (running requests per decode step)")
     ap.add_argument("--no-pack", action="store_true", help="EngineConfig.pack_weights=False: no grouped projections")
     ap.add_argument("--mixed", default="", help="B:P pairs, comma-separated: B decoding + a P-token prompt chunk")
     args = ap.parse_args()
+    if args.shape not in throughput.SHAPES:
+        ap.error(f"--shape: unknown shape {args.shape!r}; known: {','.join(throughput.SHAPES)}")
     model = throughput.make_model(args.shape, args.layers)
+    layers = model.config.num_hidden_layers
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     if args.mixed:
         for pair in args.mixed.split(","):
             b, p = (int(x) for x in pair.split(":"))
             for graphs in (False, True):
-                profile_mixed(model, b, p, f"{args.shape}-shaped, {args.layers} layers", not args.no_pack, graphs)
+                profile_mixed(model, b, p, f"{args.shape}-shaped, {layers} layers", not args.no_pack, graphs)
         return
     for batch in (int(b) for b in args.batch.split(",")):
-        label = f"{args.shape}-shaped, {args.layers} layers, weights {'unpacked' if args.no_pack else 'packed'}"
+        label = f"{args.shape}-shaped, {layers} layers, weights {'unpacked' if args.no_pack else 'packed'}"
         profile_batch(model, batch, weight_bytes, label, pack=not args.no_pack)
 
 
