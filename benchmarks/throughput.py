@@ -32,7 +32,7 @@ minute each are most of it); ``--quick`` is a smaller workload for a first look.
 Usage: ``PYTHONPATH=<packages' src dirs>:. python benchmarks/throughput.py [--quick] [--models 1.7b,qwen3-30b-a3b]
 [--num-prompts 64] [--prompt-len 128 512] [--gen-len 128 256] [--max-num-seqs 64]
 [--modes invariant,fast,vllm,vllm-bi,hf] [--vllm-site /tmp/vllmsite] [--grpo-prompts 32] [--grpo-only]
-[--out results.md]`` (``--grpo-prompts 0`` skips the GRPO row).
+[--block-size 16] [--out results.md]`` (``--grpo-prompts 0`` skips the GRPO row).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ import torch
 from tqdm.auto import tqdm
 
 import vexact_kernels as vk
-from vexact_engine import LLM, SamplingParams
+from vexact_engine import LLM, EngineConfig, SamplingParams
 from vexact_models import (
     DEEPSEEK_V3_SHAPES,
     LLAMA_SHAPES,
@@ -157,7 +157,8 @@ def engine_throughput(model, mode: str, max_num_seqs: int, prompts, params, args
     kw.setdefault("max_model_len", args.prompt_len[1] + args.gen_len[1])
     llm = LLM(
         model=model, backend=mode, max_num_seqs=max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-        gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager, **kw,
+        gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager,
+        block_size=args.block_size, **kw,
     )  # fmt: skip
     # Warm-up at the run's own batch limit: Triton compiles a kernel again for each new specialisation of its integer
     # arguments (1, a multiple of 16, other), and the sampling kernels see row counts the capture warm-up never ran.
@@ -257,8 +258,9 @@ def grpo_rows(model, modes, args) -> list[str]:
 def decode_step_time(model, mode: str, args) -> float:
     """Median seconds of one decode step at batch 1 (host work included: schedule, prepare, sample, sync)."""
     max_len = min(1024, model.config.max_position_embeddings)
-    llm = LLM(model=model, backend=mode, max_num_seqs=1, max_model_len=max_len, num_kv_blocks=max_len // 16 * 2,
-              enforce_eager=args.enforce_eager)  # fmt: skip
+    pages = -(-max_len // args.block_size) * 2  # twice what the one request can hold
+    llm = LLM(model=model, backend=mode, max_num_seqs=1, max_model_len=max_len, num_kv_blocks=pages,
+              block_size=args.block_size, enforce_eager=args.enforce_eager)  # fmt: skip
     llm.add_request(list(range(1, 129)), SamplingParams(max_tokens=args.decode_steps + 1, seed=0, ignore_eos=True))
     llm.step()  # prefill
     times = []
@@ -535,6 +537,13 @@ def main(argv=None) -> int:
     ap.add_argument("--hf-static-cache", action="store_true", help="HF generate with a static cache (compiled)")
     ap.add_argument("--decode-steps", type=int, default=64, help="decode steps timed at batch 1")
     ap.add_argument("--enforce-eager", action="store_true", help="engines without CUDA graphs")
+    ap.add_argument(
+        "--block-size",
+        type=int,
+        default=EngineConfig.block_size,
+        help="tokens per KV page of VeXact's engines (vLLM keeps its own); 128 is FA4's tile_n at head_dim 128, the "
+        "page size its TMA path takes",
+    )
     ap.add_argument("--vllm-site", help="directory holding vLLM (scripts/staging/vllm_device_wheels.sh: /tmp/vllmsite)")
     ap.add_argument("--vllm-timeout", type=int, default=300, help="seconds for one vLLM subprocess")
     ap.add_argument("--ckpt-dir", help="where the HF checkpoint for vLLM and the worker logs go (default: a temp dir)")
@@ -546,6 +555,8 @@ def main(argv=None) -> int:
         for k, v in QUICK.items():
             if getattr(args, k) == ap.get_default(k):
                 setattr(args, k, v)
+    if args.block_size < 1:
+        ap.error(f"--block-size: tokens per KV page must be a positive integer, got {args.block_size}")
     modes = args.modes.split(",")
     bad = [m for m in modes if m not in MODE_NAMES]
     if bad:
@@ -570,7 +581,8 @@ def main(argv=None) -> int:
         f"Workload: {args.num_prompts} prompts of {args.prompt_len[0]}-{args.prompt_len[1]} random tokens, "
         f"{args.gen_len[0]}-{args.gen_len[1]} generated tokens each (ignore_eos; temperature 1, no top-k/top-p, a "
         f"seed per request), batch limits {batch_limits}, {args.max_num_batched_tokens} tokens per step, CUDA graphs "
-        f"{'off' if args.enforce_eager else 'on'}; the same prompts, lengths and seeds in every engine. vLLM loads "
+        f"{'off' if args.enforce_eager else 'on'}, VeXact's KV pages of {args.block_size} tokens; the same prompts, "
+        "lengths and seeds in every engine. vLLM loads "
         f"the same weights from an HF checkpoint directory (skip_tokenizer_init, token-id prompts), one subprocess "
         f"per mode and batch limit, gpu_memory_utilization {args.gpu_memory_utilization}. HF generate: one "
         f"left-padded batch of {args.hf_prompts} of the same prompts, {args.hf_new_tokens} new tokens each, sdpa "
