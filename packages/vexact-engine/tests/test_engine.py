@@ -240,6 +240,28 @@ def test_pages_of_128_tokens_give_the_bits_of_pages_of_16(model):
         assert cached == (256 + 128 if caching else 0)
 
 
+@pytest.mark.gpu
+def test_gpu_pages_of_128_tokens_give_the_bits_of_pages_of_16():
+    """On CUDA, with the attention implementation in force (FA4 where it runs: heads of 128 take it, and a 128-token
+    page is its TMA paged path), CUDA graphs for decode and prompt steps and prefix caching on: 128-token pages give
+    the tokens and logprobs of 16-token pages, and the trainer's logprobs of the same tokens."""
+    from vexact_trainer import Actor
+
+    model = random_model(tiny_qwen3_config(head_dim=128), seed=SEED, device="cuda")
+    g = torch.Generator().manual_seed(13)
+    shared = torch.randint(0, 256, (300,), generator=g).tolist()
+    prompts = [shared + [1], shared + [2, 3], torch.randint(0, 256, (200,), generator=g).tolist(), [7, 8, 9]]
+    params = [SamplingParams(temperature=0.9, max_tokens=20 + i, seed=70 + i, ignore_eos=True) for i in range(4)]
+    kw = dict(device="cuda", max_num_seqs=4, max_num_batched_tokens=256, max_model_len=512)
+    outs = {page: LLM(model=model, block_size=page, num_kv_blocks=pages, **kw).generate(prompts, params, use_tqdm=False)
+            for page, pages in ((16, 256), (128, 32))}  # fmt: skip
+    for got, want in zip(outs[128], outs[16], strict=True):
+        _same(got, want)
+    scored = Actor(model).compute_log_probs(prompts, [o.token_ids for o in outs[128]], 0.9)
+    for o, lp in zip(outs[128], scored.logprobs, strict=True):
+        assert torch.equal(o.logprobs, lp.cpu())
+
+
 def test_outputs_come_back_in_input_order(model):
     prompts = [list(range(1, 30)), [1], list(range(5, 12))]
     outs = LLM(model=model, num_kv_blocks=64, max_num_batched_tokens=8, max_num_seqs=2).generate(
