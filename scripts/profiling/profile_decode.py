@@ -1,7 +1,7 @@
 """Where a decode step's time goes (GPU): the captured graph vs the rest of ``LLMEngine.step``, per batch size.
 
     python scripts/profiling/profile_decode.py [--shape 1.7b] [--layers N] [--batch 1,64,256] [--no-pack]
-                                     [--mixed 64:2048,256:1024] [--block-size 16]
+                                     [--mixed 64:2048,256:1024] [--block-size 16] [--context 256]
 
 Prints, per batch size: the whole step (median wall ms), the decode graph replay alone (CUDA events), the sampling
 half (``sample_rows``: logits, seeded draw, fused logprobs, one host sync) alone, the remainder (scheduler, step
@@ -48,13 +48,15 @@ def kv_pages(seqs: int, tokens_each: int, page: int) -> int:
     return seqs * -(-tokens_each // page)
 
 
-def profile_batch(model, batch: int, weight_bytes: int, label: str, pack: bool = True, page: int = 16) -> None:
-    # a request: a 256-token prompt and the steps below (~50 tokens), within 384 tokens
-    pages = max(4096 // page, kv_pages(batch, 384, page))
+def profile_batch(
+    model, batch: int, weight_bytes: int, label: str, pack: bool = True, page: int = 16, context: int = 256
+) -> None:
+    # a request: a ``context``-token prompt and the steps below (~50 tokens), within 128 more
+    pages = max(4096 // page, kv_pages(batch, context + 128, page))
     llm = LLM(model=model, device="cuda", max_num_seqs=max(8, batch), max_num_batched_tokens=max(512, 2 * batch),
               num_kv_blocks=pages, block_size=page, pack_weights=pack)  # fmt: skip
     for i in range(batch):
-        prompt = [1 + (i * 7 + j) % 1000 for j in range(256)]
+        prompt = [1 + (i * 7 + j) % 1000 for j in range(context)]
         llm.add_request(prompt, SamplingParams(max_tokens=400, temperature=1.0, top_p=1.0, seed=i, ignore_eos=True))
     while any(len(s.output_token_ids) < 2 for s in llm.running_sequences()) or len(llm.running_sequences()) < batch:
         llm.step()  # prefill every request; graphs were captured at construction
@@ -121,18 +123,25 @@ def trace_steps(run, steps: int) -> None:
 
 
 def profile_mixed(
-    model, batch: int, prompt: int, label: str, pack: bool = True, graphs: bool = True, page: int = 16
+    model,
+    batch: int,
+    prompt: int,
+    label: str,
+    pack: bool = True,
+    graphs: bool = True,
+    page: int = 16,
+    context: int = 256,
 ) -> None:
     """Steps with prompt tokens: ``batch`` requests decode while one new request's ``prompt``-token chunk prefills;
     as CUDA graphs padded to a token count (``graphs``, the default) or eagerly."""
-    pages = max(4096 // page, kv_pages(batch + 12, 384, page) + kv_pages(12, prompt, page))
+    pages = max(4096 // page, kv_pages(batch + 12, context + 128, page) + kv_pages(12, prompt, page))
     llm = LLM(model=model, device="cuda", max_num_seqs=batch + 1, max_num_batched_tokens=batch + prompt,
               num_kv_blocks=pages, block_size=page, pack_weights=pack,
               cuda_graph_token_sizes=None if graphs else ())  # fmt: skip
     sp = dict(max_tokens=300, temperature=1.0, top_p=1.0, ignore_eos=True)
     vocab = min(997, model.config.vocab_size - 3)
     for i in range(batch):
-        llm.add_request([1 + (i * 7 + j) % vocab for j in range(256)], SamplingParams(seed=i, **sp))
+        llm.add_request([1 + (i * 7 + j) % vocab for j in range(context)], SamplingParams(seed=i, **sp))
     while any(len(s.output_token_ids) < 2 for s in llm.running_sequences()) or len(llm.running_sequences()) < batch:
         llm.step()
 
@@ -163,9 +172,17 @@ def main() -> None:
     ap.add_argument("--no-pack", action="store_true", help="EngineConfig.pack_weights=False: no grouped projections")
     ap.add_argument("--mixed", default="", help="B:P pairs, comma-separated: B decoding + a P-token prompt chunk")
     ap.add_argument("--block-size", type=int, default=16, help="tokens per KV page (128: FA4's tile_n at hd128)")
+    ap.add_argument(
+        "--context",
+        type=int,
+        default=256,
+        help="prompt tokens of each decoding request (the throughput benchmark's contexts average ~700)",
+    )
     args = ap.parse_args()
     if args.block_size < 1:
         ap.error(f"--block-size: tokens per KV page must be a positive integer, got {args.block_size}")
+    if args.context < 1:
+        ap.error(f"--context: prompt tokens must be a positive integer, got {args.context}")
     if args.shape not in throughput.SHAPES:
         ap.error(f"--shape: unknown shape {args.shape!r}; known: {','.join(throughput.SHAPES)}")
     model = throughput.make_model(args.shape, args.layers)
@@ -175,15 +192,15 @@ def main() -> None:
         for pair in args.mixed.split(","):
             b, p = (int(x) for x in pair.split(":"))
             for graphs in (False, True):
-                label = f"{args.shape}-shaped, {layers} layers, pages of {args.block_size}"
-                profile_mixed(model, b, p, label, not args.no_pack, graphs, args.block_size)
+                label = f"{args.shape}-shaped, {layers} layers, pages of {args.block_size}, contexts {args.context}+"
+                profile_mixed(model, b, p, label, not args.no_pack, graphs, args.block_size, args.context)
         return
     for batch in (int(b) for b in args.batch.split(",")):
         label = (
             f"{args.shape}-shaped, {layers} layers, weights {'unpacked' if args.no_pack else 'packed'}, pages of "
-            f"{args.block_size}"
+            f"{args.block_size}, contexts {args.context}+"
         )
-        profile_batch(model, batch, weight_bytes, label, pack=not args.no_pack, page=args.block_size)
+        profile_batch(model, batch, weight_bytes, label, not args.no_pack, args.block_size, args.context)
 
 
 if __name__ == "__main__":
