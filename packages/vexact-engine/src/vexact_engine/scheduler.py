@@ -96,7 +96,13 @@ class Scheduler:
                 blocks.allocate(seq, end)
             if caching and end // page > len(seq.block_content_ids):
                 blocks.cache_full_blocks(seq, end)
-            add(ScheduledSeq(seq, n, end == total))
+            if n == 1 and end == total:  # a decode row: the same (immutable) item every step, made once
+                item = seq.decode_item
+                if item is None:
+                    item = seq.decode_item = ScheduledSeq(seq, 1, True)
+                add(item)
+            else:
+                add(ScheduledSeq(seq, n, end == total))
             budget -= n
             i += 1
         if preempted:
