@@ -426,7 +426,7 @@ def step_lists(batch: list[ScheduledSeq], blocks: BlockManager, with_tables: boo
         else:
             ids += seq.token_ids(start, start + n)
             positions += range(start, start + n)
-            slots += [blocks.slot(seq, p) for p in range(start, start + n)]
+            slots += blocks.slots(seq, start, start + n)
         offset += n
         add_cu(offset)
         add_ctx(start + n)
