@@ -4,16 +4,19 @@ Columns: ours (the invariant Triton kernel, ``triton_ops/attention.py``), FA4 (F
 ``vexact_kernels.fa4_attention``, the ``VEXACT_ATTENTION=fa4`` path, when flash_attn.cute imports), torch's default
 ``scaled_dot_product_attention`` (cuDNN on H100) and SDPA's FLASH_ATTENTION backend.
 
-- decode: one new token per sequence; ours and FA4 over a paged KV cache (page 16, pages shuffled) inside a CUDA
-  graph, as the engine runs it; SDPA over a dense [B, Hkv, ctx, D] cache (``enable_gqa``). Reported as achieved HBM
-  bandwidth (K/V bytes read + q/o) in TB/s and as a fraction of a device-to-device copy measured in the same run;
+- decode: one new token per sequence; ours and FA4 over a paged KV cache (``--page``, default 16; pages shuffled)
+  inside a CUDA graph, as the engine runs it; SDPA over a dense [B, Hkv, ctx, D] cache (``enable_gqa``). Reported
+  as achieved HBM bandwidth (K/V bytes read + q/o) in TB/s and as a fraction of a device-to-device copy measured in
+  the same run;
 - prefill / training forward: TFLOP/s of the causal kernels on packed equal-length sequences (SDPA sees a dense
   [B, H, L, D] batch, K/V heads repeated outside the timed region);
 - forward + backward (training): TFLOP/s counting 3.5x the forward FLOPs; ours and FA4 with their deterministic
   backward.
 
-Usage: ``PYTHONPATH=<packages' src dirs>:. python benchmarks/attention.py [--out FILE] [--quick]`` (meant to take
-under 4 minutes on an H100; the FA4 and SDPA columns are written against their APIs and not yet run on a GPU).
+Usage: ``PYTHONPATH=<packages' src dirs>:. python benchmarks/attention.py [--out FILE] [--quick] [--page 16]
+[--heads 32:8] [--decode-batches 1,4,16,64,256] [--decode-contexts 1024,4096,16384] [--prefill 4x4096,...]`` (meant to
+take under 4 minutes on an H100; the FA4 and SDPA columns are written against their APIs and not yet run on a GPU).
+``--heads 16:8`` is Qwen3-1.7B's attention; ``--page 128`` is FA4's tile_n at head_dim 128 (its TMA paged path).
 ``--sweep`` times a few alternative Triton tile configurations instead (for choosing the fixed constants; a change
 of the forward's constants changes the numerics of every GPU target).
 """
@@ -49,8 +52,8 @@ def copy_bandwidth() -> float:
 
 
 def _paged_inputs(batch: int, ctx: int, d: int = D):
-    """One decode step's inputs over a paged cache (page 16, pages shuffled): q, k/v caches, block table, context
-    lengths and cu_seqlens_q (one query per sequence)."""
+    """One decode step's inputs over a paged cache (pages of ``PAGE`` tokens, shuffled): q, k/v caches, block table,
+    context lengths and cu_seqlens_q (one query per sequence)."""
     pages_per_seq = ctx // PAGE
     num_pages = batch * pages_per_seq
     kc = torch.randn(num_pages, PAGE, HKV, d, device=DEV, dtype=torch.bfloat16)
@@ -223,8 +226,8 @@ def _graphed_tbs(fn, nbytes: int) -> float:
 
 def _paged_decode(batch: int, ctx: int, fa4: bool, nbytes: int) -> list:
     """Ours (the launch the op picks, then forced to one program per tile; both with the step's layout built once,
-    outside the timing, as the engine shares it across layers) and FA4 over one paged cache (page 16, pages
-    shuffled), as the engine's decode graph runs them."""
+    outside the timing, as the engine shares it across layers) and FA4 over one paged cache (pages of ``PAGE``
+    tokens, shuffled), as the engine's decode graph runs them."""
     q, kc, vc, bt, ctx_lens, cu = _paged_inputs(batch, ctx)
     # the layout (int32 tables, tile table) built once, as the engine builds it once per step for every layer
     lay = ta.paged_layout(bt, ctx_lens, cu, PAGE, batch, HQ, HKV, q.device)
@@ -295,14 +298,62 @@ def prefill_row(batch: int, seqlen: int, fa4: bool, backward: bool) -> list:
     return row
 
 
-def main():
+def _ints(ap, flag: str, text: str, sep: str = ",") -> list[int]:
+    try:
+        values = [int(x) for x in text.split(sep)]
+    except ValueError:
+        ap.error(f"{flag}: expected integers separated by {sep!r}, got {text!r}")
+    if any(v < 1 for v in values):
+        ap.error(f"{flag}: values must be positive, got {text!r}")
+    return values
+
+
+def configure(ap, args) -> None:
+    """Set the module's shape globals from the command line (each case reads them when it runs); ``--quick`` takes
+    fewer shapes where none are given."""
+    global PAGE, HQ, HKV, DECODE_BATCHES, DECODE_CONTEXTS, PREFILL_SHAPES
+    if args.quick:
+        DECODE_BATCHES, DECODE_CONTEXTS, PREFILL_SHAPES = [1, 64], [4096], [(4, 4096), (32, 512)]
+    (PAGE,) = _ints(ap, "--page", str(args.page))
+    if args.heads.count(":") != 1:
+        ap.error(f"--heads: expected query heads:KV heads, e.g. 16:8; got {args.heads!r}")
+    HQ, HKV = _ints(ap, "--heads", args.heads, ":")
+    if HQ % HKV:
+        ap.error(f"--heads: {HQ} query heads is not a multiple of {HKV} KV heads")
+    if args.decode_batches:
+        DECODE_BATCHES = _ints(ap, "--decode-batches", args.decode_batches)
+    if args.decode_contexts:
+        DECODE_CONTEXTS = _ints(ap, "--decode-contexts", args.decode_contexts)
+    bad = [c for c in DECODE_CONTEXTS if c % PAGE]
+    if bad:
+        ap.error(f"--decode-contexts: {bad} are not multiples of the page size {PAGE}")
+    if args.prefill:
+        shapes = [_ints(ap, "--prefill", shape, "x") for shape in args.prefill.split(",")]
+        if any(len(shape) != 2 for shape in shapes):
+            ap.error(f"--prefill: expected BATCHxSEQLEN shapes, e.g. 4x4096; got {args.prefill!r}")
+        PREFILL_SHAPES = [tuple(shape) for shape in shapes]
+
+
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", help="also write the markdown tables to this file")
     ap.add_argument("--quick", action="store_true", help="fewer shapes (a smoke run)")
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--cross-config", action="store_true")
     ap.add_argument("--fwd-config", help="sweep only this forward config, e.g. 64,64,4,3 (one per process)")
-    args = ap.parse_args()
+    ap.add_argument("--page", type=int, default=PAGE, help="tokens per KV page of the paged decode cases")
+    ap.add_argument("--heads", default=f"{HQ}:{HKV}", help="query heads:KV heads (16:8 is Qwen3-1.7B, 32:8 Qwen3-8B)")
+    ap.add_argument("--decode-batches", help=f"comma-separated (default {DECODE_BATCHES})")
+    ap.add_argument("--decode-contexts", help=f"comma-separated multiples of --page (default {DECODE_CONTEXTS})")
+    ap.add_argument("--prefill", help="comma-separated BATCHxSEQLEN shapes (default: " +
+                    ",".join(f"{b}x{n}" for b, n in PREFILL_SHAPES) + ")")  # fmt: skip
+    return ap
+
+
+def main(argv=None):
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    configure(ap, args)
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/attention.py measures GPU kernels: no CUDA device is visible")
     t0 = time.time()
@@ -338,7 +389,7 @@ def main():
         return
     copy_bw = copy_bandwidth()
     emit(f"\ndevice-to-device copy: {copy_bw / 1e12:.2f} TB/s (read + write)\n")
-    emit("## Decode (1 query token per sequence; achieved TB/s; ours and FA4 paged, page 16, in a CUDA graph)\n")
+    emit(f"## Decode (1 query token per sequence; achieved TB/s; ours and FA4 paged, page {PAGE}, in a CUDA graph)\n")
     emit(
         f"ours: the launch the op picks (one program per split of {ta.SPLIT_N} keys + the ordered combine where the "
         f"one-pass launch has fewer than {ta.SPLIT_BELOW_PROGRAMS} programs); one pass: one program per tile, "
@@ -346,7 +397,7 @@ def main():
     )
     emit("| batch | context | ours | ours, one pass | FA4 | SDPA default | SDPA flash | best / copy |")
     emit("|---|---|---|---|---|---|---|---|")
-    batches, contexts = ([1, 64], [4096]) if args.quick else (DECODE_BATCHES, DECODE_CONTEXTS)
+    batches, contexts = DECODE_BATCHES, DECODE_CONTEXTS
     for batch, ctx in itertools.product(batches, contexts):
         need = 2 * batch * ctx * HKV * D * 2  # K and V, paged then (freed) dense
         if need > 0.6 * free:
@@ -355,7 +406,7 @@ def main():
         row = decode_row(batch, ctx, fa4, copy_bw)
         emit(f"| {batch} | {ctx} | " + " | ".join(_fmt(x, ".2f") for x in row) + " |")
         torch.cuda.empty_cache()
-    shapes = [(4, 4096), (32, 512)] if args.quick else PREFILL_SHAPES
+    shapes = PREFILL_SHAPES
     for backward in (False, True):
         title = "Forward + backward (training; 3.5x forward FLOPs)" if backward else "Prefill / training forward"
         emit(f"\n## {title}: TFLOP/s, causal, packed equal-length sequences\n")

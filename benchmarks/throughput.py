@@ -1,7 +1,7 @@
 """Engine throughput on the GPU against the engines users would pick instead, side by side in one run (prints a
 markdown report; ``--out`` also writes it).
 
-For each model shape (``--models``: Qwen3-1.7B / 0.6B, Qwen3-30B-A3B, Moonlight-16B-A3B, the Llama, Qwen2.5 and
+For each model shape (``--models``: Qwen3-8B / 1.7B / 0.6B, Qwen3-30B-A3B, Moonlight-16B-A3B, the Llama, Qwen2.5 and
 Mistral shapes of ``vexact_models``; random bf16 weights, real HF config shapes, the shape's own depth unless
 ``--layers``), on the same prompts, lengths, ``ignore_eos``, sampling settings (temperature 1, no top-k/top-p, a seed
 per request) and CUDA graphs on:
@@ -32,7 +32,7 @@ minute each are most of it); ``--quick`` is a smaller workload for a first look.
 Usage: ``PYTHONPATH=<packages' src dirs>:. python benchmarks/throughput.py [--quick] [--models 1.7b,qwen3-30b-a3b]
 [--num-prompts 64] [--prompt-len 128 512] [--gen-len 128 256] [--max-num-seqs 64]
 [--modes invariant,fast,vllm,vllm-bi,hf] [--vllm-site /tmp/vllmsite] [--grpo-prompts 32] [--grpo-only]
-[--out results.md]`` (``--grpo-prompts 0`` skips the GRPO row).
+[--block-size 16] [--out results.md]`` (``--grpo-prompts 0`` skips the GRPO row).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ import torch
 from tqdm.auto import tqdm
 
 import vexact_kernels as vk
-from vexact_engine import LLM, SamplingParams
+from vexact_engine import LLM, EngineConfig, SamplingParams
 from vexact_models import (
     DEEPSEEK_V3_SHAPES,
     LLAMA_SHAPES,
@@ -80,6 +80,7 @@ SHAPES = {  # name: (family, the config's sizes); every family has peer columns 
     "tiny-mistral": ("mistral", {}),
     "0.6b": ("qwen3", QWEN3_SHAPES["qwen3-0.6b"]),
     "1.7b": ("qwen3", QWEN3_SHAPES["qwen3-1.7b"]),
+    "8b": ("qwen3", QWEN3_SHAPES["qwen3-8b"]),
     # issue #12: Moonlight-16B-A3B (MLA, DeepSeek MoE)
     "moonlight": ("deepseek_v3", DEEPSEEK_V3_SHAPES["moonlight-16b-a3b"]),
     # the published shapes of the other families, under their vexact_models names
@@ -156,7 +157,8 @@ def engine_throughput(model, mode: str, max_num_seqs: int, prompts, params, args
     kw.setdefault("max_model_len", args.prompt_len[1] + args.gen_len[1])
     llm = LLM(
         model=model, backend=mode, max_num_seqs=max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-        gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager, **kw,
+        gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager,
+        block_size=args.block_size, **kw,
     )  # fmt: skip
     # Warm-up at the run's own batch limit: Triton compiles a kernel again for each new specialisation of its integer
     # arguments (1, a multiple of 16, other), and the sampling kernels see row counts the capture warm-up never ran.
@@ -256,8 +258,9 @@ def grpo_rows(model, modes, args) -> list[str]:
 def decode_step_time(model, mode: str, args) -> float:
     """Median seconds of one decode step at batch 1 (host work included: schedule, prepare, sample, sync)."""
     max_len = min(1024, model.config.max_position_embeddings)
-    llm = LLM(model=model, backend=mode, max_num_seqs=1, max_model_len=max_len, num_kv_blocks=max_len // 16 * 2,
-              enforce_eager=args.enforce_eager)  # fmt: skip
+    pages = -(-max_len // args.block_size) * 2  # twice what the one request can hold
+    llm = LLM(model=model, backend=mode, max_num_seqs=1, max_model_len=max_len, num_kv_blocks=pages,
+              block_size=args.block_size, enforce_eager=args.enforce_eager)  # fmt: skip
     llm.add_request(list(range(1, 129)), SamplingParams(max_tokens=args.decode_steps + 1, seed=0, ignore_eos=True))
     llm.step()  # prefill
     times = []
@@ -512,8 +515,8 @@ def main(argv=None) -> int:
         "--layers",
         type=int,
         default=None,
-        help="decoder layers (default: the shape's own: 28 in both dense Qwen3 models, 48 in Qwen3-30B-A3B, 27 in "
-        "Moonlight)",
+        help="decoder layers (default: the shape's own: 28 in Qwen3-0.6B and 1.7B, 36 in Qwen3-8B, 48 in "
+        "Qwen3-30B-A3B, 27 in Moonlight)",
     )
     ap.add_argument("--quick", action="store_true", help=f"a smaller workload for a first look: {QUICK}")
     ap.add_argument("--num-prompts", type=int, default=256)
@@ -534,6 +537,13 @@ def main(argv=None) -> int:
     ap.add_argument("--hf-static-cache", action="store_true", help="HF generate with a static cache (compiled)")
     ap.add_argument("--decode-steps", type=int, default=64, help="decode steps timed at batch 1")
     ap.add_argument("--enforce-eager", action="store_true", help="engines without CUDA graphs")
+    ap.add_argument(
+        "--block-size",
+        type=int,
+        default=EngineConfig.block_size,
+        help="tokens per KV page of VeXact's engines (vLLM keeps its own); 128 is FA4's tile_n at head_dim 128, the "
+        "page size its TMA path takes",
+    )
     ap.add_argument("--vllm-site", help="directory holding vLLM (scripts/staging/vllm_device_wheels.sh: /tmp/vllmsite)")
     ap.add_argument("--vllm-timeout", type=int, default=300, help="seconds for one vLLM subprocess")
     ap.add_argument("--ckpt-dir", help="where the HF checkpoint for vLLM and the worker logs go (default: a temp dir)")
@@ -545,6 +555,8 @@ def main(argv=None) -> int:
         for k, v in QUICK.items():
             if getattr(args, k) == ap.get_default(k):
                 setattr(args, k, v)
+    if args.block_size < 1:
+        ap.error(f"--block-size: tokens per KV page must be a positive integer, got {args.block_size}")
     modes = args.modes.split(",")
     bad = [m for m in modes if m not in MODE_NAMES]
     if bad:
@@ -569,7 +581,8 @@ def main(argv=None) -> int:
         f"Workload: {args.num_prompts} prompts of {args.prompt_len[0]}-{args.prompt_len[1]} random tokens, "
         f"{args.gen_len[0]}-{args.gen_len[1]} generated tokens each (ignore_eos; temperature 1, no top-k/top-p, a "
         f"seed per request), batch limits {batch_limits}, {args.max_num_batched_tokens} tokens per step, CUDA graphs "
-        f"{'off' if args.enforce_eager else 'on'}; the same prompts, lengths and seeds in every engine. vLLM loads "
+        f"{'off' if args.enforce_eager else 'on'}, VeXact's KV pages of {args.block_size} tokens; the same prompts, "
+        "lengths and seeds in every engine. vLLM loads "
         f"the same weights from an HF checkpoint directory (skip_tokenizer_init, token-id prompts), one subprocess "
         f"per mode and batch limit, gpu_memory_utilization {args.gpu_memory_utilization}. HF generate: one "
         f"left-padded batch of {args.hf_prompts} of the same prompts, {args.hf_new_tokens} new tokens each, sdpa "

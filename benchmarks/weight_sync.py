@@ -76,12 +76,7 @@ from vexact_models import (
 from vexact_trainer import iter_weights
 
 GB = 1e9
-QWEN3_8B = dict(
-    vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
-    num_key_value_heads=8, head_dim=128, max_position_embeddings=40960, rope_theta=1_000_000.0,
-    tie_word_embeddings=False,
-)  # fmt: skip
-SHAPES = {"qwen3-1.7b": ("dense", QWEN3_SHAPES["qwen3-1.7b"]), "qwen3-8b": ("dense", QWEN3_8B),
+SHAPES = {"qwen3-1.7b": ("dense", QWEN3_SHAPES["qwen3-1.7b"]), "qwen3-8b": ("dense", QWEN3_SHAPES["qwen3-8b"]),
           "qwen3-30b-a3b": ("moe", QWEN3_MOE_SHAPES["qwen3-30b-a3b"])}  # fmt: skip
 MEMCPY_OPTION = 32 << 20  # the *-memcpy rows: DirectWriter(memcpy_min_bytes=...)
 PROFILE_HOST = False  # --profile-host: print a cProfile of one ipc-direct sync per shape (stderr)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from vexact_models import tiny_qwen3_config
+from vexact_models import QWEN3_SHAPES, tiny_qwen3_config
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -205,9 +205,32 @@ def test_every_family_has_a_real_shape_and_a_config():
     assert families == set(ARCHITECTURES)
     assert throughput.SHAPES["qwen3-30b-a3b"][0] == "qwen3_moe" and throughput.SHAPES["moonlight"][0] == "deepseek_v3"
     with torch.device("meta"):
-        for name in ("qwen3-30b-a3b", "moonlight", "llama-3.1-8b", "qwen2.5-7b", "mistral-7b-v0.1"):
+        for name in ("8b", "qwen3-30b-a3b", "moonlight", "llama-3.1-8b", "qwen2.5-7b", "mistral-7b-v0.1"):
             family, sizes = throughput.SHAPES[name]
             cfg = throughput.CONFIGS[family](**sizes)
             assert cfg.model_type == family and cfg.num_hidden_layers == sizes["num_hidden_layers"], name
     assert throughput.SHAPES["qwen3-30b-a3b"][1]["num_hidden_layers"] == 48
     assert throughput.SHAPES["moonlight"][1]["num_hidden_layers"] == 27
+    assert throughput.SHAPES["8b"] == ("qwen3", QWEN3_SHAPES["qwen3-8b"])
+
+
+def test_block_size_reaches_every_vexact_engine(monkeypatch, capsys):
+    """``--block-size 128``: the throughput engines and the batch-1 engine run 128-token pages (the batch-1 engine's
+    KV sized in those pages), and the report says so; a page size under 1 is refused before any model is built."""
+    made = []
+
+    class Recording(throughput.LLM):
+        def __init__(self, *args, **kw):
+            made.append(kw)
+            super().__init__(*args, **kw)
+
+    monkeypatch.setattr(throughput, "LLM", Recording)
+    argv = [*TINY, "--modes", "invariant", "--grpo-prompts", "0", "--max-num-seqs", "2", "--block-size", "128"]
+    assert throughput.main(argv) == 0
+    assert "VeXact's KV pages of 128 tokens" in capsys.readouterr().out
+    assert len(made) == 2 and all(kw["block_size"] == 128 for kw in made)
+    batch1 = [kw for kw in made if kw["max_num_seqs"] == 1]
+    assert len(batch1) == 1 and batch1[0]["num_kv_blocks"] == 2 * -(-batch1[0]["max_model_len"] // 128)
+    with pytest.raises(SystemExit):
+        throughput.main([*TINY, "--block-size", "0"])
+    assert "--block-size: tokens per KV page must be a positive integer, got 0" in capsys.readouterr().err

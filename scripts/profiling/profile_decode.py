@@ -1,7 +1,7 @@
 """Where a decode step's time goes (GPU): the captured graph vs the rest of ``LLMEngine.step``, per batch size.
 
-    python scripts/profiling/profile_decode.py [--shape 1.7b] [--layers 28] [--batch 1,64,256] [--no-pack]
-                                     [--mixed 64:2048,256:1024]
+    python scripts/profiling/profile_decode.py [--shape 1.7b] [--layers N] [--batch 1,64,256] [--no-pack]
+                                     [--mixed 64:2048,256:1024] [--block-size 16] [--context 256]
 
 Prints, per batch size: the whole step (median wall ms), the decode graph replay alone (CUDA events), the sampling
 half (``sample_rows``: logits, seeded draw, fused logprobs, one host sync) alone, the remainder (scheduler, step
@@ -43,11 +43,20 @@ def cuda_ms(fn, n: int = 30) -> float:
     return start.elapsed_time(end) / n
 
 
-def profile_batch(model, batch: int, weight_bytes: int, label: str, pack: bool = True) -> None:
+def kv_pages(seqs: int, tokens_each: int, page: int) -> int:
+    """KV pages of ``page`` tokens for ``seqs`` sequences of up to ``tokens_each`` tokens each."""
+    return seqs * -(-tokens_each // page)
+
+
+def profile_batch(
+    model, batch: int, weight_bytes: int, label: str, pack: bool = True, page: int = 16, context: int = 256
+) -> None:
+    # a request: a ``context``-token prompt and the steps below (~50 tokens), within 128 more
+    pages = max(4096 // page, kv_pages(batch, context + 128, page))
     llm = LLM(model=model, device="cuda", max_num_seqs=max(8, batch), max_num_batched_tokens=max(512, 2 * batch),
-              num_kv_blocks=max(256, batch * 24), pack_weights=pack)  # fmt: skip
+              num_kv_blocks=pages, block_size=page, pack_weights=pack)  # fmt: skip
     for i in range(batch):
-        prompt = [1 + (i * 7 + j) % 1000 for j in range(256)]
+        prompt = [1 + (i * 7 + j) % 1000 for j in range(context)]
         llm.add_request(prompt, SamplingParams(max_tokens=400, temperature=1.0, top_p=1.0, seed=i, ignore_eos=True))
     while any(len(s.output_token_ids) < 2 for s in llm.running_sequences()) or len(llm.running_sequences()) < batch:
         llm.step()  # prefill every request; graphs were captured at construction
@@ -113,16 +122,26 @@ def trace_steps(run, steps: int) -> None:
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12))
 
 
-def profile_mixed(model, batch: int, prompt: int, label: str, pack: bool = True, graphs: bool = True) -> None:
+def profile_mixed(
+    model,
+    batch: int,
+    prompt: int,
+    label: str,
+    pack: bool = True,
+    graphs: bool = True,
+    page: int = 16,
+    context: int = 256,
+) -> None:
     """Steps with prompt tokens: ``batch`` requests decode while one new request's ``prompt``-token chunk prefills;
     as CUDA graphs padded to a token count (``graphs``, the default) or eagerly."""
+    pages = max(4096 // page, kv_pages(batch + 12, context + 128, page) + kv_pages(12, prompt, page))
     llm = LLM(model=model, device="cuda", max_num_seqs=batch + 1, max_num_batched_tokens=batch + prompt,
-              num_kv_blocks=max(256, (batch + 12) * 24 + 12 * prompt // 16), pack_weights=pack,
+              num_kv_blocks=pages, block_size=page, pack_weights=pack,
               cuda_graph_token_sizes=None if graphs else ())  # fmt: skip
     sp = dict(max_tokens=300, temperature=1.0, top_p=1.0, ignore_eos=True)
     vocab = min(997, model.config.vocab_size - 3)
     for i in range(batch):
-        llm.add_request([1 + (i * 7 + j) % vocab for j in range(256)], SamplingParams(seed=i, **sp))
+        llm.add_request([1 + (i * 7 + j) % vocab for j in range(context)], SamplingParams(seed=i, **sp))
     while any(len(s.output_token_ids) < 2 for s in llm.running_sequences()) or len(llm.running_sequences()) < batch:
         llm.step()
 
@@ -147,23 +166,41 @@ def profile_mixed(model, batch: int, prompt: int, label: str, pack: bool = True,
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--shape", default="1.7b")
-    ap.add_argument("--layers", type=int, default=28)
+    ap.add_argument("--shape", default="1.7b", help="a shape of benchmarks/throughput.py: 1.7b, 8b, ...")
+    ap.add_argument("--layers", type=int, default=None, help="decoder layers (default: the shape's own)")
     ap.add_argument("--batch", default="1", help="comma-separated batch sizes (running requests per decode step)")
     ap.add_argument("--no-pack", action="store_true", help="EngineConfig.pack_weights=False: no grouped projections")
     ap.add_argument("--mixed", default="", help="B:P pairs, comma-separated: B decoding + a P-token prompt chunk")
+    ap.add_argument("--block-size", type=int, default=16, help="tokens per KV page (128: FA4's tile_n at hd128)")
+    ap.add_argument(
+        "--context",
+        type=int,
+        default=256,
+        help="prompt tokens of each decoding request (the throughput benchmark's contexts average ~700)",
+    )
     args = ap.parse_args()
+    if args.block_size < 1:
+        ap.error(f"--block-size: tokens per KV page must be a positive integer, got {args.block_size}")
+    if args.context < 1:
+        ap.error(f"--context: prompt tokens must be a positive integer, got {args.context}")
+    if args.shape not in throughput.SHAPES:
+        ap.error(f"--shape: unknown shape {args.shape!r}; known: {','.join(throughput.SHAPES)}")
     model = throughput.make_model(args.shape, args.layers)
+    layers = model.config.num_hidden_layers
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     if args.mixed:
         for pair in args.mixed.split(","):
             b, p = (int(x) for x in pair.split(":"))
             for graphs in (False, True):
-                profile_mixed(model, b, p, f"{args.shape}-shaped, {args.layers} layers", not args.no_pack, graphs)
+                label = f"{args.shape}-shaped, {layers} layers, pages of {args.block_size}, contexts {args.context}+"
+                profile_mixed(model, b, p, label, not args.no_pack, graphs, args.block_size, args.context)
         return
     for batch in (int(b) for b in args.batch.split(",")):
-        label = f"{args.shape}-shaped, {args.layers} layers, weights {'unpacked' if args.no_pack else 'packed'}"
-        profile_batch(model, batch, weight_bytes, label, pack=not args.no_pack)
+        label = (
+            f"{args.shape}-shaped, {layers} layers, weights {'unpacked' if args.no_pack else 'packed'}, pages of "
+            f"{args.block_size}, contexts {args.context}+"
+        )
+        profile_batch(model, batch, weight_bytes, label, not args.no_pack, args.block_size, args.context)
 
 
 if __name__ == "__main__":

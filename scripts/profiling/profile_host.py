@@ -2,7 +2,12 @@
 bookkeeping. The model's replay and the sampler are replaced by constant-time stubs, so what is timed is the Python a
 GPU waits on between two replays (``scripts/profiling/profile_decode.py`` calls it "the rest" on a GPU). Runs on CPU.
 
-    python scripts/profiling/profile_host.py --batch 64,256 [--profile]
+    python scripts/profiling/profile_host.py --batch 1,64,256 [--steps 60] [--repeats 5] [--chunk 2048] [--profile]
+
+Prints, per batch size, the median and the least of ``--repeats`` means over ``--steps`` steps each (a shared CPU
+makes single means noisy; the least is the cleanest run). ``--chunk P``: steps with prompt tokens instead, each the
+batch's decode rows plus a new request's whole ``P``-token prompt (the request, of one output token, leaves in the
+same step; all of them are queued before the timing).
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import pstats
+import statistics
 import time
 
 import torch
@@ -18,25 +24,37 @@ from vexact_engine import LLM, SamplingParams
 from vexact_models import random_model, tiny_qwen3_config
 
 
-def host_step_ms(batch: int, steps: int, show_profile: bool) -> float:
-    model = random_model(tiny_qwen3_config(), seed=0)
-    prompt_len, max_tokens = 64, 400  # within the tiny config's 512 positions: no request finishes while timed
-    llm = LLM(model=model, max_num_seqs=batch, max_num_batched_tokens=max(512, batch * prompt_len), block_size=16,
-              num_kv_blocks=batch * 32, cuda_graph_batch_sizes=[batch], cuda_graph_token_sizes=())  # fmt: skip
+def host_step_ms(batch: int, steps: int, repeats: int, show_profile: bool, chunk: int = 0) -> tuple[float, float]:
+    """(median, least) of ``repeats`` means of ``steps`` steps' host work, in ms: decode steps, or with ``chunk``
+    each step also prefills a new request's ``chunk``-token prompt."""
+    prompt_len, max_tokens = 64, 440  # within 512 positions
+    if 5 + steps * repeats + (50 if show_profile else 0) >= max_tokens:
+        raise ValueError(f"--steps {steps} x --repeats {repeats} must stay under {max_tokens - 55} decode steps")
+    model = random_model(tiny_qwen3_config(max_position_embeddings=max(512, chunk + 64)), seed=0)
+    budget = max(512, batch * prompt_len, batch + chunk)
+    llm = LLM(model=model, max_num_seqs=batch + (chunk > 0), max_num_batched_tokens=budget, block_size=16,
+              num_kv_blocks=batch * 32 + 2 * (chunk // 16 + 1), cuda_graph_batch_sizes=[batch],
+              cuda_graph_token_sizes=[batch + chunk] if chunk else ())  # fmt: skip
     for i in range(batch):
         sp = SamplingParams(max_tokens=max_tokens, temperature=1.0, seed=i, ignore_eos=True)
         llm.add_request([1 + (i * 7 + j) % 200 for j in range(prompt_len)], sp)
     while len(llm.running_sequences()) < batch or any(not s.output_token_ids for s in llm.running_sequences()):
         llm.step()
-    runner, hidden = llm.runner, torch.zeros(batch, model.config.hidden_size)
+    if chunk:  # one request a step: admitted when the one before leaves (max_num_seqs), its prompt whole (budget)
+        for k in range(5 + steps * repeats + (50 if show_profile else 0)):
+            one = SamplingParams(max_tokens=1, temperature=1.0, seed=10_000 + k, ignore_eos=True)
+            llm.add_request([3 + (k * 11 + j) % 200 for j in range(chunk)], one)
+    runner, hidden = llm.runner, torch.zeros(batch + chunk, model.config.hidden_size)
     runner._replay = lambda key, static, tokens, seqs: hidden[:tokens]
     runner.sample = lambda rows, items: [(it, 5, -1.0) for it in items]
     for _ in range(5):
         llm.step()
-    t = time.perf_counter()
-    for _ in range(steps):
-        llm.step()
-    ms = (time.perf_counter() - t) / steps * 1e3
+    means = []
+    for _ in range(repeats):  # no request finishes while timed
+        t = time.perf_counter()
+        for _ in range(steps):
+            llm.step()
+        means.append((time.perf_counter() - t) / steps * 1e3)
     if show_profile:
         prof = cProfile.Profile()
         prof.enable()
@@ -44,17 +62,22 @@ def host_step_ms(batch: int, steps: int, show_profile: bool) -> float:
             llm.step()
         prof.disable()
         pstats.Stats(prof).sort_stats("tottime").print_stats(12)
-    return ms
+    return statistics.median(means), min(means)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--batch", default="64,256", help="comma-separated decode batch sizes")
-    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--steps", type=int, default=60, help="decode steps per timed mean")
+    ap.add_argument("--repeats", type=int, default=5, help="timed means per batch size")
     ap.add_argument("--profile", action="store_true", help="also print a cProfile of 50 steps")
+    ap.add_argument("--chunk", type=int, default=0, help="also a new request's prompt of this many tokens a step")
     args = ap.parse_args()
     for b in (int(x) for x in args.batch.split(",")):
-        print(f"decode batch {b}: {host_step_ms(b, args.steps, args.profile):.3f} ms of host work a step")
+        median, least = host_step_ms(b, args.steps, args.repeats, args.profile, args.chunk)
+        what = f"decode batch {b}" + (f" + a {args.chunk}-token prompt" if args.chunk else "")
+        print(f"{what}: {median:.3f} ms of host work a step (median of {args.repeats} means of "
+              f"{args.steps} steps; least {least:.3f} ms)")  # fmt: skip
 
 
 if __name__ == "__main__":

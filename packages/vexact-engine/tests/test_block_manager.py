@@ -74,3 +74,17 @@ def test_a_sequence_holding_pages_cannot_take_a_prefix():
     bm.allocate(a, 3)
     with pytest.raises(RuntimeError, match="already holds pages"):
         bm.take_prefix(a, [])
+
+
+@pytest.mark.parametrize("page", [1, 4, 16, 128])
+def test_slots_of_a_range_are_the_slots_of_its_positions(page):
+    """``slots(seq, start, end)`` (a prefill chunk's KV slots, a page at a time) == ``slot`` of each position, for
+    ranges starting and ending mid-page, on a page boundary, within one page, and empty."""
+    bm = BlockManager(640 // page + 8, page)
+    seq = Sequence("a", list(range(600)), SamplingParams(), 0, 0)
+    bm.allocate(seq, 3)  # a page in front, then the sequence's pages out of order
+    other = Sequence("b", [1] * 40, SamplingParams(), 0, 1)
+    bm.allocate(other, 40)
+    bm.allocate(seq, 600)
+    for start, end in [(0, 600), (5, 517), (page, 3 * page), (page - 1, page + 1), (7, 8), (9, 9), (599, 600)]:
+        assert bm.slots(seq, start, end) == [bm.slot(seq, p) for p in range(start, end)], (start, end)

@@ -215,6 +215,53 @@ def test_tiny_kv_cache_forces_preemption_and_loses_nothing(model):
     assert small.blocks.num_free == 8
 
 
+def test_pages_of_128_tokens_give_the_bits_of_pages_of_16(model):
+    """128-token pages (FA4's tile_n at head_dim 128, the page its TMA path takes) change no token and no logprob:
+    with and without prefix caching, eager and padded, chunked prefill whose chunks end mid-page; and two full pages
+    of a shared 270-token prefix come from the cache."""
+    g = torch.Generator().manual_seed(12)
+    shared = torch.randint(0, 256, (270,), generator=g).tolist()
+    prompts = [shared + [1, 2], shared + [3], torch.randint(0, 256, (150,), generator=g).tolist(), [5, 6], shared[:130]]
+    params = [SamplingParams(temperature=0.9, max_tokens=6 + i, seed=40 + i, ignore_eos=True) for i in range(5)]
+    kw = dict(max_num_seqs=4, max_num_batched_tokens=100, max_model_len=512)
+    runs = {}
+    for page, pages, caching, padded in ((16, 160, False, None), (16, 160, True, None), (128, 24, False, None),
+                                         (128, 24, True, None), (128, 24, True, [1, 2, 4])):  # fmt: skip
+        llm = LLM(model=model, block_size=page, num_kv_blocks=pages, enable_prefix_caching=caching,
+                  cuda_graph_batch_sizes=padded, **kw)  # fmt: skip
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        assert (llm.runner.num_padded_steps > 0) == bool(padded) and llm.num_preemptions == 0
+        runs[page, caching, bool(padded)] = outs, llm.stats["cached_prompt_tokens"]
+    ref, _ = runs[16, False, False]
+    for (_, caching, _), (outs, cached) in runs.items():
+        for got, want in zip(outs, ref, strict=True):
+            _same(got, want)
+        # the second prompt reuses the first's 256 leading tokens, the last prompt 128 (at either page size)
+        assert cached == (256 + 128 if caching else 0)
+
+
+@pytest.mark.gpu
+def test_gpu_pages_of_128_tokens_give_the_bits_of_pages_of_16():
+    """On CUDA, with the attention implementation in force (FA4 where it runs: heads of 128 take it, and a 128-token
+    page is its TMA paged path), CUDA graphs for decode and prompt steps and prefix caching on: 128-token pages give
+    the tokens and logprobs of 16-token pages, and the trainer's logprobs of the same tokens."""
+    from vexact_trainer import Actor
+
+    model = random_model(tiny_qwen3_config(head_dim=128), seed=SEED, device="cuda")
+    g = torch.Generator().manual_seed(13)
+    shared = torch.randint(0, 256, (300,), generator=g).tolist()
+    prompts = [shared + [1], shared + [2, 3], torch.randint(0, 256, (200,), generator=g).tolist(), [7, 8, 9]]
+    params = [SamplingParams(temperature=0.9, max_tokens=20 + i, seed=70 + i, ignore_eos=True) for i in range(4)]
+    kw = dict(device="cuda", max_num_seqs=4, max_num_batched_tokens=256, max_model_len=512)
+    outs = {page: LLM(model=model, block_size=page, num_kv_blocks=pages, **kw).generate(prompts, params, use_tqdm=False)
+            for page, pages in ((16, 256), (128, 32))}  # fmt: skip
+    for got, want in zip(outs[128], outs[16], strict=True):
+        _same(got, want)
+    scored = Actor(model).compute_log_probs(prompts, [o.token_ids for o in outs[128]], 0.9)
+    for o, lp in zip(outs[128], scored.logprobs, strict=True):
+        assert torch.equal(o.logprobs, lp.cpu())
+
+
 def test_outputs_come_back_in_input_order(model):
     prompts = [list(range(1, 30)), [1], list(range(5, 12))]
     outs = LLM(model=model, num_kv_blocks=64, max_num_batched_tokens=8, max_num_seqs=2).generate(

@@ -240,6 +240,41 @@ def test_public_ops_dispatch_to_fa4_when_chosen(stand_in, monkeypatch):
     assert len(stand_in.calls) == 2 and stand_in.calls[1]["page_table"].tolist() == [[1]]
 
 
+def test_layout_once_per_step_is_int32_and_bitwise_the_per_call_conversion(stand_in, monkeypatch):
+    """``paged_attention_layout`` on the FA4 path makes the int32 page table, context lengths and query offsets once
+    (equal to the int64 tensors the engine holds); every call given it hands FA4 those same tensor objects and
+    converts nothing, and its output is torch.equal to a call without it (the per-call conversion, kept for callers
+    that pass no layout)."""
+    from vexact_kernels import attention as attn
+
+    monkeypatch.setattr(attn, "_on_cuda", lambda *t: "fa4")
+    g = torch.Generator().manual_seed(3)
+    lens, n_q = [5, 9, 1], [1, 4, 1]
+    kc, vc = (torch.randn(8, 4, 2, 32, generator=g).bfloat16() for _ in range(2))
+    q = torch.randn(sum(n_q), 4, 32, generator=g).bfloat16()
+    tables = torch.tensor([[3, 1, 0], [2, 5, 7], [6, 0, 0], [4, 4, 4]])  # one row more than sequences, as padded
+    ctx, cu = torch.tensor(lens), torch.tensor([0, 1, 5, 6])
+    args = (q, kc, vc, tables, ctx, cu)
+    layout = vk.paged_attention_layout(*args)
+    assert isinstance(layout, fa4_attention.PagedLayout)
+    for got, want in ((layout.page_table, tables[:3]), (layout.seqused_k, ctx), (layout.cu, cu)):
+        assert got.dtype == torch.int32 and got.is_contiguous() and torch.equal(got.long(), want)
+    shared = [vk.attention_paged(*args, 0.25, layout=layout) for _ in range(3)]  # three layers of one step
+    own = vk.attention_paged(*args, 0.25)
+    assert all(torch.equal(out, own) for out in shared)
+    for call in stand_in.calls[:3]:
+        assert call["page_table"] is layout.page_table and call["seqused_k"] is layout.seqused_k
+        assert call["cu_seqlens_q"] is layout.cu
+    fallback = stand_in.calls[3]
+    assert fallback["page_table"] is not layout.page_table and torch.equal(fallback["page_table"], layout.page_table)
+    # int32 tensors already in place are taken as they are: nothing to convert
+    t32, c32, q32 = tables[:3].int(), ctx.int(), cu.int()
+    direct = fa4_attention.paged_layout(t32, c32, q32, q.device)
+    assert direct.page_table is t32 and direct.seqused_k is c32 and direct.cu is q32
+    with pytest.raises(ValueError, match="layout was built for other tensors"):
+        vk.attention_paged(q, kc, vc, tables.clone(), ctx, cu, layout=layout)
+
+
 def test_mla_head_sizes_stay_off_fa4_in_both_paths(stand_in, monkeypatch):
     """K and V head sizes that differ (MLA: 192 / 128) never reach FA4, packed or paged (its SM90 paged kernel
     refuses them), so both drivers run the same other kernel."""

@@ -194,3 +194,21 @@ def test_parse_dtype():
         parse_dtype(torch.float64)
     with pytest.raises(ValueError, match="unsupported dtype 'fp8'"):
         parse_dtype("fp8")
+
+
+def test_qwen3_8b_shape_is_the_published_config():
+    """QWEN3_SHAPES["qwen3-8b"] holds Qwen/Qwen3-8B's config.json sizes; on the meta device (no 8B allocation) the
+    model has the published 8.19B parameters (untied: the input embedding and lm_head are separate)."""
+    from vexact_models import QWEN3_SHAPES
+
+    cfg = tiny_qwen3_config(**QWEN3_SHAPES["qwen3-8b"])
+    assert (cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers) == (4096, 12288, 36)
+    assert (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim) == (32, 8, 128)
+    assert cfg.vocab_size == 151936 and cfg.max_position_embeddings == 40960 and cfg.rope_theta == 1e6
+    assert not cfg.tie_word_embeddings and cfg.kv_cache_dims == (8, 128, 128)
+    assert cfg.to_hf_dict()["tie_word_embeddings"] is False
+    with torch.device("meta"):
+        model = MODEL_CLASSES["qwen3"](cfg)
+    params = sum(p.numel() for p in model.parameters())
+    assert model.lm_head.weight is not model.model.embed_tokens.weight
+    assert params == 8_190_735_360, params

@@ -24,6 +24,7 @@ engine calls it whenever cached K/V stops being what the model would compute (ne
 from __future__ import annotations
 
 from collections import OrderedDict, deque
+from itertools import chain
 
 from .sequence import Sequence
 
@@ -163,3 +164,13 @@ class BlockManager:
 
     def slot(self, seq: Sequence, position: int) -> int:
         return seq.block_table[position // self.block_size] * self.block_size + position % self.block_size
+
+    def slots(self, seq: Sequence, start: int, end: int) -> list[int]:
+        """``[slot(seq, p) for p in range(start, end)]``, built a page at a time (a 4096-token prefill chunk: ~0.1
+        instead of ~0.5 ms of host time on the CPU box)."""
+        b = self.block_size
+        first = start // b
+        pages = seq.block_table[first : (end - 1) // b + 1] if end > start else []
+        flat = list(chain.from_iterable(range(page * b, page * b + b) for page in pages))
+        skip = start - first * b
+        return flat[skip : skip + end - start]

@@ -147,15 +147,24 @@ class LLMEngine(EngineSleep, EngineWeights):
         for item in batch:
             item.seq.num_computed_tokens += item.num_new_tokens
         finished = []
+        eos, max_len = self.eos_token_ids, self.max_model_len
         for item, token, logprob in results:
             seq = item.seq
-            seq.output_token_ids.append(token)
+            out = seq.output_token_ids
+            out.append(token)
             seq.output_logprobs.append(logprob)
-            reason = self._stop_reason(seq, token)
-            if reason is not None:
-                self.scheduler.finish(seq, reason)
-                self._seqs.pop(seq.request_id, None)
-                finished.append(self._output(seq))
+            # the stopping rules (a stop token; EOS unless ignored; max_tokens; max_model_len), inline: one row a
+            # request, 256 a step at a large batch
+            p = seq.params
+            if (p.stop_token_ids and token in p.stop_token_ids) or (not p.ignore_eos and token in eos):
+                reason = "stop"
+            elif len(out) >= p.max_tokens or len(seq.prompt_token_ids) + len(out) >= max_len:
+                reason = "length"
+            else:
+                continue
+            self.scheduler.finish(seq, reason)
+            self._seqs.pop(seq.request_id, None)
+            finished.append(self._output(seq))
         return finished
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
@@ -183,14 +192,6 @@ class LLMEngine(EngineSleep, EngineWeights):
             if isinstance(t, bool) or not isinstance(t, int):
                 raise TypeError(f"prompt token at position {i} is {t!r}; token ids must be integers")
         return ids
-
-    def _stop_reason(self, seq: Sequence, token: int) -> str | None:
-        p = seq.params
-        if token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_token_ids):
-            return "stop"
-        if len(seq.output_token_ids) >= p.max_tokens or seq.num_tokens >= self.max_model_len:
-            return "length"
-        return None
 
     def _output(self, seq: Sequence) -> RequestOutput:
         text = self.tokenizer.decode(seq.output_token_ids) if self.tokenizer is not None else None

@@ -292,7 +292,7 @@ class ModelRunner:
         """Run the model over the step; returns the pre-norm hidden rows ``[S, H]`` of the ``S`` sequences that
         sample in it, and those sequences."""
         sampling = [b for b, item in enumerate(batch) if item.is_last_chunk]
-        items = [batch[b] for b in sampling]
+        items = batch if len(sampling) == len(batch) else [batch[b] for b in sampling]
         size = self.padded_size(batch)
         tokens = self.padded_tokens(batch) if size is None else None
         with vk.use_backend(self.config.backend):
@@ -393,8 +393,11 @@ class StaticStep:
         for r, item in enumerate(batch):
             table = item.seq.block_table
             n = len(table)
-            width = max(width, n)
+            if n > width:
+                width = n
             known, done = rows[r]
+            if known is table and done == n:  # a decode row inside its last page: nothing new
+                continue
             if known is not table or done > n:
                 done = 0
             if done < n:
@@ -408,19 +411,25 @@ def step_lists(batch: list[ScheduledSeq], blocks: BlockManager, with_tables: boo
     tables): what a pipeline driver broadcasts, and what :func:`step_tensors` turns into device tensors.
     ``with_tables=False`` leaves the block tables out (the padded decode path keeps its own copy of them)."""
     ids, positions, slots, cu, ctx = [], [], [], [0], []
+    page, offset = blocks.block_size, 0
+    add_id, add_pos, add_slot, add_cu, add_ctx = ids.append, positions.append, slots.append, cu.append, ctx.append
     for item in batch:
         seq, n = item.seq, item.num_new_tokens
         start = seq.num_computed_tokens
-        if n == 1:  # a decode row (the common case, 256 a step at a large batch): no list built for its one token
-            ids.append(seq.token(start))
-            positions.append(start)
-            slots.append(blocks.slot(seq, start))
+        if n == 1:
+            # a decode row (the common case, 256 a step at a large batch): Sequence.token and BlockManager.slot
+            # inline, no list built for its one token
+            k = start - len(seq.prompt_token_ids)
+            add_id(seq.output_token_ids[k] if k >= 0 else seq.prompt_token_ids[start])
+            add_pos(start)
+            add_slot(seq.block_table[start // page] * page + start % page)
         else:
             ids += seq.token_ids(start, start + n)
             positions += range(start, start + n)
-            slots += [blocks.slot(seq, p) for p in range(start, start + n)]
-        cu.append(cu[-1] + n)
-        ctx.append(start + n)
+            slots += blocks.slots(seq, start, start + n)
+        offset += n
+        add_cu(offset)
+        add_ctx(start + n)
     tables = [list(item.seq.block_table) for item in batch] if with_tables else None
     return {"ids": ids, "positions": positions, "slots": slots, "cu": cu, "ctx": ctx, "tables": tables}
 

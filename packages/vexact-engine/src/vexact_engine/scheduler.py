@@ -15,22 +15,29 @@ recompute often starts near where it stopped. Every page a step fills is registe
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
 
 from .block_manager import BlockManager
 from .config import EngineConfig
 from .sequence import Sequence, SequenceStatus
 
 
-@dataclass
 class ScheduledSeq:
-    seq: Sequence
-    num_new_tokens: int
+    """One sequence's work in a step: ``num_new_tokens`` tokens from ``seq.num_computed_tokens`` on.
+    ``is_last_chunk``: the chunk reaches the end of the sequence, so the step samples its next token; fixed when the
+    step is scheduled (the scheduler passes it; left out, it is worked out from ``seq``). A plain class with slots: a
+    step of 256 decode rows makes 256 of them, and a dataclass's ``__post_init__`` would be one more call each."""
 
-    @property
-    def is_last_chunk(self) -> bool:
-        """True when this chunk reaches the end of the sequence, so the step samples its next token."""
-        return self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
+    __slots__ = ("seq", "num_new_tokens", "is_last_chunk")
+
+    def __init__(self, seq: Sequence, num_new_tokens: int, is_last_chunk: bool | None = None):
+        self.seq = seq
+        self.num_new_tokens = num_new_tokens
+        if is_last_chunk is None:
+            is_last_chunk = seq.num_computed_tokens + num_new_tokens == seq.num_tokens
+        self.is_last_chunk = is_last_chunk
+
+    def __repr__(self) -> str:
+        return f"ScheduledSeq({self.seq!r}, num_new_tokens={self.num_new_tokens}, is_last_chunk={self.is_last_chunk})"
 
 
 class Scheduler:
@@ -64,17 +71,22 @@ class Scheduler:
         preempted = False
         i = 0
         # A decode row needs a page only when it crosses a page boundary and fills a page only when it reaches one:
-        # both tests inline (the calls they skip would do nothing), as a step of 256 decode rows runs this loop
+        # both tests inline (the calls they skip would do nothing), as are the sequence's length and the pages an
+        # end needs (``Sequence.num_tokens``, ``BlockManager.blocks_for``): a step of 256 decode rows runs this loop
         # 256 times and the GPU waits for it.
-        blocks = self.blocks
+        blocks, running, add = self.blocks, self.running, out.append
         page, caching = blocks.block_size, blocks.enable_prefix_caching
-        while i < len(self.running) and budget > 0:
-            seq = self.running[i]
-            n = min(seq.num_uncomputed, budget)
-            end = seq.num_computed_tokens + n
-            if blocks.blocks_for(end) > len(seq.block_table):
+        while i < len(running) and budget > 0:
+            seq = running[i]
+            total = len(seq.prompt_token_ids) + len(seq.output_token_ids)
+            computed = seq.num_computed_tokens
+            n = total - computed
+            if n > budget:
+                n = budget
+            end = computed + n
+            if -(-end // page) > len(seq.block_table):
                 while not blocks.can_allocate(seq, end):
-                    victim = self.running.pop()
+                    victim = running.pop()
                     self._preempt(victim)
                     preempted = True
                     if victim is seq:
@@ -84,7 +96,13 @@ class Scheduler:
                 blocks.allocate(seq, end)
             if caching and end // page > len(seq.block_content_ids):
                 blocks.cache_full_blocks(seq, end)
-            out.append(ScheduledSeq(seq, n))
+            if n == 1 and end == total:  # a decode row: the same (immutable) item every step, made once
+                item = seq.decode_item
+                if item is None:
+                    item = seq.decode_item = ScheduledSeq(seq, 1, True)
+                add(item)
+            else:
+                add(ScheduledSeq(seq, n, end == total))
             budget -= n
             i += 1
         if preempted:
@@ -105,7 +123,7 @@ class Scheduler:
             self._count_admission(seq, computed)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
-            out.append(ScheduledSeq(seq, n))
+            out.append(ScheduledSeq(seq, n, computed + n == seq.num_tokens))
             budget -= n
         return out
 

@@ -29,6 +29,9 @@ class Sequence:
         self.num_cached_tokens: int | None = None  # prompt tokens reused from the prefix cache at first admission
         self.finish_reason: str | None = None
         self.num_preemptions = 0
+        # the scheduler's item for a decode step of this sequence (one new token, which samples), reused every step:
+        # making 256 of them a step cost ~70 us of host time at a batch of 256
+        self.decode_item = None
 
     @property
     def num_tokens(self) -> int:

@@ -259,10 +259,12 @@ def _fast_paged(q, k_cache, v_cache, tables, ctx, cu, scale: float) -> torch.Ten
     return out
 
 
+def _paged_on_fa4(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
+    return get_backend("attention") == "invariant" and _on_cuda(q, k_cache, v_cache) == "fa4" and _fa4_takes(q, v_cache)
+
+
 def _paged_on_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
-    if get_backend("attention") != "invariant":
-        return False
-    if _on_cuda(q, k_cache, v_cache) == "fa4" and _fa4_takes(q, v_cache):
+    if get_backend("attention") != "invariant" or _paged_on_fa4(q, k_cache, v_cache):
         return False
     return use_triton(q, k_cache, v_cache)
 
@@ -275,10 +277,15 @@ def paged_attention_layout(
     context_lens: torch.Tensor,
     cu_seqlens_q: torch.Tensor,
 ):
-    """What :func:`attention_paged` derives from a step's layout before its launch (int32 tables, the tile table),
-    for the same arguments: build it once per step and pass it as ``layout=`` to every layer's call, which then runs
-    none of that work (on a CUDA decode step: some twenty small kernels per layer). Same values either way, so the
-    same bits. None where the path in force derives nothing up front (CPU, ``fast``, FA4); pass that on as well."""
+    """What :func:`attention_paged` derives from a step's layout before its launch (Triton: int32 tables and the tile
+    table; FA4: int32 page table, context lengths and query offsets), for the same arguments: build it once per step
+    and pass it as ``layout=`` to every layer's call, which then runs none of that work (on a CUDA decode step: some
+    twenty small kernels per layer on Triton, three on FA4). Same values either way, so the same bits. None where the
+    path in force derives nothing up front (CPU, ``fast``); pass that on as well."""
+    if _paged_on_fa4(q, k_cache, v_cache):
+        from . import fa4_attention
+
+        return fa4_attention.paged_layout(block_tables, context_lens, cu_seqlens_q, q.device)
     if not _paged_on_triton(q, k_cache, v_cache):
         return None
     from .triton_ops import attention as tri
@@ -305,10 +312,12 @@ def attention_paged(
     :func:`paged_attention_layout` returned for these arguments (built once per step; default: derived here).
     """
     _check_qkv("attention_paged", q, k_cache, v_cache)
-    if get_backend("attention") == "invariant" and _on_cuda(q, k_cache, v_cache) == "fa4" and _fa4_takes(q, v_cache):
+    if _paged_on_fa4(q, k_cache, v_cache):
         from . import fa4_attention
 
-        return fa4_attention.attention_paged(q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, scale)
+        return fa4_attention.attention_paged(
+            q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, scale, layout
+        )
     if get_backend("attention") == "invariant" and use_triton(q, k_cache, v_cache):
         from .triton_ops import attention as tri
 

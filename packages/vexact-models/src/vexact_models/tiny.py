@@ -37,6 +37,11 @@ QWEN3_SHAPES = {
         num_key_value_heads=8, head_dim=128, max_position_embeddings=40960, rope_theta=1_000_000.0,
         tie_word_embeddings=True,
     ),
+    "qwen3-8b": dict(
+        vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
+        num_key_value_heads=8, head_dim=128, max_position_embeddings=40960, rope_theta=1_000_000.0,
+        tie_word_embeddings=False,
+    ),
 }  # fmt: skip
 
 # Real Qwen3-MoE shapes, as overrides of tiny_qwen3_moe_config.

@@ -39,6 +39,6 @@ class Attention(nn.Module):
         # built by the step's first layer, then shared: the same for every layer of the same shapes
         key = ("attention_paged", q.shape, k_cache.shape, v_cache.shape, q.device, vk.get_backend("attention"))
         layout = meta.per_step(key, lambda: vk.paged_attention_layout(*paged))
-        if layout is None:  # nothing derived up front on this path (CPU, fast, FA4)
+        if layout is None:  # nothing derived up front on this path (CPU, fast)
             return vk.attention_paged(*paged, self.scale)
         return vk.attention_paged(*paged, self.scale, layout=layout)
