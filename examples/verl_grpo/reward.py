@@ -6,6 +6,13 @@ then carry nothing new). This adds partial credit for digits: 0.2 x the share of
 Random responses differ in it, so advantages are nonzero from step 1 and every step's update changes the policy.
 
 ``reward.custom_reward_function.path=examples/verl_grpo/reward.py`` (name ``compute_score``, verl's default).
+
+``compute_score_half_digits`` (``reward.custom_reward_function.name=compute_score_half_digits``) peaks at half digits
+instead: 0.2 x (1 - |2 x share - 1|). The share-of-digits credit is highest for an all-digit response, which a
+policy reaches within a few steps: on an H100, the 1.7B shape at lr 3e-6 (scripts/checks/resume_gpu.sh) wrote only
+digits from step 11 on, every response earned 0.2, every advantage was 0 and the gradient norm stayed 0 to step 20.
+Responses keep differing in their share of digits around a middle optimum, so the runs that must learn for many
+steps (the resume check) keep a gradient.
 """
 
 from __future__ import annotations
@@ -22,3 +29,13 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw
     if not solution_str:
         return 0.0
     return DIGIT_CREDIT * sum(c.isdigit() for c in solution_str) / len(solution_str)
+
+
+def compute_score_half_digits(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> float:
+    exact = gsm8k.compute_score(solution_str, ground_truth)
+    if exact > 0:
+        return float(exact)
+    if not solution_str:
+        return 0.0
+    share = sum(c.isdigit() for c in solution_str) / len(solution_str)
+    return DIGIT_CREDIT * (1.0 - abs(2.0 * share - 1.0))

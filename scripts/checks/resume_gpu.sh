@@ -21,9 +21,10 @@
 #
 # Environment: SHAPE (qwen3-1.7b), LAYERS (28), STEPS (20), STOP (10), BATCH (32 prompts), N (4 responses each),
 # RESP (64 tokens), LR (3e-6), GPU_MEM (0.4), JOB_TIMEOUT (600 s a job), TAG (file-name prefix: the GPU, e.g. h100),
-# COMMIT. LR 3e-6 is the verify pairs' (examples/verify) on the same model and data: the reward rises and the policy
-# keeps sampling, so every step has a gradient. At 1e-4 the random policy collapses to one answer by step 3 (reward
-# 0.2 and grad norm 0 at every later step), and resume_results.py fails a run with more than 2 zero-gradient steps.
+# COMMIT. LR 3e-6 is the verify pairs' (examples/verify) on the same model and data. The reward is reward.py's
+# compute_score_half_digits, whose digit credit peaks at half digits: with the plain share-of-digits credit the
+# policy writes only digits from step 11 on (H100, lr 3e-6), and every later step has zero advantages and a zero
+# gradient (at 1e-4 from step 3 on). resume_results.py fails a run with more than 2 zero-gradient steps.
 # Estimate on an H100 at the defaults: a step ~11 s, verl's start ~90 s, checkpoint writes and loads ~1 min in all:
 # A ~5.5 min, B ~3.5, C ~4, model and comparison ~1; about 14 minutes (LAYERS=14: about 10).
 # Each job starts a Ray cluster of its own (RAY_ADDRESS=local, its files under /tmp/ray-resume-<TAG>, where the Ray
@@ -72,6 +73,7 @@ SHARED=(
   data.train_batch_size="$BATCH" actor_rollout_ref.actor.ppo_mini_batch_size="$BATCH"
   actor_rollout_ref.rollout.n="$N" data.max_response_length="$RESP"
   reward.custom_reward_function.path="$ROOT/examples/verl_grpo/reward.py"
+  reward.custom_reward_function.name=compute_score_half_digits
   trainer.max_actor_ckpt_to_keep=1
   "${EXTRA[@]}"
 )
@@ -115,7 +117,7 @@ HEADER=(
   "- Commit: $COMMIT"
   "- Command: \`bash scripts/checks/resume_gpu.sh $1\`$([ "$CPU" = 1 ] && echo " with VERL_PLATFORM=cpu")"
   "- Model: $SHAPE_TEXT; data: examples/verl_grpo/make_dataset.py; $BATCH prompts x $N responses of up to $RESP"
-  "  tokens a step, lr $LR, reward examples/verl_grpo/reward.py"
+  "  tokens a step, lr $LR, reward examples/verl_grpo/reward.py:compute_score_half_digits"
   "- Jobs (examples/verl_grpo/run_grpo.sh): A $STEPS steps (${WALL[a]:-?} s), B stopped after $STOP (${WALL[b]:-?} s),"
   "  C resumed from B's step-$STOP checkpoint to $STEPS (${WALL[c]:-?} s); checkpoints (A and C: model and extra"
   "  states, B: with the optimizer; C's run keeps B's): ${CKPT_SIZES%; }"

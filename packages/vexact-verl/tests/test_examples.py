@@ -30,6 +30,24 @@ def test_dataset_is_verl_parquet_scored_by_verls_gsm8k_rule(tmp_path):
         assert default_compute_score(row.data_source, f"#### {int(truth) + 1}", truth) == 0.0
 
 
+def test_shaped_rewards_exact_answer_then_digit_credit():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("shaped_reward", ROOT / "examples/verl_grpo/reward.py")
+    reward = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(reward)
+    for fn in (reward.compute_score, reward.compute_score_half_digits):
+        assert fn("openai/gsm8k", "so #### 42", "42") == 1.0
+        assert fn("openai/gsm8k", "", "42") == 0.0
+        assert fn("openai/gsm8k", "abcd", "42") == 0.0
+    # share of digits: highest at all digits for one, at half digits for the other (the resume check's)
+    assert reward.compute_score("gsm8k", "1234", "42") == pytest.approx(0.2)
+    assert reward.compute_score("gsm8k", "12ab", "42") == pytest.approx(0.1)
+    assert reward.compute_score_half_digits("gsm8k", "1234", "42") == 0.0
+    assert reward.compute_score_half_digits("gsm8k", "12ab", "42") == pytest.approx(0.2)
+    assert reward.compute_score_half_digits("gsm8k", "1abc", "42") == pytest.approx(0.1)
+
+
 @pytest.mark.parametrize(
     "extra", [[], ["--family", "deepseek_v3", "--experts", "8", "--top-k", "2"]], ids=["qwen3", "deepseek_v3"]
 )
