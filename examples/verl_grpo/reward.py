@@ -9,8 +9,8 @@ Random responses differ in it, so advantages are nonzero from step 1 and every s
 
 ``compute_score_half_digits`` (``reward.custom_reward_function.name=compute_score_half_digits``) peaks at half digits
 instead: 0.2 x (1 - |2 x share - 1|). The share-of-digits credit is highest for an all-digit response, which a
-policy reaches within a few steps: on an H100, the 1.7B shape at lr 3e-6 (scripts/checks/resume_gpu.sh) wrote only
-digits from step 11 on, every response earned 0.2, every advantage was 0 and the gradient norm stayed 0 to step 20.
+policy reaches within a few steps: on an H100, the 1.7B shape at lr 3e-6 (scripts/checks/resume_gpu.sh) writes only
+digits from step 11 on, every response earns 0.2, every advantage is 0 and the gradient norm stays 0 to step 20.
 Responses keep differing in their share of digits around a middle optimum, so the runs that must learn for many
 steps (the resume check) keep a gradient.
 """
