@@ -77,16 +77,28 @@ def decode_weight_bytes(model) -> int:
     return total
 
 
-def save_hf_checkpoint(model, path: str | Path) -> Path:
+SOURCE_FILE = "vexact-source.json"
+
+
+def save_hf_checkpoint(model, path: str | Path, source: dict | None = None) -> Path:
     """Save ``model`` (any vexact_models family: qwen3, qwen3_moe, deepseek_v3, llama, qwen2, mistral) as an HF
     checkpoint directory vLLM and transformers can load (no tokenizer): ``config.json`` with the family's
     ``architectures`` and ``model_type``, and the weights under their published names (one tensor per expert).
+
+    ``source``: what made the weights (shape, layers, seed, device, versions). It is written last, as
+    ``vexact-source.json``; a directory that already holds the same ``source`` is used as it is, without writing
+    (a full-depth MoE checkpoint is tens of GiB: ``throughput.py --ckpt-only`` writes it ahead of the run).
 
     Raises ``OSError`` before writing when the directory's file system has less free space than the weights."""
     from vexact_models import save_checkpoint
 
     path = Path(path)
+    stamp = path / SOURCE_FILE
+    if source is not None and stamp.is_file() and json.loads(stamp.read_text()) == source:
+        print(f"HF checkpoint for vLLM: {path} holds these weights already ({SOURCE_FILE}); not rewritten")
+        return path
     path.mkdir(parents=True, exist_ok=True)
+    stamp.unlink(missing_ok=True)  # a write cut short must not pass for a whole checkpoint
     need = sum(p.numel() * p.element_size() for p in model.parameters())
     free = shutil.disk_usage(path).free
     if free < need:
@@ -99,6 +111,8 @@ def save_hf_checkpoint(model, path: str | Path) -> Path:
     cfg.setdefault("model_type", model.config.model_type)
     cfg["torch_dtype"] = cfg["dtype"] = "bfloat16"
     (path / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    if source is not None:
+        stamp.write_text(json.dumps(source, indent=2, sort_keys=True) + "\n")
     return path
 
 

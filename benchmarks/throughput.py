@@ -15,7 +15,8 @@ per request) and CUDA graphs on:
   measured in the same run, bytes read + written); goal for VeXact <= 1.3x.
 vLLM (0.26.0, from ``scripts/staging/vllm_device_wheels.sh``; ``--vllm-site /tmp/vllmsite``) loads the same weights
 from an HF checkpoint directory the run writes (``--ckpt-dir``: config.json with the family's architecture, the weights
-under their published names; it needs the model's bf16 size free on disk), one subprocess per mode and batch limit,
+under their published names; it needs the model's bf16 size free on disk; ``--ckpt-only`` writes it ahead, and a
+later run on the same machine with the same shape, layers and seed reuses it), one subprocess per mode and batch limit,
 while this process keeps the model's weights on the host; without vLLM its cells say "not installed". First run on a
 GPU: ``benchmarks/results/throughput-h200.md`` (``--quick``).
 Then a GRPO-shaped row (VeXact's own engine): ``--grpo-prompts`` prompts of ``--grpo-prompt-len LO HI`` tokens, each
@@ -32,7 +33,7 @@ minute each are most of it); ``--quick`` is a smaller workload for a first look.
 Usage: ``PYTHONPATH=<packages' src dirs>:. python benchmarks/throughput.py [--quick] [--models 1.7b,qwen3-30b-a3b]
 [--num-prompts 64] [--prompt-len 128 512] [--gen-len 128 256] [--max-num-seqs 64]
 [--modes invariant,fast,vllm,vllm-bi,hf] [--vllm-site /tmp/vllmsite] [--grpo-prompts 32] [--grpo-only]
-[--block-size 16] [--out results.md]`` (``--grpo-prompts 0`` skips the GRPO row).
+[--block-size 16] [--ckpt-dir DIR [--ckpt-only]] [--out results.md]`` (``--grpo-prompts 0`` skips the GRPO row).
 """
 
 from __future__ import annotations
@@ -385,6 +386,22 @@ def decode_step(model, shape: str, mode: str, args) -> float:
     return decode_step_time(model, mode, args)
 
 
+def checkpoint_source(shape: str, args) -> dict:
+    """What the random weights of ``make_model(shape, args.layers, args.seed)`` depend on: the same values give the
+    same tensors (the device's generator draws them)."""
+    import vexact_models
+
+    return {
+        "shape": shape, "layers": args.layers, "seed": args.seed, "vexact_models": vexact_models.__version__,
+        "torch": torch.__version__, "device": torch.cuda.get_device_name(DEV) if DEV.type == "cuda" else DEV.type,
+    }  # fmt: skip
+
+
+def save_checkpoint(model, shape: str, args, workdir: Path) -> Path:
+    """The HF checkpoint vLLM loads, in ``workdir``; reused where ``--ckpt-only`` (or an earlier run) wrote it."""
+    return peers.save_hf_checkpoint(model, workdir / f"{SHAPES[shape][0]}-{shape}", checkpoint_source(shape, args))
+
+
 def peer_section(model, shape: str, args, bw: float, modes, batch_limits, workdir: Path | None, vllm_ver) -> list[str]:
     """The markdown section of one model shape: throughput per engine and batch limit, ratios to vLLM default,
     roofline fractions, decode step at batch 1 against the weight-bytes bound."""
@@ -396,7 +413,7 @@ def peer_section(model, shape: str, args, bw: float, modes, batch_limits, workdi
     ckpt = None
     vllm_runs = any(m in PEER_MODES for m in modes) and vllm_ver
     if vllm_runs:
-        ckpt = peers.save_hf_checkpoint(model, workdir / f"{SHAPES[shape][0]}-{shape}")
+        ckpt = save_checkpoint(model, shape, args, workdir)
     results: dict[tuple[int, str], dict | str] = {}
     step_s: dict[str, float | str] = {}
     # vLLM first: its start refuses to run when less than gpu_memory_utilization of the GPU is free, and on an
@@ -547,6 +564,9 @@ def main(argv=None) -> int:
     ap.add_argument("--vllm-site", help="directory holding vLLM (scripts/staging/vllm_device_wheels.sh: /tmp/vllmsite)")
     ap.add_argument("--vllm-timeout", type=int, default=300, help="seconds for one vLLM subprocess")
     ap.add_argument("--ckpt-dir", help="where the HF checkpoint for vLLM and the worker logs go (default: a temp dir)")
+    ap.add_argument("--ckpt-only", action="store_true",
+                    help="only write each --models shape's HF checkpoint into --ckpt-dir and exit (no vLLM needed); a "
+                    "later run with the same --ckpt-dir, --layers and --seed on this machine reuses it")  # fmt: skip
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", help="also write the markdown report to this file")
     ap.add_argument("--device", default="cuda", help="cuda; cpu only to smoke-test the script with --models tiny")
@@ -566,6 +586,17 @@ def main(argv=None) -> int:
     if DEV.type == "cuda" and not torch.cuda.is_available():
         print("throughput.py needs a CUDA device", file=sys.stderr)
         return 2
+    if args.ckpt_only:
+        if not args.ckpt_dir:
+            ap.error("--ckpt-only writes the checkpoints into --ckpt-dir: name it")
+        for shape in args.models.split(","):
+            if shape not in SHAPES:
+                ap.error(f"--models: unknown shape {shape!r}; known: {','.join(SHAPES)}")
+            model = make_model(shape, args.layers, seed=args.seed)
+            print(f"{shape}: {save_checkpoint(model, shape, args, Path(args.ckpt_dir))}")
+            del model
+            free_memory()
+        return 0
     batch_limits = [int(x) for x in args.max_num_seqs.split(",")]
     vllm_ver = peers.vllm_version(args.vllm_site) if any(m in PEER_MODES for m in modes) else None
     workdir = None  # the HF checkpoint and the vLLM workers' specs, results and logs

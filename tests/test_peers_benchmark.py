@@ -126,6 +126,36 @@ def test_checkpoint_needs_the_free_space(tmp_path, monkeypatch):
     assert not (tmp_path / "ckpt" / "model.safetensors").exists()
 
 
+def test_ckpt_only_writes_once_and_a_later_run_reuses_it(tmp_path, monkeypatch, capsys):
+    work = tmp_path / "work"
+    assert throughput.main([*TINY, "--ckpt-only", "--ckpt-dir", str(work)]) == 0
+    ckpt = work / f"{throughput.SHAPES['tiny'][0]}-tiny"
+    written = (ckpt / "model.safetensors").stat().st_mtime_ns
+    source = json.loads((ckpt / peers.SOURCE_FILE).read_text())
+    assert source["shape"] == "tiny" and source["layers"] == 2 and source["seed"] == 0 and source["device"] == "cpu"
+
+    def no_write(*a, **kw):
+        raise AssertionError("the checkpoint was written again")
+
+    import vexact_models
+
+    monkeypatch.setattr(vexact_models, "save_checkpoint", no_write)
+    args = argparse.Namespace(layers=2, seed=0)
+    model = throughput.make_model("tiny", 2)
+    assert throughput.save_checkpoint(model, "tiny", args, work) == ckpt  # same source: used as it is
+    assert "not rewritten" in capsys.readouterr().out
+    with pytest.raises(AssertionError, match="written again"):  # another seed: other weights, written anew
+        throughput.save_checkpoint(model, "tiny", argparse.Namespace(layers=2, seed=1), work)
+    assert not (ckpt / peers.SOURCE_FILE).exists()  # the stamp goes first, so a cut-short write is not reused
+    assert (ckpt / "model.safetensors").stat().st_mtime_ns == written
+
+
+def test_ckpt_only_needs_a_directory(capsys):
+    with pytest.raises(SystemExit):
+        throughput.main([*TINY, "--ckpt-only"])
+    assert "--ckpt-only writes the checkpoints into --ckpt-dir" in capsys.readouterr().err
+
+
 def test_without_vllm_the_peer_cells_say_not_installed(tmp_path, capsys):
     assert throughput.main([*TINY, "--modes", "vllm,vllm-bi", "--vllm-site", str(tmp_path / "none")]) == 0
     out = capsys.readouterr().out
