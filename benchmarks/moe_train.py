@@ -208,7 +208,7 @@ def bench_shape(shape: str, args, tb, mesh, device: str, peaks: tuple[float | No
     model = random_model(cfg, seed=args.seed, embed_std=0.02, device=device).requires_grad_(True).train()
     batch, mask, adv = tb.make_batch(cfg.vocab_size, args.seqs, args.mean_len, seed=args.seed)
     flops, parts = step_flops(model, list(batch.seq_lens))  # before FSDP: plain parameters
-    parallelize(model, mesh)
+    parallelize(model, mesh, reshard_after_forward=args.reshard_after_forward)
     batch, mask, adv = batch.to(device), mask.to(device), adv.to(device)
     tokens = batch.input_ids.numel()
     actors = {b: Actor(model, ActorConfig(backend=spec)) for b, spec in BACKENDS.items()}
@@ -254,7 +254,8 @@ def bench_shape(shape: str, args, tb, mesh, device: str, peaks: tuple[float | No
         )
         + f"; vocab {cfg.vocab_size}. Batch: {args.seqs} packed sequences, {tokens} tokens (lengths "
         f"{min(batch.seq_lens)}..{max(batch.seq_lens)}); median of {len(times['ours'])} steps per backend after "
-        f"{args.warmup} warm-up, backends alternating by round. Anchor experts: {grouped}.",
+        f"{args.warmup} warm-up, backends alternating by round. Anchor experts: {grouped}. FSDP2 "
+        f"reshard_after_forward {'on' if args.reshard_after_forward else 'off'}.",
         "",
         f"FLOPs per step {flops / 1e12:.4g} T: dense layer weights {parts['dense'] / 1e12:.4g} T, lm_head "
         f"{parts['lm_head'] / 1e12:.4g} T, routed experts {parts['routed'] / 1e12:.4g} T, attention core "
@@ -318,6 +319,10 @@ def parse_args(argv=None):
     ap.add_argument("--profile", type=int, default=2, metavar="STEPS", help="profiled steps of ours (0: none)")
     ap.add_argument("--top", type=int, default=20, help="kernels in the profile table")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--reshard-after-forward", action=argparse.BooleanOptionalAction, default=True,
+                    help="FSDP2's reshard_after_forward for every group (vexact_trainer.parallelize's default: on; off "
+                    "keeps each layer's bf16 weights from forward to backward: one all-gather copy and cast less a "
+                    "step, more memory)")  # fmt: skip
     ap.add_argument("--out", help="write the markdown report here (rewritten after each shape)")
     args = ap.parse_args(argv)
     if args.shape == "tiny":  # a smoke run: one timed step per backend unless asked for more

@@ -49,6 +49,26 @@ def test_cpu_smoke_writes_the_report(tmp_path):
     assert text.count("ours / anchor tokens/s: **") == 2
     assert "per-expert F.linear loop (no torch._grouped_mm kernel on CPU)" in text
     assert text.count("### Where ours' step goes") == 2 and "| operator | calls / step |" in text
+    assert text.count("FSDP2 reshard_after_forward on.") == 2
+
+
+def test_reshard_after_forward_off_reaches_fsdp(tmp_path, monkeypatch):
+    import vexact_trainer
+
+    seen = []
+    real = vexact_trainer.parallelize
+
+    def spy(model, mesh=None, **kw):
+        seen.append(kw.get("reshard_after_forward"))
+        return real(model, mesh, **kw)
+
+    monkeypatch.setattr(vexact_trainer, "parallelize", spy)
+    out = tmp_path / "moe-train.md"
+    argv = ["--device", "cpu", "--shape", "tiny", "--no-reshard-after-forward", "--rounds", "1", "--iters", "1",
+            "--profile", "0", "--out", str(out)]  # fmt: skip
+    assert moe_train.main(argv) == 0
+    assert seen == [False] * len(moe_train.SHAPES)
+    assert "FSDP2 reshard_after_forward off." in out.read_text()
 
 
 @pytest.mark.parametrize(
