@@ -23,19 +23,18 @@ DIGIT_CREDIT = 0.2
 
 
 def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> float:
-    exact = gsm8k.compute_score(solution_str, ground_truth)
-    if exact > 0:
-        return float(exact)
-    if not solution_str:
-        return 0.0
-    return DIGIT_CREDIT * sum(c.isdigit() for c in solution_str) / len(solution_str)
+    return _shaped(solution_str, ground_truth, lambda digits, n: DIGIT_CREDIT * digits / n)
 
 
 def compute_score_half_digits(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> float:
+    return _shaped(solution_str, ground_truth, lambda digits, n: DIGIT_CREDIT * (1.0 - abs(2.0 * digits / n - 1.0)))
+
+
+def _shaped(solution_str, ground_truth, credit) -> float:
+    """verl's GSM8K score where the answer is right, else ``credit(digit characters, characters)``."""
     exact = gsm8k.compute_score(solution_str, ground_truth)
     if exact > 0:
         return float(exact)
     if not solution_str:
         return 0.0
-    share = sum(c.isdigit() for c in solution_str) / len(solution_str)
-    return DIGIT_CREDIT * (1.0 - abs(2.0 * share - 1.0))
+    return credit(sum(c.isdigit() for c in solution_str), len(solution_str))
