@@ -13,7 +13,9 @@ Run it twice, changing only the rollout engine's kernels:
     python examples/getting_started/grpo.py --rollout-backend fast        # today's baseline: K3 KL > 0
 
 Each run writes ``outputs/getting_started/<backend>.jsonl`` in the current directory (one line per step; at the
-repository root git ignores ``outputs/``), or ``--out PATH``; ``plot.py`` draws the two side by side. The trainer
+repository root git ignores ``outputs/``), or ``--out PATH``; ``plot.py`` draws the two side by side. ``--save DIR``
+keeps the final weights. The same command run twice writes the same lines (all but ``seconds``) and the same
+weights: rollouts are seeded by step and sample, and the trainer's kernels are deterministic. The trainer
 always runs the invariant kernels (it is the reference the rollouts are compared with).
 """
 
@@ -59,6 +61,7 @@ class RunConfig:
     logit_noise_std: float = 0.0  # injected mismatch (MismatchInjection): examples/tim_study sweeps it
     seed: int = 0
     out: str | None = None  # JSONL path (default: outputs/getting_started/<backend>.jsonl)
+    save: str | None = None  # directory for the final weights (HF safetensors, bf16: what the engine loads)
     quiet: bool = False
 
 
@@ -103,6 +106,8 @@ HELP = {
     "logit_noise_std": "Gaussian noise on the engine's sampling logits (injected mismatch; 0: none)",
     "seed": "seed of the prompts and of the sampling",
     "out": "JSONL file, one line per step; unset: outputs/getting_started/<rollout backend>.jsonl (current directory)",
+    "save": "directory for the final weights as an HF checkpoint (bf16 safetensors, what the engine loads); unset: "
+    "not saved",
     "quiet": "no progress bar and no per-step line",
 }
 
@@ -229,6 +234,8 @@ def run(cfg: RunConfig) -> list[dict]:
                     f"mismatch {row['mismatch_fraction']:.4f}  grad_norm {row['grad_norm']:.4f}"
                 )
             bar.set_postfix(reward=f"{row['reward']:.2f}", k3=f"{row['k3_kl']:.2e}")
+        if cfg.save:
+            trainer.save_hf_checkpoint(cfg.save)
     return rows
 
 
