@@ -1,6 +1,6 @@
 """GPU sweep behind the matmul and logprobs launch constants (run on the device; prints tables).
 
-    python scripts/tuning/tune_kernels.py [--parts agree,small,large,logprobs]
+    python scripts/tuning/tune_kernels.py [--parts agree,small,large,logprobs,wgrad]
 
 (An earlier ``flat`` part compared a loop per split against one loop with the split boundary as a branch; the branch
 won and is the only form kept: benchmarks/results/tune-matmul-h100.txt.)
@@ -12,6 +12,9 @@ large:    M >= 1024 tile choices vs cuBLAS.
 mid:      M = 256 .. 4096 over the grouped projections (q/k/v, gate/up as one matmul), every tile form.
 logprobs: fused logprobs forward at small T for each LOGPROBS_SPLIT_TILES (a numerics constant: the sweep picks it
           once, then it is fixed), and the fused forward+backward vs torch at one training shape.
+wgrad:    the MoE backward's grouped dW tiles (``moe.WGRAD_CONFIG``: BLOCK_N, BLOCK_K, warps, stages; speed only, the
+          reduction over an expert's rows is fixed) at the Qwen3-30B-A3B and Moonlight training shapes: each
+          config's dW against the shipped one (torch.equal), its time and TFLOP/s.
 """
 
 from __future__ import annotations
@@ -241,13 +244,59 @@ def logprobs() -> None:
     print(f"logprobs fwd+bwd T={t} H={h} V={v}: torch {a:.2f} ms, fused {b:.2f} ms, ratio {a / b:.2f}")
 
 
+# (BLOCK_N, BLOCK_K, num_warps, num_stages) of the grouped dW tiles; the first is moe.WGRAD_CONFIG as shipped
+WGRAD_SWEEP = [(64, 64, 4, 3), (128, 64, 4, 3), (64, 128, 4, 3), (128, 128, 4, 3), (128, 128, 8, 3), (128, 128, 8, 4),
+               (128, 256, 8, 3)]  # fmt: skip
+# experts, top-k, hidden, expert width; 14336 tokens, as benchmarks/moe_train.py's packed batch
+WGRAD_SHAPES = {"qwen3-30b-a3b": (128, 8, 2048, 768), "moonlight": (64, 6, 2048, 1408)}
+
+
+def wgrad(tokens: int = 14336) -> None:
+    from vexact_kernels.triton_ops import moe
+
+    print(f"\ngrouped dW tiles (moe.WGRAD_CONFIG, shipped {moe.WGRAD_CONFIG}); {tokens} tokens, random routing")
+    for name, shape in WGRAD_SHAPES.items():
+        _wgrad_shape(moe, name, *shape, tokens)
+
+
+def _wgrad_shape(moe, name: str, e: int, k: int, h: int, inter: int, tokens: int) -> None:
+    g = torch.Generator(device="cuda").manual_seed(0)
+    ids = torch.rand(tokens, e, device="cuda", generator=g).topk(k, dim=1).indices
+    plan = moe._Plan(ids, e)
+    x = torch.randn(tokens, h, device="cuda", dtype=torch.bfloat16, generator=g)
+    dh = torch.randn(tokens * k, 2 * inter, device="cuda", dtype=torch.bfloat16, generator=g)
+    act = torch.randn(tokens * k, inter, device="cuda", dtype=torch.bfloat16, generator=g)
+    dy = torch.randn(tokens * k, h, device="cuda", dtype=torch.bfloat16, generator=g)
+    cases = {  # as the fused MoE's backward calls it: dW of gate/up (rows gathered) and of down
+        "gate/up": lambda: moe._grouped_wgrad(dh, x, plan.tok, plan, torch.bfloat16),
+        "down": lambda: moe._grouped_wgrad(dy, act, None, plan, torch.bfloat16),
+    }
+    flops = {"gate/up": 2 * tokens * k * 2 * inter * h, "down": 2 * tokens * k * h * inter}
+    shipped = moe.WGRAD_CONFIG
+    ref = {c: fn() for c, fn in cases.items()}
+    print(f"  {name} (E {e}, top-{k}, H {h}, I {inter})")
+    for cfg in WGRAD_SWEEP:
+        moe.WGRAD_CONFIG = cfg
+        cells = []
+        for c, fn in cases.items():
+            try:
+                bits = "same bits" if torch.equal(fn(), ref[c]) else "BITS DIFFER"
+                ms = triton.testing.do_bench(fn, warmup=5, rep=40)
+                cells.append(f"{c} {ms:7.3f} ms {flops[c] / ms / 1e9:4.0f} TFLOP/s {bits}")
+            except Exception as err:  # an out-of-resources config is a result, not a crash
+                cells.append(f"{c} failed: {type(err).__name__}")
+        print(f"    {str(cfg):20s} " + " | ".join(cells))
+    moe.WGRAD_CONFIG = shipped
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--parts", default="agree,small,large,logprobs")
     args = ap.parse_args()
     print(torch.cuda.get_device_name(), torch.__version__, triton.__version__)
     for part in args.parts.split(","):
-        parts = {"agree": agree, "small": small, "large": large, "mid": mid, "logprobs": logprobs, "cold": cold}
+        parts = {"agree": agree, "small": small, "large": large, "mid": mid, "logprobs": logprobs, "cold": cold,
+                 "wgrad": wgrad}  # fmt: skip
         parts[part]()
 
 
