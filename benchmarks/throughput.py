@@ -586,12 +586,14 @@ def main(argv=None) -> int:
     if DEV.type == "cuda" and not torch.cuda.is_available():
         print("throughput.py needs a CUDA device", file=sys.stderr)
         return 2
+    shapes = args.models.split(",")
+    for shape in shapes:
+        if shape not in SHAPES:
+            ap.error(f"--models: unknown shape {shape!r}; known: {','.join(SHAPES)}")
     if args.ckpt_only:
         if not args.ckpt_dir:
             ap.error("--ckpt-only writes the checkpoints into --ckpt-dir: name it")
-        for shape in args.models.split(","):
-            if shape not in SHAPES:
-                ap.error(f"--models: unknown shape {shape!r}; known: {','.join(SHAPES)}")
+        for shape in shapes:
             model = make_model(shape, args.layers, seed=args.seed)
             print(f"{shape}: {save_checkpoint(model, shape, args, Path(args.ckpt_dir))}")
             del model
@@ -629,9 +631,7 @@ def main(argv=None) -> int:
     ]
     bw = copy_bandwidth()
     lines += [f"Device-to-device copy bandwidth (read + write): {bw / 1e9:.0f} GB/s", ""]
-    for shape in tqdm(args.models.split(","), desc="models"):
-        if shape not in SHAPES:
-            ap.error(f"--models: unknown shape {shape!r}; known: {','.join(SHAPES)}")
+    for shape in tqdm(shapes, desc="models"):
         model = make_model(shape, args.layers, seed=args.seed)
         if not args.grpo_only:
             lines += peer_section(model, shape, args, bw, modes, batch_limits, workdir, vllm_ver)
