@@ -10,7 +10,9 @@ import torch
 
 import vexact_engine.model_runner as model_runner
 from vexact_engine import LLM, EngineConfig, SamplingParams
-from vexact_engine.sampler import token_seeds
+from vexact_engine.sampler import draws_whole, token_seeds
+from vexact_engine.scheduler import ScheduledSeq
+from vexact_engine.sequence import Sequence
 from vexact_models import default_checkpoint, random_model, tiny_qwen3_config
 
 KW = dict(max_num_seqs=7, max_num_batched_tokens=32, block_size=4, num_kv_blocks=128)
@@ -154,3 +156,20 @@ def test_gpu_draw_graph_equals_the_eager_draw_through_sleep(recapture):
     draws = runner.num_graph_draws
     _equal(llm.generate(prompts, params, use_tqdm=False), ref)
     assert runner.graph_error is None and runner.num_graph_draws > draws and sorted(runner._draws) == [2, 4]
+
+
+def test_which_steps_draw_from_the_buffers_follows_draws_whole(model):
+    """The runner's inline row check takes the rows ``draws_whole`` names, and only last chunks of one token."""
+    llm = LLM(model=model, cuda_graph_batch_sizes=[2, 4], draw_in_graph=True, **KW)
+    vocab = model.config.vocab_size
+    kinds = [dict(), dict(temperature=0.0), dict(temperature=1e-5), dict(top_k=5), dict(top_k=vocab), dict(top_k=-1),
+             dict(top_p=0.99), dict(top_p=1.0, top_k=vocab - 1), dict(temperature=2.0, top_k=vocab + 3)]  # fmt: skip
+    plain = Sequence("a", [1, 2], SamplingParams(), seed=0, arrival=0)
+    for kw in kinds:
+        p = SamplingParams(**kw)
+        seq = Sequence("b", [1, 2], p, seed=1, arrival=1)
+        batch = [ScheduledSeq(plain, 1, True), ScheduledSeq(seq, 1, True)]
+        assert (llm.runner.graph_draw_size(batch) == 2) == draws_whole(p, vocab), kw
+    assert llm.runner.graph_draw_size([ScheduledSeq(plain, 1, False)]) is None  # a chunk that does not sample
+    assert llm.runner.graph_draw_size([ScheduledSeq(plain, 2, True)]) is None  # not a one-token step
+    assert llm.runner.graph_draw_size([ScheduledSeq(plain, 1, True)] * 5) is None  # larger than every graph size

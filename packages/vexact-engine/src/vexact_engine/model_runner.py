@@ -199,7 +199,9 @@ class ModelRunner:
             return None
         vocab = self.model.config.vocab_size
         for item in batch:
-            if not item.is_last_chunk or not draws_whole(item.seq.params, vocab):
+            # draws_whole inline: a call per row was 4x the time of this loop at 256 rows
+            p = item.seq.params
+            if not item.is_last_chunk or p.temperature == 0 or p.top_p < 1.0 or 0 < p.top_k < vocab:
                 return None
         return size
 
