@@ -462,7 +462,7 @@ class StaticStep:
         self.host = torch.zeros(3 * t + 2 * s + d + f, dtype=torch.int64)
         self.host_np = self.host.numpy()
         self.host_np[self.draw_offsets[1] :].view(np.float32)[:] = 1.0  # valid temperatures before any step
-        self.buf = self.host.to(device)
+        self.buf = torch.empty_like(self.host, device=device).copy_(self.host)  # never the host tensor itself
         self.tables = torch.zeros(max_seqs, max_pages, dtype=torch.int64, device=device)
         self.tables_host = torch.zeros(max_seqs, max_pages, dtype=torch.int64)
         self.tables_np = self.tables_host.numpy()
