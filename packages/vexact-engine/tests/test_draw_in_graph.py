@@ -142,20 +142,26 @@ def test_without_padded_decode_the_switch_does_nothing(model):
 @pytest.mark.parametrize("recapture", ["eager", "lazy"])
 def test_gpu_draw_graph_equals_the_eager_draw_through_sleep(recapture):
     """On CUDA: the draw graphs (one per decode size) give the tokens and logprobs of the eager draw after the decode
-    graph, at start-up and after a wake_up (lazily: decode size 2 and its draw at their first step)."""
-    kw = dict(KW, max_num_seqs=4, device="cuda", cuda_graph_batch_sizes=[2, 4], graph_recapture=recapture)
-    prompts, params = _prompts(4, seed=7), _plain(4)
+    graph, at start-up and after a wake_up (lazily: the smaller sizes and their draws at their first step). The batch
+    shrinks from 20 rows to 1, so steps pad 20 -> 32, 12 -> 16, 3 -> 4 and 1 -> 2: the fused kernel draws a row in
+    a block of 64, 16 or 1 rows, the eager draw of the same step in another."""
+    sizes = [2, 4, 16, 32]
+    kw = dict(max_num_seqs=32, max_num_batched_tokens=64, block_size=4, num_kv_blocks=512, device="cuda",
+              cuda_graph_batch_sizes=sizes, graph_recapture=recapture)  # fmt: skip
+    prompts = _prompts(20, seed=7)
+    params = [SamplingParams(temperature=[1.0, 0.7, 1.3][i % 3], max_tokens=4 + i, seed=i, ignore_eos=True)
+              for i in range(20)]  # fmt: skip
     ref = LLM(default_checkpoint(), **kw).generate(prompts, params, use_tqdm=False)
     llm = LLM(default_checkpoint(), draw_in_graph=True, **kw)
     runner = llm.runner
-    assert runner.draw_in_graph and runner.graph_error is None and sorted(runner._draws) == [2, 4]
+    assert runner.draw_in_graph and runner.graph_error is None and sorted(runner._draws) == sizes
     _equal(llm.generate(prompts, params, use_tqdm=False), ref)
     assert runner.num_graph_draws > 0
     llm.sleep(level=1)
     llm.wake_up()
     draws = runner.num_graph_draws
     _equal(llm.generate(prompts, params, use_tqdm=False), ref)
-    assert runner.graph_error is None and runner.num_graph_draws > draws and sorted(runner._draws) == [2, 4]
+    assert runner.graph_error is None and runner.num_graph_draws > draws and sorted(runner._draws) == sizes
 
 
 def test_which_steps_draw_from_the_buffers_follows_draws_whole(model):
