@@ -16,6 +16,7 @@ from vexact_engine.sequence import Sequence
 from vexact_models import default_checkpoint, random_model, tiny_qwen3_config
 
 KW = dict(max_num_seqs=7, max_num_batched_tokens=32, block_size=4, num_kv_blocks=128)
+OFF = dict(draw_in_graph=False)  # the reference engines, whatever $VEXACT_DRAW_IN_GRAPH says
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +79,7 @@ def test_the_fused_draw_of_a_row_is_the_same_in_a_padded_batch(model):
 @pytest.mark.parametrize("sizes", [[1, 2, 4, 8], [3, 7], [8]], ids=["pow2", "odd", "one-size"])
 def test_draw_from_static_buffers_equals_the_eager_draw(model, sizes):
     prompts, params = _prompts(7, seed=1), _plain(7)
-    ref = LLM(model=model, cuda_graph_batch_sizes=sizes, **KW).generate(prompts, params, use_tqdm=False)
+    ref = LLM(model=model, cuda_graph_batch_sizes=sizes, **OFF, **KW).generate(prompts, params, use_tqdm=False)
     eager = LLM(model=model, **KW).generate(prompts, params, use_tqdm=False)
     llm = LLM(model=model, cuda_graph_batch_sizes=sizes, draw_in_graph=True, **KW)
     outs = llm.generate(prompts, params, use_tqdm=False)
@@ -96,7 +97,7 @@ def test_steps_with_a_greedy_or_filtered_row_sample_eagerly(model):
     prompts = _prompts(5, seed=2)
     params = _plain(4) + [SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)]
     sizes = dict(cuda_graph_batch_sizes=[2, 4, 8])
-    ref = LLM(model=model, **sizes, **KW).generate(prompts, params, use_tqdm=False)
+    ref = LLM(model=model, **sizes, **OFF, **KW).generate(prompts, params, use_tqdm=False)
     llm = LLM(model=model, draw_in_graph=True, **sizes, **KW)
     _equal(llm.generate(prompts, params, use_tqdm=False), ref)
     assert llm.runner.num_graph_draws == 0 and llm.runner.num_padded_steps > 0
@@ -105,7 +106,7 @@ def test_steps_with_a_greedy_or_filtered_row_sample_eagerly(model):
     params[1] = SamplingParams(top_k=5, max_tokens=4, seed=9, ignore_eos=True)
     params[3] = SamplingParams(top_p=0.8, temperature=0.8, max_tokens=3, seed=10, ignore_eos=True)
     params[5] = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
-    ref = LLM(model=model, **sizes, **KW).generate(prompts, params, use_tqdm=False)
+    ref = LLM(model=model, **sizes, **OFF, **KW).generate(prompts, params, use_tqdm=False)
     llm = LLM(model=model, draw_in_graph=True, **sizes, **KW)
     _equal(llm.generate(prompts, params, use_tqdm=False), ref)
     assert 0 < llm.runner.num_graph_draws < llm.runner.num_padded_steps
@@ -114,7 +115,7 @@ def test_steps_with_a_greedy_or_filtered_row_sample_eagerly(model):
 def test_a_mismatch_injection_samples_eagerly(model):
     prompts, params = _prompts(3, seed=4), _plain(3)
     kw = dict(cuda_graph_batch_sizes=[2, 4], logit_noise_std=0.5, **KW)
-    ref = LLM(model=model, **kw).generate(prompts, params, use_tqdm=False)
+    ref = LLM(model=model, **OFF, **kw).generate(prompts, params, use_tqdm=False)
     llm = LLM(model=model, draw_in_graph=True, **kw)
     _equal(llm.generate(prompts, params, use_tqdm=False), ref)
     assert llm.runner.num_graph_draws == 0 and llm.runner.num_padded_steps > 0
@@ -123,7 +124,7 @@ def test_a_mismatch_injection_samples_eagerly(model):
 def test_a_wrong_draw_seed_is_caught(model, monkeypatch):
     """The equality above can fail: seeds of the next token index instead of this one change the draws."""
     prompts, params = _prompts(4, seed=5), _plain(4)
-    ref = LLM(model=model, cuda_graph_batch_sizes=[4], **KW).generate(prompts, params, use_tqdm=False)
+    ref = LLM(model=model, cuda_graph_batch_sizes=[4], **OFF, **KW).generate(prompts, params, use_tqdm=False)
     monkeypatch.setattr(model_runner, "token_seeds", lambda s, i: token_seeds(s, [x + 1 for x in i]))
     llm = LLM(model=model, cuda_graph_batch_sizes=[4], draw_in_graph=True, **KW)
     outs = llm.generate(prompts, params, use_tqdm=False)
@@ -151,7 +152,7 @@ def test_gpu_draw_graph_equals_the_eager_draw_through_sleep(recapture):
     prompts = _prompts(20, seed=7)
     params = [SamplingParams(temperature=[1.0, 0.7, 1.3][i % 3], max_tokens=4 + i, seed=i, ignore_eos=True)
               for i in range(20)]  # fmt: skip
-    ref = LLM(default_checkpoint(), **kw).generate(prompts, params, use_tqdm=False)
+    ref = LLM(default_checkpoint(), **OFF, **kw).generate(prompts, params, use_tqdm=False)
     llm = LLM(default_checkpoint(), draw_in_graph=True, **kw)
     runner = llm.runner
     assert runner.draw_in_graph and runner.graph_error is None and sorted(runner._draws) == sizes
