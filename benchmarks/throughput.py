@@ -9,7 +9,8 @@ per request) and CUDA graphs on:
   (``vllm-bi``), each with its ratio to vLLM default (goals: invariant >= 0.85x vLLM default and > vLLM
   batch-invariant) and its fraction of the roofline (``benchmarks/peers.py``: least bytes the run must read / copy
   bandwidth / wall time); VeXact ``fast`` only as the mismatch baseline (no ratio); HF ``generate`` on one
-  left-padded batch (its own workload, so its own roofline);
+  left-padded batch (its own workload, so its own roofline); ``invariant-draw``: VeXact invariant with
+  ``EngineConfig.draw_in_graph`` on (the decode step's draw as a CUDA graph), beside ``invariant`` in the same run;
 - decode step time at batch 1 of each engine against the bound ``weight bytes a step reads / copy bandwidth``
   (``peers.decode_weight_bytes``: an MoE step reads k of E routed experts; bandwidth of a device-to-device copy
   measured in the same run, bytes read + written); goal for VeXact <= 1.3x.
@@ -154,8 +155,18 @@ def free_memory() -> None:
         torch.cuda.empty_cache()
 
 
+def engine_settings(mode: str) -> tuple[str, dict]:
+    """The backend and extra EngineConfig settings of a VeXact mode: ``invariant-draw`` is ``invariant`` with
+    ``draw_in_graph=True`` (the other modes leave it to ``$VEXACT_DRAW_IN_GRAPH``, off by default)."""
+    if mode == "invariant-draw":
+        return "invariant", {"draw_in_graph": True}
+    return mode, {}
+
+
 def engine_throughput(model, mode: str, max_num_seqs: int, prompts, params, args, keep_outputs=False, **kw) -> dict:
     kw.setdefault("max_model_len", args.prompt_len[1] + args.gen_len[1])
+    mode, extra = engine_settings(mode)
+    kw.update(extra)
     llm = LLM(
         model=model, backend=mode, max_num_seqs=max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager,
@@ -194,7 +205,7 @@ def engine_throughput(model, mode: str, max_num_seqs: int, prompts, params, args
     res = dict(
         tokens=tokens, wall=wall, tok_s=tokens / wall, preemptions=llm.num_preemptions,
         kv_pages=llm.blocks.num_blocks, graphs=llm.runner.num_graphs, capture_s=llm.runner.capture_seconds,
-        steps=steps, **stats,
+        graph_draws=llm.runner.num_graph_draws, steps=steps, **stats,
         outputs=outs if keep_outputs else None,
     )  # fmt: skip
     # the wrapper and the runner hold each other, a cycle only a gc pass frees: without this, each engine's KV cache
@@ -260,8 +271,9 @@ def decode_step_time(model, mode: str, args) -> float:
     """Median seconds of one decode step at batch 1 (host work included: schedule, prepare, sample, sync)."""
     max_len = min(1024, model.config.max_position_embeddings)
     pages = -(-max_len // args.block_size) * 2  # twice what the one request can hold
+    mode, extra = engine_settings(mode)
     llm = LLM(model=model, backend=mode, max_num_seqs=1, max_model_len=max_len, num_kv_blocks=pages,
-              block_size=args.block_size, enforce_eager=args.enforce_eager)  # fmt: skip
+              block_size=args.block_size, enforce_eager=args.enforce_eager, **extra)  # fmt: skip
     llm.add_request(list(range(1, 129)), SamplingParams(max_tokens=args.decode_steps + 1, seed=0, ignore_eos=True))
     llm.step()  # prefill
     times = []
@@ -340,10 +352,12 @@ def hf_throughput(model, prompts, args) -> dict:
     return dict(tokens=tokens, wall=wall, tok_s=tokens / wall, prompt_lens=[len(p) for p in batch], gen_len=n)
 
 
-ENGINE_MODES = ("invariant", "invariant-fa4", "fast")  # VeXact's own backends (fa4: FlashAttention 4 attention)
+# VeXact's own backends (fa4: FlashAttention 4 attention; draw: EngineConfig.draw_in_graph on)
+ENGINE_MODES = ("invariant", "invariant-fa4", "invariant-draw", "fast")
 PEER_MODES = ("vllm", "vllm-bi")  # vLLM default, vLLM with VLLM_BATCH_INVARIANT=1
 MODE_NAMES = {
     "invariant": "VeXact invariant", "invariant-fa4": "VeXact invariant, FA4 attention",
+    "invariant-draw": "VeXact invariant, draw in the decode graph",
     "fast": "VeXact fast (mismatch baseline)", "vllm": "vLLM default",
     "vllm-bi": "vLLM VLLM_BATCH_INVARIANT=1", "hf": "HF generate",
 }  # fmt: skip
@@ -373,11 +387,11 @@ def print_free_memory(mode: str, limit: int) -> None:
         print(f"starting {mode} at batch limit {limit}: {free / GIB:.1f} of {total / GIB:.1f} GiB free", flush=True)
 
 
-def run_engine(model, shape: str, mode: str, limit: int, prompts, params, args) -> dict:
+def run_engine(model, shape: str, mode: str, limit: int, prompts, params, args, keep_outputs: bool = False) -> dict:
     print_free_memory(mode, limit)
     if mode == "invariant-fa4":
         return in_fa4_process("throughput", shape, args, limit, prompts, params)
-    return engine_throughput(model, mode, limit, prompts, params, args)
+    return engine_throughput(model, mode, limit, prompts, params, args, keep_outputs)
 
 
 def decode_step(model, shape: str, mode: str, args) -> float:
@@ -426,12 +440,15 @@ def peer_section(model, shape: str, args, bw: float, modes, batch_limits, workdi
     if offloaded:
         model.to("cpu")
         free_memory()
+    # with both, the draw in the graph is checked against the eager draw: the same tokens and logprobs
+    ab = {"invariant", "invariant-draw"} <= set(modes)
     for limit, mode in runs:
         if mode in ENGINE_MODES:
             if offloaded:
                 model.to(DEV)
                 offloaded = False
-            results[(limit, mode)] = run_engine(model, shape, mode, limit, prompts, params, args)
+            keep = ab and mode in ("invariant", "invariant-draw")
+            results[(limit, mode)] = run_engine(model, shape, mode, limit, prompts, params, args, keep)
             continue
         if not vllm_ver:
             results[(limit, mode)] = peers.NOT_INSTALLED
@@ -476,6 +493,13 @@ def peer_section(model, shape: str, args, bw: float, modes, batch_limits, workdi
         hf_mode = "static cache, compiled" if args.hf_static_cache else "eager"
         lines.append(f"| {args.hf_prompts} (one batch, {n} new tokens) | HF generate ({hf_mode}, sdpa) | "
                      f"{hf['tok_s']:.0f} | - | {frac:.2f} | {hf['wall']:.1f} | {hf['tokens']} |")  # fmt: skip
+    for limit in batch_limits if ab else []:
+        a, b = results[(limit, "invariant")], results[(limit, "invariant-draw")]
+        if isinstance(a, dict) and isinstance(b, dict):
+            same = all(x.token_ids == y.token_ids and torch.equal(x.logprobs, y.logprobs)
+                       for x, y in zip(a.pop("outputs"), b.pop("outputs"), strict=True))  # fmt: skip
+            lines += ["", f"Batch limit {limit}: the draw in the decode graph gives the eager draw's tokens and "
+                      f"logprobs (torch.equal, every request): {'yes' if same else 'NO'}"]  # fmt: skip
     # the goals of issue 14, measured in this run
     goal_rows = []
     for limit in batch_limits:
@@ -502,6 +526,8 @@ def peer_section(model, shape: str, args, bw: float, modes, batch_limits, workdi
             (nd, td), (nm, tm) = st["decode"], st["mixed"]
             r = results[(limit, mode)]
             graphs = f"{r.get('graphs', '-')} ({r.get('capture_s', 0.0):.1f} s)"
+            if r.get("graph_draws"):
+                graphs += f"; {r['graph_draws']} steps drew in a graph"
             lines.append(f"| {limit} | {MODE_NAMES[mode]} | {nd} | {td / max(nd, 1) * 1e3:.2f} | {nm} | "
                          f"{tm / max(nm, 1) * 1e3:.2f} | {tm / r['wall']:.2f} | {graphs} |")  # fmt: skip
     step_bytes = peers.decode_weight_bytes(model)

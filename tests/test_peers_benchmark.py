@@ -264,3 +264,13 @@ def test_block_size_reaches_every_vexact_engine(monkeypatch, capsys):
     with pytest.raises(SystemExit):
         throughput.main([*TINY, "--block-size", "0"])
     assert "--block-size: tokens per KV page must be a positive integer, got 0" in capsys.readouterr().err
+
+
+def test_the_draw_in_graph_mode_runs_beside_invariant_and_is_checked_against_it(capsys):
+    """``--modes invariant,invariant-draw``: both rows, and a line per batch limit saying whether their tokens and
+    logprobs are equal (on CPU no step runs padded, so the draw never leaves sample_rows: the smoke of the wiring)."""
+    argv = [*TINY, "--modes", "invariant,invariant-draw", "--grpo-prompts", "0"]
+    assert throughput.main(argv) == 0
+    out = capsys.readouterr().out
+    assert sum(ln.startswith("| 2 | VeXact invariant, draw in the decode graph |") for ln in out.splitlines()) == 2
+    assert out.count("logprobs (torch.equal, every request): yes") == 2

@@ -2,6 +2,7 @@
 
     python scripts/profiling/profile_decode.py [--shape 1.7b] [--layers N] [--batch 1,64,256] [--no-pack]
                                      [--mixed 64:2048,256:1024] [--block-size 16] [--context 256]
+                                     [--draw-in-graph]
 
 Prints, per batch size: the whole step (median wall ms), the decode graph replay alone (CUDA events), the sampling
 half (``sample_rows``: logits, seeded draw, fused logprobs, one host sync) alone, the remainder (scheduler, step
@@ -10,6 +11,8 @@ kernels with the most GPU time (graph replays included: CUPTI records the kernel
 host-side ops. ``--mixed B:P,...``: steps with prompt tokens instead (they run eagerly): B running requests decode
 while a new request's prompt chunk of P tokens prefills in the same step; the same kernel and host tables.
 ``--no-pack``: the engine with ``pack_weights=False`` (q/k/v and gate/up as separate matmuls).
+``--draw-in-graph``: each batch size twice, ``EngineConfig.draw_in_graph`` off then on (the draw as a CUDA graph
+replayed after the decode graph; its replay alone is timed too), for an A/B in one process.
 """
 
 from __future__ import annotations
@@ -49,12 +52,19 @@ def kv_pages(seqs: int, tokens_each: int, page: int) -> int:
 
 
 def profile_batch(
-    model, batch: int, weight_bytes: int, label: str, pack: bool = True, page: int = 16, context: int = 256
+    model,
+    batch: int,
+    weight_bytes: int,
+    label: str,
+    pack: bool = True,
+    page: int = 16,
+    context: int = 256,
+    draw: bool = False,
 ) -> None:
     # a request: a ``context``-token prompt and the steps below (~50 tokens), within 128 more
     pages = max(4096 // page, kv_pages(batch, context + 128, page))
     llm = LLM(model=model, device="cuda", max_num_seqs=max(8, batch), max_num_batched_tokens=max(512, 2 * batch),
-              num_kv_blocks=pages, block_size=page, pack_weights=pack)  # fmt: skip
+              num_kv_blocks=pages, block_size=page, pack_weights=pack, draw_in_graph=draw)  # fmt: skip
     for i in range(batch):
         prompt = [1 + (i * 7 + j) % 1000 for j in range(context)]
         llm.add_request(prompt, SamplingParams(max_tokens=400, temperature=1.0, top_p=1.0, seed=i, ignore_eos=True))
@@ -67,6 +77,8 @@ def profile_batch(
         llm.step()
         walls.append((time.perf_counter() - t) * 1e3)
     runner = llm.runner
+    if draw and runner.num_graph_draws < len(walls):
+        raise RuntimeError(f"draw_in_graph: {runner.num_graph_draws} steps drew in a graph, of {len(walls)} timed")
     graph_batch = min(b for kind, b in runner._graphs if kind == "decode" and b >= batch)
     graph, out = runner._graphs[("decode", graph_batch)]
     replay = cuda_ms(graph.replay)
@@ -88,8 +100,10 @@ def profile_batch(
             [len(s.output_token_ids) for s in seqs],
         )
     )  # fmt: skip
+    drawn = cuda_ms(runner._draws[graph_batch][0].replay) if draw else None
     step = statistics.median(walls)
-    print(f"\n##### {label}, {weight_bytes / 2**30:.2f} GiB of weights, batch {batch} (graph of {graph_batch})")
+    how = "draw in the decode graph" if draw else "eager draw"
+    print(f"\n##### {label}, {weight_bytes / 2**30:.2f} GiB of weights, batch {batch} (graph of {graph_batch}), {how}")
     print(f"engine step (median wall): {step:.3f} ms = {step / batch * 1e3:.1f} us per token")
     print(f"  decode graph replay alone:          {replay:.3f} ms")
     print(
@@ -97,7 +111,9 @@ def profile_batch(
         f"{statistics.median(launch):.3f} ms"
     )
     print(f"  sample_rows alone (logits, draw, logprobs, host sync): {sample:.3f} ms")
-    print(f"  the rest (scheduler, step tensors, Python): {step - replay - sample:.3f} ms")
+    if draw:
+        print(f"  draw graph replay alone (what the step runs instead of sample_rows): {drawn:.3f} ms")
+    print(f"  the rest (scheduler, step tensors, Python): {step - replay - (drawn if draw else sample):.3f} ms")
     trace_steps(lambda k, engine=llm: engine.step(), 5)
     del llm
     torch.cuda.empty_cache()
@@ -170,6 +186,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=None, help="decoder layers (default: the shape's own)")
     ap.add_argument("--batch", default="1", help="comma-separated batch sizes (running requests per decode step)")
     ap.add_argument("--no-pack", action="store_true", help="EngineConfig.pack_weights=False: no grouped projections")
+    ap.add_argument("--draw-in-graph", action="store_true", help="each batch with draw_in_graph off, then on")
     ap.add_argument("--mixed", default="", help="B:P pairs, comma-separated: B decoding + a P-token prompt chunk")
     ap.add_argument("--block-size", type=int, default=16, help="tokens per KV page (128: FA4's tile_n at hd128)")
     ap.add_argument(
@@ -200,7 +217,8 @@ def main() -> None:
             f"{args.shape}-shaped, {layers} layers, weights {'unpacked' if args.no_pack else 'packed'}, pages of "
             f"{args.block_size}, contexts {args.context}+"
         )
-        profile_batch(model, batch, weight_bytes, label, not args.no_pack, args.block_size, args.context)
+        for draw in (False, True) if args.draw_in_graph else (False,):
+            profile_batch(model, batch, weight_bytes, label, not args.no_pack, args.block_size, args.context, draw)
 
 
 if __name__ == "__main__":

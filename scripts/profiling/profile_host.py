@@ -3,11 +3,14 @@ bookkeeping. The model's replay and the sampler are replaced by constant-time st
 GPU waits on between two replays (``scripts/profiling/profile_decode.py`` calls it "the rest" on a GPU). Runs on CPU.
 
     python scripts/profiling/profile_host.py --batch 1,64,256 [--steps 60] [--repeats 5] [--chunk 2048] [--profile]
+                                             [--draw-in-graph]
 
 Prints, per batch size, the median and the least of ``--repeats`` means over ``--steps`` steps each (a shared CPU
 makes single means noisy; the least is the cleanest run). ``--chunk P``: steps with prompt tokens instead, each the
 batch's decode rows plus a new request's whole ``P``-token prompt (the request, of one output token, leaves in the
-same step; all of them are queued before the timing).
+same step; all of them are queued before the timing). ``--draw-in-graph``: decode steps with the sampler's own
+host work, its draw twice: eagerly (``sample_rows`` with ``model.sample`` a constant-time stub) and from the static
+buffers (``EngineConfig.draw_in_graph``, the draw graph's replay a stub); what a GPU would run is left out of both.
 """
 
 from __future__ import annotations
@@ -24,9 +27,12 @@ from vexact_engine import LLM, SamplingParams
 from vexact_models import random_model, tiny_qwen3_config
 
 
-def host_step_ms(batch: int, steps: int, repeats: int, show_profile: bool, chunk: int = 0) -> tuple[float, float]:
+def host_step_ms(
+    batch: int, steps: int, repeats: int, show_profile: bool, chunk: int = 0, draw: str | None = None
+) -> tuple[float, float]:
     """(median, least) of ``repeats`` means of ``steps`` steps' host work, in ms: decode steps, or with ``chunk``
-    each step also prefills a new request's ``chunk``-token prompt."""
+    each step also prefills a new request's ``chunk``-token prompt. ``draw`` ``"eager"`` or ``"graph"``: the
+    sampler's host work is timed too, its draw eagerly or from the static buffers (module doc)."""
     prompt_len, max_tokens = 64, 440  # within 512 positions
     if 5 + steps * repeats + (50 if show_profile else 0) >= max_tokens:
         raise ValueError(f"--steps {steps} x --repeats {repeats} must stay under {max_tokens - 55} decode steps")
@@ -34,7 +40,7 @@ def host_step_ms(batch: int, steps: int, repeats: int, show_profile: bool, chunk
     budget = max(512, batch * prompt_len, batch + chunk)
     llm = LLM(model=model, max_num_seqs=batch + (chunk > 0), max_num_batched_tokens=budget, block_size=16,
               num_kv_blocks=batch * 32 + 2 * (chunk // 16 + 1), cuda_graph_batch_sizes=[batch],
-              cuda_graph_token_sizes=[batch + chunk] if chunk else ())  # fmt: skip
+              cuda_graph_token_sizes=[batch + chunk] if chunk else (), draw_in_graph=draw == "graph")  # fmt: skip
     for i in range(batch):
         sp = SamplingParams(max_tokens=max_tokens, temperature=1.0, seed=i, ignore_eos=True)
         llm.add_request([1 + (i * 7 + j) % 200 for j in range(prompt_len)], sp)
@@ -46,7 +52,12 @@ def host_step_ms(batch: int, steps: int, repeats: int, show_profile: bool, chunk
             llm.add_request([3 + (k * 11 + j) % 200 for j in range(chunk)], one)
     runner, hidden = llm.runner, torch.zeros(batch + chunk, model.config.hidden_size)
     runner._replay = lambda key, static, tokens, seqs: hidden[:tokens]
-    runner.sample = lambda rows, items: [(it, 5, -1.0) for it in items]
+    if draw is None:
+        runner.sample = lambda rows, items: [(it, 5, -1.0) for it in items]
+    else:
+        drawn = torch.stack([torch.full((batch,), 5.0, dtype=torch.float64), -torch.ones(batch, dtype=torch.float64)])
+        model.sample = lambda rows, temps, seeds: (drawn[0, : len(rows)].long(), drawn[1, : len(rows)].float())
+        runner._replay_draw = lambda size, rows: drawn[:, :size]
     for _ in range(5):
         llm.step()
     means = []
@@ -72,12 +83,17 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5, help="timed means per batch size")
     ap.add_argument("--profile", action="store_true", help="also print a cProfile of 50 steps")
     ap.add_argument("--chunk", type=int, default=0, help="also a new request's prompt of this many tokens a step")
+    ap.add_argument("--draw-in-graph", action="store_true", help="the sampler's host work, eager draw vs draw_in_graph")
     args = ap.parse_args()
+    if args.draw_in_graph and args.chunk:
+        ap.error("--draw-in-graph times decode steps: leave out --chunk")
     for b in (int(x) for x in args.batch.split(",")):
-        median, least = host_step_ms(b, args.steps, args.repeats, args.profile, args.chunk)
-        what = f"decode batch {b}" + (f" + a {args.chunk}-token prompt" if args.chunk else "")
-        print(f"{what}: {median:.3f} ms of host work a step (median of {args.repeats} means of "
-              f"{args.steps} steps; least {least:.3f} ms)")  # fmt: skip
+        for draw in ("eager", "graph") if args.draw_in_graph else (None,):
+            median, least = host_step_ms(b, args.steps, args.repeats, args.profile, args.chunk, draw)
+            what = f"decode batch {b}" + (f" + a {args.chunk}-token prompt" if args.chunk else "")
+            what += {None: "", "eager": ", eager draw", "graph": ", draw in the graph"}[draw]
+            print(f"{what}: {median:.3f} ms of host work a step (median of {args.repeats} means of "
+                  f"{args.steps} steps; least {least:.3f} ms)")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import random
+
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -9,7 +12,7 @@ from hypothesis import strategies as st
 
 import vexact_kernels as vk
 from vexact_engine import LLM, SamplingParams
-from vexact_engine.sampler import sample, token_seed
+from vexact_engine.sampler import sample, token_seed, token_seeds
 from vexact_models import random_model, tiny_qwen3_config
 
 V = 50
@@ -112,6 +115,16 @@ def test_token_seed():
     seeds = {token_seed(s, i) for s in range(20) for i in range(-3, 20)}
     assert len(seeds) == 20 * 23
     assert all(0 <= x < 2**63 for x in seeds)
+
+
+@pytest.mark.parametrize("n", [1, 7, 8, 256])
+def test_token_seeds_equal_token_seed(n):
+    """The vectorised seeds (numpy's wrapping uint64) are token_seed's, for seeds and indices past 64 bits too."""
+    rng = random.Random(n)
+    seeds = [rng.getrandbits((3, 20, 63, 64, 70)[i % 5]) for i in range(n)]
+    indices = [rng.getrandbits((3, 12, 66)[i % 3]) for i in range(n)]
+    got = token_seeds(seeds, indices)
+    assert got.dtype == np.int64 and got.tolist() == [token_seed(s, i) for s, i in zip(seeds, indices, strict=True)]
 
 
 @settings(max_examples=30, deadline=None)

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import vexact_kernels as vk
@@ -11,6 +12,8 @@ GRAPH_TOKEN_STEP, GRAPH_TOKEN_STEP_LARGE, GRAPH_TOKEN_STEP_UNTIL = 256, 1024, 40
 # when the CUDA graphs come back after a wake_up (EngineConfig.graph_recapture)
 GRAPH_RECAPTURE = ("lazy", "eager")
 CPU_KV_CACHE_BYTES = 256 << 20
+# EngineConfig.draw_in_graph's default when left None: "1" or "0" (unset or empty: off)
+DRAW_IN_GRAPH_ENV = "VEXACT_DRAW_IN_GRAPH"
 
 
 @dataclass
@@ -54,6 +57,13 @@ class EngineConfig:
     at construction and again when waking from sleep), so each layer's q/k/v and gate/up projections lie end to end
     and the models run them as one matmul each (``vexact_models.layers.grouped_linear``: the same bits as three and
     two). Off: one allocation per parameter, one matmul per projection. The same tokens and logprobs either way.
+
+    ``draw_in_graph`` (default off; ``None`` reads ``$VEXACT_DRAW_IN_GRAPH``, ``1`` or ``0``): a padded decode step
+    whose rows all draw from the whole distribution (temperature > 0, no top-k / top-p; no mismatch injection) runs
+    its draw (``model.sample``) from the static buffers too, as a second CUDA graph replayed right after the decode
+    graph, and brings tokens and logprobs back in one copy; other steps sample eagerly as without it. The same tokens
+    and logprobs either way (the fused draw is row-invariant, so pad rows change no real row). On CUDA only with the
+    ``invariant`` logprobs kernels (the ``fast`` ones read the device on the host).
     """
 
     max_num_seqs: int = 64
@@ -74,6 +84,7 @@ class EngineConfig:
     cuda_graph_token_sizes: tuple[int, ...] | list[int] | None = None
     pack_weights: bool = True
     graph_recapture: str = "lazy"
+    draw_in_graph: bool | None = None
 
     def __post_init__(self) -> None:
         try:
@@ -96,6 +107,13 @@ class EngineConfig:
             )
         if not isinstance(self.pack_weights, bool):
             raise TypeError(f"EngineConfig.pack_weights must be True or False, got {self.pack_weights!r}")
+        if self.draw_in_graph is None:
+            value = os.environ.get(DRAW_IN_GRAPH_ENV, "")
+            if value not in ("", "0", "1"):
+                raise ValueError(f"${DRAW_IN_GRAPH_ENV} must be 1 or 0 (or unset), got {value!r}")
+            self.draw_in_graph = value == "1"
+        if not isinstance(self.draw_in_graph, bool):
+            raise TypeError(f"EngineConfig.draw_in_graph must be True, False or None, got {self.draw_in_graph!r}")
         if not isinstance(self.enable_prefix_caching, bool):
             value = self.enable_prefix_caching
             raise TypeError(f"EngineConfig.enable_prefix_caching must be True or False, got {value!r}")

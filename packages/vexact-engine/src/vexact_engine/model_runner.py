@@ -10,6 +10,11 @@ no KV (slot -1), reads one valid page (context 1) and is dropped. A step with pr
 token count, in a fixed number of sequence slots: the pad tokens form one sequence that writes no KV, the slots after
 it are empty sequences (no query, no key). Every kernel is row-invariant and a sequence's attention reads only its
 own keys, so padding never changes a real row's numerics.
+
+With ``EngineConfig.draw_in_graph``, a padded decode step whose rows all take the fused draw also draws from the
+static buffers (each row's seed and temperature sit beside its token): a second graph on CUDA, replayed right after
+the decode graph, and one copy back for tokens and logprobs. The draw is row-invariant too, so a pad row (seed 0,
+temperature 1) changes no real row's token or logprob.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import logging
 import time
 
+import numpy as np
 import torch
 from tqdm.auto import tqdm
 
@@ -26,7 +32,7 @@ from vexact_models import AttentionMetadata
 from .ablation import MismatchInjection
 from .block_manager import BlockManager
 from .config import EngineConfig
-from .sampler import needs_filter, sample, token_seed
+from .sampler import draws_whole, sample, token_seeds
 from .sampling_params import SamplingParams
 from .scheduler import ScheduledSeq
 
@@ -76,6 +82,7 @@ class ModelRunner:
         # max_model_len each
         self.max_context = self.max_pages * config.block_size  # the longest sequence a block-table row can hold
         self.token_sizes = [t for t in self.token_sizes if -(-t // self.mixed_seqs) <= self.max_context]
+        self.draw_in_graph = self._draws_from_static(config)
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] | None = None
         self._graphs: dict[tuple[str, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._uncaptured: set[tuple[str, int]] = set()  # graphs a lazy re-capture leaves to their first step
@@ -83,6 +90,8 @@ class ModelRunner:
         self._decode: StaticStep | None = None
         self._mixed: StaticStep | None = None
         self._mixed_out: torch.Tensor | None = None
+        self._draws: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}  # decode size -> its draw graph
+        self.num_graph_draws = 0  # padded decode steps that drew from the static buffers (a graph on CUDA)
         self.num_padded_steps = 0  # decode steps run padded (replayed as a graph on CUDA)
         self.num_padded_prompt_steps = 0  # steps with prompt tokens run padded (replayed as a graph on CUDA)
         self.graph_error: str | None = None  # why capture failed, when it did (steps then run eagerly)
@@ -117,6 +126,7 @@ class ModelRunner:
             capture(*args)
         except Exception as e:  # an op that cannot be captured: run eagerly, loudly
             self._graphs.clear()
+            self._draws.clear()
             self._uncaptured.clear()
             self._graph_pool = None
             self.graph_error = f"{type(e).__name__}: {e}"
@@ -125,6 +135,7 @@ class ModelRunner:
     def release(self) -> None:
         """Drop the graphs, their memory pool, the static buffers and the KV cache (see ``LLMEngine.sleep``)."""
         self._graphs.clear()
+        self._draws.clear()
         self._uncaptured.clear()
         self._graph_pool = None
         self._decode = self._mixed = self._mixed_out = None
@@ -143,7 +154,9 @@ class ModelRunner:
     # ---- padded steps from static buffers (CUDA graphs on CUDA)
     def _allocate_static(self) -> None:
         if self.graph_sizes:
-            self._decode = StaticStep(max(self.graph_sizes), max(self.graph_sizes), self.max_pages, self.device)
+            size = max(self.graph_sizes)
+            draw_rows = size if self.draw_in_graph else 0
+            self._decode = StaticStep(size, size, self.max_pages, self.device, draw_rows)
         if self.token_sizes:
             self._mixed = StaticStep(max(self.token_sizes), self.mixed_seqs, self.max_pages, self.device)
 
@@ -164,9 +177,38 @@ class ModelRunner:
             return None
         return size
 
-    def _fill_decode(self, batch: list[ScheduledSeq], blocks: BlockManager, size: int) -> None:
+    def _draws_from_static(self, config: EngineConfig) -> bool:
+        """Whether padded decode steps may draw from the static buffers (``EngineConfig.draw_in_graph``): the model
+        has the fused draw, and on CUDA the logprobs kernels are the invariant ones (the ``fast`` draw reads the
+        device on the host, which a capture cannot)."""
+        if not config.draw_in_graph or not self.graph_sizes or not hasattr(self.model, "sample"):
+            return False
+        if getattr(self.model.config, "vocab_size", None) is None:
+            return False
+        with vk.use_backend(config.backend):
+            return self.device.type != "cuda" or vk.get_backend("logprobs") == "invariant"
+
+    def graph_draw_size(self, batch: list[ScheduledSeq]) -> int | None:
+        """The padded size a decode step runs at with its draw from the static buffers, or None when it samples
+        eagerly (the switch is off, the step runs unpadded, a row does not sample or does not take the fused draw,
+        or a mismatch injection is on)."""
+        if not self.draw_in_graph or (self.mismatch is not None and self.mismatch.active):
+            return None
+        size = self.padded_size(batch)
+        if size is None:
+            return None
+        vocab = self.model.config.vocab_size
+        for item in batch:
+            # draws_whole inline: a call per row was 4x the time of this loop at 256 rows
+            p = item.seq.params
+            if not item.is_last_chunk or p.temperature == 0 or p.top_p < 1.0 or 0 < p.top_k < vocab:
+                return None
+        return size
+
+    def _fill_decode(self, batch: list[ScheduledSeq], blocks: BlockManager, size: int, draw: bool = False) -> None:
         # Every item is a one-token step, so the step's lists hold one entry per row; a pad row is a sequence of one
-        # token at position 0 that writes no KV (slot -1) and reads one page.
+        # token at position 0 that writes no KV (slot -1) and reads one page. ``draw``: each row's draw seed and
+        # temperature too (a pad row's: seed 0, temperature 1).
         pad = size - len(batch)
         step = step_lists(batch, blocks, with_tables=False)
         t_id, t_pos, t_slot, t_ctx = self.PAD_ROW
@@ -178,6 +220,7 @@ class ModelRunner:
             step["ctx"] + [t_ctx] * pad,
             batch,
             size,
+            draw_rows(batch, size) if draw else None,
         )
 
     def _fill_mixed(self, batch: list[ScheduledSeq], blocks: BlockManager, size: int) -> list[int]:
@@ -215,7 +258,8 @@ class ModelRunner:
         for n in lens:
             cu.append(cu[-1] + n)
         positions = [p for n in lens for p in range(n)]
-        static.write([t_id] * tokens, positions, [t_slot] * tokens, cu, lens, [], seqs)
+        draw = draw_rows([], seqs) if static.draw_rows else None
+        static.write([t_id] * tokens, positions, [t_slot] * tokens, cu, lens, [], seqs, draw)
 
     def _shapes(self) -> list[tuple[tuple[str, int], StaticStep, int, int]]:
         """Every graph's (key, static buffers, tokens, sequences): the token counts of the steps with prompt tokens,
@@ -273,6 +317,35 @@ class ModelRunner:
                     self._mixed_out[:tokens].copy_(out)
                     out = self._mixed_out[:tokens]
             self._graphs[key] = (graph, out)
+            if key[0] == "decode" and self.draw_in_graph:
+                self._capture_draw(tokens, static, graph, out, warmups, side)
+
+    def _capture_draw(self, size: int, static: StaticStep, decode, hidden: torch.Tensor, warmups: int, side) -> None:
+        """The draw graph of decode size ``size``: the fused draw of the decode graph's ``hidden`` rows with the
+        static seeds and temperatures (pad rows' after a warm layout), into one ``[2, size]`` float64 output."""
+        temps, seeds = static.draw_args(size)
+        decode.replay()  # real hidden rows for the warm-ups (a pad-only step: no KV written)
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(warmups):
+                self._draw(hidden, temps, seeds)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._graph_pool):
+            out = self._draw(hidden, temps, seeds)
+        self._draws[size] = (graph, out)
+
+    def _draw(self, hidden: torch.Tensor, temps: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
+        # fp32 logprobs and token ids (< 2**53) are exact in float64: one transfer for both, as in sample_rows
+        tokens, logprobs = self.model.sample(hidden, temps, seeds)
+        return torch.stack([tokens.to(torch.float64), logprobs.to(torch.float64)])
+
+    def _replay_draw(self, size: int, hidden: torch.Tensor) -> torch.Tensor:
+        draw = self._draws.get(size)
+        if draw is not None:
+            draw[0].replay()
+            return draw[1]
+        return self._draw(hidden, *self._decode.draw_args(size))
 
     def _ensure_graph(self, key: tuple[str, int], static: StaticStep, tokens: int, seqs: int) -> None:
         """Capture ``key``'s graph now if a lazy re-capture left it for its first step; before the step fills the
@@ -340,8 +413,28 @@ class ModelRunner:
         """One step: forward, then sample; returns (item, token, logprob) for each sequence that samples."""
         if self.kv_caches is None:
             raise RuntimeError("the engine is asleep (KV cache released): call wake_up() first")
+        size = self.graph_draw_size(batch)
+        if size is not None:
+            return self._run_with_draw(batch, blocks, size)
         hidden, items = self.forward(batch, blocks)
         return self.sample(hidden, items)
+
+    @torch.no_grad()
+    def _run_with_draw(
+        self, batch: list[ScheduledSeq], blocks: BlockManager, size: int
+    ) -> list[tuple[ScheduledSeq, int, float]]:
+        """A padded decode step and its draw from the static buffers (:meth:`graph_draw_size`): the same tokens and
+        logprobs as :meth:`forward` then :meth:`sample`. One host sync, for the results."""
+        with vk.use_backend(self.config.backend):
+            self._ensure_graph(("decode", size), self._decode, size, size)
+            self._fill_decode(batch, blocks, size, draw=True)
+            self.num_padded_steps += 1
+            self.num_graph_draws += 1
+            hidden = self._replay(("decode", size), self._decode, size, size)
+            both = self._replay_draw(size, hidden).cpu()
+        n = len(batch)
+        tokens = [int(t) for t in both[0, :n].tolist()]
+        return list(zip(batch, tokens, both[1, :n].tolist(), strict=True))
 
 
 class StaticStep:
@@ -359,12 +452,17 @@ class StaticStep:
     empty sequences, hold page ids of earlier steps: always valid pages, never read for a real row.
     """
 
-    def __init__(self, max_tokens: int, max_seqs: int, max_pages: int, device: torch.device):
+    def __init__(self, max_tokens: int, max_seqs: int, max_pages: int, device: torch.device, draw_rows: int = 0):
         t, s = -(-max_tokens // 16) * 16, -(-(max_seqs + 1) // 16) * 16
         self.offsets = (0, t, 2 * t, 3 * t, 3 * t + s)  # ids, positions, slots, cu, ctx
-        self.buf = torch.zeros(3 * t + 2 * s, dtype=torch.int64, device=device)
-        self.host = torch.zeros(3 * t + 2 * s, dtype=torch.int64)
+        # ``draw_rows`` rows of draw inputs after them: int64 seeds, then fp32 temperatures two to an int64 slot
+        self.draw_rows = draw_rows
+        d, f = -(-draw_rows // 16) * 16, -(-draw_rows // 32) * 16
+        self.draw_offsets = (3 * t + 2 * s, 3 * t + 2 * s + d)
+        self.host = torch.zeros(3 * t + 2 * s + d + f, dtype=torch.int64)
         self.host_np = self.host.numpy()
+        self.host_np[self.draw_offsets[1] :].view(np.float32)[:] = 1.0  # valid temperatures before any step
+        self.buf = torch.empty_like(self.host, device=device).copy_(self.host)  # never the host tensor itself
         self.tables = torch.zeros(max_seqs, max_pages, dtype=torch.int64, device=device)
         self.tables_host = torch.zeros(max_seqs, max_pages, dtype=torch.int64)
         self.tables_np = self.tables_host.numpy()
@@ -382,12 +480,24 @@ class StaticStep:
         )
         return b[o_id : o_id + tokens], b[o_pos : o_pos + tokens], meta
 
-    def write(self, ids, positions, slots, cu, ctx, batch: list[ScheduledSeq], seqs: int) -> None:
-        """A step's values (plain lists; token rows of one length, ``cu`` one longer than ``ctx``) and the block
-        tables of ``batch`` (rows ``0..len(batch)-1``), copied to the device buffers."""
+    def draw_args(self, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(temperatures fp32 [rows], seeds int64 [rows])``: views of the draw rows of the device buffer."""
+        o_seed, o_temp = self.draw_offsets
+        temps = self.buf[o_temp : o_temp + -(-rows // 2)].view(torch.float32)[:rows]
+        return temps, self.buf[o_seed : o_seed + rows]
+
+    def write(self, ids, positions, slots, cu, ctx, batch: list[ScheduledSeq], seqs: int, draw=None) -> None:
+        """A step's values (plain lists; token rows of one length, ``cu`` one longer than ``ctx``), its draw rows
+        (``draw``: seeds and temperatures, or None to leave them) and the block tables of ``batch`` (rows
+        ``0..len(batch)-1``), copied to the device buffers in one copy (and the tables' changed columns)."""
         h = self.host_np
         for off, values in zip(self.offsets, (ids, positions, slots, cu, ctx), strict=True):
             h[off : off + len(values)] = values
+        if draw is not None:
+            seeds, temps = draw
+            o_seed, o_temp = self.draw_offsets
+            h[o_seed : o_seed + len(seeds)] = seeds
+            h[o_temp : o_temp + -(-len(temps) // 2)].view(np.float32)[: len(temps)] = temps
         self.buf.copy_(self.host)
         rows, tab, width = self.table_rows, self.tables_np, 1
         for r, item in enumerate(batch):
@@ -404,6 +514,19 @@ class StaticStep:
                 tab[r, done:n] = table[done:n]
                 rows[r] = (table, n)
         self.tables[:seqs, :width].copy_(self.tables_host[:seqs, :width])
+
+
+def draw_rows(batch: list[ScheduledSeq], size: int) -> tuple[np.ndarray, np.ndarray]:
+    """The draw rows of a padded decode step of ``size`` rows: each sequence's seed for its next token
+    (:func:`~vexact_engine.sampler.token_seeds`) and its temperature as fp32 (what ``sample_rows`` passes), then pad
+    rows (seed 0, temperature 1)."""
+    seeds = np.zeros(size, dtype=np.int64)
+    temps = np.ones(size, dtype=np.float32)
+    if batch:
+        seqs = [item.seq for item in batch]
+        seeds[: len(seqs)] = token_seeds([q.seed for q in seqs], [len(q.output_token_ids) for q in seqs])
+        temps[: len(seqs)] = [q.params.temperature for q in seqs]
+    return seeds, temps
 
 
 def step_lists(batch: list[ScheduledSeq], blocks: BlockManager, with_tables: bool = True) -> dict[str, list]:
@@ -479,8 +602,7 @@ def sample_rows(
             tokens, logprobs = sample(logits, params, seeds, indices)
         else:
             vocab = getattr(getattr(model, "config", None), "vocab_size", None)
-            plain = [vocab is not None and hasattr(model, "sample") and not p.greedy and not needs_filter(p, vocab)
-                     for p in params]  # fmt: skip
+            plain = [vocab is not None and hasattr(model, "sample") and draws_whole(p, vocab) for p in params]
             fused = [i for i in range(n) if plain[i]]
             rest = [i for i in range(n) if not plain[i]]
             tokens = torch.empty(n, dtype=torch.int64, device=hidden.device)
@@ -505,7 +627,7 @@ def _temperatures(params: list[SamplingParams]) -> torch.Tensor:
 
 
 def _draw_fused(model, hidden, params, seeds, indices):
-    draw_seeds = torch.tensor([token_seed(s, i) for s, i in zip(seeds, indices, strict=True)], dtype=torch.int64)
+    draw_seeds = torch.from_numpy(token_seeds(seeds, indices))
     return model.sample(hidden, _temperatures(params), draw_seeds)
 
 

@@ -57,7 +57,10 @@ def _temperature_column(temperature, rows: int) -> torch.Tensor:
         t = t.expand(rows)
     if t.shape != (rows,):
         raise ValueError(f"temperature must be a scalar or have one value per row ({rows}); got {tuple(t.shape)}")
-    if bool((t <= 0).any()):
+    # a CUDA graph capture cannot read the device: it skips the check (the engine's draw graph reads temperatures
+    # from its static buffers, which it fills with checked values), as vk.tensor_range's callers do
+    capturing = t.is_cuda and torch.cuda.is_current_stream_capturing()
+    if not capturing and bool((t <= 0).any()):
         raise ValueError(f"temperature must be > 0 for logprobs; got {t.min().item()}")
     return t.reshape(rows, 1)
 
