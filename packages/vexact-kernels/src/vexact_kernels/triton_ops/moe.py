@@ -45,8 +45,9 @@ CONFIGS = (
 )
 INTERPRET_CONFIG = (16, 32, 4, 1)
 # (BLOCK_N, BLOCK_K, num_warps, num_stages) of the dW tiles; the reduction over an expert's rows is in tiles of
-# BLOCK_K rows whatever this says.
-WGRAD_CONFIG = (64, 64, 4, 3)
+# BLOCK_K rows whatever this says. Speed only: on an H200 (benchmarks/results/tune-wgrad-h200.txt) 128 x 64 runs the
+# gate/up dW at 316 / 310 TFLOP/s (Qwen3-30B-A3B / Moonlight shapes) where 64 x 64 runs at 256 / 259, same bits.
+WGRAD_CONFIG = (128, 64, 4, 3)
 INTERPRET_WGRAD_CONFIG = (32, 32, 4, 1)
 COMBINE_BLOCK = 1024  # numerics: lanes of the d-weights dot product over H (its reduction tree)
 
