@@ -290,6 +290,13 @@ def bench_shape(shape: str, args, tb, mesh, device: str, peaks: tuple[float | No
     return lines
 
 
+def attention_impl(device: str) -> str:
+    """The attention implementation the invariant backend runs (``triton`` or ``fa4``; CPU runs the reference)."""
+    import vexact_kernels as vk
+
+    return vk.get_attention_impl() if device == "cuda" else "cpu reference"
+
+
 def commit() -> str:
     """``$COMMIT`` when set (a copy of the tree without its git directory), else git's short HEAD."""
     if os.environ.get("COMMIT"):
@@ -363,7 +370,8 @@ def main(argv=None) -> int:
         f"# MoE training forward+backward: ours vs torch._grouped_mm ({gpu})",
         "",
         f"Date {datetime.date.today()}, GPU {gpu}, commit {commit()}, torch {torch.__version__}, world size "
-        f"{dist.get_world_size()}.",
+        f"{dist.get_world_size()}, attention `{attention_impl(device)}` (`$VEXACT_ATTENTION`; under `fa4`, MLA and "
+        "heads under 32 run the Triton kernels).",
         "",
         f"Command: `{cmd}`",
         "",

@@ -46,7 +46,9 @@
 #                   of bf16 weights: an H200) then moonlight (27 layers), VeXact invariant vs vLLM default / batch-
 #                   invariant, one run per model; the HF checkpoint vLLM reads goes to $PEERS_CKPT_DIR (default
 #                   /tmp/peers-moe; it needs the model's size free, and is removed after each model) -> $OUT/throughput-
-#                   moe-<target>.md (both tables) and a .log. Long: about 20 minutes a model (estimate; four vLLM starts)
+#                   moe-<target>.md (both tables) and a .log. Long: on an H200 with THROUGHPUT_ARGS="--modes
+#                   invariant,vllm" (two vLLM starts), about 9 minutes for qwen3-30b-a3b and 7 for moonlight after the
+#                   checkpoint (about 3 minutes; `throughput.py --ckpt-only` writes it ahead); vllm-bi adds two starts
 #   tim-vllm        vLLM's rollouts (default, VLLM_BATCH_INVARIANT=1) rescored by `vexact tim` -> $OUT/tim-vllm/
 #   verl-rollout    the verl rollout GPU test (weight sync through CUDA IPC); verl + Ray wheels
 #                   (scripts/staging/verl_device_wheels.sh). The GRPO runs are scripts/checks/verl_gpu.sh.
