@@ -4,9 +4,16 @@
 #
 #   bash scripts/checks/recipes_gpu.sh RESULTS_DIR
 #
+# and one recipe at its model's real depth on the 8 GPUs of one node (the Qwen3-30B-A3B DAPO recipe, 48 layers: 61 GB
+# of bf16 weights written first; its rollout as pipeline replicas of the recipe's 2 stages):
+#
+#   GPUS=8 LAYERS=48 STEPS=3 ONLY=qwen3_30b_a3b_dapo_math RECIPE_TIMEOUT=1800 BUDGET=2400 \
+#     bash scripts/checks/recipes_gpu.sh RESULTS_DIR
+#
 # Each recipe runs through its own script with SMOKE=1 (its small-run switch: batch, lengths and steps shrink, every
-# other setting stays the recipe's), NNODES=1 GPUS_PER_NODE=1 (PP=1 for the Qwen3-30B-A3B recipes, whose rollout
-# defaults to 2 pipeline stages; the vexact arm alone for the verify pair: the vllm arm needs vLLM's own stack), and
+# other setting stays the recipe's), NNODES=1 GPUS_PER_NODE=GPUS (default 1; on one GPU, PP=1 for the Qwen3-30B-A3B
+# recipes, whose rollout defaults to 2 pipeline stages; the vexact arm alone for the verify pair: the vllm arm needs
+# vLLM's own stack), and
 # these overrides: trainer.total_training_steps=STEPS, trainer.save_freq=-1 (no checkpoint),
 # trainer.val_before_train=False (the recipe's validation runs once, after the last step), verl's dashboard off, and
 # examples/verl_grpo/reward.py as the reward (verl's GSM8K rule plus a small credit for digits: random weights never
@@ -20,7 +27,8 @@
 # length and step time per step, pass/fail), recipes-<TAG>-<recipe>.jsonl (verl's file logger) and .log,
 # recipes-<TAG>-runs.jsonl (the table's input), progress.log. Models, data and run directories go to WORK (default
 # /tmp/vexact-recipes-gpu-<TAG>), removed at the end with the Ray temp dir (KEEP_WORK=1 keeps them).
-# Environment: LAYERS (2), STEPS (5), ONLY (space-separated recipe names to run, default all), RECIPE_TIMEOUT (300 s a
+# Environment: LAYERS (2), STEPS (5), GPUS (1: the GPUs of the one node each recipe runs on), ONLY (space-separated
+# recipe names to run, default all), RECIPE_TIMEOUT (300 s a
 # recipe), BUDGET (900 s: no recipe starts after BUDGET - MIN_RUN (150) s; those left are listed as not run), TAG
 # (file-name prefix: the GPU, e.g. h100), COMMIT. Estimate on an H100: ~2 minutes a recipe (verl's start ~90 s, then
 # 5 small steps and one validation), ~15 minutes for the seven.
@@ -38,6 +46,8 @@ exec > >(tee -a "$RESULTS/progress.log") 2>&1
 export RAY_ADDRESS=local
 unset VERL_FILE_LOGGER_PATH
 LAYERS=${LAYERS:-2}
+GPUS=${GPUS:-1}
+[[ "$GPUS" =~ ^[1-9][0-9]*$ ]] || { echo "GPUS must be a positive integer, got '$GPUS'" >&2; exit 2; }
 source scripts/checks/verl_job_lib.sh
 verl_job_setup recipes
 EXTRA=("${CPU_EXTRA[@]}")
@@ -50,10 +60,11 @@ rm -rf "$WORK" && mkdir -p "$WORK"
 RUNS="$RESULTS/recipes-$TAG-runs.jsonl"
 : > "$RUNS"
 T0=$(date +%s)
-echo "== recipes_gpu: $GPU, commit $COMMIT, $LAYERS layers, $STEPS steps, work dir $WORK ($(df -h --output=avail "$WORK" | tail -1) free)"
+echo "== recipes_gpu: $GPU, $GPUS GPU(s) a recipe, commit $COMMIT, $LAYERS layers, $STEPS steps, work dir $WORK ($(df -h --output=avail "$WORK" | tail -1) free)"
 date -u
 
-# recipe run name -> "script shape KEY=VALUE..." (the run's environment beside SMOKE, NNODES, GPUS_PER_NODE)
+# recipe run name -> "script shape KEY=VALUE..." (the run's environment beside SMOKE, NNODES, GPUS_PER_NODE; PP=1 only
+# on one GPU: on more, the recipe's own pipeline stages)
 declare -A PLAN=(
   [qwen3_1.7b_grpo_gsm8k]="qwen3_1.7b_grpo_gsm8k qwen3-1.7b"
   [qwen3_30b_a3b_dapo_math]="qwen3_30b_a3b_dapo_math qwen3-30b-a3b PP=1"
@@ -125,13 +136,14 @@ FAILED=0
 for name in "${SELECTED[@]}"; do
   read -r -a spec <<< "${PLAN[$name]}"
   script=${spec[0]} shape=${spec[1]}
-  envs=("${spec[@]:2}")
+  envs=()
+  for e in "${spec[@]:2}"; do [ "$GPUS" -gt 1 ] && [ "$e" = PP=1 ] || envs+=("$e"); done
   model="$WORK/models/$shape"
   out="$RESULTS/recipes-$TAG-$name"
   elapsed=$(( $(date +%s) - T0 ))
   if [ "$elapsed" -gt "$((BUDGET - MIN_RUN))" ]; then
     echo "== $name: not run, $elapsed s of the $BUDGET s budget spent"
-    record "$name" "$shape" 0 0 "$out.jsonl" "SMOKE=1 NNODES=1 GPUS_PER_NODE=1 ${envs[*]}" \
+    record "$name" "$shape" 0 0 "$out.jsonl" "SMOKE=1 NNODES=1 GPUS_PER_NODE=$GPUS ${envs[*]}" \
       "time budget: $elapsed of $BUDGET s spent"
     FAILED=1
     continue
@@ -139,13 +151,13 @@ for name in "${SELECTED[@]}"; do
   while [ ! -e "$model.done" ] && [ ! -e "$model.failed" ]; do sleep 2; done
   if [ -e "$model.failed" ]; then
     echo "== $name: make_model.py failed for $shape"
-    record "$name" "$shape" 1 0 "$out.jsonl" "SMOKE=1 NNODES=1 GPUS_PER_NODE=1 ${envs[*]}" \
+    record "$name" "$shape" 1 0 "$out.jsonl" "SMOKE=1 NNODES=1 GPUS_PER_NODE=$GPUS ${envs[*]}" \
       "make_model.py --shape $shape failed"
     FAILED=1
     continue
   fi
   run_dir="$WORK/runs/$name"
-  cmd=(env SMOKE=1 NNODES=1 GPUS_PER_NODE=1 MODEL_DIR="$model" DATA_DIR="$WORK/data" RUN_DIR="$run_dir" "${envs[@]}"
+  cmd=(env SMOKE=1 NNODES=1 GPUS_PER_NODE=$GPUS MODEL_DIR="$model" DATA_DIR="$WORK/data" RUN_DIR="$run_dir" "${envs[@]}"
        timeout "$RECIPE_TIMEOUT" bash "examples/recipes/$script.sh" trainer.total_training_steps="$STEPS"
        trainer.save_freq=-1 trainer.val_before_train=False +ray_kwargs.ray_init.include_dashboard=False
        +ray_kwargs.ray_init._temp_dir="$RAY_TMP"
@@ -160,17 +172,17 @@ for name in "${SELECTED[@]}"; do
   [ -n "$metrics" ] && cp "$metrics" "$out.jsonl"
   echo "== $name: exit $rc after $wall s, $(cat "$out.jsonl" 2> /dev/null | wc -l) metric lines"
   [ "$rc" = 0 ] || { FAILED=1; tail -30 "$out.log"; }
-  record "$name" "$shape" "$rc" "$wall" "$out.jsonl" "SMOKE=1 NNODES=1 GPUS_PER_NODE=1 ${envs[*]}"
+  record "$name" "$shape" "$rc" "$wall" "$out.jsonl" "SMOKE=1 NNODES=1 GPUS_PER_NODE=$GPUS ${envs[*]}"
 done
 
 HEADER=(
-  "# Recipes on one GPU: $STEPS steps each, random weights of each family's shape at $LAYERS layers"
+  "# Recipes, $GPUS GPU(s) a recipe: $STEPS steps each, random weights of each family's shape at $LAYERS layers"
   ""
   "- Date: $(date -u '+%Y-%m-%d %H:%M UTC')"
   "- GPU: $GPU"
   "- Commit: $COMMIT"
-  "- Command: \`bash scripts/checks/recipes_gpu.sh $1\`$([ "$CPU" = 1 ] && echo ", VERL_PLATFORM=cpu")$([ -n "${ONLY:-}" ] && echo ", ONLY='$ONLY'")$([ "$BUDGET" != 900 ] && echo ", BUDGET=$BUDGET")"
-  "- Each run: \`env SMOKE=1 NNODES=1 GPUS_PER_NODE=1 MODEL_DIR=... DATA_DIR=... RUN_DIR=... [ENV] bash"
+  "- Command: \`bash scripts/checks/recipes_gpu.sh $1\`$([ "$CPU" = 1 ] && echo ", VERL_PLATFORM=cpu")$([ -n "${ONLY:-}" ] && echo ", ONLY='$ONLY'")$([ "$BUDGET" != 900 ] && echo ", BUDGET=$BUDGET")$([ "$GPUS" != 1 ] && echo ", GPUS=$GPUS")$([ "$LAYERS" != 2 ] && echo ", LAYERS=$LAYERS")"
+  "- Each run: \`env SMOKE=1 NNODES=1 GPUS_PER_NODE=$GPUS MODEL_DIR=... DATA_DIR=... RUN_DIR=... [ENV] bash"
   "  examples/recipes/SCRIPT.sh trainer.total_training_steps=$STEPS trainer.save_freq=-1 trainer.val_before_train=False"
   "  +ray_kwargs.ray_init.include_dashboard=False +ray_kwargs.ray_init._temp_dir=$RAY_TMP"
   "  reward.custom_reward_function.path=examples/verl_grpo/reward.py"
