@@ -36,7 +36,8 @@
 # processes a failed or timed-out run leaves are found and stopped) and writes only under RESULTS_DIR, WORK and that
 # folder, so it runs beside other jobs on other GPUs of the host (CUDA_VISIBLE_DEVICES picks this one).
 # VERL_PLATFORM=cpu: the same flow on CPU, each family at hidden 64 (make_model.py --hidden 64 --family ...), STEPS 2,
-# to check the script itself.
+# to check the script itself; with GPUS=2, Ray counts 2 GPUs and each recipe runs 2 CPU workers (the Qwen3-30B-A3B
+# DAPO recipe: FSDP world size 2 and one rollout replica of 2 pipeline stages, K3 KL 0.0 at both steps).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD

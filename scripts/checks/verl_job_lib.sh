@@ -2,7 +2,8 @@
 #
 #   verl_job_setup NAME   sets CPU (1 under VERL_PLATFORM=cpu, else 0), GPU (its name), TAG (file-name prefix: the
 #                         GPU kind, e.g. h100, or cpu; TAG in the environment wins), COMMIT, CPU_EXTRA (the Hydra
-#                         overrides a verl run on CPU needs; empty on a GPU) and RAY_TMP (/tmp/ray-NAME-TAG). On a
+#                         overrides a verl run on CPU needs, Ray's GPU count GPUS (default 1) among them; empty on a
+#                         GPU) and RAY_TMP (/tmp/ray-NAME-TAG). On a
 #                         GPU it puts the monorepo and the staged verl stack on PYTHONPATH
 #                         (scripts/staging/device_env.sh, scripts/staging/rl_stack_wheels.sh path vexact).
 #   reap                  stops the Ray processes a job left under RAY_TMP
@@ -15,7 +16,7 @@ verl_job_setup() {
   if [ "$CPU" = 1 ]; then
     GPU="cpu (VERL_PLATFORM=cpu)"
     TAG=${TAG:-cpu}
-    CPU_EXTRA=(+ray_kwargs.ray_init.num_gpus=1 +ray_kwargs.ray_init.num_cpus=16 reward.num_workers=1
+    CPU_EXTRA=(+ray_kwargs.ray_init.num_gpus="${GPUS:-1}" +ray_kwargs.ray_init.num_cpus=16 reward.num_workers=1
                actor_rollout_ref.rollout.agent.num_workers=1
                transfer_queue.backend.SimpleStorage.num_data_storage_units=1)
   else
