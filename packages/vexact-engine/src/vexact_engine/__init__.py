@@ -8,7 +8,7 @@ from .outputs import RequestOutput
 from .pipeline import PipelineLLM
 from .sampling_params import SamplingParams
 
-__version__ = "0.4.0"
+__version__ = "0.4.1"
 
 __all__ = [
     "LLM",

@@ -10,8 +10,11 @@ generator seeded by (request seed, token index), so a request's draw depends on 
 survives preemption. top-k / top-p only zero out tokens that may not be drawn.
 
 Everything runs on the logits' device: on CUDA each sampling row gets a CUDA ``torch.Generator`` seeded by
-``token_seed`` (Philox; never a zero draw), on CPU a CPU one; the two devices draw different (each reproducible)
-noise. The same row, seed and token index give the same token whatever the other rows.
+``token_seed`` (Philox; never a zero draw) and torch's ``exponential_``; on CPU a CPU one, whose float64 uniforms
+(integer words scaled exactly) become ``-log(1 - u)`` by ``vexact_kernels.portable_math.log``, so the noise has the
+same bits on every CPU (torch's CPU ``exponential_`` computes its log with the C library's). The two devices draw
+different (each reproducible) noise. The same row, seed and token index give the same token whatever the other
+rows.
 """
 
 from __future__ import annotations
@@ -53,6 +56,14 @@ def _u64(values: list[int]) -> np.ndarray:
         return np.array(values, dtype=np.uint64)
     except OverflowError:  # below 0 or at least 2**64: only the low 64 bits count, as in token_seed
         return np.array([v & _WRAP for v in values], dtype=np.uint64)
+
+
+def _exponential_cpu(n: int, generator: torch.Generator) -> torch.Tensor:
+    """``n`` draws of ``Exp(1)``, fp32, from a CPU generator: ``-log(1 - u)`` of float64 uniforms ``u`` in [0, 1)
+    (1 - u is exact), never 0 (a zero draw would make ``p / E`` infinite, or NaN where ``p`` is 0)."""
+    u = torch.rand(n, generator=generator, dtype=torch.float64)
+    e = -vk.portable_math.log(1.0 - u)
+    return e.to(torch.float32).clamp_min(torch.finfo(torch.float32).tiny)
 
 
 def _filter(probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
@@ -111,7 +122,7 @@ def sample(
     rand_rows = [i for i, p in enumerate(params) if not p.greedy]
     if rand_rows:
         rows = torch.tensor(rand_rows, device=dev)
-        probs = torch.exp(logp[rows])
+        probs = vk.portable_math.exp(logp[rows])  # torch.exp off the CPU
         filt = [j for j, i in enumerate(rand_rows) if needs_filter(params[i], vocab)]
         if filt:
             # only rows that restrict the draw pay for the sort over the vocabulary
@@ -124,6 +135,10 @@ def sample(
         noise = torch.empty(len(rand_rows), vocab, device=dev)
         gens = _GENERATORS.get(dev, len(rand_rows))
         for j, i in enumerate(rand_rows):
-            noise[j].exponential_(generator=gens[j].manual_seed(token_seed(seeds[i], indices[i])))
+            gen = gens[j].manual_seed(token_seed(seeds[i], indices[i]))
+            if dev.type == "cpu":
+                noise[j] = _exponential_cpu(vocab, gen)
+            else:
+                noise[j].exponential_(generator=gen)
         tokens[rows] = torch.argmax(probs / noise, dim=-1)
     return tokens, logp.gather(1, tokens[:, None]).squeeze(1)

@@ -6,6 +6,7 @@ or per family (:data:`OPS`): ``use_backend("fast", ops={"attention"})``. The inv
 is ``triton`` or ``fa4`` (FlashAttention 4), one per process: :func:`set_attention_impl` or ``$VEXACT_ATTENTION``.
 """
 
+from . import portable_math
 from ._backend import (
     ATTENTION_IMPLS,
     BACKENDS,
@@ -38,7 +39,7 @@ from .moe import fused_moe, moe_route, moe_route_grouped
 from .rms_norm import add_rms_norm, rms_norm, rms_norm_pair
 from .rotary import apply_rotary, apply_rotary_qk, rope_cos_sin
 
-__version__ = "0.4.1"
+__version__ = "0.5.0"
 
 __all__ = [
     "ATTENTION_IMPLS",
@@ -72,6 +73,7 @@ __all__ = [
     "record_range",
     "logprobs_from_hidden",
     "paged_attention_layout",
+    "portable_math",
     "rms_norm",
     "rms_norm_pair",
     "rope_cos_sin",

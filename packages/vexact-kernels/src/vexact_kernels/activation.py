@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from . import portable_math as pm
 from ._backend import check_float, get_backend, invariant_device_check
 from .triton_ops import use_triton
 
@@ -29,4 +30,4 @@ def silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         return triton_silu_and_mul(gate, up)
     invariant_device_check("silu_and_mul", gate, up)
     g = gate.float()
-    return (g / (1.0 + torch.exp(-g)) * up.float()).to(gate.dtype)
+    return (g / (1.0 + pm.exp(-g)) * up.float()).to(gate.dtype)

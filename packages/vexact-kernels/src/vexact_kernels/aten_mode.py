@@ -79,6 +79,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
+from . import portable_math as pm
 from ._backend import use_backend
 from ._reduce import tree_sum
 from .linear import linear
@@ -232,7 +233,7 @@ def _softmax(keyset, x, dim, half_to_float):
         return x.new_empty(x.shape, dtype=out_dtype)
     rows, restore = _rows_last(x, dim)
     rows = rows.float()
-    e = torch.exp(rows - rows.amax(dim=-1, keepdim=True))  # max is exact in any order
+    e = pm.exp(rows - rows.amax(dim=-1, keepdim=True))  # max is exact in any order; torch.exp off the CPU
     return restore(e / tree_sum(e, dim=-1).unsqueeze(-1)).to(out_dtype).contiguous()
 
 

@@ -30,6 +30,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from . import portable_math as pm
 from ._backend import attention_impl_in_use, check_float, get_backend, invariant_device_check
 from ._reduce import tree_sum
 from .triton_ops import use_triton
@@ -109,8 +110,8 @@ def _attend(q, k_store, v_store, key_rows, last_pos, scale: float) -> torch.Tens
             s = tree_sum(qf * kb[:, :, None], dim=-1) * scale  # [n, Hkv, G, BN]
             s = torch.where(valid[:, None, None, :], s, -math.inf)
             m_new = torch.maximum(m, s.amax(dim=-1))
-            alpha = torch.exp(m - m_new)
-            p = torch.exp(s - m_new.unsqueeze(-1))  # masked keys: exp(-inf) = 0
+            alpha = pm.exp(m - m_new)
+            p = pm.exp(s - m_new.unsqueeze(-1))  # masked keys: exp(-inf) = 0
             l_new = l_sum * alpha + tree_sum(p, dim=-1)
             pv = tree_sum(p.unsqueeze(-1) * vb[:, :, None], dim=-2)  # [n, Hkv, G, Dv]
             acc_new = acc * alpha.unsqueeze(-1) + pv

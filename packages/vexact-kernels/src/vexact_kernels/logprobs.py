@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import torch
 
+from . import portable_math as pm
 from ._backend import get_backend, invariant_device_check, use_backend
 from ._reduce import tree_sum
 from .linear import linear
@@ -79,7 +80,7 @@ def log_softmax(logits: torch.Tensor, temperature: float | torch.Tensor = 1.0) -
         return torch.log_softmax(z, dim=-1)
     invariant_device_check("log_softmax", logits)
     shifted = z - z.amax(dim=-1, keepdim=True)
-    lse = torch.log(tree_sum(torch.exp(shifted), dim=-1))
+    lse = pm.log(tree_sum(pm.exp(shifted), dim=-1))
     return shifted - lse.unsqueeze(-1)
 
 
@@ -184,16 +185,17 @@ def sample_from_hidden(
         tokens = triton_gumbel_argmax(logits, temps, seeds)
     else:
         u = gumbel_uniform(seeds.to(logits.device), logits.shape[1])
-        tokens = torch.argmax(logits / temps.to(logits.device)[:, None] - torch.log(-torch.log(u)), dim=-1)
+        tokens = torch.argmax(logits / temps.to(logits.device)[:, None] - pm.log(-pm.log(u)), dim=-1)
     logprobs, _ = logprobs_from_hidden(hidden, norm_weight, eps, lm_head_weight, tokens, temps)
     return tokens, logprobs
 
 
 def entropy_from_logprobs(logp: torch.Tensor) -> torch.Tensor:
     """``-sum p log p`` per row, fixed-order."""
-    p = torch.exp(logp)
+    fast = get_backend("logprobs") == "fast"
+    p = torch.exp(logp) if fast else pm.exp(logp)
     terms = torch.where(p > 0, p * logp, 0.0)
-    if get_backend("logprobs") == "fast":
+    if fast:
         return -terms.sum(-1)
     return -tree_sum(terms, dim=-1)
 

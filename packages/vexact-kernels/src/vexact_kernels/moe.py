@@ -33,6 +33,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from . import portable_math as pm
 from ._backend import check_float, get_backend, invariant_device_check
 from ._ranges import record_range, tensor_range
 from ._reduce import tree_sum
@@ -72,7 +73,7 @@ def moe_route(
     invariant_device_check("moe_route", router_logits)
     x = router_logits.float()
     x = x - x.amax(dim=-1, keepdim=True)  # max is exact in any order
-    ex = torch.exp(x)
+    ex = pm.exp(x)
     probs = ex / tree_sum(ex, dim=-1).unsqueeze(-1)
     ids = torch.sort(probs.detach(), dim=-1, descending=True, stable=True).indices[:, :top_k]
     w = probs.gather(1, ids)
@@ -138,7 +139,7 @@ class _Sigmoid(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x):
-        s = 1.0 / (1.0 + torch.exp(-x))
+        s = pm.sigmoid(x)
         ctx.save_for_backward(s)
         return s
 
@@ -153,7 +154,7 @@ def _grouped_scores(router_logits: torch.Tensor, scoring_func: str) -> torch.Ten
     if scoring_func == "sigmoid":
         return _Sigmoid.apply(x)
     x = x - x.amax(dim=-1, keepdim=True)
-    ex = torch.exp(x)
+    ex = pm.exp(x)
     return ex / tree_sum(ex, dim=-1).unsqueeze(-1)
 
 

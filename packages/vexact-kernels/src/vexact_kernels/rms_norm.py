@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from . import portable_math as pm
 from ._backend import check_float, get_backend, invariant_device_check
 from ._reduce import tree_sum
 from .triton_ops import use_triton
@@ -35,7 +36,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch
         return (xf * torch.rsqrt(var + eps) * weight.float()).to(out_dtype)
     invariant_device_check("rms_norm", x, weight)
     var = tree_sum(xf * xf, dim=-1) / x.shape[-1]
-    rstd = 1.0 / torch.sqrt(var + eps)
+    rstd = 1.0 / pm.sqrt(var + eps)  # correctly rounded on every CPU (portable_math)
     return (xf * rstd.unsqueeze(-1) * weight.float()).to(out_dtype)
 
 

@@ -12,19 +12,21 @@ from __future__ import annotations
 
 import torch
 
+from . import portable_math as pm
 from ._backend import check_float, get_backend
 from ._ranges import tensor_range
 from .triton_ops import use_triton
 
 
 def rope_cos_sin(head_dim: int, max_position: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """fp32 tables ``cos, sin`` of shape ``[max_position, head_dim // 2]`` (HF's default rope)."""
+    """fp32 tables ``cos, sin`` of shape ``[max_position, head_dim // 2]`` (HF's default rope), built on the CPU with
+    :mod:`portable_math` (the same bits on every machine, for the CPU reference and the GPU kernels alike)."""
     if head_dim % 2:
         raise ValueError(f"rotary: head_dim must be even, got {head_dim}")
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    inv_freq = 1.0 / pm.pow_of(theta, torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim)
     t = torch.arange(max_position, dtype=torch.int64).float()
-    freqs = torch.outer(t, inv_freq)
-    return freqs.cos(), freqs.sin()
+    sin, cos = pm.sincos(torch.outer(t, inv_freq))  # outer: one IEEE product per entry
+    return cos, sin
 
 
 def _check_positions(positions: torch.Tensor, cos: torch.Tensor) -> None:

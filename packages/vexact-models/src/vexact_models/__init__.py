@@ -63,7 +63,7 @@ from .weight_transfer import (
     weight_targets,
 )
 
-__version__ = "0.3.1"
+__version__ = "0.3.2"
 
 __all__ = [
     "DEEPSEEK_V3_SHAPES",

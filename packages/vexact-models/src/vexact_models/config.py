@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
 import torch
+
+import vexact_kernels as vk
 
 from .errors import read_json_object
 
@@ -348,7 +349,8 @@ class YarnScaling:
 
     @staticmethod
     def get_mscale(scale: float, mscale: float = 1.0) -> float:
-        return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+        # the kernels' portable log, not the C library's (whose code path depends on the CPU)
+        return 1.0 if scale <= 1 else 0.1 * mscale * vk.portable_math.log_scalar(scale) + 1.0
 
     @property
     def attention_factor(self) -> float:

@@ -13,7 +13,7 @@ import vexact_kernels as vk
 
 def scaled_inv_freq(head_dim: int, theta: float, scaling: dict) -> torch.Tensor:
     """transformers' inverse frequencies for ``rope_type`` ``linear`` and ``llama3`` (the same fp32 arithmetic)."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    inv_freq = 1.0 / vk.portable_math.pow_of(theta, torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim)
     factor = scaling["factor"]
     if scaling["rope_type"] == "linear":
         return inv_freq / factor
@@ -36,9 +36,8 @@ def yarn_inv_freq(head_dim: int, theta: float, yarn) -> torch.Tensor:
     dim, base = head_dim, theta
 
     def correction_dim(rotations: float) -> float:
-        return (dim * math.log(yarn.original_max_position_embeddings / (rotations * 2 * math.pi))) / (
-            2 * math.log(base)
-        )
+        log = vk.portable_math.log_scalar  # not the C library's log, whose code path depends on the CPU
+        return (dim * log(yarn.original_max_position_embeddings / (rotations * 2 * math.pi))) / (2 * log(base))
 
     low, high = correction_dim(yarn.beta_fast), correction_dim(yarn.beta_slow)
     if yarn.truncate:
@@ -47,7 +46,7 @@ def yarn_inv_freq(head_dim: int, theta: float, yarn) -> torch.Tensor:
     if low == high:
         high += 0.001
     ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
-    pos_freqs = base ** (torch.arange(0, dim, 2).float() / dim)
+    pos_freqs = vk.portable_math.pow_of(base, torch.arange(0, dim, 2).float() / dim)
     extrapolation = 1 - ramp
     return (1.0 / (yarn.factor * pos_freqs)) * (1 - extrapolation) + (1.0 / pos_freqs) * extrapolation
 
@@ -63,10 +62,10 @@ def rope_tables(head_dim: int, max_position: int, theta: float, scaling=None) ->
         return vk.rope_cos_sin(head_dim, max_position, theta)
     is_yarn = not isinstance(scaling, dict)
     inv_freq = yarn_inv_freq(head_dim, theta, scaling) if is_yarn else scaled_inv_freq(head_dim, theta, scaling)
-    freqs = torch.outer(torch.arange(max_position, dtype=torch.int64).float(), inv_freq)
+    sin, cos = vk.portable_math.sincos(torch.outer(torch.arange(max_position, dtype=torch.int64).float(), inv_freq))
     if is_yarn:
-        return freqs.cos() * scaling.attention_factor, freqs.sin() * scaling.attention_factor
-    return freqs.cos(), freqs.sin()
+        return cos * scaling.attention_factor, sin * scaling.attention_factor
+    return cos, sin
 
 
 class RotaryEmbedding(nn.Module):
