@@ -28,8 +28,6 @@ RUN = {  # command -> arguments appended (keeps the run to seconds)
     "python examples/getting_started/grpo.py --rollout-backend invariant": "--steps 2 --quiet",
     "python examples/getting_started/grpo.py --rollout-backend fast": "--steps 2 --quiet",
     "python examples/getting_started/plot.py": "",
-    "python examples/tim_study/sweep.py": "--steps 1 --magnitudes 0,0.1 --corrections none",
-    "python examples/tim_study/plot.py outputs/tim_study/cpu.jsonl": "",
     "python examples/data/prepare.py gsm8k --out outputs/data --from examples/data/samples/gsm8k.jsonl": "",
     "python examples/tim_study/fit_policy.py --preset tiny --lr 3e-3 --batch-size 64 --out outputs/tim_study/"
     "policy-tiny": "--steps 20 --eval-every 10 --quiet",
@@ -41,7 +39,6 @@ RUN = {  # command -> arguments appended (keeps the run to seconds)
     "python examples/tim_study/report.py outputs/tim_study/study-tiny.jsonl --out outputs/tim_study/report-tiny": "",
 }
 GPU = {
-    "python examples/tim_study/sweep.py --device cuda --model-size small --steps 60 --out outputs/tim_study/gpu.jsonl",
     "python examples/tim_study/fit_policy.py --device cuda --preset small --out outputs/tim_study/policy",
     "python examples/tim_study/sweep.py --device cuda --from-fitted outputs/tim_study/policy --calibrate",
     "python examples/tim_study/sweep.py --device cuda --from-fitted outputs/tim_study/policy --arms exact --lr "
@@ -60,7 +57,6 @@ ELSEWHERE = {
     "install: CI (.ci/run installs requirements/test.txt, which includes it)",
     "python -m pip install -r requirements/test.txt && python -m pip install --no-deps -r requirements/veomni.txt "
     "&& python -m pytest -n auto": "CI runs exactly this (.ci/run)",
-    "python examples/tim_study/plot.py outputs/tim_study/gpu.jsonl": "reads the GPU sweep's output",
     "python examples/tim_study/report.py outputs/tim_study/lr-*.jsonl --out outputs/tim_study/lr-report": "reads "
     "the GPU lr probe's output; tests/test_tim_study.py runs report.py on CPU sweeps",
     "python examples/tim_study/report.py outputs/tim_study/study-*.jsonl --out outputs/tim_study/study": "reads "
