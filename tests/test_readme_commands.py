@@ -1,4 +1,4 @@
-"""Every command in a fenced bash block of a README runs as written from the repository root.
+"""Every command in a fenced bash block of a README or a docs page runs as written from the repository root.
 
 Each command is listed below with what this test does with it: `RUN` runs the CPU ones (with the arguments given
 there appended where the README's run takes minutes), in README order from a copy of the root (links to its entries,
@@ -99,8 +99,10 @@ ELSEWHERE = {
 
 
 def readmes() -> list[Path]:
-    skip = {".git", "outputs", ".nox", "node_modules"}
-    return sorted(p for p in ROOT.rglob("README.md") if not skip & set(p.relative_to(ROOT).parts))
+    """Every README.md of the repository and every page of the docs site (docs/*.md)."""
+    skip = {".git", "outputs", ".nox", "node_modules", "site"}
+    found = [p for p in ROOT.rglob("README.md") if not skip & set(p.relative_to(ROOT).parts)]
+    return sorted(found + list((ROOT / "docs").glob("*.md")))
 
 
 def commands(readme: Path) -> list[str]:
