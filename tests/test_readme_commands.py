@@ -91,6 +91,16 @@ ELSEWHERE = {
     "python examples/data/prepare.py dapo_math --out data": "needs the hub; the hub path: tests/test_data_prepare.py",
     "MODEL_DIR=/models/Qwen3-1.7B DATA_DIR=data bash examples/recipes/qwen3_1.7b_grpo_gsm8k.sh "
     "trainer.total_epochs=3": "a GPU and a real checkpoint; every recipe with SMOKE=1 on CPU: tests/test_recipes.py",
+    "bash examples/verify/run_pair.sh outputs/verify": "a GPU with verl and vLLM; tests/test_verify_pair_config.py "
+    "composes its arms on CPU",
+    "bash examples/verify/run_pair.sh outputs/verify vexact fast": "a GPU with verl; tests/test_verify_pair_config.py "
+    "composes its arms on CPU",
+    "python examples/verl_grpo/make_dataset.py --out outputs/verl_grpo/arith": "packages/vexact-verl/tests/"
+    "test_examples.py",
+    "python examples/verl_grpo/make_model.py --out outputs/verl_grpo/qwen3-random": "packages/vexact-verl/tests/"
+    "test_examples.py",
+    "MODEL=outputs/verl_grpo/qwen3-random DATA=outputs/verl_grpo/arith bash examples/verl_grpo/run_grpo.sh "
+    "actor_rollout_ref.actor.strategy=vexact": "a GPU; the CPU run: packages/vexact-verl/tests/test_verl_grpo_cpu.py",
     "ray start --head --port=6379": "a Ray cluster of several nodes",
     "ray start --address=HEAD_IP:6379": "a Ray cluster of several nodes",
     "NNODES=4 GPUS_PER_NODE=8 MODEL_DIR=/shared/Qwen3-30B-A3B DATA_DIR=/shared/data bash "
