@@ -1,5 +1,5 @@
-"""nox sessions: tests (CPU suite), demo, lint, contracts per target (cpu, h100, h200, b200), and the GPU check steps
-of ``scripts/checks/gpu_checks.sh`` per GPU target.
+"""nox sessions: tests (CPU suite), demo, lint, docs (the site), contracts per target (cpu, h100, h200, b200), and the
+GPU check steps of ``scripts/checks/gpu_checks.sh`` per GPU target.
 
 GPU targets run offline on the device's preinstalled CUDA torch: a venv with system site packages and the
 packages put on PYTHONPATH, so nothing is downloaded or built there.
@@ -40,6 +40,14 @@ def lint(session):
     session.install("-r", "requirements/lint.txt")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
+
+
+@nox.session
+def docs(session):
+    """The docs site from docs/ and mkdocs.yml, with every warning an error (broken links and anchors included)."""
+    session.install("-r", "requirements/docs.txt")
+    session.env["NO_MKDOCS_2_WARNING"] = "1"
+    session.run("mkdocs", "build", "--strict", *session.posargs)
 
 
 @nox.session(venv_params=["--system-site-packages"])

@@ -1,4 +1,4 @@
-"""Every command in a fenced bash block of a README runs as written from the repository root.
+"""Every command in a fenced bash block of a README or a docs page runs as written from the repository root.
 
 Each command is listed below with what this test does with it: `RUN` runs the CPU ones (with the arguments given
 there appended where the README's run takes minutes), in README order from a copy of the root (links to its entries,
@@ -28,8 +28,6 @@ RUN = {  # command -> arguments appended (keeps the run to seconds)
     "python examples/getting_started/grpo.py --rollout-backend invariant": "--steps 2 --quiet",
     "python examples/getting_started/grpo.py --rollout-backend fast": "--steps 2 --quiet",
     "python examples/getting_started/plot.py": "",
-    "python examples/tim_study/sweep.py": "--steps 1 --magnitudes 0,0.1 --corrections none",
-    "python examples/tim_study/plot.py outputs/tim_study/cpu.jsonl": "",
     "python examples/data/prepare.py gsm8k --out outputs/data --from examples/data/samples/gsm8k.jsonl": "",
     "python examples/tim_study/fit_policy.py --preset tiny --lr 3e-3 --batch-size 64 --out outputs/tim_study/"
     "policy-tiny": "--steps 20 --eval-every 10 --quiet",
@@ -41,7 +39,6 @@ RUN = {  # command -> arguments appended (keeps the run to seconds)
     "python examples/tim_study/report.py outputs/tim_study/study-tiny.jsonl --out outputs/tim_study/report-tiny": "",
 }
 GPU = {
-    "python examples/tim_study/sweep.py --device cuda --model-size small --steps 60 --out outputs/tim_study/gpu.jsonl",
     "python examples/tim_study/fit_policy.py --device cuda --preset small --out outputs/tim_study/policy",
     "python examples/tim_study/sweep.py --device cuda --from-fitted outputs/tim_study/policy --calibrate",
     "python examples/tim_study/sweep.py --device cuda --from-fitted outputs/tim_study/policy --arms exact --lr "
@@ -60,7 +57,6 @@ ELSEWHERE = {
     "install: CI (.ci/run installs requirements/test.txt, which includes it)",
     "python -m pip install -r requirements/test.txt && python -m pip install --no-deps -r requirements/veomni.txt "
     "&& python -m pytest -n auto": "CI runs exactly this (.ci/run)",
-    "python examples/tim_study/plot.py outputs/tim_study/gpu.jsonl": "reads the GPU sweep's output",
     "python examples/tim_study/report.py outputs/tim_study/lr-*.jsonl --out outputs/tim_study/lr-report": "reads "
     "the GPU lr probe's output; tests/test_tim_study.py runs report.py on CPU sweeps",
     "python examples/tim_study/report.py outputs/tim_study/study-*.jsonl --out outputs/tim_study/study": "reads "
@@ -95,6 +91,16 @@ ELSEWHERE = {
     "python examples/data/prepare.py dapo_math --out data": "needs the hub; the hub path: tests/test_data_prepare.py",
     "MODEL_DIR=/models/Qwen3-1.7B DATA_DIR=data bash examples/recipes/qwen3_1.7b_grpo_gsm8k.sh "
     "trainer.total_epochs=3": "a GPU and a real checkpoint; every recipe with SMOKE=1 on CPU: tests/test_recipes.py",
+    "bash examples/verify/run_pair.sh outputs/verify": "a GPU with verl and vLLM; tests/test_verify_pair_config.py "
+    "composes its arms on CPU",
+    "bash examples/verify/run_pair.sh outputs/verify vexact fast": "a GPU with verl; tests/test_verify_pair_config.py "
+    "composes its arms on CPU",
+    "python examples/verl_grpo/make_dataset.py --out outputs/verl_grpo/arith": "packages/vexact-verl/tests/"
+    "test_examples.py",
+    "python examples/verl_grpo/make_model.py --out outputs/verl_grpo/qwen3-random": "packages/vexact-verl/tests/"
+    "test_examples.py",
+    "MODEL=outputs/verl_grpo/qwen3-random DATA=outputs/verl_grpo/arith bash examples/verl_grpo/run_grpo.sh "
+    "actor_rollout_ref.actor.strategy=vexact": "a GPU; the CPU run: packages/vexact-verl/tests/test_verl_grpo_cpu.py",
     "ray start --head --port=6379": "a Ray cluster of several nodes",
     "ray start --address=HEAD_IP:6379": "a Ray cluster of several nodes",
     "NNODES=4 GPUS_PER_NODE=8 MODEL_DIR=/shared/Qwen3-30B-A3B DATA_DIR=/shared/data bash "
@@ -103,8 +109,10 @@ ELSEWHERE = {
 
 
 def readmes() -> list[Path]:
-    skip = {".git", "outputs", ".nox", "node_modules"}
-    return sorted(p for p in ROOT.rglob("README.md") if not skip & set(p.relative_to(ROOT).parts))
+    """Every README.md of the repository and every page of the docs site (docs/*.md)."""
+    skip = {".git", "outputs", ".nox", "node_modules", "site"}
+    found = [p for p in ROOT.rglob("README.md") if not skip & set(p.relative_to(ROOT).parts)]
+    return sorted(found + list((ROOT / "docs").glob("*.md")))
 
 
 def commands(readme: Path) -> list[str]:

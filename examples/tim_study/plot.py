@@ -3,7 +3,7 @@ correction, one line per arm (a mismatch magnitude or an engine; the mean over s
 seed faint behind it).
 
     python examples/tim_study/plot.py                                   # outputs/tim_study/cpu.jsonl -> cpu.png
-    python examples/tim_study/plot.py examples/tim_study/results/h200.jsonl   # -> results/h200.png
+    python examples/tim_study/plot.py outputs/tim_study/study.jsonl   # -> outputs/tim_study/study.png
 """
 
 from __future__ import annotations

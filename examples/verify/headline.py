@@ -1,4 +1,4 @@
-"""The README's first figure: K3 KL and reward per step, verl's default stack against VeXact, one row per model.
+"""A summary figure: K3 KL and reward per step, verl's default stack against VeXact, one row per model.
 
     python examples/verify/headline.py examples/verify/results/h100-qwen3-1.7b-{vllm,vexact}.jsonl \\
         examples/verify/results/h100-qwen3-30b-a3b-{vllm,vexact}.jsonl --out examples/verify/results/h100-pair.png

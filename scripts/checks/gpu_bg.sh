@@ -1,20 +1,20 @@
 #!/usr/bin/env bash
-# Background jobs on a GPU machine reached through short remote commands: a job started here (setsid, detached
-# from the shell that started it) keeps running after the command that started it returns, while later commands
-# copy wheels or read its progress.
+# Background jobs on a GPU machine: a job started here (setsid, detached from the shell that started it) keeps
+# running after that shell exits (an ssh connection that drops, a CI step that ends), while later commands copy
+# wheels or read its progress.
 #
-#   bash scripts/checks/gpu_bg.sh start NAME CMD...   # snapshot the checkout (without carried wheel dirs) to
+#   bash scripts/checks/gpu_bg.sh start NAME CMD...   # snapshot the checkout (without the staged wheel dirs .whl*) to
 #                                              # /tmp/vxbg/NAME/repo, then run CMD there, detached, with
 #                                              # scripts/staging/device_env.sh sourced and OUT=/tmp/vxbg/NAME/out; the
 #                                              # exit status lands in /tmp/vxbg/NAME/rc
 #   bash scripts/checks/gpu_bg.sh wait SECONDS [quiet] # until every job has an rc or SECONDS pass; prints each job's state
-#                                              # and the tail of its log (quiet: the states only, one line a job:
-#                                              # short output for a remote command)
-#   bash scripts/checks/gpu_bg.sh collect [NAME...]   # $OUT/bg-NAME.tgz for each job (its out/ and log), at most 8 files
+#                                              # and the tail of its log (quiet: the states only, one line a job)
+#   bash scripts/checks/gpu_bg.sh collect [NAME...]   # $OUT/bg-NAME.tgz for each job (its out/ and log), one file a job
 #
 # e.g. bash scripts/checks/gpu_bg.sh start contracts bash scripts/checks/gpu_checks.sh h100 golden contracts
-# The snapshot keeps a job away from the next call's re-sync of the working tree (fixtures written by `golden`
-# stay in the job's copy: unpack the collected tarball here and commit them).
+# The snapshot keeps a job's files apart from the checkout, which may change while the job runs (a pull, a new
+# copy of the working tree); fixtures written by `golden` stay in the job's copy: unpack the collected tarball in
+# the checkout and commit them.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 BG=/tmp/vxbg
@@ -31,7 +31,7 @@ case "$verb" in
     mkdir -p "$job/repo" "$job/out"
     tar --exclude='./.whl*' --exclude='./.git' -cf - . | tar -xf - -C "$job/repo"
     printf '%q ' "$@" > "$job/cmd"
-    # setsid: detached, so the job outlives the remote command that started it
+    # setsid: detached, so the job outlives the shell that started it
     date +%s > "$job/t0"
     setsid nohup bash -c "cd '$job/repo' || exit 1; source scripts/staging/device_env.sh; export OUT='$job/out'; \
       $(cat "$job/cmd"); echo \$? > '$job/rc'; date +%s > '$job/t1'" \

@@ -134,7 +134,7 @@ for step in "$@"; do
         2>&1 | tee "$OUT/packages-$TARGET.log" || status=1 ;;
     bench-weight-sync)
       python3 benchmarks/weight_sync.py --out "$OUT/weight-sync-$TARGET.md" || status=1 ;;
-    weight-sync)  # issue #18
+    weight-sync)
       "${SERIAL[@]}" contracts/test_weight_sync.py --target "$TARGET" 2>&1 \
         | tee "$OUT/weight-sync-contracts-$TARGET.log" || status=1 ;;
     bench-mla)
@@ -143,24 +143,24 @@ for step in "$@"; do
     bench-grpo)
       python3 benchmarks/throughput.py --grpo-only --modes invariant,fast --out "$OUT/throughput-grpo-$TARGET.md" \
         2>&1 | grep -v "it/s\]" || status=1 ;;
-    bench-moonlight)  # issue #12: engine throughput of the Moonlight-16B-A3B shape, invariant vs fast
+    bench-moonlight)  # engine throughput of the Moonlight-16B-A3B shape, invariant vs fast
       python3 benchmarks/throughput.py --models moonlight --modes invariant,fast --grpo-prompts 0 \
         --out "$OUT/throughput-moonlight-$TARGET.md" 2>&1 | grep -v "it/s\]" | tail -30 || status=1 ;;
-    bench-trainer)  # issue #14: trainer tokens/s and MFU, invariant vs plain PyTorch (fast); the kernels of 2 profiled
+    bench-trainer)  # trainer tokens/s and MFU, invariant vs plain PyTorch (fast); the kernels of 2 profiled
       # steps per backend go into the table, the host-side tables into the log
       python3 -m torch.distributed.run --standalone --nproc_per_node=1 benchmarks/trainer.py --profile 2 \
         --out "$OUT/trainer-$TARGET.md" > "$OUT/trainer-$TARGET.log" 2>&1 || status=1
       grep -A4 "| backend" "$OUT/trainer-$TARGET.log" ;;
     bench-moe)
       python3 benchmarks/moe.py --out "$OUT/moe-$TARGET.md" || status=1 ;;
-    bench-moe-train)  # issue #34: MoE training MFU, ours against the plain-PyTorch grouped-GEMM path, both shapes
+    bench-moe-train)  # MoE training MFU, ours against the plain-PyTorch grouped-GEMM path, both shapes
       timeout 600 python3 benchmarks/moe_train.py --out "$OUT/moe-train-$TARGET.md" > "$OUT/moe-train-$TARGET.log" 2>&1 \
         || status=1
       grep -E "^## |^\| (ours|anchor)|tokens/s: " "$OUT/moe-train-$TARGET.log" ;;
     tim)
       python3 scripts/checks/tim_gpu.py --out "$OUT/tim" || status=1 ;;
-    tim-study)  # issue #13's GPU sweep: noise 0 / 0.1 / 1.0 x corrections none / tis / mis, small model, 60 steps;
-      # TIM_ARGS (env): more sweep options. At lr 3e-3 (the default) the policy collapsed by step 16 on an H200, e.g.
+    tim-study)  # the random-policy sweep: noise 0 / 0.1 / 1.0 x corrections none / tis / mis, small model, 60 steps;
+      # TIM_ARGS (env): more sweep options. At lr 3e-3 (the default) the small policy collapses within 20 steps, e.g.
       # TIM_ARGS="--lr 1e-3 --seeds 0,1,2"
       python3 examples/tim_study/sweep.py --device cuda --model-size small --steps 60 ${TIM_ARGS:-} \
         --out "$OUT/tim-study-$TARGET.jsonl" \
@@ -186,7 +186,7 @@ for step in "$@"; do
       site=(); [ -d /tmp/vllmsite ] && site=(--vllm-site "$VLLM_SITE")
       python3 benchmarks/throughput.py "${site[@]}" ${THROUGHPUT_ARGS:-} --ckpt-dir /tmp/peers --out "$OUT/throughput-$TARGET.md" 2>&1 \
         | grep -v "it/s\]" | tee "$OUT/throughput-$TARGET.log" || status=1 ;;
-    bench-moe-peers)  # issue #34: MoE shapes at full depth against vLLM (where vLLM 0.26 ships tuned MoE configs: H200)
+    bench-moe-peers)  # MoE shapes at full depth against vLLM (where vLLM 0.26 ships tuned MoE configs: H200)
       site=(); [ -d /tmp/vllmsite ] && site=(--vllm-site "$VLLM_SITE")
       ckdir=${PEERS_CKPT_DIR:-/tmp/peers-moe}
       : > "$OUT/throughput-moe-$TARGET.md"
@@ -197,7 +197,7 @@ for step in "$@"; do
         cat "$OUT/throughput-moe-$model-$TARGET.md" >> "$OUT/throughput-moe-$TARGET.md" 2>/dev/null || status=1
         rm -rf "$ckdir"/*-"$model"  # the checkpoint (tens of GiB) before the next model's
       done ;;
-    tim-vllm)  # issue #13: vLLM's own rollouts (default and batch-invariant) rescored by our trainer; needs vLLM
+    tim-vllm)  # vLLM's own rollouts (default and batch-invariant) rescored by our trainer; needs vLLM
       # (/tmp/vllmsite); the 1.7B checkpoint in /tmp/peers is bench-throughput's when it ran first, else written
       # here; FA4's site off the path; VLLM_GPU_MEM: vLLM's memory share (lower it when other jobs share the GPU:
       # vLLM refuses to start when that share is not free)
@@ -214,7 +214,7 @@ for step in "$@"; do
     verl-rollout)
       "${PYTEST[@]}" packages/vexact-verl/tests/test_verl_rollout_gpu.py 2>&1 | tee "$OUT/verl-rollout-$TARGET.log" \
         || status=1 ;;
-    pp)  # issue #15: the pipeline replica on two GPUs (== one GPU, the perturbed boundary caught, sleep / wake /
+    pp)  # the pipeline replica on two GPUs (== one GPU, the perturbed boundary caught, sleep / wake /
       # update_weights through both stages)
       torchrun --standalone --nproc_per_node 2 scripts/checks/pp_check.py --shape 0.6b --prompts 32 2>&1 \
         | grep -v Warning | tee "$OUT/pp-$TARGET.log" || status=1 ;;

@@ -28,8 +28,8 @@
 # recipes-<TAG>-runs.jsonl (the table's input), progress.log. Models, data and run directories go to WORK (default
 # /tmp/vexact-recipes-gpu-<TAG>), removed at the end with the Ray temp dir (KEEP_WORK=1 keeps them).
 # Environment: LAYERS (2), STEPS (5), GPUS (1: the GPUs of the one node each recipe runs on), ONLY (space-separated
-# recipe names to run, default all), RECIPE_TIMEOUT (300 s a
-# recipe), BUDGET (900 s: no recipe starts after BUDGET - MIN_RUN (150) s; those left are listed as not run), TAG
+# recipe names to run, default all), RECIPE_TIMEOUT (300 s a recipe), BUDGET (900 s: the whole run's wall-clock
+# limit; no recipe starts after BUDGET - MIN_RUN (150) s, and those left are listed as not run), TAG
 # (file-name prefix: the GPU, e.g. h100), COMMIT. Estimate on an H100: ~2 minutes a recipe (verl's start ~90 s, then
 # 5 small steps and one validation), ~15 minutes for the seven.
 # Each run starts a Ray cluster of its own (RAY_ADDRESS=local, its files under /tmp/ray-recipes-<TAG>, where the Ray
@@ -55,7 +55,7 @@ EXTRA=("${CPU_EXTRA[@]}")
 if [ "$CPU" = 1 ]; then STEPS=${STEPS:-2}; else STEPS=${STEPS:-5}; fi
 WORK=$(realpath -m "${WORK:-/tmp/vexact-recipes-gpu-$TAG}")
 RECIPE_TIMEOUT=${RECIPE_TIMEOUT:-300}
-BUDGET=${BUDGET:-900}   # seconds: a recipe starts only while at least MIN_RUN of them are left
+BUDGET=${BUDGET:-900}   # seconds for the whole run: a recipe starts only while at least MIN_RUN of them are left
 MIN_RUN=${MIN_RUN:-150}
 rm -rf "$WORK" && mkdir -p "$WORK"
 RUNS="$RESULTS/recipes-$TAG-runs.jsonl"

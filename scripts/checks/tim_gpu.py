@@ -60,7 +60,7 @@ def main() -> int:
                            str(out / backend), *flags])  # fmt: skip
         print(f"vexact tim rescore ({backend} rollouts): exit {rc[backend]}", flush=True)
     for png in out.glob("*/*.png"):
-        png.unlink()  # embedded in report.html; only 8 files come back from the device
+        png.unlink()  # report.html embeds them already: the results folder keeps one copy
     (out / "invariant" / "report.html").unlink()
     rc["attribute"] = cli(["tim", "attribute", "--model", str(ckpt), "--device", "cuda", "--prompts", "64",
                            "--prompt-len", "64", "--max-tokens", "64", "--out", str(out)])  # fmt: skip

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The verl GPU checks (issue #7) on the device, once verl is installed there (scripts/staging/verl_device_wheels.sh: stage the
-# three bundles, then `install`, on the same machine).
+# The verl GPU checks on a GPU machine, once verl is installed there (scripts/staging/verl_device_wheels.sh: stage
+# every bundle, then `install`, on the same machine).
 #
 #   bash scripts/checks/verl_gpu.sh RESULTS_DIR N_GPUS STEPS WHAT [LR]
 #
@@ -10,18 +10,18 @@
 # - fast:      the same run with the fast rollout backend
 # - pair:      both, then examples/verify/compare.py --expect-exact invariant
 # Every run: actor_rollout_ref.actor.strategy=vexact, a random-weights Qwen3-shaped model (hidden 1024, 8 layers,
-# byte vocabulary; the device has no hub), the shaped reward examples/verl_grpo/reward.py, LR default 3e-6.
-# A pair of 20-step runs takes about 11 minutes on one H100, over the device's 10-minute call limit: run `invariant`
-# and `fast` in consecutive calls, then compare.py here. JSONL and logs land in RESULTS_DIR.
+# byte vocabulary: no hub access needed), the shaped reward examples/verl_grpo/reward.py, LR default 3e-6.
+# A pair of 20-step runs takes about 11 minutes on one H100; `invariant` and `fast` may run as separate commands,
+# then compare.py on the two JSONL files. JSONL and logs land in RESULTS_DIR.
 #
 # ENGINE (env) picks the actor's and ref's model engine:
 # - fsdp (default): actor_rollout_ref.actor.strategy=vexact (the vexact FSDP engine)
 # - veomni: model_engine=veomni with the vexact VeOmni engine (vexact_verl.veomni_engine.VexactVeOmniEngineConfig as
-#   the _target_ of actor.veomni and ref.veomni); needs veomni in /tmp/site (verl_device_wheels.sh carries it).
+#   the _target_ of actor.veomni and ref.veomni); needs veomni in /tmp/site (verl_device_wheels.sh stages it).
 #   `invariant`: K3 exactly 0.0 at every step; `fast`: the fast rollout against the same actor, K3 > 0.
 # - veomni-verl: verl's own VeOmni engine (VeOmni's HF model, SDPA attention), the baseline a VeOmni user has today;
 #   one GPU needs init_device=cuda there (VeOmni shards only when the data-parallel world is > 1). Not a contract.
-# e.g. ENGINE=veomni bash scripts/checks/verl_gpu.sh $OUT 1 20 invariant; then the same with `fast` in the next call.
+# e.g. ENGINE=veomni bash scripts/checks/verl_gpu.sh $OUT 1 20 invariant; then the same with `fast`.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 RESULTS=${1:?usage: verl_gpu.sh RESULTS_DIR N_GPUS STEPS tests|invariant|fast|pair [LR]}
@@ -39,9 +39,9 @@ if [ "$WHAT" = tests ]; then
   exit "${PIPESTATUS[0]}"
 fi
 
-# EXPERTS=32 (env): a Qwen3-MoE of the same width, 32 experts top-4 in every layer (issue #16's verl pair)
+# EXPERTS=32 (env): a Qwen3-MoE of the same width, 32 experts top-4 in every layer
 # FAMILY=deepseek_v3 (env): a DeepSeek-V3 / Moonlight-style model instead (MLA, first layer dense, EXPERTS routed
-# experts (default 16) in 4 groups, top-4, one shared expert; issue #12's verl pair)
+# experts (default 16) in 4 groups, top-4, one shared expert; the DeepSeek verl pair)
 EXPERTS=${EXPERTS:-0}
 FAMILY=${FAMILY:-qwen3}
 MODEL=/tmp/verl-model-$FAMILY-e$EXPERTS

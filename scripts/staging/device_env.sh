@@ -1,7 +1,7 @@
 # Source this on an air-gapped GPU machine before running the repo's GPU steps:
 #   source scripts/staging/device_env.sh
 # It makes the monorepo importable without installing (the machine has torch+triton but no internet) and installs
-# any wheels carried in .whl/ (see scripts/staging/fetch_device_wheels.sh) into /tmp/site; FA4 from /tmp/fa4site if installed
+# any wheels copied into .whl/ (see scripts/staging/fetch_device_wheels.sh) into /tmp/site; FA4 from /tmp/fa4site if installed
 # (scripts/staging/fa4_device_wheels.sh).
 export PYTHONPATH="$(ls -d "$PWD"/packages/*/src | tr '\n' ':')$PWD/src:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1

@@ -1,24 +1,24 @@
 #!/usr/bin/env bash
-# FlashAttention 4 (flash-attn-4, CuTe DSL) on the GPU device, which has no internet. Three verbs:
+# FlashAttention 4 (flash-attn-4, CuTe DSL) for an air-gapped GPU machine. Three verbs:
 #
 #   here (a machine with internet), in the repo root:
 #     bash scripts/staging/fa4_device_wheels.sh download   # wheels for Linux x86_64 / CPython 3.12 into .whl-fa4/p1, p2, ...
 #                                                  # (each part <= PART_MIB; a wheel over that is cut into pieces by
 #                                                  # scripts/staging/wheel_parts.py and joined back by `install`); prints the
-#                                                  # carry plan
+#                                                  # copy plan
 #   on the GPU machine, once per part copied to .whl-fa4/pN (/tmp keeps the earlier parts):
-#     bash scripts/staging/fa4_device_wheels.sh stage      # copy the carried part(s) to /tmp/fa4parts
-#   on the device, in the call that carries the last part (after its `stage`):
+#     bash scripts/staging/fa4_device_wheels.sh stage      # copy the part(s) in .whl-fa4/ to /tmp/fa4parts
+#   on the GPU machine, once the last part is staged:
 #     bash scripts/staging/fa4_device_wheels.sh install    # join cut wheels (sha256 checked), pip install --target /tmp/fa4site (no index,
 #                                                  # no deps), then check that flash_attn.cute imports
 #     source scripts/staging/device_env.sh                 # puts /tmp/fa4site and the DSL's dsl_packages on PYTHONPATH
 #
-# What is carried: flash-attn-4 and the runtime packages it needs that the device image lacks (the image's list:
-# .library device KINDS.md, last table). The image has torch 2.11+cu130, einops, typing-extensions, protobuf,
+# What is staged: flash-attn-4 and the runtime packages it needs that the GPU machine's image lacks (the image's
+# list is in the comments of scripts/staging/rl_stack_wheels.sh). The image has torch 2.11+cu130, einops, typing-extensions, protobuf,
 # packaging and cuda-bindings; it lacks the CuTe DSL (nvidia-cutlass-dsl: the meta package, libs-base = the Python
 # DSL and MLIR bindings, libs-core, libs-cu13 = the CUDA 13 runtime libraries), quack-kernels (FA4 imports its
 # helpers), apache-tvm-ffi and torch-c-dlpack-ext. The cu12 libs that nvidia-cutlass-dsl names unconditionally are
-# not carried: the device is CUDA 13 and the DSL looks for cu13/lib as well as cu12/lib.
+# not staged: the machine is CUDA 13 and the DSL looks for cu13/lib as well as cu12/lib.
 # A `--target` install does not run .pth files, so nvidia_cutlass_dsl_packages.pth (it puts
 # nvidia_cutlass_dsl/dsl_packages on sys.path, where the `cutlass` package lives) is replaced by device_env.sh.
 set -euo pipefail
@@ -60,14 +60,14 @@ download() {
 
 stage() {
   mkdir -p "$STAGE"
-  compgen -G "$DIR/p*/*" > /dev/null || { echo "no part carried under $DIR/" >&2; exit 1; }
+  compgen -G "$DIR/p*/*" > /dev/null || { echo "no part under $DIR/" >&2; exit 1; }
   for part in "$DIR"/p*/; do cp "$part"* "$STAGE"/; done  # one cp per part: every part holds the same MANIFEST
   echo "staged: $(ls "$STAGE" | wc -l) files in $STAGE: $(ls "$STAGE" | tr '\n' ' ')"
 }
 
 install() {
   python3 scripts/staging/wheel_parts.py join "$STAGE" \
-    || { echo "stage every part first (see the carry plan of 'download')" >&2; exit 1; }
+    || { echo "stage every part first (see the copy plan of 'download')" >&2; exit 1; }
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
     "$STAGE"/*.whl
   check

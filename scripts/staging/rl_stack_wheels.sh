@@ -20,7 +20,7 @@
 # Why three folders: the groups pin different versions of a few shared packages (fastapi: vLLM < 0.137, verl's
 # resolve 0.165; apache-tvm-ffi: vLLM's xgrammar 0.1.9, FA4's 0.1.15), so the vllm arm runs on vllmsite + site and
 # the vexact arm on site + fa4site, each with its own versions.
-# The GPU image's own packages (not carried): torch 2.11, triton 3.6, numpy, aiohttp, httpx, anyio, uvloop, typer,
+# The GPU image's own packages (not staged): torch 2.11, triton 3.6, numpy, aiohttp, httpx, anyio, uvloop, typer,
 # rich, pillow, opencv, regex, einops, numba, prometheus-client, psutil, pyyaml, safetensors, sentencepiece, tiktoken.
 set -euo pipefail
 cd "$(dirname "$0")/../.."

@@ -1,26 +1,26 @@
 #!/usr/bin/env bash
-# verl 0.9.1 + Ray on the GPU device, which has no internet. Three verbs:
+# verl 0.9.1 + Ray for an air-gapped GPU machine. Three verbs:
 #
 #   here (a machine with internet), in the repo root:
 #     bash scripts/staging/verl_device_wheels.sh download   # wheels for Linux x86_64 / CPython 3.12 into .whl-verl/, files
 #                                                   # over a bundle cut into pieces, grouped into bundles b1, b2, ...
 #                                                   # of at most BUNDLE_MIB each (the packing is
 #                                                   # scripts/staging/wheel_parts.py's); prints the plan
-#   on the device, one call per bundle (carry .whl-verl/bN):
-#     bash scripts/staging/verl_device_wheels.sh stage      # copy the carried bundle(s) to /tmp/verl-wheels (kept while the
-#                                                   # machine stays warm)
-#   on the device, in the call that carries the last bundle (after its `stage`):
+#   on the GPU machine, once per bundle copied to .whl-verl/bN (/tmp keeps the earlier bundles):
+#     bash scripts/staging/verl_device_wheels.sh stage      # copy the bundle(s) in .whl-verl/ to /tmp/verl-wheels
+#   on the GPU machine, once the last bundle is staged:
 #     bash scripts/staging/verl_device_wheels.sh install    # join cut wheels (sha256 checked), pip install into /tmp/site (no index, no deps)
 #     export PYTHONPATH=/tmp/site:$PYTHONPATH       # then `source scripts/staging/device_env.sh` for the repo's own paths
 #
-# What is carried: verl, Ray and every package in their dependency closure (verl's install_requires, ray[default],
+# What is staged: verl, Ray and every package in their dependency closure (verl's install_requires, ray[default],
 # transformers 5.9.0's, and the modules verl's default trainer imports beyond those: TransferQueue, pyzmq, msgspec,
-# fastapi, uvicorn, cachetools; see packages/vexact-verl/pyproject.toml) that the device image does not have, plus the two the image has at versions verl cannot use:
+# fastapi, uvicorn, cachetools; see packages/vexact-verl/pyproject.toml) that the GPU machine's image does not have, plus the two the image has at versions verl cannot use:
 # transformers (image: 5.17; verl 0.9.1 needs <5.11, we pin 5.9.0) and tokenizers (image: 0.23.2; transformers
 # 5.9.0 needs <=0.23.0). veomni 0.1.12 (model_engine=veomni, 1.9 MB) is installed like every wheel here, with no
 # deps: its pins (datasets<=2.21, a CUDA torch via timm) are not what verl's path imports (requirements/veomni.txt).
 # Versions are the ones the CPU CI installs (requirements/test.txt, requirements/veomni.txt), so both run the same
-# code. The list was computed from the installed closure minus the device's package list (.library device KINDS.md).
+# code. The list was computed from the installed closure minus the image's package list (the comments of
+# scripts/staging/rl_stack_wheels.sh).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 DIR=.whl-verl
@@ -73,18 +73,18 @@ download() {
       echo "          bash scripts/staging/verl_device_wheels.sh install && export PYTHONPATH=/tmp/site:\$PYTHONPATH && ..."
     fi
   done
-  echo "(the machine keeps /tmp/verl-wheels and /tmp/site only while it stays warm: make the calls back to back)"
+  echo "(/tmp/verl-wheels and /tmp/site live in /tmp: stage every bundle before the machine restarts)"
 }
 
 stage() {
   mkdir -p "$STAGE"
-  compgen -G "$DIR/b*/*" > /dev/null || { echo "no bundle carried under $DIR/" >&2; exit 1; }
+  compgen -G "$DIR/b*/*" > /dev/null || { echo "no bundle under $DIR/" >&2; exit 1; }
   cp "$DIR"/b*/* "$STAGE"/
   echo "staged: $(ls "$STAGE" | wc -l) files in $STAGE"
 }
 
 install() {
-  python3 scripts/staging/wheel_parts.py join "$STAGE" || { echo "stage every bundle first (see the carry plan)" >&2; exit 1; }
+  python3 scripts/staging/wheel_parts.py join "$STAGE" || { echo "stage every bundle first (see the copy plan)" >&2; exit 1; }
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
     "$STAGE"/*.whl
   check

@@ -6,14 +6,14 @@
 #   on a machine with internet, in the repo root:
 #     bash scripts/staging/vllm_device_wheels.sh download  # wheels for CPython 3.12 / manylinux x86_64 into .whl-vllm/p1,
 #                                                  # p2, ... (each <= PART_MIB; scripts/staging/wheel_parts.py)
-#   on the GPU machine, with the parts copied into .whl-vllm/ (all at once, or one part a call while /tmp survives):
+#   on the GPU machine, with the parts copied into .whl-vllm/ (all at once, or one part at a time while /tmp survives):
 #     bash scripts/staging/vllm_device_wheels.sh install   # copies the parts to /tmp/vllmparts; once every file of MANIFEST
 #                                                  # is there: re-joins cut wheels, checks sha256, installs into
 #                                                  # /tmp/vllmsite (--no-index --no-deps), imports verl's rollout
 #   then: export PYTHONPATH=/tmp/vllmsite:$PYTHONPATH, in front of verl's /tmp/site (fastapi: vLLM needs < 0.137).
 #   scripts/staging/rl_stack_wheels.sh stages these together with verl's and FA4's wheels.
 #
-# What is carried: the vLLM wheel and the packages its server path imports that the GPU image lacks (the image's
+# What is staged: the vLLM wheel and the packages its server path imports that the GPU image lacks (the image's
 # list is in the comments of scripts/staging/rl_stack_wheels.sh), found by importing verl's vLLM rollout
 # (verl.workers.rollout.vllm_rollout.vllm_async_server: vllm.entrypoints.openai.api_server, cli.serve, AsyncLLM,
 # the v1 engine core, GPU worker and model runner, Qwen3 / Qwen3-MoE, FlashAttention, fused MoE) with nothing else

@@ -1,5 +1,5 @@
-"""Wheels cut into parts of a bounded size, for a copy channel to an air-gapped GPU machine that limits each transfer,
-and joined back there. Shared by the stagers in scripts/staging/ (verl, vLLM, FA4, rl_stack_wheels.sh).
+"""Wheels cut into parts of a bounded size, so that an air-gapped GPU machine can receive them one part at a time
+over a copy channel that limits the size of each copy, and joined back there. Shared by the stagers in scripts/staging/ (verl, vLLM, FA4, rl_stack_wheels.sh).
 
     python3 scripts/staging/wheel_parts.py pack DIR MIB PREFIX [--order G1,G2,...]
         DIR/all/* -> DIR/<PREFIX>1, DIR/<PREFIX>2, ... : a file over MIB is cut into NAME.part-00, -01, ...; the
@@ -8,9 +8,9 @@ and joined back there. Shared by the stagers in scripts/staging/ (verl, vLLM, FA
         order (a group's parts before the next group's; unlisted groups last), so the first groups are whole,
         and can be installed, before the later ones arrive.
     python3 scripts/staging/wheel_parts.py join DIR [--group G]...
-        DIR holds the files of the parts carried so far (copied there from one call to the next): joins every
-        NAME.part-* back into NAME and checks MANIFEST. Exit 0 when every file is whole and matches, 3 when files
-        are still missing (carry the next part), 1 on a mismatch. --group: only the files named G__* count.
+        DIR holds the files of the parts copied so far (one part after another): joins every NAME.part-* back
+        into NAME and checks MANIFEST. Exit 0 when every file is whole and matches, 3 when files are still missing
+        (copy the next part), 1 on a mismatch. --group: only the files named G__* count.
 """
 
 from __future__ import annotations

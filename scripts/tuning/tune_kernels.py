@@ -1,4 +1,4 @@
-"""GPU sweep behind the matmul and logprobs launch constants (run on the device; prints tables).
+"""GPU sweep behind the matmul and logprobs launch constants (run on a GPU machine; prints tables).
 
     python scripts/tuning/tune_kernels.py [--parts agree,small,large,logprobs,wgrad]
 
