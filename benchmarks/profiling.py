@@ -80,15 +80,21 @@ def kernel_table(prof, steps: int, top: int = 18) -> list[str]:
     return lines
 
 
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def profile_run(run, steps: int):
-    """``run(k)`` for k < steps under ``torch.profiler`` (CPU and CUDA activities), device synced at the end; the
-    finished profile."""
+    """``run(k)`` for k < steps under ``torch.profiler`` (CPU and, where there is one, CUDA activities), device synced
+    at the end; the finished profile. On CPU it records no kernels (a smoke of the callers)."""
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=activities) as prof:
         for k in range(steps):
             run(k)
-        torch.cuda.synchronize()
+        _sync()
     return prof
 
 
@@ -115,11 +121,11 @@ def decode_step_profile(llm, steps: int) -> dict:
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
     llm.step()  # after fill_decode_batch's last step, one more so that every timed step is a steady decode step
-    torch.cuda.synchronize()
+    _sync()
     t = time.perf_counter()
     for _ in range(steps):
         llm.step()
-    torch.cuda.synchronize()
+    _sync()
     step_ms = (time.perf_counter() - t) * 1e3 / steps
     prof = profile_run(lambda k: llm.step(), steps)
     kernels = kernel_times(prof)
