@@ -1,11 +1,14 @@
 """benchmarks/throughput.py's RL headline on CPU: the named workloads and how flags override them, the results file
 (benchmarks/throughput_report.py) from made-up numbers, the kernel buckets of --profile-steps (benchmarks/profiling.py)
 on made-up kernel names, the invariant-async mode (refused, naming the field, where EngineConfig lacks async_decode;
-wired through where it has it)."""
+wired through where it has it), and scripts/checks/rl_bench_gpu.sh's refusals. The GPU run itself:
+``scripts/checks/rl_bench_gpu.sh``."""
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -177,3 +180,20 @@ def test_a_vexact_run_that_raises_leaves_its_cells_and_exit_status_1(monkeypatch
     out = tmp_path / "r.md"
     assert throughput.main([*TINY, "--modes", "invariant", "--grpo-prompts", "0", "--results-md", str(out)]) == 1
     assert "| VeXact invariant | failed: RuntimeError: out of pages | - |" in out.read_text()
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({}, "CUDA_VISIBLE_DEVICES must name one GPU, got ''"),
+        ({"CUDA_VISIBLE_DEVICES": "0,1"}, "CUDA_VISIBLE_DEVICES must name one GPU, got '0,1'"),
+        ({"CUDA_VISIBLE_DEVICES": "0", "WORKLOAD": "rl-short"}, "WORKLOAD: unknown workload 'rl-short' (rl, rl-long)"),
+        ({"CUDA_VISIBLE_DEVICES": "0", "RL_NUM_PROMPTS": "0"}, "RL_NUM_PROMPTS must be a positive integer, got '0'"),
+        ({"CUDA_VISIBLE_DEVICES": "1", "PROFILE_STEPS": "x"}, "PROFILE_STEPS must be an integer >= 0, got 'x'"),
+    ],
+)
+def test_rl_bench_gpu_refuses_bad_settings(tmp_path, env, message):
+    base = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    out = subprocess.run(["bash", "scripts/checks/rl_bench_gpu.sh", "1.7b", str(tmp_path)], cwd=ROOT,
+                         capture_output=True, text=True, env=base | env, timeout=60)  # fmt: skip
+    assert out.returncode == 2 and message in out.stderr, out.stderr
