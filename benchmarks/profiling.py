@@ -1,6 +1,7 @@
 """Profiling shared by the benchmarks and ``scripts/profiling/``: the GPU kernels of a profiled run per step (the table
 ``scripts/profiling/profile_decode.py`` and ``benchmarks/trainer.py --profile`` print), those kernels' time in buckets
-by kind (``benchmarks/throughput.py --profile-steps``), and an engine brought to a batch of decoding requests."""
+by kind and the wall time of decode steps (``benchmarks/throughput.py --profile-steps``), and an engine brought to a
+batch of decoding requests."""
 
 from __future__ import annotations
 
@@ -112,27 +113,34 @@ def fill_decode_batch(llm, prompts, params) -> int:
     return steps
 
 
-def decode_step_profile(llm, steps: int) -> dict:
-    """Where the engine's next ``steps`` decode steps go: their wall time (``steps`` steps timed without the
-    profiler, device synced at both ends), then ``steps`` more under ``torch.profiler`` for the kernel time by
-    bucket (:func:`bucket_kernel_times`). ``host_gap_ms`` = step wall time - kernel time per step: the GPU idle,
-    waiting on the host (negative where kernels overlap). Times in ms per step; the engine must hold a decoding batch
-    (:func:`fill_decode_batch`) with at least ``2 * steps + 1`` tokens left to draw."""
+def decode_step_wall(llm, steps: int) -> float:
+    """Mean wall ms of the engine's next ``steps`` decode steps, host work included (one step first, so that every
+    timed step follows a decode step; device synced at both ends). The engine must hold a decoding batch
+    (:func:`fill_decode_batch`) with ``steps + 1`` tokens left to draw. Time it in a process that has not run
+    ``torch.profiler`` yet: kineto leaves CUPTI set up after a profile, and a profile slowed the later work of a
+    training process by 10-20% (pytorch/pytorch#144455)."""
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
-    llm.step()  # after fill_decode_batch's last step, one more so that every timed step is a steady decode step
+    llm.step()
     _sync()
     t = time.perf_counter()
     for _ in range(steps):
         llm.step()
     _sync()
-    step_ms = (time.perf_counter() - t) * 1e3 / steps
-    prof = profile_run(lambda k: llm.step(), steps)
-    kernels = kernel_times(prof)
+    return (time.perf_counter() - t) * 1e3 / steps
+
+
+def decode_step_kernels(llm, steps: int, top: int = 8) -> dict:
+    """GPU kernel time of the engine's next ``steps`` decode steps under ``torch.profiler`` (one step first), in ms
+    per step: ``kernel_ms`` in all, ``buckets`` by kind (:func:`bucket_kernel_times`) and the ``top`` costliest
+    kernels as (name, ms, bucket). The engine must hold a decoding batch with ``steps + 1`` tokens left to draw."""
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    llm.step()
+    kernels = kernel_times(profile_run(lambda k: llm.step(), steps))
     buckets = {b: us / steps / 1e3 for b, us in bucket_kernel_times(kernels).items()}
-    kernel_ms = sum(buckets.values())
-    top = sorted(kernels.items(), key=lambda kv: -kv[1])[:8]
+    best = sorted(kernels.items(), key=lambda kv: -kv[1])[:top]
     return dict(
-        steps=steps, step_ms=step_ms, kernel_ms=kernel_ms, host_gap_ms=step_ms - kernel_ms, buckets=buckets,
-        top_kernels=[(name, us / steps / 1e3, kernel_bucket(name)) for name, us in top],
+        steps=steps, kernel_ms=sum(buckets.values()), buckets=buckets,
+        top_kernels=[(name, us / steps / 1e3, kernel_bucket(name)) for name, us in best],
     )  # fmt: skip

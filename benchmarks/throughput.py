@@ -32,9 +32,10 @@ Then a GRPO-shaped row (VeXact's own engine): ``--grpo-prompts`` prompts of ``--
   sampled ``--grpo-n`` times (n requests share a prompt, distinct seeds), with prefix caching on and off: output
   tokens/s, the prompt tokens served from the cache (hit rate), and whether on and off gave the same tokens and
   logprobs (torch.equal).
-``--profile-steps N``: after each VeXact engine's timed run, where its decode step goes: N decode steps timed, then N
-profiled (torch.profiler) at the batch limit and the workload's mean context (``profiling.decode_step_profile``):
-kernel time by kind (attention, GEMM, MoE, sampler/logprobs, norm/rotary/activation, other) and the host gap, in the
+``--profile-steps N``: where VeXact's decode step goes, at the batch limit and the workload's mean context: right
+after each VeXact engine's timed run, the mean wall time of N decode steps on that engine; once every timed run of the
+model is done (torch.profiler leaves CUPTI set up in the process), a new engine's kernel time over N steps under
+torch.profiler by kind (attention, GEMM, MoE, sampler/logprobs, norm/rotary/activation, other) and the host gap, in the
 results file. A VeXact run that raises leaves its cells saying so, the other runs go on, and the exit status is 1.
 
 Workload: ``--num-prompts`` random prompts of ``--prompt-len LO HI`` tokens, each generating a length drawn from
@@ -200,20 +201,25 @@ def engine_settings(mode: str) -> tuple[str, dict]:
     return mode, {}
 
 
-def engine_throughput(
-    model, mode: str, max_num_seqs: int, prompts, params, args, keep_outputs=False, profile: int = 0, **kw
-) -> dict:
-    """Output tokens/s of one VeXact engine on the workload (after a warm-up at the batch limit), with the time of
-    its decode-only steps and its steps with prompt tokens; ``profile`` > 0: then where ``profile`` decode steps of
-    the same engine go (:func:`decode_profile`), under ``"profile"``."""
+def make_engine(model, mode: str, max_num_seqs: int, args, **kw) -> LLM:
+    """A VeXact engine of ``mode`` at the run's settings (``kw``: more EngineConfig settings)."""
     kw.setdefault("max_model_len", args.prompt_len[1] + args.gen_len[1])
     mode, extra = engine_settings(mode)
     kw.update(extra)
-    llm = LLM(
+    return LLM(
         model=model, backend=mode, max_num_seqs=max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager,
         block_size=args.block_size, **kw,
     )  # fmt: skip
+
+
+def engine_throughput(
+    model, mode: str, max_num_seqs: int, prompts, params, args, keep_outputs=False, profile: int = 0, **kw
+) -> dict:
+    """Output tokens/s of one VeXact engine on the workload (after a warm-up at the batch limit), with the time of
+    its decode-only steps and its steps with prompt tokens; ``profile`` > 0: then the wall time of ``profile``
+    decode steps of the same engine at a full batch (:func:`decode_wall`), under ``"decode_wall"``."""
+    llm = make_engine(model, mode, max_num_seqs, args, **kw)
     # Warm-up at the run's own batch limit: Triton compiles a kernel again for each new specialisation of its integer
     # arguments (1, a multiple of 16, other), and the sampling kernels see row counts the capture warm-up never ran.
     # With 4 warm-up prompts, the first timed run of a process (H100, batch limit 64) waited about 4 s for its first
@@ -255,35 +261,60 @@ def engine_throughput(
     del llm.runner.run
     if profile:
         try:
-            res["profile"] = decode_profile(llm, max_num_seqs, args, profile)
+            res["decode_wall"] = decode_wall(llm, max_num_seqs, args, profile)
         except Exception as e:  # the timed run's numbers stand without it
-            traceback.print_exc()
-            res["profile"] = f"failed: {type(e).__name__}: {str(e)[:160]}"
+            res["decode_wall"] = failed(e)
     del llm, outs, timed_run
     free_memory()
     return res
 
 
-def decode_profile(llm, limit: int, args, steps: int) -> dict:
-    """Where a decode step of ``llm`` goes at the workload's shape (``profiling.decode_step_profile``): ``limit``
-    requests (fewer where the KV cache cannot hold them all) with prompts as long as the workload's mean context
-    halfway through a generation (mean prompt + half the mean generation), so each step attends about what the timed
-    run's steps attended."""
+def profile_batch(llm, limit: int, args, steps: int) -> tuple[int, int]:
+    """The batch and context of ``--profile-steps``: ``limit`` requests (fewer where the KV cache cannot hold them
+    all) whose prompts are as long as the workload's mean context halfway through a generation (mean prompt + half
+    the mean generation), so each decode step attends about what the timed run's steps attended."""
     (lo, hi), (glo, ghi) = args.prompt_len, args.gen_len
     context = (lo + hi) // 2 + (glo + ghi) // 4
-    # a request admitted first draws a token in every step until the last prompt is in (the running rows take part
-    # of each step's token budget), then the timed and the profiled steps
-    budget = max(args.max_num_batched_tokens - limit, args.max_num_batched_tokens // 2)
-    draw = -(-limit * context // budget) + 2 * steps + 8
-    context = max(1, min(context, llm.max_model_len - draw))
-    pages = -(-(context + draw) // llm.blocks.block_size)
-    batch = max(1, min(limit, llm.blocks.num_blocks // pages))
+    context = max(1, min(context, llm.max_model_len - profile_draws(limit, context, args, steps)))
+    pages = -(-(context + profile_draws(limit, context, args, steps)) // llm.blocks.block_size)
+    return max(1, min(limit, llm.blocks.num_blocks // pages)), context
+
+
+def profile_draws(batch: int, context: int, args, steps: int) -> int:
+    """Tokens a request of the profiled batch may draw: one a step while the later prompts prefill (the running rows
+    take part of each step's token budget), then the timed or profiled steps."""
+    budget = max(args.max_num_batched_tokens - batch, args.max_num_batched_tokens // 2)
+    return -(-batch * context // budget) + steps + 8
+
+
+def fill_profile_batch(llm, batch: int, context: int, args, steps: int) -> None:
+    """``batch`` requests of ``context`` random prompt tokens (the same in every engine of the run), all decoding."""
     g = torch.Generator().manual_seed(args.seed + 2)
     prompts = [torch.randint(0, llm.vocab_size, (context,), generator=g).tolist() for _ in range(batch)]
-    params = [SamplingParams(temperature=1.0, top_p=1.0, max_tokens=draw, seed=i, ignore_eos=True)
+    draws = profile_draws(batch, context, args, steps)
+    params = [SamplingParams(temperature=1.0, top_p=1.0, max_tokens=draws, seed=i, ignore_eos=True)
               for i in range(batch)]  # fmt: skip
     profiling.fill_decode_batch(llm, prompts, params)
-    return dict(batch=batch, context=context, **profiling.decode_step_profile(llm, steps))
+
+
+def decode_wall(llm, limit: int, args, steps: int) -> dict:
+    """Mean wall ms of ``steps`` decode steps at the profiled batch and context (:func:`profile_batch`), timed before
+    this process runs torch.profiler."""
+    batch, context = profile_batch(llm, limit, args, steps)
+    fill_profile_batch(llm, batch, context, args, steps)
+    return dict(batch=batch, context=context, steps=steps, step_ms=profiling.decode_step_wall(llm, steps))
+
+
+def decode_kernels(model, mode: str, limit: int, args, wall: dict) -> dict:
+    """Where a decode step of ``mode`` goes: a new engine at the batch and context ``wall`` was timed at, its kernel
+    time by kind over ``wall["steps"]`` profiled steps (``profiling.decode_step_kernels``), and the host gap: the
+    step's wall time - its kernel time (the GPU waiting on the host; negative where kernels overlap)."""
+    llm = make_engine(model, mode, limit, args)
+    fill_profile_batch(llm, wall["batch"], wall["context"], args, wall["steps"])
+    kernels = profiling.decode_step_kernels(llm, wall["steps"])
+    del llm
+    free_memory()
+    return dict(wall, **kernels, host_gap_ms=wall["step_ms"] - kernels["kernel_ms"])
 
 
 def grpo_workload(args, vocab: int):
@@ -451,6 +482,9 @@ def _fa4_worker(what: str, shape: str, args, *rest):
     model = make_model(shape, args.layers, seed=args.seed)
     if what == "decode":
         return decode_step_time(model, "invariant", args)
+    if what == "profile":  # rest: the batch limit and the decode_wall dict
+        limit, wall = rest
+        return decode_kernels(model, "invariant", limit, args, wall)
     return engine_throughput(model, "invariant", *rest, args, profile=args.profile_steps)
 
 
@@ -479,6 +513,21 @@ def decode_step(model, shape: str, mode: str, args) -> float:
     if mode == "invariant-fa4":
         return in_fa4_process("decode", shape, args)
     return decode_step_time(model, mode, args)
+
+
+def step_profile(model, shape: str, mode: str, limit: int, args, r) -> dict | str:
+    """The results file's profile cell of a VeXact run ``r`` (its results, or why there are none)."""
+    wall = r.get("decode_wall", "-") if isinstance(r, dict) else r
+    if not isinstance(wall, dict):
+        return wall
+    try:
+        if mode == "invariant-fa4":
+            return in_fa4_process("profile", shape, args, limit, wall)
+        return decode_kernels(model, mode, limit, args, wall)
+    except Exception as e:
+        return failed(e)
+    finally:
+        free_memory()
 
 
 def checkpoint_source(shape: str, args) -> dict:
@@ -649,14 +698,18 @@ def peer_section(
         if isinstance(t, str) and t.startswith("failed"):
             results[("batch 1", mode)] = t
     lines.append("")
-    if summary is not None:
-        rows, profiles = {}, {}
+    # the profiles last: torch.profiler leaves CUPTI set up in this process, which may slow what runs after it
+    profiles = {}
+    if args.profile_steps:
         for limit in batch_limits:
-            rows[limit] = {m: report_row(results[(limit, m)], m, fraction, limit) for m in modes if m != "hf"}
-            if args.profile_steps:
-                cells = {m: results[(limit, m)] for m in modes if m in ENGINE_MODES}
-                profiles[limit] = {m: r.get("profile", "-") if isinstance(r, dict) else r for m, r in cells.items()}
+            profiles[limit] = {m: step_profile(model, shape, m, limit, args, results[(limit, m)])
+                               for m in modes if m in ENGINE_MODES}  # fmt: skip
+    if summary is not None:
+        rows = {limit: {m: report_row(results[(limit, m)], m, fraction, limit) for m in modes if m != "hf"}
+                for limit in batch_limits}  # fmt: skip
         bad = [f"{mode} ({limit}): {r}" for (limit, mode), r in results.items() if str(r).startswith("failed")]
+        bad += [f"profile of {mode} ({limit}): {p}" for limit, cells in profiles.items() for mode, p in cells.items()
+                if str(p).startswith("failed") and isinstance(results[(limit, mode)], dict)]  # fmt: skip
         model_name = f"{SHAPES[shape][0]} {shape}-shaped, {cfg.num_hidden_layers} layers"
         summary.append(dict(model=model_name, rows=rows, profiles=profiles, failed=bad))
     return lines
@@ -736,8 +789,9 @@ def arg_parser() -> argparse.ArgumentParser:
         "--profile-steps",
         type=int,
         default=0,
-        help="after each VeXact engine's timed run: time this many decode steps at the batch limit and the workload's "
-        "mean context, then profile as many (torch.profiler): kernel time by kind and the host gap, in --results-md",
+        help="where VeXact's decode step goes: this many decode steps at the batch limit and the workload's mean "
+        "context timed after each VeXact run, then as many profiled (torch.profiler) after every timed run: kernel "
+        "time by kind and the host gap, in --results-md",
     )
     ap.add_argument("--note", action="append", default=[], help="a line for the results file's header (repeatable)")
     ap.add_argument("--device", default="cuda", help="cuda; cpu only to smoke-test the script with --models tiny")
@@ -747,7 +801,7 @@ def arg_parser() -> argparse.ArgumentParser:
 def parse_args(argv=None) -> argparse.Namespace:
     """The command line, with ``--quick`` or ``--workload NAME`` expanded: the preset's values replace the flags'
     defaults, and flags given on the command line keep their values. ``args.preset_overrides``: those flags that
-    differ from the preset ({dest: value})."""
+    differ from the preset ({dest: value}). The namespace pickles (the invariant-fa4 worker process gets it)."""
     ap = arg_parser()
     args = ap.parse_args(argv)
     preset = WORKLOADS[args.workload] if args.workload else QUICK if args.quick else {}
@@ -755,7 +809,6 @@ def parse_args(argv=None) -> argparse.Namespace:
         ap.set_defaults(**preset)
         args = ap.parse_args(argv)
     args.preset_overrides = {k: getattr(args, k) for k, v in preset.items() if getattr(args, k) != v}
-    args.parser = ap
     return args
 
 
@@ -798,6 +851,11 @@ def results_meta(args, argv, gpu: str, vllm_ver: str | None, bw: float, batch_li
                             for k, v in args.preset_overrides.items())  # fmt: skip
         notes.append(f"Flags in place of {args.workload or 'quick'}'s own: {changed}")
     notes += args.note
+    if args.profile_steps and len(args.models.split(",")) > 1:
+        notes.append(
+            "--profile-steps with several models: a later model's timed runs follow an earlier one's torch.profiler "
+            "runs in this process (CUPTI left set up); one model a run keeps them apart"
+        )
     notes.append(
         f"torch {torch.__version__}, vLLM {vllm_ver or peers.NOT_INSTALLED}; VeXact's attention: "
         f"`{vk.get_attention_impl()}`; device-to-device copy bandwidth (read + write) {bw / 1e9:.0f} GB/s"
@@ -821,7 +879,7 @@ def results_meta(args, argv, gpu: str, vllm_ver: str | None, bw: float, batch_li
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
-    ap = args.parser
+    ap = arg_parser()  # for its errors
     if args.block_size < 1:
         ap.error(f"--block-size: tokens per KV page must be a positive integer, got {args.block_size}")
     modes = args.modes.split(",")

@@ -81,7 +81,7 @@ def results_markdown(meta: Mapping, sections: Sequence[Mapping]) -> str:
     ``rows`` ({batch limit: {mode: row}}, a row being ``tok_s``, ``roofline``, ``decode_ms``, ``wall``,
     ``preemptions`` or a string saying why there are no numbers) and optional ``profiles`` ({batch limit: {mode:
     profile}}, a profile being ``batch``, ``context``, ``steps``, ``step_ms``, ``kernel_ms``, ``host_gap_ms``,
-    ``buckets`` ({bucket: ms}) and ``top_kernels`` ([(name, ms, bucket)]) as ``profiling.decode_step_profile`` gives
+    ``buckets`` ({bucket: ms}) and ``top_kernels`` ([(name, ms, bucket)]) as ``throughput.decode_kernels`` gives
     them, or a string)."""
     names = meta.get("mode_names", {})
     lines = [
@@ -107,12 +107,13 @@ def results_markdown(meta: Mapping, sections: Sequence[Mapping]) -> str:
             lines += [f"## {sec['model']}, batch limit {limit}", "", *results_table(rows, names), ""]
             profiles = sec.get("profiles", {}).get(limit)
             if profiles:
-                steps = {p["steps"] for p in profiles.values() if isinstance(p, Mapping)}
+                steps = "/".join(sorted({str(p["steps"]) for p in profiles.values() if isinstance(p, Mapping)}))
                 lines += [
-                    f"Where VeXact's decode step goes: {'/'.join(map(str, sorted(steps))) or '-'} decode steps timed, "
-                    "then as many profiled (torch.profiler, CUDA graph replays included), after the timed run, at the "
-                    "batch and context below; kernel time by kind in ms per step (share of the step's wall time); "
-                    "host gap = step wall time - kernel time (the GPU waiting on the host).",
+                    f"Where VeXact's decode step goes, at the batch and context below: the mean wall time of "
+                    f"{steps or '-'} decode steps on the timed run's engine right after its run, then kernel time by "
+                    "kind over as many steps of a new engine under torch.profiler (CUDA graph replays included) once "
+                    "every timed run of the model is done, in ms per step (share of the step's wall time); host gap = "
+                    "step wall time - kernel time (the GPU waiting on the host).",
                     "",
                     *profile_table(profiles, names),
                     "",

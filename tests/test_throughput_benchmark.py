@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import pickle
 import subprocess
 import sys
 from pathlib import Path
@@ -30,6 +31,7 @@ def test_rl_workloads_expand_to_the_flags_and_explicit_flags_win():
     assert (rl.num_prompts, rl.prompt_len, rl.gen_len) == (1024, [128, 512], [1024, 2048])
     assert (rl.max_num_seqs, rl.max_num_batched_tokens, rl.grpo_prompts) == ("256,512", 8192, 0)
     assert rl.modes == "invariant,vllm,vllm-bi" and rl.preset_overrides == {}
+    assert pickle.loads(pickle.dumps(rl)) == rl  # the invariant-fa4 mode sends it to a worker process
     long = throughput.parse_args(["--workload", "rl-long"])
     assert (long.num_prompts, long.gen_len, long.max_num_seqs) == (256, [4096, 8192], "256,512")
     cut = throughput.parse_args(["--workload", "rl", "--num-prompts", "512", "--gen-len", "1024", "2048"])
@@ -162,7 +164,7 @@ def test_invariant_async_passes_async_decode_to_the_engine(monkeypatch, tmp_path
     out = tmp_path / "rl.md"
     argv = ["--workload", "rl", *TINY, "--modes", "invariant-async", "--profile-steps", "2", "--results-md", str(out)]
     assert throughput.main(argv) == 0
-    assert made == [True, True]  # the timed engine and the batch-1 engine
+    assert made == [True, True, True]  # the timed engine, the batch-1 engine, the profiled engine
     text = out.read_text()
     assert "- Flags in place of rl's own: --num-prompts 3, --prompt-len 4 9, " in text
     table = [ln for ln in text.splitlines() if ln.startswith("| VeXact invariant, async decode |")]
