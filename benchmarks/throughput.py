@@ -233,9 +233,9 @@ def engine_throughput(
     # synchronised
     steps = {"decode": [0, 0.0], "mixed": [0, 0.0]}
 
-    def timed_run(batch, blocks, run=llm.runner.run):
+    def timed_run(batch, *rest, _run=llm.runner.run, **kw):  # what else the engine's loop passes goes through
         t0 = time.perf_counter()
-        out = run(batch, blocks)
+        out = _run(batch, *rest, **kw)
         kind = steps["decode" if all(it.num_new_tokens == 1 for it in batch) else "mixed"]
         kind[0] += 1
         kind[1] += time.perf_counter() - t0
