@@ -1,5 +1,11 @@
 """Engine throughput on the GPU against the engines users would pick instead, side by side in one run (prints a
-markdown report; ``--out`` also writes it).
+markdown report; ``--out`` also writes it; ``--results-md`` writes the results file, ``throughput_report.py``).
+
+The headline is the shape RL rollouts spend their time in (issue 48), as named workloads: ``--workload rl`` (1024
+prompts of 128-512 tokens, 1024-2048 generated, batch limits 256 and 512, 8192 tokens per step, VeXact invariant
+against vLLM default and vLLM batch-invariant) and ``--workload rl-long`` (256 prompts, 4096-8192 generated, the same
+limits); a workload sets those flags, and a flag given on the command line still wins (the results file names it).
+On a GPU host: ``scripts/checks/rl_bench_gpu.sh``.
 
 For each model shape (``--models``: Qwen3-8B / 1.7B / 0.6B, Qwen3-30B-A3B, Moonlight-16B-A3B, the Llama, Qwen2.5 and
 Mistral shapes of ``vexact_models``; random bf16 weights, real HF config shapes, the shape's own depth unless
@@ -11,10 +17,12 @@ per request) and CUDA graphs on:
   bandwidth / wall time); VeXact ``fast`` only as the mismatch baseline (no ratio); HF ``generate`` on one
   left-padded batch (its own workload, so its own roofline); ``invariant-draw``: VeXact invariant with
   ``EngineConfig.draw_in_graph`` on (the decode step's draw as a CUDA graph), beside ``invariant`` in the same run;
+  ``invariant-async``: VeXact invariant with ``EngineConfig.async_decode`` on (the next step scheduled while the GPU
+  runs this one; an engine without that field refuses the mode before any model is built);
 - decode step time at batch 1 of each engine against the bound ``weight bytes a step reads / copy bandwidth``
   (``peers.decode_weight_bytes``: an MoE step reads k of E routed experts; bandwidth of a device-to-device copy
   measured in the same run, bytes read + written); goal for VeXact <= 1.3x.
-vLLM (0.26.0, from ``scripts/staging/vllm_device_wheels.sh``; ``--vllm-site /tmp/vllmsite``) loads the same weights
+vLLM (0.24.0, from ``scripts/staging/vllm_device_wheels.sh``; ``--vllm-site /tmp/vllmsite``) loads the same weights
 from an HF checkpoint directory the run writes (``--ckpt-dir``: config.json with the family's architecture, the weights
 under their published names; it needs the model's bf16 size free on disk; ``--ckpt-only`` writes it ahead, and a
 later run on the same machine with the same shape, layers and seed reuses it), one subprocess per mode and batch limit,
@@ -24,6 +32,11 @@ Then a GRPO-shaped row (VeXact's own engine): ``--grpo-prompts`` prompts of ``--
   sampled ``--grpo-n`` times (n requests share a prompt, distinct seeds), with prefix caching on and off: output
   tokens/s, the prompt tokens served from the cache (hit rate), and whether on and off gave the same tokens and
   logprobs (torch.equal).
+``--profile-steps N``: where VeXact's decode step goes, at the batch limit and the workload's mean context: right
+after each VeXact engine's timed run, the mean wall time of N decode steps on that engine; once every timed run of the
+model is done (torch.profiler leaves CUPTI set up in the process), a new engine's kernel time over N steps under
+torch.profiler by kind (attention, GEMM, MoE, sampler/logprobs, norm/rotary/activation, other) and the host gap, in the
+results file. A VeXact run that raises leaves its cells saying so, the other runs go on, and the exit status is 1.
 
 Workload: ``--num-prompts`` random prompts of ``--prompt-len LO HI`` tokens, each generating a length drawn from
 ``--gen-len LO HI`` (ignore_eos, so lengths are exact), at each ``--max-num-seqs``. HF generate runs one left-padded
@@ -34,20 +47,27 @@ minute each are most of it); ``--quick`` is a smaller workload for a first look.
 Usage: ``PYTHONPATH=<packages' src dirs>:. python benchmarks/throughput.py [--quick] [--models 1.7b,qwen3-30b-a3b]
 [--num-prompts 64] [--prompt-len 128 512] [--gen-len 128 256] [--max-num-seqs 64]
 [--modes invariant,fast,vllm,vllm-bi,hf] [--vllm-site /tmp/vllmsite] [--grpo-prompts 32] [--grpo-only]
-[--block-size 16] [--ckpt-dir DIR [--ckpt-only]] [--out results.md]`` (``--grpo-prompts 0`` skips the GRPO row).
+[--block-size 16] [--ckpt-dir DIR [--ckpt-only]] [--out results.md]`` (``--grpo-prompts 0`` skips the GRPO row);
+``python benchmarks/throughput.py --workload rl --models 1.7b --vllm-site SITE --profile-steps 20 --results-md
+throughput-rl-h100.md``.
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import dataclasses
 import datetime
 import functools
 import gc
 import multiprocessing
+import os
+import shlex
+import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 import torch
@@ -71,6 +91,8 @@ from vexact_models import (
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import peers  # noqa: E402  (benchmarks/peers.py: vLLM workers, roofline, HF checkpoint)
+import profiling  # noqa: E402  (benchmarks/profiling.py: the decoding batch and its step profile)
+import throughput_report  # noqa: E402  (benchmarks/throughput_report.py: the --results-md file)
 
 SHAPES = {  # name: (family, the config's sizes); every family has peer columns (vLLM and HF generate load each)
     # for a CPU smoke run of the script only: the tiny configs' sizes
@@ -155,23 +177,49 @@ def free_memory() -> None:
         torch.cuda.empty_cache()
 
 
+class UnsupportedMode(ValueError):
+    """A mode this vexact_engine cannot run (raised before any model is built)."""
+
+
 def engine_settings(mode: str) -> tuple[str, dict]:
     """The backend and extra EngineConfig settings of a VeXact mode: ``invariant-draw`` is ``invariant`` with
-    ``draw_in_graph=True`` (the other modes leave it to ``$VEXACT_DRAW_IN_GRAPH``, off by default)."""
+    ``draw_in_graph=True`` (the other modes leave it to ``$VEXACT_DRAW_IN_GRAPH``, off by default);
+    ``invariant-async`` is ``invariant`` with ``async_decode=True`` (raises :class:`UnsupportedMode` where
+    ``EngineConfig`` has no such field)."""
     if mode == "invariant-draw":
         return "invariant", {"draw_in_graph": True}
+    if mode == "invariant-async":
+        if "async_decode" not in {f.name for f in dataclasses.fields(EngineConfig)}:
+            import vexact_engine
+
+            raise UnsupportedMode(
+                "mode invariant-async runs EngineConfig(async_decode=True), and the EngineConfig of this vexact_engine "
+                f"({Path(vexact_engine.__file__).parent}) has no field async_decode: leave invariant-async out of "
+                "--modes, or run an engine that has the field"
+            )
+        return "invariant", {"async_decode": True}
     return mode, {}
 
 
-def engine_throughput(model, mode: str, max_num_seqs: int, prompts, params, args, keep_outputs=False, **kw) -> dict:
+def make_engine(model, mode: str, max_num_seqs: int, args, **kw) -> LLM:
+    """A VeXact engine of ``mode`` at the run's settings (``kw``: more EngineConfig settings)."""
     kw.setdefault("max_model_len", args.prompt_len[1] + args.gen_len[1])
     mode, extra = engine_settings(mode)
     kw.update(extra)
-    llm = LLM(
+    return LLM(
         model=model, backend=mode, max_num_seqs=max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager,
         block_size=args.block_size, **kw,
     )  # fmt: skip
+
+
+def engine_throughput(
+    model, mode: str, max_num_seqs: int, prompts, params, args, keep_outputs=False, profile: int = 0, **kw
+) -> dict:
+    """Output tokens/s of one VeXact engine on the workload (after a warm-up at the batch limit), with the time of
+    its decode-only steps and its steps with prompt tokens; ``profile`` > 0: then the wall time of ``profile``
+    decode steps of the same engine at a full batch (:func:`decode_wall`), under ``"decode_wall"``."""
+    llm = make_engine(model, mode, max_num_seqs, args, **kw)
     # Warm-up at the run's own batch limit: Triton compiles a kernel again for each new specialisation of its integer
     # arguments (1, a multiple of 16, other), and the sampling kernels see row counts the capture warm-up never ran.
     # With 4 warm-up prompts, the first timed run of a process (H100, batch limit 64) waited about 4 s for its first
@@ -185,9 +233,9 @@ def engine_throughput(model, mode: str, max_num_seqs: int, prompts, params, args
     # synchronised
     steps = {"decode": [0, 0.0], "mixed": [0, 0.0]}
 
-    def timed_run(batch, blocks, run=llm.runner.run):
+    def timed_run(batch, *rest, _run=llm.runner.run, **kw):  # what else the engine's loop passes goes through
         t0 = time.perf_counter()
-        out = run(batch, blocks)
+        out = _run(batch, *rest, **kw)
         kind = steps["decode" if all(it.num_new_tokens == 1 for it in batch) else "mixed"]
         kind[0] += 1
         kind[1] += time.perf_counter() - t0
@@ -211,9 +259,62 @@ def engine_throughput(model, mode: str, max_num_seqs: int, prompts, params, args
     # the wrapper and the runner hold each other, a cycle only a gc pass frees: without this, each engine's KV cache
     # stayed allocated into the next run (on an H100, free memory fell 72.3 -> 65.4 -> 34.6 GiB over two runs)
     del llm.runner.run
+    if profile:
+        try:
+            res["decode_wall"] = decode_wall(llm, max_num_seqs, args, profile)
+        except Exception as e:  # the timed run's numbers stand without it
+            res["decode_wall"] = failed(e)
     del llm, outs, timed_run
     free_memory()
     return res
+
+
+def profile_batch(llm, limit: int, args, steps: int) -> tuple[int, int]:
+    """The batch and context of ``--profile-steps``: ``limit`` requests (fewer where the KV cache cannot hold them
+    all) whose prompts are as long as the workload's mean context halfway through a generation (mean prompt + half
+    the mean generation), so each decode step attends about what the timed run's steps attended."""
+    (lo, hi), (glo, ghi) = args.prompt_len, args.gen_len
+    context = (lo + hi) // 2 + (glo + ghi) // 4
+    context = max(1, min(context, llm.max_model_len - profile_draws(limit, context, args, steps)))
+    pages = -(-(context + profile_draws(limit, context, args, steps)) // llm.blocks.block_size)
+    return max(1, min(limit, llm.blocks.num_blocks // pages)), context
+
+
+def profile_draws(batch: int, context: int, args, steps: int) -> int:
+    """Tokens a request of the profiled batch may draw: one a step while the later prompts prefill (the running rows
+    take part of each step's token budget), then the timed or profiled steps."""
+    budget = max(args.max_num_batched_tokens - batch, args.max_num_batched_tokens // 2)
+    return -(-batch * context // budget) + steps + 8
+
+
+def fill_profile_batch(llm, batch: int, context: int, args, steps: int) -> None:
+    """``batch`` requests of ``context`` random prompt tokens (the same in every engine of the run), all decoding."""
+    g = torch.Generator().manual_seed(args.seed + 2)
+    prompts = [torch.randint(0, llm.vocab_size, (context,), generator=g).tolist() for _ in range(batch)]
+    draws = profile_draws(batch, context, args, steps)
+    params = [SamplingParams(temperature=1.0, top_p=1.0, max_tokens=draws, seed=i, ignore_eos=True)
+              for i in range(batch)]  # fmt: skip
+    profiling.fill_decode_batch(llm, prompts, params)
+
+
+def decode_wall(llm, limit: int, args, steps: int) -> dict:
+    """Mean wall ms of ``steps`` decode steps at the profiled batch and context (:func:`profile_batch`), timed before
+    this process runs torch.profiler."""
+    batch, context = profile_batch(llm, limit, args, steps)
+    fill_profile_batch(llm, batch, context, args, steps)
+    return dict(batch=batch, context=context, steps=steps, step_ms=profiling.decode_step_wall(llm, steps))
+
+
+def decode_kernels(model, mode: str, limit: int, args, wall: dict) -> dict:
+    """Where a decode step of ``mode`` goes: a new engine at the batch and context ``wall`` was timed at, its kernel
+    time by kind over ``wall["steps"]`` profiled steps (``profiling.decode_step_kernels``), and the host gap: the
+    step's wall time - its kernel time (the GPU waiting on the host; negative where kernels overlap)."""
+    llm = make_engine(model, mode, limit, args)
+    fill_profile_batch(llm, wall["batch"], wall["context"], args, wall["steps"])
+    kernels = profiling.decode_step_kernels(llm, wall["steps"])
+    del llm
+    free_memory()
+    return dict(wall, **kernels, host_gap_ms=wall["step_ms"] - kernels["kernel_ms"])
 
 
 def grpo_workload(args, vocab: int):
@@ -352,16 +453,27 @@ def hf_throughput(model, prompts, args) -> dict:
     return dict(tokens=tokens, wall=wall, tok_s=tokens / wall, prompt_lens=[len(p) for p in batch], gen_len=n)
 
 
-# VeXact's own backends (fa4: FlashAttention 4 attention; draw: EngineConfig.draw_in_graph on)
-ENGINE_MODES = ("invariant", "invariant-fa4", "invariant-draw", "fast")
+# VeXact's own backends (fa4: FlashAttention 4 attention; draw: EngineConfig.draw_in_graph on; async:
+# EngineConfig.async_decode on, the next step scheduled while the GPU runs this one)
+ENGINE_MODES = ("invariant", "invariant-fa4", "invariant-draw", "invariant-async", "fast")
 PEER_MODES = ("vllm", "vllm-bi")  # vLLM default, vLLM with VLLM_BATCH_INVARIANT=1
 MODE_NAMES = {
     "invariant": "VeXact invariant", "invariant-fa4": "VeXact invariant, FA4 attention",
     "invariant-draw": "VeXact invariant, draw in the decode graph",
+    "invariant-async": "VeXact invariant, async decode",
     "fast": "VeXact fast (mismatch baseline)", "vllm": "vLLM default",
     "vllm-bi": "vLLM VLLM_BATCH_INVARIANT=1", "hf": "HF generate",
 }  # fmt: skip
 QUICK = dict(num_prompts=64, prompt_len=[128, 512], gen_len=[64, 128], hf_prompts=32, hf_new_tokens=64, decode_steps=32)
+# Named workloads (--workload): the flags each one sets; a flag given on the command line still wins. Both are the
+# shape RL rollouts spend their time in (issue 48): long generations at 256-512 in flight. vLLM's subprocess gets
+# 1200 s: a vLLM batch-invariant run of 1.5M tokens with its start takes longer than the default 300.
+RL_LIMITS = dict(max_num_seqs="256,512", max_num_batched_tokens=8192, modes="invariant,vllm,vllm-bi", grpo_prompts=0,
+                 vllm_timeout=1200)  # fmt: skip
+WORKLOADS = {
+    "rl": dict(num_prompts=1024, prompt_len=[128, 512], gen_len=[1024, 2048], **RL_LIMITS),
+    "rl-long": dict(num_prompts=256, prompt_len=[128, 512], gen_len=[4096, 8192], **RL_LIMITS),
+}
 
 
 def _fa4_worker(what: str, shape: str, args, *rest):
@@ -370,7 +482,10 @@ def _fa4_worker(what: str, shape: str, args, *rest):
     model = make_model(shape, args.layers, seed=args.seed)
     if what == "decode":
         return decode_step_time(model, "invariant", args)
-    return engine_throughput(model, "invariant", *rest, args)
+    if what == "profile":  # rest: the batch limit and the decode_wall dict
+        limit, wall = rest
+        return decode_kernels(model, "invariant", limit, args, wall)
+    return engine_throughput(model, "invariant", *rest, args, profile=args.profile_steps)
 
 
 def in_fa4_process(what: str, shape: str, args, *rest):
@@ -391,13 +506,28 @@ def run_engine(model, shape: str, mode: str, limit: int, prompts, params, args, 
     print_free_memory(mode, limit)
     if mode == "invariant-fa4":
         return in_fa4_process("throughput", shape, args, limit, prompts, params)
-    return engine_throughput(model, mode, limit, prompts, params, args, keep_outputs)
+    return engine_throughput(model, mode, limit, prompts, params, args, keep_outputs, profile=args.profile_steps)
 
 
 def decode_step(model, shape: str, mode: str, args) -> float:
     if mode == "invariant-fa4":
         return in_fa4_process("decode", shape, args)
     return decode_step_time(model, mode, args)
+
+
+def step_profile(model, shape: str, mode: str, limit: int, args, r) -> dict | str:
+    """The results file's profile cell of a VeXact run ``r`` (its results, or why there are none)."""
+    wall = r.get("decode_wall", "-") if isinstance(r, dict) else r
+    if not isinstance(wall, dict):
+        return wall
+    try:
+        if mode == "invariant-fa4":
+            return in_fa4_process("profile", shape, args, limit, wall)
+        return decode_kernels(model, mode, limit, args, wall)
+    except Exception as e:
+        return failed(e)
+    finally:
+        free_memory()
 
 
 def checkpoint_source(shape: str, args) -> dict:
@@ -416,9 +546,19 @@ def save_checkpoint(model, shape: str, args, workdir: Path) -> Path:
     return peers.save_hf_checkpoint(model, workdir / f"{SHAPES[shape][0]}-{shape}", checkpoint_source(shape, args))
 
 
-def peer_section(model, shape: str, args, bw: float, modes, batch_limits, workdir: Path | None, vllm_ver) -> list[str]:
+def failed(e: BaseException) -> str:
+    """A table cell for a run that raised (the traceback goes to stderr)."""
+    traceback.print_exc()
+    return f"failed: {type(e).__name__}: {str(e)[:160]}"
+
+
+def peer_section(
+    model, shape: str, args, bw: float, modes, batch_limits, workdir: Path | None, vllm_ver, summary: list | None = None
+) -> list[str]:
     """The markdown section of one model shape: throughput per engine and batch limit, ratios to vLLM default,
-    roofline fractions, decode step at batch 1 against the weight-bytes bound."""
+    roofline fractions, decode step at batch 1 against the weight-bytes bound. A VeXact run that raises leaves its
+    cells saying so and the others run. ``summary``: gets the section's numbers as ``throughput_report`` takes them
+    (and ``failed``: the runs that raised)."""
     cfg = model.config
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     kv_tok = peers.kv_bytes_per_token(cfg)
@@ -448,7 +588,11 @@ def peer_section(model, shape: str, args, bw: float, modes, batch_limits, workdi
                 model.to(DEV)
                 offloaded = False
             keep = ab and mode in ("invariant", "invariant-draw")
-            results[(limit, mode)] = run_engine(model, shape, mode, limit, prompts, params, args, keep)
+            try:
+                results[(limit, mode)] = run_engine(model, shape, mode, limit, prompts, params, args, keep)
+            except Exception as e:
+                results[(limit, mode)] = failed(e)
+            free_memory()
             continue
         if not vllm_ver:
             results[(limit, mode)] = peers.NOT_INSTALLED
@@ -463,10 +607,10 @@ def peer_section(model, shape: str, args, bw: float, modes, batch_limits, workdi
         model.to(DEV)
     hf = hf_throughput(model, prompts, args) if "hf" in modes else None
 
-    def fraction(r: dict, limit: int) -> str:
+    def fraction(r: dict, limit: int) -> float:
         need = peers.roofline_bytes(weight_bytes, kv_tok, [len(p) for p in prompts], max_tokens, limit,
                                     args.max_num_batched_tokens)  # fmt: skip
-        return f"{need / bw / r['wall']:.2f}"
+        return need / bw / r["wall"]
 
     lines = [
         f"## {SHAPES[shape][0]} {shape}-shaped, {cfg.num_hidden_layers} layers ({weight_bytes / GIB:.2f} GiB of bf16 "
@@ -483,7 +627,7 @@ def peer_section(model, shape: str, args, bw: float, modes, batch_limits, workdi
                 lines.append(f"| {limit} | {MODE_NAMES[mode]} | {r} | - | - | - | - |")
                 continue
             ratio = f"{r['tok_s'] / ref['tok_s']:.2f}" if isinstance(ref, dict) and mode != "fast" else "-"
-            lines.append(f"| {limit} | {MODE_NAMES[mode]} | {r['tok_s']:.0f} | {ratio} | {fraction(r, limit)} "
+            lines.append(f"| {limit} | {MODE_NAMES[mode]} | {r['tok_s']:.0f} | {ratio} | {fraction(r, limit):.2f} "
                          f"| {r['wall']:.1f} | {r['tokens']} |")  # fmt: skip
     if hf:
         n = hf["gen_len"]
@@ -540,18 +684,51 @@ def peer_section(model, shape: str, args, bw: float, modes, batch_limits, workdi
               "", "| engine | step ms | x bound |", "| --- | --- | --- |"]  # fmt: skip
     for mode in modes:
         if mode in ENGINE_MODES:
-            t = decode_step(model, shape, mode, args)
+            try:
+                t = decode_step(model, shape, mode, args)
+            except Exception as e:
+                t = failed(e)
+            free_memory()
         elif mode in PEER_MODES:
             t = step_s.get(mode, peers.NOT_INSTALLED if not vllm_ver else "-")
         else:
             t = hf_decode_step(model, args)
         cells = f"{t * 1e3:.3f} | {t / bound:.2f}" if isinstance(t, float) else f"{t} | -"
         lines.append(f"| {MODE_NAMES[mode]} | {cells} |")
+        if isinstance(t, str) and t.startswith("failed"):
+            results[("batch 1", mode)] = t
     lines.append("")
+    # the profiles last: torch.profiler leaves CUPTI set up in this process, which may slow what runs after it
+    profiles = {}
+    if args.profile_steps:
+        for limit in batch_limits:
+            profiles[limit] = {m: step_profile(model, shape, m, limit, args, results[(limit, m)])
+                               for m in modes if m in ENGINE_MODES}  # fmt: skip
+    if summary is not None:
+        rows = {limit: {m: report_row(results[(limit, m)], m, fraction, limit) for m in modes if m != "hf"}
+                for limit in batch_limits}  # fmt: skip
+        bad = [f"{mode} ({limit}): {r}" for (limit, mode), r in results.items() if str(r).startswith("failed")]
+        bad += [f"profile of {mode} ({limit}): {p}" for limit, cells in profiles.items() for mode, p in cells.items()
+                if str(p).startswith("failed") and isinstance(results[(limit, mode)], dict)]  # fmt: skip
+        model_name = f"{SHAPES[shape][0]} {shape}-shaped, {cfg.num_hidden_layers} layers"
+        summary.append(dict(model=model_name, rows=rows, profiles=profiles, failed=bad))
     return lines
 
 
-def main(argv=None) -> int:
+def report_row(r: dict | str, mode: str, fraction, limit: int) -> dict | str:
+    """One row of the results file (``throughput_report``) from a run's results, or the reason it has none."""
+    if not isinstance(r, dict):
+        return r
+    row = dict(tok_s=r["tok_s"], roofline=fraction(r, limit), wall=r["wall"], preemptions=r.get("preemptions", "-"))
+    if "steps" in r:
+        n, t = r["steps"]["decode"]
+        row["decode_ms"] = t / n * 1e3 if n else None
+    if mode == "fast":
+        row["baseline"] = True  # the mismatch baseline: no ratio to vLLM
+    return row
+
+
+def arg_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="1.7b", help=f"comma-separated shapes from {','.join(SHAPES)}")
     ap.add_argument(
@@ -561,7 +738,14 @@ def main(argv=None) -> int:
         help="decoder layers (default: the shape's own: 28 in Qwen3-0.6B and 1.7B, 36 in Qwen3-8B, 48 in "
         "Qwen3-30B-A3B, 27 in Moonlight)",
     )
-    ap.add_argument("--quick", action="store_true", help=f"a smaller workload for a first look: {QUICK}")
+    preset = ap.add_mutually_exclusive_group()
+    preset.add_argument("--quick", action="store_true", help=f"a smaller workload for a first look: {QUICK}")
+    preset.add_argument(
+        "--workload",
+        choices=sorted(WORKLOADS),
+        help="a named workload: sets the flags below to its values, except those given on the command line; "
+        + "; ".join(f"{name}: {preset}" for name, preset in WORKLOADS.items()),
+    )
     ap.add_argument("--num-prompts", type=int, default=256)
     ap.add_argument("--prompt-len", type=int, nargs=2, default=[128, 1024], metavar=("LO", "HI"))
     ap.add_argument("--gen-len", type=int, nargs=2, default=[128, 384], metavar=("LO", "HI"))
@@ -595,18 +779,120 @@ def main(argv=None) -> int:
                     "later run with the same --ckpt-dir, --layers and --seed on this machine reuses it")  # fmt: skip
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", help="also write the markdown report to this file")
+    ap.add_argument(
+        "--results-md",
+        help="also write the results file (throughput-rl-<gpu>.md style: date, GPU, commit, command, then per model "
+        "and batch limit each mode's tok/s, ratios to vLLM default and batch-invariant, roofline fraction, decode-only "
+        "step ms, and with --profile-steps where the decode step goes)",
+    )
+    ap.add_argument(
+        "--profile-steps",
+        type=int,
+        default=0,
+        help="where VeXact's decode step goes: this many decode steps at the batch limit and the workload's mean "
+        "context timed after each VeXact run, then as many profiled (torch.profiler) after every timed run: kernel "
+        "time by kind and the host gap, in --results-md",
+    )
+    ap.add_argument("--note", action="append", default=[], help="a line for the results file's header (repeatable)")
     ap.add_argument("--device", default="cuda", help="cuda; cpu only to smoke-test the script with --models tiny")
+    return ap
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """The command line, with ``--quick`` or ``--workload NAME`` expanded: the preset's values replace the flags'
+    defaults, and flags given on the command line keep their values. ``args.preset_overrides``: those flags that
+    differ from the preset ({dest: value}). The namespace pickles (the invariant-fa4 worker process gets it)."""
+    ap = arg_parser()
     args = ap.parse_args(argv)
-    if args.quick:
-        for k, v in QUICK.items():
-            if getattr(args, k) == ap.get_default(k):
-                setattr(args, k, v)
+    preset = WORKLOADS[args.workload] if args.workload else QUICK if args.quick else {}
+    if preset:
+        ap.set_defaults(**preset)
+        args = ap.parse_args(argv)
+    args.preset_overrides = {k: getattr(args, k) for k, v in preset.items() if getattr(args, k) != v}
+    return args
+
+
+def git_commit() -> str:
+    """The checkout's commit (``$VEXACT_COMMIT`` where set: a copy of the tree without ``.git``), marked when tracked
+    files differ from it."""
+    if os.environ.get("VEXACT_COMMIT"):
+        return os.environ["VEXACT_COMMIT"]
+    root = Path(__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
+                              timeout=30)  # fmt: skip
+        if head.returncode != 0:
+            return "unknown (not a git checkout: set VEXACT_COMMIT)"
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=30).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"unknown ({type(e).__name__}: set VEXACT_COMMIT)"
+    return head.stdout.strip() + (" with uncommitted changes to tracked files" if dirty else "")
+
+
+# the environment that changes what a run measures: named in front of the command in the results file
+RUN_ENV = ("CUDA_VISIBLE_DEVICES", "VEXACT_ATTENTION", "VEXACT_DRAW_IN_GRAPH")
+
+
+def command_line(argv) -> str:
+    """The command as run: the environment variables of :data:`RUN_ENV` that are set, then the script and its
+    arguments."""
+    env = [f"{k}={shlex.quote(os.environ[k])}" for k in RUN_ENV if k in os.environ]
+    script = Path(__file__).resolve().relative_to(Path(__file__).resolve().parents[1])
+    return " ".join([*env, "python", str(script), shlex.join(argv)]).strip()
+
+
+def results_meta(args, argv, gpu: str, vllm_ver: str | None, bw: float, batch_limits) -> dict:
+    """The results file's header: date, GPU, commit, command, the workload and what else the numbers depend on."""
+    name = f"the {args.workload} workload" if args.workload else "the workload"
+    notes = []
+    if args.preset_overrides:
+        changed = ", ".join(f"--{k.replace('_', '-')} {' '.join(map(str, v)) if isinstance(v, list) else v}"
+                            for k, v in args.preset_overrides.items())  # fmt: skip
+        notes.append(f"Flags in place of {args.workload or 'quick'}'s own: {changed}")
+    notes += args.note
+    if args.profile_steps and len(args.models.split(",")) > 1:
+        notes.append(
+            "--profile-steps with several models: a later model's timed runs follow an earlier one's torch.profiler "
+            "runs in this process (CUPTI left set up); one model a run keeps them apart"
+        )
+    notes.append(
+        f"torch {torch.__version__}, vLLM {vllm_ver or peers.NOT_INSTALLED}; VeXact's attention: "
+        f"`{vk.get_attention_impl()}`; device-to-device copy bandwidth (read + write) {bw / 1e9:.0f} GB/s"
+    )
+    return dict(
+        title="Engine throughput against vLLM" + (f", workload {args.workload}" if args.workload else ""),
+        date=str(datetime.date.today()), gpu=gpu, commit=git_commit(), command=command_line(argv), notes=notes,
+        mode_names=MODE_NAMES,
+        workload=(
+            f"Workload: {name}, {args.num_prompts} prompts of {args.prompt_len[0]}-{args.prompt_len[1]} random "
+            f"tokens, {args.gen_len[0]}-{args.gen_len[1]} generated tokens each (ignore_eos; temperature 1, no "
+            f"top-k/top-p, a seed per request), batch limits {', '.join(map(str, batch_limits))}, "
+            f"{args.max_num_batched_tokens} tokens per step, CUDA graphs {'off' if args.enforce_eager else 'on'}, "
+            f"VeXact's KV pages of {args.block_size} tokens, random bf16 weights, {args.layers or 'all'} layers; "
+            "vLLM loads the same weights from an HF checkpoint, one subprocess per mode and batch limit, "
+            f"gpu_memory_utilization {args.gpu_memory_utilization}."
+        ),
+    )  # fmt: skip
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parse_args(argv)
+    ap = arg_parser()  # for its errors
     if args.block_size < 1:
         ap.error(f"--block-size: tokens per KV page must be a positive integer, got {args.block_size}")
     modes = args.modes.split(",")
     bad = [m for m in modes if m not in MODE_NAMES]
     if bad:
         ap.error(f"--modes: unknown {bad}; allowed: {','.join(MODE_NAMES)}")
+    if args.profile_steps < 0:
+        ap.error(f"--profile-steps: decode steps to profile must be >= 0, got {args.profile_steps}")
+    for mode in modes:
+        try:
+            engine_settings(mode)
+        except UnsupportedMode as e:
+            ap.error(f"--modes: {e}")
     global DEV
     DEV = torch.device(args.device)
     if DEV.type == "cuda" and not torch.cuda.is_available():
@@ -631,11 +917,12 @@ def main(argv=None) -> int:
     if vllm_ver:
         workdir = Path(args.ckpt_dir or tempfile.mkdtemp(prefix="vexact-peers-"))
         workdir.mkdir(parents=True, exist_ok=True)
+    gpu = torch.cuda.get_device_name() if DEV.type == "cuda" else "CPU"
     lines = [
-        f"# Engine throughput against vLLM ({torch.cuda.get_device_name() if DEV.type == 'cuda' else 'CPU'}, "
+        f"# Engine throughput against vLLM ({gpu}, "
         f"{datetime.date.today()}, torch {torch.__version__}, vLLM {vllm_ver or peers.NOT_INSTALLED})",
         "",
-        f"Run: `{' '.join(sys.argv)}`",
+        f"Run: `{command_line(argv)}`",
         "",
         f"Workload: {args.num_prompts} prompts of {args.prompt_len[0]}-{args.prompt_len[1]} random tokens, "
         f"{args.gen_len[0]}-{args.gen_len[1]} generated tokens each (ignore_eos; temperature 1, no top-k/top-p, a "
@@ -657,20 +944,27 @@ def main(argv=None) -> int:
     ]
     bw = copy_bandwidth()
     lines += [f"Device-to-device copy bandwidth (read + write): {bw / 1e9:.0f} GB/s", ""]
+    meta = results_meta(args, argv, gpu, vllm_ver, bw, batch_limits)
+    summary: list[dict] = []
     for shape in tqdm(shapes, desc="models"):
         model = make_model(shape, args.layers, seed=args.seed)
         if not args.grpo_only:
-            lines += peer_section(model, shape, args, bw, modes, batch_limits, workdir, vllm_ver)
+            lines += peer_section(model, shape, args, bw, modes, batch_limits, workdir, vllm_ver, summary)
         if args.grpo_prompts > 0:
             lines += grpo_rows(model, [m for m in modes if m in ("invariant", "fast")], args)
         del model
         free_memory()
+        if args.results_md:  # after each model: a later model's failure keeps the earlier tables
+            Path(args.results_md).write_text(throughput_report.results_markdown(meta, summary) + "\n")
     report = "\n".join(lines)
     print(report)
     if args.out:
         with open(args.out, "w") as f:
             f.write(report + "\n")
-    return 0
+    bad = [line for sec in summary for line in sec["failed"]]
+    if bad:
+        print("runs that raised (their cells say so):\n  " + "\n  ".join(bad), file=sys.stderr)
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":

@@ -24,10 +24,9 @@ import time
 from pathlib import Path
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-import profiling  # noqa: E402  (benchmarks/profiling.py: the kernel table)
+import profiling  # noqa: E402  (benchmarks/profiling.py: the decoding batch, the profile, the kernel table)
 import throughput  # noqa: E402  (the benchmark's model builder: random bf16 weights drawn on the GPU)
 
 from vexact_engine import LLM, SamplingParams  # noqa: E402
@@ -65,11 +64,9 @@ def profile_batch(
     pages = max(4096 // page, kv_pages(batch, context + 128, page))
     llm = LLM(model=model, device="cuda", max_num_seqs=max(8, batch), max_num_batched_tokens=max(512, 2 * batch),
               num_kv_blocks=pages, block_size=page, pack_weights=pack, draw_in_graph=draw)  # fmt: skip
-    for i in range(batch):
-        prompt = [1 + (i * 7 + j) % 1000 for j in range(context)]
-        llm.add_request(prompt, SamplingParams(max_tokens=400, temperature=1.0, top_p=1.0, seed=i, ignore_eos=True))
-    while any(len(s.output_token_ids) < 2 for s in llm.running_sequences()) or len(llm.running_sequences()) < batch:
-        llm.step()  # prefill every request; graphs were captured at construction
+    prompts = [[1 + (i * 7 + j) % 1000 for j in range(context)] for i in range(batch)]
+    params = [SamplingParams(max_tokens=400, temperature=1.0, top_p=1.0, seed=i, ignore_eos=True) for i in range(batch)]
+    profiling.fill_decode_batch(llm, prompts, params)  # prefill every request; graphs were captured at construction
     llm.step()
     walls = []
     for _ in range(30):
@@ -130,10 +127,7 @@ def synced_ms(fn) -> float:
 
 def trace_steps(run, steps: int) -> None:
     """Profile ``run(k)`` for k < steps; print the GPU kernels per step and the top host ops."""
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for k in range(steps):
-            run(k)
-        torch.cuda.synchronize()
+    prof = profiling.profile_run(run, steps)
     print("\n".join(profiling.kernel_table(prof, steps)))
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12))
 
@@ -156,10 +150,8 @@ def profile_mixed(
               cuda_graph_token_sizes=None if graphs else ())  # fmt: skip
     sp = dict(max_tokens=300, temperature=1.0, top_p=1.0, ignore_eos=True)
     vocab = min(997, model.config.vocab_size - 3)
-    for i in range(batch):
-        llm.add_request([1 + (i * 7 + j) % vocab for j in range(context)], SamplingParams(seed=i, **sp))
-    while any(len(s.output_token_ids) < 2 for s in llm.running_sequences()) or len(llm.running_sequences()) < batch:
-        llm.step()
+    prompts = [[1 + (i * 7 + j) % vocab for j in range(context)] for i in range(batch)]
+    profiling.fill_decode_batch(llm, prompts, [SamplingParams(seed=i, **sp) for i in range(batch)])
 
     def mixed_step(k: int) -> float:
         # a finished slot is not needed: max_num_seqs leaves one free, and a request of max_tokens 1 leaves it again

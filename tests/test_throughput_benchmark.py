@@ -1,0 +1,201 @@
+"""benchmarks/throughput.py's RL headline on CPU: the named workloads and how flags override them, the results file
+(benchmarks/throughput_report.py) from made-up numbers, the kernel buckets of --profile-steps (benchmarks/profiling.py)
+on made-up kernel names, the invariant-async mode (refused, naming the field, where EngineConfig lacks async_decode;
+wired through where it has it), and scripts/checks/rl_bench_gpu.sh's refusals. The GPU run itself:
+``scripts/checks/rl_bench_gpu.sh``."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import profiling  # noqa: E402
+import throughput  # noqa: E402
+import throughput_report  # noqa: E402
+
+TINY = ["--device", "cpu", "--models", "tiny", "--layers", "2", "--num-prompts", "3", "--prompt-len", "4", "9",
+        "--gen-len", "2", "5", "--max-num-seqs", "2", "--decode-steps", "2", "--max-num-batched-tokens", "32",
+        "--enforce-eager"]  # fmt: skip
+
+
+def test_rl_workloads_expand_to_the_flags_and_explicit_flags_win():
+    rl = throughput.parse_args(["--workload", "rl"])
+    assert (rl.num_prompts, rl.prompt_len, rl.gen_len) == (1024, [128, 512], [1024, 2048])
+    assert (rl.max_num_seqs, rl.max_num_batched_tokens, rl.grpo_prompts) == ("256,512", 8192, 0)
+    assert rl.modes == "invariant,vllm,vllm-bi" and rl.preset_overrides == {}
+    assert pickle.loads(pickle.dumps(rl)) == rl  # the invariant-fa4 mode sends it to a worker process
+    long = throughput.parse_args(["--workload", "rl-long"])
+    assert (long.num_prompts, long.gen_len, long.max_num_seqs) == (256, [4096, 8192], "256,512")
+    cut = throughput.parse_args(["--workload", "rl", "--num-prompts", "512", "--gen-len", "1024", "2048"])
+    assert cut.num_prompts == 512 and cut.preset_overrides == {"num_prompts": 512}  # the preset's own value: no note
+    # a flag given at the parser's default still wins over the preset
+    assert throughput.parse_args(["--workload", "rl", "--num-prompts", "256"]).num_prompts == 256
+    assert throughput.parse_args([]).num_prompts == 256 and throughput.parse_args(["--quick"]).num_prompts == 64
+    with pytest.raises(SystemExit):
+        throughput.parse_args(["--quick", "--workload", "rl"])
+    with pytest.raises(SystemExit):
+        throughput.parse_args(["--workload", "rl-short"])
+
+
+def _row(tok_s, **kw):
+    return dict(tok_s=tok_s, roofline=0.41, decode_ms=16.24, wall=120.0, preemptions=0) | kw
+
+
+def test_results_file_from_made_up_numbers():
+    profile = dict(
+        batch=256, context=1088, steps=20, step_ms=20.0, kernel_ms=15.0, host_gap_ms=5.0,
+        buckets={"attention": 8.0, "GEMM": 5.0, "sampler/logprobs": 1.0, "norm/rotary/activation": 0.5, "other": 0.5},
+        top_kernels=[("_attn_fwd", 7.5, "attention"), ("_matmul_kernel", 5.0, "GEMM")],
+    )  # fmt: skip
+    sections = [
+        dict(
+            model="qwen3 1.7b-shaped, 28 layers",
+            rows={
+                256: {"invariant": _row(12302.0), "vllm": _row(19656.0, decode_ms=None), "vllm-bi": _row(10000.0),
+                      "invariant-async": "failed: RuntimeError: boom"},
+                512: {"invariant": _row(13142.0), "vllm": "not installed", "vllm-bi": _row(10951.0),
+                      "fast": _row(20000.0, baseline=True)},
+            },
+            profiles={256: {"invariant": profile, "invariant-async": "failed: RuntimeError: boom"}},
+        )
+    ]  # fmt: skip
+    meta = dict(date="2026-11-28", gpu="NVIDIA H100 80GB HBM3", commit="abc1234", notes=["RL_NUM_PROMPTS=512: cut"],
+                command="python benchmarks/throughput.py --workload rl", workload="Workload: the rl workload.",
+                mode_names=throughput.MODE_NAMES)  # fmt: skip
+    text = throughput_report.results_markdown(meta, sections)
+    lines = text.splitlines()
+    assert lines[0] == "# Engine throughput against vLLM (NVIDIA H100 80GB HBM3)"
+    assert lines[2:7] == [
+        "- Date: 2026-11-28", "- GPU: NVIDIA H100 80GB HBM3", "- Commit: abc1234",
+        "- Command: `python benchmarks/throughput.py --workload rl`", "- RL_NUM_PROMPTS=512: cut",
+    ]  # fmt: skip
+    assert "## qwen3 1.7b-shaped, 28 layers, batch limit 256" in lines
+    assert "## qwen3 1.7b-shaped, 28 layers, batch limit 512" in lines
+
+    def row(name: str, after: str) -> list[str]:
+        start = lines.index(after)
+        hit = next(ln for ln in lines[start:] if ln.startswith(f"| {name} |"))
+        return [c.strip() for c in hit.strip("|").split("|")]
+
+    at256, at512 = (f"## qwen3 1.7b-shaped, 28 layers, batch limit {n}" for n in (256, 512))
+    # engine | tok/s | / vLLM default | / vLLM batch-invariant | roofline | decode-only ms | wall | preemptions
+    assert row("VeXact invariant", at256) == ["VeXact invariant", "12302", "0.63", "1.23", "0.41", "16.24", "120.0",
+                                              "0"]  # fmt: skip
+    assert row("vLLM default", at256)[1:6] == ["19656", "1.00", "1.97", "0.41", "-"]
+    assert row("vLLM VLLM_BATCH_INVARIANT=1", at256)[2:4] == ["0.51", "1.00"]
+    assert row("VeXact invariant, async decode", at256)[1:3] == ["failed: RuntimeError: boom", "-"]
+    assert row("VeXact invariant", at512)[1:4] == ["13142", "-", "1.20"]  # no vLLM default: no ratio to it
+    assert row("vLLM default", at512)[1] == "not installed"
+    assert row("VeXact fast (mismatch baseline)", at512)[2:4] == ["-", "-"]  # the baseline has no ratio
+    # the profile: ms per step by kind with its share of the step, the host gap, the costliest kernels
+    ptable = next(ln for ln in lines if ln.startswith("| engine | batch |"))
+    assert lines.index(at256) < lines.index(ptable) < lines.index(at512)
+    head = row("engine", ptable)
+    assert head == ["engine", "batch", "context", "step ms", "kernel ms", *profiling.BUCKETS, "host gap"]
+    prof = row("VeXact invariant", ptable)
+    assert prof[:5] == ["VeXact invariant", "256", "1088", "20.00", "15.00"]
+    assert prof[5:] == ["8.00 (40%)", "5.00 (25%)", "0.00 (0%)", "1.00 (5%)", "0.50 (2%)", "0.50 (2%)", "5.00 (25%)"]
+    assert row("VeXact invariant, async decode", ptable)[1] == "failed: RuntimeError: boom"
+    assert any(ln.startswith("- VeXact invariant, costliest kernels") and "`_attn_fwd` 7.50 (attention)" in ln
+               for ln in lines)  # fmt: skip
+    assert sum(ln.startswith("| engine | batch |") for ln in lines) == 1  # no profile at 512: no table
+
+
+def test_kernel_buckets_by_name():
+    names = {
+        "_attn_fwd": "attention", "_attn_combine": "attention", "_write_kv": "attention",
+        "kernel_cutlass_kernel_flash_attncuteflash_fwd_sm90FlashAttentionForwardSm90_object_at_": "attention",
+        "_matmul_kernel": "GEMM", "_matmul_tma_kernel": "GEMM", "_combine_kernel": "GEMM",
+        "nvjet_sm90_tst_128x256_64x4_2x1_v_bz_coopA_NTN": "GEMM", "sm90_xmma_gemm_bf16bf16_bf16f32": "GEMM",
+        "_grouped_mm_kernel": "MoE", "_route_kernel": "MoE", "_grouped_route_kernel": "MoE",
+        "_logprobs_fwd_split_kernel": "sampler/logprobs", "_logprobs_fwd_combine_kernel": "sampler/logprobs",
+        "_gumbel_noise_kernel": "sampler/logprobs", "_gumbel_argmax_kernel": "sampler/logprobs",
+        "_log_softmax_kernel": "sampler/logprobs",
+        "_rms_norm_fwd_pair_kernel": "norm/rotary/activation", "_add_rms_norm_fwd_kernel": "norm/rotary/activation",
+        "_rotary_pair_kernel": "norm/rotary/activation", "_silu_and_mul_fwd_kernel": "norm/rotary/activation",
+        "void at::native::vectorized_elementwise_kernel<8, at::native::bfloat16_copy_kernel_cuda": "other",
+        "Memcpy HtoD (Pinned -> Device)": "other",
+    }  # fmt: skip
+    assert {n: profiling.kernel_bucket(n) for n in names} == names
+    times = {"_attn_fwd": 4880.0, "_attn_combine": 120.0, "_matmul_kernel": 3000.0, "_gumbel_noise_kernel": 2.0,
+             "_rotary_pair_kernel": 48.0, "Memcpy DtoH (Device -> Pinned)": 10.0}  # fmt: skip
+    assert profiling.bucket_kernel_times(times) == {
+        "attention": 5000.0, "GEMM": 3000.0, "MoE": 0.0, "sampler/logprobs": 2.0, "norm/rotary/activation": 48.0,
+        "other": 10.0,
+    }  # fmt: skip
+    assert list(profiling.bucket_kernel_times({})) == list(profiling.BUCKETS)
+
+
+def test_invariant_async_is_refused_naming_the_field_where_engine_config_lacks_it(monkeypatch, capsys):
+    without = dataclasses.make_dataclass("EngineConfig", [("block_size", int, 16)])
+    monkeypatch.setattr(throughput, "EngineConfig", without)
+    with pytest.raises(throughput.UnsupportedMode, match=r"EngineConfig\(async_decode=True\).*no field async_decode"):
+        throughput.engine_settings("invariant-async")
+    with pytest.raises(SystemExit) as e:
+        throughput.main([*TINY, "--modes", "invariant,invariant-async"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "--modes: mode invariant-async" in err and "has no field async_decode" in err, err
+
+
+def test_invariant_async_passes_async_decode_to_the_engine(monkeypatch, tmp_path, capsys):
+    """Where EngineConfig has the field (a stand-in here), the mode builds its engines with async_decode=True, and
+    its rows reach the results file, with the step profile of --profile-steps."""
+    with_field = dataclasses.make_dataclass("EngineConfig", [("async_decode", bool, False)],
+                                            bases=(throughput.EngineConfig,))  # fmt: skip
+    monkeypatch.setattr(throughput, "EngineConfig", with_field)
+    assert throughput.engine_settings("invariant-async") == ("invariant", {"async_decode": True})
+    made = []
+
+    class Recording(throughput.LLM):
+        def __init__(self, *args, async_decode: bool = False, **kw):
+            made.append(async_decode)
+            super().__init__(*args, **kw)
+
+    monkeypatch.setattr(throughput, "LLM", Recording)
+    out = tmp_path / "rl.md"
+    argv = ["--workload", "rl", *TINY, "--modes", "invariant-async", "--profile-steps", "2", "--results-md", str(out)]
+    assert throughput.main(argv) == 0
+    assert made == [True, True, True]  # the timed engine, the batch-1 engine, the profiled engine
+    text = out.read_text()
+    assert "- Flags in place of rl's own: --num-prompts 3, --prompt-len 4 9, " in text
+    table = [ln for ln in text.splitlines() if ln.startswith("| VeXact invariant, async decode |")]
+    assert len(table) == 2 and float(table[0].split("|")[2]) > 0, table  # the throughput row and the profile row
+    assert table[1].split("|")[2].strip() == "2", table  # the profile's batch: the batch limit
+    assert "VeXact invariant, async decode" in capsys.readouterr().out
+
+
+def test_a_vexact_run_that_raises_leaves_its_cells_and_exit_status_1(monkeypatch, tmp_path):
+    def boom(*a, **kw):
+        raise RuntimeError("out of pages")
+
+    monkeypatch.setattr(throughput, "engine_throughput", boom)
+    monkeypatch.setattr(throughput, "decode_step_time", boom)
+    out = tmp_path / "r.md"
+    assert throughput.main([*TINY, "--modes", "invariant", "--grpo-prompts", "0", "--results-md", str(out)]) == 1
+    assert "| VeXact invariant | failed: RuntimeError: out of pages | - |" in out.read_text()
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({}, "CUDA_VISIBLE_DEVICES must name one GPU, got ''"),
+        ({"CUDA_VISIBLE_DEVICES": "0,1"}, "CUDA_VISIBLE_DEVICES must name one GPU, got '0,1'"),
+        ({"CUDA_VISIBLE_DEVICES": "0", "WORKLOAD": "rl-short"}, "WORKLOAD: unknown workload 'rl-short' (rl, rl-long)"),
+        ({"CUDA_VISIBLE_DEVICES": "0", "RL_NUM_PROMPTS": "0"}, "RL_NUM_PROMPTS must be a positive integer, got '0'"),
+        ({"CUDA_VISIBLE_DEVICES": "1", "PROFILE_STEPS": "x"}, "PROFILE_STEPS must be an integer >= 0, got 'x'"),
+    ],
+)
+def test_rl_bench_gpu_refuses_bad_settings(tmp_path, env, message):
+    base = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    out = subprocess.run(["bash", "scripts/checks/rl_bench_gpu.sh", "1.7b", str(tmp_path)], cwd=ROOT,
+                         capture_output=True, text=True, env=base | env, timeout=60)  # fmt: skip
+    assert out.returncode == 2 and message in out.stderr, out.stderr
