@@ -16,7 +16,9 @@ hydra = pytest.importorskip("hydra")
 
 
 def _arms(shape: str, tmp_path: Path) -> dict[str, list[str]]:
-    env = {**os.environ, "DRY_RUN": "1", "SHAPE": shape, "TAG": "cpu"}
+    """``shape``: smoke's SHAPE, or a named pair (examples/verify/shapes.py)."""
+    pair = {"PAIR": shape} if shape in ("dense-1k", "dense-4k", "dense8b-1k", "moe-1k") else {"SHAPE": shape}
+    env = {**os.environ, "DRY_RUN": "1", "TAG": "cpu", **pair}
     out = subprocess.run(
         ["bash", "examples/verify/run_pair.sh", str(tmp_path), "vllm", "vexact", "fast"],
         cwd=ROOT, env=env, capture_output=True, text=True, check=True,
@@ -37,7 +39,7 @@ def _compose(overrides: list[str]):
         return compose(config_name="ppo_trainer", overrides=[o for o in overrides if not o.startswith("hydra.")])
 
 
-@pytest.mark.parametrize("shape", ["qwen3-1.7b", "qwen3-30b-a3b"])
+@pytest.mark.parametrize("shape", ["qwen3-1.7b", "qwen3-30b-a3b", "dense-4k", "dense8b-1k", "moe-1k"])
 def test_arms_compose_in_verl_config(shape, tmp_path):
     arms = _arms(shape, tmp_path)
     assert set(arms) == {"vllm", "vexact", "fast"}
@@ -47,7 +49,7 @@ def test_arms_compose_in_verl_config(shape, tmp_path):
     assert cfgs["vexact"].actor_rollout_ref.rollout.name == "vexact"
     assert cfgs["vexact"].actor_rollout_ref.actor.strategy == "vexact"
     assert cfgs["fast"].actor_rollout_ref.rollout.engine_kwargs.vexact.backend == "fast"
-    if shape == "qwen3-30b-a3b":  # verl's MoE actor: VeOmni with its grouped-GEMM MoE
+    if shape in ("qwen3-30b-a3b", "moe-1k"):  # verl's MoE actor: VeOmni with its grouped-GEMM MoE
         assert cfgs["vllm"].model_engine == "veomni"
         assert cfgs["vllm"].actor_rollout_ref.actor.veomni.moe_implementation == "fused_triton"
         assert cfgs["vllm"].actor_rollout_ref.actor.veomni.mixed_precision is False  # one GPU: no FSDP autocast
@@ -58,10 +60,25 @@ def test_arms_compose_in_verl_config(shape, tmp_path):
                 a.pop(name, None), b.pop(name, None)
             assert a == b, f"{key} differs between vllm and {arm}"
     for arm in ("vexact", "fast"):
-        for key in ("n", "ignore_eos", "calculate_log_probs", "temperature", "top_p", "gpu_memory_utilization"):
+        for key in ("n", "ignore_eos", "calculate_log_probs", "temperature", "top_p", "gpu_memory_utilization",
+                    "max_num_seqs", "max_num_batched_tokens", "log_prob_use_dynamic_bsz",
+                    "log_prob_max_token_len_per_gpu", "log_prob_micro_batch_size_per_gpu"):  # fmt: skip
             assert cfgs["vllm"].actor_rollout_ref.rollout[key] == cfgs[arm].actor_rollout_ref.rollout[key], key
+        for key in (
+            "use_dynamic_bsz",
+            "ppo_max_token_len_per_gpu",
+            "ppo_micro_batch_size_per_gpu",
+            "ppo_mini_batch_size",
+        ):
+            assert cfgs["vllm"].actor_rollout_ref.actor[key] == cfgs[arm].actor_rollout_ref.actor[key], key
+        for key in ("use_remove_padding", "enable_gradient_checkpointing"):
+            assert cfgs["vllm"].actor_rollout_ref.model[key] == cfgs[arm].actor_rollout_ref.model[key], key
         assert cfgs["vllm"].actor_rollout_ref.actor.optim.lr == cfgs[arm].actor_rollout_ref.actor.optim.lr
     assert cfgs["vllm"].actor_rollout_ref.rollout.ignore_eos is True  # equal work for the step timing
+    if shape in ("dense-4k", "dense8b-1k", "moe-1k"):  # tuned as verl's examples tune a run
+        assert cfgs["vllm"].actor_rollout_ref.actor.use_dynamic_bsz is True
+        assert cfgs["vllm"].actor_rollout_ref.rollout.log_prob_use_dynamic_bsz is True
+        assert cfgs["vllm"].data.train_batch_size * cfgs["vllm"].actor_rollout_ref.rollout.n == 512
 
 
 def test_bad_arm_and_shape_are_named(tmp_path):
@@ -72,3 +89,6 @@ def test_bad_arm_and_shape_are_named(tmp_path):
     r = subprocess.run(["bash", "examples/verify/run_pair.sh", str(tmp_path)], cwd=ROOT,
                        env={**env, "SHAPE": "llama-8b"}, capture_output=True, text=True)  # fmt: skip
     assert r.returncode == 2 and "llama-8b" in r.stderr
+    r = subprocess.run(["bash", "examples/verify/run_pair.sh", str(tmp_path)], cwd=ROOT,
+                       env={**env, "PAIR": "dense-2k"}, capture_output=True, text=True)  # fmt: skip
+    assert r.returncode == 2 and "dense-2k" in r.stderr

@@ -4,8 +4,9 @@
         [results/h100-qwen3-1.7b-fast.jsonl] --plot results/h100-qwen3-1.7b.png --expect-exact vexact
 
 Each run is verl's file-logger JSONL, named ``<gpu>-<model>-<arm>.jsonl`` (arm in vllm, vexact, fast), with the run
-script's ``<same stem>.meta.json`` beside it (``runs.py`` lists its keys). Runs of different configs or step counts
-are refused (exit 2, naming the key and both values); runs without a meta file are compared on step counts only.
+script's ``<same stem>.meta.json`` beside it (``runs.py`` lists its keys). Runs of different configs (another pair
+shape, lengths, batch, token budgets, ...) or step counts are refused (exit 2, naming the first differing setting and
+both values); runs without a meta file are compared on step counts only.
 Prints the per-step K3 KL and largest per-token probability gap, a per-arm summary and the mean phase times after
 ``--warmup`` steps (ratio to the vllm arm). ``--plot`` draws K3 KL, rollout_probs_diff mean and max (log scales, an
 exact 0.0 drawn on a floor line), reward, grad norm and entropy. ``--expect-exact ARM`` exits 1 unless ARM's

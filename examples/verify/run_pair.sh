@@ -1,21 +1,45 @@
 #!/usr/bin/env bash
-# The verify pair: the same verl 0.9.1 GRPO run on verl's default stack and on VeXact, one GPU, then compare.py.
+# The verify pair: the same verl 0.9.1 GRPO run on verl's default stack and on VeXact, then compare.py.
 #
-#   bash examples/verify/run_pair.sh RESULTS_DIR [ARM ...]        # ARM: vllm, vexact, fast (default: vllm vexact)
+#   PAIR=dense-1k bash examples/verify/run_pair.sh RESULTS_DIR [ARM ...]   # ARM: vllm, vexact, fast (default: vllm vexact)
 #
-# Arms (same model, data, seeds, learning rate, steps, batch and response lengths in each):
+# PAIR names the shape (examples/verify/shapes.py holds the table; `python examples/verify/shapes.py PAIR` prints it):
+#   smoke (default)  128 sequences x 64 tokens, byte vocabulary (272): the quick run of the whole path
+#   dense-1k         Qwen3-1.7B shape (28 layers), vocabulary 151,936, 64 prompts x n 8 = 512 sequences x 1024 tokens
+#   dense-4k         the same with 4096-token responses
+#   dense8b-1k       Qwen3-8B shape (36 layers), 512 x 1024, FSDP over NGPUS=2 GPUs
+#   moe-1k           Qwen3-30B-A3B widths at LAYERS depth (default 4), 512 x 1024
+# Arms (same model, data, seeds, learning rate, steps, batch, mini-batch, lengths and token budgets in each):
 # - vllm:   verl's default stack as users run it: `rollout.name=vllm` (vLLM 0.24.0, the version verl 0.9.1's `vllm`
 #           extra pins) and verl's stock actor: its FSDP engine on the transformers model for dense; for MoE its
 #           VeOmni engine (`model_engine=veomni`, `moe_implementation=fused_triton`: VeOmni's grouped-GEMM MoE), the
-#           actor verl recommends for MoE. Attention: SDPA (flash-attn 2 has no wheel for torch 2.11 / CUDA 13).
+#           actor verl recommends for MoE.
 # - vexact: `rollout.name=vexact` (invariant kernels) + `actor.strategy=vexact` (the invariant FSDP actor).
 # - fast:   the vexact rollout on its `fast` backend (cuBLAS / SDPA kernels) against the same invariant actor.
 #
+# Tuning (every pair but smoke; shapes.py says where each value comes from): as verl's example scripts tune a run:
+# `use_dynamic_bsz=True` with a per-GPU token budget (`ppo_max_token_len_per_gpu` = max(16384, 2 x (prompt +
+# response)), `log_prob_max_token_len_per_gpu` 2x that), `use_remove_padding=True` and
+# `enable_gradient_checkpointing=True` (verl's defaults, passed as its examples pass them), the rollout's scheduler at
+# verl's defaults. The vexact arm gets the same budgets: its actor is verl's FSDP engine, micro-batched by verl.
+# Knobs that exist in one stack only: the vllm arm's attention (below); the vexact arm's kernel backend.
+#
+# Attention of the vllm arm's actor: SDPA (transformers' `sdpa`, `ACTOR_ATTN` to change it). verl asks for
+# flash_attention_2 by default, and flash-attn 2 has no build for this stack: PyPI has only its source (2.8.3.post2;
+# `pip download --only-binary=:all: flash-attn` finds no wheel for any version), building it needs nvcc and hours,
+# and its GitHub releases carry no wheel for torch 2.11 + CUDA 13 (only forks' community builds do). With padding
+# removed verl packs a micro-batch into one row; transformers 5.9 finds the packed sequences from position_ids and
+# hands SDPA a block-diagonal causal mask, so PyTorch runs its memory-efficient kernel (the flash kernel takes no
+# mask) over the whole row: exact results, with the masked-out blocks computed too. `ACTOR_ATTN=flash_attention_4`
+# puts transformers on flash-attn-4 (CuTe DSL: the package the vexact arm stages, scripts/staging/fa4_device_wheels.sh,
+# with /tmp/fa4site on PYTHONPATH_VLLM), varlen over the packed row; the MoE arm's VeOmni takes the same name.
+# The vexact and fast arms run vexact_kernels' attention (FA4 where it loads, else Triton), recorded in the meta.
+#
 # Environment:
-#   SHAPE   qwen3-1.7b (default) or qwen3-30b-a3b: random weights of that width (examples/verl_grpo/make_model.py)
-#   LAYERS  depth (default: 1.7B's own 28; 4 for 30B-A3B, so that both stacks fit one 80 GB GPU)
-#   STEPS (10), LR (3e-6), GPU_MEM (rollout's share of GPU memory: 0.4 dense, 0.25 MoE), TAG (file prefix: the GPU,
-#   e.g. h100), MODEL_DIR (where the checkpoint is written), DATA (the dataset folder), COMMIT (recorded in the metas)
+#   PAIR (smoke), SHAPE (smoke only: qwen3-1.7b (default) or qwen3-30b-a3b), LAYERS (depth: the pair's by default),
+#   STEPS, LR (3e-6), GPU_MEM (rollout's share of GPU memory), NGPUS (GPUs per arm), PPO_MAX_TOKENS and
+#   LOGPROB_MAX_TOKENS (the token budgets), ACTOR_ATTN (sdpa), TAG (file prefix: the GPU, e.g. h100), MODEL_DIR
+#   (where the checkpoint is written), DATA (the dataset folder), COMMIT (recorded in the metas)
 #   SHARED_HOST=1: other Ray jobs run on this host (each on its own GPUs, CUDA_VISIBLE_DEVICES): no `ray stop` between
 #   arms (it would stop theirs too); set RAY_ADDRESS=local as well, so each arm starts its own Ray cluster
 #   PYTHONPATH_VLLM / PYTHONPATH_VEXACT: put in front of PYTHONPATH for the vllm arm / the vexact and fast arms, where
@@ -23,8 +47,10 @@
 #
 # Every arm samples with `ignore_eos=True`, so each step generates exactly train_batch_size x n x max_response_length
 # tokens in every arm: equal work for the timing (benchmarks/rl_step.py reads the same files). Outputs, per arm:
-# RESULTS_DIR/<TAG>-<SHAPE>-<ARM>.jsonl (verl's file logger: one record a step), .meta.json (the run's config, stack,
-# GPU, commit, command, peak GPU memory sampled by nvidia-smi) and .log; then compare.py writes <TAG>-<SHAPE>.png.
+# RESULTS_DIR/<TAG>-<STEM>-<ARM>.jsonl (STEM: smoke's model, e.g. qwen3-1.7b, else the pair's name; verl's file
+# logger: one record a step), .meta.json (the run's config, stack, the settings that differ from verl's defaults, GPU,
+# commit, command, peak GPU memory sampled by nvidia-smi) and .log; with two or more arms compare.py then writes
+# <TAG>-<STEM>.png (one arm a call: run compare.py on the files afterwards, as this script prints).
 # Needs verl, Ray and vLLM importable (on an air-gapped machine: scripts/staging/rl_stack_wheels.sh install).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -32,17 +58,22 @@ RESULTS=${1:?usage: run_pair.sh RESULTS_DIR [vllm] [vexact] [fast]}
 shift
 ARMS=("$@")
 [ ${#ARMS[@]} -gt 0 ] || ARMS=(vllm vexact)
-SHAPE=${SHAPE:-qwen3-1.7b}
-case "$SHAPE" in
-  qwen3-1.7b) MOE=0; LAYERS=${LAYERS:-28}; GPU_MEM=${GPU_MEM:-0.4} ;;
-  qwen3-30b-a3b) MOE=1; LAYERS=${LAYERS:-4}; GPU_MEM=${GPU_MEM:-0.25} ;;
-  *) echo "SHAPE must be qwen3-1.7b or qwen3-30b-a3b, got '$SHAPE'" >&2; exit 2 ;;
-esac
-STEPS=${STEPS:-10}
+PAIR=${PAIR:-smoke}
+# PAIR_* variables: the pair's settings after the environment's overrides (shapes.py validates them)
+EXPANDED=$(python3 examples/verify/shapes.py "$PAIR") || exit 2
+eval "$EXPANDED"
+SHAPE=$PAIR_SHAPE LAYERS=$PAIR_LAYERS MOE=$PAIR_MOE GPU_MEM=$PAIR_GPU_MEMORY_UTILIZATION NGPUS=$PAIR_NGPUS
+STEPS=$PAIR_STEPS STEM=$PAIR_STEM
 LR=${LR:-3e-6}
+ACTOR_ATTN=${ACTOR_ATTN:-sdpa}
 TAG=${TAG:-$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | grep -oiE 'h100|h200|b200|a100' \
   | tr 'A-Z' 'a-z' || true)}
 TAG=${TAG:-gpu}
+MODEL_ARGS=(--shape "$SHAPE" --layers "$LAYERS")
+if [ "$PAIR_VOCAB" = real ]; then
+  MODEL_ARGS+=(--vocab real --context "$PAIR_CONTEXT")
+  MODEL_DIR=${MODEL_DIR:-outputs/models/$SHAPE-l$LAYERS-real-c$PAIR_CONTEXT}
+fi
 MODEL_DIR=${MODEL_DIR:-outputs/models/$SHAPE-l$LAYERS}
 DATA=${DATA:-outputs/data/arith}
 # DRY_RUN=1: print each arm's command (one line: arm, then the command's words, NUL-separated) and run nothing
@@ -51,7 +82,7 @@ mkdir -p "$RESULTS"
 # absolute paths: vLLM's engine process and verl's workers resolve a relative one from another directory (as a hub id)
 MODEL_DIR=$(realpath -m "$MODEL_DIR")
 DATA=$(realpath -m "$DATA")
-[ "$DRY_RUN" = 1 ] || [ -f "$MODEL_DIR/config.json" ] || python3 examples/verl_grpo/make_model.py --shape "$SHAPE" --layers "$LAYERS" \
+[ "$DRY_RUN" = 1 ] || [ -f "$MODEL_DIR/config.json" ] || python3 examples/verl_grpo/make_model.py "${MODEL_ARGS[@]}" \
   --out "$MODEL_DIR"
 [ "$DRY_RUN" = 1 ] || [ -f "$DATA/train.parquet" ] || python3 examples/verl_grpo/make_dataset.py --out "$DATA"
 for arm in "${ARMS[@]}"; do
@@ -67,40 +98,59 @@ fi
 # the settings every arm shares (compare.py refuses runs whose `config` differ)
 COMMON=(
   algorithm.adv_estimator=grpo algorithm.use_kl_in_reward=False
-  data.train_files="$DATA/train.parquet" data.val_files="$DATA/test.parquet" data.train_batch_size=32
-  data.max_prompt_length=128 data.max_response_length=64 data.seed=0
+  data.train_files="$DATA/train.parquet" data.val_files="$DATA/test.parquet" data.train_batch_size="$PAIR_TRAIN_BATCH_SIZE"
+  data.max_prompt_length="$PAIR_MAX_PROMPT_LENGTH" data.max_response_length="$PAIR_MAX_RESPONSE_LENGTH" data.seed=0
   actor_rollout_ref.model.path="$MODEL_DIR" actor_rollout_ref.model.use_remove_padding=True
-  actor_rollout_ref.actor.optim.lr="$LR" actor_rollout_ref.actor.ppo_mini_batch_size=32
-  actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16 actor_rollout_ref.actor.use_kl_loss=False
-  actor_rollout_ref.actor.entropy_coeff=0
-  actor_rollout_ref.rollout.n=4 actor_rollout_ref.rollout.tensor_model_parallel_size=1
-  actor_rollout_ref.rollout.gpu_memory_utilization="$GPU_MEM" actor_rollout_ref.rollout.max_num_seqs=256
-  actor_rollout_ref.rollout.max_num_batched_tokens=4096 actor_rollout_ref.rollout.calculate_log_probs=True
-  actor_rollout_ref.rollout.ignore_eos=True actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16
+  actor_rollout_ref.actor.optim.lr="$LR" actor_rollout_ref.actor.ppo_mini_batch_size="$PAIR_PPO_MINI_BATCH_SIZE"
+)
+if [ "$PAIR_TUNED" = 1 ]; then
+  # verl's examples: a token budget per GPU instead of micro-batch sizes, for the actor's update and for the
+  # forward-only log-prob passes (rollout's recompute and ref); gradient checkpointing on
+  COMMON+=(
+    actor_rollout_ref.model.enable_gradient_checkpointing=True actor_rollout_ref.actor.use_dynamic_bsz=True
+    actor_rollout_ref.actor.ppo_max_token_len_per_gpu="$PAIR_PPO_MAX_TOKEN_LEN_PER_GPU"
+    actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=True
+    actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu="$PAIR_LOG_PROB_MAX_TOKEN_LEN_PER_GPU"
+    actor_rollout_ref.ref.log_prob_use_dynamic_bsz=True
+    actor_rollout_ref.ref.log_prob_max_token_len_per_gpu="$PAIR_LOG_PROB_MAX_TOKEN_LEN_PER_GPU"
+  )
+else
+  COMMON+=(actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16)
+fi
+COMMON+=(
+  actor_rollout_ref.actor.use_kl_loss=False actor_rollout_ref.actor.entropy_coeff=0
+  actor_rollout_ref.rollout.n="$PAIR_ROLLOUT_N" actor_rollout_ref.rollout.tensor_model_parallel_size=1
+  actor_rollout_ref.rollout.gpu_memory_utilization="$GPU_MEM"
+)
+# smoke: the small pair's scheduler limits; the tuned pairs leave vLLM's scheduler at verl's defaults
+[ "$PAIR_TUNED" = 1 ] || COMMON+=(actor_rollout_ref.rollout.max_num_seqs=256 actor_rollout_ref.rollout.max_num_batched_tokens=4096)
+COMMON+=(actor_rollout_ref.rollout.calculate_log_probs=True actor_rollout_ref.rollout.ignore_eos=True)
+[ "$PAIR_TUNED" = 1 ] || COMMON+=(actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16)
+COMMON+=(
   reward.custom_reward_function.path=examples/verl_grpo/reward.py
-  trainer.n_gpus_per_node=1 trainer.nnodes=1 trainer.total_training_steps="$STEPS" trainer.val_before_train=False
+  trainer.n_gpus_per_node="$NGPUS" trainer.nnodes=1 trainer.total_training_steps="$STEPS" trainer.val_before_train=False
   trainer.test_freq=-1 trainer.save_freq=-1 'trainer.logger=["console","file"]' trainer.project_name=vexact_verify
 )
 for arm in "${ARMS[@]}"; do
-  NAME="$TAG-$SHAPE-$arm"
+  NAME="$TAG-$STEM-$arm"
   case "$arm" in
     vllm)
       ENTRY=verl.trainer.main_ppo
       ARGS=(actor_rollout_ref.rollout.name=vllm)
       if [ "$MOE" = 1 ]; then
-        ATTN=sdpa ACTOR="verl VeOmni engine (fused_triton MoE)"
-        ARGS+=(model_engine=veomni actor_rollout_ref.actor.veomni.attn_implementation=sdpa
+        ATTN=$ACTOR_ATTN ACTOR="verl VeOmni engine (fused_triton MoE)"
+        ARGS+=(model_engine=veomni actor_rollout_ref.actor.veomni.attn_implementation="$ACTOR_ATTN"
                actor_rollout_ref.actor.veomni.moe_implementation=fused_triton
                actor_rollout_ref.actor.veomni.init_device=cuda actor_rollout_ref.ref.veomni.init_device=cuda)
         # on one GPU VeOmni applies no FSDP, so no mixed precision: its fp32 weights reach the fused_triton MoE,
         # which takes bf16/fp16 only (AssertionError: torch.float32, seen on an H100); bf16 weights there
-        if [ "${NGPUS:-1}" = 1 ]; then
+        if [ "$NGPUS" = 1 ]; then
           ACTOR="$ACTOR, bf16 weights (one GPU: no FSDP mixed precision)"
           ARGS+=(actor_rollout_ref.actor.veomni.mixed_precision=False actor_rollout_ref.ref.veomni.mixed_precision=False)
         fi
       else
-        ATTN=sdpa ACTOR="verl FSDP engine (transformers model)"
-        ARGS+=(+actor_rollout_ref.model.override_config.attn_implementation=sdpa)
+        ATTN=$ACTOR_ATTN ACTOR="verl FSDP engine (transformers model)"
+        ARGS+=(+actor_rollout_ref.model.override_config.attn_implementation="$ACTOR_ATTN")
       fi
       ;;
     vexact | fast)
@@ -125,9 +175,10 @@ for arm in "${ARMS[@]}"; do
     continue
   fi
   MEMLOG="$RESULTS/$NAME.mem"
-  # the GPU this arm runs on (the first of CUDA_VISIBLE_DEVICES), not every GPU of the host
-  GPU_INDEX=${CUDA_VISIBLE_DEVICES:-0}
-  nvidia-smi -i "${GPU_INDEX%%,*}" --query-gpu=memory.used --format=csv,noheader,nounits -lms 500 > "$MEMLOG" \
+  # the GPUs this arm runs on (the first NGPUS of CUDA_VISIBLE_DEVICES), not every GPU of the host; the meta's peak
+  # is the largest sample of any one of them
+  GPU_INDEX=$(echo "${CUDA_VISIBLE_DEVICES:-$(seq -s, 0 $((NGPUS - 1)))}" | cut -d, -f1-"$NGPUS")
+  nvidia-smi -i "$GPU_INDEX" --query-gpu=memory.used --format=csv,noheader,nounits -lms 500 > "$MEMLOG" \
     2> /dev/null &
   SMI=$!
   echo "== $NAME: ${CMD[*]}"
@@ -144,13 +195,19 @@ for arm in "${ARMS[@]}"; do
   sleep 3
   echo "== $NAME: exit $rc after $(( $(date +%s) - START )) s, $(wc -l < "$VERL_FILE_LOGGER_PATH" 2> /dev/null || echo 0) steps"
   ARM="$arm" NAME="$NAME" RESULTS="$RESULTS" ATTN="$ATTN" ACTOR="$ACTOR" MOE="$MOE" SHAPE="$SHAPE" LAYERS="$LAYERS" \
-  RC="$rc" CMDLINE="${CMD[*]}" PYTHONPATH="$ARM_PATH${PYTHONPATH:+:$PYTHONPATH}" \
+  PAIR="$PAIR" STEM="$STEM" VOCAB_SIZE="$PAIR_VOCAB_SIZE" RC="$rc" CMDLINE="${CMD[*]}" \
+  PYTHONPATH="$ARM_PATH${PYTHONPATH:+:$PYTHONPATH}" \
   python3 examples/verify/write_meta.py  # the arm's own folders: the versions recorded are the ones the arm ran
   [ "$rc" = 0 ] || tail -30 "$RESULTS/$NAME.log"
 done
 [ "$DRY_RUN" = 1 ] && exit 0
 FILES=()
-for arm in "${ARMS[@]}"; do FILES+=("$RESULTS/$TAG-$SHAPE-$arm.jsonl"); done
+for arm in "${ARMS[@]}"; do FILES+=("$RESULTS/$TAG-$STEM-$arm.jsonl"); done
+if [ ${#ARMS[@]} -lt 2 ]; then  # one arm a call (e.g. each on its own GPU): compare once both have run
+  echo "== compare when the other arm has run: python3 examples/verify/compare.py $RESULTS/$TAG-$STEM-vllm.jsonl" \
+    "$RESULTS/$TAG-$STEM-vexact.jsonl --plot $RESULTS/$TAG-$STEM.png --expect-exact vexact"
+  exit 0
+fi
 EXACT=()
 [[ " ${ARMS[*]} " == *" vexact "* ]] && EXACT=(--expect-exact vexact)
-python3 examples/verify/compare.py "${FILES[@]}" --plot "$RESULTS/$TAG-$SHAPE.png" "${EXACT[@]}"
+python3 examples/verify/compare.py "${FILES[@]}" --plot "$RESULTS/$TAG-$STEM.png" "${EXACT[@]}"

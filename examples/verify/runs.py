@@ -3,7 +3,8 @@
 A run is ``<gpu>-<model>-<arm>.jsonl`` (arm in ``vllm``, ``vexact``, ``fast``; e.g. ``h100-qwen3-1.7b-vllm.jsonl``):
 one line per step, ``{"step": N, "data": {"rollout_corr/k3_kl": ..., "timing_s/gen": ..., ...}}``. Beside it the run
 script writes ``<same stem>.meta.json`` with the keys in ``META_KEYS``: ``config`` is a flat dict of the settings
-every arm must share (model shape, data, seed, lr, steps, batch, lengths, ``ignore_eos``), ``stack`` says what ran
+every arm must share (the pair and model shape first, then batch, lengths, ``ignore_eos``, steps, lr, data, and the
+token budgets and micro-batches both arms are tuned with), ``stack`` says what ran
 (rollout, actor engine, attention, MoE implementation, versions), ``peak_gpu_mem_mib`` is an int or null.
 Runs without a meta file (the older ``*-invariant.jsonl`` / ``*-fast.jsonl`` pairs) still load; their configs are
 not checked.
@@ -119,12 +120,24 @@ def read_run(path: Path | str) -> Run:
 
 
 def check_comparable(runs: list[Run]) -> list[str]:
-    """Raise RunError unless the runs log the same steps, have distinct arms and (where metas exist) share their
-    config. Returns notes on what was not checked."""
+    """Raise RunError unless the runs have distinct arms, share their config (where metas exist: the first differing
+    setting is named, in the meta's order, shape first) and log the same steps. Returns notes on what was not
+    checked."""
     first = runs[0]
     for r in runs[1:]:
         if r.arm == first.arm:
             raise RunError(f"two runs of arm {r.arm!r}: {first.name} and {r.name}")
+    without = [r.name for r in runs if r.meta is None]
+    for r in runs[1:] if not without else []:
+        key = first_difference(first.meta["config"], r.meta["config"])
+        if key is not None:
+            a, b = first.meta["config"], r.meta["config"]
+            va = repr(a[key]) if key in a else "(absent)"
+            vb = repr(b[key]) if key in b else "(absent)"
+            raise RunError(
+                f"config differs at {key!r}: {va} in {meta_path(first.path).name}, {vb} in {meta_path(r.path).name}"
+            )
+    for r in runs[1:]:
         if len(r.steps) != len(first.steps):
             raise RunError(
                 f"step counts differ: {first.name} has {len(first.steps)} steps, {r.name} has {len(r.steps)}"
@@ -132,19 +145,17 @@ def check_comparable(runs: list[Run]) -> list[str]:
         if r.steps != first.steps:
             diff = sorted(set(first.steps) ^ set(r.steps))
             raise RunError(f"steps differ: {first.name} and {r.name} disagree on steps {diff}")
-    without = [r.name for r in runs if r.meta is None]
     if without:
         return [f"configs not checked: no meta.json beside {', '.join(without)} (step counts checked)"]
-    for r in runs[1:]:
-        a, b = first.meta["config"], r.meta["config"]
-        for key in sorted(set(a) | set(b)):
-            if key not in a or key not in b or a[key] != b[key]:
-                va = repr(a[key]) if key in a else "(absent)"
-                vb = repr(b[key]) if key in b else "(absent)"
-                raise RunError(
-                    f"config differs at {key!r}: {va} in {meta_path(first.path).name}, {vb} in {meta_path(r.path).name}"
-                )
     return []
+
+
+def first_difference(a: dict, b: dict) -> str | None:
+    """The first key, in ``a``'s order and then ``b``'s, whose value differs between the configs (or that one lacks)."""
+    for key in [*a, *(k for k in b if k not in a)]:
+        if key not in a or key not in b or a[key] != b[key]:
+            return key
+    return None
 
 
 def fmt_float(v: float | None, spec: str = ".3g") -> str:

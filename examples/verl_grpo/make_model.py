@@ -9,9 +9,12 @@ rollout/actor mismatch metrics are meaningful on it. Use a real Qwen3 checkpoint
 examples/verl_grpo/run_grpo.sh``.
 
 ``--shape NAME`` takes the widths of a real model (its config.json: ``SHAPES`` below, from vexact-models' tables):
-``qwen3-1.7b``, ``qwen3-30b-a3b``, ``llama-3.1-8b``, ``r1-distill-qwen-1.5b`` (DeepSeek-R1-Distill-Qwen-1.5B, a Qwen2)
-and ``moonlight-16b-a3b`` (a DeepSeek-V3), at ``--layers`` depth (default: the model's own), keeping the byte
-vocabulary (the GPU machines have no hub tokenizer) and a context of 1024.
+``qwen3-1.7b``, ``qwen3-8b``, ``qwen3-30b-a3b``, ``llama-3.1-8b``, ``r1-distill-qwen-1.5b``
+(DeepSeek-R1-Distill-Qwen-1.5B, a Qwen2) and ``moonlight-16b-a3b`` (a DeepSeek-V3), at ``--layers`` depth (default:
+the model's own), with a context of ``--context`` tokens (default 1024). ``--vocab byte`` (the default) keeps the byte
+vocabulary (272 ids: the GPU machines have no hub tokenizer); ``--vocab real`` keeps the model's own vocabulary size
+(151,936 for Qwen3) with ``full_vocab.py``'s tokenizer, which has a token for every id the random model can sample,
+and Qwen3's special-token ids (EOS ``<|im_end|>`` 151,645, pad ``<|endoftext|>`` 151,643). Qwen3 shapes only.
 
 ``--family qwen2`` / ``--family llama`` write that dense family at the ``--hidden`` width instead (Qwen2's q/k/v
 biases; Llama's llama3 rope and tied head). ``--family deepseek_v3`` writes a DeepSeek-V3 / Moonlight-style model
@@ -23,6 +26,7 @@ rope), e.g. ``--family deepseek_v3 --hidden 1024 --layers 8 --experts 32``.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import shutil
 from pathlib import Path
@@ -68,9 +72,18 @@ def main() -> None:
     ap.add_argument("--experts", type=int, default=0, help="> 0: a Qwen3-MoE with this many experts in every layer")
     ap.add_argument("--top-k", type=int, default=4, help="experts per token (with --experts)")
     ap.add_argument("--shape", choices=sorted(SHAPES), help="a real model's widths (overrides --hidden/--experts)")
+    ap.add_argument(
+        "--vocab",
+        choices=["byte", "real"],
+        default="byte",
+        help="with --shape: the byte vocabulary (272) or the model's own with full_vocab.py's tokenizer",
+    )
+    ap.add_argument("--context", type=int, default=1024, help="with --shape: max_position_embeddings")  # fmt: skip
     args = ap.parse_args()
     args.layers_given = args.layers is not None
     args.layers = 4 if args.layers is None else args.layers
+    if args.vocab == "real" and not (args.shape or "").startswith("qwen3"):
+        raise ValueError(f"--vocab real: Qwen3 shapes only (full_vocab.py is Qwen3's layout); got --shape {args.shape}")
     if args.shape:
         return _write(args, _shaped(args))
     if args.hidden < 64 or args.hidden % 64:
@@ -104,6 +117,7 @@ def main() -> None:
 # the byte tokenizer's, context 1024. name -> (family, the model's config values).
 SHAPES = {
     "qwen3-1.7b": ("qwen3", QWEN3_SHAPES["qwen3-1.7b"]),
+    "qwen3-8b": ("qwen3", QWEN3_SHAPES["qwen3-8b"]),
     "qwen3-30b-a3b": ("qwen3_moe", QWEN3_MOE_SHAPES["qwen3-30b-a3b"]),
     "llama-3.1-8b": ("llama", LLAMA_SHAPES["llama-3.1-8b"]),
     # DeepSeek-R1-Distill-Qwen-1.5B: Qwen2.5-1.5B's widths with its own rope base (10000) and an untied LM head
@@ -115,8 +129,12 @@ SHAPES = {
 
 def _shaped(args):
     family, values = SHAPES[args.shape]
-    shape = {k: v for k, v in values.items() if k not in ("vocab_size", "max_position_embeddings")}
-    shape["max_position_embeddings"] = 1024
+    drop = ("max_position_embeddings",) if args.vocab == "real" else ("vocab_size", "max_position_embeddings")
+    shape = {k: v for k, v in values.items() if k not in drop}
+    shape["max_position_embeddings"] = args.context
+    if args.vocab == "real":  # Qwen3's config.json ids, which full_vocab.py's tokenizer gives the same tokens
+        vocab = _full_vocab()
+        shape.update(bos_token_id=vocab.BPE_VOCAB, eos_token_id=vocab.BPE_VOCAB + 2)
     if args.layers_given:
         shape["num_hidden_layers"] = args.layers
     if family == "deepseek_v3":
@@ -142,6 +160,8 @@ def _write(args, cfg) -> None:
         path = make_tiny_checkpoint(args.out, cfg, seed=args.seed)
     if args.family == "deepseek_v3":
         _deepseek_tokenizer(path, cfg)
+    if args.vocab == "real":
+        _full_vocab().write_tokenizer(path, cfg.vocab_size)
     tok_cfg = path / "tokenizer_config.json"
     meta = json.loads(tok_cfg.read_text())
     template = DEEPSEEK_CHAT_TEMPLATE if args.family == "deepseek_v3" else CHAT_TEMPLATE
@@ -152,6 +172,14 @@ def _write(args, cfg) -> None:
         f"wrote {path} ({args.shape or args.family}, hidden {cfg.hidden_size}, {cfg.num_hidden_layers} layers{moe}, "
         f"vocab {cfg.vocab_size})"
     )
+
+
+def _full_vocab():
+    """full_vocab.py beside this file, loaded by path: this file also runs loaded by path (the tests), off sys.path."""
+    spec = importlib.util.spec_from_file_location("full_vocab", Path(__file__).with_name("full_vocab.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _deepseek_tokenizer(path: Path, cfg) -> None:

@@ -76,7 +76,8 @@ def test_random_model_checkpoint_has_a_chat_template_verl_can_use(tmp_path, extr
 
 def test_make_model_shapes_take_the_published_widths():
     """``make_model.py --shape``: each real model's widths (its config.json) at the depth asked for, with the byte
-    vocabulary and a context of 1024 (config only: writing the weights takes seconds to minutes)."""
+    vocabulary and a context of 1024, or with ``--vocab real`` the model's own vocabulary and Qwen3's special-token
+    ids (config only: writing the weights takes seconds to minutes)."""
     import argparse
     import importlib.util
 
@@ -85,6 +86,8 @@ def test_make_model_shapes_take_the_published_widths():
     spec.loader.exec_module(make_model)
     want = {
         "qwen3-1.7b": dict(model_type="qwen3", hidden_size=2048, num_attention_heads=16, num_key_value_heads=8),
+        "qwen3-8b": dict(model_type="qwen3", hidden_size=4096, intermediate_size=12288, num_attention_heads=32,
+                         num_key_value_heads=8, tie_word_embeddings=False),
         "qwen3-30b-a3b": dict(model_type="qwen3_moe", num_experts=128, num_experts_per_tok=8,
                               moe_intermediate_size=768),
         "llama-3.1-8b": dict(model_type="llama", hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
@@ -98,8 +101,15 @@ def test_make_model_shapes_take_the_published_widths():
     }  # fmt: skip
     assert set(want) == set(make_model.SHAPES)
     for shape, fields in want.items():
-        args = argparse.Namespace(shape=shape, layers=2, layers_given=True, family="qwen3", experts=0, top_k=4)
+        args = argparse.Namespace(shape=shape, layers=2, layers_given=True, family="qwen3", experts=0, top_k=4,
+                                  vocab="byte", context=1024)  # fmt: skip
         cfg = make_model._shaped(args)
         got = {k: getattr(cfg, k) for k in fields}
         assert got == fields, shape
         assert (cfg.num_hidden_layers, cfg.vocab_size, cfg.max_position_embeddings) == (2, 272, 1024), shape
+    for shape in ("qwen3-1.7b", "qwen3-8b", "qwen3-30b-a3b"):
+        args = argparse.Namespace(shape=shape, layers=2, layers_given=True, family="qwen3", experts=0, top_k=4,
+                                  vocab="real", context=5120)  # fmt: skip
+        cfg = make_model._shaped(args)
+        got = (cfg.vocab_size, cfg.max_position_embeddings, cfg.bos_token_id, cfg.eos_token_id)
+        assert got == (151936, 5120, 151643, 151645), shape
