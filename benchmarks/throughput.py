@@ -1,7 +1,7 @@
 """Engine throughput on the GPU against the engines users would pick instead, side by side in one run (prints a
 markdown report; ``--out`` also writes it; ``--results-md`` writes the results file, ``throughput_report.py``).
 
-The headline is the shape RL rollouts spend their time in (issue 48), as named workloads: ``--workload rl`` (1024
+The headline is the shape RL rollouts spend their time in, as named workloads: ``--workload rl`` (1024
 prompts of 128-512 tokens, 1024-2048 generated, batch limits 256 and 512, 8192 tokens per step, VeXact invariant
 against vLLM default and vLLM batch-invariant) and ``--workload rl-long`` (256 prompts, 4096-8192 generated, the same
 limits); a workload sets those flags, and a flag given on the command line still wins (the results file names it).
@@ -105,7 +105,7 @@ SHAPES = {  # name: (family, the config's sizes); every family has peer columns 
     "0.6b": ("qwen3", QWEN3_SHAPES["qwen3-0.6b"]),
     "1.7b": ("qwen3", QWEN3_SHAPES["qwen3-1.7b"]),
     "8b": ("qwen3", QWEN3_SHAPES["qwen3-8b"]),
-    # issue #12: Moonlight-16B-A3B (MLA, DeepSeek MoE)
+    # Moonlight-16B-A3B (MLA, DeepSeek MoE)
     "moonlight": ("deepseek_v3", DEEPSEEK_V3_SHAPES["moonlight-16b-a3b"]),
     # the published shapes of the other families, under their vexact_models names
     **{name: ("qwen3_moe", sizes) for name, sizes in QWEN3_MOE_SHAPES.items()},
@@ -466,7 +466,7 @@ MODE_NAMES = {
 }  # fmt: skip
 QUICK = dict(num_prompts=64, prompt_len=[128, 512], gen_len=[64, 128], hf_prompts=32, hf_new_tokens=64, decode_steps=32)
 # Named workloads (--workload): the flags each one sets; a flag given on the command line still wins. Both are the
-# shape RL rollouts spend their time in (issue 48): long generations at 256-512 in flight. vLLM's subprocess gets
+# shape RL rollouts spend their time in: long generations at 256-512 in flight. vLLM's subprocess gets
 # 1200 s: a vLLM batch-invariant run of 1.5M tokens with its start takes longer than the default 300.
 RL_LIMITS = dict(max_num_seqs="256,512", max_num_batched_tokens=8192, modes="invariant,vllm,vllm-bi", grpo_prompts=0,
                  vllm_timeout=1200)  # fmt: skip
@@ -644,7 +644,7 @@ def peer_section(
                        for x, y in zip(a.pop("outputs"), b.pop("outputs"), strict=True))  # fmt: skip
             lines += ["", f"Batch limit {limit}: the draw in the decode graph gives the eager draw's tokens and "
                       f"logprobs (torch.equal, every request): {'yes' if same else 'NO'}"]  # fmt: skip
-    # the goals of issue 14, measured in this run
+    # the goals measured in this run
     goal_rows = []
     for limit in batch_limits:
         inv, ref, bi = (results.get((limit, m)) for m in ("invariant", "vllm", "vllm-bi"))

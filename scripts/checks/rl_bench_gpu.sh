@@ -24,7 +24,7 @@
 #   WORKLOAD              rl (default) or rl-long
 #   RL_NUM_PROMPTS        prompts (default: 512 for 1.7b, 256 for 8b with rl, the workload's own otherwise): the rl
 #                         workload's 1024 cut so that one model's run stays near 15 minutes on an H100, an estimate
-#                         from issue 48's H200 rates scaled to H100 bandwidth (1.7b at 512: about 10 minutes of
+#                         from the H200 rates of throughput-h200.md scaled to H100 bandwidth (1.7b at 512: about 10 minutes of
 #                         generation for 4 modes x 2 limits, 5 of engine starts and profiles; 8b reads about 1.6x the
 #                         bytes a step); the results file names the cut
 #   RL_MODES              default invariant,invariant-async,vllm,vllm-bi (invariant-async left out, with a note in the

@@ -63,7 +63,7 @@ if [ "$ENGINE" != fsdp ]; then
   python3 -c "import veomni, verl.workers.engine.veomni; print('veomni', veomni.__version__)"
 fi
 # PP=2 (env): each rollout replica a pipeline of 2 stages over 2 GPUs (rollout.pipeline_model_parallel_size; issue
-# #15's 2x H200 run: N_GPUS=2 gives one replica, its two stages on the two GPUs the 2 FSDP ranks also use)
+# a 2x H200 run: N_GPUS=2 gives one replica, its two stages on the two GPUs the 2 FSDP ranks also use)
 PP=${PP:-1}
 ARGS=(trainer.n_gpus_per_node="$NGPU" "${ENGINE_ARGS[@]}"
       actor_rollout_ref.rollout.pipeline_model_parallel_size="$PP"
