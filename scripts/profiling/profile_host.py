@@ -52,10 +52,11 @@ def host_step_ms(
             llm.add_request([3 + (k * 11 + j) % 200 for j in range(chunk)], one)
     runner, hidden = llm.runner, torch.zeros(batch + chunk, model.config.hidden_size)
     runner._replay = lambda key, static, tokens, seqs: hidden[:tokens]
+    width = batch + 1  # the decode rows and a new request's prompt (--chunk)
+    drawn = torch.stack([torch.full((width,), 5.0, dtype=torch.float64), -torch.ones(width, dtype=torch.float64)])
     if draw is None:
-        runner.sample = lambda rows, items: [(it, 5, -1.0) for it in items]
+        runner._sample_on_device = lambda rows, items: drawn[:, : len(items)]
     else:
-        drawn = torch.stack([torch.full((batch,), 5.0, dtype=torch.float64), -torch.ones(batch, dtype=torch.float64)])
         model.sample = lambda rows, temps, seeds: (drawn[0, : len(rows)].long(), drawn[1, : len(rows)].float())
         runner._replay_draw = lambda size, rows: drawn[:, :size]
     for _ in range(5):
