@@ -71,9 +71,10 @@ def _workload(seed: int, vocab: int, eos: int):
 
 
 def _drive(model, requests, aborts, **kw) -> tuple[LLMEngine, dict[str, RequestOutput]]:
-    """Run every request to its end; a request in ``aborts`` is aborted once the host holds that many of its tokens
-    (the same point of its output whether the loop reads steps back at once or a step late)."""
-    eng = LLMEngine(model=model, **kw)
+    """Run every request to its end on an engine of ``model`` (a module, or a checkpoint path); a request in
+    ``aborts`` is aborted once the host holds that many of its tokens (the same point of its output whether the loop
+    reads steps back at once or a step late)."""
+    eng = LLMEngine(model=model, **kw) if isinstance(model, torch.nn.Module) else LLMEngine(model, **kw)
     for rid, prompt, params in requests:
         eng.add_request(prompt, params, request_id=rid)
     outs: dict[str, RequestOutput] = {}
@@ -273,18 +274,21 @@ GPU_KW = dict(max_num_seqs=32, max_num_batched_tokens=256, block_size=16, device
 
 
 def _gpu_workload(seed: int, n: int):
+    """``n`` requests for the default checkpoint (272 tokens, 512 positions): prompts of 4-300 tokens, a quarter of
+    them repeated (prefix-cache hits), fused-draw rows and a few short greedy and top-p ones, stop tokens, EOS
+    honoured on odd rows."""
     r = random.Random(seed)
-    prompts = [[r.randrange(1000) for _ in range(r.randint(4, 300))] for _ in range(n)]
+    prompts = [[r.randrange(256) for _ in range(r.randint(4, 300))] for _ in range(n)]
     prompts[1::4] = prompts[0::4][: len(prompts[1::4])]  # shared prompts: prefix-cache hits
     params = []
     for i in range(n):
         sp = dict(temperature=[1.0, 0.7, 1.3][i % 3], max_tokens=r.randint(1, 120), seed=i, ignore_eos=i % 2 == 0)
         if i % 5 == 1:
-            sp["stop_token_ids"] = r.sample(range(1000), 40)
-        if i % 7 == 3:
-            sp["temperature"] = 0.0
+            sp["stop_token_ids"] = r.sample(range(272), 20)
+        if i % 7 == 3:  # greedy and top-p rows sample eagerly: short, so later steps draw in the graph
+            sp.update(temperature=0.0, max_tokens=r.randint(1, 10))
         if i % 11 == 4:
-            sp["top_p"] = 0.9
+            sp.update(top_p=0.9, max_tokens=r.randint(1, 10))
         params.append(SamplingParams(**sp))
     return [(f"g{i}", p, sp) for i, (p, sp) in enumerate(zip(prompts, params, strict=True))]
 
@@ -299,9 +303,8 @@ def test_gpu_async_decode_gives_the_bits_of_the_synchronous_loop(num_kv_blocks):
     requests = _gpu_workload(seed=num_kv_blocks, n=40)
     aborts = {"g6": 5, "g13": 0, "g21": 30}
     kw = dict(GPU_KW, num_kv_blocks=num_kv_blocks, draw_in_graph=True)
-    loader = LLM(ckpt, **kw)  # the model, loaded once
-    sync, ref = _drive(loader.model, requests, aborts, **kw)
-    eng, outs = _drive(loader.model, requests, aborts, async_decode=True, **kw)
+    sync, ref = _drive(ckpt, requests, aborts, **kw)
+    eng, outs = _drive(ckpt, requests, aborts, async_decode=True, **kw)
     _assert_same(outs, ref, requests)
     _assert_quiet(eng)
     runner = eng.runner
@@ -328,3 +331,17 @@ def test_gpu_async_generate_through_sleep_equals_the_synchronous_loop():
         assert llm._in_flight is None and llm.runner.graph_error is None
         llm.sleep(level=1)
         llm.wake_up()
+
+
+@pytest.mark.gpu
+def test_gpu_a_step_is_read_back_through_pinned_memory():
+    """What lets the host run ahead: the step in flight copies its results into pinned memory (queued, not waited
+    for), and the static buffers go over from pinned memory."""
+    eng = LLMEngine(default_checkpoint(), async_decode=True, **GPU_KW, num_kv_blocks=256)
+    eng.add_request([1, 2, 3], SamplingParams(max_tokens=8, seed=0, ignore_eos=True))
+    eng.step()
+    assert eng._in_flight is not None and eng._in_flight._host.is_pinned()
+    assert eng.runner._decode.pinned and eng.runner._mixed.pinned
+    while eng.has_unfinished_requests():
+        eng.step()
+    _assert_quiet(eng)
