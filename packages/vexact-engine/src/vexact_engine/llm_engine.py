@@ -167,9 +167,10 @@ class LLMEngine(EngineSleep, EngineWeights):
             raise
         for item in batch:
             item.seq.num_computed_tokens += item.num_new_tokens
-        for row, item in enumerate(launched.items):
-            item.seq.num_pending += 1  # its token is on the device until the step is read back
-            item.seq.pending_row = row
+        if self.config.async_decode:  # (else the step is read back before anything else looks at its sequences)
+            for row, item in enumerate(launched.items):
+                item.seq.num_pending += 1  # its token is on the device until the step is read back
+                item.seq.pending_row = row
         return launched
 
     def _read_back(self, launched: LaunchedStep) -> list[RequestOutput]:
@@ -177,12 +178,14 @@ class LLMEngine(EngineSleep, EngineWeights):
         of a request that finished (or was aborted) after its step was launched is dropped."""
         finished = []
         eos, max_len, done = self.eos_token_ids, self.max_model_len, SequenceStatus.FINISHED
+        one_late = self.config.async_decode
         for item, token, logprob in launched.results():
             seq = item.seq
-            seq.num_pending -= 1
-            if seq.status is done:
-                self.num_dropped_rows += 1
-                continue
+            if one_late:
+                seq.num_pending -= 1
+                if seq.status is done:
+                    self.num_dropped_rows += 1
+                    continue
             out = seq.output_token_ids
             out.append(token)
             seq.output_logprobs.append(logprob)
