@@ -97,13 +97,20 @@ def _same(outs, ref):
     assert all(torch.equal(a.logprobs, b.logprobs) for a, b in zip(outs, ref, strict=True))
 
 
-# (name, settings): batch size, chunk size (token budget), page size, KV pages (tight: preemption), graphs on/off
+# (name, settings): batch size, chunk size (token budget), page size, KV pages (tight: preemption), graphs on/off,
+# the one-step-ahead loop on/off
 ENGINE_SETTINGS = [
     ("graphs", dict(max_num_seqs=64, max_num_batched_tokens=2048, num_kv_blocks=2048)),
     ("eager", dict(max_num_seqs=64, max_num_batched_tokens=2048, num_kv_blocks=2048, enforce_eager=True)),
     ("batch-5-chunk-96", dict(max_num_seqs=5, max_num_batched_tokens=96, num_kv_blocks=2048)),
     ("batch-24-odd-graphs", dict(max_num_seqs=24, max_num_batched_tokens=512, cuda_graph_batch_sizes=[3, 7, 24])),
     ("preempt-page-8", dict(max_num_seqs=32, max_num_batched_tokens=384, block_size=8, num_kv_blocks=160)),
+    # one step ahead: each step read back a step late, the drawn tokens fed on the device
+    ("graphs-async", dict(max_num_seqs=64, max_num_batched_tokens=2048, num_kv_blocks=2048, async_decode=True)),
+    (
+        "preempt-async",
+        dict(max_num_seqs=32, max_num_batched_tokens=384, block_size=8, num_kv_blocks=160, async_decode=True),
+    ),
 ]
 
 
@@ -124,6 +131,8 @@ def test_engine_equals_trainer_across_settings(shape_model):
             assert llm.runner.num_padded_prompt_steps == 0
         if name.startswith("preempt"):
             assert llm.num_preemptions > 0, "the KV cache was meant to be tight enough to preempt"
+        if name.endswith("async"):
+            assert llm.runner.graph_error is None and llm.runner.num_fed_rows > 0, llm.runner.graph_error
         assert logprob_mismatches(outs, _trainer_logprobs(model, outs, params)) == [], name
         if ref is None:
             ref = outs

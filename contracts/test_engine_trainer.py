@@ -2,7 +2,8 @@
 
 Random prompt sets, sampling settings and engine settings (batch size, token budget / chunk size, page size, KV
 cache size small enough to force preemption, chunked prefill on/off, prefix caching on/off with prompts that share
-prefixes, as a GRPO group's do). The dedicated prefix-cache contracts are in ``test_prefix_cache.py``.
+prefixes, as a GRPO group's do, the one-step-ahead loop ``async_decode`` on/off). The dedicated prefix-cache
+contracts are in ``test_prefix_cache.py``.
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ def workloads(draw):
         enable_prefix_caching=draw(st.booleans()),
         max_model_len=MAX_LEN,
         seed=draw(st.integers(0, 1000)),
+        async_decode=draw(st.booleans()),  # each step read back one step late, the drawn tokens fed on the device
     )
     return prompts, params, cfg
 
@@ -96,6 +98,7 @@ def _engine_equals_trainer(model, workload) -> None:
     event(f"preempted: {llm.num_preemptions > 0}")
     event(f"chunked prefill: {cfg.enable_chunked_prefill}")
     event(f"prefix-cache hits: {llm.stats['cached_prompt_tokens'] > 0}")
+    event(f"async decode: {cfg.async_decode}")
     assert logprob_mismatches(outs, trainer_logprobs(model, outs, params)) == []
 
 

@@ -64,6 +64,18 @@ class EngineConfig:
     graph, and brings tokens and logprobs back in one copy; other steps sample eagerly as without it. The same tokens
     and logprobs either way (the fused draw is row-invariant, so pad rows change no real row). On CUDA only with the
     ``invariant`` logprobs kernels (the ``fast`` ones read the device on the host).
+
+    ``async_decode`` (default off): the loop schedules and launches step N+1 while step N runs and reads step N's
+    tokens back one step late. A decoding row of step N+1 takes its input token from the device memory step N's draw
+    wrote (``in_flight.feed_drawn``), not from the host; the host prepares positions, KV slots and block tables as
+    without it. The stopping rules (stop tokens, EOS, ``max_tokens``, ``max_model_len``), aborts and preemption are
+    applied when a step is read back: a request that stops on a token of step N has one more row in step N+1, whose
+    token is dropped (its KV write lands in its own page; its pages are freed when step N is read). The same tokens
+    and logprobs as without it, for every request. It needs the invariant attention and logprobs kernels (``fast``
+    ones read a step's layout on the host, a wait for the step before it), and the padded steps CUDA graphs replay
+    (``enforce_eager=False``): an eager step keeps the host launching kernels for as long as the device runs them.
+    With it ``draw_in_graph`` defaults to on (an explicit value or ``$VEXACT_DRAW_IN_GRAPH`` still wins). Not in a
+    ``PipelineLLM``.
     """
 
     max_num_seqs: int = 64
@@ -85,6 +97,7 @@ class EngineConfig:
     pack_weights: bool = True
     graph_recapture: str = "lazy"
     draw_in_graph: bool | None = None
+    async_decode: bool = False
 
     def __post_init__(self) -> None:
         try:
@@ -107,11 +120,15 @@ class EngineConfig:
             )
         if not isinstance(self.pack_weights, bool):
             raise TypeError(f"EngineConfig.pack_weights must be True or False, got {self.pack_weights!r}")
+        if not isinstance(self.async_decode, bool):
+            raise TypeError(f"EngineConfig.async_decode must be True or False, got {self.async_decode!r}")
+        if self.async_decode:
+            self._check_async_decode()
         if self.draw_in_graph is None:
             value = os.environ.get(DRAW_IN_GRAPH_ENV, "")
             if value not in ("", "0", "1"):
                 raise ValueError(f"${DRAW_IN_GRAPH_ENV} must be 1 or 0 (or unset), got {value!r}")
-            self.draw_in_graph = value == "1"
+            self.draw_in_graph = value == "1" or (value == "" and self.async_decode)
         if not isinstance(self.draw_in_graph, bool):
             raise TypeError(f"EngineConfig.draw_in_graph must be True, False or None, got {self.draw_in_graph!r}")
         if not isinstance(self.enable_prefix_caching, bool):
@@ -144,6 +161,21 @@ class EngineConfig:
                     f"got {sizes!r}"
                 )
             self.cuda_graph_token_sizes = tuple(sorted(set(sizes)))
+
+    def _check_async_decode(self) -> None:
+        if self.enforce_eager:
+            raise ValueError(
+                "EngineConfig.async_decode=True needs the padded steps CUDA graphs replay, got enforce_eager=True "
+                "(an eager step keeps the host launching kernels while the device runs them: nothing to overlap)"
+            )
+        with vk.use_backend(self.backend):
+            fast = [op for op in ("attention", "logprobs") if vk.get_backend(op) != "invariant"]
+        if fast:
+            raise ValueError(
+                f"EngineConfig.async_decode=True needs the invariant attention and logprobs kernels, got "
+                f"backend={self.backend!r} ({', '.join(fast)} fast: those read a step's layout on the host, which "
+                "waits for the step before it)"
+            )
 
     def graph_batch_sizes(self, on_cuda: bool) -> list[int]:
         """The padded decode sizes in force: none when eager (or on CPU without an explicit list)."""

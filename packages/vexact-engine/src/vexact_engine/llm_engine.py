@@ -6,6 +6,10 @@ A request's path: ``add_request`` -> ``Sequence`` (``sequence.py``) -> ``Schedul
 samples (``model_runner.py``, ``sampler.py``) -> ``step`` appends the token and its logprob, and returns the finished
 requests as ``RequestOutput``. Supporting machinery lives in modules of its own: KV-cache sizing (``kv_cache.py``),
 model loading (``loading.py``), sleep/wake (``sleep.py``) and the weight-update paths (``weight_update.py``).
+
+A step is launched, then read back (``_read_back``: append, stopping rules). With ``EngineConfig.async_decode`` the
+loop reads step N back after it has launched step N+1 (``in_flight.py``), so the host schedules and prepares a step
+while the device runs the one before it; without it each step is read back as soon as it is launched.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from vexact_models import pack_parameters
 from .ablation import MismatchInjection, take_mismatch
 from .block_manager import BlockManager
 from .config import EngineConfig
+from .in_flight import LaunchedStep
 from .kv_cache import num_kv_blocks, resolve_max_model_len
 from .loading import load_engine_model, load_tokenizer
 from .model_runner import ModelRunner
@@ -66,7 +71,7 @@ class LLMEngine(EngineSleep, EngineWeights):
         self.max_model_len = resolve_max_model_len(model.config, self.config)
         num_blocks = num_kv_blocks(self.model, self.config, self.max_model_len)
         self.blocks = BlockManager(num_blocks, self.config.block_size, self.config.enable_prefix_caching)
-        self.scheduler = Scheduler(self.config, self.blocks)
+        self.scheduler = Scheduler(self.config, self.blocks, self.max_model_len)
         self.runner = self._make_runner(model, num_blocks)
         self.runner.mismatch = self.mismatch
         self.eos_token_ids = set(model.config.eos_token_ids)
@@ -74,6 +79,9 @@ class LLMEngine(EngineSleep, EngineWeights):
             self.eos_token_ids.add(tokenizer.eos_token_id)
         self._seqs: dict[str, Sequence] = {}
         self._num_arrivals = 0  # accepted requests so far; a rejected request takes no arrival slot (see add_request)
+        self._in_flight: LaunchedStep | None = None  # async_decode: the launched step not read back yet
+        self.num_dropped_rows = 0  # async_decode: rows of requests that had finished (or were aborted) when read back
+        self._finished_early: list[RequestOutput] = []  # read back while a launch failed: the next step returns them
         self._init_sleep()
         self._init_weights()
 
@@ -125,7 +133,8 @@ class LLMEngine(EngineSleep, EngineWeights):
         return request_id
 
     def step(self) -> list[RequestOutput]:
-        """Schedule and run one step; return the requests that finished in it."""
+        """Schedule and run one step; return the requests that finished in it (with ``async_decode``: the requests
+        found finished when the step before it is read back, once this one is launched)."""
         if self.sleep_level:
             raise RuntimeError(f"the engine is asleep (level {self.sleep_level}): call wake_up() before step()")
         if self._weights_pending:
@@ -134,22 +143,49 @@ class LLMEngine(EngineSleep, EngineWeights):
                 f"e.g. {sorted(self._weights_pending)[:3]}: call update_weights with them first"
             )
         batch = self.scheduler.schedule()
-        if not batch:
-            if self.scheduler.has_unfinished():
-                raise RuntimeError(f"scheduler made no progress with {len(self.scheduler.waiting)} waiting requests")
-            return []
+        launched = self._launch(batch) if batch else None
+        finished, self._finished_early = self._finished_early, []
+        if self.config.async_decode:
+            launched, self._in_flight = self._in_flight, launched
+        if launched is not None:
+            finished += self._read_back(launched)
+        elif not batch and not finished and self.scheduler.has_unfinished():
+            raise RuntimeError(f"scheduler made no progress with {len(self.scheduler.waiting)} waiting requests")
+        if not self.scheduler.has_unfinished():
+            self._in_flight = None  # every row still in flight belongs to a finished request: nothing to read
+        return finished
+
+    def _launch(self, batch) -> LaunchedStep:
         try:
-            results = self.runner.run(batch, self.blocks)
+            launched = self.runner.launch(batch, self.blocks)
         except BaseException:
             # pages registered for this step may not hold their K/V: never let a later request reuse them
             self.blocks.reset_prefix_cache()
+            if self._in_flight is not None:  # its requests' tokens stay theirs
+                self._finished_early += self._read_back(self._in_flight)
+                self._in_flight = None
             raise
         for item in batch:
             item.seq.num_computed_tokens += item.num_new_tokens
+        if self.config.async_decode:  # (else the step is read back before anything else looks at its sequences)
+            for row, item in enumerate(launched.items):
+                item.seq.num_pending += 1  # its token is on the device until the step is read back
+                item.seq.pending_row = row
+        return launched
+
+    def _read_back(self, launched: LaunchedStep) -> list[RequestOutput]:
+        """Append a launched step's tokens and apply the stopping rules; returns the requests that finished. A row
+        of a request that finished (or was aborted) after its step was launched is dropped."""
         finished = []
-        eos, max_len = self.eos_token_ids, self.max_model_len
-        for item, token, logprob in results:
+        eos, max_len, done = self.eos_token_ids, self.max_model_len, SequenceStatus.FINISHED
+        one_late = self.config.async_decode
+        for item, token, logprob in launched.results():
             seq = item.seq
+            if one_late:
+                seq.num_pending -= 1
+                if seq.status is done:
+                    self.num_dropped_rows += 1
+                    continue
             out = seq.output_token_ids
             out.append(token)
             seq.output_logprobs.append(logprob)
@@ -173,6 +209,8 @@ class LLMEngine(EngineSleep, EngineWeights):
         if seq is None:
             return None
         self.scheduler.finish(seq, "abort")
+        if not self.scheduler.has_unfinished():
+            self._in_flight = None  # only finished requests' rows were in flight
         return self._output(seq)
 
     def has_unfinished_requests(self) -> bool:

@@ -15,6 +15,13 @@ With ``EngineConfig.draw_in_graph``, a padded decode step whose rows all take th
 static buffers (each row's seed and temperature sit beside its token): a second graph on CUDA, replayed right after
 the decode graph, and one copy back for tokens and logprobs. The draw is row-invariant too, so a pad row (seed 0,
 temperature 1) changes no real row's token or logprob.
+
+With ``EngineConfig.async_decode``, :meth:`ModelRunner.launch` queues a step and returns without reading its results
+(``in_flight.LaunchedStep``); the engine launches the next step first. A row whose input token that step drew is
+not on the host yet: ``step_lists`` gives it a placeholder id and names its drawn row, and the device copies the
+drawn token in before the step runs (``in_flight.feed_drawn``). On CUDA the step's inputs then go over through
+pinned memory without waiting for the step before it. Positions, KV slots and block tables need no token, so the host
+prepares them as without it.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from vexact_models import AttentionMetadata
 from .ablation import MismatchInjection
 from .block_manager import BlockManager
 from .config import EngineConfig
+from .in_flight import LaunchedStep, feed_drawn
 from .sampler import draws_whole, sample, token_seeds
 from .sampling_params import SamplingParams
 from .scheduler import ScheduledSeq
@@ -83,6 +91,9 @@ class ModelRunner:
         self.max_context = self.max_pages * config.block_size  # the longest sequence a block-table row can hold
         self.token_sizes = [t for t in self.token_sizes if -(-t // self.mixed_seqs) <= self.max_context]
         self.draw_in_graph = self._draws_from_static(config)
+        self.async_decode = config.async_decode
+        self._drawn: torch.Tensor | None = None  # async_decode: the last launched step's drawn tokens, int64 [S]
+        self.num_fed_rows = 0  # async_decode: rows whose input token came from the device (drawn a step before)
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] | None = None
         self._graphs: dict[tuple[str, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._uncaptured: set[tuple[str, int]] = set()  # graphs a lazy re-capture leaves to their first step
@@ -139,6 +150,7 @@ class ModelRunner:
         self._uncaptured.clear()
         self._graph_pool = None
         self._decode = self._mixed = self._mixed_out = None
+        self._drawn = None
         self.kv_caches = None
 
     @property
@@ -149,7 +161,19 @@ class ModelRunner:
     def prepare(self, batch: list[ScheduledSeq], blocks: BlockManager):
         """The step's ``input_ids [T]``, ``positions [T]``, paged ``AttentionMetadata`` and host ``cu_seqlens``."""
         step = step_lists(batch, blocks)
-        return (*step_tensors(step, self.device), step["cu"])
+        ids, pos, meta = step_tensors(step, self.device)
+        if step["feed_dst"]:
+            self.num_fed_rows += len(step["feed_dst"])
+            dst, src = (self._index_rows(step[k]) for k in ("feed_dst", "feed_src"))
+            feed_drawn(ids, dst, src, self._drawn)
+            vk.record_range(ids, 0, self.model.config.vocab_size - 1)  # drawn tokens lie in the vocabulary
+        return ids, pos, meta, step["cu"]
+
+    def _index_rows(self, rows: list[int]) -> torch.Tensor:
+        t = torch.tensor(rows, dtype=torch.int64)
+        if self.device.type == "cuda":
+            return t.pin_memory().to(self.device, non_blocking=True)
+        return t.to(self.device)
 
     # ---- padded steps from static buffers (CUDA graphs on CUDA)
     def _allocate_static(self) -> None:
@@ -159,6 +183,9 @@ class ModelRunner:
             self._decode = StaticStep(size, size, self.max_pages, self.device, draw_rows)
         if self.token_sizes:
             self._mixed = StaticStep(max(self.token_sizes), self.mixed_seqs, self.max_pages, self.device)
+        for static in (self._decode, self._mixed):
+            if static is not None:  # the host prepares a step while the one before it runs: copies must not wait
+                static.pinned = self.async_decode and self.device.type == "cuda"
 
     def padded_size(self, batch: list[ScheduledSeq]) -> int | None:
         """The static size a step runs at, or None when it runs eagerly (not all one-token steps, or too large)."""
@@ -221,7 +248,11 @@ class ModelRunner:
             batch,
             size,
             draw_rows(batch, size) if draw else None,
+            (step["feed_dst"], step["feed_src"]),
         )
+        if step["feed_dst"]:
+            self.num_fed_rows += len(step["feed_dst"])
+            self._decode.feed_drawn(len(step["feed_dst"]), self._drawn)
 
     def _fill_mixed(self, batch: list[ScheduledSeq], blocks: BlockManager, size: int) -> list[int]:
         # The pad tokens form one sequence after the real ones (positions 0..P-1, context P, slot -1: no KV written,
@@ -239,7 +270,11 @@ class ModelRunner:
             step["ctx"] + [pad] + [0] * empty,
             batch,
             self.mixed_seqs,
+            feed=(step["feed_dst"], step["feed_src"]),
         )
+        if step["feed_dst"]:
+            self.num_fed_rows += len(step["feed_dst"])
+            self._mixed.feed_drawn(len(step["feed_dst"]), self._drawn)
         return cu
 
     def _replay(self, key: tuple[str, int], static: StaticStep, tokens: int, seqs: int) -> torch.Tensor:
@@ -396,45 +431,52 @@ class ModelRunner:
         The reported logprob comes from the trainer's own function (``model.logprobs``) on the sampled tokens.
         One host sync, for the results.
         """
+        return LaunchedStep(items, self._sample_on_device(hidden, items), read_later=False).results()
+
+    def _sample_on_device(self, hidden: torch.Tensor, items: list[ScheduledSeq]) -> torch.Tensor | None:
         if not items:
-            return []
-        tokens, logprobs = sample_rows(
+            return None
+        return sample_rows_on_device(
             self.model,
             self.config.backend,
             hidden,
             [it.seq.params for it in items],
             [it.seq.seed for it in items],
-            [len(it.seq.output_token_ids) for it in items],
+            # the token index counts a token still in flight (async_decode)
+            [len(it.seq.output_token_ids) + it.seq.num_pending for it in items],
             self.mismatch,
         )
-        return [(it, t, lp) for it, t, lp in zip(items, tokens, logprobs, strict=True)]
 
     def run(self, batch: list[ScheduledSeq], blocks: BlockManager) -> list[tuple[ScheduledSeq, int, float]]:
         """One step: forward, then sample; returns (item, token, logprob) for each sequence that samples."""
+        return self.launch(batch, blocks).results()
+
+    @torch.no_grad()
+    def launch(self, batch: list[ScheduledSeq], blocks: BlockManager) -> LaunchedStep:
+        """Queue one step (forward, then sample) and return it unread; its ``results()`` wait for it. With
+        ``async_decode`` the drawn tokens also stay on the device, where the next step's rows read them."""
         if self.kv_caches is None:
             raise RuntimeError("the engine is asleep (KV cache released): call wake_up() first")
         size = self.graph_draw_size(batch)
         if size is not None:
-            return self._run_with_draw(batch, blocks, size)
-        hidden, items = self.forward(batch, blocks)
-        return self.sample(hidden, items)
+            both, items = self._forward_with_draw(batch, blocks, size), batch
+        else:
+            hidden, items = self.forward(batch, blocks)
+            both = self._sample_on_device(hidden, items)
+        if self.async_decode:
+            self._drawn = both[0, : len(items)].to(torch.int64) if items else None
+        return LaunchedStep(items, both, read_later=self.async_decode)
 
-    @torch.no_grad()
-    def _run_with_draw(
-        self, batch: list[ScheduledSeq], blocks: BlockManager, size: int
-    ) -> list[tuple[ScheduledSeq, int, float]]:
+    def _forward_with_draw(self, batch: list[ScheduledSeq], blocks: BlockManager, size: int) -> torch.Tensor:
         """A padded decode step and its draw from the static buffers (:meth:`graph_draw_size`): the same tokens and
-        logprobs as :meth:`forward` then :meth:`sample`. One host sync, for the results."""
+        logprobs as :meth:`forward` then :meth:`sample`, as ``[2, size]`` float64 rows on the device."""
         with vk.use_backend(self.config.backend):
             self._ensure_graph(("decode", size), self._decode, size, size)
             self._fill_decode(batch, blocks, size, draw=True)
             self.num_padded_steps += 1
             self.num_graph_draws += 1
             hidden = self._replay(("decode", size), self._decode, size, size)
-            both = self._replay_draw(size, hidden).cpu()
-        n = len(batch)
-        tokens = [int(t) for t in both[0, :n].tolist()]
-        return list(zip(batch, tokens, both[1, :n].tolist(), strict=True))
+            return self._replay_draw(size, hidden)
 
 
 class StaticStep:
@@ -450,6 +492,10 @@ class StaticStep:
     means its first pages are still right. Converting every table of a 256-row step to a tensor took about 0.5 ms of
     host time per decode step, with the GPU idle meanwhile. Columns past a row's own pages, and the rows of pad and
     empty sequences, hold page ids of earlier steps: always valid pages, never read for a real row.
+
+    With ``async_decode`` the buffer also carries the step's fed rows (which token rows read which drawn token,
+    :meth:`feed_drawn`), and on CUDA (``pinned``) every copy goes through pinned memory without blocking the host:
+    a copy from pageable memory may wait for the step queued before it.
     """
 
     def __init__(self, max_tokens: int, max_seqs: int, max_pages: int, device: torch.device, draw_rows: int = 0):
@@ -459,7 +505,9 @@ class StaticStep:
         self.draw_rows = draw_rows
         d, f = -(-draw_rows // 16) * 16, -(-draw_rows // 32) * 16
         self.draw_offsets = (3 * t + 2 * s, 3 * t + 2 * s + d)
-        self.host = torch.zeros(3 * t + 2 * s + d + f, dtype=torch.int64)
+        # the fed rows (async_decode; at most one a sequence): token rows, then the drawn rows they read
+        self.feed_offsets = (3 * t + 2 * s + d + f, 3 * t + 3 * s + d + f)
+        self.host = torch.zeros(3 * t + 4 * s + d + f, dtype=torch.int64)
         self.host_np = self.host.numpy()
         self.host_np[self.draw_offsets[1] :].view(np.float32)[:] = 1.0  # valid temperatures before any step
         self.buf = torch.empty_like(self.host, device=device).copy_(self.host)  # never the host tensor itself
@@ -467,6 +515,7 @@ class StaticStep:
         self.tables_host = torch.zeros(max_seqs, max_pages, dtype=torch.int64)
         self.tables_np = self.tables_host.numpy()
         self.table_rows: list[tuple[list[int] | None, int]] = [(None, 0)] * max_seqs
+        self.pinned = False
 
     def args(self, tokens: int, seqs: int) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         """``(input_ids, positions, paged AttentionMetadata)``: views of the buffers for ``tokens`` / ``seqs``."""
@@ -486,10 +535,17 @@ class StaticStep:
         temps = self.buf[o_temp : o_temp + -(-rows // 2)].view(torch.float32)[:rows]
         return temps, self.buf[o_seed : o_seed + rows]
 
-    def write(self, ids, positions, slots, cu, ctx, batch: list[ScheduledSeq], seqs: int, draw=None) -> None:
+    def feed_drawn(self, rows: int, drawn: torch.Tensor) -> None:
+        """Write the drawn tokens the step's first ``rows`` fed rows read into its input ids (after :meth:`write`)."""
+        o_dst, o_src = self.feed_offsets
+        b = self.buf
+        feed_drawn(b[self.offsets[0] : self.offsets[1]], b[o_dst : o_dst + rows], b[o_src : o_src + rows], drawn)
+
+    def write(self, ids, positions, slots, cu, ctx, batch: list[ScheduledSeq], seqs: int, draw=None, feed=None) -> None:
         """A step's values (plain lists; token rows of one length, ``cu`` one longer than ``ctx``), its draw rows
-        (``draw``: seeds and temperatures, or None to leave them) and the block tables of ``batch`` (rows
-        ``0..len(batch)-1``), copied to the device buffers in one copy (and the tables' changed columns)."""
+        (``draw``: seeds and temperatures, or None to leave them), its fed rows (``feed``: token rows and the drawn
+        rows they read, or None) and the block tables of ``batch`` (rows ``0..len(batch)-1``), copied to the device
+        buffers in one copy (and the tables' changed columns)."""
         h = self.host_np
         for off, values in zip(self.offsets, (ids, positions, slots, cu, ctx), strict=True):
             h[off : off + len(values)] = values
@@ -498,7 +554,10 @@ class StaticStep:
             o_seed, o_temp = self.draw_offsets
             h[o_seed : o_seed + len(seeds)] = seeds
             h[o_temp : o_temp + -(-len(temps) // 2)].view(np.float32)[: len(temps)] = temps
-        self.buf.copy_(self.host)
+        if feed is not None and feed[0]:
+            for off, values in zip(self.feed_offsets, feed, strict=True):
+                h[off : off + len(values)] = values
+        self._to_device(self.buf, self.host)
         rows, tab, width = self.table_rows, self.tables_np, 1
         for r, item in enumerate(batch):
             table = item.seq.block_table
@@ -513,7 +572,13 @@ class StaticStep:
             if done < n:
                 tab[r, done:n] = table[done:n]
                 rows[r] = (table, n)
-        self.tables[:seqs, :width].copy_(self.tables_host[:seqs, :width])
+        self._to_device(self.tables[:seqs, :width], self.tables_host[:seqs, :width])
+
+    def _to_device(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        if self.pinned:  # a pinned copy of the host values: the host may rewrite its own right after
+            dst.copy_(src.contiguous().pin_memory(), non_blocking=True)
+        else:
+            dst.copy_(src)
 
 
 def draw_rows(batch: list[ScheduledSeq], size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -524,7 +589,9 @@ def draw_rows(batch: list[ScheduledSeq], size: int) -> tuple[np.ndarray, np.ndar
     temps = np.ones(size, dtype=np.float32)
     if batch:
         seqs = [item.seq for item in batch]
-        seeds[: len(seqs)] = token_seeds([q.seed for q in seqs], [len(q.output_token_ids) for q in seqs])
+        seeds[: len(seqs)] = token_seeds(
+            [q.seed for q in seqs], [len(q.output_token_ids) + q.num_pending for q in seqs]
+        )
         temps[: len(seqs)] = [q.params.temperature for q in seqs]
     return seeds, temps
 
@@ -532,8 +599,12 @@ def draw_rows(batch: list[ScheduledSeq], size: int) -> tuple[np.ndarray, np.ndar
 def step_lists(batch: list[ScheduledSeq], blocks: BlockManager, with_tables: bool = True) -> dict[str, list]:
     """A step's inputs as plain lists (token ids, positions, KV slots, ``cu`` query offsets, context lengths, block
     tables): what a pipeline driver broadcasts, and what :func:`step_tensors` turns into device tensors.
-    ``with_tables=False`` leaves the block tables out (the padded decode path keeps its own copy of them)."""
-    ids, positions, slots, cu, ctx = [], [], [], [0], []
+    ``with_tables=False`` leaves the block tables out (the padded decode path keeps its own copy of them).
+
+    A row whose input token is still on the device (``Sequence.num_pending``, ``EngineConfig.async_decode``) gets
+    id 0 here; ``feed_dst`` names its token row and ``feed_src`` the row of the last launched step's drawn tokens
+    that holds its token (``in_flight.feed_drawn`` copies it in)."""
+    ids, positions, slots, cu, ctx, feed_dst, feed_src = [], [], [], [0], [], [], []
     page, offset = blocks.block_size, 0
     add_id, add_pos, add_slot, add_cu, add_ctx = ids.append, positions.append, slots.append, cu.append, ctx.append
     for item in batch:
@@ -543,7 +614,12 @@ def step_lists(batch: list[ScheduledSeq], blocks: BlockManager, with_tables: boo
             # a decode row (the common case, 256 a step at a large batch): Sequence.token and BlockManager.slot
             # inline, no list built for its one token
             k = start - len(seq.prompt_token_ids)
-            add_id(seq.output_token_ids[k] if k >= 0 else seq.prompt_token_ids[start])
+            if k < len(seq.output_token_ids):
+                add_id(seq.output_token_ids[k] if k >= 0 else seq.prompt_token_ids[start])
+            else:  # drawn by the step in flight: the device has it
+                feed_dst.append(offset)
+                feed_src.append(seq.pending_row)
+                add_id(0)
             add_pos(start)
             add_slot(seq.block_table[start // page] * page + start % page)
         else:
@@ -554,7 +630,8 @@ def step_lists(batch: list[ScheduledSeq], blocks: BlockManager, with_tables: boo
         add_cu(offset)
         add_ctx(start + n)
     tables = [list(item.seq.block_table) for item in batch] if with_tables else None
-    return {"ids": ids, "positions": positions, "slots": slots, "cu": cu, "ctx": ctx, "tables": tables}
+    return {"ids": ids, "positions": positions, "slots": slots, "cu": cu, "ctx": ctx, "tables": tables,
+            "feed_dst": feed_dst, "feed_src": feed_src}  # fmt: skip
 
 
 def step_tensors(step: dict[str, list], device: torch.device) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
@@ -587,7 +664,25 @@ def sample_rows(
     mismatch: MismatchInjection | None = None,
 ) -> tuple[list[int], list[float]]:
     """Tokens and their logprobs for pre-norm ``hidden [S, H]`` rows (token ``indices[i]`` of a request seeded
-    ``seeds[i]``); the logprob is the trainer's ``model.logprobs``. Shared by the runner and the last pipeline stage.
+    ``seeds[i]``) on the host: :func:`sample_rows_on_device`, read back. Shared by the runner and the last pipeline
+    stage."""
+    both = sample_rows_on_device(model, backend, hidden, params, seeds, indices, mismatch).cpu()
+    return [int(t) for t in both[0].tolist()], both[1].tolist()
+
+
+@torch.no_grad()
+def sample_rows_on_device(
+    model: torch.nn.Module,
+    backend: str,
+    hidden: torch.Tensor,
+    params: list[SamplingParams],
+    seeds: list[int],
+    indices: list[int],
+    mismatch: MismatchInjection | None = None,
+) -> torch.Tensor:
+    """Tokens and their logprobs for pre-norm ``hidden [S, H]`` rows (token ``indices[i]`` of a request seeded
+    ``seeds[i]``), as ``[2, S]`` float64 rows on ``hidden``'s device (fp32 logprobs and token ids below 2**53 are
+    exact in float64: one transfer for both); the logprob is the trainer's ``model.logprobs``. Reads nothing back.
 
     Rows that draw from the whole distribution (temperature > 0, no top-k / top-p: an RL rollout's rows) take the
     fused draw (``model.sample``: one pass over the lm_head gives the token and its logprob, which is bitwise
@@ -616,9 +711,7 @@ def sample_rows(
                         tokens, logprobs = t, lp
                     else:
                         tokens[sel], logprobs[sel] = t, lp
-    # fp32 logprobs and token ids (< 2**53) are exact in float64: one transfer for both
-    both = torch.stack([tokens.to(torch.float64), logprobs.to(torch.float64)]).cpu()
-    return [int(t) for t in both[0].tolist()], both[1].tolist()
+    return torch.stack([tokens.to(torch.float64), logprobs.to(torch.float64)])
 
 
 def _temperatures(params: list[SamplingParams]) -> torch.Tensor:

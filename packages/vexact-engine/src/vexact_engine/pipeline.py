@@ -40,6 +40,7 @@ from vexact_models import WeightSyncGroup, expected_tensors, load_model, receive
 from .ablation import MismatchInjection, take_mismatch
 from .block_manager import BlockManager
 from .config import EngineConfig
+from .in_flight import LaunchedStep
 from .llm import LLM
 from .loading import load_tokenizer
 from .model_runner import kv_cache_shapes, sample_rows, step_lists, step_tensors
@@ -127,6 +128,10 @@ class _StageRunner:
 
     # ---- driver side
     def run(self, batch: list[ScheduledSeq], blocks: BlockManager) -> list[tuple[ScheduledSeq, int, float]]:
+        return self.launch(batch, blocks).results()
+
+    def launch(self, batch: list[ScheduledSeq], blocks: BlockManager) -> LaunchedStep:
+        """One step through every stage; its results are on the host when this returns (no ``async_decode``)."""
         step = step_lists(batch, blocks)
         sampling = [b for b, item in enumerate(batch) if item.is_last_chunk]
         items = [batch[b] for b in sampling]
@@ -140,9 +145,9 @@ class _StageRunner:
         out = self._run_stage(step)
         if self.world > 1:
             both = self._recv((2, len(items)), torch.float64, self.world - 1).cpu()
-            out = ([int(t) for t in both[0].tolist()], both[1].tolist())
-        tokens, logprobs = out
-        return [(it, t, lp) for it, t, lp in zip(items, tokens, logprobs, strict=True)]
+        else:
+            both = torch.tensor(out, dtype=torch.float64).reshape(2, len(items))  # token ids < 2**53: exact
+        return LaunchedStep(items, both, read_later=False)
 
     def stop_workers(self) -> None:
         dist.broadcast_object_list([None], src=0, device=self._comm_device())
@@ -211,12 +216,14 @@ class PipelineLLM(LLM):
         mismatch: MismatchInjection | None = None,
         **config_kw,
     ):
-        if not dist.is_initialized():
-            raise RuntimeError("PipelineLLM needs an initialised torch.distributed process group (e.g. torchrun)")
         mismatch = take_mismatch(mismatch, config_kw)
         if config is not None and config_kw:
             raise TypeError("pass either config=EngineConfig(...) or keyword settings, not both")
         config = config or EngineConfig(**config_kw)
+        if config.async_decode:
+            raise ValueError("PipelineLLM does not run EngineConfig.async_decode=True (its stages step in lockstep)")
+        if not dist.is_initialized():
+            raise RuntimeError("PipelineLLM needs an initialised torch.distributed process group (e.g. torchrun)")
         if config.num_kv_blocks is None and config.kv_cache_bytes is None:
             raise ValueError("PipelineLLM needs num_kv_blocks or kv_cache_bytes: every stage must hold the same pages")
         self.rank, self.world = dist.get_rank(), dist.get_world_size()

@@ -10,6 +10,12 @@ With prefix caching (``EngineConfig.enable_prefix_caching``), a sequence being a
 of its longest cached prefix of full pages (``BlockManager.match_prefix``) and is prefilled from there: a chunked
 prefill from a cached context. A preempted sequence's full pages stay cached while nothing evicts them, so its
 recompute often starts near where it stopped. Every page a step fills is registered as it is scheduled.
+
+With ``EngineConfig.async_decode`` the engine schedules a step while the one before it still runs, so a decoding
+sequence may hold a token the host has not read yet (``Sequence.num_pending``): it counts as one of the sequence's
+tokens (the step reads it on the device, ``model_runner``), its page is registered one step later (its key needs the
+token), and a sequence whose pending token reaches ``max_tokens`` or ``max_model_len`` is not scheduled again (it
+finishes when that token is read). One that stops on a stop token is found a step late: its extra row is dropped.
 """
 
 from __future__ import annotations
@@ -41,9 +47,10 @@ class ScheduledSeq:
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, block_manager: BlockManager):
+    def __init__(self, config: EngineConfig, block_manager: BlockManager, max_model_len: int | None = None):
         self.config = config
         self.blocks = block_manager
+        self.max_model_len = max_model_len  # a sequence this long is done (None: no limit here)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -76,9 +83,16 @@ class Scheduler:
         # 256 times and the GPU waits for it.
         blocks, running, add = self.blocks, self.running, out.append
         page, caching = blocks.block_size, blocks.enable_prefix_caching
+        max_len = self.max_model_len
         while i < len(running) and budget > 0:
             seq = running[i]
-            total = len(seq.prompt_token_ids) + len(seq.output_token_ids)
+            pending = seq.num_pending
+            total = len(seq.prompt_token_ids) + len(seq.output_token_ids) + pending
+            if pending and (
+                len(seq.output_token_ids) + pending >= seq.params.max_tokens or (max_len and total >= max_len)
+            ):
+                i += 1  # its pending token is its last: it finishes when the engine reads it
+                continue
             computed = seq.num_computed_tokens
             n = total - computed
             if n > budget:
@@ -95,7 +109,7 @@ class Scheduler:
                     break
                 blocks.allocate(seq, end)
             if caching and end // page > len(seq.block_content_ids):
-                blocks.cache_full_blocks(seq, end)
+                blocks.cache_full_blocks(seq, end - pending)  # a page's key needs its tokens on the host
             if n == 1 and end == total:  # a decode row: the same (immutable) item every step, made once
                 item = seq.decode_item
                 if item is None:
@@ -109,6 +123,8 @@ class Scheduler:
             return out
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
+            if seq.num_pending:  # preempted with a token in flight: admitted once the engine has read it
+                break
             prefix = self.blocks.match_prefix(seq)  # a waiting sequence holds no pages
             computed = len(prefix) * self.blocks.block_size
             n = min(seq.num_tokens - computed, budget)

@@ -32,9 +32,14 @@ class Sequence:
         # the scheduler's item for a decode step of this sequence (one new token, which samples), reused every step:
         # making 256 of them a step cost ~70 us of host time at a batch of 256
         self.decode_item = None
+        # EngineConfig.async_decode: tokens drawn by launched steps that the host has not read back yet (0 or 1 when
+        # a step is scheduled), and the row of the last launched step's drawn tokens that holds the newest of them
+        self.num_pending = 0
+        self.pending_row = -1
 
     @property
     def num_tokens(self) -> int:
+        """Prompt and output tokens the host holds (not the ``num_pending`` still on the device)."""
         return len(self.prompt_token_ids) + len(self.output_token_ids)
 
     @property
