@@ -41,7 +41,11 @@ KW = dict(max_num_seqs=7, max_num_batched_tokens=32, block_size=4, num_kv_blocks
 def test_graph_sizes_resolution():
     assert EngineConfig(max_num_seqs=64).graph_batch_sizes(on_cuda=True) == [1, 2, 4, 8, 16, 32, 64]
     assert EngineConfig(max_num_seqs=48).graph_batch_sizes(on_cuda=True) == [1, 2, 4, 8, 16, 32, 48]
-    assert EngineConfig(max_num_seqs=512, max_num_batched_tokens=1024).graph_batch_sizes(True)[-1] == 256
+    big = EngineConfig(max_num_seqs=512, max_num_batched_tokens=1024).graph_batch_sizes(True)
+    assert big == [1, 2, 4, 8, 16, 32, 64, 128, 256, 320, 384, 448, 512]  # no decode step runs eagerly
+    assert EngineConfig(max_num_seqs=300).graph_batch_sizes(True)[-2:] == [256, 300]
+    assert EngineConfig(max_num_seqs=256).graph_batch_sizes(True)[-2:] == [128, 256]
+    assert EngineConfig(max_num_seqs=512, cuda_graph_batch_sizes=[8, 256]).graph_batch_sizes(True) == [8, 256]
     assert EngineConfig(max_num_seqs=64).graph_batch_sizes(on_cuda=False) == []
     assert EngineConfig(max_num_seqs=8, cuda_graph_batch_sizes=[4, 2]).graph_batch_sizes(on_cuda=False) == [2, 4]
     assert EngineConfig(cuda_graph_batch_sizes=[2], enforce_eager=True).graph_batch_sizes(on_cuda=True) == []

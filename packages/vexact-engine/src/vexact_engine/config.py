@@ -6,6 +6,11 @@ from dataclasses import dataclass
 import vexact_kernels as vk
 
 DEFAULT_GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+# Above the last default size, decode graphs every this many rows up to max_num_seqs. A decode step larger than every
+# captured size runs eagerly, and eager launches dominate a step there: on an H200 at batch 512 (1.7B shape, ~1.1k
+# context) the GPU waited on the host 9.8 of a 37.4 ms step, against 1.4 of 16.1 ms at batch 256 in a graph
+# (benchmarks/results/throughput-rl-h200.md).
+GRAPH_BATCH_STEP_LARGE = 64
 # Token buckets of the steps with prompt tokens, by default: every 256 tokens up to 4096, then every 1024 (and the
 # step budget itself).
 GRAPH_TOKEN_STEP, GRAPH_TOKEN_STEP_LARGE, GRAPH_TOKEN_STEP_UNTIL = 256, 1024, 4096
@@ -33,10 +38,11 @@ class EngineConfig:
     computes its whole prompt (the same tokens and logprobs, more work).
 
     Decode steps on CUDA run as CUDA graphs captured for each of ``cuda_graph_batch_sizes`` (default
-    1, 2, 4, ..., 256, capped at ``max_num_seqs``, plus ``max_num_seqs`` itself when it falls between two sizes): a
-    decode step of B sequences is padded to the next captured size (pad rows write no KV and are dropped). Larger
-    decode steps, prefill steps and ``enforce_eager=True`` run eagerly. On CPU there are no graphs; an explicit
-    ``cuda_graph_batch_sizes`` there runs the same padded static-buffer decode eagerly (to test the padding).
+    1, 2, 4, ..., 256, then every 64 up to ``max_num_seqs``, plus ``max_num_seqs`` itself when it falls between two
+    sizes): a decode step of B sequences is padded to the next captured size (pad rows write no KV and are dropped).
+    With an explicit list, larger decode steps run eagerly, as do prefill steps and ``enforce_eager=True``. On CPU
+    there are no graphs; an explicit ``cuda_graph_batch_sizes`` there runs the same padded static-buffer decode
+    eagerly (to test the padding).
 
     Steps with prompt tokens (prefill chunks, alone or with decode rows) run as CUDA graphs too, one per token count
     of ``cuda_graph_token_sizes`` (default on CUDA: every 256 tokens up to 4096, then every 1024, below
@@ -181,7 +187,11 @@ class EngineConfig:
         """The padded decode sizes in force: none when eager (or on CPU without an explicit list)."""
         if self.enforce_eager or (self.cuda_graph_batch_sizes is None and not on_cuda):
             return []
-        listed = self.cuda_graph_batch_sizes or DEFAULT_GRAPH_BATCH_SIZES
+        listed = list(self.cuda_graph_batch_sizes or DEFAULT_GRAPH_BATCH_SIZES)
+        if not self.cuda_graph_batch_sizes:  # the defaults reach max_num_seqs: no decode step runs eagerly
+            listed += list(range(listed[-1] + GRAPH_BATCH_STEP_LARGE, self.max_num_seqs, GRAPH_BATCH_STEP_LARGE))
+            if self.max_num_seqs > listed[-1]:
+                listed.append(self.max_num_seqs)
         sizes = [s for s in listed if s <= self.max_num_seqs]
         if self.max_num_seqs < max(listed) and self.max_num_seqs not in sizes:
             sizes.append(self.max_num_seqs)
