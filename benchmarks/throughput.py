@@ -229,23 +229,30 @@ def engine_throughput(
     llm.reset_prefix_cache()  # the timed run must not find the warm-up's prompts cached
     before = llm.stats
     # time spent in steps that only decode and in steps with prompt tokens (prefill chunks, mixed with decode rows;
-    # both replayed CUDA graphs unless --enforce-eager); runner.run returns the sampled tokens on the host, so it ends
-    # synchronised
+    # both replayed CUDA graphs unless --enforce-eager): a step's time is from its launch to the next launch (to the
+    # end of the run for the last), host work included; the engine reads a step back before the next launch, or with
+    # async_decode one launch later, so either way the periods add up to the run's stepping time
     steps = {"decode": [0, 0.0], "mixed": [0, 0.0]}
+    last: list = [None, None]  # the previous launch's time and kind
 
-    def timed_run(batch, *rest, _run=llm.runner.run, **kw):  # what else the engine's loop passes goes through
-        t0 = time.perf_counter()
-        out = _run(batch, *rest, **kw)
-        kind = steps["decode" if all(it.num_new_tokens == 1 for it in batch) else "mixed"]
-        kind[0] += 1
-        kind[1] += time.perf_counter() - t0
+    def close_step(now: float) -> None:
+        if last[0] is not None:
+            steps[last[1]][0] += 1
+            steps[last[1]][1] += now - last[0]
+
+    def timed_launch(batch, *rest, _launch=llm.runner.launch, **kw):  # what else the engine's loop passes goes through
+        now = time.perf_counter()
+        close_step(now)
+        out = _launch(batch, *rest, **kw)
+        last[0], last[1] = now, "decode" if all(it.num_new_tokens == 1 for it in batch) else "mixed"
         return out
 
-    llm.runner.run = timed_run
+    llm.runner.launch = timed_launch
     sync()
     t = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=True)
     sync()
+    close_step(time.perf_counter())
     wall = time.perf_counter() - t
     tokens = sum(len(o.token_ids) for o in outs)
     assert tokens == sum(p.max_tokens for p in params), "a request came back short"
@@ -258,13 +265,13 @@ def engine_throughput(
     )  # fmt: skip
     # the wrapper and the runner hold each other, a cycle only a gc pass frees: without this, each engine's KV cache
     # stayed allocated into the next run (on an H100, free memory fell 72.3 -> 65.4 -> 34.6 GiB over two runs)
-    del llm.runner.run
+    del llm.runner.launch
     if profile:
         try:
             res["decode_wall"] = decode_wall(llm, max_num_seqs, args, profile)
         except Exception as e:  # the timed run's numbers stand without it
             res["decode_wall"] = failed(e)
-    del llm, outs, timed_run
+    del llm, outs, timed_launch
     free_memory()
     return res
 
