@@ -242,9 +242,7 @@ def test_committed_rl_step_table_is_what_the_committed_runs_give(tmp_path, gpu, 
     args[args.index("--out") + 1] = str(out)
     res = ROOT / "examples/verify/results"
     assert [a for a in args if a.endswith(".jsonl")] == [
-        f"examples/verify/results/{gpu}-{m}-{arm}.jsonl"
-        for m in models
-        for arm in ("vllm", "vexact")
+        f"examples/verify/results/{gpu}-{m}-{arm}.jsonl" for m in models for arm in ("vllm", "vexact")
     ]
     assert res.is_dir()
     assert rl_step.main([str(ROOT / a) if a.endswith(".jsonl") else a for a in args]) == 0

@@ -1,5 +1,6 @@
 """Wheels cut into parts of a bounded size, so that an air-gapped GPU machine can receive them one part at a time
-over a copy channel that limits the size of each copy, and joined back there. Shared by the stagers in scripts/staging/ (verl, vLLM, FA4, rl_stack_wheels.sh).
+over a copy channel that limits the size of each copy, and joined back there. Shared by the stagers in
+scripts/staging/ (verl, vLLM, FA4, rl_stack_wheels.sh).
 
     python3 scripts/staging/wheel_parts.py pack DIR MIB PREFIX [--order G1,G2,...]
         DIR/all/* -> DIR/<PREFIX>1, DIR/<PREFIX>2, ... : a file over MIB is cut into NAME.part-00, -01, ...; the
