@@ -28,6 +28,7 @@ import datetime
 import itertools
 import time
 
+import hardware
 import torch
 import torch.nn.functional as F
 import triton
@@ -41,14 +42,6 @@ from vexact_kernels.triton_ops import attention_bwd as tab
 HQ, HKV, D = 32, 8, 128  # Qwen3-8B-shaped attention
 PAGE = 16
 DEV = "cuda"
-
-
-def copy_bandwidth() -> float:
-    """Bytes/s of a 2 GiB device-to-device copy, counting bytes read and written."""
-    src = torch.empty(1 << 30, dtype=torch.int16, device=DEV).random_()
-    dst = torch.empty_like(src)
-    ms = do_bench(lambda: dst.copy_(src), warmup=10, rep=100)
-    return 2 * (1 << 31) / (ms * 1e-3)
 
 
 def _paged_inputs(batch: int, ctx: int, d: int = D):
@@ -387,7 +380,7 @@ def main(argv=None):
         if args.cross_config:
             cross_config_check()
         return
-    copy_bw = copy_bandwidth()
+    copy_bw = hardware.copy_bandwidth(DEV)
     emit(f"\ndevice-to-device copy: {copy_bw / 1e12:.2f} TB/s (read + write)\n")
     emit(f"## Decode (1 query token per sequence; achieved TB/s; ours and FA4 paged, page {PAGE}, in a CUDA graph)\n")
     emit(

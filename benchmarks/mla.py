@@ -20,6 +20,7 @@ import datetime
 import itertools
 from pathlib import Path
 
+import hardware
 import torch
 import torch.nn.functional as F
 import triton
@@ -33,14 +34,6 @@ PAGE = 16
 DEV = "cuda"
 BF16 = 2  # bytes
 SHAPES = {"moonlight": "moonlight-16b-a3b", "deepseek-v3": "deepseek-v3"}
-
-
-def copy_bandwidth() -> float:
-    """Bytes/s of a 2 GiB device-to-device copy, counting bytes read and written."""
-    src = torch.empty(1 << 30, dtype=torch.int16, device=DEV).random_()
-    dst = torch.empty_like(src)
-    ms = do_bench(lambda: dst.copy_(src), warmup=10, rep=100)
-    return 2 * (1 << 31) / (ms * 1e-3)
 
 
 def decode_case(cfg, batch: int, ctx: int):
@@ -147,7 +140,7 @@ def main() -> None:
         f"| ratio | {expanded / latent:.1f}x | |",
         "",
     ]
-    copy_bw = copy_bandwidth()
+    copy_bw = hardware.copy_bandwidth(DEV)
     free = torch.cuda.mem_get_info()[0]
     lines += [
         f"Device-to-device copy: {copy_bw / 1e12:.2f} TB/s (read + write), the bandwidth of the bounds below.",

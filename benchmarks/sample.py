@@ -4,8 +4,8 @@ rows, the draw a user would write, and the lm_head read bound, measured side by 
     PYTHONPATH=... python benchmarks/sample.py [--out FILE.md] [--rows 1,16,64,256] [--peak-scale 16]
 
 V = 151936, H = 2048 (Qwen3-1.7B's lm_head), bf16, T rows. Bound: the lm_head's bytes over the device's copy
-bandwidth (a 1 GiB ``copy_``, bytes read + written, measured here): the least time of any method that reads the
-lm_head once. Every time is a median (microseconds) with its ratio to the bound.
+bandwidth (``hardware.copy_bandwidth``: a 2 GiB ``copy_``, bytes read + written, measured here): the least time of
+any method that reads the lm_head once. Every time is a median (microseconds) with its ratio to the bound.
 
 Device time (CUDA-graph replay, triton.testing.do_bench_cudagraph: no launch overhead or host sync, as in the
 engine's captured decode step; each callable starts from the pre-norm hidden states):
@@ -41,6 +41,7 @@ import argparse
 import datetime
 import sys
 
+import hardware
 import torch
 
 VOCAB = 151936
@@ -62,13 +63,6 @@ def _eager_us(fn) -> float:
     import triton.testing
 
     return 1e3 * triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
-
-
-def copy_bandwidth() -> float:
-    """Device copy bandwidth in bytes/s: a 1 GiB ``copy_`` (bytes read + written)."""
-    a = torch.empty(2**30, dtype=torch.uint8, device="cuda")
-    b = torch.empty_like(a)
-    return 2 * a.numel() / (_eager_us(lambda: b.copy_(a)) * 1e-6)
 
 
 def skip_shares(hidden, norm_w, head, temps, seeds) -> tuple[float, float]:
@@ -100,7 +94,7 @@ def skip_shares(hidden, norm_w, head, temps, seeds) -> tuple[float, float]:
 
 
 def bench(lines: list[str], rows: tuple[int, ...], peak_scale: float) -> None:
-    bound_us = VOCAB * HIDDEN * 2 / copy_bandwidth() * 1e6
+    bound_us = VOCAB * HIDDEN * 2 / hardware.copy_bandwidth("cuda") * 1e6
     g = torch.Generator(device="cuda").manual_seed(0)
     head = (torch.randn(VOCAB, HIDDEN, device="cuda", generator=g) / HIDDEN**0.5).to(torch.bfloat16)
     norm_w = (1.0 + 0.1 * torch.randn(HIDDEN, device="cuda", generator=g)).to(torch.bfloat16)

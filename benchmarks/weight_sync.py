@@ -22,9 +22,10 @@ process on the same GPU, as in verl's hybrid mode. Paths:
   ``ipc-direct-stacked`` (MoE shapes): stacked expert tensors whole, as in ``ipc-stacked``. ``*-memcpy``: the same
   with a memcpy per tensor of 32 MB or more (``DirectWriter(memcpy_min_bytes=...)``; the default issues every copy in
   ``torch._foreach_copy_`` launches, see ``vexact_models.weight_transfer.MEMCPY_MIN_BYTES``).
-- ``bound``: bytes / device-to-device copy bandwidth (one ``copy_`` of 1 GiB, measured here): one copy of every
-  weight. The bucket paths copy twice (pack, then unpack), so 2x the bound is their floor; the direct path copies
-  once, so its floor is the bound itself.
+- ``bound``: bytes / device-to-device copy rate (bytes a ``copy_`` of 2 GiB moves per second, half of
+  ``hardware.copy_bandwidth``, which counts bytes read and written; measured here): one copy of every weight. The
+  bucket paths copy twice (pack, then unpack), so 2x the bound is their floor; the direct path copies once, so its
+  floor is the bound itself.
 
 ``--mode nccl`` (two GPUs, ``torchrun --nproc_per_node 2``): rank 0 is the trainer on GPU 0, rank 1 an engine on GPU 1;
 ``vexact_models.broadcast_weights`` over a ``WeightSyncGroup`` (NCCL), bound = bytes / measured NCCL broadcast
@@ -53,6 +54,7 @@ import time
 import traceback
 from pathlib import Path
 
+import hardware
 import torch
 import torch.multiprocessing as mp
 
@@ -134,21 +136,6 @@ def host_blob(nbytes: int, path: str | None = None) -> tuple[torch.Tensor, str]:
         )
         path = os.path.join(root, f"vexact-weight-sync-{uuid.uuid4().hex}")
     return torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8), path
-
-
-def copy_bandwidth(device) -> float:
-    """Bytes per second of one device-to-device ``copy_`` of 1 GiB (median of 5)."""
-    src = torch.empty(1 << 30, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    times = []
-    for _ in range(5):
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        dst.copy_(src)
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - t)
-    return src.numel() / statistics.median(times)
 
 
 # ---- colocated: the engine process
@@ -505,7 +492,7 @@ def main(argv=None) -> int:
                  "sender); trainer rank 0 (GPU 0) broadcasts to an engine on GPU 1 (NCCL)."]  # fmt: skip
         title = "Weight sync, separate placement (NCCL broadcast)"
     else:
-        copy_bw = copy_bandwidth("cuda")
+        copy_bw = hardware.copy_bandwidth("cuda") / 2  # bytes a copy moves per second
         rows = []
         for shape in shapes:
             t = time.perf_counter()

@@ -3,21 +3,22 @@ the benchmark itself needs a GPU."""
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import re
+import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
 @pytest.fixture
 def bench():
-    spec = importlib.util.spec_from_file_location("attention_benchmark", ROOT / "benchmarks" / "attention.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    import attention  # benchmarks/attention.py
+
+    return importlib.reload(attention)  # configure() sets module globals: each test starts from the defaults
 
 
 def test_shapes_come_from_the_command_line(bench):
