@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import gc
-import importlib.util
 import math
 import statistics
 import sys
@@ -41,6 +40,7 @@ import traceback
 from pathlib import Path
 from types import SimpleNamespace
 
+import hardware  # benchmarks/hardware.py: copy bandwidth, bf16 peaks and MFU
 import torch
 import torch.nn.functional as F
 
@@ -52,18 +52,8 @@ SHAPE_NAME = "qwen3-30b-a3b"
 SECTIONS = ("kernel", "decode", "engine", "trainer")
 # Each section's share of --budget-s; time a section leaves unused goes to the ones after it.
 SECTION_SHARES = {"kernel": 80, "decode": 130, "engine": 120, "trainer": 90}
-# Dense bf16 tensor-core peak from the vendor's data sheets (for MFU); the measured torch.mm peak is reported too.
-SPEC_BF16_PEAK = (("H100 PCIe", 756e12), ("H100", 989e12), ("H200", 989e12), ("H800", 989e12), ("A100", 312e12))
 GIB = 2**30
 DEV = torch.device("cuda")
-
-
-def _load_bench(name: str):
-    """A sibling benchmark script as a module (its workload / batch helpers are reused, not copied)."""
-    spec = importlib.util.spec_from_file_location(f"_bench_{name}", Path(__file__).with_name(f"{name}.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def moe_config(layers: int, smoke: bool, **overrides):
@@ -135,31 +125,6 @@ def measure_ms(fn, iters: int = 20, warmup: int = 3, graph: bool = True) -> floa
     sync()
     del keep
     return statistics.median(s.elapsed_time(e) for s, e in events)
-
-
-def copy_bandwidth() -> float:
-    """Bytes/s of a device-to-device copy of 2 GiB, counting bytes read and written (as benchmarks/throughput.py)."""
-    numel = 1 << 30 if DEV.type == "cuda" else 1 << 22
-    src = torch.empty(numel, dtype=torch.int16, device=DEV).random_()
-    dst = torch.empty_like(src)
-    ms = measure_ms(lambda: dst.copy_(src), iters=20, graph=False)
-    return 2 * src.numel() * src.element_size() / (ms * 1e-3)
-
-
-def matmul_peak() -> float:
-    """FLOP/s of one large bf16 ``torch.mm`` (8192^3)."""
-    n = 8192 if DEV.type == "cuda" else 256
-    a = torch.randn(n, n, device=DEV, dtype=torch.bfloat16)
-    b = torch.randn(n, n, device=DEV, dtype=torch.bfloat16)
-    ms = measure_ms(lambda: torch.mm(a, b), iters=20, graph=False)
-    return 2 * n**3 / (ms * 1e-3)
-
-
-def spec_peak() -> float | None:
-    if DEV.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name()
-    return next((p for key, p in SPEC_BF16_PEAK if key in name), None)
 
 
 # ---- 1. the fused MoE kernel
@@ -497,7 +462,8 @@ def bench_decode(ctx, lines: list[str], budget: Budget) -> None:
 
 def bench_engine(ctx, lines: list[str], budget: Budget) -> None:
     args = ctx.args
-    tp = _load_bench("throughput")
+    import throughput as tp  # benchmarks/throughput.py: its workload and engine loop are reused, not copied
+
     tp.DEV = DEV
     cfg = moe_config(args.engine_layers, ctx.smoke)
     model = random_model(cfg, seed=args.seed, embed_std=0.02, device=DEV)
@@ -573,7 +539,8 @@ def bench_trainer(ctx, lines: list[str], budget: Budget) -> None:
     from vexact_trainer import Actor, ActorConfig, init_distributed, parallelize
 
     args = ctx.args
-    tb = _load_bench("trainer")
+    import trainer as tb  # benchmarks/trainer.py: its batch and step are reused, not copied
+
     mesh = init_distributed(DEV.type)
     cfg = moe_config(args.trainer_layers, ctx.smoke, torch_dtype="float32")
     # fp32 master weights (FSDP2 computes in bf16), drawn on the device
@@ -615,7 +582,7 @@ def bench_trainer(ctx, lines: list[str], budget: Budget) -> None:
     lens = batch.seq_lens
     flops = 6 * active_params(cfg) * tokens
     flops += 6 * cfg.num_hidden_layers * cfg.num_attention_heads * cfg.head_dim * sum(n * n for n in lens)
-    spec = spec_peak()
+    spec = hardware.device_datasheet_peak(DEV)
     spec_s = f"the data-sheet dense bf16 peak ({spec / 1e12:.0f} TFLOP/s) and " if spec else ""
     lines += [
         f"## 4. Trainer forward+backward, {args.trainer_layers} layers of the {SHAPE_NAME} shape",
@@ -635,10 +602,10 @@ def bench_trainer(ctx, lines: list[str], budget: Budget) -> None:
     med = {b: statistics.median(times[b]) for b in backends}
     for b in backends:
         tflops = flops / (med[b] * 1e-3)
-        mfu = f"{tflops / spec:.1%}" if spec else "-"
+        mfu = f"{hardware.mfu(flops, med[b] * 1e-3, spec):.1%}" if spec else "-"
         lines.append(
             f"| {b} | {med[b]:.1f} | {tokens / (med[b] * 1e-3):,.0f} | {tflops / 1e12:.1f} | {mfu} | "
-            f"{tflops / ctx.peak:.1%} | {peak[b]:.1f} |"
+            f"{hardware.mfu(flops, med[b] * 1e-3, ctx.peak):.1%} | {peak[b]:.1f} |"
         )
     lines += ["", f"invariant / fast tokens/s: **{med['fast'] / med['invariant']:.2f}x**", ""]
 
@@ -708,7 +675,7 @@ def main(argv=None) -> int:
         args=args, smoke=args.cpu_smoke, kernel_tokens=[int(t) for t in args.kernel_tokens.split(",")]
     )
     print("[setup] copy bandwidth and mm peak", flush=True)
-    ctx.bw, ctx.peak = copy_bandwidth(), matmul_peak()
+    ctx.bw, ctx.peak = hardware.copy_bandwidth(DEV), hardware.matmul_peak(DEV)
     lines = [
         f"# Qwen3-MoE benchmark ({device}, {datetime.date.today()})",
         "",

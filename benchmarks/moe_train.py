@@ -34,7 +34,7 @@ FLOPs of one step (the MFU numerator; forward 2 x, backward 4 x the multiply-add
 
 The attention term is causal (half of len^2 scores), QK^T and PV forward, backward 2.5 x the forward (as
 ``benchmarks/trainer.py``). Norms, rotary, the softmax and the elementwise ops are left out, as MFU conventions do.
-MFU is against the data-sheet dense bf16 peak (989 TFLOP/s for H100 SXM / H200) with the bf16 ``torch.matmul`` peak
+MFU is against the data-sheet dense bf16 peak (``hardware.BF16_DATASHEET_PEAK``) with the bf16 ``torch.matmul`` peak
 measured in the same run (8192^3) beside it.
 
 The profile table (``--profile STEPS``, default 2) lists ours' top GPU kernels by time and their share of the step.
@@ -50,7 +50,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import gc
-import importlib.util
 import os
 import statistics
 import subprocess
@@ -58,6 +57,7 @@ import sys
 import time
 from pathlib import Path
 
+import hardware  # benchmarks/hardware.py: bf16 peaks and MFU
 import torch
 
 from vexact_models import (
@@ -70,17 +70,6 @@ from vexact_models import (
 
 SHAPES = ("qwen3-30b-a3b", "moonlight-16b-a3b")
 BACKENDS = {"ours": "invariant", "anchor": "fast", "ours+gmm": "fast:moe"}
-# Dense bf16 tensor-core peak from the vendors' data sheets (the MFU denominator)
-MATMUL_N = {"cuda": 8192, "cpu": 256}  # the measured peak's square matmul
-SPEC_BF16_PEAK = (("H100 PCIe", 756e12), ("H100", 989e12), ("H200", 989e12), ("H800", 989e12), ("A100", 312e12))
-
-
-def _load_bench(name: str):
-    """A sibling benchmark script as a module (its batch and step are reused, not copied)."""
-    spec = importlib.util.spec_from_file_location(f"_bench_{name}", Path(__file__).with_name(f"{name}.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def shape_config(shape: str, layers: int, tiny: bool):
@@ -123,30 +112,6 @@ def step_flops(model, seq_lens: list[int]) -> tuple[float, dict[str, float]]:
     parts = {"dense": 6.0 * tokens * dense, "lm_head": 6.0 * tokens * head, "routed": 6.0 * tokens * routed,
              "attention": attn}  # fmt: skip
     return sum(parts.values()), parts
-
-
-def spec_peak(device: str) -> float | None:
-    if device != "cuda":
-        return None
-    name = torch.cuda.get_device_name()
-    return next((p for key, p in SPEC_BF16_PEAK if key in name), None)
-
-
-def matmul_peak(device: str) -> float:
-    """FLOP/s of one large bf16 ``torch.matmul`` (8192^3 on a GPU, median of 10 after 3 warm-up)."""
-    n = MATMUL_N[device]
-    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
-    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
-    for _ in range(3):
-        torch.matmul(a, b)
-    times = []
-    for _ in range(10):
-        _sync(device)
-        t0 = time.perf_counter()
-        torch.matmul(a, b)
-        _sync(device)
-        times.append(time.perf_counter() - t0)
-    return 2 * n**3 / statistics.median(times)
 
 
 def _sync(device: str) -> None:
@@ -266,10 +231,10 @@ def bench_shape(shape: str, args, tb, mesh, device: str, peaks: tuple[float | No
     ]
     for b, spec_name in BACKENDS.items():
         tflops = flops / med[b]
-        mfu_spec = f"{tflops / spec:.1%}" if spec else "-"
+        mfu_spec = f"{hardware.mfu(flops, med[b], spec):.1%}" if spec else "-"
         lines.append(
             f"| {b} | `{spec_name}` | {med[b] * 1e3:.1f} | {tokens / med[b]:,.0f} | {tflops / 1e12:.1f} | {mfu_spec} "
-            f"| {tflops / measured:.1%} | {mem[b]:.1f} |"
+            f"| {hardware.mfu(flops, med[b], measured):.1%} | {mem[b]:.1f} |"
         )
     lines += [
         "",
@@ -360,10 +325,11 @@ def main(argv=None) -> int:
     from vexact_trainer import init_distributed
 
     device = args.device
-    tb = _load_bench("trainer")
+    import trainer as tb  # benchmarks/trainer.py: its batch and step are reused, not copied
+
     mesh = init_distributed(device)
     gpu = torch.cuda.get_device_name() if device == "cuda" else "CPU (smoke run, tiny shapes)"
-    peaks = spec_peak(device), matmul_peak(device)
+    peaks = hardware.device_datasheet_peak(device), hardware.matmul_peak(device)
     spec_s = f"{peaks[0] / 1e12:.0f} TFLOP/s" if peaks[0] else "none for this device"
     cmd = " ".join(["python", "benchmarks/moe_train.py", *(sys.argv[1:] if argv is None else argv)])
     lines = [
@@ -375,7 +341,7 @@ def main(argv=None) -> int:
         "",
         f"Command: `{cmd}`",
         "",
-        f"bf16 peak: data sheet {spec_s}; measured in this run (torch.matmul {MATMUL_N[device]}^3) "
+        f"bf16 peak: data sheet {spec_s}; measured in this run (torch.matmul {hardware.MATMUL_N[device]}^3) "
         f"{peaks[1] / 1e12:.3g} TFLOP/s.",
         "Step: `benchmarks/trainer.py`'s `fwd_bwd` (`Actor.forward_packed`: logprobs on every position, PPO-clip "
         "loss on the response part, backward; no optimizer step). FLOP formula: the docstring of "

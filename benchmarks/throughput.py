@@ -70,6 +70,10 @@ import time
 import traceback
 from pathlib import Path
 
+import hardware  # benchmarks/hardware.py: copy bandwidth
+import peers  # benchmarks/peers.py: vLLM workers, roofline, HF checkpoint
+import profiling  # benchmarks/profiling.py: the decoding batch and its step profile
+import throughput_report  # benchmarks/throughput_report.py: the --results-md file
 import torch
 from tqdm.auto import tqdm
 
@@ -88,11 +92,6 @@ from vexact_models import (
     tiny_qwen3_config,
     tiny_qwen3_moe_config,
 )
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import peers  # noqa: E402  (benchmarks/peers.py: vLLM workers, roofline, HF checkpoint)
-import profiling  # noqa: E402  (benchmarks/profiling.py: the decoding batch and its step profile)
-import throughput_report  # noqa: E402  (benchmarks/throughput_report.py: the --results-md file)
 
 SHAPES = {  # name: (family, the config's sizes); every family has peer columns (vLLM and HF generate load each)
     # for a CPU smoke run of the script only: the tiny configs' sizes
@@ -135,22 +134,6 @@ def make_model(shape: str, layers: int | None, seed: int = 0):
     over = {"torch_dtype": "bfloat16"} | ({} if layers is None else {"num_hidden_layers": layers})
     cfg = CONFIGS[family](**{**sizes, **over})
     return random_model(cfg, seed=seed, embed_std=0.02, device=DEV)
-
-
-def copy_bandwidth() -> float:
-    """Bytes/s of a 2 GiB device-to-device copy, counting bytes read and written."""
-    numel = 1 << 30 if DEV.type == "cuda" else 1 << 24
-    src = torch.empty(numel, dtype=torch.int16, device=DEV).random_()
-    dst = torch.empty_like(src)
-    for _ in range(3):
-        dst.copy_(src)
-    sync()
-    n = 20
-    t = time.perf_counter()
-    for _ in range(n):
-        dst.copy_(src)
-    sync()
-    return 2 * src.numel() * src.element_size() * n / (time.perf_counter() - t)
 
 
 def workload(args, vocab: int):
@@ -949,7 +932,7 @@ def main(argv=None) -> int:
         "draw with the fused sampling kernel.",
         "",
     ]
-    bw = copy_bandwidth()
+    bw = hardware.copy_bandwidth(DEV)
     lines += [f"Device-to-device copy bandwidth (read + write): {bw / 1e9:.0f} GB/s", ""]
     meta = results_meta(args, argv, gpu, vllm_ver, bw, batch_limits)
     summary: list[dict] = []

@@ -22,6 +22,7 @@ import math
 import statistics
 import time
 
+import hardware  # benchmarks/hardware.py: the measured bf16 peak and MFU
 import torch
 import torch.distributed as dist
 
@@ -83,18 +84,6 @@ def model_flops(model, seq_lens: list[int]) -> float:
     tokens = sum(seq_lens)
     attn_fwd = sum(2 * n * n * cfg.head_dim * cfg.num_attention_heads for n in seq_lens) * cfg.num_hidden_layers
     return 6 * matmul * tokens + 3.5 * attn_fwd
-
-
-def bf16_peak(device: str) -> float:
-    """Measured bf16 matmul FLOP/s of this GPU (8192^3 cuBLAS, median of 10): the MFU denominator."""
-    if device != "cuda":
-        return float("nan")
-    a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
-    b = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
-    for _ in range(3):
-        a @ b
-    times = time_steps(lambda: a @ b, 10)
-    return 2 * 8192**3 / statistics.median(times)
 
 
 def _sync() -> None:
@@ -185,8 +174,9 @@ def main() -> None:
     ws = dist.get_world_size()
     med = {b: statistics.median(times[b]) for b in backends}
     tps = {b: tokens * ws / med[b] for b in backends}
-    flops, peak_flops = model_flops(model, list(batch.seq_lens)), bf16_peak(device)
-    mfu = {b: flops / med[b] / peak_flops for b in backends}
+    flops = model_flops(model, list(batch.seq_lens))
+    peak_flops = hardware.matmul_peak(device) if device == "cuda" else float("nan")  # the MFU denominator
+    mfu = {b: hardware.mfu(flops, med[b], peak_flops) for b in backends}
     ratio = tps["invariant"] / tps["fast"]
     cfg = model.config
     lines = [
