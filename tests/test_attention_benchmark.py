@@ -142,3 +142,16 @@ def test_rl_decode_flags(bench, capsys):
     with pytest.raises(SystemExit):
         bench.configure(bad, bad.parse_args(["--rl-layouts", "8b,70b"]))
     assert "--rl-layouts: unknown ['70b']" in capsys.readouterr().err
+
+
+def test_rl_decode_inputs_page_every_sequence_apart(bench):
+    ad = bench.ad
+    case = ad.DecodeCase("30b-a3b", 64, 512, True, 16)
+    x = ad.make_inputs(case, device="cpu")
+    lengths = case.lengths()
+    pages = [-(-n // 16) for n in lengths]
+    assert x["q"].shape == (64, 32, 128) and x["kc"].shape == (sum(pages), 16, 4, 128) == x["vc"].shape
+    assert x["bt"].shape == (64, 32) and x["ctx"].tolist() == lengths and x["max_ctx"] == max(lengths)
+    assert x["cu"].tolist() == list(range(65))
+    used = [p for b, n in enumerate(pages) for p in x["bt"][b, :n].tolist()]
+    assert sorted(used) == list(range(sum(pages)))  # each page belongs to one sequence
