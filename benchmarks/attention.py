@@ -11,12 +11,20 @@ Columns: ours (the invariant Triton kernel, ``triton_ops/attention.py``), FA4 (F
 - prefill / training forward: TFLOP/s of the causal kernels on packed equal-length sequences (SDPA sees a dense
   [B, H, L, D] batch, K/V heads repeated outside the timed region);
 - forward + backward (training): TFLOP/s counting 3.5x the forward FLOPs; ours and FA4 with their deterministic
-  backward.
+  backward;
+- paged decode at RL shapes (``benchmarks/attention_decode.py``): VeXact's Triton and FA4 kernels, vLLM's FA3 paged
+  decode (default and batch-invariant) and FA4's own paged call, batch 1-512, contexts 512-16k (equal lengths, and
+  lengths uniform in [ctx/2, ctx] from batch 64), the Qwen3-1.7B / 8B / 30B-A3B head layouts, pages of ``--page``
+  tokens: median µs per call and the fraction of the copy bandwidth. ``--decode-only`` runs this table alone; cases
+  whose cache exceeds ``--decode-max-kv-gib`` or that would start past ``--decode-budget-s`` are listed as skipped.
 
 Usage: ``PYTHONPATH=<packages' src dirs>:. python benchmarks/attention.py [--out FILE] [--quick] [--page 16]
-[--heads 32:8] [--decode-batches 1,4,16,64,256] [--decode-contexts 1024,4096,16384] [--prefill 4x4096,...]`` (meant to
-take under 4 minutes on an H100; the FA4 and SDPA columns are written against their APIs and not yet run on a GPU).
-``--heads 16:8`` is Qwen3-1.7B's attention; ``--page 128`` is FA4's tile_n at head_dim 128 (its TMA paged path).
+[--heads 32:8] [--decode-batches 1,4,16,64,256] [--decode-contexts 1024,4096,16384] [--prefill 4x4096,...]`` (the
+first tables meant to take under 4 minutes on an H100, the RL decode table at most ``--decode-budget-s`` more, 270 s
+by default; the FA4 and SDPA columns are written against their APIs and not yet run on a GPU).
+``--decode-only [--rl-layouts 1.7b,8b,30b-a3b] [--rl-batches ...] [--rl-contexts ...] [--vllm-site DIR]``: the RL
+decode table alone. ``--heads 16:8`` is Qwen3-1.7B's attention; ``--page 128`` is FA4's tile_n at head_dim 128 (its
+TMA paged path; it sets the RL decode table's pages too).
 ``--sweep`` times a few alternative Triton tile configurations instead (for choosing the fixed constants; a change
 of the forward's constants changes the numerics of every GPU target).
 """
@@ -26,7 +34,11 @@ from __future__ import annotations
 import argparse
 import datetime
 import itertools
+import shlex
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 import hardware
 import torch
@@ -38,6 +50,9 @@ from triton.testing import do_bench, do_bench_cudagraph
 from vexact_kernels import fa4_attention
 from vexact_kernels.triton_ops import attention as ta
 from vexact_kernels.triton_ops import attention_bwd as tab
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import attention_decode as ad  # noqa: E402  (benchmarks/attention_decode.py: the paged decode sweep at RL shapes)
 
 HQ, HKV, D = 32, 8, 128  # Qwen3-8B-shaped attention
 PAGE = 16
@@ -191,6 +206,7 @@ def cross_config_check():
 
 
 DECODE_BATCHES, DECODE_CONTEXTS = [1, 4, 16, 64, 256], [1024, 4096, 16384]
+RL_LAYOUTS, RL_BATCHES, RL_CONTEXTS = list(ad.LAYOUTS), list(ad.BATCHES), list(ad.CONTEXTS)
 
 
 def _tflops(flops, ms):
@@ -304,9 +320,23 @@ def _ints(ap, flag: str, text: str, sep: str = ",") -> list[int]:
 def configure(ap, args) -> None:
     """Set the module's shape globals from the command line (each case reads them when it runs); ``--quick`` takes
     fewer shapes where none are given."""
-    global PAGE, HQ, HKV, DECODE_BATCHES, DECODE_CONTEXTS, PREFILL_SHAPES
+    global PAGE, HQ, HKV, DECODE_BATCHES, DECODE_CONTEXTS, PREFILL_SHAPES, RL_LAYOUTS, RL_BATCHES, RL_CONTEXTS
     if args.quick:
         DECODE_BATCHES, DECODE_CONTEXTS, PREFILL_SHAPES = [1, 64], [4096], [(4, 4096), (32, 512)]
+        RL_LAYOUTS, RL_BATCHES, RL_CONTEXTS = ["8b"], [1, 64, 256], [1024, 4096]
+    else:
+        RL_LAYOUTS, RL_BATCHES, RL_CONTEXTS = list(ad.LAYOUTS), list(ad.BATCHES), list(ad.CONTEXTS)
+    if args.rl_layouts:
+        RL_LAYOUTS = args.rl_layouts.split(",")
+        unknown = [x for x in RL_LAYOUTS if x not in ad.LAYOUTS]
+        if unknown:
+            ap.error(f"--rl-layouts: unknown {unknown}; known: {','.join(ad.LAYOUTS)}")
+    if args.rl_batches:
+        RL_BATCHES = _ints(ap, "--rl-batches", args.rl_batches)
+    if args.rl_contexts:
+        RL_CONTEXTS = _ints(ap, "--rl-contexts", args.rl_contexts)
+    if args.decode_budget_s <= 0 or args.decode_max_kv_gib <= 0 or args.reps < 1:
+        ap.error("--decode-budget-s, --decode-max-kv-gib and --reps must be positive")
     (PAGE,) = _ints(ap, "--page", str(args.page))
     if args.heads.count(":") != 1:
         ap.error(f"--heads: expected query heads:KV heads, e.g. 16:8; got {args.heads!r}")
@@ -338,9 +368,54 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--heads", default=f"{HQ}:{HKV}", help="query heads:KV heads (16:8 is Qwen3-1.7B, 32:8 Qwen3-8B)")
     ap.add_argument("--decode-batches", help=f"comma-separated (default {DECODE_BATCHES})")
     ap.add_argument("--decode-contexts", help=f"comma-separated multiples of --page (default {DECODE_CONTEXTS})")
+    ap.add_argument("--decode-only", action="store_true", help="only the paged decode table at RL shapes")
+    ap.add_argument("--rl-layouts", help=f"RL decode head layouts, comma-separated (default {','.join(ad.LAYOUTS)})")
+    ap.add_argument("--rl-batches", help=f"RL decode batches, comma-separated (default {ad.BATCHES})")
+    ap.add_argument("--rl-contexts", help=f"RL decode contexts, comma-separated (default {ad.CONTEXTS})")
+    ap.add_argument(
+        "--decode-budget-s",
+        type=float,
+        default=270.0,
+        help="RL decode: no case starts past this many seconds (vLLM's subprocess gets 2/5 of it)",
+    )
+    ap.add_argument(
+        "--decode-max-kv-gib",
+        type=float,
+        default=32.0,
+        help="RL decode: skip cases whose paged cache exceeds this (and 0.45 of free GPU memory)",
+    )
+    ap.add_argument("--reps", type=int, default=ad.REPS, help="RL decode: timed replays per cell (the median)")
+    ap.add_argument(
+        "--vllm-site",
+        default=ad.default_vllm_site(),
+        help="vLLM's site for its FA3 rows (default $VLLM_SITE, else /tmp/vllmsite if present)",
+    )
     ap.add_argument("--prefill", help="comma-separated BATCHxSEQLEN shapes (default: " +
                     ",".join(f"{b}x{n}" for b, n in PREFILL_SHAPES) + ")")  # fmt: skip
     return ap
+
+
+def rl_decode(args, emit, copy_bw: float) -> None:
+    """The paged decode table at RL shapes (benchmarks/attention_decode.py): vLLM's rows first, in a subprocess,
+    while this process holds no cache; then VeXact's and FA4's."""
+    cases = ad.build_sweep(RL_LAYOUTS, RL_BATCHES, RL_CONTEXTS, PAGE)
+    max_bytes = min(args.decode_max_kv_gib * 2**30, 0.45 * torch.cuda.mem_get_info()[0])
+    budget = args.decode_budget_s
+    t0 = time.time()
+    with tempfile.TemporaryDirectory() as tmp:
+        vllm_res, vllm_version = ad.run_vllm(cases, args.vllm_site, 0.4 * budget, max_bytes, args.reps, Path(tmp))
+    left = max(budget - (time.time() - t0), 1.0)
+    ours = ad.run_cases(cases, ad.vexact_fns, [i for i in ad.IMPLS if i not in ad.VLLM_IMPLS], left, max_bytes,
+                        args.reps)  # fmt: skip
+    results = {c.key: {**ours.get(c.key, {}), **vllm_res.get(c.key, {})} for c in cases}
+    emit(f"\n## Paged decode at RL shapes (1 query token per sequence, bf16 KV in pages of {PAGE}, CUDA graph)\n")
+    emit(f"vLLM: {vllm_version}; cells: median µs per call over {args.reps} replays (L2 flushed before each), then")
+    emit("the bytes it moves (K/V of every context + q + out) per second over the copy bandwidth; VeXact / peer: the")
+    emit("best VeXact time over the best peer time (below 1: VeXact faster). vLLM FA3: as its backend calls it at")
+    emit(f"decode under its full CUDA graph (AOT schedule, num_splits={ad.VLLM_MAX_NUM_SPLITS}); b-i: its")
+    emit(f"batch-invariant mode (num_splits=1). Took {time.time() - t0:.0f} s.")
+    for line in ad.decode_table(cases, results, copy_bw):
+        emit(line)
 
 
 def main(argv=None):
@@ -359,6 +434,11 @@ def main(argv=None):
     free = torch.cuda.mem_get_info()[0]
     fa4, why = fa4_attention.fa4_importable()
     emit(f"# Attention on the GPU, {torch.cuda.get_device_name()}, {datetime.date.today()}")
+    emit()
+    emit(f"- Date: {datetime.date.today()}")
+    emit(f"- GPU: {torch.cuda.get_device_name()}")
+    emit(f"- Commit: {ad.commit()}")
+    emit(f"- Command: `python benchmarks/attention.py {shlex.join(sys.argv[1:] if argv is None else argv)}`")
     emit()
     emit(f"torch {torch.__version__}, triton {triton.__version__}; Hq={HQ}, Hkv={HKV}, D={D}, bf16, causal")
     emit(
@@ -382,6 +462,12 @@ def main(argv=None):
         return
     copy_bw = hardware.copy_bandwidth(DEV)
     emit(f"\ndevice-to-device copy: {copy_bw / 1e12:.2f} TB/s (read + write)\n")
+    torch.cuda.empty_cache()
+    rl_decode(args, emit, copy_bw)
+    if args.decode_only:
+        emit(f"\n(run took {time.time() - t0:.0f} s, compilation included)")
+        _write(args.out, lines)
+        return
     emit(f"## Decode (1 query token per sequence; achieved TB/s; ours and FA4 paged, page {PAGE}, in a CUDA graph)\n")
     emit(
         f"ours: the launch the op picks (one program per split of {ta.SPLIT_N} keys + the ordered combine where the "
@@ -418,8 +504,12 @@ def main(argv=None):
             )
             torch.cuda.empty_cache()
     emit(f"\n(run took {time.time() - t0:.0f} s, FA4 compilation included)")
-    if args.out:
-        with open(args.out, "w") as f:
+    _write(args.out, lines)
+
+
+def _write(path: str | None, lines: list[str]) -> None:
+    if path:
+        with open(path, "w") as f:
             f.write("\n".join(lines) + "\n")
 
 
