@@ -15,7 +15,7 @@ Rows (each optional: one that does not import gives "not installed" cells):
 
 Each call is captured in a CUDA graph (as both engines run decode) and timed with CUDA events around one replay,
 after warm-up, with L2 flushed before each replay; the cell is the median time and the fraction of the
-device-to-device copy bandwidth measured in the same run (``attention.copy_bandwidth``: bytes read + written), for
+device-to-device copy bandwidth measured in the same run (``hardware.copy_bandwidth``: bytes read + written), for
 the bytes one call must move: K and V of every sequence's context, q read and the output written.
 
 Run through ``benchmarks/attention.py`` (``--decode-only`` for this table alone).
