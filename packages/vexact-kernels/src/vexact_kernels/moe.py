@@ -36,7 +36,6 @@ import torch.nn.functional as F
 from . import portable_math as pm
 from ._backend import check_float, get_backend, invariant_device_check
 from ._ranges import record_range, tensor_range
-from ._reduce import tree_sum
 from .activation import silu_and_mul
 from .linear import _linear_reference
 from .triton_ops import use_triton
@@ -71,10 +70,7 @@ def moe_route(
 
         return _routed(*triton_moe_route(router_logits, top_k, norm_topk_prob), router_logits)
     invariant_device_check("moe_route", router_logits)
-    x = router_logits.float()
-    x = x - x.amax(dim=-1, keepdim=True)  # max is exact in any order
-    ex = pm.exp(x)
-    probs = ex / tree_sum(ex, dim=-1).unsqueeze(-1)
+    probs = pm.softmax(router_logits.float())
     ids = torch.sort(probs.detach(), dim=-1, descending=True, stable=True).indices[:, :top_k]
     w = probs.gather(1, ids)
     if norm_topk_prob:
@@ -153,9 +149,7 @@ def _grouped_scores(router_logits: torch.Tensor, scoring_func: str) -> torch.Ten
     x = router_logits.float()
     if scoring_func == "sigmoid":
         return _Sigmoid.apply(x)
-    x = x - x.amax(dim=-1, keepdim=True)
-    ex = pm.exp(x)
-    return ex / tree_sum(ex, dim=-1).unsqueeze(-1)
+    return pm.softmax(x)
 
 
 def _grouped_weights(scores, ids, norm_topk_prob: bool, routed_scaling_factor: float) -> torch.Tensor:

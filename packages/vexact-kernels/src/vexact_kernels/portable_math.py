@@ -42,6 +42,8 @@ from pathlib import Path
 
 import torch
 
+from ._reduce import tree_sum
+
 # fdlibm's ln 2 in two pieces: LN2_HI has 32 significant bits (k * LN2_HI exact for |k| < 2**21), LN2_HI + LN2_LO is
 # ln 2 to about 2**-85.
 LN2_HI = float.fromhex("0x1.62e42feep-1")
@@ -205,8 +207,6 @@ def sigmoid(x: torch.Tensor) -> torch.Tensor:
 def softmax(x: torch.Tensor) -> torch.Tensor:
     """``softmax`` over the last dim of a float32 tensor: :func:`exp` of ``x - max`` (the max is exact in any order)
     over a fixed-order sum of each row (``_reduce.tree_sum``); off the CPU, torch's own ``softmax``."""
-    from ._reduce import tree_sum
-
     if not _on_cpu(x):
         return torch.softmax(x, dim=-1)
     e = exp(x - x.amax(dim=-1, keepdim=True))
