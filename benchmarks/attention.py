@@ -335,6 +335,10 @@ def configure(ap, args) -> None:
         RL_BATCHES = _ints(ap, "--rl-batches", args.rl_batches)
     if args.rl_contexts:
         RL_CONTEXTS = _ints(ap, "--rl-contexts", args.rl_contexts)
+    if args.variants and args.variants != "all":
+        bad = [n for n in args.variants.split(",") if n not in ad.VARIANTS]
+        if bad:
+            ap.error(f"--variants: unknown {bad}; known: {', '.join(ad.VARIANTS)}")
     if args.decode_budget_s <= 0 or args.decode_max_kv_gib <= 0 or args.reps < 1:
         ap.error("--decode-budget-s, --decode-max-kv-gib and --reps must be positive")
     (PAGE,) = _ints(ap, "--page", str(args.page))
@@ -386,6 +390,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--reps", type=int, default=ad.REPS, help="RL decode: timed replays per cell (the median)")
     ap.add_argument(
+        "--variants",
+        help=f"RL decode: also time these launch shapes of the Triton kernel and compare their bits with the op's "
+        f"(comma-separated of {','.join(ad.VARIANTS)}, or 'all')",
+    )
+    ap.add_argument(
         "--vllm-site",
         default=ad.default_vllm_site(),
         help="vLLM's site for its FA3 rows (default $VLLM_SITE, else /tmp/vllmsite if present)",
@@ -416,6 +425,14 @@ def rl_decode(args, emit, copy_bw: float) -> None:
     emit(f"batch-invariant mode (num_splits=1). Took {time.time() - t0:.0f} s.")
     for line in ad.decode_table(cases, results, copy_bw):
         emit(line)
+    if args.variants:
+        names = list(ad.VARIANTS) if args.variants == "all" else args.variants.split(",")
+        t1 = time.time()
+        var = ad.run_variants(cases, names, budget, max_bytes, args.reps)
+        emit("\n### Launch shapes of the Triton kernel (the same source; split / one-pass, BLOCK_M, warps, stages)\n")
+        emit(", ".join(f"{n}: {ad.VARIANTS[n]}" for n in names) + f". Took {time.time() - t1:.0f} s.\n")
+        for line in ad.variant_table(cases, var, names, copy_bw):
+            emit(line)
 
 
 def main(argv=None):

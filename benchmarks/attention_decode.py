@@ -237,6 +237,91 @@ def vexact_fns(inputs: dict, case: DecodeCase) -> dict:
     return out
 
 
+# Launch shapes of VeXact's Triton decode other than the one the op picks: (split_programs, (BLOCK_M, warps, stages)
+# or None for the constants). Each is timed and its output compared with the op's, torch.equal: a shape that keeps
+# the bits can become the op's launch for decode; one that does not is a different kernel.
+VARIANTS = {
+    "split": (True, None),
+    "one-pass": (False, None),
+    "s3": (False, (64, 4, 3)),
+    "split-s3": (True, (64, 4, 3)),
+    "m16": (False, (16, 1, 2)),
+    "m16-s3": (False, (16, 1, 3)),
+    "m16-split": (True, (16, 1, 2)),
+    "m16-w4": (False, (16, 4, 2)),
+}
+
+
+def variant_fns(inputs: dict, case: DecodeCase, names) -> dict:
+    """Builders of the Triton launch variants ``names`` (keys of ``VARIANTS``) of this case's decode call."""
+    from vexact_kernels.triton_ops import attention as ta
+
+    hq, hkv, d = case.heads
+    q, kc, vc, bt, ctx, cu = (inputs[k] for k in ("q", "kc", "vc", "bt", "ctx", "cu"))
+    kf, vf = kc.flatten(0, 1), vc.flatten(0, 1)
+
+    def make(split: bool, launch):
+        def build():
+            lay = ta.paged_layout(bt, ctx, cu, case.page, case.batch, hq, hkv, q.device)
+            return lambda: ta._fwd(q, kf, vf, lay.table, case.page, lay.q_start, lay.n_q, lay.ctx, d**-0.5, False,
+                                   None, split_programs=split, launch=launch)[0]  # fmt: skip
+
+        return build
+
+    return {name: make(*VARIANTS[name]) for name in names}
+
+
+def run_variants(cases, names, budget_s: float, max_bytes: float, reps: int = REPS) -> dict:
+    """``{case.key: {"op": us, name: (us | reason, same bits as the op's launch)}}`` for the launch variants."""
+    import torch
+
+    t0 = time.time()
+    results = {}
+    for case in cases:
+        reason = too_big(case, max_bytes) or (
+            f"skipped: past the {budget_s:.0f} s budget" if time.time() - t0 > budget_s else None
+        )
+        if reason:
+            results[case.key] = {"op": reason}
+            continue
+        inputs = make_inputs(case)
+        op = vexact_fns(inputs, case)["vexact-triton"]
+        builders = variant_fns(inputs, case, names)
+        row = {"op": try_time(op, reps)}
+        ref = op()()
+        for name in names:
+            try:
+                same = bool(torch.equal(builders[name]()(), ref))
+            except Exception as e:  # noqa: BLE001
+                row[name] = (f"n/a ({type(e).__name__})", False)
+                continue
+            row[name] = (try_time(builders[name], reps), same)
+        results[case.key] = row
+        del inputs, builders, ref
+        torch.cuda.empty_cache()
+    return results
+
+
+def variant_table(cases, results: dict, names, copy_bw: float) -> list[str]:
+    """Markdown: per case the op's launch and each variant (µs, fraction of the copy bandwidth; "bits differ" where
+    its output is not the op's, torch.equal)."""
+    lines = ["| layout | batch | context | lengths | op's launch | " + " | ".join(names) + " |"]
+    lines.append("|---" * (5 + len(names)) + "|")
+    for case in cases:
+        row = results.get(case.key, {})
+        cells = [_cell(case, row.get("op", "-"), copy_bw)]
+        for name in names:
+            x = row.get(name)
+            if x is None:
+                cells.append("-")
+                continue
+            t, same = x
+            cells.append(_cell(case, t, copy_bw) + ("" if same or not isinstance(t, float) else ", **bits differ**"))
+        lengths = f"[{case.ctx // 2}, {case.ctx}]" if case.mixed else "equal"
+        lines.append(f"| {case.layout} | {case.batch} | {case.ctx} | {lengths} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def vllm_fns(inputs: dict, case: DecodeCase, flash_attn_varlen_func, get_scheduler_metadata, fa_version: int):
     """Builders of vLLM's FA3 paged decode as its FlashAttention backend calls it (default, and batch-invariant)."""
     hq, hkv, d = case.heads

@@ -156,3 +156,31 @@ def test_rl_decode_inputs_page_every_sequence_apart(bench):
     assert x["cu"].tolist() == list(range(65))
     used = [p for b, n in enumerate(pages) for p in x["bt"][b, :n].tolist()]
     assert sorted(used) == list(range(sum(pages)))  # each page belongs to one sequence
+
+
+def test_rl_decode_launch_variants(bench, capsys):
+    """The launch-shape rows: every variant builds a call of the same kernel (interpreted here, where every shape
+    gives the op's bits), and the table marks a variant whose output differs from the op's."""
+    ad = bench.ad
+    from vexact_kernels.triton_ops import interpreting
+
+    if not interpreting():
+        pytest.skip("the Triton kernel runs on CPU only under TRITON_INTERPRET=1")
+    import torch
+
+    case = ad.DecodeCase("1.7b", 2, 96, False, 16)
+    x = ad.make_inputs(case, device="cpu")
+    ref = ad.vexact_fns(x, case)["vexact-triton"]()()
+    for name, build in ad.variant_fns(x, case, list(ad.VARIANTS)).items():
+        assert torch.equal(build()(), ref), name
+    copy_bw = 3.0e12
+    t = ad.call_bytes(case) / (0.5 * copy_bw) * 1e6
+    results = {case.key: {"op": t, "split": (t / 2, True), "m16": (t / 2, False), "s3": ("n/a (OutOfResources)", False)}}
+    lines = ad.variant_table([case], results, ["split", "m16", "s3"], copy_bw)
+    cells = [c.strip() for c in lines[-1].strip("|").split("|")]
+    assert cells[4].endswith(", 0.50") and cells[5].endswith(", 1.00")
+    assert cells[6].endswith("**bits differ**") and cells[7] == "n/a (OutOfResources)"
+    ap = bench.build_parser()
+    with pytest.raises(SystemExit):
+        bench.configure(ap, ap.parse_args(["--variants", "split,m8"]))
+    assert "--variants: unknown ['m8']" in capsys.readouterr().err

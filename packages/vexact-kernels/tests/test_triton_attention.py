@@ -297,6 +297,41 @@ def test_interpreted_split_launch_mla_head_dims(monkeypatch):
     assert torch.equal(o_split, _packed(q, k, v, cu, scale=0.125)[torch.tensor(rows)])
 
 
+def test_decode_launch_is_chosen_from_sizes_alone():
+    ops = _ops()
+    big = ops.DECODE_MIN_PROGRAMS // 8
+    assert ops.decode_launch(big, big, 2, 8) == (ops.DECODE_BLOCK_M, ops.DECODE_NUM_WARPS, ops.NUM_STAGES)
+    assert ops.decode_launch(big - 1, big - 1, 2, 8) is None  # too few programs: the constants' launch
+    assert ops.decode_launch(big + 1, big, 2, 8) is None  # a prefill chunk in the step
+    assert ops.decode_launch(4 * big, 4 * big, 32, 1) is None  # a GQA group wider than the decode tile
+
+
+def _check_decode_launch(ops, lens, hq, hkv, dims, page, seed, device):
+    """A decode step (the last token of each sequence) at the decode launch == the packed (training) forward's rows
+    and == the constants' launch, output and LSE, torch.equal; the layout must have picked the decode launch."""
+    paged, (q, k, v, cu), rows = _paged_decode_inputs(
+        lens, [1] * len(lens), hq, hkv, dims[0], page, seed=seed, device=device, dv=dims[1]
+    )
+    qd, kc, vc, bt, ctx, cuq = paged
+    lay = ops.paged_layout(bt, ctx, cuq, page, qd.shape[0], hq, hkv, qd.device)
+    assert lay.launch == (ops.DECODE_BLOCK_M, ops.DECODE_NUM_WARPS, ops.NUM_STAGES)
+    out = ops.attention_paged(*paged, 0.125, layout=lay)
+    assert torch.equal(out, _packed(q, k, v, cu, scale=0.125)[torch.tensor(rows, device=device)])
+    args = (qd, kc.flatten(0, 1), vc.flatten(0, 1), lay.table, page, lay.q_start, lay.n_q, lay.ctx, 0.125, True)
+    for split in (False, True):
+        dec, const = ops._fwd(*args, split_programs=split, launch=lay.launch), ops._fwd(*args, split_programs=split)
+        assert torch.equal(dec[0], out) and torch.equal(dec[0], const[0]) and torch.equal(dec[1], const[1])
+    return args, out
+
+
+@interp
+def test_interpreted_decode_launch_equals_packed(monkeypatch):
+    ops = _ops()
+    monkeypatch.setattr(ops, "DECODE_MIN_PROGRAMS", 4)
+    monkeypatch.setattr(ops, "SPLIT_N", 64)
+    _check_decode_launch(ops, [150, 70, 3], 8, 2, (64, 64), 16, seed=3, device="cpu")
+
+
 def test_write_kv_cache_matches_index_copy():
     if not (interpreting() or torch.cuda.is_available()):
         pytest.skip("needs a CUDA device or TRITON_INTERPRET=1")
@@ -392,6 +427,23 @@ def test_gpu_split_launch_equals_one_pass_and_packed(dims):
     (o_split, lse_split), (o_one, lse_one) = _split_forms(ops, paged)
     assert torch.equal(o_split, o_one) and torch.equal(lse_split, lse_one)
     assert torch.equal(o_split, _packed(q, k, v, cu, scale=0.125)[torch.tensor(rows, device="cuda")])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("hq", "hkv", "dims"), [(16, 8, (128, 128)), (32, 8, (128, 128)), (32, 4, (128, 128)),
+                                                 (64, 4, (128, 128)), (16, 1, (192, 128))])  # fmt: skip
+def test_gpu_decode_launch_equals_packed(hq, hkv, dims):
+    """Decode at the RL shape's launch (16-row tiles, one warp; the GQA groups of Qwen3-1.7B / 8B / 30B-A3B, a group
+    of 16, an MLA head) == the packed training forward, torch.equal, over contexts past many splits. The check can
+    fail: 16-row tiles in four warps (the scores' columns split across warps) give other bits."""
+    ops = _ops()
+    rng = random.Random(hq + hkv)
+    nseq = -(-ops.DECODE_MIN_PROGRAMS // hkv)
+    lens = [rng.randint(1, 4100) if rng.random() < 0.125 else rng.randint(1, 1200) for _ in range(nseq)]
+    args, out = _check_decode_launch(ops, lens, hq, hkv, dims, 16, seed=hq, device="cuda")
+    if (hq, hkv) == (16, 8):
+        four_warps = ops._fwd(*args, launch=(ops.DECODE_BLOCK_M, 4, ops.NUM_STAGES))[0]
+        assert not torch.equal(four_warps, out)
 
 
 @pytest.mark.gpu

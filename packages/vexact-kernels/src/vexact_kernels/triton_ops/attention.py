@@ -70,6 +70,18 @@ SPLIT_N = SPLIT_TILES * BLOCK_N
 # than this (decode at small batch, where one program per sequence and KV head leaves most SMs idle).
 SPLIT_BELOW_PROGRAMS = 256
 
+# Launch shape of a decode step (one query per sequence, a GQA group of at most DECODE_BLOCK_M heads) with at least
+# DECODE_MIN_PROGRAMS (sequence, KV head) programs: tiles of 16 rows in one warp instead of 64 rows in four. Per row
+# the same source, BLOCK_N, split boundaries and order, and the same per-thread layout of the scores (a warp owns 16
+# rows and all BLOCK_N columns in both, so every row sums its tile in the same order); a GPU test holds it to the
+# packed forward's bits. A 64-row tile holds 2-8 real rows at decode, and its 4 warps spend most of their time on the
+# padding; at batch 256-512 and contexts of 1k-4k this launch reads the KV cache at 0.74-0.85 of the copy bandwidth
+# against 0.65-0.74 (H200, benchmarks/results/attention-decode-h200.md). Below the threshold the 64-row launch is
+# as fast or faster (batch 64: 0.58 against 0.52).
+DECODE_BLOCK_M = 16
+DECODE_NUM_WARPS = 1
+DECODE_MIN_PROGRAMS = 1024
+
 _PACKED_PAGE = 1 << 30  # "page size" of a packed batch: one page per sequence
 _LOG2E = 1.4426950408889634
 
@@ -429,15 +441,18 @@ def _fwd(
     tiles: tuple[torch.Tensor, torch.Tensor, int] | None = None,
     split_programs: bool | None = None,
     fused_combine: bool | None = None,
+    launch: tuple[int, int, int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Launch the forward. k_rows/v_rows: [rows, Hkv, D] storage; table [B, W] int32 first storage row per page;
-    ``tiles``: the tile table of these queries (:func:`_fwd_tiles`), when the caller built it already.
+    ``tiles``: the tile table of these queries in tiles of the launch's rows (:func:`_fwd_tiles` for the
+    constants), when the caller built it already.
     ``split_programs``: one program per key split plus the combine (True) or one program per tile (False); default:
     split where the one-pass launch has fewer than ``SPLIT_BELOW_PROGRAMS`` programs and a query can have more than
     one split (``W * page_size > SPLIT_N``). ``fused_combine`` (split launch only): the last split program of each
     tile folds the partials (one launch; a tile with one split writes its output directly), or ``_attn_combine``
     does (two launches); default: fused where the matmul's per-stream tile counts can take the launch. The same bits
-    in every form."""
+    in every form. ``launch``: ``(block_m, num_warps, num_stages)`` in place of the constants, for benchmarks that
+    measure other launch shapes (a GPU test must show a shape gives the constants' bits before anything uses it)."""
     total, hq, dk = q.shape
     hkv, dv = k_rows.shape[1], v_rows.shape[2]
     g = hq // hkv
@@ -446,7 +461,10 @@ def _fwd(
     lse = torch.empty(total, hq, device=q.device, dtype=torch.float32) if want_lse else out
     if total == 0 or nseq == 0:
         return out, (lse if want_lse else None)
-    tile_seq, tile_row0, grid = tiles if tiles is not None else _fwd_tiles(n_q, g, total)
+    block_m, num_warps, num_stages = launch if launch is not None else (BLOCK_M, NUM_WARPS, NUM_STAGES)
+    if tiles is None:
+        tiles = _tiles(n_q.to(torch.int64) * g, block_m, total * g)
+    tile_seq, tile_row0, grid = tiles
     n_splits = cdiv(min(table.shape[1] * page_size, _PACKED_PAGE), SPLIT_N)
     if split_programs is None:
         split_programs = n_splits > 1 and grid * hkv < SPLIT_BELOW_PROGRAMS and page_size < _PACKED_PAGE
@@ -499,15 +517,15 @@ def _fwd(
         DV=dv,
         BLOCK_DK=next_pow2(dk),
         BLOCK_DV=block_dv,
-        BLOCK_M=BLOCK_M,
+        BLOCK_M=block_m,
         BLOCK_N=BLOCK_N,
         SPLIT_N=SPLIT_N,
         SPLIT_OUT=split_programs,
         FUSED_COMBINE=counts is not None,
         STORE_LSE=want_lse,
         UPCAST=interpreting(),
-        num_warps=NUM_WARPS,
-        num_stages=NUM_STAGES,
+        num_warps=num_warps,
+        num_stages=num_stages,
     )
     if split_programs and counts is None:
         _attn_combine[(grid, hkv)](
@@ -529,10 +547,10 @@ def _fwd(
             G=g,
             DV=dv,
             BLOCK_DV=block_dv,
-            BLOCK_M=BLOCK_M,
+            BLOCK_M=block_m,
             SPLIT_N=SPLIT_N,
             STORE_LSE=want_lse,
-            num_warps=NUM_WARPS,
+            num_warps=num_warps,
         )
     return out, (lse if want_lse else None)
 
@@ -565,6 +583,16 @@ class PagedLayout:
     table: torch.Tensor  # [B, W] int32, block id * page_size
     ctx: torch.Tensor  # [B] int32
     tiles: tuple[torch.Tensor, torch.Tensor, int] | None  # None when the step has no query or no sequence
+    launch: tuple[int, int, int] | None = None  # (block_m, warps, stages) of a decode step; None: the constants
+
+
+def decode_launch(num_tokens: int, num_seqs: int, g: int, num_kv_heads: int) -> tuple[int, int, int] | None:
+    """The launch shape of a paged step, from its sizes alone: the decode shape (``DECODE_BLOCK_M`` rows, one warp)
+    for a decode step (one query per sequence) of a GQA group that fits it and enough programs to fill the GPU; else
+    None (the constants)."""
+    if num_tokens == num_seqs and g <= DECODE_BLOCK_M and num_seqs * num_kv_heads >= DECODE_MIN_PROGRAMS:
+        return DECODE_BLOCK_M, DECODE_NUM_WARPS, NUM_STAGES
+    return None
 
 
 def paged_layout(
@@ -586,10 +614,13 @@ def paged_layout(
     table = (block_tables.to(device=device, dtype=torch.int32) * page_size).contiguous()
     ctx = context_lens.to(device=device, dtype=torch.int32).contiguous()
     g = num_heads // num_kv_heads
-    tiles = _fwd_tiles(n_q, g, num_tokens) if num_tokens and n_q.numel() else None
+    launch = decode_launch(num_tokens, n_q.numel(), g, num_kv_heads)
+    block_m = launch[0] if launch else BLOCK_M
+    tiles = _tiles(n_q.to(torch.int64) * g, block_m, num_tokens * g) if num_tokens and n_q.numel() else None
     return PagedLayout(
-        block_tables, context_lens, cu_seqlens_q, page_size, g, num_tokens, cu[:-1].contiguous(), n_q, table, ctx, tiles
-    )
+        block_tables, context_lens, cu_seqlens_q, page_size, g, num_tokens, cu[:-1].contiguous(), n_q, table, ctx, tiles,
+        launch,
+    )  # fmt: skip
 
 
 def attention_paged(
@@ -644,6 +675,7 @@ def attention_paged(
         scale,
         False,
         layout.tiles,
+        launch=layout.launch,
     )
     return out
 
@@ -687,4 +719,13 @@ def write_kv_cache(
     )
 
 
-__all__ = ["BLOCK_M", "BLOCK_N", "SPLIT_N", "PagedLayout", "attention_paged", "paged_layout", "write_kv_cache"]
+__all__ = [
+    "BLOCK_M",
+    "BLOCK_N",
+    "SPLIT_N",
+    "PagedLayout",
+    "attention_paged",
+    "decode_launch",
+    "paged_layout",
+    "write_kv_cache",
+]
