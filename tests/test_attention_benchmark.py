@@ -175,7 +175,9 @@ def test_rl_decode_launch_variants(bench, capsys):
         assert torch.equal(build()(), ref), name
     copy_bw = 3.0e12
     t = ad.call_bytes(case) / (0.5 * copy_bw) * 1e6
-    results = {case.key: {"op": t, "split": (t / 2, True), "m16": (t / 2, False), "s3": ("n/a (OutOfResources)", False)}}
+    results = {
+        case.key: {"op": t, "split": (t / 2, True), "m16": (t / 2, False), "s3": ("n/a (OutOfResources)", False)}
+    }
     lines = ad.variant_table([case], results, ["split", "m16", "s3"], copy_bw)
     cells = [c.strip() for c in lines[-1].strip("|").split("|")]
     assert cells[4].endswith(", 0.50") and cells[5].endswith(", 1.00")

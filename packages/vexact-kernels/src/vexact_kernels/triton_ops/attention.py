@@ -617,10 +617,10 @@ def paged_layout(
     launch = decode_launch(num_tokens, n_q.numel(), g, num_kv_heads)
     block_m = launch[0] if launch else BLOCK_M
     tiles = _tiles(n_q.to(torch.int64) * g, block_m, num_tokens * g) if num_tokens and n_q.numel() else None
+    q_start = cu[:-1].contiguous()
     return PagedLayout(
-        block_tables, context_lens, cu_seqlens_q, page_size, g, num_tokens, cu[:-1].contiguous(), n_q, table, ctx, tiles,
-        launch,
-    )  # fmt: skip
+        block_tables, context_lens, cu_seqlens_q, page_size, g, num_tokens, q_start, n_q, table, ctx, tiles, launch
+    )
 
 
 def attention_paged(
