@@ -18,7 +18,8 @@ per request) and CUDA graphs on:
   left-padded batch (its own workload, so its own roofline); ``invariant-draw``: VeXact invariant with
   ``EngineConfig.draw_in_graph`` on (the decode step's draw as a CUDA graph), beside ``invariant`` in the same run;
   ``invariant-async``: VeXact invariant with ``EngineConfig.async_decode`` on (the next step scheduled while the GPU
-  runs this one; an engine without that field refuses the mode before any model is built);
+  runs this one; an engine without that field refuses the mode before any model is built); ``invariant-sync``: with
+  it off (the engine's default on CUDA is on, so ``invariant`` is the one-step-ahead loop where the field exists);
 - decode step time at batch 1 of each engine against the bound ``weight bytes a step reads / copy bandwidth``
   (``peers.decode_weight_bytes``: an MoE step reads k of E routed experts; bandwidth of a device-to-device copy
   measured in the same run, bytes read + written); goal for VeXact <= 1.3x.
@@ -171,16 +172,17 @@ def engine_settings(mode: str) -> tuple[str, dict]:
     ``EngineConfig`` has no such field)."""
     if mode == "invariant-draw":
         return "invariant", {"draw_in_graph": True}
-    if mode == "invariant-async":
+    if mode in ("invariant-async", "invariant-sync"):
+        on = mode == "invariant-async"
         if "async_decode" not in {f.name for f in dataclasses.fields(EngineConfig)}:
             import vexact_engine
 
             raise UnsupportedMode(
-                "mode invariant-async runs EngineConfig(async_decode=True), and the EngineConfig of this vexact_engine "
-                f"({Path(vexact_engine.__file__).parent}) has no field async_decode: leave invariant-async out of "
+                f"mode {mode} runs EngineConfig(async_decode={on}), and the EngineConfig of this vexact_engine "
+                f"({Path(vexact_engine.__file__).parent}) has no field async_decode: leave {mode} out of "
                 "--modes, or run an engine that has the field"
             )
-        return "invariant", {"async_decode": True}
+        return "invariant", {"async_decode": on}
     return mode, {}
 
 
@@ -445,12 +447,13 @@ def hf_throughput(model, prompts, args) -> dict:
 
 # VeXact's own backends (fa4: FlashAttention 4 attention; draw: EngineConfig.draw_in_graph on; async:
 # EngineConfig.async_decode on, the next step scheduled while the GPU runs this one)
-ENGINE_MODES = ("invariant", "invariant-fa4", "invariant-draw", "invariant-async", "fast")
+ENGINE_MODES = ("invariant", "invariant-fa4", "invariant-draw", "invariant-async", "invariant-sync", "fast")
 PEER_MODES = ("vllm", "vllm-bi")  # vLLM default, vLLM with VLLM_BATCH_INVARIANT=1
 MODE_NAMES = {
     "invariant": "VeXact invariant", "invariant-fa4": "VeXact invariant, FA4 attention",
     "invariant-draw": "VeXact invariant, draw in the decode graph",
     "invariant-async": "VeXact invariant, async decode",
+    "invariant-sync": "VeXact invariant, synchronous loop",
     "fast": "VeXact fast (mismatch baseline)", "vllm": "vLLM default",
     "vllm-bi": "vLLM VLLM_BATCH_INVARIANT=1", "hf": "HF generate",
 }  # fmt: skip

@@ -98,13 +98,18 @@ def _same(outs, ref):
 
 
 # (name, settings): batch size, chunk size (token budget), page size, KV pages (tight: preemption), graphs on/off,
-# the one-step-ahead loop on/off
+# the one-step-ahead loop on/off (on by default on CUDA: the settings that name no async_decode run it)
 ENGINE_SETTINGS = [
     ("graphs", dict(max_num_seqs=64, max_num_batched_tokens=2048, num_kv_blocks=2048)),
+    ("graphs-sync", dict(max_num_seqs=64, max_num_batched_tokens=2048, num_kv_blocks=2048, async_decode=False)),
     ("eager", dict(max_num_seqs=64, max_num_batched_tokens=2048, num_kv_blocks=2048, enforce_eager=True)),
     ("batch-5-chunk-96", dict(max_num_seqs=5, max_num_batched_tokens=96, num_kv_blocks=2048)),
     ("batch-24-odd-graphs", dict(max_num_seqs=24, max_num_batched_tokens=512, cuda_graph_batch_sizes=[3, 7, 24])),
     ("preempt-page-8", dict(max_num_seqs=32, max_num_batched_tokens=384, block_size=8, num_kv_blocks=160)),
+    (
+        "preempt-sync",
+        dict(max_num_seqs=32, max_num_batched_tokens=384, block_size=8, num_kv_blocks=160, async_decode=False),
+    ),
     # one step ahead: each step read back a step late, the drawn tokens fed on the device
     ("graphs-async", dict(max_num_seqs=64, max_num_batched_tokens=2048, num_kv_blocks=2048, async_decode=True)),
     (

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The RL-shaped throughput table of one model on one GPU (benchmarks/throughput.py --workload rl): VeXact invariant
-# (and invariant-async where EngineConfig has async_decode) against vLLM default and vLLM batch-invariant at batch
-# limits 256 and 512, with where VeXact's decode step goes (--profile-steps). Two runs side by side on a 2-GPU host,
-# one model a GPU, each writing its own files:
+# (its default loop; and invariant-sync, the synchronous one, where EngineConfig has async_decode) against vLLM
+# default and vLLM batch-invariant at batch limits 256 and 512, with where VeXact's decode step goes
+# (--profile-steps). Two runs side by side on a 2-GPU host, one model a GPU, each writing its own files:
 #
 #   source scripts/staging/device_env.sh            # once, in the shell that starts both
 #   mkdir -p "$OUT/rl"
@@ -27,7 +27,7 @@
 #                         from the H200 rates of throughput-h200.md scaled to H100 bandwidth (1.7b at 512: about 10 minutes of
 #                         generation for 4 modes x 2 limits, 5 of engine starts and profiles; 8b reads about 1.6x the
 #                         bytes a step); the results file names the cut
-#   RL_MODES              default invariant,invariant-async,vllm,vllm-bi (invariant-async left out, with a note in the
+#   RL_MODES              default invariant,invariant-sync,vllm,vllm-bi (invariant-sync left out, with a note in the
 #                         results file, where this engine's EngineConfig has no async_decode)
 #   PROFILE_STEPS         decode steps timed and profiled after each VeXact run (default 20; 0: none)
 #   RL_CKPT_DIR           where the HF checkpoint vLLM loads goes, a folder per model (default /tmp/rl-bench-peers;
@@ -83,16 +83,16 @@ export FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=${FLASH_ATTENTION_CUTE_DSL_CACHE_DIR:-
 gpu_name=$(python3 -c "import torch; print(torch.cuda.get_device_name() if torch.cuda.is_available() else 'CPU')") \
   || exit 1
 case "$gpu_name" in *H100*) GPU=h100 ;; *H200*) GPU=h200 ;; *B200*) GPU=b200 ;; CPU) GPU=cpu ;; *) GPU=gpu ;; esac
-MODES=${RL_MODES:-invariant,invariant-async,vllm,vllm-bi}
+MODES=${RL_MODES:-invariant,invariant-sync,vllm,vllm-bi}
 notes=()
-if [[ ",$MODES," == *,invariant-async,* ]]; then
+if [[ ",$MODES," == *,invariant-async,* || ",$MODES," == *,invariant-sync,* ]]; then
   python3 -c "import dataclasses, sys; from vexact_engine import EngineConfig
 sys.exit(0 if 'async_decode' in {f.name for f in dataclasses.fields(EngineConfig)} else 3)"
   case $? in
     0) ;;
     3)
-      MODES=$(tr ',' '\n' <<< "$MODES" | grep -vx invariant-async | paste -sd, -)
-      notes+=(--note "invariant-async left out: EngineConfig has no async_decode in this checkout")
+      MODES=$(tr ',' '\n' <<< "$MODES" | grep -vxE 'invariant-(async|sync)' | paste -sd, -)
+      notes+=(--note "invariant-async/-sync left out: EngineConfig has no async_decode in this checkout")
       echo "rl_bench_gpu.sh: EngineConfig has no async_decode; running $MODES" ;;
     *) echo "rl_bench_gpu.sh: vexact_engine does not import (PYTHONPATH: scripts/staging/device_env.sh)" >&2; exit 1 ;;
   esac

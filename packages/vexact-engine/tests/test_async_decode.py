@@ -234,6 +234,14 @@ def test_the_equality_fails_when_the_drawn_tokens_are_not_fed(model, monkeypatch
     assert any(a.token_ids != b.token_ids for a, b in zip(outs, ref, strict=True))
 
 
+def test_the_engine_decides_the_default_from_the_model_device(model):
+    """On CPU the default loop is the synchronous one; the caller's config is left as it was."""
+    cfg = EngineConfig(num_kv_blocks=64)
+    eng = LLMEngine(model=model, config=cfg)
+    assert eng.config.async_decode is False and eng.config.draw_in_graph is False
+    assert cfg.async_decode is None and cfg.draw_in_graph is None
+
+
 def test_feed_drawn_writes_the_named_rows_only():
     ids = torch.tensor([7, 0, 9, 0, 0])
     feed_drawn(ids, torch.tensor([1, 3]), torch.tensor([2, 0]), torch.tensor([40, 41, 42]))
@@ -242,13 +250,19 @@ def test_feed_drawn_writes_the_named_rows_only():
 
 def test_async_decode_setting_is_checked(monkeypatch):
     monkeypatch.delenv("VEXACT_DRAW_IN_GRAPH", raising=False)
-    assert EngineConfig().async_decode is False
+    assert EngineConfig().async_decode is None  # the default: decided by the engine once it knows the device
+    assert EngineConfig().resolved(on_cuda=False).async_decode is False
+    auto = EngineConfig().resolved(on_cuda=True)
+    assert auto.async_decode and auto.draw_in_graph
+    for off in (dict(enforce_eager=True), dict(backend="fast"), dict(backend="fast:attention")):
+        assert EngineConfig(**off).resolved(on_cuda=True).async_decode is False, off  # where it cannot run
+    assert EngineConfig(async_decode=False).resolved(on_cuda=True).async_decode is False  # an explicit value wins
     on = EngineConfig(async_decode=True)
     assert on.async_decode and on.draw_in_graph  # the draw from the static buffers comes with it
     assert EngineConfig(async_decode=True, draw_in_graph=False).draw_in_graph is False  # an explicit value wins
     monkeypatch.setenv("VEXACT_DRAW_IN_GRAPH", "0")
     assert EngineConfig(async_decode=True).draw_in_graph is False
-    with pytest.raises(TypeError, match="async_decode must be True or False, got 1"):
+    with pytest.raises(TypeError, match="async_decode must be True, False or None, got 1"):
         EngineConfig(async_decode=1)
     with pytest.raises(
         ValueError, match="async_decode=True needs the padded steps CUDA graphs replay, got enforce_eager=True"
@@ -271,6 +285,7 @@ def test_the_pipeline_engine_refuses_async_decode(model):
 
 
 GPU_KW = dict(max_num_seqs=32, max_num_batched_tokens=256, block_size=16, device="cuda")
+SYNC = dict(async_decode=False)  # the reference loop (async_decode is on by default on CUDA)
 
 
 def _gpu_workload(seed: int, n: int):
@@ -303,7 +318,7 @@ def test_gpu_async_decode_gives_the_bits_of_the_synchronous_loop(num_kv_blocks):
     requests = _gpu_workload(seed=num_kv_blocks, n=40)
     aborts = {"g6": 5, "g13": 0, "g21": 30}
     kw = dict(GPU_KW, num_kv_blocks=num_kv_blocks, draw_in_graph=True)
-    sync, ref = _drive(ckpt, requests, aborts, **kw)
+    sync, ref = _drive(ckpt, requests, aborts, **SYNC, **kw)
     eng, outs = _drive(ckpt, requests, aborts, async_decode=True, **kw)
     _assert_same(outs, ref, requests)
     _assert_quiet(eng)
@@ -322,8 +337,9 @@ def test_gpu_async_generate_through_sleep_equals_the_synchronous_loop():
     requests = _gpu_workload(seed=3, n=24)
     prompts, params = [p for _, p, _ in requests], [sp for *_, sp in requests]
     kw = dict(GPU_KW, num_kv_blocks=1024)
-    ref = LLM(ckpt, **kw).generate(prompts, params, use_tqdm=False)
-    llm = LLM(ckpt, async_decode=True, **kw)
+    ref = LLM(ckpt, **SYNC, **kw).generate(prompts, params, use_tqdm=False)
+    llm = LLM(ckpt, **kw)  # async_decode: the default on CUDA
+    assert llm.config.async_decode and llm.config.draw_in_graph
     for _ in range(2):
         outs = llm.generate(prompts, params, use_tqdm=False)
         for a, b in zip(outs, ref, strict=True):

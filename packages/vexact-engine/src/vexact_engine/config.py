@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import dataclasses
 from dataclasses import dataclass
 
 import vexact_kernels as vk
@@ -71,7 +72,9 @@ class EngineConfig:
     and logprobs either way (the fused draw is row-invariant, so pad rows change no real row). On CUDA only with the
     ``invariant`` logprobs kernels (the ``fast`` ones read the device on the host).
 
-    ``async_decode`` (default off): the loop schedules and launches step N+1 while step N runs and reads step N's
+    ``async_decode`` (default ``None``: on for a CUDA device where it can run, i.e. with CUDA graphs and the invariant
+    attention and logprobs kernels; off on CPU): the loop schedules and launches step N+1 while step N runs and reads
+    step N's
     tokens back one step late. A decoding row of step N+1 takes its input token from the device memory step N's draw
     wrote (``in_flight.feed_drawn``), not from the host; the host prepares positions, KV slots and block tables as
     without it. The stopping rules (stop tokens, EOS, ``max_tokens``, ``max_model_len``), aborts and preemption are
@@ -81,7 +84,9 @@ class EngineConfig:
     ones read a step's layout on the host, a wait for the step before it), and the padded steps CUDA graphs replay
     (``enforce_eager=False``): an eager step keeps the host launching kernels for as long as the device runs them.
     With it ``draw_in_graph`` defaults to on (an explicit value or ``$VEXACT_DRAW_IN_GRAPH`` still wins). Not in a
-    ``PipelineLLM``.
+    ``PipelineLLM`` (which turns the default off). On an H200 at the RL workload it gave +7% tok/s at batch limit 256
+    and +33% at 512, where a synchronous step leaves the GPU waiting 8.5 of 32.7 ms on the host
+    (benchmarks/results/throughput-rl-h200.md).
     """
 
     max_num_seqs: int = 64
@@ -103,7 +108,7 @@ class EngineConfig:
     pack_weights: bool = True
     graph_recapture: str = "lazy"
     draw_in_graph: bool | None = None
-    async_decode: bool = False
+    async_decode: bool | None = None
 
     def __post_init__(self) -> None:
         try:
@@ -126,16 +131,19 @@ class EngineConfig:
             )
         if not isinstance(self.pack_weights, bool):
             raise TypeError(f"EngineConfig.pack_weights must be True or False, got {self.pack_weights!r}")
-        if not isinstance(self.async_decode, bool):
-            raise TypeError(f"EngineConfig.async_decode must be True or False, got {self.async_decode!r}")
-        if self.async_decode:
+        if self.async_decode is None:
+            pass  # the engine resolves it once it knows where the model runs (resolved())
+        elif not isinstance(self.async_decode, bool):
+            raise TypeError(f"EngineConfig.async_decode must be True, False or None, got {self.async_decode!r}")
+        elif self.async_decode:
             self._check_async_decode()
         if self.draw_in_graph is None:
             value = os.environ.get(DRAW_IN_GRAPH_ENV, "")
             if value not in ("", "0", "1"):
                 raise ValueError(f"${DRAW_IN_GRAPH_ENV} must be 1 or 0 (or unset), got {value!r}")
-            self.draw_in_graph = value == "1" or (value == "" and self.async_decode)
-        if not isinstance(self.draw_in_graph, bool):
+            if value or self.async_decode is not None:  # else resolved with async_decode
+                self.draw_in_graph = value == "1" or (value == "" and self.async_decode)
+        if self.draw_in_graph is not None and not isinstance(self.draw_in_graph, bool):
             raise TypeError(f"EngineConfig.draw_in_graph must be True, False or None, got {self.draw_in_graph!r}")
         if not isinstance(self.enable_prefix_caching, bool):
             value = self.enable_prefix_caching
@@ -167,6 +175,20 @@ class EngineConfig:
                     f"got {sizes!r}"
                 )
             self.cuda_graph_token_sizes = tuple(sorted(set(sizes)))
+
+    def resolved(self, on_cuda: bool) -> EngineConfig:
+        """This config with ``async_decode`` (and ``draw_in_graph`` after it) decided for a model on CUDA or not:
+        the default (``None``) is on where it can run and has something to overlap (a CUDA device, CUDA graphs, the
+        invariant attention and logprobs kernels). A config whose ``async_decode`` is set comes back as it is."""
+        if self.async_decode is not None:
+            return self
+        runs = on_cuda
+        if runs:
+            try:
+                self._check_async_decode()
+            except ValueError:
+                runs = False
+        return dataclasses.replace(self, async_decode=runs)
 
     def _check_async_decode(self) -> None:
         if self.enforce_eager:

@@ -61,6 +61,7 @@ class LLMEngine(EngineSleep, EngineWeights):
             if model_path is None:
                 raise ValueError("LLMEngine needs a model_path or a model")
             model = load_engine_model(model_path, self.config)
+        self.config = self.config.resolved(next(model.parameters()).is_cuda)  # async_decode's default
         if tokenizer is None and model_path is not None:
             tokenizer = load_tokenizer(model_path)
         if self.config.pack_weights:

@@ -220,6 +220,8 @@ class PipelineLLM(LLM):
         if config is not None and config_kw:
             raise TypeError("pass either config=EngineConfig(...) or keyword settings, not both")
         config = config or EngineConfig(**config_kw)
+        if config.async_decode is None:  # the default: off here (its stages step in lockstep)
+            config = dataclasses.replace(config, async_decode=False)
         if config.async_decode:
             raise ValueError("PipelineLLM does not run EngineConfig.async_decode=True (its stages step in lockstep)")
         if not dist.is_initialized():
