@@ -1,7 +1,7 @@
 from __future__ import annotations
 
-import os
 import dataclasses
+import os
 from dataclasses import dataclass
 
 import vexact_kernels as vk
