@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-KEYS = ("fraction_differ", "kl_k1", "kl_k3", "chi2", "log_ppl_diff")
+KEYS = ("fraction_differ", "k1_kl", "k3_kl", "chi2", "log_ppl_diff")
 
 
 def tim_step_metrics(rollout_log_probs: torch.Tensor, old_log_probs: torch.Tensor, response_mask: torch.Tensor) -> dict:
@@ -76,7 +76,7 @@ def install() -> bool:
     return True
 
 
-ATTR_KEYS = ("abs_delta_mean", "abs_delta_max", "fraction_differ", "kl_k3")
+ATTR_KEYS = ("abs_delta_mean", "abs_delta_max", "fraction_differ", "k3_kl")
 # the keys of the actor engine config's ``vexact`` section (vexact_verl.engine.VexactFSDPEngineConfig)
 KEY_EVERY, KEY_SAMPLES, KEY_OPS = "tim_attribute_every", "tim_attribute_samples", "tim_attribute_ops"
 
