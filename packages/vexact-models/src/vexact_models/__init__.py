@@ -46,20 +46,25 @@ from .tiny import (
     tiny_qwen3_moe_config,
     write_tiny_checkpoint,
 )
-from .weight_direct import DirectWriter, WeightSlot, WeightTable, weight_table
-from .weight_transfer import (
+from .weight_sync import (
     BucketPacker,
+    DirectWriter,
+    NamedBuckets,
     PackedBucket,
     TensorSpec,
+    WeightSlot,
     WeightSyncGroup,
+    WeightTable,
     broadcast_weights,
     copy_tensors,
     device_uuid,
     ipc_handle,
     load_bucket,
+    named_buckets,
     open_ipc_handle,
     receive_weights,
     send_buckets,
+    weight_table,
     weight_targets,
 )
 
@@ -86,6 +91,7 @@ __all__ = [
     "LlamaForCausalLM",
     "MistralConfig",
     "MistralForCausalLM",
+    "NamedBuckets",
     "PackedBucket",
     "PackedSlot",
     "Qwen2Config",
@@ -113,6 +119,7 @@ __all__ = [
     "iter_checkpoint",
     "load_balancing_loss",
     "load_bucket",
+    "named_buckets",
     "load_config",
     "load_model",
     "load_weights",
