@@ -343,7 +343,7 @@ def test_gpu_a_step_is_read_back_through_pinned_memory():
     eng.add_request([1, 2, 3], SamplingParams(max_tokens=8, seed=0, ignore_eos=True))
     eng.step()
     assert eng._in_flight is not None and eng._in_flight._host.is_pinned()
-    assert eng.runner._decode.pinned and eng.runner._mixed.pinned
+    assert eng.runner._decode.pinned and eng.runner._prompt.pinned
     while eng.has_unfinished_requests():
         eng.step()
     _assert_quiet(eng)

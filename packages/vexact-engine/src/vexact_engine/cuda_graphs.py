@@ -48,7 +48,7 @@ WARMUPS_RECAPTURE = 1
 
 class CudaGraphs:
     """The padded steps of a :class:`~vexact_engine.ModelRunner` (which sets the attributes these methods read:
-    ``graph_sizes``, ``token_sizes``, ``mixed_seqs``, the static buffers, the graphs and their counters)."""
+    ``graph_sizes``, ``token_sizes``, ``prompt_seqs``, the static buffers, the graphs and their counters)."""
 
     # A pad row of a padded decode step: token 0 at position 0, KV slot -1 (write_kv_cache skips it), context 1.
     PAD_ROW = (0, 0, -1, 1)
@@ -63,20 +63,20 @@ class CudaGraphs:
             self.token_sizes = config.graph_token_sizes(on_cuda) if vk.get_backend("attention") == "invariant" else []
         # Sequence slots of a padded step with prompt tokens: the batch, one pad sequence, never equal to a token
         # count (FA4 takes a step with as many queries as sequences for a decode step).
-        self.mixed_seqs = config.max_num_seqs + 1
-        while self.mixed_seqs in self.token_sizes:
-            self.mixed_seqs += 1
+        self.prompt_seqs = config.max_num_seqs + 1
+        while self.prompt_seqs in self.token_sizes:
+            self.prompt_seqs += 1
         # a size no step can fill has no valid warm-up layout either (_warm_layout): more tokens than slots of
         # max_model_len each
         self.max_context = self.max_pages * config.block_size  # the longest sequence a block-table row can hold
-        self.token_sizes = [t for t in self.token_sizes if -(-t // self.mixed_seqs) <= self.max_context]
+        self.token_sizes = [t for t in self.token_sizes if -(-t // self.prompt_seqs) <= self.max_context]
         self.draw_in_graph = self._draws_from_static(config)
         self._graphs: dict[tuple[str, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._uncaptured: set[tuple[str, int]] = set()  # graphs a lazy re-capture leaves to their first step
         self._graph_pool = None
         self._decode: StaticStep | None = None
-        self._mixed: StaticStep | None = None
-        self._mixed_out: torch.Tensor | None = None
+        self._prompt: StaticStep | None = None
+        self._prompt_out: torch.Tensor | None = None
         self._draws: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}  # decode size -> its draw graph
         self.num_graph_draws = 0  # padded decode steps that drew from the static buffers (a graph on CUDA)
         self.num_padded_steps = 0  # decode steps run padded (replayed as a graph on CUDA)
@@ -107,8 +107,8 @@ class CudaGraphs:
             draw_rows = size if self.draw_in_graph else 0
             self._decode = StaticStep(size, size, self.max_pages, self.device, draw_rows)
         if self.token_sizes:
-            self._mixed = StaticStep(max(self.token_sizes), self.mixed_seqs, self.max_pages, self.device)
-        for static in (self._decode, self._mixed):
+            self._prompt = StaticStep(max(self.token_sizes), self.prompt_seqs, self.max_pages, self.device)
+        for static in (self._decode, self._prompt):
             if static is not None:  # the host prepares a step while the one before it runs: copies must not wait
                 static.pinned = self.async_decode and self.device.type == "cuda"
 
@@ -121,7 +121,7 @@ class CudaGraphs:
     def padded_tokens(self, batch: list[ScheduledSeq]) -> int | None:
         """The static token count a step with prompt tokens runs at (one pad sequence takes the rest), or None when
         it runs eagerly (no size large enough, or a pad longer than a sequence may be)."""
-        if not self.token_sizes or self.kv_caches is None or len(batch) >= self.mixed_seqs:
+        if not self.token_sizes or self.kv_caches is None or len(batch) >= self.prompt_seqs:
             return None
         n = sum(it.num_new_tokens for it in batch)
         size = next((t for t in self.token_sizes if t >= n), None)
@@ -179,27 +179,27 @@ class CudaGraphs:
             self.num_fed_rows += len(step["feed_dst"])
             self._decode.feed_drawn(len(step["feed_dst"]), self._drawn)
 
-    def _fill_mixed(self, batch: list[ScheduledSeq], blocks: BlockManager, size: int) -> list[int]:
+    def _fill_prompt(self, batch: list[ScheduledSeq], blocks: BlockManager, size: int) -> list[int]:
         # The pad tokens form one sequence after the real ones (positions 0..P-1, context P, slot -1: no KV written,
         # its keys read from pages its table row names, valid pages whatever they hold); the slots after it are
         # empty sequences (no query, no key). Returns the step's real ``cu``.
         step = step_lists(batch, blocks, with_tables=False)
         cu, n = step["cu"], step["cu"][-1]
-        pad, empty = size - n, self.mixed_seqs - len(batch) - 1
+        pad, empty = size - n, self.prompt_seqs - len(batch) - 1
         t_id, _, t_slot, _ = self.PAD_ROW
-        self._mixed.write(
+        self._prompt.write(
             step["ids"] + [t_id] * pad,
             step["positions"] + list(range(pad)),
             step["slots"] + [t_slot] * pad,
             cu + [size] * (empty + 1),
             step["ctx"] + [pad] + [0] * empty,
             batch,
-            self.mixed_seqs,
+            self.prompt_seqs,
             feed=(step["feed_dst"], step["feed_src"]),
         )
         if step["feed_dst"]:
             self.num_fed_rows += len(step["feed_dst"])
-            self._mixed.feed_drawn(len(step["feed_dst"]), self._drawn)
+            self._prompt.feed_drawn(len(step["feed_dst"]), self._drawn)
         return cu
 
     def _replay(self, key: tuple[str, int], static: StaticStep, tokens: int, seqs: int) -> torch.Tensor:
@@ -224,7 +224,7 @@ class CudaGraphs:
     def _shapes(self) -> list[tuple[tuple[str, int], StaticStep, int, int]]:
         """Every graph's (key, static buffers, tokens, sequences): the token counts of the steps with prompt tokens,
         then the decode sizes, each largest first (the order of an eager capture)."""
-        shapes = [(("mixed", t), self._mixed, t, self.mixed_seqs) for t in sorted(self.token_sizes, reverse=True)]
+        shapes = [(("prompt", t), self._prompt, t, self.prompt_seqs) for t in sorted(self.token_sizes, reverse=True)]
         return shapes + [(("decode", s), self._decode, s, s) for s in sorted(self.graph_sizes, reverse=True)]
 
     def _capture_all(self, lazy: bool = False) -> None:
@@ -236,7 +236,7 @@ class CudaGraphs:
         shapes = self._shapes()
         self._uncaptured = set()
         if lazy:
-            largest = {("mixed", max(self.token_sizes, default=0)), ("decode", max(self.graph_sizes, default=0))}
+            largest = {("prompt", max(self.token_sizes, default=0)), ("decode", max(self.graph_sizes, default=0))}
             self._uncaptured = {key for key, *_ in shapes if key not in largest}
             shapes = [shape for shape in shapes if shape[0] in largest]
         start = time.perf_counter()
@@ -266,16 +266,16 @@ class CudaGraphs:
                 for _ in range(warmups):
                     warm = self.model(ids, pos, meta, self.kv_caches)
             torch.cuda.current_stream().wait_stream(side)
-            if key[0] == "mixed" and self._mixed_out is None:  # as many rows as the largest token count
+            if key[0] == "prompt" and self._prompt_out is None:  # as many rows as the largest token count
                 rows = max(self.token_sizes)
-                self._mixed_out = torch.empty((rows, *warm.shape[1:]), dtype=warm.dtype, device=self.device)
+                self._prompt_out = torch.empty((rows, *warm.shape[1:]), dtype=warm.dtype, device=self.device)
             del warm
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self._graph_pool):
                 out = self.model(ids, pos, meta, self.kv_caches)
-                if key[0] == "mixed":
-                    self._mixed_out[:tokens].copy_(out)
-                    out = self._mixed_out[:tokens]
+                if key[0] == "prompt":
+                    self._prompt_out[:tokens].copy_(out)
+                    out = self._prompt_out[:tokens]
             self._graphs[key] = (graph, out)
             if key[0] == "decode" and self.draw_in_graph:
                 self._capture_draw(tokens, static, graph, out, warmups, side)

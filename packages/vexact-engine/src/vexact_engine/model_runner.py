@@ -103,10 +103,10 @@ class ModelRunner(CudaGraphs):
                 # one-token prefill chunks also run padded; a step may have no row that samples
                 return hidden[torch.tensor(sampling, dtype=torch.int64, device=hidden.device)], items
             if tokens is not None:
-                self._ensure_graph(("mixed", tokens), self._mixed, tokens, self.mixed_seqs)
-                cu = self._fill_mixed(batch, blocks, tokens)
+                self._ensure_graph(("prompt", tokens), self._prompt, tokens, self.prompt_seqs)
+                cu = self._fill_prompt(batch, blocks, tokens)
                 self.num_padded_prompt_steps += 1
-                hidden = self._replay(("mixed", tokens), self._mixed, tokens, self.mixed_seqs)
+                hidden = self._replay(("prompt", tokens), self._prompt, tokens, self.prompt_seqs)
             else:
                 ids, pos, meta, cu = self.prepare(batch, blocks)
                 hidden = self.model(ids, pos, meta, self.kv_caches)
@@ -181,6 +181,6 @@ class ModelRunner(CudaGraphs):
         self._draws.clear()
         self._uncaptured.clear()
         self._graph_pool = None
-        self._decode = self._mixed = self._mixed_out = None
+        self._decode = self._prompt = self._prompt_out = None
         self._drawn = None
         self.kv_caches = None
