@@ -144,9 +144,10 @@ def measure(hidden, norm_w, head, temps, seeds) -> dict:
     """Median microseconds of each method on these rows (see the module docstring)."""
     import vexact_kernels as vk
     from vexact_kernels.triton_ops import logprobs as ops
+    from vexact_kernels.triton_ops.sample import triton_sample_logprobs
 
     def draw():
-        return ops.triton_sample_logprobs(vk.rms_norm(hidden, norm_w, EPS), head, temps, seeds)
+        return triton_sample_logprobs(vk.rms_norm(hidden, norm_w, EPS), head, temps, seeds)
 
     def score():
         return ops.triton_logprobs(vk.rms_norm(hidden, norm_w, EPS), head, tokens, temps)

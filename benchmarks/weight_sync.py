@@ -21,7 +21,7 @@ process on the same GPU, as in verl's hybrid mode. Paths:
   them every sync, which is what verl's hybrid flow pays (every sync follows a wake, which re-allocates the weights).
   ``ipc-direct-stacked`` (MoE shapes): stacked expert tensors whole, as in ``ipc-stacked``. ``*-memcpy``: the same
   with a memcpy per tensor of 32 MB or more (``DirectWriter(memcpy_min_bytes=...)``; the default issues every copy in
-  ``torch._foreach_copy_`` launches, see ``vexact_models.weight_transfer.MEMCPY_MIN_BYTES``).
+  ``torch._foreach_copy_`` launches, see ``vexact_models.weight_sync.MEMCPY_MIN_BYTES``).
 - ``bound``: bytes / device-to-device copy rate (bytes a ``copy_`` of 2 GiB moves per second, half of
   ``hardware.copy_bandwidth``, which counts bytes read and written; measured here): one copy of every weight. The
   bucket paths copy twice (pack, then unpack), so 2x the bound is their floor; the direct path copies once, so its

@@ -50,7 +50,7 @@ GPU = {
     "GPUS=1 PROCS=8 bash examples/tim_study/run_gpu.sh outputs/tim_study/gpu",
 }
 ELSEWHERE = {
-    "actor_rollout_ref.actor.fsdp_config._target_=vexact_verl.engine.VexactFSDPEngineConfig "
+    "actor_rollout_ref.actor.fsdp_config._target_=vexact_verl.actor_engine.VexactFSDPEngineConfig "
     "+actor_rollout_ref.actor.fsdp_config.vexact.tim_attribute_every=10": "Hydra overrides for a verl run; "
     "packages/vexact-verl/tests run the attribution keys",
     "python -m pip install -r requirements/cpu.txt && python -m vexact demo": "the demo: tests/test_repo.py; the "

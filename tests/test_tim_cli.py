@@ -28,7 +28,7 @@ def invariant_rollouts(tmp_path_factory):
 def test_invariant_rollouts_rescore_exactly_and_a_perturbed_one_fails_expect_exact(invariant_rollouts, tmp_path):
     assert main(["tim", "rescore", str(invariant_rollouts), "--out", str(tmp_path / "a"), "--expect-exact"]) == 0
     s = json.loads((tmp_path / "a" / "summary.json").read_text())
-    assert s["exact"] and s["tokens"] == 32 and s["kl_k3"] == 0.0 and s["greedy"]["available"]
+    assert s["exact"] and s["tokens"] == 32 and s["k3_kl"] == 0.0 and s["greedy"]["available"]
     rows = [json.loads(line) for line in invariant_rollouts.read_text().splitlines()]
     lp = torch.tensor(rows[2]["logprobs"][5], dtype=torch.float32)
     rows[2]["logprobs"][5] = float(torch.nextafter(lp, torch.tensor(0.0)))  # one fp32 ulp
@@ -60,7 +60,7 @@ def test_each_op_family_alone_moves_the_logprobs_and_all_invariant_is_exact():
     # transformers' bf16 arithmetic, seen in bf16 (where MKL's bf16 GEMM rounds like the invariant one).
     dense = [f for f in vk.OPS if f not in ("moe", "rotary")]
     rows = {r["family"]: r for r in attribute(default_checkpoint(), dense, "trainer", 4, 100, 12, dtype="float32")}
-    assert rows["none"]["tokens_differ"] == 0 and rows["none"]["kl_k3"] == 0.0
+    assert rows["none"]["tokens_differ"] == 0 and rows["none"]["k3_kl"] == 0.0
     for f in dense + ["all"]:
         assert rows[f]["tokens_differ"] > 0, f
     assert sum(rows[f]["share_of_k3"] for f in dense) == pytest.approx(1.0)
@@ -72,7 +72,7 @@ def test_each_op_family_alone_moves_the_logprobs_and_all_invariant_is_exact():
 
 def test_engine_mode_attribution_regenerates_with_each_backend():
     rows = {r["family"]: r for r in attribute(default_checkpoint(), ["attention"], "engine", 4, 8, 8)}
-    assert rows["none"]["tokens_differ"] == 0 and rows["none"]["kl_k3"] == 0.0
+    assert rows["none"]["tokens_differ"] == 0 and rows["none"]["k3_kl"] == 0.0
     assert rows["attention"]["tokens_differ"] > 0 and rows["all"]["tokens_differ"] > 0
 
 
@@ -84,7 +84,7 @@ def test_injected_logit_noise_grows_from_exactly_zero():
         llm = LLM(default_checkpoint(), max_num_seqs=4, max_num_batched_tokens=64, **kw)
         outs = llm.generate([[3, 4, i] for i in range(4)], SamplingParams(temperature=1.0, max_tokens=8, seed=2))
         ro = rollouts_from_outputs(outs, 1.0)
-        k3.append(compare(ro, rescore(Actor(llm.model), ro, with_top1=False, progress=False))["kl_k3"])
+        k3.append(compare(ro, rescore(Actor(llm.model), ro, with_top1=False, progress=False))["k3_kl"])
     assert k3[0] == 0.0 and 0.0 < k3[1] < k3[2] and k3[3] > 0.0
     with pytest.raises(ValueError, match="logit_noise_std must be a finite number >= 0, got -1"):
         LLM(default_checkpoint(), logit_noise_std=-1)

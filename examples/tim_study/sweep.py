@@ -172,7 +172,7 @@ def _complete(rows: list[dict], steps: int) -> set[tuple]:
 def calibrate(args, grpo, model: str, task: str) -> dict:
     """K3 KL (rollout || trainer) of one GRPO-sized batch, per noise std and for the fast engine, on ``model``."""
     from vexact_engine import LLM, MismatchInjection, SamplingParams
-    from vexact_trainer import Trainer, TrainerConfig, init_distributed
+    from vexact_trainer import Trainer, TrainerConfig, init_distributed, k3_kl
 
     mesh = init_distributed(args.device)
     path = grpo.checkpoint_for(model, Path(args.out).parent)
@@ -200,7 +200,7 @@ def calibrate(args, grpo, model: str, task: str) -> dict:
                 for t, o in zip(lp, outs, strict=True)
             ]  # fmt: skip
         )
-        point = {"backend": backend, "std": std, "k3_kl": float((torch.expm1(log_r) - log_r).mean()),
+        point = {"backend": backend, "std": std, "k3_kl": float(k3_kl(log_r).mean()),
                  "tokens": log_r.numel()}  # fmt: skip
         print(f"{backend:9s} noise std {std:<6g} K3 KL {point['k3_kl']:.3e} ({point['tokens']} tokens)", flush=True)
         points.append(point)

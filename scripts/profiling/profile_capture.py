@@ -24,7 +24,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import throughput  # noqa: E402  (the benchmark's model builder: random bf16 weights drawn on the GPU)
 
-from vexact_engine import LLM, SamplingParams, model_runner  # noqa: E402
+from vexact_engine import LLM, SamplingParams, cuda_graphs  # noqa: E402
 
 
 def rollout(llm: LLM, args) -> list[tuple[list[int], torch.Tensor]]:
@@ -57,7 +57,7 @@ def main() -> int:
           f"{runner.num_graphs} CUDA graphs; rollout {args.prompts} prompts x {args.n} samples, "
           f"{args.max_tokens} tokens each")  # fmt: skip
     print(f"start-up: engine built in {time.perf_counter() - t0:.2f} s, capture {runner.capture_seconds:.2f} s "
-          f"({model_runner.WARMUPS_FIRST_CAPTURE} warm-up runs per shape)")  # fmt: skip
+          f"({cuda_graphs.WARMUPS_FIRST_CAPTURE} warm-up runs per shape)")  # fmt: skip
     want = rollout(llm, args)
     totals = {}
     for mode in ("eager", "lazy"):

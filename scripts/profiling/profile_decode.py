@@ -30,7 +30,7 @@ import profiling  # noqa: E402  (benchmarks/profiling.py: the decoding batch, th
 import throughput  # noqa: E402  (the benchmark's model builder: random bf16 weights drawn on the GPU)
 
 from vexact_engine import LLM, SamplingParams  # noqa: E402
-from vexact_engine.model_runner import sample_rows  # noqa: E402
+from vexact_engine.sampler import sample_rows  # noqa: E402
 
 
 def cuda_ms(fn, n: int = 30) -> float:

@@ -99,6 +99,7 @@ def scenarios(arch: int):
     from vexact_kernels.triton_ops import moe as mo
     from vexact_kernels.triton_ops import rms_norm as rn
     from vexact_kernels.triton_ops import rotary as ro
+    from vexact_kernels.triton_ops.sample import triton_gumbel_argmax
 
     bf = dict(dtype=torch.bfloat16)
     head = torch.empty(V, H, **bf)
@@ -177,7 +178,7 @@ def scenarios(arch: int):
 
     def logits_ops(t):
         logits, temps, seeds = torch.empty(t, V), torch.ones(t), torch.zeros(t, dtype=torch.int64)
-        return lambda: (lp.triton_log_softmax(logits, temps), lp.triton_gumbel_argmax(logits, temps, seeds))
+        return lambda: (lp.triton_log_softmax(logits, temps), triton_gumbel_argmax(logits, temps, seeds))
 
     yield "logprobs", "score T=256", logprobs(256, False)
     yield "logprobs", "draw T=1", logprobs(1, True)

@@ -109,7 +109,7 @@ def _print_summary(s: dict, file=sys.stdout) -> None:
     print(
         f"sequences {s['sequences']}  tokens {s['tokens']}  differ {s['tokens_differ']} ({s['fraction_differ']:.4%})\n"
         f"|delta logprob| mean {ad['mean']:.3e}  p99 {ad['p99']:.3e}  max {ad['max']:.3e}\n"
-        f"KL k1 {s['kl_k1']:.3e}  K3 {s['kl_k3']:.3e}  chi2 {s['chi2']:.3e}  log-ppl diff {s['log_ppl_diff']:.3e}\n"
+        f"KL k1 {s['k1_kl']:.3e}  K3 {s['k3_kl']:.3e}  chi2 {s['chi2']:.3e}  log-ppl diff {s['log_ppl_diff']:.3e}\n"
         + _greedy_line(s.get("greedy", {})),
         file=file,
     )
@@ -224,13 +224,13 @@ def attribute(
                 "fraction_differ": s["fraction_differ"],
                 "mean_abs_delta": s["abs_delta"]["mean"],
                 "max_abs_delta": s["abs_delta"]["max"],
-                "kl_k3": s["kl_k3"],
-                "kl_k1": s["kl_k1"],
+                "k3_kl": s["k3_kl"],
+                "k1_kl": s["k1_kl"],
             }
         )
-    total = sum(r["kl_k3"] for r in rows if r["backend"].startswith("fast:"))
+    total = sum(r["k3_kl"] for r in rows if r["backend"].startswith("fast:"))
     for r in rows:
-        r["share_of_k3"] = (r["kl_k3"] / total if total > 0 else 0.0) if r["backend"].startswith("fast:") else None
+        r["share_of_k3"] = (r["k3_kl"] / total if total > 0 else 0.0) if r["backend"].startswith("fast:") else None
     return rows
 
 
@@ -268,7 +268,7 @@ def run_attribute(args: argparse.Namespace) -> int:
         share = f"{r['share_of_k3']:.1%}" if r["share_of_k3"] is not None else ""
         print(
             f"{r['backend']:<22} {r['tokens']:>7} {r['fraction_differ']:>8.2%} {r['mean_abs_delta']:>10.2e} "
-            f"{r['kl_k3']:>10.2e} {share:>7}"
+            f"{r['k3_kl']:>10.2e} {share:>7}"
         )
     _attribution_plot(rows, out)
     print(f"written: {out / 'attribution.json'}")
@@ -285,7 +285,7 @@ def _attribution_plot(rows: list[dict], out: Path) -> None:
         print("matplotlib is not installed: no attribution.png")
         return
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.bar([r["family"] for r in rows], [max(r["kl_k3"], 0.0) for r in rows], color="tab:red")
+    ax.bar([r["family"] for r in rows], [max(r["k3_kl"], 0.0) for r in rows], color="tab:red")
     ax.set_yscale("symlog", linthresh=1e-9)
     ax.set_ylabel("K3 KL(engine || invariant trainer)")
     ax.set_title("fast kernel of one op family at a time")

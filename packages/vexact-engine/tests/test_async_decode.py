@@ -15,6 +15,7 @@ import random
 import pytest
 import torch
 
+import vexact_engine.cuda_graphs as cuda_graphs
 import vexact_engine.model_runner as model_runner
 from vexact_engine import LLM, EngineConfig, LLMEngine, RequestOutput, SamplingParams
 from vexact_engine.in_flight import feed_drawn
@@ -229,6 +230,7 @@ def test_the_equality_fails_when_the_drawn_tokens_are_not_fed(model, monkeypatch
     params = [SamplingParams(max_tokens=8, seed=i, ignore_eos=True) for i in range(2)]
     ref = LLM(model=model, num_kv_blocks=64).generate(prompts, params, use_tqdm=False)
     monkeypatch.setattr(model_runner, "feed_drawn", lambda *args: None)
+    monkeypatch.setattr(cuda_graphs, "feed_drawn", lambda *args: None)
     monkeypatch.setattr("vexact_engine.in_flight.feed_drawn", lambda *args: None)
     outs = LLM(model=model, num_kv_blocks=64, async_decode=True).generate(prompts, params, use_tqdm=False)
     assert any(a.token_ids != b.token_ids for a, b in zip(outs, ref, strict=True))
@@ -357,7 +359,7 @@ def test_gpu_a_step_is_read_back_through_pinned_memory():
     eng.add_request([1, 2, 3], SamplingParams(max_tokens=8, seed=0, ignore_eos=True))
     eng.step()
     assert eng._in_flight is not None and eng._in_flight._host.is_pinned()
-    assert eng.runner._decode.pinned and eng.runner._mixed.pinned
+    assert eng.runner._decode.pinned and eng.runner._prompt.pinned
     while eng.has_unfinished_requests():
         eng.step()
     _assert_quiet(eng)

@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-import vexact_engine.model_runner as model_runner
+import vexact_engine.cuda_graphs as cuda_graphs
+import vexact_engine.sampler as sampler
 from vexact_engine import LLM, EngineConfig, SamplingParams
 from vexact_engine.sampler import draws_whole, token_seeds
 from vexact_engine.scheduler import ScheduledSeq
@@ -125,7 +126,9 @@ def test_a_wrong_draw_seed_is_caught(model, monkeypatch):
     """The equality above can fail: seeds of the next token index instead of this one change the draws."""
     prompts, params = _prompts(4, seed=5), _plain(4)
     ref = LLM(model=model, cuda_graph_batch_sizes=[4], **OFF, **KW).generate(prompts, params, use_tqdm=False)
-    monkeypatch.setattr(model_runner, "token_seeds", lambda s, i: token_seeds(s, [x + 1 for x in i]))
+    wrong = lambda s, i: token_seeds(s, [x + 1 for x in i])  # noqa: E731
+    monkeypatch.setattr(cuda_graphs, "token_seeds", wrong)  # the draw graph's seeds
+    monkeypatch.setattr(sampler, "token_seeds", wrong)  # the eager fused draw's
     llm = LLM(model=model, cuda_graph_batch_sizes=[4], draw_in_graph=True, **KW)
     outs = llm.generate(prompts, params, use_tqdm=False)
     assert llm.runner.num_graph_draws > 0

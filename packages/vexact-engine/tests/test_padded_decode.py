@@ -68,7 +68,7 @@ def test_prompt_step_slots_avoid_the_token_counts_and_the_fast_kernels(model):
     """The sequence slots of a padded step with prompt tokens never equal a token count (FA4 would take such a step
     for a decode step); the fast attention kernels read the layout on the host, so they run such steps eagerly."""
     llm = LLM(model=model, max_num_seqs=15, max_num_batched_tokens=32, cuda_graph_token_sizes=[16, 17, 32])
-    assert llm.runner.mixed_seqs == 18 and llm.runner.token_sizes == [16, 17, 32]
+    assert llm.runner.prompt_seqs == 18 and llm.runner.token_sizes == [16, 17, 32]
     fast = LLM(model=model, backend="fast", max_num_seqs=7, max_num_batched_tokens=32, cuda_graph_token_sizes=[32])
     assert fast.runner.token_sizes == []
 
@@ -225,8 +225,8 @@ def test_lazy_recapture_takes_the_largest_shapes_now_and_each_other_at_its_first
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
     runner.captures = 1  # a wake_up's re-capture, not the start-up's
     runner._capture_all(lazy=True)
-    assert captured == [("mixed", 32), ("decode", 6)]
-    left = {("mixed", 8), ("mixed", 16), ("decode", 1), ("decode", 2), ("decode", 4)}
+    assert captured == [("prompt", 32), ("decode", 6)]
+    left = {("prompt", 8), ("prompt", 16), ("decode", 1), ("decode", 2), ("decode", 4)}
     assert runner._uncaptured == left
     captured.clear()
     _equal(llm.generate(prompts, params, use_tqdm=False), ref)
@@ -235,6 +235,6 @@ def test_lazy_recapture_takes_the_largest_shapes_now_and_each_other_at_its_first
     assert ("decode", 1) in captured  # the workload's sequences end at different steps: the last decodes alone
     captured.clear()
     runner._capture_all(lazy=False)  # eager: every shape, largest first
-    assert captured == [("mixed", 32), ("mixed", 16), ("mixed", 8), ("decode", 6), ("decode", 4), ("decode", 2),
+    assert captured == [("prompt", 32), ("prompt", 16), ("prompt", 8), ("decode", 6), ("decode", 4), ("decode", 2),
                         ("decode", 1)]  # fmt: skip
     assert runner._uncaptured == set()

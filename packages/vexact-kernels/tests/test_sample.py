@@ -60,7 +60,7 @@ def test_gumbel_uniform_is_philox_4x32_10_and_inside_the_open_interval():
         a, b = u[:, k::4][:, :1249].flatten(), u[:, k + 1 :: 4][:, :1249].flatten()
         assert abs(float(torch.corrcoef(torch.stack((a, b)))[0, 1])) < 0.05, k
     # the numpy words (CPU) == the torch-limb words (every other device)
-    from vexact_kernels.logprobs import _philox_words_np, _philox_words_torch
+    from vexact_kernels.sample import _philox_words_np, _philox_words_torch
 
     for vocab in (5001, 5000, 3, 1):
         assert torch.equal(
@@ -113,8 +113,10 @@ def _peaked_problem(t, h, v, peaks, seed=0, flat_rows=()):
 def _check_draw(ops, hidden, norm_w, head, temps, seeds, subsets=()):
     """The interpreted fused draw against the torch reference, its logprob against the scoring form (bitwise), and
     row subsets against the full batch (bitwise); returns the tokens and logprobs."""
+    from vexact_kernels.triton_ops import sample as sample_ops
+
     normed = vk.rms_norm(hidden, norm_w, 1e-6)
-    tokens, lp = ops.triton_sample_logprobs(normed, head, temps, seeds)
+    tokens, lp = sample_ops.triton_sample_logprobs(normed, head, temps, seeds)
     want, gap = _reference_tokens(hidden, norm_w, head, temps, seeds)
     differ = tokens != want
     assert not differ.any() or bool((gap[differ] < 1e-4).all()), (tokens, want)
@@ -122,7 +124,7 @@ def _check_draw(ops, hidden, norm_w, head, temps, seeds, subsets=()):
     assert torch.equal(lp, lp_trainer)
     for idx in subsets:
         i = torch.tensor(idx)
-        t1, lp1 = ops.triton_sample_logprobs(normed[i], head, temps[i], seeds[i])
+        t1, lp1 = sample_ops.triton_sample_logprobs(normed[i], head, temps[i], seeds[i])
         assert torch.equal(t1, tokens[i]) and torch.equal(lp1, lp[i]), idx
     return tokens, lp
 
@@ -146,17 +148,18 @@ def test_interpreted_kernel_skips_the_noise_of_tiles_that_cannot_win_with_the_sa
     below the row's best score cannot win. Their noise is skipped (counted here) where every real row of the row
     block agrees (one flat row keeps its tiles live); tokens and logprobs are those of the unskipped draw, and of the
     reference. V = 1100: 9 tiles with peaks in tiles 0 and 2, in two splits of 8 (the second's last 7 are empty)."""
+    from vexact_kernels.triton_ops import gumbel
     from vexact_kernels.triton_ops import logprobs as ops
 
     problem = _peaked_problem(7, 48, 1100, peaks=(77, 5, 290), seed=6, flat_rows=flat_rows)
     calls = []
-    noise = ops.tile_noise
+    noise = gumbel.tile_noise
 
     def counted(*args):  # the interpreter runs the kernel's helpers as Python functions
         calls.append(int(args[2]) // ops.LOGPROBS_VOCAB_BLOCK)  # col0
         return noise(*args)
 
-    monkeypatch.setattr(ops, "tile_noise", counted)
+    monkeypatch.setattr(gumbel, "tile_noise", counted)  # _draw_tile reads it there
 
     hidden, norm_w, head, temps, seeds = problem
 
@@ -193,6 +196,7 @@ def test_interpreted_draw_rows_give_the_tokens_and_bits_of_the_full_row_block(pe
     rows (``SAMPLE_DRAW_ROWS = ()``), bit for bit, the reference's and the trainer's, and a row's draw is the same
     at every T. Random logits in several vocabulary splits (one tile each); peaked ones (V = 600: 5 tiles in one
     split, peaks in tiles 0 and 2) for the skip, with a flat row (row 2) that keeps every tile live."""
+    from vexact_kernels.triton_ops import gumbel
     from vexact_kernels.triton_ops import logprobs as ops
 
     small_form = (1, 16)
@@ -204,14 +208,14 @@ def test_interpreted_draw_rows_give_the_tokens_and_bits_of_the_full_row_block(pe
         problem = _problem(17, 48, 300, seed=10)
     hidden, norm_w, head, temps, seeds = problem
     shapes = []
-    noise = ops.tile_noise
+    noise = gumbel.tile_noise
 
     def counted(*args):  # the interpreter runs the kernel's helpers as Python functions
         out = noise(*args)
         shapes.append(tuple(int(n) for n in out.shape))
         return out
 
-    monkeypatch.setattr(ops, "tile_noise", counted)
+    monkeypatch.setattr(gumbel, "tile_noise", counted)  # _draw_tile reads it there
     tokens, lp = _check_draw(ops, *problem)  # T = 17: the full row block
     for t, rows in ((1, 1), (2, 16), (5, 16), (16, 16), (17, 64)):
         shapes.clear()
@@ -234,13 +238,13 @@ def test_interpreted_draw_rows_give_the_tokens_and_bits_of_the_full_row_block(pe
 @interp
 def test_interpreted_gumbel_argmax_over_given_logits_draws_the_reference_token(monkeypatch):
     """The draw for logits computed elsewhere (the fast backend's): chunked over the vocabulary, same noise."""
-    from vexact_kernels.triton_ops import logprobs as ops
+    from vexact_kernels.triton_ops import sample as sample_ops
 
-    monkeypatch.setattr(ops, "GUMBEL_BLOCK", 64)  # several chunks at a small V: the first-chunk tie rule
+    monkeypatch.setattr(sample_ops, "GUMBEL_BLOCK", 64)  # several chunks at a small V: the first-chunk tie rule
     hidden, norm_w, head, temps, seeds = _problem(6, 32, 300, seed=4)
     with vk.use_backend("invariant"):
         logits = vk.compute_logits(hidden, norm_w, 1e-6, head)
-    tokens = ops.triton_gumbel_argmax(logits, temps, seeds)
+    tokens = sample_ops.triton_gumbel_argmax(logits, temps, seeds)
     want, gap = _reference_tokens(hidden, norm_w, head, temps, seeds)
     differ = tokens != want
     assert not differ.any() or bool((gap[differ] < 1e-4).all()), (tokens, want)
@@ -250,7 +254,7 @@ if triton_available():
     import triton
     import triton.language as tl
 
-    from vexact_kernels.triton_ops.logprobs import gumbel_noise
+    from vexact_kernels.triton_ops.gumbel import gumbel_noise
 
     @triton.jit
     def _noise_of_every_uniform(out_ptr, BLOCK: tl.constexpr):
@@ -261,7 +265,7 @@ if triton_available():
 def _check_noise_bound(device: str, block: int) -> None:
     """The kernels' noise at each of the 2**23 uniforms is finite, within rounding of torch's, largest at the
     largest uniform and below ``GUMBEL_NOISE_MAX``, the bound of the tile skip."""
-    from vexact_kernels.triton_ops import logprobs as ops
+    from vexact_kernels.triton_ops import gumbel
 
     n = 2**23
     out = torch.empty(n, device=device)
@@ -270,8 +274,8 @@ def _check_noise_bound(device: str, block: int) -> None:
     u = (torch.arange(n, dtype=torch.float32) + 0.5) * 2.0**-23
     assert torch.isfinite(out).all()
     assert float((out - -torch.log(-torch.log(u))).abs().max()) < 1e-4
-    assert int(out.argmax()) == n - 1 and float(out.max()) < ops.GUMBEL_NOISE_MAX
-    assert float(out.max()) > ops.GUMBEL_NOISE_MAX - 0.15  # and close to it: the skip stays as sharp as it can
+    assert int(out.argmax()) == n - 1 and float(out.max()) < gumbel.GUMBEL_NOISE_MAX
+    assert float(out.max()) > gumbel.GUMBEL_NOISE_MAX - 0.15  # and close to it: the skip stays as sharp as it can
 
 
 @interp
@@ -319,6 +323,7 @@ def test_sample_from_hidden_rejects_bad_seeds_and_temperatures():
 @pytest.mark.gpu
 def test_gpu_fused_draw_matches_reference_and_trainer_logprob_at_a_real_vocabulary():
     from vexact_kernels.triton_ops import logprobs as ops
+    from vexact_kernels.triton_ops import sample as sample_ops
 
     dev = "cuda"
     hidden, norm_w, head, temps, seeds = _problem(130, 2048, 151936, seed=7)
@@ -361,10 +366,10 @@ def test_gpu_fused_draw_matches_reference_and_trainer_logprob_at_a_real_vocabula
     assert int((fast_tokens != tokens).sum()) <= 13  # different logits bits may flip a near-tie, rarely
     # captured in a CUDA graph (the engine's decode step may be): replay == eager
     normed = vk.rms_norm(hidden, norm_w, 1e-6)
-    ops.triton_sample_logprobs(normed, head, temps, seeds)
+    sample_ops.triton_sample_logprobs(normed, head, temps, seeds)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        gt, glp = ops.triton_sample_logprobs(normed, head, temps, seeds)
+        gt, glp = sample_ops.triton_sample_logprobs(normed, head, temps, seeds)
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(gt, tokens) and torch.equal(glp, lp)

@@ -33,8 +33,8 @@ def test_metrics_match_hand_computed_values():
     assert s["tokens"] == 4 and s["tokens_differ"] == 2 and s["fraction_differ"] == 0.5
     assert s["sequences_differ"] == 1 and not s["exact"]
     assert s["abs_delta"]["max"] == 0.5 and s["abs_delta"]["mean"] == pytest.approx(0.1875)
-    assert s["kl_k1"] == pytest.approx(-sum(d) / 4)
-    assert s["kl_k3"] == pytest.approx(sum(math.exp(x) - 1 - x for x in d) / 4)
+    assert s["k1_kl"] == pytest.approx(-sum(d) / 4)
+    assert s["k3_kl"] == pytest.approx(sum(math.exp(x) - 1 - x for x in d) / 4)
     assert s["chi2"] == pytest.approx(sum((math.exp(x) - 1) ** 2 for x in d) / 4)
     assert s["log_ppl_engine"] == pytest.approx(3.75 / 4) and s["log_ppl_trainer"] == pytest.approx(3.5 / 4)
     assert s["log_ppl_diff"] == pytest.approx(s["log_ppl_trainer"] - s["log_ppl_engine"])
@@ -51,7 +51,7 @@ def test_metrics_match_hand_computed_values():
 def test_identical_logprobs_are_exact_zero_and_one_ulp_is_not():
     x = [torch.tensor([-1.0, -3.0])]
     s = tim_metrics(x, [x[0].clone()])
-    assert s["exact"] and s["kl_k3"] == 0.0 and s["kl_k1"] == 0.0 and s["chi2"] == 0.0
+    assert s["exact"] and s["k3_kl"] == 0.0 and s["k1_kl"] == 0.0 and s["chi2"] == 0.0
     y = [torch.nextafter(x[0], torch.zeros(2))]  # one fp32 ulp towards 0
     s = tim_metrics(x, y)
     assert not s["exact"] and s["tokens_differ"] == 2

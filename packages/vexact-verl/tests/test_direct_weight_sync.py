@@ -99,7 +99,7 @@ def _adapter(monkeypatch, server, calls):
     monkeypatch.setattr("vexact_models.device_uuid", lambda *a: "GPU-same")
     monkeypatch.setattr(VexactServer, "weight_sync_device", lambda self: "GPU-same")
     monkeypatch.setattr(VexactServer, "attention_impl", lambda self: "triton")
-    monkeypatch.setattr("vexact_models.weight_direct.open_ipc_handle", lambda handle, device=None: handle)
+    monkeypatch.setattr("vexact_models.weight_sync.open_ipc_handle", lambda handle, device=None: handle)
     config = RolloutConfig(name="vexact", tensor_model_parallel_size=1, prompt_length=16, response_length=8,
                            max_num_seqs=4)  # fmt: skip
     adapter = ServerAdapter(config, None)

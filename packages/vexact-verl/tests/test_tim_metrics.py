@@ -18,11 +18,11 @@ def test_tim_step_metrics_hand_computed():
     m = tim_step_metrics(rollout, actor, mask)
     d = [0.0, -0.25, 0.0]
     assert m["tim/tokens_differ"] == 1 and m["tim/fraction_differ"] == pytest.approx(1 / 3)
-    assert m["tim/abs_delta_max"] == 0.25 and m["tim/kl_k1"] == pytest.approx(0.25 / 3)
-    assert m["tim/kl_k3"] == pytest.approx(sum(math.exp(x) - 1 - x for x in d) / 3)
+    assert m["tim/abs_delta_max"] == 0.25 and m["tim/k1_kl"] == pytest.approx(0.25 / 3)
+    assert m["tim/k3_kl"] == pytest.approx(sum(math.exp(x) - 1 - x for x in d) / 3)
     assert m["tim/chi2"] == pytest.approx(sum(math.expm1(x) ** 2 for x in d) / 3)
     exact = tim_step_metrics(rollout, rollout.clone(), mask)
-    assert exact["tim/kl_k3"] == 0.0 and exact["tim/tokens_differ"] == 0
+    assert exact["tim/k3_kl"] == 0.0 and exact["tim/tokens_differ"] == 0
     assert tim_step_metrics(rollout, actor, torch.zeros_like(mask)) == {}
     with pytest.raises(ValueError, match="must have one shape"):
         tim_step_metrics(rollout, actor[:, :2], mask)
@@ -80,5 +80,5 @@ def test_attribution_metrics_compare_each_spec_with_the_reference():
     m = attribution_metrics(lp.__getitem__, ["invariant", "fast:linear", "fast"], torch.tensor([[1, 1, 0]]))
     assert m["tim_attr/invariant/abs_delta_mean"] == 0.0 and m["tim_attr/invariant/fraction_differ"] == 0.0
     assert m["tim_attr/linear/abs_delta_mean"] == 0.25 and m["tim_attr/linear/fraction_differ"] == 0.5
-    assert m["tim_attr/linear/abs_delta_max"] == 0.5 and m["tim_attr/all/kl_k3"] == m["tim_attr/linear/kl_k3"] > 0
-    assert sorted({k.split("/")[2] for k in m}) == ["abs_delta_max", "abs_delta_mean", "fraction_differ", "kl_k3"]
+    assert m["tim_attr/linear/abs_delta_max"] == 0.5 and m["tim_attr/all/k3_kl"] == m["tim_attr/linear/k3_kl"] > 0
+    assert sorted({k.split("/")[2] for k in m}) == ["abs_delta_max", "abs_delta_mean", "fraction_differ", "k3_kl"]

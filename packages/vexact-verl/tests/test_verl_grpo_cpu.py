@@ -69,7 +69,7 @@ def run_grpo(inputs: Path, backend: str, subprocess_env, *overrides: str) -> lis
 def test_verl_grpo_on_cpu_invariant_is_exact_and_fast_is_not(inputs, subprocess_env):
     # with the per-op attribution on at step 2 (and the step still exact: it does not touch the step's numerics)
     attr = (
-        "actor_rollout_ref.actor.fsdp_config._target_=vexact_verl.engine.VexactFSDPEngineConfig",
+        "actor_rollout_ref.actor.fsdp_config._target_=vexact_verl.actor_engine.VexactFSDPEngineConfig",
         "+actor_rollout_ref.actor.fsdp_config.vexact.tim_attribute_every=2",
         "+actor_rollout_ref.actor.fsdp_config.vexact.tim_attribute_samples=3",
     )

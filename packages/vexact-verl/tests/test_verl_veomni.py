@@ -3,9 +3,9 @@
 Real here: verl 0.9.1's Hydra tree with ``model_engine=veomni``, its ``VeOmniEngineConfig`` / ``VeOmniOptimizerConfig``,
 ``EngineRegistry``, the engine's ``initialize`` (FSDP2, VeOmni's optimizer and LR scheduler, VeOmni's parallel state),
 verl's data path, and the vexact rollout engine (``vexact_engine.LLM``) whose logprobs the actor must reproduce. As in
-``test_verl_engine.py``, verl's platform is a CPU platform on a gloo world-size-1 group. The engine tests need veomni
-(``pip install --no-deps -r requirements/veomni.txt``) and are skipped, visibly, without it; the config mapping and
-the refusals need only verl.
+``test_verl_actor_engine.py``, verl's platform is a CPU platform on a gloo world-size-1 group. The engine tests need
+veomni (``pip install --no-deps -r requirements/veomni.txt``) and are skipped, visibly, without it; the config mapping
+and the refusals need only verl.
 """
 
 from __future__ import annotations

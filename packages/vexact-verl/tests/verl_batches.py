@@ -1,5 +1,6 @@
 """The batch verl's trainer hands an actor engine's ``compute_log_prob`` / ``train_batch``, built as verl builds it,
-for the engine tests (``test_verl_engine.py``, ``test_verl_veomni.py``); conftest.py puts this folder on the path."""
+for the engine tests (``test_verl_actor_engine.py``, ``test_verl_veomni.py``); conftest.py puts this folder on the
+path."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """A launched step the host has not read back yet: what ``EngineConfig.async_decode`` keeps in flight.
 
 With ``async_decode`` the engine launches step N+1 before it reads step N's tokens, so the host prepares a step while
-the device runs the one before it. Two pieces make that work, both used by ``model_runner``:
+the device runs the one before it. Two pieces make that work, both used by ``model_runner`` and ``cuda_graphs``:
 
 - :class:`LaunchedStep`: a step's drawn tokens and logprobs on their way to the host. Their copy is queued behind
   the step (into pinned memory on CUDA, so queueing it does not wait for the step) with an event that the engine

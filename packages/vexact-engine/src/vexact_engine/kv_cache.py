@@ -1,4 +1,5 @@
-"""How many KV pages an engine gets, and whether its weights fit the device at all.
+"""How many KV pages an engine gets, and whether its weights fit the device at all (with the activation peak of a
+step measured on the device, :func:`profile_activation_bytes`).
 
 The cache size comes from the first setting that applies (``EngineConfig``): ``num_kv_blocks``, ``kv_cache_bytes``,
 the CPU default, or on CUDA what ``gpu_memory_utilization`` leaves after the weights and a measured activation peak.
@@ -10,8 +11,13 @@ import logging
 
 import torch
 
+import vexact_kernels as vk
+from vexact_models import AttentionMetadata
+
 from .config import CPU_KV_CACHE_BYTES, EngineConfig
-from .model_runner import ModelRunner, profile_activation_bytes
+from .model_runner import ModelRunner
+from .sampler import sample
+from .sampling_params import SamplingParams
 
 log = logging.getLogger("vexact_engine")
 
@@ -114,3 +120,26 @@ def _kv_blocks_from_gpu_memory(
         else "", figures,
     )  # fmt: skip
     return num_blocks
+
+
+@torch.no_grad()
+def profile_activation_bytes(model: torch.nn.Module, config: EngineConfig) -> int:
+    """Peak CUDA memory a step of ``max_num_batched_tokens`` tokens adds on top of what is allocated now: a packed
+    forward of that many tokens (in ``max_num_seqs`` sequences), then logits, top-k/top-p draws and logprobs of
+    ``max_num_seqs`` rows."""
+    dev = next(model.parameters()).device
+    torch.cuda.synchronize(dev)
+    base = torch.cuda.memory_allocated(dev)
+    torch.cuda.reset_peak_memory_stats(dev)
+    t, n = config.max_num_batched_tokens, min(config.max_num_seqs, config.max_num_batched_tokens)
+    meta = AttentionMetadata.packed([t // n + (1 if i < t % n else 0) for i in range(n)])
+    meta.cu_seqlens = meta.cu_seqlens.to(dev)
+    zeros = torch.zeros(t, dtype=torch.int64, device=dev)
+    with vk.use_backend(config.backend):
+        rows = model(zeros, zeros, meta)[:n].clone()
+        logits = model.logits(rows)
+        tokens, _ = sample(logits, [SamplingParams(top_p=0.9, top_k=50)] * n, list(range(n)), [0] * n)
+        del logits
+        model.logprobs(rows, tokens, torch.ones(n, device=dev))
+    torch.cuda.synchronize(dev)
+    return torch.cuda.max_memory_allocated(dev) - base

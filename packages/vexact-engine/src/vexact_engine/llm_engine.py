@@ -3,9 +3,10 @@ requests that finished. ``LLM.generate`` (``llm.py``) drives this loop until eve
 
 A request's path: ``add_request`` -> ``Sequence`` (``sequence.py``) -> ``Scheduler`` picks this step's work
 (``scheduler.py``, KV pages from ``block_manager.py``) -> ``ModelRunner`` turns it into tensors, runs the model and
-samples (``model_runner.py``, ``sampler.py``) -> ``step`` appends the token and its logprob, and returns the finished
-requests as ``RequestOutput``. Supporting machinery lives in modules of its own: KV-cache sizing (``kv_cache.py``),
-model loading (``loading.py``), sleep/wake (``sleep.py``) and the weight-update paths (``weight_update.py``).
+samples (``model_runner.py``; ``sampler.py``, padded steps and CUDA graphs in ``cuda_graphs.py``) -> ``step``
+appends the token and its logprob, and returns the finished requests as ``RequestOutput``. Supporting machinery
+lives in modules of its own: KV-cache sizing (``kv_cache.py``), model loading (``loading.py``), sleep/wake
+(``sleep.py``) and the weight-update paths (``weight_update.py``).
 
 A step is launched, then read back (``_read_back``: append, stopping rules). With ``EngineConfig.async_decode`` the
 loop reads step N back after it has launched step N+1 (``in_flight.py``), so the host schedules and prepares a step

@@ -10,7 +10,7 @@ samples). Rank 0 is the driver: it owns the scheduler and the requests, like a o
 2. stage ``r`` takes the activations from stage ``r - 1`` (the first stage embeds the tokens), runs its layers on
    its own KV cache and sends the result on; activations travel as raw bytes (viewed as uint8), so nothing is
    rounded on the way;
-3. the last stage samples with the same :func:`~vexact_engine.model_runner.sample_rows` as a one-device engine and
+3. the last stage samples with the same :func:`~vexact_engine.sampler.sample_rows` as a one-device engine and
    sends ``(tokens, logprobs)`` back to rank 0.
 
 Why this is bitwise equal to one device: a row's arithmetic never crosses a stage boundary. Each layer runs the same
@@ -43,8 +43,10 @@ from .config import EngineConfig
 from .in_flight import LaunchedStep
 from .llm import LLM
 from .loading import load_tokenizer
-from .model_runner import kv_cache_shapes, sample_rows, step_lists, step_tensors
+from .model_runner import kv_cache_shapes
+from .sampler import sample_rows
 from .scheduler import ScheduledSeq
+from .step_inputs import step_lists, step_tensors
 
 log = logging.getLogger("vexact_engine")
 

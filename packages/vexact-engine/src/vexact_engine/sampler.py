@@ -1,8 +1,9 @@
-"""Seeded sampling from logits, for greedy rows and rows with top-k / top-p (and for mismatch injection).
+"""Sampling: which draw each row of a step takes (:func:`sample_rows_on_device`), and seeded sampling from logits.
 
-Rows that draw from the whole distribution take the fused draw instead (``vexact_kernels.sample_from_hidden``,
-through ``model.sample``: Gumbel-max with counter-based Philox noise keyed by :func:`token_seed`, in one pass over
-the lm_head); see :func:`vexact_engine.model_runner.sample_rows`.
+Rows that draw from the whole distribution (temperature > 0, no top-k / top-p: an RL rollout's rows) take the fused
+draw (``vexact_kernels.sample_from_hidden``, through ``model.sample``: Gumbel-max with counter-based Philox noise
+keyed by :func:`token_seed`, in one pass over the lm_head). Greedy rows, rows with top-k / top-p, and every row under
+a mismatch injection take the logits and :func:`sample`.
 
 The logprob reported for a token is ``log_softmax(logits / T)`` over the whole vocabulary (vexact-kernels, the
 trainer's own function). Drawing: exponential-race sampling ``argmax(p / E)`` with ``E ~ Exp(1)`` drawn from a
@@ -19,6 +20,8 @@ rows.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
 
@@ -26,6 +29,9 @@ import vexact_kernels as vk
 from vexact_kernels._reduce import inclusive_scan
 
 from .sampling_params import SamplingParams
+
+if TYPE_CHECKING:  # ablation imports this module
+    from .ablation import MismatchInjection
 
 _MASK64 = (1 << 63) - 1
 _WRAP = (1 << 64) - 1  # splitmix64's arithmetic is modulo 2**64
@@ -142,3 +148,80 @@ def sample(
                 noise[j].exponential_(generator=gen)
         tokens[rows] = torch.argmax(probs / noise, dim=-1)
     return tokens, logp.gather(1, tokens[:, None]).squeeze(1)
+
+
+@torch.no_grad()
+def sample_rows(
+    model: torch.nn.Module,
+    backend: str,
+    hidden: torch.Tensor,
+    params: list[SamplingParams],
+    seeds: list[int],
+    indices: list[int],
+    mismatch: MismatchInjection | None = None,
+) -> tuple[list[int], list[float]]:
+    """Tokens and their logprobs for pre-norm ``hidden [S, H]`` rows (token ``indices[i]`` of a request seeded
+    ``seeds[i]``) on the host: :func:`sample_rows_on_device`, read back. Shared by the runner and the last pipeline
+    stage."""
+    both = sample_rows_on_device(model, backend, hidden, params, seeds, indices, mismatch).cpu()
+    return [int(t) for t in both[0].tolist()], both[1].tolist()
+
+
+@torch.no_grad()
+def sample_rows_on_device(
+    model: torch.nn.Module,
+    backend: str,
+    hidden: torch.Tensor,
+    params: list[SamplingParams],
+    seeds: list[int],
+    indices: list[int],
+    mismatch: MismatchInjection | None = None,
+) -> torch.Tensor:
+    """Tokens and their logprobs for pre-norm ``hidden [S, H]`` rows (token ``indices[i]`` of a request seeded
+    ``seeds[i]``), as ``[2, S]`` float64 rows on ``hidden``'s device (fp32 logprobs and token ids below 2**53 are
+    exact in float64: one transfer for both); the logprob is the trainer's ``model.logprobs``. Reads nothing back.
+
+    Rows that draw from the whole distribution (temperature > 0, no top-k / top-p: an RL rollout's rows) take the
+    fused draw (``model.sample``: one pass over the lm_head gives the token and its logprob, which is bitwise
+    ``model.logprobs``'); greedy and filtered rows take the logits and :func:`~vexact_engine.sampler.sample`.
+    With a ``mismatch`` injection (a study tool, :class:`~vexact_engine.MismatchInjection`), every row takes the
+    logits, perturbed before the draw, and the reported logprob is the engine's own log_softmax of those logits.
+    """
+    n = len(params)
+    with vk.use_backend(backend):
+        if mismatch is not None and mismatch.active:
+            logits = mismatch.apply(model.logits(hidden), seeds, indices)
+            tokens, logprobs = sample(logits, params, seeds, indices)
+        else:
+            vocab = getattr(getattr(model, "config", None), "vocab_size", None)
+            plain = [vocab is not None and hasattr(model, "sample") and draws_whole(p, vocab) for p in params]
+            fused = [i for i in range(n) if plain[i]]
+            rest = [i for i in range(n) if not plain[i]]
+            tokens = torch.empty(n, dtype=torch.int64, device=hidden.device)
+            logprobs = torch.empty(n, dtype=torch.float32, device=hidden.device)
+            for rows, draw in ((fused, _draw_fused), (rest, _draw_logits)):
+                if rows:
+                    sel = torch.tensor(rows, device=hidden.device) if len(rows) < n else None
+                    t, lp = draw(model, hidden if sel is None else hidden[sel], [params[i] for i in rows],
+                                 [seeds[i] for i in rows], [indices[i] for i in rows])  # fmt: skip
+                    if sel is None:
+                        tokens, logprobs = t, lp
+                    else:
+                        tokens[sel], logprobs[sel] = t, lp
+    return torch.stack([tokens.to(torch.float64), logprobs.to(torch.float64)])
+
+
+def _temperatures(params: list[SamplingParams]) -> torch.Tensor:
+    # host temperatures: their check syncs nothing (the kernels move them to the device)
+    return torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params], dtype=torch.float32)
+
+
+def _draw_fused(model, hidden, params, seeds, indices):
+    draw_seeds = torch.from_numpy(token_seeds(seeds, indices))
+    return model.sample(hidden, _temperatures(params), draw_seeds)
+
+
+def _draw_logits(model, hidden, params, seeds, indices):
+    tokens, _ = sample(model.logits(hidden), params, seeds, indices)
+    logprobs, _ = model.logprobs(hidden, tokens, _temperatures(params))
+    return tokens, logprobs

@@ -1,7 +1,7 @@
 """Weight updates without a restart: by name (``update_weights``), by packed bucket (``load_bucket``, and
 ``receive_weights`` for a broadcast), or written in place by a trainer on the same GPU (``weight_table``,
 ``begin_weight_write`` / ``finish_weight_write``). The formats and their checks live in vexact-models
-(``weight_transfer.py``, ``weight_direct.py``), shared with the trainer that sends.
+(``weight_sync.py``), shared with the trainer that sends.
 
 ``EngineWeights`` is a part of :class:`~vexact_engine.LLMEngine`; every path refuses while the engine is asleep or
 has unfinished requests (their KV was computed with the old weights) and drops the prefix cache.

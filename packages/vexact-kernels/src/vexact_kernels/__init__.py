@@ -30,14 +30,13 @@ from .linear import LINEAR_BLOCK_K, linear
 from .logprobs import (
     compute_logits,
     entropy_from_logprobs,
-    gumbel_uniform,
     log_softmax,
     logprobs_from_hidden,
-    sample_from_hidden,
 )
 from .moe import fused_moe, moe_route, moe_route_grouped
 from .rms_norm import add_rms_norm, rms_norm, rms_norm_pair
 from .rotary import apply_rotary, apply_rotary_qk, rope_cos_sin
+from .sample import gumbel_uniform, sample_from_hidden
 
 __version__ = "0.5.0"
 

@@ -50,3 +50,15 @@ def inclusive_scan(x: torch.Tensor) -> torch.Tensor:
         x = torch.cat([x[..., :shift], x[..., shift:] + x[..., :-shift]], dim=-1)
         shift *= 2
     return x
+
+
+def renormalized_topk(w: torch.Tensor, norm_topk_prob: bool, routed_scaling_factor: float) -> torch.Tensor:
+    """DeepSeek's routing weights from each row's chosen scores ``w [T, k]``: with ``norm_topk_prob``, divided by
+    their sum taken in rank order (``+ 1e-20`` as transformers), then times ``routed_scaling_factor``. A torch
+    expression (differentiable), the same ops in the same order wherever it is called."""
+    if norm_topk_prob:
+        total = w[:, 0]
+        for r in range(1, w.shape[1]):
+            total = total + w[:, r]
+        w = w / (total + 1e-20).unsqueeze(-1)
+    return w * routed_scaling_factor

@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from . import portable_math as pm
 from ._backend import check_float, get_backend, invariant_device_check
 from ._ranges import record_range, tensor_range
+from ._reduce import renormalized_topk
 from .activation import silu_and_mul
 from .linear import _linear_reference
 from .triton_ops import use_triton
@@ -154,13 +155,7 @@ def _grouped_scores(router_logits: torch.Tensor, scoring_func: str) -> torch.Ten
 
 def _grouped_weights(scores, ids, norm_topk_prob: bool, routed_scaling_factor: float) -> torch.Tensor:
     """The chosen experts' unbiased scores, renormalised in rank order (``+ 1e-20`` as transformers), scaled."""
-    w = scores.gather(1, ids)
-    if norm_topk_prob:
-        total = w[:, 0]
-        for r in range(1, ids.shape[1]):
-            total = total + w[:, r]
-        w = w / (total + 1e-20).unsqueeze(-1)
-    return w * routed_scaling_factor
+    return renormalized_topk(scores.gather(1, ids), norm_topk_prob, routed_scaling_factor)
 
 
 def _grouped_route_fast(router_logits, top_k, bias, n_group, topk_group, norm, scale, scoring_func):

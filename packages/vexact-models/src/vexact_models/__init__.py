@@ -1,30 +1,35 @@
 """vexact-models: one model definition shared by the VeXact trainer and engine."""
 
 from .attention_metadata import AttentionMetadata
-from .config import (
-    DeepseekV3Config,
-    DenseConfig,
-    LlamaConfig,
-    MistralConfig,
-    Qwen2Config,
-    Qwen3Config,
-    Qwen3MoeConfig,
-    YarnScaling,
-    config_from_dict,
-    load_config,
-    parse_dtype,
-)
+from .config import parse_dtype
 from .layers import RouterOutput, checkpoint_pieces, load_balancing_loss, named_weights, record_router, weight_dtype
-from .loader import CheckpointError, expected_tensors, iter_checkpoint, load_model, load_weights, save_checkpoint
+from .loader import (
+    CheckpointError,
+    config_from_dict,
+    expected_tensors,
+    iter_checkpoint,
+    load_config,
+    load_model,
+    load_weights,
+    save_checkpoint,
+)
 from .models import (
     MODEL_CLASSES,
+    DeepseekV3Config,
     DeepseekV3ForCausalLM,
+    DenseConfig,
     DenseForCausalLM,
+    LlamaConfig,
     LlamaForCausalLM,
+    MistralConfig,
     MistralForCausalLM,
+    Qwen2Config,
     Qwen2ForCausalLM,
+    Qwen3Config,
     Qwen3ForCausalLM,
+    Qwen3MoeConfig,
     Qwen3MoeForCausalLM,
+    YarnScaling,
 )
 from .packing import PACK_ALIGN, PackedSlot, allocate_packed, pack_parameters, packed_buffers
 from .tiny import (
@@ -46,20 +51,25 @@ from .tiny import (
     tiny_qwen3_moe_config,
     write_tiny_checkpoint,
 )
-from .weight_direct import DirectWriter, WeightSlot, WeightTable, weight_table
-from .weight_transfer import (
+from .weight_sync import (
     BucketPacker,
+    DirectWriter,
+    NamedBuckets,
     PackedBucket,
     TensorSpec,
+    WeightSlot,
     WeightSyncGroup,
+    WeightTable,
     broadcast_weights,
     copy_tensors,
     device_uuid,
     ipc_handle,
     load_bucket,
+    named_buckets,
     open_ipc_handle,
     receive_weights,
     send_buckets,
+    weight_table,
     weight_targets,
 )
 
@@ -86,6 +96,7 @@ __all__ = [
     "LlamaForCausalLM",
     "MistralConfig",
     "MistralForCausalLM",
+    "NamedBuckets",
     "PackedBucket",
     "PackedSlot",
     "Qwen2Config",
@@ -113,6 +124,7 @@ __all__ = [
     "iter_checkpoint",
     "load_balancing_loss",
     "load_bucket",
+    "named_buckets",
     "load_config",
     "load_model",
     "load_weights",

@@ -12,13 +12,31 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from .config import load_config, parse_dtype
+from .config import parse_dtype
 from .errors import CheckpointError, read_json_object
 from .layers import checkpoint_pieces, named_weights
-from .models import MODEL_CLASSES
+from .models import CONFIG_CLASSES, MODEL_CLASSES
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
+
+
+def load_config(path: str | Path):
+    """Read ``config.json`` from a checkpoint directory (or the file itself); CheckpointError naming the file if it
+    is not a valid JSON object."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "config.json"
+    if not p.is_file():
+        raise FileNotFoundError(f"no config.json at {p}")
+    return config_from_dict(read_json_object(p))
+
+
+def config_from_dict(d: dict):
+    model_type = d.get("model_type")
+    if model_type not in CONFIG_CLASSES:
+        raise ValueError(f"unknown model_type {model_type!r}; supported: {sorted(CONFIG_CLASSES)}")
+    return CONFIG_CLASSES[model_type].from_hf_dict(d)
 
 
 def _weight_map(path: Path) -> dict[str, str] | None:

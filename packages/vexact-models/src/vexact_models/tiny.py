@@ -15,10 +15,17 @@ from pathlib import Path
 
 import torch
 
-from .config import CONFIG_CLASSES, DeepseekV3Config, DenseConfig, Qwen3Config, Qwen3MoeConfig, YarnScaling
 from .layers import named_weights
 from .loader import _reset_buffers, save_checkpoint
-from .models import MODEL_CLASSES
+from .models import (
+    CONFIG_CLASSES,
+    MODEL_CLASSES,
+    DeepseekV3Config,
+    DenseConfig,
+    Qwen3Config,
+    Qwen3MoeConfig,
+    YarnScaling,
+)
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 BYTE_VOCAB = 256

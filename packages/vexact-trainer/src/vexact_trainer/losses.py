@@ -101,6 +101,13 @@ def rollout_correction(
     raise ValueError(f"unknown rollout-correction mode {mode!r}; expected 'none', 'tis' or 'mis'")
 
 
+def k3_kl(log_ratio: torch.Tensor) -> torch.Tensor:
+    """Per-token K3 estimate of KL(rollout || trainer): ``(r - 1) - log r`` with ``log_ratio = log r =
+    log pi_trainer - log pi_rollout``, elementwise, in ``log_ratio``'s dtype (callers pass float64). Exactly 0.0 where
+    the two logprobs are equal; its mean over tokens is the ``k3_kl`` metric everywhere it is reported."""
+    return torch.expm1(log_ratio) - log_ratio
+
+
 def mismatch_metrics(rollout_logprobs: torch.Tensor, trainer_logprobs: torch.Tensor, mask: torch.Tensor) -> dict:
     """How far the rollout's logprobs are from the trainer's on the sampled tokens.
 
@@ -117,7 +124,7 @@ def mismatch_metrics(rollout_logprobs: torch.Tensor, trainer_logprobs: torch.Ten
         "mismatched": int((a != b).sum()),
         "mismatch_fraction": float((a != b).double().mean()) if n else 0.0,
         "max_abs_delta": float(log_r.abs().max()) if n else 0.0,
-        "k3_kl": float((torch.expm1(log_r) - log_r).mean()) if n else 0.0,
+        "k3_kl": float(k3_kl(log_r).mean()) if n else 0.0,
     }
 
 

@@ -26,7 +26,7 @@ from vexact_models import record_router
 
 from .actor import Actor, ActorConfig, LogprobOutput
 from .batch import PackedBatch, check_temperatures, pack
-from .losses import ppo_clip_loss, rollout_correction, sequence_load_balancing_loss
+from .losses import k3_kl, ppo_clip_loss, rollout_correction, sequence_load_balancing_loss
 from .parallel import init_distributed, parallelize
 from .weights import DEFAULT_BUCKET_BYTES, save_hf_checkpoint, sync_weights
 
@@ -432,7 +432,7 @@ class Trainer:
             sel = mask.bool()
             if has_rollout:
                 log_r = old[sel].double() - rollout[sel].double()
-                k3 = (torch.expm1(log_r) - log_r).sum()
+                k3 = k3_kl(log_r).sum()
                 mism = (old[sel] != rollout[sel]).sum().double()
                 delta = log_r.abs().amax(dim=0, keepdim=True) if log_r.numel() else log_r.new_zeros(1)
                 compared = sel.sum().double()

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from vexact_models import checkpoint_pieces, named_weights, weight_dtype
+from vexact_models import checkpoint_pieces, named_buckets, named_weights, weight_dtype
 
 from .parallel import rank
 
@@ -42,19 +42,7 @@ def iter_weight_buckets(
     and projection (views of the gathered tensor). Tied parameters appear once, under their first name
     (``model.embed_tokens.weight``), which is how checkpoints and the engine name them.
     """
-    if isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int) or bucket_bytes < 1:
-        raise ValueError(f"bucket_bytes must be a positive integer, got {bucket_bytes!r}")
-    bucket: list[tuple[str, torch.Tensor]] = []
-    size = 0
-    for piece, view in iter_weights(model, dtype):  # stacked experts go out one expert at a time
-        nbytes = view.numel() * view.element_size()
-        if bucket and size + nbytes > bucket_bytes:
-            yield bucket
-            bucket, size = [], 0
-        bucket.append((piece, view))
-        size += nbytes
-    if bucket:
-        yield bucket
+    return named_buckets(iter_weights(model, dtype), bucket_bytes)  # stacked experts one expert at a time
 
 
 def iter_weights(

@@ -1,12 +1,12 @@
 """The actor side of the invariant mode: verl's packed micro-batch scored by the shared vexact model.
 
 :func:`packed_log_probs` is the forward the ``vexact`` model-engine backend for verl
-(``actor_rollout_ref.actor.strategy=vexact``, :class:`vexact_verl.engine.VexactEngineWithLMHead`, a subclass of verl's
-``FSDPEngineWithLMHead`` registered with ``EngineRegistry``) runs in ``forward_step``: it takes verl's own
-micro-batch tensors (jagged nested ``input_ids`` / ``position_ids``, per-sequence temperature) and returns
-``log_probs`` (and entropy) in verl's layout, computed by the same model code and kernels as the vexact engine, so
-verl's recomputed ``old_log_prob`` equals the rollout's ``log_probs`` bitwise. It holds no numerics of its own: the
-model and ``model.logprobs`` do.
+(``actor_rollout_ref.actor.strategy=vexact``, :class:`vexact_verl.actor_engine.VexactEngineWithLMHead`, a subclass of
+verl's ``FSDPEngineWithLMHead`` registered with ``EngineRegistry``) runs in ``forward_step``: it takes verl's own
+micro-batch tensors (jagged nested ``input_ids`` / ``position_ids``, per-sequence temperature) and returns ``log_probs``
+(and entropy) in verl's layout, computed by the same model code and kernels as the vexact engine, so verl's recomputed
+``old_log_prob`` equals the rollout's ``log_probs`` bitwise. It holds no numerics of its own: the model and
+``model.logprobs`` do.
 """
 
 from __future__ import annotations

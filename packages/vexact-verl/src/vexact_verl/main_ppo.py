@@ -7,7 +7,7 @@ installed (an installed package does the same through its ``verl.plugins`` entry
 ``main()``: all of verl's Hydra config and overrides apply unchanged, e.g.
 ``actor_rollout_ref.rollout.name=vexact +actor_rollout_ref.rollout.engine_kwargs.vexact.backend=invariant``, and
 ``actor_rollout_ref.actor.strategy=vexact`` for the actor's invariant mode (the ref follows; see
-:mod:`vexact_verl.engine`).
+:mod:`vexact_verl.actor_engine`).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ verl 0.9.1 looks a rollout backend up in two tables, in every process that needs
   trainer / checkpoint-engine worker (Ray actors in their own processes).
 
 The actor's invariant mode adds a third table, ``EngineRegistry`` (``verl/workers/engine/base.py``): backend ->
-model engine, used inside each trainer worker to build the actor and ref engines (see :mod:`vexact_verl.engine`).
+model engine, used inside each trainer worker to build the actor and ref engines (see :mod:`vexact_verl.actor_engine`).
 Reproducible runs add a fourth, ``_agent_loop_registry`` (``verl/experimental/agent_loop/agent_loop.py``): agent-loop
 name -> class, used inside each agent-loop worker (``vexact_single_turn_agent``, see :mod:`vexact_verl.agent_loop`).
 
@@ -56,7 +56,7 @@ def register_engine() -> None:
     VeOmni variant (backend ``vexact_veomni``, :mod:`vexact_verl.veomni_engine`). Idempotent."""
     from verl.workers.engine.base import EngineRegistry
 
-    from .engine import DEVICES, ENGINE_BACKEND, MODEL_TYPE, VexactEngineWithLMHead
+    from .actor_engine import DEVICES, ENGINE_BACKEND, MODEL_TYPE, VexactEngineWithLMHead
     from .veomni_engine import VEOMNI_BACKEND, VexactVeOmniEngineWithLMHead
 
     for backend, cls in ((ENGINE_BACKEND, VexactEngineWithLMHead), (VEOMNI_BACKEND, VexactVeOmniEngineWithLMHead)):
@@ -68,7 +68,7 @@ def is_engine_registered() -> bool:
     """Whether verl's ``EngineRegistry`` knows ``vexact`` (and ``vexact_veomni``) for ``language_model`` here."""
     from verl.workers.engine.base import EngineRegistry
 
-    from .engine import ENGINE_BACKEND, MODEL_TYPE
+    from .actor_engine import ENGINE_BACKEND, MODEL_TYPE
     from .veomni_engine import VEOMNI_BACKEND
 
     known = EngineRegistry._engines.get(MODEL_TYPE, {})

@@ -23,7 +23,7 @@ from verl.workers.config import HFModelConfig, RolloutConfig
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica
 
-from vexact_models import weight_dtype
+from vexact_models import NamedBuckets, weight_dtype
 
 from .server import ServerSettings, VexactServer, VexactStage, engine_kwargs_from_verl
 
@@ -264,9 +264,7 @@ class ServerAdapter(BaseRollout):
                      self.weight_sync_path)  # fmt: skip
             return
         self.weight_sync_path = "host"
-        limit = self.bucket_bytes
-        bucket: list[tuple[str, torch.Tensor]] = []
-        size = 0
+        buckets = NamedBuckets(max(self.bucket_bytes, 1))
         sent = 0
         async for name, tensor in _aiter(weights):
             if server is None:
@@ -275,16 +273,14 @@ class ServerAdapter(BaseRollout):
             if self._wire_dtype is not None and t.is_floating_point():
                 t = t.to(weight_dtype(name, self._wire_dtype))  # DeepSeek's bias buffer travels in fp32
             # a copy: producers reuse their buffers for the next bucket
-            t = t.to("cpu", copy=True)
-            bucket.append((name, t))
-            size += t.numel() * t.element_size()
-            if size >= limit:
-                sent += await server.update_weights.remote(bucket)
-                bucket, size = [], 0
+            full = buckets.add(name, t.to("cpu", copy=True))
+            if full is not None:
+                sent += await server.update_weights.remote(full)
         if server is None:
             return
-        if bucket:
-            sent += await server.update_weights.remote(bucket)
+        last = buckets.finish()
+        if last is not None:
+            sent += await server.update_weights.remote(last)
         if global_steps is not None:
             await server.set_global_steps.remote(global_steps)
         log.info("vexact replica %d: %d tensors updated", self.replica_rank, sent)

@@ -8,13 +8,13 @@ log-perplexity difference. The vexact plugin installs it in every process that l
 ``rollout.name=vexact``, and with any rollout while the plugin is loaded).
 
 Attribution by op family inside verl (off by default): with the actor engine config's ``vexact.tim_attribute_every=N``
-(N >= 1; the config class :class:`vexact_verl.engine.VexactFSDPEngineConfig`, or the VeOmni one), the ``vexact`` actor
-engine rescores, on every N-th training step, ``vexact.tim_attribute_samples`` (default 4) of the step's sequences
+(N >= 1; the config class :class:`vexact_verl.actor_engine.VexactFSDPEngineConfig`, or the VeOmni one), the ``vexact``
+actor engine rescores, on every N-th training step, ``vexact.tim_attribute_samples`` (default 4) of the step's sequences
 once per op family with that family on the ``fast`` kernel and the rest invariant, once all-``fast`` and once
 all-invariant, before the step's first update (the weights that scored ``old_log_prob``), under ``torch.no_grad``;
-:func:`attribution_metrics` turns the rescores into ``tim_attr/<family>/*`` (``all``: the whole fast backend), which
-the engine adds to the step's metrics, so they reach verl's logger with the ``actor/`` prefix.
-``vexact.tim_attribute_ops`` (a list, or a comma-separated string) narrows the families.
+:func:`attribution_metrics` turns the rescores into ``tim_attr/<family>/*`` (``all``: the whole fast backend), which the
+engine adds to the step's metrics, so they reach verl's logger with the ``actor/`` prefix. ``vexact.tim_attribute_ops``
+(a list, or a comma-separated string) narrows the families.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-KEYS = ("fraction_differ", "kl_k1", "kl_k3", "chi2", "log_ppl_diff")
+KEYS = ("fraction_differ", "k1_kl", "k3_kl", "chi2", "log_ppl_diff")
 
 
 def tim_step_metrics(rollout_log_probs: torch.Tensor, old_log_probs: torch.Tensor, response_mask: torch.Tensor) -> dict:
@@ -76,8 +76,8 @@ def install() -> bool:
     return True
 
 
-ATTR_KEYS = ("abs_delta_mean", "abs_delta_max", "fraction_differ", "kl_k3")
-# the keys of the actor engine config's ``vexact`` section (vexact_verl.engine.VexactFSDPEngineConfig)
+ATTR_KEYS = ("abs_delta_mean", "abs_delta_max", "fraction_differ", "k3_kl")
+# the keys of the actor engine config's ``vexact`` section (vexact_verl.actor_engine.VexactFSDPEngineConfig)
 KEY_EVERY, KEY_SAMPLES, KEY_OPS = "tim_attribute_every", "tim_attribute_samples", "tim_attribute_ops"
 
 

@@ -20,7 +20,7 @@ logprobs can only be reproduced by the same model definition on the same kernels
 - VeOmni's plan on a pure data-parallel mesh is FSDP2: one ``fully_shard`` unit per decoder layer
   (``_no_split_modules``) plus the root, ``reshard_after_forward`` on, bf16 parameters with fp32 master weights and
   fp32 gradient reduction (``mixed_precision: true``), optional CPU offload (``enable_fsdp_offload``), HSDP when
-  ``fsdp_size`` divides the data-parallel size. The vexact FSDP engine (:class:`vexact_verl.engine.
+  ``fsdp_size`` divides the data-parallel size. The vexact FSDP engine (:class:`vexact_verl.actor_engine.
   VexactEngineWithLMHead`) applies the same plan to the vexact model with verl's FSDP2 helpers; ``fsdp_size``,
   offload, ``forward_prefetch``, micro-batching, seed and determinism settings carry over.
 - VeOmni's optimizer and LR scheduler (``veomni.optim.build_optimizer`` / ``build_lr_scheduler``, from verl's
@@ -42,7 +42,7 @@ from typing import Any
 from verl.workers.config import FSDPEngineConfig, VeOmniEngineConfig, VeOmniOptimizerConfig
 from verl.workers.config.engine import EngineConfig
 
-from .engine import VexactEngineWithLMHead, VexactFSDPEngineConfig
+from .actor_engine import VexactEngineWithLMHead, VexactFSDPEngineConfig
 
 VEOMNI_BACKEND = "vexact_veomni"
 
@@ -76,8 +76,9 @@ _SHARED = tuple(f.name for f in fields(EngineConfig) if f.name not in ("_target_
 class VexactVeOmniEngineConfig(VeOmniEngineConfig):
     """verl's ``VeOmniEngineConfig`` that selects :class:`VexactVeOmniEngineWithLMHead` (``strategy``
     ``vexact_veomni``). Set it as the ``_target_`` of ``actor_rollout_ref.actor.veomni`` and ``.ref.veomni``. Its
-    ``vexact`` section holds the vexact engine's own settings, as :class:`vexact_verl.engine.VexactFSDPEngineConfig`'s
-    does (``+actor_rollout_ref.actor.veomni.vexact.tim_attribute_every=10``)."""
+    ``vexact`` section holds the vexact engine's own settings, as
+    :class:`vexact_verl.actor_engine.VexactFSDPEngineConfig`'s does
+    (``+actor_rollout_ref.actor.veomni.vexact.tim_attribute_every=10``)."""
 
     vexact: dict[str, Any] = field(default_factory=dict)
 

@@ -1,6 +1,7 @@
 """Triton kernels of the ``invariant`` backend (CUDA; on CPU only under ``TRITON_INTERPRET=1``, for tests).
 
-One kernel family per module: ``matmul`` (linear fwd/bwd), ``rms_norm``, ``rotary``, ``activation``, ``logprobs``,
+One kernel family per module: ``matmul`` (linear fwd/bwd), ``rms_norm``, ``rotary``, ``activation``, ``logprobs``
+(the fused draw's launch in ``sample``, its noise in ``gumbel``),
 ``attention`` (forward; its backward in ``attention_bwd``), ``moe``, ``moe_route``. Launch parameters that affect
 numerics are module constants, never autotuned per shape.
 """

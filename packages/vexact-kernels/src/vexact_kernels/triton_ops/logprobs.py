@@ -10,7 +10,8 @@ target's logit. A second kernel folds the splits of each row in split order:
 ``logprob = (z_target - M) - log S`` and ``entropy = log S - E / S``. The entropy is always computed (one compiled
 kernel), so a logprob has the same bits whether or not its caller asked for the entropy.
 
-Sampling form: the Gumbel noise of the draw is drawn ahead by an elementwise kernel into a ``[rows, V]`` buffer, and
+Sampling form (the fused draw, launched by ``sample.py``; its noise and tile pieces in ``gumbel.py``): the Gumbel
+noise of the draw is drawn ahead by an elementwise kernel into a ``[rows, V]`` buffer, and
 the split kernel reads a tile of it where the tile can still change a row's draw (inside the logits tiles, Philox and
 two logs per element ran at 4 warps beside the tile's registers and spilled). On Hopper and later the logits tiles (and
 noise tiles) are read through TMA descriptors, elsewhere through pointers: the same tiles meet the same MMAs.
@@ -36,10 +37,10 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.language.random import philox_impl
 
 from . import cdiv, interpreting
 from . import matmul as mm
+from .gumbel import GUMBEL_NOISE_MAX, NOISE_BLOCK, _draw_tile, _gumbel_noise_kernel
 from .rms_norm import aligned_rows
 
 # Numerics-affecting launch parameters of the fused kernels: fixed for every shape.
@@ -60,20 +61,11 @@ LOGPROBS_BWD_CHUNK = 4096
 LOGPROBS_BWD_BLOCK_T = 128
 LOGPROBS_BWD_BLOCK_V = 128
 LOGPROBS_BWD_NUM_WARPS = 4
-# Above the largest Gumbel noise of the draw: -log(-log(u)) at the largest uniform, u = 1 - 2**-24, is 16.635532 in
-# fp32 (correctly rounded logs); the margin covers a device log that is off by far more than its few ulps. Only a
-# bound for skipping noise that cannot win: it changes no draw (infinity skips nothing).
-GUMBEL_NOISE_MAX = 16.75
 # Draw rows (speed only: the same bits whatever is chosen): at T <= r, for the first r here, the draw (noise tile,
 # scores, best column) covers the first r rows of the row block instead of all LOGPROBS_BLOCK_T, padding included (at
 # T = 1, 1 of 64 rows). The logits tile and the statistics stay those of the full row block, so nothing depends on it
 # but the time; the GPU test checks it. To draw over every row of the block again (the form before), set it to ().
 SAMPLE_DRAW_ROWS = (1, 16)
-# The draw's noise is drawn ahead of the fused kernel into a [rows, V] fp32 buffer (``_gumbel_noise_kernel``): rows
-# per fused launch, which bounds that buffer (155 MB at V = 151936), and columns per program of the noise kernel.
-# Speed and memory only: a row's draw is the same for any split of the rows.
-SAMPLE_CHUNK_ROWS = 256
-NOISE_BLOCK = 1024
 # Logits tiles read through TMA tensor descriptors where the GPU has TMA (Hopper or later) and the operands are 16-bit
 # with 16-byte aligned rows; else through pointers. Speed only: the same tiles meet the same MMAs (the GPU tests
 # compare both); False reads through pointers everywhere.
@@ -114,90 +106,6 @@ def _logits_tile(
             b = tl.load(w + cols[None, :] * H + ks[:, None], mask=cmask[None, :] & kmask[:, None], other=0.0)
             acc = _dot(a, b, acc, PREC, INTERPRET)
     return acc
-
-
-@triton.jit
-def gumbel_noise(words):
-    """Gumbel noise ``-log(-log(u))`` of uint32 Philox words: ``u`` is a word's top 23 bits plus one half over 2**23
-    (exact in fp32, never 0 or 1), so the noise never exceeds ``GUMBEL_NOISE_MAX``."""
-    u = ((words >> 9).to(tl.float32) + 0.5) * 1.1920928955078125e-07  # exact in fp32
-    return -tl.log(-tl.log(u))
-
-
-@triton.jit
-def gumbel_noise_tile(col0, key_lo, key_hi, BLOCK: tl.constexpr):
-    """Gumbel noise ``-log(-log(u))`` of a ``[rows, BLOCK]`` tile whose first column ``col0`` is a multiple of 4.
-
-    ``u`` in (0, 1) comes from Philox-4x32-10 keyed by the row's 64-bit seed (``key_lo``/``key_hi`` ``[rows, 1]``
-    uint32): column ``c`` takes output word ``c % 4`` of counter ``(c // 4, 0, 0, 0)``, a function of (seed, column)
-    alone, and one Philox call serves four columns. The word's top 23 bits, plus one half, over 2**23 (exact in fp32):
-    never 0 or 1. The torch twin, bit for bit: :func:`vexact_kernels.logprobs.gumbel_uniform`."""
-    tl.static_assert(BLOCK % 4 == 0, "gumbel_noise_tile: a tile holds whole groups of four columns")
-    c0 = (col0 // 4 + tl.arange(0, BLOCK // 4)).to(tl.uint32)[None, :] + tl.zeros_like(key_lo)
-    zero = tl.zeros_like(c0)
-    r0, r1, r2, r3 = philox_impl(c0, zero, zero, zero, key_lo, key_hi)
-    # [rows, BLOCK // 4, 2, 2] holding word 2p + q at [..., p, q]; row-major flattening puts word k at column 4j + k
-    words = tl.join(tl.join(r0, r2), tl.join(r1, r3))
-    return gumbel_noise(tl.reshape(words, [key_lo.shape[0], BLOCK]))
-
-
-@triton.jit
-def gumbel_scores(z, col0, key_lo, key_hi, BLOCK: tl.constexpr):
-    """Sampling scores ``z + noise`` of a ``[rows, BLOCK]`` tile (:func:`gumbel_noise_tile`; Gumbel-max: argmax over
-    the vocabulary draws from softmax(z))."""
-    return z + gumbel_noise_tile(col0, key_lo, key_hi, BLOCK)
-
-
-@triton.jit
-def seed_keys(seed_ptr, row):
-    """The Philox key of row ``row``'s int64 seed: its low and high 32-bit halves, ``[1, 1]`` uint32 each."""
-    seed = tl.load(seed_ptr + row).to(tl.uint64)
-    key_lo = tl.full([1, 1], 0, tl.uint32) + (seed & 0xFFFFFFFF).to(tl.uint32)
-    return key_lo, tl.full([1, 1], 0, tl.uint32) + ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32)
-
-
-@triton.jit
-def _gumbel_noise_kernel(seed_ptr, out_ptr, V, stride, BLOCK: tl.constexpr):
-    """Row ``program_id(0)``'s noise (:func:`gumbel_noise_tile`, keyed by its int64 seed) at columns ``program_id(1) *
-    BLOCK ..`` below V, into ``out[row, col]`` (row stride ``stride``): the fused draw's noise, drawn ahead of it by
-    an elementwise kernel (many warps, few registers) instead of inside the logits tiles."""
-    row = tl.program_id(0).to(tl.int64)
-    col0 = tl.program_id(1) * BLOCK
-    key_lo, key_hi = seed_keys(seed_ptr, row)
-    cols = col0 + tl.arange(0, BLOCK)
-    noise = gumbel_noise_tile(col0, key_lo, key_hi, BLOCK)
-    tl.store(out_ptr + row * stride + cols[None, :], noise, mask=(cols < V)[None, :])
-
-
-@triton.jit
-def tile_noise(noise, row0, col0, rows, rmask, cols, cmask, stride, TMA: tl.constexpr):
-    """The draw's noise at ``[rows, cols]`` (rows from ``row0``, columns from ``col0``), zero outside the masks:
-    ``TMA``: a tensor descriptor of ``[rows, cols]`` blocks of the noise; else its pointer (row stride ``stride``)."""
-    if TMA:
-        out = noise.load([row0, col0])
-    else:
-        out = tl.load(noise + rows[:, None] * stride + cols[None, :], mask=rmask[:, None] & cmask[None, :], other=0.0)
-    return out
-
-
-@triton.jit
-def best_column(score, cols, V):
-    """Each row's best score in a ``[rows, cols]`` tile and the first column holding it (the smallest index among
-    equal scores; ``V`` where a row has none)."""
-    best = tl.max(score, axis=1)
-    return best, tl.min(tl.where(score == best[:, None], cols[None, :], V), axis=1)
-
-
-@triton.jit
-def _draw_tile(zd, noise, row0, col0, drows, dmask, cols, cmask, V, stride, best, best_idx, zt, TMA: tl.constexpr):
-    """One tile of the draw: scores ``zd + noise`` (``tile_noise``), the tile's best column per row, taken where it
-    beats the best so far (strictly: an earlier tile keeps its token on a tie), with its logit ``zt``."""
-    nz = tile_noise(noise, row0, col0, drows, dmask, cols, cmask, stride, TMA)
-    score = tl.where(cmask[None, :], zd + nz, float("-inf"))
-    tile_best, tile_idx = best_column(score, cols, V)
-    take = tile_best > best
-    zsel = tl.sum(tl.where(cols[None, :] == tile_idx[:, None], zd, 0.0), axis=1)
-    return tl.where(take, tile_best, best), tl.where(take, tile_idx, best_idx), tl.where(take, zsel, zt)
 
 
 @triton.jit(do_not_specialize=["T", "NOISE_STRIDE"])
@@ -403,24 +311,6 @@ def _log_softmax_kernel(x_ptr, temp_ptr, out_ptr, V, BLOCK: tl.constexpr):
         tl.store(o_row + cols, (z - mx) - lse, mask=mask)
 
 
-@triton.jit
-def _gumbel_argmax_kernel(x_ptr, temp_ptr, seed_ptr, best_ptr, idx_ptr, V, n_chunks, BLOCK: tl.constexpr):
-    """One row's chunk of ``BLOCK`` columns of fp32 logits: the best ``gumbel_scores`` of ``logits / temp`` and its
-    first column."""
-    row = tl.program_id(0).to(tl.int64)
-    chunk = tl.program_id(1)
-    cols = chunk * BLOCK + tl.arange(0, BLOCK)
-    cmask = cols < V
-    temp = tl.load(temp_ptr + row)
-    key_lo, key_hi = seed_keys(seed_ptr, row)
-    z = tl.div_rn(tl.load(x_ptr + row * V + cols, mask=cmask, other=0.0), temp)
-    score = tl.where(cmask[None, :], gumbel_scores(z[None, :], chunk * BLOCK, key_lo, key_hi, BLOCK), float("-inf"))
-    best, idx = best_column(score, cols, V)
-    out = row * n_chunks + chunk + tl.arange(0, 1)
-    tl.store(best_ptr + out, best)
-    tl.store(idx_ptr + out, idx.to(tl.int64))
-
-
 def rows_on(t: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     """A per-row column (temperatures, targets, seeds) as ``dtype`` on ``device``, 16-byte aligned. A host column goes
     to a GPU through pinned memory without blocking the host: a copy from pageable memory may wait for the work
@@ -429,25 +319,6 @@ def rows_on(t: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.
         # contiguous first: a broadcast column (one temperature expanded to every row) has no memory to pin
         t = t.to(dtype=dtype).contiguous().pin_memory().to(device, non_blocking=True)
     return aligned_rows(t.to(device=device, dtype=dtype))
-
-
-GUMBEL_BLOCK = 4096
-
-
-def triton_gumbel_argmax(logits: torch.Tensor, temps: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
-    """Tokens ``[T]`` drawn from fp32 ``logits [T, V] / temps`` with the Gumbel-max noise of the fused draw (the
-    draw of backends whose logits come from elsewhere, e.g. ``fast``); the first index among equal scores."""
-    logits = aligned_rows(logits)
-    temps = rows_on(temps, logits.device, torch.float32)
-    seeds = rows_on(seeds, logits.device, torch.int64)
-    t, v = logits.shape
-    n_chunks = cdiv(v, GUMBEL_BLOCK)
-    best = torch.empty(t, n_chunks, dtype=torch.float32, device=logits.device)
-    idx = torch.empty(t, n_chunks, dtype=torch.int64, device=logits.device)
-    if t == 0:
-        return idx[:, 0]
-    _gumbel_argmax_kernel[(t, n_chunks)](logits, temps, seeds, best, idx, v, n_chunks, BLOCK=GUMBEL_BLOCK, num_warps=8)
-    return idx.gather(1, torch.argmax(best, dim=1, keepdim=True)).squeeze(1)  # argmax: the first chunk on a tie
 
 
 def n_vocab_splits(vocab: int) -> int:
@@ -619,27 +490,6 @@ def triton_logprobs(
         return FusedLogprobsFunction.apply(normed, weight, targets, temps, with_entropy)
     lp, ent, _, _ = logprobs_fwd(normed, weight, targets, temps, with_entropy)
     return lp, ent
-
-
-def triton_sample_logprobs(
-    normed: torch.Tensor, weight: torch.Tensor, temps: torch.Tensor, seeds: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Draw a token per row of ``normed [T, H] @ weight[V, H].T / temps [T]`` with the row's 64-bit ``seeds [T]``
-    (Gumbel-max, :func:`gumbel_noise_tile`) and return ``(tokens [T] int64, logprobs [T] fp32)`` in one pass over
-    the vocabulary. The noise is drawn first (``_gumbel_noise_kernel``, ``[rows, V]`` fp32, ``SAMPLE_CHUNK_ROWS`` rows
-    a launch); the logprob is bitwise :func:`triton_logprobs` of the drawn token (same split kernel, same fold).
-    A tile whose logits, plus the largest noise (``GUMBEL_NOISE_MAX``), fall below every row's best score so far in
-    its split does not read its noise: it could not change a draw, so the tokens are those of the unskipped kernel. At
-    small T (``SAMPLE_DRAW_ROWS``) only the real rows' part of the row block is drawn: the same tokens and bits."""
-    if weight.dim() == 2 and weight.shape[0] >= 2**31:
-        raise ValueError(f"sample: vocabulary of {weight.shape[0]} does not fit 32-bit column indices")
-    normed, weight, temps, seeds = _operands("sample", normed, weight, temps, seeds)
-    if normed.shape[0] <= SAMPLE_CHUNK_ROWS:
-        lp, _, _, _, tokens = _fwd(normed, weight, None, temps, seeds)
-        return tokens, lp
-    parts = [_fwd(normed[i : i + SAMPLE_CHUNK_ROWS], weight, None, temps[i : i + SAMPLE_CHUNK_ROWS],
-                  seeds[i : i + SAMPLE_CHUNK_ROWS]) for i in range(0, normed.shape[0], SAMPLE_CHUNK_ROWS)]  # fmt: skip
-    return torch.cat([p[4] for p in parts]), torch.cat([p[0] for p in parts])
 
 
 def triton_log_softmax(logits: torch.Tensor, temps: torch.Tensor) -> torch.Tensor:

@@ -17,6 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .._reduce import renormalized_topk
 from . import next_pow2
 
 
@@ -45,6 +46,16 @@ def _route_kernel(
             tl.store(w_ptr + t * K + r, w / total)
 
 
+def _logits_grad(route_torch, ctx, grad_w: torch.Tensor, *args) -> torch.Tensor:
+    """The router logits' gradient: ``grad_w`` through ``route_torch(logits, ids, *args)``, the routing weights as a
+    differentiable torch expression, at the logits and ids the forward saved."""
+    logits, ids = ctx.saved_tensors
+    with torch.enable_grad():
+        lg = logits.detach().requires_grad_(True)
+        (g,) = torch.autograd.grad(route_torch(lg, ids, *args), lg, grad_w)
+    return g.to(logits.dtype)
+
+
 def _route_torch(logits: torch.Tensor, ids: torch.Tensor, norm: bool) -> torch.Tensor:
     """The same weights as a differentiable torch expression (for the backward only)."""
     probs = torch.softmax(logits.float(), dim=-1)
@@ -71,11 +82,7 @@ class _Route(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_w, _grad_ids):
-        logits, ids = ctx.saved_tensors
-        with torch.enable_grad():
-            lg = logits.detach().requires_grad_(True)
-            (g,) = torch.autograd.grad(_route_torch(lg, ids, ctx.norm), lg, grad_w)
-        return g.to(logits.dtype), None, None
+        return _logits_grad(_route_torch, ctx, grad_w, ctx.norm), None, None
 
 
 def triton_moe_route(logits: torch.Tensor, top_k: int, norm: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -153,13 +160,7 @@ def _grouped_route_torch(logits, ids, norm, scale, scoring_func) -> torch.Tensor
     """The same weights as a differentiable torch expression (for the backward only)."""
     x = logits.float()
     scores = torch.sigmoid(x) if scoring_func == "sigmoid" else torch.softmax(x, dim=-1)
-    w = scores.gather(1, ids)
-    if norm:
-        total = w[:, 0]
-        for r in range(1, ids.shape[1]):
-            total = total + w[:, r]
-        w = w / (total + 1e-20).unsqueeze(-1)
-    return w * scale
+    return renormalized_topk(scores.gather(1, ids), norm, scale)
 
 
 class _GroupedRoute(torch.autograd.Function):
@@ -187,11 +188,7 @@ class _GroupedRoute(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_w, _grad_ids):
-        logits, ids = ctx.saved_tensors
-        with torch.enable_grad():
-            lg = logits.detach().requires_grad_(True)
-            (g,) = torch.autograd.grad(_grouped_route_torch(lg, ids, *ctx.args), lg, grad_w)
-        return g.to(logits.dtype), None, None, None, None, None, None, None
+        return _logits_grad(_grouped_route_torch, ctx, grad_w, *ctx.args), None, None, None, None, None, None, None
 
 
 def triton_moe_route_grouped(

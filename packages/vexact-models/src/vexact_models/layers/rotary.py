@@ -32,7 +32,7 @@ def scaled_inv_freq(head_dim: int, theta: float, scaling: dict) -> torch.Tensor:
 
 def yarn_inv_freq(head_dim: int, theta: float, yarn) -> torch.Tensor:
     """YaRN inverse frequencies (transformers' ``_compute_yarn_parameters``): blended between interpolation and
-    extrapolation. ``yarn``: a :class:`~vexact_models.config.YarnScaling`."""
+    extrapolation. ``yarn``: a :class:`~vexact_models.YarnScaling`."""
     dim, base = head_dim, theta
 
     def correction_dim(rotations: float) -> float:
@@ -55,7 +55,7 @@ def rope_tables(head_dim: int, max_position: int, theta: float, scaling=None) ->
     """fp32 ``cos, sin [max_position, head_dim // 2]``, the one table builder of every family.
 
     ``scaling``: None (default rope), a dense family's ``{"rope_type": "linear" | "llama3" | "dynamic", ...}``, or a
-    :class:`~vexact_models.config.YarnScaling` (cos/sin then times its ``attention_factor``, as transformers does).
+    :class:`~vexact_models.YarnScaling` (cos/sin then times its ``attention_factor``, as transformers does).
     ``dynamic`` NTK scaling only changes positions beyond ``max_position_embeddings``, which the model refuses, so its
     table is the default one."""
     if scaling is None or (isinstance(scaling, dict) and scaling["rope_type"] == "dynamic"):

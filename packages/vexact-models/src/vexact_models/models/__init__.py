@@ -1,7 +1,26 @@
-from .deepseek_v3 import DeepseekV3ForCausalLM
-from .dense import DenseForCausalLM, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM
-from .qwen3_moe import Qwen3MoeForCausalLM
+from .deepseek_v3 import DeepseekV3Config, DeepseekV3ForCausalLM, YarnScaling
+from .dense import (
+    DenseConfig,
+    DenseForCausalLM,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
+from .qwen3_moe import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
+CONFIG_CLASSES: dict[str, type] = {
+    "qwen3": Qwen3Config,
+    "qwen3_moe": Qwen3MoeConfig,
+    "qwen2": Qwen2Config,
+    "llama": LlamaConfig,
+    "mistral": MistralConfig,
+    "deepseek_v3": DeepseekV3Config,
+}
 MODEL_CLASSES = {
     "qwen3": Qwen3ForCausalLM,
     "qwen3_moe": Qwen3MoeForCausalLM,
@@ -12,7 +31,16 @@ MODEL_CLASSES = {
 }
 
 __all__ = [
+    "CONFIG_CLASSES",
     "MODEL_CLASSES",
+    "DeepseekV3Config",
+    "DenseConfig",
+    "LlamaConfig",
+    "MistralConfig",
+    "Qwen2Config",
+    "Qwen3Config",
+    "Qwen3MoeConfig",
+    "YarnScaling",
     "DeepseekV3ForCausalLM",
     "DenseForCausalLM",
     "LlamaForCausalLM",

@@ -1,7 +1,8 @@
 """The dense decoder shared by Qwen3, Qwen2/Qwen2.5, Llama 3.x and Mistral: GQA attention, NeoX rotary, SwiGLU MLP,
 pre-norm residual blocks.
 
-A family is a config (``config.py``), not a copy of this file. What differs between them:
+A family is a config (below: ``DenseConfig`` and a subclass per family), not a copy of this file. What differs between
+them:
 - Qwen3: RMSNorm on each q and k head before rotary (``qk_norm``); ``attention_bias`` on all four projections.
 - Qwen2: biases on q/k/v, none on o_proj; no q/k norm.
 - Llama 3.x: ``attention_bias`` (all four), ``mlp_bias``, rope type ``llama3``, often tied embeddings.
@@ -23,7 +24,10 @@ hidden states *before* the final norm; logits and logprobs come from :meth:`Dens
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -31,7 +35,7 @@ from torch import nn
 import vexact_kernels as vk
 
 from ..attention_metadata import AttentionMetadata
-from ..config import DenseConfig, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+from ..config import ARCHITECTURES, HFConfig, parse_dtype
 from ..layers import (
     Attention,
     Linear,
@@ -46,6 +50,236 @@ from ..layers import (
 )
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
+
+
+ROPE_TYPES = ("default", "dynamic", "linear", "llama3")
+_ROPE_KEYS = {  # the parameters each rope type needs (HF ``rope_scaling`` / ``rope_parameters`` keys)
+    "linear": ("factor",),
+    "dynamic": ("factor",),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+}
+
+
+def _rope_scaling(d: dict, where: str) -> dict | None:
+    """HF ``rope_parameters`` (transformers 5.x) or ``rope_scaling`` (published configs) as ``{"rope_type": ...,
+    <its parameters>}``, None for the default rope; ValueError naming the field for an unsupported type."""
+    rope = d.get("rope_parameters") or d.get("rope_scaling") or {}
+    field = "rope_parameters" if d.get("rope_parameters") else "rope_scaling"
+    if not isinstance(rope, dict):
+        raise ValueError(f"{where}: {field} must be an object or null, got {rope!r}")
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type not in ROPE_TYPES:
+        raise ValueError(f"{where}: {field}.rope_type {rope_type!r} is not supported; supported: {list(ROPE_TYPES)}")
+    if rope_type == "default":
+        return None
+    return {"rope_type": rope_type, **{k: v for k, v in rope.items() if k not in ("type", "rope_type", "rope_theta")}}
+
+
+@dataclass(frozen=True)
+class DenseConfig(HFConfig):
+    """The dense decoder shared by every family (GQA attention, rotary, SwiGLU MLP, pre-norm RMSNorm blocks).
+
+    A family is a subclass that sets its ``model_type``, its HF defaults and the few structural switches below (class
+    attributes, not config.json fields): ``qk_norm`` (RMSNorm on each q/k head before rotary) and which projections
+    carry a bias (``qkv_bias``, ``o_bias``).
+
+    ``rope_scaling``: None (default rope) or ``{"rope_type": "linear" | "llama3" | "dynamic", ...}``. ``dynamic``
+    (NTK) rescales only for sequences longer than ``max_position_embeddings``, which both drivers refuse, so its table
+    is the default one, identical in training and inference. ``sliding_window``: the window of the layers that use
+    one, None for full attention; the kernels attend to every earlier key, which equals the window only while a
+    sequence fits in it, so positions >= ``sliding_window`` are refused (and the engine's ``max_model_len`` with
+    them).
+    """
+
+    qk_norm: ClassVar[bool] = False
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    max_position_embeddings: int = 40960
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1_000_000.0
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    torch_dtype: str = "bfloat16"
+    bos_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
+    model_type: str = "qwen3"
+    mlp_bias: bool = False
+    hidden_act: str = "silu"
+    rope_scaling: dict | None = None
+    sliding_window: int | None = None
+
+    def __post_init__(self) -> None:
+        me = type(self).__name__
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "max_position_embeddings",
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{me}.{name} must be a positive integer, got {value!r}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"{me}: num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                f"num_key_value_heads ({self.num_key_value_heads})"
+            )
+        if self.head_dim % 2:
+            raise ValueError(f"{me}.head_dim must be even for rotary, got {self.head_dim}")
+        if self.rms_norm_eps <= 0:
+            raise ValueError(f"{me}.rms_norm_eps must be > 0, got {self.rms_norm_eps}")
+        if self.hidden_act != "silu":
+            raise ValueError(f"{me}.hidden_act {self.hidden_act!r} is not supported; supported: ['silu'] (SwiGLU)")
+        w = self.sliding_window
+        if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 1):
+            raise ValueError(f"{me}.sliding_window must be a positive integer or None, got {w!r}")
+        self._check_rope_scaling(me)
+        parse_dtype(self.torch_dtype)
+
+    def _check_rope_scaling(self, me: str) -> None:
+        rope = self.rope_scaling
+        if rope is None:
+            return
+        rope_type = rope.get("rope_type") if isinstance(rope, dict) else None
+        if rope_type not in _ROPE_KEYS:
+            raise ValueError(
+                f"{me}.rope_scaling: rope_type {rope_type!r} is not supported; supported: {list(ROPE_TYPES)} "
+                "(None for default)"
+            )
+        missing = [k for k in _ROPE_KEYS[rope_type] if k not in rope]
+        if missing:
+            raise ValueError(f"{me}.rope_scaling ({rope_type}) lacks {missing}")
+        bad = [k for k in _ROPE_KEYS[rope_type] if isinstance(rope[k], bool) or not rope[k] > 0]
+        if bad:
+            raise ValueError(f"{me}.rope_scaling ({rope_type}): {bad} must be > 0, got {rope}")
+        if rope_type == "llama3" and not rope["high_freq_factor"] > rope["low_freq_factor"]:
+            raise ValueError(f"{me}.rope_scaling (llama3): high_freq_factor must be > low_freq_factor, got {rope}")
+
+    # which attention projections carry a bias (Llama's and Qwen3's ``attention_bias``: all four)
+    qkv_bias = property(lambda self: self.attention_bias)
+    o_bias = property(lambda self: self.attention_bias)
+
+    @property
+    def kv_cache_dims(self) -> tuple[int, int, int]:
+        """What one layer's paged KV cache holds per token: ``(kv_heads, k_head_dim, v_head_dim)``."""
+        return self.num_key_value_heads, self.head_dim, self.head_dim
+
+    @classmethod
+    def _hf_sliding_window(cls, d: dict) -> int | None:
+        """Qwen's rule: ``sliding_window`` counts only with ``use_sliding_window``, on layers >= max_window_layers."""
+        if not d.get("use_sliding_window"):
+            return None
+        layer_types = d.get("layer_types")  # transformers 5.x writes the per-layer choice out
+        if layer_types is not None and "sliding_attention" not in layer_types:
+            return None
+        if layer_types is None and d.get("max_window_layers", 0) >= d["num_hidden_layers"]:
+            return None  # no layer uses it
+        return d.get("sliding_window")
+
+    @classmethod
+    def from_hf_dict(cls, d: dict):
+        d = dict(d)
+        rope = d.get("rope_parameters") or d.get("rope_scaling") or {}
+        theta = d.get("rope_theta", rope.get("rope_theta", cls.rope_theta) if isinstance(rope, dict) else None)
+        head_dim = d.get("head_dim") or d["hidden_size"] // d["num_attention_heads"]
+        dtype = d.get("torch_dtype") or d.get("dtype") or "bfloat16"
+        fields = {f.name for f in dataclasses.fields(cls)}
+        kw = {k: v for k, v in d.items() if k in fields}
+        kw.update(
+            rope_theta=float(theta),
+            head_dim=head_dim,
+            torch_dtype=str(dtype).removeprefix("torch."),
+            rope_scaling=_rope_scaling(d, f"{d.get('model_type')} config.json"),
+            sliding_window=cls._hf_sliding_window(d),
+        )
+        kw.setdefault("num_key_value_heads", d["num_attention_heads"])
+        return cls(**kw)
+
+    def to_hf_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["architectures"] = [ARCHITECTURES[self.model_type]]
+        d["attention_dropout"] = 0.0
+        d["use_cache"] = True
+        d["use_sliding_window"] = self.sliding_window is not None
+        if self.sliding_window is not None:
+            d["max_window_layers"] = 0
+        return d
+
+
+@dataclass(frozen=True)
+class Qwen3Config(DenseConfig):
+    """Qwen3 (HF ``model_type: qwen3``): RMSNorm on each q and k head before rotary."""
+
+    qk_norm: ClassVar[bool] = True
+
+
+@dataclass(frozen=True)
+class Qwen2Config(DenseConfig):
+    """Qwen2 / Qwen2.5 and the DeepSeek-R1-Distill-Qwen checkpoints (``model_type: qwen2``): biases on q/k/v, none on
+    o_proj (transformers hard-codes them; config.json has no ``attention_bias``), no q/k norm."""
+
+    max_position_embeddings: int = 32768
+    rope_theta: float = 10_000.0
+    model_type: str = "qwen2"
+    qkv_bias = property(lambda self: True)
+    o_bias = property(lambda self: False)
+
+    def to_hf_dict(self) -> dict:
+        d = super().to_hf_dict()
+        del d["attention_bias"], d["mlp_bias"]  # not Qwen2 config fields: its biases are fixed
+        return d
+
+
+@dataclass(frozen=True)
+class LlamaConfig(DenseConfig):
+    """Llama 3.x (``model_type: llama``): ``attention_bias`` on all four projections, ``mlp_bias`` on the MLP,
+    usually ``rope_scaling`` type ``llama3``; tied embeddings in 3.2 1B/3B."""
+
+    max_position_embeddings: int = 2048
+    rope_theta: float = 10_000.0
+    model_type: str = "llama"
+
+    @classmethod
+    def _hf_sliding_window(cls, d: dict) -> int | None:
+        return None
+
+    def to_hf_dict(self) -> dict:
+        d = super().to_hf_dict()
+        del d["sliding_window"], d["use_sliding_window"]  # not Llama config fields
+        return d
+
+
+@dataclass(frozen=True)
+class MistralConfig(DenseConfig):
+    """Mistral (``model_type: mistral``): Llama's layout without biases; ``sliding_window`` applies to every layer
+    when set (4096 in v0.1, null in v0.2/v0.3)."""
+
+    max_position_embeddings: int = 4096 * 32
+    rope_theta: float = 10_000.0
+    model_type: str = "mistral"
+    qkv_bias = property(lambda self: False)
+    o_bias = property(lambda self: False)
+
+    @classmethod
+    def _hf_sliding_window(cls, d: dict) -> int | None:
+        return d.get("sliding_window")
+
+    def to_hf_dict(self) -> dict:
+        d = super().to_hf_dict()
+        d.pop("use_sliding_window")
+        d.pop("max_window_layers", None)
+        del d["attention_bias"], d["mlp_bias"]  # not Mistral config fields: it has no biases
+        return d
 
 
 class DenseAttention(nn.Module):

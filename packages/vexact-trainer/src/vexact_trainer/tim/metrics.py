@@ -7,6 +7,7 @@ import math
 
 import torch
 
+from ..losses import k3_kl
 from .rescore import Rescored
 from .rollouts import Rollout
 
@@ -28,7 +29,7 @@ def _bucket_rows(key: torch.Tensor, bounds: list[tuple[float, float, bool]], a, 
                 "tokens_differ": int(differ[sel].sum()),
                 "fraction_differ": float(differ[sel].double().mean()) if n else 0.0,
                 "mean_abs_delta": float(d.abs().mean()) if n else 0.0,
-                "k3_kl": float((torch.expm1(d) - d).mean()) if n else 0.0,
+                "k3_kl": float(k3_kl(d).mean()) if n else 0.0,
             }
         )
     return rows
@@ -69,7 +70,7 @@ def tim_metrics(
     a, b = a32.double(), b32.double()
     d = b - a
     absd = d.abs()
-    k3 = torch.expm1(d) - d
+    k3 = k3_kl(d)
     lens = [len(x.reshape(-1)) for x in engine_logprobs]
     seq = torch.repeat_interleave(torch.arange(len(lens)), torch.tensor(lens))
     pos = torch.cat([torch.arange(n) for n in lens]).double()
@@ -88,8 +89,8 @@ def tim_metrics(
             "max": float(absd.max()) if n else 0.0,
             **{f"p{p}": float(v) for p, v in zip(("50", "90", "99", "99.9"), quant.tolist(), strict=True)},
         },
-        "kl_k1": float((a - b).mean()) if n else 0.0,
-        "kl_k3": float(k3.mean()) if n else 0.0,
+        "k1_kl": float((a - b).mean()) if n else 0.0,
+        "k3_kl": float(k3.mean()) if n else 0.0,
         "chi2": float(torch.expm1(d).square().mean()) if n else 0.0,
         "log_ppl_engine": float((-a).mean()) if n else 0.0,
         "log_ppl_trainer": float((-b).mean()) if n else 0.0,

@@ -39,7 +39,7 @@ from vexact_models import (  # noqa: E402
     load_model,
 )
 from vexact_trainer import Actor, init_distributed  # noqa: E402
-from vexact_verl.engine import VexactEngineWithLMHead, VexactFSDPEngineConfig  # noqa: E402
+from vexact_verl.actor_engine import VexactEngineWithLMHead, VexactFSDPEngineConfig  # noqa: E402
 from vexact_verl.registration import is_engine_registered  # noqa: E402
 from vexact_verl.tim import ATTR_KEYS, AttributionConfig  # noqa: E402
 
@@ -267,7 +267,7 @@ def test_vexact_settings_are_hydra_keys_of_the_actor_engine_config(device, actor
     config's ``vexact`` section, and reach the engine."""
     actor, _ = actor_ref_configs(
         "actor_rollout_ref.actor.strategy=vexact",
-        "actor_rollout_ref.actor.fsdp_config._target_=vexact_verl.engine.VexactFSDPEngineConfig",
+        "actor_rollout_ref.actor.fsdp_config._target_=vexact_verl.actor_engine.VexactFSDPEngineConfig",
         "+actor_rollout_ref.actor.fsdp_config.vexact.tim_attribute_every=10",
         "+actor_rollout_ref.actor.fsdp_config.vexact.tim_attribute_ops=[linear,attention]",
     )

@@ -1,4 +1,4 @@
-"""Packed weight buckets: layout, exact round trip, refusals that change nothing, and the gloo broadcast."""
+"""Weight transport: named buckets; packed buckets (layout, exact round trip, refusals), the gloo broadcast."""
 
 from __future__ import annotations
 
@@ -11,18 +11,20 @@ import torch
 from vexact_models import (
     BucketPacker,
     CheckpointError,
+    NamedBuckets,
     TensorSpec,
     WeightSyncGroup,
     broadcast_weights,
     expected_tensors,
     load_bucket,
+    named_buckets,
     random_model,
     receive_weights,
     send_buckets,
     tiny_qwen3_config,
     tiny_qwen3_moe_config,
 )
-from vexact_models.weight_transfer import ALIGN
+from vexact_models.weight_sync import ALIGN
 
 
 def _named(model, dtype=torch.float32):
@@ -35,6 +37,18 @@ def _pack_all(named, bucket_bytes):
     for b in packer.buckets(named):
         out.append((packer.buffers[b.index][: b.nbytes].clone(), b.specs))
     return out
+
+
+def test_named_buckets_stay_within_the_bound_and_a_larger_tensor_travels_alone():
+    named = [(f"t{i}", torch.zeros(n, dtype=torch.bfloat16)) for i, n in enumerate([3, 3, 2, 10, 1, 4])]
+    buckets = list(named_buckets(named, bucket_bytes=16))  # 8 bf16 elements
+    assert [[name for name, _ in b] for b in buckets] == [["t0", "t1", "t2"], ["t3"], ["t4", "t5"]]
+    by_hand = NamedBuckets(16)
+    closed = [b for b in (by_hand.add(n, t) for n, t in named) if b is not None] + [by_hand.finish()]
+    assert [[n for n, _ in b] for b in closed] == [[n for n, _ in b] for b in buckets]
+    assert by_hand.finish() is None and list(named_buckets([], 16)) == []
+    with pytest.raises(ValueError, match="bucket_bytes must be a positive integer, got 0"):
+        NamedBuckets(0)
 
 
 def test_packing_casts_once_splits_large_tensors_by_rows_and_round_trips_bitwise():

@@ -23,10 +23,10 @@ multimodal inputs, 3-D (mrope) position ids, model types vexact-models does not 
 precision. verl's checkpoint save/load work (the HF config saved beside it is the checkpoint's own), ``hf_model`` in
 ``checkpoint.save_contents`` included.
 
-Tested on CPU (``tests/test_verl_engine.py``) with verl's engine constructed for real on a gloo world-size-1 group;
-the only thing the test replaces is verl's platform singleton (a CPU platform, in the slot verl's ``set_platform``
-fills), because verl 0.9.1 has no CPU platform. The same tests' ``cuda`` variants (``-m gpu``) run the path on
-verl's CUDA platform.
+Tested on CPU (``tests/test_verl_actor_engine.py``) with verl's engine constructed for real on a gloo world-size-1
+group; the only thing the test replaces is verl's platform singleton (a CPU platform, in the slot verl's
+``set_platform`` fills), because verl 0.9.1 has no CPU platform. The same tests' ``cuda`` variants (``-m gpu``) run the
+path on verl's CUDA platform.
 
 ``train_batch`` also runs the TIM attribution by op family on a sample of the step's sequences when the engine
 config's ``vexact.tim_attribute_every`` asks for it (off by default; :class:`VexactFSDPEngineConfig`,
