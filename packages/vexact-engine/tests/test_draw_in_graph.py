@@ -46,7 +46,9 @@ def _equal(outs, ref):
 
 def test_draw_in_graph_setting_is_checked(monkeypatch):
     monkeypatch.delenv("VEXACT_DRAW_IN_GRAPH", raising=False)
-    assert EngineConfig().draw_in_graph is False
+    assert EngineConfig().draw_in_graph is None  # decided with async_decode, by the engine
+    assert EngineConfig().resolved(on_cuda=False).draw_in_graph is False
+    assert EngineConfig(async_decode=False).draw_in_graph is False
     assert EngineConfig(draw_in_graph=True).draw_in_graph is True
     monkeypatch.setenv("VEXACT_DRAW_IN_GRAPH", "1")
     assert EngineConfig().draw_in_graph is True
