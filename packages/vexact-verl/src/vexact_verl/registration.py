@@ -45,6 +45,9 @@ def register() -> None:
     base._ROLLOUT_REGISTRY[(ROLLOUT_NAME, "async")] = SERVER_ADAPTER
     # after the rollout, so that a failure to import verl's engine stack cannot take the rollout backend with it
     register_engine()
+    from .checkpoint_engine import register_checkpoint_engine
+
+    register_checkpoint_engine()  # `gloo`: the separate placement on CPU
     from .tim import install
 
     install()  # tim/* metrics beside verl's rollout_probs_diff ones
