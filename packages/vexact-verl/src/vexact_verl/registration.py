@@ -92,10 +92,18 @@ def register_detach_worker() -> None:
         if self._strategy_handlers is None and self.config.actor.strategy == ENGINE_BACKEND:
             from verl.utils.fsdp_utils import fsdp2_sharded_load_from_cpu, fsdp2_sharded_save_to_cpu
 
+            def save(module):
+                state, spec = fsdp2_sharded_save_to_cpu(module)
+                if next(module.parameters()).device.type == "cpu":
+                    # `.cpu()` of a CPU shard is the shard itself: the saved weights would follow every optimizer
+                    # step (verl's CPU-less assumption); a copy keeps them
+                    state = {k: (t.clone(), s) for k, (t, s) in state.items()}
+                return state, spec
+
             def restore(module, saved):  # verl unpacks the FSDP2 pair only for the strategies it names
                 return fsdp2_sharded_load_from_cpu(module, *saved)
 
-            self._strategy_handlers = (fsdp2_sharded_save_to_cpu, restore)
+            self._strategy_handlers = (save, restore)
         return original(self)
 
     _get_strategy_handlers._vexact = True
