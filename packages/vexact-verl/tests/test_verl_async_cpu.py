@@ -12,10 +12,10 @@ verl's manager calls on an actor group (``execute_checkpoint_engine``, ``update_
 on the host, as verl's ``DetachActorWorker`` keeps them, to rescore with.
 
 Per step ``v``: the trainer steps while the previous step's requests decode, verl syncs version ``v``, which cuts them;
-they resume under ``v`` and finish (mixing versions ``v - 1`` and ``v``), while the next step's requests start. Each finished response is rescored by the trainer at each
-token's version: K3 against the behavior policy is exactly 0.0 at every step and no token differs (``torch.equal``),
-while the trainer's current weights differ from the stale tokens' (the staleness verl's ``rollout_corr/*`` measures in
-async modes). With the fast rollout backend the same check fails.
+they resume under ``v`` and finish (mixing versions ``v - 1`` and ``v``), while the next step's requests start. Each
+finished response is rescored by the trainer at each token's version: K3 against the behavior policy is exactly 0.0 at
+every step and no token differs (``torch.equal``), while the trainer's current weights differ from the stale tokens'
+(the staleness verl's ``rollout_corr/*`` measures in async modes). With the fast rollout backend the same check fails.
 """
 
 from __future__ import annotations

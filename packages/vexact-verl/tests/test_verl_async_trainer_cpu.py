@@ -78,7 +78,8 @@ def run_async(inputs: Path, mode: str, subprocess_env) -> list[dict]:
            f"reward.custom_reward_function.path={ROOT / 'examples/verl_grpo/reward.py'}"]  # fmt: skip
     proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
     if proc.returncode != 0:
-        raise AssertionError(f"verl run ({mode}) failed, rc {proc.returncode}:\n{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}")
+        tail = f"{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}"
+        raise AssertionError(f"verl run ({mode}) failed, rc {proc.returncode}:\n{tail}")
     records = [json.loads(line) for line in (out / f"{mode}.jsonl").read_text().splitlines() if line.strip()]
     shutil.rmtree(out / "checkpoints", ignore_errors=True)
     return [r["data"] for r in sorted(records, key=lambda r: r["step"])]

@@ -23,9 +23,9 @@ import logging
 import pickle
 import socket
 import time
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import AsyncGenerator
 
 import torch
 import torch.distributed as dist
@@ -147,7 +147,7 @@ class GlooCheckpointEngine(CheckpointEngine):
     async def send_weights(self, weights, global_steps: int | None = None):
         """Broadcast the weights in buckets of ``bucket_size`` bytes (a tensor larger than that in chunks)."""
         if self.rank is None:
-            raise RuntimeError("send_weights before init_process_group: verl's CheckpointEngineManager builds the group")
+            raise RuntimeError("send_weights before init_process_group (verl's CheckpointEngineManager calls it)")
         if self.rank < 0:  # not in the group, but producing the weights is collective over the actor ranks
             async for _ in ensure_async_iterator(weights):
                 pass

@@ -70,7 +70,8 @@ def staleness_metrics(trainer_version: int, token_versions: Sequence[Sequence[in
         return {}
     mixed = sum(len(set(vs)) > 1 for vs in token_versions)
     if min(flat) < 0:
-        raise ValueError(f"a token's version is ahead of the trainer's {trainer_version}: {max(map(max, token_versions))}")
+        ahead = max(map(max, token_versions))
+        raise ValueError(f"a token's version {ahead} is ahead of the trainer's {trainer_version}")
     return {
         "vexact/staleness/mean": sum(flat) / len(flat),
         "vexact/staleness/max": float(max(flat)),
