@@ -11,8 +11,9 @@
 #   MODE=sync MODEL_DIR=/models/Qwen3-1.7B DATA_DIR=data bash examples/recipes/qwen3_1.7b_separate_async.sh
 #
 # 128 prompts x 4 responses (512 sequences) of up to 1024 tokens a step (the shape of the throughput goal), 4 PPO
-# mini-batches (separate_async: a weight sync every 4 of them, parameter_sync_step=4), lr 1e-6, 20 steps. Metrics per step (RUN_DIR/metrics.jsonl): perf/throughput (tokens/s per GPU), timing_s/update_weights and
-# vexact/weight_sync/* (the sync), training/off_policy/trajectory_staleness/* (versions behind the trainer, from the
+# mini-batches (separate_async: a weight sync every 4 of them, parameter_sync_step=4), lr 1e-6, 20 steps. Metrics per
+# step (RUN_DIR/metrics.jsonl): perf/throughput (tokens/s per GPU), timing_s/update_weights and vexact/weight_sync/*
+# (the sync; the gloo engine's), training/off_policy/trajectory_staleness/* (versions behind the trainer, from the
 # versions the vexact server stamps), rollout_corr/k3_kl (against the trainer's current weights: 0.0 on an on-policy
 # step, staleness otherwise). verl's own ReplayBuffer: OrderedReplayBuffer refuses the asynchronous modes.
 # On CPU: VERL_PLATFORM=cpu uses the gloo checkpoint engine (vexact_verl.checkpoint_engine) instead of NCCL.
@@ -75,7 +76,7 @@ launch "${VEXACT[@]}" "${PLACEMENT[@]}" \
   actor_rollout_ref.rollout.n="$(pick 4 2)" \
   actor_rollout_ref.rollout.temperature=1.0 \
   actor_rollout_ref.rollout.max_num_seqs=512 \
-  actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu="$(pick 32 8)" \
+  actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu="$(pick 32 4)" \
   trainer.val_before_train=False \
   trainer.test_freq=-1 \
   trainer.save_freq=-1 \
