@@ -107,3 +107,24 @@ def test_smoke_results_marks_each_failure(tmp_path):
     runs_file.write_text("".join(json.dumps(r) + "\n" for r in runs))
     assert writer.main([str(runs_file), "--out", str(out)]) == 1
     assert "1/5 recipes pass" in out.read_text()
+
+
+def test_async_results_compares_the_modes_and_fails_an_inexact_on_policy_step(tmp_path):
+    writer = _load("examples/recipes/async_results.py")
+
+    def step(s: int, stale: int, k3: float, seconds: float) -> dict:
+        return _metrics(s, **{"rollout_corr/k3_kl": k3, "perf/total_num_tokens": 1000, "perf/time_per_step": seconds,
+                              "timing_s/update_weights": 0.5, "training/off_policy/trajectory_staleness/mean": stale,
+                              "training/off_policy/trajectory_staleness_worst/max": stale})  # fmt: skip
+
+    sync = _write(tmp_path / "sync.jsonl", {s: step(s, 0, 0.0, 4.0) for s in (1, 2, 3)})
+    sep = _write(tmp_path / "sep.jsonl", {1: step(1, 0, 0.0, 4.0), 2: step(2, 1, 2e-5, 2.0), 3: step(3, 1, 3e-5, 2.0)})
+    out = tmp_path / "async.md"
+    args = [str(sync), str(sep), "--params", "1000000000", "--nccl-gbps", "100", "--out", str(out), "--header", "# t"]
+    assert writer.main(args) == 0
+    text = out.read_text()
+    assert "separate_async / sync training tokens/s: 2.00x" in text  # steps after the first: 500 against 250
+    assert "4.000 GB a sync" in text and "NCCL bound at 100.0 GB/s: 0.040 s; measured / bound 12.50x" in text
+    assert "exactly 0.0 (1)" in text and "2e-05, 3e-05" in text
+    _write(sep, {1: step(1, 0, 1e-9, 4.0), 2: step(2, 1, 2e-5, 2.0)})  # an on-policy step that is not exact
+    assert writer.main(args) == 1 and "**not exact**" in out.read_text()

@@ -41,6 +41,8 @@ RUNS = {
     "moonlight_16b_a3b-reinforce_pp": ("deepseek_v3", {"ALGO": "reinforce_pp"}, "val-core/aime24/acc/mean@2"),
     "r1_distill_qwen_1.5b_verify_pair_math": ("qwen2", {"ARMS": "vexact"}, "val-core/aime25/acc/mean@2"),
     "llama_3.1_8b_grpo_gsm8k": ("llama", {}, "val-core/openai/gsm8k/acc/mean@1"),
+    # verl's separate_async trainer: the trainer's slot and the rollout's (gloo checkpoint engine on CPU); no validation
+    "qwen3_1.7b_separate_async": ("qwen3", {"ROLLOUT_GPUS": "1"}, None),
 }
 DEFAULT_SUITE = {"qwen3_1.7b_grpo_gsm8k"}
 CPU_OVERRIDES = [
@@ -117,7 +119,8 @@ def test_recipe_runs_two_steps_on_cpu_with_zero_k3_kl(name, data_dir, tmp_path):
     run_dir = tmp_path / "run"
     env = _env(VERL_PLATFORM="cpu", SMOKE="1", MODEL_DIR=str(model), DATA_DIR=str(data_dir), RUN_DIR=str(run_dir),
                NNODES="1", **{"GPUS_PER_NODE": "1", **extra})  # fmt: skip
-    gpus = f"+ray_kwargs.ray_init.num_gpus={env['GPUS_PER_NODE']}"  # Ray's GPU slots, declared (VERL_PLATFORM=cpu)
+    slots = int(env["GPUS_PER_NODE"]) + int(env.get("ROLLOUT_GPUS", 0))
+    gpus = f"+ray_kwargs.ray_init.num_gpus={slots}"  # Ray's GPU slots, declared (VERL_PLATFORM=cpu)
     proc = subprocess.run(["bash", str(_recipe(name)), gpus, *CPU_OVERRIDES], env=env, cwd=tmp_path,
                           capture_output=True, text=True, timeout=1200)  # fmt: skip
     assert proc.returncode == 0, f"{name}: rc {proc.returncode}\n{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}"
@@ -127,11 +130,17 @@ def test_recipe_runs_two_steps_on_cpu_with_zero_k3_kl(name, data_dir, tmp_path):
     steps = [r["data"] for r in records if r["step"] > 0]
     assert len(steps) == 2, [r["step"] for r in records]
     for step, m in enumerate(steps, 1):
-        assert m["rollout_corr/k3_kl"] == 0.0, (name, step, m["rollout_corr/k3_kl"])
-        assert m["training/rollout_probs_diff_max"] == 0.0, (name, step, m["training/rollout_probs_diff_max"])
+        # an asynchronous trainer's step may train on tokens of older weights: verl's rollout_corr compares them with
+        # the current ones, so only a step of staleness 0 is held to exactly 0.0 (the rest is staleness, which
+        # packages/vexact-verl/tests/test_verl_async_cpu.py rescores at each token's version: exactly 0.0)
+        if m.get("training/off_policy/trajectory_staleness_worst/max", 0) == 0:
+            assert m["rollout_corr/k3_kl"] == 0.0, (name, step, m["rollout_corr/k3_kl"])
+            assert m["training/rollout_probs_diff_max"] == 0.0, (name, step, m["training/rollout_probs_diff_max"])
         assert m["actor/grad_norm"] > 0.0, (name, step)  # a real update: step 2 samples from synced new weights
         assert m["actor/entropy"] > 0.1, (name, step)  # a policy that samples, whose logprobs are not all 0
-    assert val_key in steps[-1], (name, sorted(k for k in steps[-1] if k.startswith("val")))
+    assert steps[0].get("training/off_policy/trajectory_staleness_worst/max", 0) == 0, name
+    if val_key is not None:
+        assert val_key in steps[-1], (name, sorted(k for k in steps[-1] if k.startswith("val")))
 
 
 def _refusal(recipe: str, tmp_path: Path, **env: str) -> str:
@@ -166,6 +175,10 @@ def test_recipes_refuse_bad_input_naming_the_value(tmp_path):
         (tmp_path / "data" / f).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / "data" / f).write_bytes(b"")
     assert "ARMS: unknown arm 'sglang' (vllm, vexact)" in _refusal(pair, tmp_path, ARMS="vexact sglang")
+    (tmp_path / "data/gsm8k/test.parquet").write_bytes(b"")
+    sep = "qwen3_1.7b_separate_async"
+    assert "MODE must be separate_async, colocate_async or sync, got 'ppo'" in _refusal(sep, tmp_path, MODE="ppo")
+    assert "ROLLOUT_GPUS must be a positive integer, got '0'" in _refusal(sep, tmp_path, ROLLOUT_GPUS="0")
     if importlib.util.find_spec("vllm") is None:
         assert "ARMS includes vllm but vLLM is not importable" in _refusal(pair, tmp_path)
 

@@ -1,4 +1,4 @@
-# Sourced by the one-GPU verl checks (resume_gpu.sh, recipes_gpu.sh), from the repository root: what they share.
+# Sourced by the verl checks (resume_gpu.sh, recipes_gpu.sh, async_gpu.sh), from the repository root: what they share.
 #
 #   verl_job_setup NAME   sets CPU (1 under VERL_PLATFORM=cpu, else 0), GPU (its name), TAG (file-name prefix: the
 #                         GPU kind, e.g. h100, or cpu; TAG in the environment wins), COMMIT, CPU_EXTRA (the Hydra

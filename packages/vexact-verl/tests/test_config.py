@@ -81,3 +81,12 @@ def test_engine_and_trainer_must_run_the_same_attention_impl(monkeypatch):
     monkeypatch.setattr(vk, "get_attention_impl", lambda: "fa4")
     asyncio.run(adapter._check_attention_impl(Server()))
     assert adapter._attention_checked
+
+
+def test_checkpoint_engine_backends_other_than_naive_nccl_gloo_are_refused():
+    from verl.workers.config import CheckpointEngineConfig
+
+    for ok in ("naive", "nccl", "gloo"):
+        _check_layout(rollout(checkpoint_engine=CheckpointEngineConfig(backend=ok)))
+    with pytest.raises(ValueError, match=r"checkpoint_engine.backend='mooncake'.*\['naive', 'nccl', 'gloo'\]"):
+        ServerAdapter(rollout(checkpoint_engine=CheckpointEngineConfig(backend="mooncake")), None)

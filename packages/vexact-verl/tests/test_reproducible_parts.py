@@ -98,3 +98,6 @@ def test_replay_refuses_a_partial_batch_and_async_modes():
         rb._select_prompt_uids("train", {"uid-a", "uid-b"}, 2)
     with pytest.raises(ValueError, match="trainer_mode=sync, got 'fully_async'"):
         buffer("fully_async")
+    for mode in ("colocate_async", "separate_async"):  # named, with what to use instead
+        with pytest.raises(ValueError, match=rf"got '{mode}'.*use verl's own ReplayBuffer"):
+            buffer(mode)

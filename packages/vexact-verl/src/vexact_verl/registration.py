@@ -19,6 +19,8 @@ package declares (verl loads it whenever it is imported, in every process), ``VE
 
 from __future__ import annotations
 
+import functools
+
 ROLLOUT_NAME = "vexact"
 SERVER_ADAPTER = "vexact_verl.rollout.ServerAdapter"
 
@@ -45,6 +47,10 @@ def register() -> None:
     base._ROLLOUT_REGISTRY[(ROLLOUT_NAME, "async")] = SERVER_ADAPTER
     # after the rollout, so that a failure to import verl's engine stack cannot take the rollout backend with it
     register_engine()
+    from .checkpoint_engine import register_checkpoint_engine
+
+    register_checkpoint_engine()  # `gloo`: the separate placement on CPU
+    register_detach_worker()
     from .tim import install
 
     install()  # tim/* metrics beside verl's rollout_probs_diff ones
@@ -62,6 +68,46 @@ def register_engine() -> None:
     for backend, cls in ((ENGINE_BACKEND, VexactEngineWithLMHead), (VEOMNI_BACKEND, VexactVeOmniEngineWithLMHead)):
         if backend not in EngineRegistry._engines.get(MODEL_TYPE, {}):
             EngineRegistry.register(model_type=MODEL_TYPE, backend=backend, device=list(DEVICES))(cls)
+
+
+def register_detach_worker() -> None:
+    """Let verl's ``separate_async`` trainer save and restore a ``vexact`` actor's weights on the host. Idempotent.
+
+    That trainer runs its actor as ``DetachActorWorker`` (``verl/experimental/separation/engine_workers.py``), which
+    keeps the weights of a parameter-sync window on the host (``save_model_to_cpu`` / ``restore_model_from_cpu``, for
+    the version-aware ``old_log_prob``) with a helper chosen by ``actor.strategy``, and refuses any strategy it does
+    not list. The vexact engine is FSDP2 (verl's ``apply_fsdp2``; DTensor parameters), so it takes verl's FSDP2
+    helpers, as ``fsdp2`` and ``veomni`` do; other strategies are left to verl.
+    """
+    from verl.experimental.separation.engine_workers import DetachActorWorker
+
+    from .actor_engine import ENGINE_BACKEND
+
+    original = DetachActorWorker._get_strategy_handlers
+    if getattr(original, "_vexact", False):
+        return
+
+    @functools.wraps(original)
+    def _get_strategy_handlers(self):
+        if self._strategy_handlers is None and self.config.actor.strategy == ENGINE_BACKEND:
+            from verl.utils.fsdp_utils import fsdp2_sharded_load_from_cpu, fsdp2_sharded_save_to_cpu
+
+            def save(module):
+                state, spec = fsdp2_sharded_save_to_cpu(module)
+                if next(module.parameters()).device.type == "cpu":
+                    # `.cpu()` of a CPU shard is the shard itself: the saved weights would follow every optimizer
+                    # step (verl's CPU-less assumption); a copy keeps them
+                    state = {k: (t.clone(), s) for k, (t, s) in state.items()}
+                return state, spec
+
+            def restore(module, saved):  # verl unpacks the FSDP2 pair only for the strategies it names
+                return fsdp2_sharded_load_from_cpu(module, *saved)
+
+            self._strategy_handlers = (save, restore)
+        return original(self)
+
+    _get_strategy_handlers._vexact = True
+    DetachActorWorker._get_strategy_handlers = _get_strategy_handlers
 
 
 def is_engine_registered() -> bool:

@@ -13,6 +13,11 @@ request): verl's default pads the missing trajectories and trains on the rest. S
 ``trainer.v1.sampler.custom_sampler.path=pkg://vexact_verl.replay`` and
 ``trainer.v1.sampler.custom_sampler.name=OrderedReplayBuffer``. verl's synchronous trainer only
 (``trainer.v1.trainer_mode=sync``), without DAPO group filtering (verl hands a custom sampler no filter settings).
+
+The asynchronous modes (``colocate_async``, ``separate_async``) are refused, naming the mode: there a step trains on
+whichever groups finished first, possibly cut by a weight sync and resumed under newer weights, so the batch's
+content, not only its order, follows timing. What stays exact there is each token: its logprob is the trainer's at
+the policy version that produced it (:mod:`vexact_verl.versions`). Use verl's own ``ReplayBuffer`` in those modes.
 """
 
 from __future__ import annotations
@@ -28,8 +33,11 @@ class OrderedReplayBuffer(ReplayBuffer):
     def __init__(self, trainer_mode: str, *args, **kwargs):
         if trainer_mode != "sync":
             raise ValueError(
-                f"OrderedReplayBuffer serves trainer.v1.trainer_mode=sync, got {trainer_mode!r}: an asynchronous "
-                "trainer's batches depend on rollout timing, so no order of them is reproducible"
+                f"OrderedReplayBuffer serves trainer.v1.trainer_mode=sync, got {trainer_mode!r}: in an asynchronous "
+                "mode which responses a step trains on, and where a weight sync cut them, depend on rollout timing, "
+                "so no order of them is reproducible. For colocate_async or separate_async use verl's own "
+                "ReplayBuffer (drop trainer.v1.sampler.custom_sampler.path and .name); every response's logprobs "
+                "still equal the trainer's at the policy version that produced them (vexact_verl.versions)"
             )
         super().__init__(trainer_mode, *args, **kwargs)
 

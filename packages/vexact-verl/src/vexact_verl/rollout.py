@@ -48,7 +48,19 @@ def server_actor_name(replica_rank: int, node_rank: int = 0, role: str = "", suf
     return f"{ROLLOUT_NAME}_server_{role}{replica_rank}_{node_rank}{suffix}"
 
 
+# naive: verl's hybrid mode (the trainer's own process hands the weights over); nccl: verl's separate placement on
+# GPUs; gloo: the same on CPU (vexact_verl.checkpoint_engine). Each delivers (name, tensor) pairs that the adapter
+# casts and loads as a whole; the others are untested with the vexact rollout (delta_sharded sends sparse patches).
+CHECKPOINT_BACKENDS = ("naive", "nccl", "gloo")
+
+
 def _check_layout(config) -> None:
+    backend = config.checkpoint_engine.backend
+    if backend not in CHECKPOINT_BACKENDS:
+        raise ValueError(
+            f"rollout.checkpoint_engine.backend={backend!r}: the vexact rollout takes {list(CHECKPOINT_BACKENDS)} "
+            "(naive for the hybrid placement, nccl to sync a separate rollout on GPUs, gloo on CPU)"
+        )
     tp, dp, pp = config.tensor_model_parallel_size, config.data_parallel_size, config.pipeline_model_parallel_size
     if tp != 1:
         raise ValueError(

@@ -276,6 +276,7 @@ class VexactServer:
                 return TokenOutput(token_ids=[], stop_reason="aborted", extra_fields=steps)
             await self._resume.wait()
         request_id = str(request_id)
+        version = self.global_steps  # an abort before the request reaches the engine: no token, this version
         if request_id in self._futures:
             raise ValueError(f"request id {request_id!r} is already in use")
         fut = asyncio.get_running_loop().create_future()
@@ -290,10 +291,13 @@ class VexactServer:
                 if fut.done():
                     break
                 async with self._lock:
+                    if fut.done():  # aborted while it waited for the lock: it must not enter the engine
+                        break
                     if not self._ready.is_set():  # put to sleep while we waited for the lock: wait again
                         continue
                     self.engine.add_request(prompt_ids, params, request_id)  # validates; raises on bad input
                     self._in_engine.add(request_id)
+                    version = self.global_steps
                 self._work.set()
                 break
             out = await fut
@@ -301,9 +305,12 @@ class VexactServer:
             self._futures.pop(request_id, None)
             self._prompts.pop(request_id, None)
             self._in_engine.discard(request_id)
-        return self._token_output(out, want_logprobs)
+        return self._token_output(out, want_logprobs, version)
 
-    def _token_output(self, out, want: bool):
+    def _token_output(self, out, want: bool, version: int | None):
+        """verl's ``TokenOutput``; ``extra_fields["global_steps"]`` is the policy version of every token in it: the
+        weights the engine held when the request entered it, which stay until it leaves (a weight update is refused
+        while requests are in the engine: verl aborts them first, and resumes them as new requests)."""
         from verl.workers.rollout.replica import TokenOutput
 
         reasons = {"stop": "completed", "length": "completed", "abort": "aborted"}
@@ -313,7 +320,7 @@ class VexactServer:
             log_probs=out.logprobs.tolist() if want else None,
             stop_reason=stop,
             num_preempted=out.num_preemptions,
-            extra_fields={"global_steps": self.global_steps},
+            extra_fields={"global_steps": version},
         )
 
     async def _step_loop(self) -> None:
