@@ -60,6 +60,8 @@ def test_triton_halves_equal_triton_fused_moe(shards):
     per = w13.shape[0] // shards
     y = torch.zeros(*ids.shape, x.shape[1])
     for s in range(shards):
-        part = moe.triton_moe_expert_outputs(x, w13[s * per : (s + 1) * per], w2[s * per : (s + 1) * per], ids - s * per)
+        part = moe.triton_moe_expert_outputs(
+            x, w13[s * per : (s + 1) * per], w2[s * per : (s + 1) * per], ids - s * per
+        )
         y = torch.where((ids // per == s).unsqueeze(-1), part, y)
     assert torch.equal(moe.triton_moe_combine(y, w, x.dtype), moe.triton_fused_moe(x, w13, w2, w, ids))
