@@ -2,7 +2,7 @@
 
 Run under torchrun, one rank per device (NCCL on GPUs, gloo on CPU)::
 
-    torchrun --standalone --nproc_per_node=2 -m contracts.ep_check --device cuda --checkpoint qwen3_moe_top8
+    torchrun --standalone --nproc_per_node=2 -m contracts.ep_check --device cuda --checkpoint qwen3_moe_top8 --long
 
 or through :func:`spawn` (gloo processes on CPU; ``contracts/test_expert_parallel.py``). Every rank loads the same
 committed tiny checkpoint (``--checkpoint``: ``qwen3_moe``, ``deepseek_v3``, ``qwen3_moe_top8``, ...), keeps its
@@ -18,7 +18,8 @@ outputs, runs the whole workload on one device and scores the EP tokens with the
 
 ``--perturb arrival`` makes the combine add each token's expert rows in the order of the ranks they come from (the
 arrival order of an all-to-all) instead of its own top-k order: check 1 must then fail at top-k > 2 (the contract
-can fail). Prints one JSON summary line on rank 0; exits 1 if a check failed.
+can fail); the exit status is then 0 when it was caught. Prints one JSON summary line on rank 0; exits 1 if a
+check failed (or a perturbation went unseen). ``bash scripts/checks/ep_gpu.sh`` runs every case on a GPU host.
 """
 
 from __future__ import annotations
@@ -183,11 +184,12 @@ def main() -> int:
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
     ap.add_argument("--perturb", choices=["arrival"], default=None)
     ap.add_argument("--weights", action="store_true", help="also sleep(2), wake and update_weights")
+    ap.add_argument("--long", action="store_true", help="the golden fixtures' workload size")
     args = ap.parse_args()
     if args.device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     dist.init_process_group("nccl" if args.device == "cuda" else "gloo")
-    summary = run(args.checkpoint, args.device, args.perturb, args.weights)
+    summary = run(args.checkpoint, args.device, args.perturb, args.weights, args.long)
     ok = True
     if dist.get_rank() == 0:
         print(json.dumps(summary), flush=True)
