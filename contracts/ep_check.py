@@ -16,6 +16,9 @@ outputs, runs the whole workload on one device and scores the EP tokens with the
    of other weights through ``update_weights`` (each rank keeps its experts), and generates again: == one device
    holding those weights, and the ranks together loaded every name of the checkpoint.
 
+``--driven``: rank 0 alone takes the workload, the weight lifecycle and two aborts through the one-device API
+(``ExpertParallelLLM(driven=True)``, what a server drives), spreading the requests over the ranks; the others serve.
+
 ``--perturb arrival`` makes the combine add each token's expert rows in the order of the ranks they come from (the
 arrival order of an all-to-all) instead of its own top-k order: check 1 must then fail at top-k > 2 (the contract
 can fail); the exit status is then 0 when it was caught. Prints one JSON summary line on rank 0; exits 1 if a
@@ -99,8 +102,40 @@ def _trainer_check(model, prompts, params, got) -> dict:
     return {"check": "ep == trainer", "ok": not bad, "mismatched_requests": bad}
 
 
+def _driven(llm, prompts, params, new):
+    """``driven``: rank 0 takes the whole workload (and the weight lifecycle) through the one-device API, spreading
+    the requests over the ranks; the other ranks serve."""
+    if not llm.is_driver:
+        llm.serve()
+        return None, None, None, None
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    got = [(o.token_ids, o.logprobs.tolist()) for o in outs]
+    # aborts: one request on each of the first two ranks (the least loaded, ties to the lower rank), one step, then
+    # both stopped from the driver, each with its partial output
+    ids = [llm.add_request(prompts[i], SamplingParams(max_tokens=50, seed=i)) for i in range(2)]
+    where = [llm.rank_of(rid) for rid in ids]
+    llm.step()
+    aborted = [llm.abort_request(rid) for rid in ids]
+    stopped = [o is not None and o.finish_reason == "abort" for o in aborted] == [True, True]
+    ok = stopped and where == [0, 1] and not llm.has_unfinished_requests()
+    aborts = {"check": "driven: a request aborted on rank 0 and on rank 1", "ok": ok, "ranks": where}
+    got_new = names = None
+    if new is not None:
+        llm.sleep(2)
+        llm.wake_up()
+        names = [llm.update_weights(list(expected_tensors(new).items()))]
+        got_new = [(o.token_ids, o.logprobs.tolist()) for o in llm.generate(prompts, params, use_tqdm=False)]
+    llm.shutdown()
+    return got, got_new, names, aborts
+
+
 def run(
-    checkpoint: str, device: str = "cpu", perturb: str | None = None, weights: bool = False, long: bool = False
+    checkpoint: str,
+    device: str = "cpu",
+    perturb: str | None = None,
+    weights: bool = False,
+    long: bool = False,
+    driven: bool = False,
 ) -> dict | None:
     """This rank's part of the check (the process group is initialised); rank 0 returns the summary."""
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -110,15 +145,18 @@ def run(
     elif perturb is not None:
         raise ValueError(f"unknown perturbation {perturb!r}")
     path = default_checkpoint(checkpoint)
-    llm = ExpertParallelLLM(model=load_model(path, device=dev), **ENGINE)
+    llm = ExpertParallelLLM(model=load_model(path, device=dev), driven=driven, **ENGINE)
     prompts, params = workload(long)
-    got = _gather(_generate(llm, prompts, params, rank, world), rank, world)
+    new = random_model(tiny_checkpoint_config(checkpoint), seed=11, device=dev) if weights else None
+    if driven:
+        got, got_new, names, aborts = _driven(llm, prompts, params, new)
+    else:
+        got = _gather(_generate(llm, prompts, params, rank, world), rank, world)
     idle = [None] * world if rank == 0 else None
     dist.gather_object(llm.runner.num_idle_steps, idle, dst=0)
-    if weights:
+    if weights and not driven:
         llm.sleep(2)
         llm.wake_up()
-        new = random_model(tiny_checkpoint_config(checkpoint), seed=11, device=dev)
         loaded = llm.update_weights(list(expected_tensors(new).items()))
         got_new = _gather(_generate(llm, prompts, params, rank, world), rank, world)
         names = [None] * world if rank == 0 else None
@@ -128,6 +166,8 @@ def run(
     ref_model = load_model(path, device=dev)
     ref = LLM(model=load_model(path, device=dev), **ENGINE).generate(prompts, params, use_tqdm=False)
     checks = [_compare("ep == one device", got, ref), _trainer_check(ref_model, prompts, params, got)]
+    if driven:
+        checks.append(aborts)
     if weights:
         ref_new = LLM(model=new, **ENGINE).generate(prompts, params, use_tqdm=False)
         checks.append(_compare("ep == one device after sleep(2), wake, update_weights", got_new, ref_new))
@@ -140,6 +180,7 @@ def run(
         "device": device,
         "backend": dist.get_backend(),
         "perturb": perturb,
+        "driven": driven,
         "idle_steps": idle,
         "checks": checks,
         "ok": all(c["ok"] for c in checks),
@@ -185,11 +226,12 @@ def main() -> int:
     ap.add_argument("--perturb", choices=["arrival"], default=None)
     ap.add_argument("--weights", action="store_true", help="also sleep(2), wake and update_weights")
     ap.add_argument("--long", action="store_true", help="the golden fixtures' workload size")
+    ap.add_argument("--driven", action="store_true", help="rank 0 takes every request; the other ranks serve")
     args = ap.parse_args()
     if args.device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     dist.init_process_group("nccl" if args.device == "cuda" else "gloo")
-    summary = run(args.checkpoint, args.device, args.perturb, args.weights, args.long)
+    summary = run(args.checkpoint, args.device, args.perturb, args.weights, args.long, args.driven)
     ok = True
     if dist.get_rank() == 0:
         print(json.dumps(summary), flush=True)

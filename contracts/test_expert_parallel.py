@@ -34,13 +34,16 @@ def _assert_ok(summary: dict) -> None:
         ("deepseek_v3", 2, dict(weights=True)),
         ("qwen3_moe_top8", 2, dict(long=True)),
         ("qwen3_moe", 4, {}),
+        ("qwen3_moe", 2, dict(weights=True, driven=True)),
+        pytest.param("deepseek_v3", 4, dict(weights=True, driven=True), marks=pytest.mark.slow),
         pytest.param("deepseek_v3", 4, {}, marks=pytest.mark.slow),
         pytest.param("qwen3_moe_top8", 4, {}, marks=pytest.mark.slow),
     ],
 )
 def test_expert_parallel_equals_one_device_and_trainer(cpu_only, tmp_path, checkpoint, world, extra):
     """Every token and logprob of each rank's requests == one device's == the trainer's; with ``weights``, also
-    after sleep(2), wake and an update_weights to other weights (each rank keeping its own experts)."""
+    after sleep(2), wake and an update_weights to other weights (each rank keeping its own experts); ``driven``: rank
+    0 takes the whole workload, the weight lifecycle and two aborts, and spreads the requests over the ranks."""
     _assert_ok(ep_check.spawn(world, str(tmp_path / "ep.json"), checkpoint=checkpoint, **extra))
 
 

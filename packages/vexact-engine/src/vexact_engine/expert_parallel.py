@@ -25,7 +25,11 @@ combine takes the rows in arrival order.
 
 Steps: every rank calls :meth:`ExpertParallelLLM.step` together (``generate`` does, until no rank has unfinished
 requests). A rank with nothing to run joins every sparse layer's exchange with zero rows. Each rank's requests and
-outputs are its own; requests are not moved between ranks.
+outputs are its own; requests are not moved between ranks. With ``driven=True`` (what a server uses, as it uses
+``PipelineLLM``), rank 0 alone takes requests, aborts, sleep/wake and weight updates through the one-device API: it
+places each new request on the rank with the fewest unfinished ones, with the seed a one-device engine would give
+it, and sends each step's new requests to every rank, which steps; the finished requests come back to rank 0. The
+other ranks call :meth:`~ExpertParallelLLM.serve`.
 
 Cost: the dispatch all-gathers every token to every rank and the return moves ``C * k`` fp32 rows per rank pair,
 most of them zeros; an all-to-all of the routed pairs alone moves less and is the next step for large ``W``.
@@ -53,6 +57,7 @@ from .config import EngineConfig
 from .llm import LLM
 from .loading import load_tokenizer
 from .model_runner import ModelRunner
+from .pipeline import _answer, _StageError
 from .scheduler import ScheduledSeq
 
 
@@ -218,7 +223,9 @@ class ExpertParallelLLM(LLM):
     each rank with its own requests and KV cache.
 
     Build it on every rank with the same model and settings; give each rank its own prompts (requests without a
-    seed draw from ``config.seed + rank``). ``generate`` (or
+    seed draw from ``config.seed + rank``). ``driven=True``: rank 0 (:attr:`is_driver`) takes every request and
+    control call and spreads the requests over the ranks; the others call :meth:`serve`, and rank 0 ends with
+    :meth:`shutdown`. ``generate`` (or
     ``step``) must be called on every rank together: ``generate`` returns each rank's own outputs once no rank has
     unfinished requests. ``sleep``, ``wake_up`` and ``update_weights`` apply to each rank's own part; call them on
     every rank (``update_weights`` with the whole model's HF-named tensors: each rank keeps its own experts).
@@ -232,6 +239,7 @@ class ExpertParallelLLM(LLM):
         tokenizer=None,
         config: EngineConfig | None = None,
         mismatch: MismatchInjection | None = None,
+        driven: bool = False,
         **config_kw,
     ):
         mismatch = take_mismatch(mismatch, config_kw)
@@ -240,6 +248,9 @@ class ExpertParallelLLM(LLM):
         config = config or EngineConfig(**config_kw)
         if config.async_decode:
             raise ValueError("ExpertParallelLLM does not run EngineConfig.async_decode=True (its ranks step together)")
+        if not isinstance(driven, bool):
+            raise TypeError(f"ExpertParallelLLM: driven must be True or False, got {driven!r}")
+        self.driven = driven
         if not dist.is_initialized():
             raise RuntimeError("ExpertParallelLLM needs an initialised torch.distributed process group (e.g. torchrun)")
         if model is None:
@@ -261,13 +272,23 @@ class ExpertParallelLLM(LLM):
             config, enforce_eager=True, async_decode=False, draw_in_graph=False, seed=config.seed + self.rank
         )
         super().__init__(model=model, tokenizer=tokenizer, config=config, mismatch=mismatch)
+        # driven: the driver's view of the other ranks' requests
+        self._outbox: dict[int, list] = {}  # rank -> (request id, token ids, seeded params) to add at the next step
+        self._remote: dict[str, int] = {}  # request id -> the rank that runs it
+        self._remote_pending: set[str] = set()  # weights other ranks still miss after a level-2 sleep
 
     def _make_runner(self, model: nn.Module, num_blocks: int) -> _ExpertRunner:
         return _ExpertRunner(model, self.config, num_blocks, self.max_model_len, self._sharded)
 
     # ---- the loop, every rank together
     def step(self):
-        """One step on every rank together; returns this rank's requests that finished in it."""
+        """One step on every rank together; returns this rank's requests that finished in it (``driven``: the
+        driver's call, which steps every rank and returns every rank's finished requests)."""
+        if self._drives():
+            return self._drive_step()
+        return self._local_step()
+
+    def _local_step(self):
         self.runner.ran = False
         finished = super().step()
         if not self.runner.ran:  # nothing scheduled here: join the other ranks' exchanges with zero rows
@@ -275,7 +296,151 @@ class ExpertParallelLLM(LLM):
         return finished
 
     def _more_steps(self) -> bool:
+        if self.driven:
+            return self.has_unfinished_requests()  # the driver's own view covers every rank
         return self.runner.exchange.any(self.has_unfinished_requests())
+
+    # ---- driven: rank 0 takes every request and spreads them over the ranks; the others serve()
+    @property
+    def is_driver(self) -> bool:
+        return self.rank == 0
+
+    def _drives(self) -> bool:
+        return self.driven and self.is_driver
+
+    def _id_in_use(self, request_id: str) -> bool:
+        return super()._id_in_use(request_id) or request_id in self._remote
+
+    def add_request(self, prompt, params=None, request_id=None) -> str:
+        """Queue a request. ``driven``: on the rank with the fewest unfinished requests (ties: the lower rank), with
+        the seed the driver gives it (as a one-device engine would, by arrival), so where it runs changes no bit."""
+        if not self._drives():
+            return super().add_request(prompt, params, request_id)
+        seq = self._new_sequence(prompt, params, request_id)
+        load = [len(self._seqs)] + [0] * (self.world - 1)
+        for r in self._remote.values():
+            load[r] += 1
+        target = min(range(self.world), key=lambda r: (load[r], r))
+        if target == 0:
+            self._seqs[seq.request_id] = seq
+            self.scheduler.add(seq)
+        else:
+            params = dataclasses.replace(seq.params, seed=seq.seed)
+            self._outbox.setdefault(target, []).append((seq.request_id, seq.prompt_token_ids, params))
+            self._remote[seq.request_id] = target
+        return seq.request_id
+
+    def has_unfinished_requests(self) -> bool:
+        return super().has_unfinished_requests() or (self._drives() and bool(self._remote))
+
+    def rank_of(self, request_id: str) -> int | None:
+        """The rank that runs an unfinished request (``driven``, on the driver; this rank otherwise); None if it
+        is not unfinished."""
+        request_id = str(request_id)
+        if request_id in self._remote:
+            return self._remote[request_id]
+        return self.rank if request_id in self._seqs else None
+
+    def abort_request(self, request_id: str):
+        """Stop a request on whichever rank runs it; returns its partial output (None if unknown)."""
+        request_id = str(request_id)
+        if not self._drives() or request_id not in self._remote:
+            return super().abort_request(request_id)
+        rank = self._remote.pop(request_id)
+        queued = self._outbox.get(rank, [])
+        if any(rid == request_id for rid, _, _ in queued):  # not sent yet: never reaches the rank
+            self._outbox[rank] = [q for q in queued if q[0] != request_id]
+            return None
+        return self._control({"op": "abort", "request_id": request_id})[rank]
+
+    def _drive_step(self):
+        if self._remote_pending:
+            raise RuntimeError(
+                f"{len(self._remote_pending)} weight tensor(s) of other ranks, discarded by sleep(level=2), are not "
+                f"reloaded yet, e.g. {sorted(self._remote_pending)[:3]}: call update_weights with them first"
+            )
+        if self.sleep_level:
+            raise RuntimeError(f"the engine is asleep (level {self.sleep_level}): call wake_up() before step()")
+        if self._weights_pending:  # refused here, before the other ranks are told to step
+            raise RuntimeError(
+                f"{len(self._weights_pending)} weight tensor(s) discarded by sleep(level=2) are not reloaded yet, "
+                f"e.g. {sorted(self._weights_pending)[:3]}: call update_weights with them first"
+            )
+        message, self._outbox = {"adds": self._outbox}, {}
+        dist.broadcast_object_list([message], src=0, device=self.runner.exchange.comm)
+        finished = self._local_step()
+        gathered = [None] * self.world
+        dist.gather_object(finished, gathered, dst=0, group=None)
+        for part in gathered[1:]:
+            for out in part:
+                self._remote.pop(out.request_id, None)
+                finished.append(out)
+        return finished
+
+    def serve(self) -> int:
+        """Every rank but the driver (``driven``): run steps and control messages as the driver sends them, until
+        it shuts down; returns the number of steps run."""
+        if not self.driven or self.is_driver:
+            raise RuntimeError("serve() is for ranks 1.. of an ExpertParallelLLM(driven=True); rank 0 drives")
+        comm = self.runner.exchange.comm
+        steps = 0
+        while True:
+            box = [None]
+            dist.broadcast_object_list(box, src=0, device=comm)
+            message = box[0]
+            if message is None:
+                return steps
+            if "op" in message:
+                dist.gather_object(_answer(self._apply, message), None, dst=0)
+                continue
+            for rid, ids, params in message["adds"].get(self.rank, []):
+                ExpertParallelLLM.add_request(self, ids, params, rid)
+            dist.gather_object(self._local_step(), None, dst=0)
+            steps += 1
+
+    def shutdown(self) -> None:
+        """The driver releases the other ranks from :meth:`serve`."""
+        if not self._drives():
+            raise RuntimeError("only rank 0 of an ExpertParallelLLM(driven=True) shuts it down")
+        dist.broadcast_object_list([None], src=0, device=self.runner.exchange.comm)
+
+    def _control(self, message: dict) -> list:
+        """Driver: a control message to every rank, applied here too; every rank's answer (rank order). A rank's
+        error comes back as its answer and is raised here."""
+        dist.broadcast_object_list([message], src=0, device=self.runner.exchange.comm)
+        answers = [None] * self.world
+        dist.gather_object(_answer(self._apply, message), answers, dst=0)
+        for rank, ans in enumerate(answers):
+            if isinstance(ans, _StageError):
+                raise RuntimeError(f"expert-parallel rank {rank}: {ans.message}")
+        return answers
+
+    def _apply(self, message: dict):
+        op = message["op"]
+        if op == "sleep":
+            LLM.sleep(self, message["level"])
+        elif op == "wake_up":
+            LLM.wake_up(self)
+        elif op == "update_weights":
+            return self._update_local(message["tensors"]), sorted(self._weights_pending)
+        elif op == "abort":
+            return LLM.abort_request(self, message["request_id"])
+        else:
+            raise ValueError(f"unknown expert-parallel control message {op!r}")
+        return [], sorted(self._weights_pending)
+
+    def sleep(self, level: int = 1) -> None:
+        """Free the KV cache and the weights (``level`` as for one device); ``driven``: on every rank."""
+        if not self._drives():
+            return super().sleep(level)
+        self._refuse_sleep(level)
+        self._control({"op": "sleep", "level": level})
+
+    def wake_up(self) -> None:
+        if not self._drives():
+            return super().wake_up()
+        answers = self._control({"op": "wake_up"})
+        self._remote_pending = {n for _, pending in answers[1:] for n in pending}
 
     # ---- weights: HF names of the whole model in, each rank keeps its own experts
     def _local_name(self, name: str, tensor: torch.Tensor) -> tuple[str, torch.Tensor] | None:
@@ -295,7 +460,18 @@ class ExpertParallelLLM(LLM):
 
     def update_weights(self, named_tensors) -> list[str]:
         """Load HF-named tensors (the whole model's names: expert ``e`` under its global id); this rank keeps the
-        tensors it holds and skips other ranks' experts. Returns the names loaded here (global ids)."""
+        tensors it holds and skips other ranks' experts. Returns the names loaded here (global ids); ``driven``: the
+        driver sends them to every rank and returns the names loaded on any."""
+        if not self._drives():
+            return self._update_local(named_tensors)
+        self._refuse_update()
+        tensors = [(str(n), t.detach().to("cpu")) for n, t in named_tensors]
+        answers = self._control({"op": "update_weights", "tensors": tensors})
+        self._remote_pending = {n for _, pending in answers[1:] for n in pending}
+        loaded = {n for names, _ in answers for n in names}
+        return [n for n, _ in tensors if n in loaded]
+
+    def _update_local(self, named_tensors) -> list[str]:
         local = (self._local_name(str(n), t) for n, t in named_tensors)
         loaded = [self._global_name(n) for n in LLM.update_weights(self, (x for x in local if x is not None))]
         self._weights_pending.difference_update(loaded)
