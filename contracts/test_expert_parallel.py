@@ -67,3 +67,22 @@ def test_expert_parallel_needs_a_process_group():
     assert not dist.is_initialized()
     with pytest.raises(RuntimeError, match="process group"):
         ExpertParallelLLM(model=load_model(default_checkpoint("qwen3_moe")), num_kv_blocks=8)
+
+
+def test_expert_parallel_refuses_a_size_that_does_not_divide_the_experts(monkeypatch):
+    """The replica itself, on a one-rank gloo group that says it has 3 ranks: refused before any expert is cut."""
+    import os
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(ep_check._free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        monkeypatch.setattr(dist, "get_world_size", lambda group=None: 3)
+        model = load_model(default_checkpoint("qwen3_moe"))
+        with pytest.raises(ValueError, match=r"expert_parallel_size=3 does not divide the 8 routed experts"):
+            ExpertParallelLLM(model=model, num_kv_blocks=8)
+        assert model.model.layers[0].mlp.experts.gate_up_proj.shape[0] == 8  # nothing cut
+        monkeypatch.undo()
+        with pytest.raises(ValueError, match="invariant moe kernels only"):
+            ExpertParallelLLM(model=model, num_kv_blocks=8, backend="fast")
+    finally:
+        dist.destroy_process_group()

@@ -248,6 +248,12 @@ class ExpertParallelLLM(LLM):
         config = config or EngineConfig(**config_kw)
         if config.async_decode:
             raise ValueError("ExpertParallelLLM does not run EngineConfig.async_decode=True (its ranks step together)")
+        with vk.use_backend(config.backend):
+            if vk.get_backend("moe") != "invariant":
+                raise ValueError(
+                    f"ExpertParallelLLM runs the invariant moe kernels only, got backend={config.backend!r} (moe "
+                    "fast): the expert halves keep one device's bits, the fast baseline has no such split"
+                )
         if not isinstance(driven, bool):
             raise TypeError(f"ExpertParallelLLM: driven must be True or False, got {driven!r}")
         self.driven = driven
