@@ -8,6 +8,7 @@ pytest.importorskip("verl", reason="verl is not installed: pip install 'vexact-v
 
 from verl.workers.config import RolloutConfig  # noqa: E402
 
+from vexact_models import default_checkpoint  # noqa: E402
 from vexact_verl.rollout import ServerAdapter, _check_layout  # noqa: E402
 from vexact_verl.server import ServerSettings, engine_kwargs_from_verl, to_engine_params  # noqa: E402
 
@@ -37,6 +38,28 @@ def test_layouts_that_would_change_reductions_are_refused():
     _check_layout(rollout(pipeline_model_parallel_size=2, engine_kwargs={"vexact": {"num_kv_blocks": 64}}))
     with pytest.raises(ValueError, match="tensor_model_parallel_size=2"):
         ServerAdapter(rollout(tensor_model_parallel_size=2), None)
+
+
+def test_expert_parallel_size_is_checked_against_the_model():
+    """``rollout.expert_parallel_size`` (with ``data_parallel_size`` equal to it, as verl requires) must divide the
+    routed experts (both numbers named); a size that does is refused too, by name, until the server drives an
+    expert-parallel replica (never silently run on one GPU)."""
+    from types import SimpleNamespace
+
+    moe = SimpleNamespace(local_path=str(default_checkpoint("qwen3_moe")))  # 8 routed experts, read from config.json
+    hf = SimpleNamespace(num_experts=8)  # or from a loaded HF config
+    dense = SimpleNamespace(local_path=str(default_checkpoint("qwen3")))
+    _check_layout(rollout(expert_parallel_size=1), moe)
+    with pytest.raises(ValueError, match=r"expert_parallel_size=3 does not divide the model's 8 routed experts"):
+        _check_layout(rollout(expert_parallel_size=3, data_parallel_size=3), moe)
+    with pytest.raises(ValueError, match=r"expert_parallel_size=16 does not divide the model's 8 routed experts"):
+        _check_layout(rollout(expert_parallel_size=16, data_parallel_size=16), SimpleNamespace(hf_config=hf))
+    with pytest.raises(ValueError, match="no routed experts"):
+        _check_layout(rollout(expert_parallel_size=2, data_parallel_size=2), dense)
+    with pytest.raises(ValueError, match="positive integer"):
+        _check_layout(rollout(expert_parallel_size=0), moe)
+    with pytest.raises(NotImplementedError, match="expert_parallel_size=2: the vexact server does not drive"):
+        _check_layout(rollout(expert_parallel_size=2, data_parallel_size=2), moe)
 
 
 def test_sampling_dict_translation():

@@ -2,6 +2,7 @@
 
 from .ablation import MismatchInjection
 from .config import EngineConfig
+from .expert_parallel import ExpertParallelLLM
 from .llm import LLM
 from .llm_engine import LLMEngine
 from .outputs import RequestOutput
@@ -15,6 +16,7 @@ __all__ = [
     "EngineConfig",
     "LLMEngine",
     "MismatchInjection",
+    "ExpertParallelLLM",
     "PipelineLLM",
     "RequestOutput",
     "SamplingParams",

@@ -61,9 +61,14 @@ class LLM(LLMEngine):
             order.append(rid)
         bar = tqdm(total=len(order), desc="generate", unit="req", disable=not use_tqdm, leave=False)
         bar.update(len(results))
-        while self.has_unfinished_requests():
+        while self._more_steps():
             for out in self.step():
                 results[out.request_id] = out
                 bar.update(1)
         bar.close()
         return [results[rid] for rid in order]
+
+    def _more_steps(self) -> bool:
+        """Whether ``generate`` steps again: while requests are unfinished (an expert-parallel replica: on any rank,
+        which steps together)."""
+        return self.has_unfinished_requests()

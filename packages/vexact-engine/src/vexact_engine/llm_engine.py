@@ -90,6 +90,14 @@ class LLMEngine(EngineSleep, EngineWeights):
     # ---- the loop
     def add_request(self, prompt, params: SamplingParams | None = None, request_id: str | None = None) -> str:
         """Validate and queue a request (text or token ids). Raises ValueError/TypeError naming the problem."""
+        seq = self._new_sequence(prompt, params, request_id)
+        self._seqs[seq.request_id] = seq
+        self.scheduler.add(seq)
+        return seq.request_id
+
+    def _new_sequence(self, prompt, params: SamplingParams | None, request_id: str | None) -> Sequence:
+        """A validated request with its id, seed and arrival number, not queued yet (an expert-parallel driver
+        queues it on another rank)."""
         params = params or SamplingParams()
         if isinstance(params, dict):
             raise TypeError(f"sampling params must be a SamplingParams, got a dict {params!r}: SamplingParams(**it)")
@@ -101,10 +109,10 @@ class LLMEngine(EngineSleep, EngineWeights):
         arrival = self._num_arrivals
         if request_id is None:
             request_id = f"req-{arrival}"
-            while request_id in self._seqs:  # a caller may have used the same name explicitly
+            while self._id_in_use(request_id):  # a caller may have used the same name explicitly
                 request_id += "+"
         request_id = str(request_id)
-        if request_id in self._seqs:
+        if self._id_in_use(request_id):
             raise ValueError(f"request id {request_id!r} is already in use")
         ids = self._tokenize(prompt)
         if not ids:
@@ -129,10 +137,7 @@ class LLMEngine(EngineSleep, EngineWeights):
             )
         self._num_arrivals += 1
         seed = params.seed if params.seed is not None else token_seed(self.config.seed, -1 - arrival)
-        seq = Sequence(request_id, ids, params, seed, arrival)
-        self._seqs[request_id] = seq
-        self.scheduler.add(seq)
-        return request_id
+        return Sequence(request_id, ids, params, seed, arrival)
 
     def step(self) -> list[RequestOutput]:
         """Schedule and run one step; return the requests that finished in it (with ``async_decode``: the requests
@@ -217,6 +222,9 @@ class LLMEngine(EngineSleep, EngineWeights):
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
+
+    def _id_in_use(self, request_id: str) -> bool:
+        return request_id in self._seqs
 
     def _tokenize(self, prompt) -> list[int]:
         if isinstance(prompt, str):

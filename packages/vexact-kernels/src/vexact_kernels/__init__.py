@@ -33,7 +33,7 @@ from .logprobs import (
     log_softmax,
     logprobs_from_hidden,
 )
-from .moe import fused_moe, moe_route, moe_route_grouped
+from .moe import fused_moe, moe_combine, moe_expert_outputs, moe_route, moe_route_grouped
 from .rms_norm import add_rms_norm, rms_norm, rms_norm_pair
 from .rotary import apply_rotary, apply_rotary_qk, rope_cos_sin
 from .sample import gumbel_uniform, sample_from_hidden
@@ -67,6 +67,8 @@ __all__ = [
     "invariant_mode",
     "linear",
     "log_softmax",
+    "moe_combine",
+    "moe_expert_outputs",
     "moe_route",
     "moe_route_grouped",
     "record_range",

@@ -338,11 +338,46 @@ def _fused_moe_reference(x, w_gate_up, w_down, topk_weights, topk_ids) -> torch.
         start += n
     y_sorted = torch.cat(y_parts) if y_parts else x.new_zeros(0, x.shape[1], dtype=torch.float32)
     y = y_sorted[torch.argsort(order)].view(t, k, -1)  # back to [token, rank] order
+    return _combine_reference(y, topk_weights, x.dtype)
+
+
+def _combine_reference(y: torch.Tensor, topk_weights: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``((w_0 y_0) + w_1 y_1) + ...`` in fp32 over ``y [T, k, H]`` in rank order, cast once."""
     w = topk_weights.float()
     out = w[:, 0:1] * y[:, 0]
-    for r in range(1, k):
+    for r in range(1, y.shape[1]):
         out = out + w[:, r : r + 1] * y[:, r]
-    return out.to(x.dtype)
+    return out.to(dtype)
+
+
+def _expert_outputs_reference(x, w_gate_up, w_down, topk_ids) -> torch.Tensor:
+    """``[T, k, H]`` fp32: the arithmetic of ``_fused_moe_reference`` up to the combine, for the pairs whose expert
+    lies in ``[0, E)``; the other pairs' rows are zeros."""
+    t, k = topk_ids.shape
+    e, two_i, _ = w_gate_up.shape
+    inter = two_i // 2
+    flat = topk_ids.reshape(-1).long()
+    flat = torch.where((flat >= 0) & (flat < e), flat, e)  # held elsewhere: sorted last, never computed
+    order = torch.sort(flat, stable=True).indices
+    counts = torch.bincount(flat, minlength=e + 1).tolist()
+    n_local = sum(counts[:e])
+    xs = x[order[:n_local] // k]
+    h_parts, start = [], 0
+    for expert in range(e):
+        n = counts[expert]
+        if n:
+            h_parts.append(_linear_reference(xs[start : start + n], w_gate_up[expert]).to(x.dtype))
+        start += n
+    h = torch.cat(h_parts) if h_parts else x.new_zeros(0, two_i)
+    a = silu_and_mul(h[:, :inter], h[:, inter:])
+    y = x.new_zeros(t * k, x.shape[1], dtype=torch.float32)
+    start = 0
+    for expert in range(e):
+        n = counts[expert]
+        if n:
+            y[order[start : start + n]] = _linear_reference(a[start : start + n], w_down[expert])
+        start += n
+    return y.view(t, k, -1)
 
 
 def fused_moe(
@@ -368,3 +403,59 @@ def fused_moe(
         return triton_fused_moe(x, w_gate_up, w_down, topk_weights, topk_ids)
     invariant_device_check("fused_moe", x, w_gate_up, w_down)
     return _fused_moe_reference(x, w_gate_up, w_down, topk_weights, topk_ids)
+
+
+def moe_expert_outputs(
+    x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, topk_ids: torch.Tensor
+) -> torch.Tensor:
+    """Each (token, rank) pair's expert output before the combine: ``[T, k, H]`` fp32, row ``[t, r]`` equal bit for
+    bit to what :func:`fused_moe` computes for that pair (each pair row is reduced alone, so which pairs share the
+    call changes no bit). Pairs whose id lies outside ``[0, E)`` are not computed and hold zeros: with the experts
+    sharded over ranks (expert parallelism), each rank passes ids relative to its first expert, and the pairs of
+    other ranks' experts and pad rows fall outside. Invariant backend only; no autograd (inference)."""
+    check_float("moe_expert_outputs", "x", x)
+    if x.dim() != 2 or w_gate_up.dim() != 3 or w_down.dim() != 3 or topk_ids.dim() != 2:
+        raise ValueError(
+            f"moe_expert_outputs: expected x [T, H], w_gate_up [E, 2I, H], w_down [E, H, I], topk_ids [T, k]; got "
+            f"{tuple(x.shape)}, {tuple(w_gate_up.shape)}, {tuple(w_down.shape)}, {tuple(topk_ids.shape)}"
+        )
+    if topk_ids.shape[0] != x.shape[0] or w_gate_up.shape[2] != x.shape[1] or x.dtype != w_gate_up.dtype:
+        raise ValueError(
+            f"moe_expert_outputs: x {tuple(x.shape)} {x.dtype}, w_gate_up {tuple(w_gate_up.shape)} "
+            f"{w_gate_up.dtype}, topk_ids {tuple(topk_ids.shape)} do not agree"
+        )
+    if get_backend("moe") == "fast":
+        raise ValueError("moe_expert_outputs: the invariant moe backend only (expert parallelism keeps the bits)")
+    t, k = topk_ids.shape
+    if t == 0:
+        return x.new_zeros(0, k, x.shape[1], dtype=torch.float32)
+    if use_triton(x, w_gate_up, w_down):
+        from .triton_ops.moe import triton_moe_expert_outputs
+
+        return triton_moe_expert_outputs(x, w_gate_up, w_down, topk_ids)
+    invariant_device_check("moe_expert_outputs", x, w_gate_up, w_down)
+    return _expert_outputs_reference(x, w_gate_up, w_down, topk_ids)
+
+
+def moe_combine(expert_outputs: torch.Tensor, topk_weights: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``out[t] = ((w_0 y_0) + w_1 y_1) + ...`` over ``expert_outputs [T, k, H]`` (fp32) in the token's own rank
+    order, in fp32, cast once to ``dtype``: :func:`fused_moe`'s combine, so ``moe_combine(moe_expert_outputs(...))``
+    is ``fused_moe`` bit for bit, on the device that runs it."""
+    if expert_outputs.dim() != 3 or topk_weights.shape != expert_outputs.shape[:2]:
+        raise ValueError(
+            f"moe_combine: expected expert_outputs [T, k, H] and topk_weights [T, k]; got "
+            f"{tuple(expert_outputs.shape)}, {tuple(topk_weights.shape)}"
+        )
+    if expert_outputs.dtype != torch.float32:
+        raise TypeError(f"moe_combine: expert_outputs must be float32; got {expert_outputs.dtype}")
+    if get_backend("moe") == "fast":
+        raise ValueError("moe_combine: the invariant moe backend only (expert parallelism keeps the bits)")
+    t, _, h = expert_outputs.shape
+    if t == 0:
+        return expert_outputs.new_zeros(0, h, dtype=dtype)
+    if use_triton(expert_outputs):
+        from .triton_ops.moe import triton_moe_combine
+
+        return triton_moe_combine(expert_outputs, topk_weights, dtype)
+    invariant_device_check("moe_combine", expert_outputs)
+    return _combine_reference(expert_outputs, topk_weights, dtype)

@@ -2,7 +2,15 @@
 
 from .attention_metadata import AttentionMetadata
 from .config import parse_dtype
-from .layers import RouterOutput, checkpoint_pieces, load_balancing_loss, named_weights, record_router, weight_dtype
+from .layers import (
+    RouterOutput,
+    SparseMoeBlock,
+    checkpoint_pieces,
+    load_balancing_loss,
+    named_weights,
+    record_router,
+    weight_dtype,
+)
 from .loader import (
     CheckpointError,
     config_from_dict,
@@ -106,6 +114,7 @@ __all__ = [
     "Qwen3MoeConfig",
     "Qwen3MoeForCausalLM",
     "RouterOutput",
+    "SparseMoeBlock",
     "TensorSpec",
     "WeightSlot",
     "WeightSyncGroup",

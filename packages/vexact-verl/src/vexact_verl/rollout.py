@@ -12,6 +12,7 @@ Both follow verl's vLLM backend call for call, so verl drives vexact exactly as 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 from typing import Any
@@ -54,20 +55,68 @@ def server_actor_name(replica_rank: int, node_rank: int = 0, role: str = "", suf
 CHECKPOINT_BACKENDS = ("naive", "nccl", "gloo")
 
 
-def _check_layout(config) -> None:
+def _routed_experts(model_config) -> int | None:
+    """The routed-expert count of the model's HF config (``num_experts``, ``n_routed_experts`` or
+    ``num_local_experts``); None for a dense model or a config not at hand."""
+    hf = getattr(model_config, "hf_config", None)
+    if hf is None:
+        path = getattr(model_config, "local_path", None)
+        if not path or not os.path.isfile(os.path.join(path, "config.json")):
+            return None
+        with open(os.path.join(path, "config.json")) as f:
+            hf = json.load(f)
+    get = hf.get if isinstance(hf, dict) else lambda key: getattr(hf, key, None)
+    for key in ("num_experts", "n_routed_experts", "num_local_experts"):
+        if isinstance(get(key), int) and get(key) > 0:
+            return get(key)
+    return None
+
+
+def _check_expert_parallel(config, model_config=None) -> int:
+    """``rollout.expert_parallel_size``: 1 (no expert parallelism), or a divisor of the model's routed experts, with
+    ``data_parallel_size`` equal to it (as verl lays out expert parallelism: the attention data-parallel over the
+    replica's ranks, each rank a shard of the experts). Returns the size."""
+    ep = getattr(config, "expert_parallel_size", 1)
+    ep = 1 if ep is None else ep
+    if isinstance(ep, bool) or not isinstance(ep, int) or ep < 1:
+        raise ValueError(f"rollout.expert_parallel_size must be a positive integer, got {ep!r}")
+    if ep == 1:
+        return 1
+    if config.data_parallel_size != ep:
+        raise ValueError(
+            f"rollout.expert_parallel_size={ep} needs rollout.data_parallel_size={ep} (the attention data-parallel "
+            f"over the replica's ranks); got {config.data_parallel_size}"
+        )
+    experts = _routed_experts(model_config)
+    if model_config is not None and experts is None:
+        raise ValueError(f"rollout.expert_parallel_size={ep}: the model has no routed experts (it is not an MoE model)")
+    if experts is not None and experts % ep:
+        raise ValueError(
+            f"rollout.expert_parallel_size={ep} does not divide the model's {experts} routed experts: use a divisor "
+            f"of {experts}"
+        )
+    raise NotImplementedError(
+        f"rollout.expert_parallel_size={ep}: the vexact server does not drive an expert-parallel replica yet "
+        "(vexact_engine.ExpertParallelLLM runs one under torchrun); use 1, or pipeline_model_parallel_size for a "
+        "model that outgrows one GPU"
+    )
+
+
+def _check_layout(config, model_config=None) -> None:
     backend = config.checkpoint_engine.backend
     if backend not in CHECKPOINT_BACKENDS:
         raise ValueError(
             f"rollout.checkpoint_engine.backend={backend!r}: the vexact rollout takes {list(CHECKPOINT_BACKENDS)} "
             "(naive for the hybrid placement, nccl to sync a separate rollout on GPUs, gloo on CPU)"
         )
+    ep = _check_expert_parallel(config, model_config)
     tp, dp, pp = config.tensor_model_parallel_size, config.data_parallel_size, config.pipeline_model_parallel_size
     if tp != 1:
         raise ValueError(
             f"rollout.tensor_model_parallel_size={tp}: the vexact rollout runs without tensor parallelism (it would "
             "change the reduction order of every row); use 1, and data-parallel replicas for throughput"
         )
-    if dp != 1:
+    if dp != 1 and dp != ep:
         raise ValueError(f"rollout.data_parallel_size={dp}: use 1; verl makes one vexact replica per rollout world")
     if pp > 1:
         engine = engine_kwargs_from_verl(config)
@@ -104,7 +153,7 @@ class VexactReplica(RolloutReplica):
 
     def __init__(self, replica_rank: int, config: RolloutConfig, model_config: HFModelConfig, *args, **kwargs):
         super().__init__(replica_rank, config, model_config, *args, **kwargs)
-        _check_layout(self.config)
+        _check_layout(self.config, self.model_config)
         self.server_class = ray.remote(VexactServer)
         self.stage_class = ray.remote(VexactStage)
         self.stages = []
@@ -208,7 +257,7 @@ class ServerAdapter(BaseRollout):
 
     def __init__(self, config: RolloutConfig, model_config: HFModelConfig, device_mesh=None, replica_rank: int = -1):
         super().__init__(config, model_config, device_mesh)
-        _check_layout(self.config)
+        _check_layout(self.config, self.model_config)
         rank = int(os.environ.get("RANK", "0"))
         local_world_size = int(os.environ.get("RAY_LOCAL_WORLD_SIZE", "1"))
         world = self.config.tensor_model_parallel_size * self.config.data_parallel_size

@@ -371,3 +371,39 @@ def triton_fused_moe(
         return out
     _, _, _, out = _forward(x, w_gate_up, w_down, tw, _Plan(ids, w_gate_up.shape[0]), config)
     return out
+
+
+def triton_moe_expert_outputs(
+    x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, topk_ids: torch.Tensor
+) -> torch.Tensor:
+    """``[T, k, H]`` fp32: each pair's ``down_e(silu(gate_e(x_t)) * up_e(x_t))``, the rows :func:`_forward` combines;
+    pairs whose id is outside ``[0, E)`` (experts on another rank, pad rows) are sorted past the last expert, never
+    computed, and hold zeros. No host sync, fixed shapes for fixed ``(T, k, E)``: graph-capturable."""
+    from . import interpreting
+
+    t, k = topk_ids.shape
+    e = w_gate_up.shape[0]
+    hid, inter = x.shape[1], w_down.shape[2]
+    ids = topk_ids.to(torch.int64)
+    valid = (ids >= 0) & (ids < e)
+    plan = _Plan(torch.where(valid, ids, e), e)
+    config = pick_config(t * k, interpreting(), x.element_size())
+    h = _grouped_mm(x, plan.tok, w_gate_up, (w_gate_up.stride(1), w_gate_up.stride(2)), 2 * inter, hid, plan,
+                    x.dtype, config)  # fmt: skip
+    act = silu_and_mul_fwd(h[:, :inter], h[:, inter:])
+    y = _grouped_mm(act, None, w_down, (w_down.stride(1), w_down.stride(2)), hid, inter, plan, torch.float32, config)
+    return torch.where(valid.reshape(-1, 1), y[plan.inv], 0.0).view(t, k, hid)
+
+
+class _Identity:
+    """A plan whose pairs are already in ``[token, rank]`` order (for :func:`_combine` over gathered rows)."""
+
+    def __init__(self, t: int, k: int, device: torch.device):
+        self.topk = k
+        self.inv = torch.arange(t * k, device=device)
+
+
+def triton_moe_combine(y: torch.Tensor, topk_weights: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``[T, H]``: the combine of :func:`_forward` (``_combine_kernel``) over ``y [T, k, H]`` fp32 in rank order."""
+    t, k, h = y.shape
+    return _combine(y.reshape(t * k, h), topk_weights.float().contiguous(), _Identity(t, k, y.device), t, dtype)

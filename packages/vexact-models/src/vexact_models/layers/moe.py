@@ -57,6 +57,11 @@ class Experts(nn.Module):
         self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * inter, hidden, dtype=dtype))
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, inter, dtype=dtype))
 
+    def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
+        """The routed experts' weighted sum ``[T, H]`` for ``x [T, H]`` routed to ``topk_ids [T, k]``. A module of
+        its own so that expert parallelism, applied from outside, can put a sharded one in its place."""
+        return vk.fused_moe(x, self.gate_up_proj, self.down_proj, topk_weights, topk_ids)
+
 
 class SparseMoeBlock(nn.Module):
     """Router (fp32 logits), softmax top-k routing, the experts' SwiGLU MLPs and the weighted combine."""
@@ -85,7 +90,7 @@ class SparseMoeBlock(nn.Module):
         rec = _recorder.get()
         if rec is not None:
             rec.append(RouterOutput(logits, ids))
-        return vk.fused_moe(x, self.experts.gate_up_proj, self.experts.down_proj, weights, ids)
+        return self.experts(x, weights, ids)
 
 
 class DeepseekMoeBlock(SparseMoeBlock):

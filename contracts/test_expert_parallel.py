@@ -1,0 +1,88 @@
+"""Expert parallelism: an ``ExpertParallelLLM`` over 2 and 4 ranks == one device == the trainer, ``torch.equal``,
+on the tiny Qwen3-MoE, DeepSeek-V3 and top-8 Qwen3-MoE checkpoints; seen failing with a combine in arrival order.
+
+The checks live in ``contracts/ep_check.py`` (also the torchrun entry point for GPUs: ``scripts/checks/ep_gpu.sh``
+runs them with NCCL on a host with two or more GPUs); here they run in gloo processes on CPU.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch.distributed as dist
+
+from contracts import ep_check
+from vexact_engine import ExpertParallelLLM
+from vexact_engine.expert_parallel import expert_shard
+from vexact_models import default_checkpoint, load_model
+
+
+@pytest.fixture
+def cpu_only(device):
+    if device != "cpu":
+        pytest.skip("gloo processes on CPU; on GPUs the same checks run with NCCL: bash scripts/checks/ep_gpu.sh")
+
+
+def _assert_ok(summary: dict) -> None:
+    assert summary["ok"], summary["checks"]
+    assert any(summary["idle_steps"]), "some rank should have stepped with no tokens of its own"
+
+
+@pytest.mark.parametrize(
+    "checkpoint, world, extra",
+    [
+        ("qwen3_moe", 2, dict(weights=True)),
+        ("deepseek_v3", 2, dict(weights=True)),
+        ("qwen3_moe_top8", 2, dict(long=True)),
+        ("qwen3_moe", 4, {}),
+        ("qwen3_moe", 2, dict(weights=True, driven=True)),
+        pytest.param("deepseek_v3", 4, dict(weights=True, driven=True), marks=pytest.mark.slow),
+        pytest.param("deepseek_v3", 4, {}, marks=pytest.mark.slow),
+        pytest.param("qwen3_moe_top8", 4, {}, marks=pytest.mark.slow),
+    ],
+)
+def test_expert_parallel_equals_one_device_and_trainer(cpu_only, tmp_path, checkpoint, world, extra):
+    """Every token and logprob of each rank's requests == one device's == the trainer's; with ``weights``, also
+    after sleep(2), wake and an update_weights to other weights (each rank keeping its own experts); ``driven``: rank
+    0 takes the whole workload, the weight lifecycle and two aborts, and spreads the requests over the ranks."""
+    _assert_ok(ep_check.spawn(world, str(tmp_path / "ep.json"), checkpoint=checkpoint, **extra))
+
+
+def test_expert_parallel_contract_fails_with_a_combine_in_arrival_order(cpu_only, tmp_path):
+    """Each token's expert rows added as an all-to-all delivers them (by rank, then expert) instead of in its own
+    top-k order: the same workload and checkpoint as the passing top-8 case above, and the check sees it."""
+    summary = ep_check.spawn(2, str(tmp_path / "ep.json"), checkpoint="qwen3_moe_top8", perturb="arrival", long=True)
+    one_device = summary["checks"][0]
+    assert one_device["check"] == "ep == one device" and not one_device["ok"], summary["checks"]
+
+
+def test_expert_parallel_size_must_divide_the_experts():
+    assert expert_shard(8, 4, 3) == range(6, 8)
+    with pytest.raises(ValueError, match=r"expert_parallel_size=3 does not divide the 8 routed experts"):
+        expert_shard(8, 3, 0)
+    with pytest.raises(ValueError, match="positive integer"):
+        expert_shard(8, 0, 0)
+
+
+def test_expert_parallel_needs_a_process_group():
+    assert not dist.is_initialized()
+    with pytest.raises(RuntimeError, match="process group"):
+        ExpertParallelLLM(model=load_model(default_checkpoint("qwen3_moe")), num_kv_blocks=8)
+
+
+def test_expert_parallel_refuses_a_size_that_does_not_divide_the_experts(monkeypatch):
+    """The replica itself, on a one-rank gloo group that says it has 3 ranks: refused before any expert is cut."""
+    import os
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(ep_check._free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        monkeypatch.setattr(dist, "get_world_size", lambda group=None: 3)
+        model = load_model(default_checkpoint("qwen3_moe"))
+        with pytest.raises(ValueError, match=r"expert_parallel_size=3 does not divide the 8 routed experts"):
+            ExpertParallelLLM(model=model, num_kv_blocks=8)
+        assert model.model.layers[0].mlp.experts.gate_up_proj.shape[0] == 8  # nothing cut
+        monkeypatch.undo()
+        with pytest.raises(ValueError, match="invariant moe kernels only"):
+            ExpertParallelLLM(model=model, num_kv_blocks=8, backend="fast")
+    finally:
+        dist.destroy_process_group()

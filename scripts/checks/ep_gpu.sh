@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# The expert-parallel contracts on GPUs, NCCL (NVLink multicast off), one rank per GPU, with one PASS / FAIL / SKIP
+# line a case in RESULTS_DIR/summary.txt (after a header: date, GPU, GPU count, commit, command):
+#
+#   bash scripts/checks/ep_gpu.sh RESULTS_DIR
+#
+# For EP = 2 (and 4 where 4 GPUs are visible), each of the tiny qwen3_moe, deepseek_v3 and qwen3_moe_top8
+# checkpoints: contracts/ep_check.py (ExpertParallelLLM == one GPU == the trainer, torch.equal; qwen3_moe and
+# deepseek_v3 also after sleep(2), wake and update_weights), then the perturbation: the combine in arrival order on
+# qwen3_moe_top8 at EP = 2 must be caught. The script sources scripts/staging/device_env.sh (the monorepo on
+# PYTHONPATH). GPUs: those of CUDA_VISIBLE_DEVICES, else all. Exit status 0 only if every case passed and the
+# perturbation was caught.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+RESULTS=${1:?usage: ep_gpu.sh RESULTS_DIR}
+mkdir -p "$RESULTS"
+RESULTS=$(cd "$RESULTS" && pwd)
+SUMMARY=$RESULTS/summary.txt
+# shellcheck disable=SC1091
+source scripts/staging/device_env.sh
+export NCCL_NVLS_ENABLE=0
+NGPU=$(python3 -c "import torch; print(torch.cuda.device_count())")
+GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+{
+  echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo "GPU: $GPU x $NGPU"
+  dirty=""
+  git rev-parse HEAD > /dev/null 2>&1 && ! git diff --quiet HEAD && dirty=" (uncommitted changes)"
+  echo "commit: ${COMMIT:-$(git rev-parse --short HEAD 2> /dev/null || echo unknown)}$dirty"
+  echo "command: bash scripts/checks/ep_gpu.sh $RESULTS"
+} | tee -a "$SUMMARY"
+status=0
+result() {  # result CASE VERDICT DETAIL: one summary line
+  echo "$1: $2 ($3)" | tee -a "$SUMMARY"
+  [ "$2" = PASS ] || status=1
+}
+
+check() {  # check NAME WORLD EXPECT ARGS...: EXPECT pass (exit 0) or caught (exit 0 of a perturbed run)
+  local name=$1 world=$2 expect=$3 log
+  shift 3
+  log=$RESULTS/$name.log
+  if [ "$NGPU" -lt "$world" ]; then
+    result "$name" SKIP "EP=$world needs $world GPUs; $NGPU visible"
+    return
+  fi
+  local t0=$SECONDS
+  python3 -m torch.distributed.run --standalone --nproc_per_node "$world" -m contracts.ep_check --device cuda "$@" \
+    > "$log" 2>&1
+  local rc=$?
+  grep -E '^\{' "$log" | tail -1
+  if [ "$rc" = 0 ]; then
+    result "$name" PASS "EP=$world, $expect, $((SECONDS - t0)) s"
+  else
+    result "$name" FAIL "exit $rc after $((SECONDS - t0)) s; see $log"
+  fi
+}
+
+for world in 2 4; do
+  check "qwen3_moe-ep$world" "$world" "== one GPU == trainer" --checkpoint qwen3_moe --weights
+  check "deepseek_v3-ep$world" "$world" "== one GPU == trainer" --checkpoint deepseek_v3 --weights
+  check "qwen3_moe_top8-ep$world" "$world" "== one GPU == trainer" --checkpoint qwen3_moe_top8 --long
+done
+check "arrival-order-caught-ep2" 2 "arrival-order combine caught" --checkpoint qwen3_moe_top8 --long --perturb arrival
+exit "$status"
