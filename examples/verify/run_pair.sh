@@ -49,7 +49,9 @@
 # tokens in every arm: equal work for the timing (benchmarks/rl_step.py reads the same files). Outputs, per arm:
 # RESULTS_DIR/<TAG>-<STEM>-<ARM>.jsonl (STEM: smoke's model, e.g. qwen3-1.7b, else the pair's name; verl's file
 # logger: one record a step), .meta.json (the run's config, stack, the settings that differ from verl's defaults, GPU,
-# commit, command, peak GPU memory sampled by nvidia-smi) and .log; with two or more arms compare.py then writes
+# commit, command, peak GPU memory sampled by nvidia-smi), .log and, for the vexact and fast arms, .phases.jsonl
+# (each replica's generation phases: time inside engine steps against the phase's wall time, vexact_verl.server
+# GenPhase); with two or more arms compare.py then writes
 # <TAG>-<STEM>.png (one arm a call: run compare.py on the files afterwards, as this script prints).
 # Needs verl, Ray and vLLM importable (on an air-gapped machine: scripts/staging/rl_stack_wheels.sh install).
 set -euo pipefail
@@ -165,9 +167,11 @@ for arm in "${ARMS[@]}"; do
       ;;
   esac
   export VERL_FILE_LOGGER_PATH="$RESULTS/$NAME.jsonl" VLLM_USE_FLASHINFER_SAMPLER=0
+  # the vexact replicas' account of each generation phase (engine steps against the phase's wall time)
+  export VEXACT_GEN_PHASE_LOG="$RESULTS/$NAME.phases.jsonl"
   ARM_PATH=${PYTHONPATH_VEXACT:-}
   [ "$arm" = vllm ] && ARM_PATH=${PYTHONPATH_VLLM:-}
-  rm -f "$VERL_FILE_LOGGER_PATH"
+  rm -f "$VERL_FILE_LOGGER_PATH" "$VEXACT_GEN_PHASE_LOG"
   CMD=(python3 -m "$ENTRY" "${COMMON[@]}" "${ARGS[@]}" trainer.experiment_name="$NAME"
        trainer.default_local_dir="outputs/verify/checkpoints/$NAME" hydra.run.dir="outputs/verify/hydra/$NAME")
   if [ "$DRY_RUN" = 1 ]; then

@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
 import os
 import socket
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +27,7 @@ import torch
 from vexact_engine import EngineConfig, LLMEngine, MismatchInjection, PipelineLLM, RequestOutput, SamplingParams
 
 log = logging.getLogger("vexact_verl")
+GEN_PHASE_LOG_ENV = "VEXACT_GEN_PHASE_LOG"  # a file each replica appends its GenPhase summaries to, one JSON line each
 
 # verl passes these sampling keys (agent loop: temperature/top_p/top_k/repetition_penalty/logprobs; tool agent:
 # stop_token_ids; the server itself: max_tokens or sglang's max_new_tokens). Anything else would change what is
@@ -41,6 +44,38 @@ SUPPORTED_SAMPLING_KEYS = (
     "ignore_eos",
     "seed",
 )
+
+
+@dataclass
+class GenPhase:
+    """Where one generation phase of a replica goes (from the server being ready to its next sleep): time to the
+    first request, time inside ``engine.step`` (the engine's own work, host and device), time after the last answer,
+    and the requests, steps and tokens. The rest of the phase's wall time is the server waiting on its callers (verl's
+    agent loop, transport) between steps."""
+
+    start: float = field(default_factory=time.monotonic)
+    first: float | None = None
+    last: float | None = None
+    requests: int = 0
+    steps: int = 0
+    tokens: int = 0
+    engine_s: float = 0.0
+
+    def summary(self, end: float) -> dict[str, float]:
+        first = self.first if self.first is not None else end
+        last = self.last if self.last is not None else end
+        active = max(last - first, 1e-9)
+        return {
+            "wall_s": end - self.start,
+            "to_first_request_s": first - self.start,
+            "first_to_last_answer_s": last - first,
+            "after_last_answer_s": end - last,
+            "engine_s": self.engine_s,
+            "engine_share": self.engine_s / active if self.last is not None else 0.0,
+            "requests": self.requests,
+            "steps": self.steps,
+            "tokens": self.tokens,
+        }
 
 
 @dataclass
@@ -186,6 +221,8 @@ class VexactServer:
         self._weight_buffers: list[torch.Tensor] = []  # a colocated trainer's bucket buffers (CUDA IPC), one sync
         self._writing = False  # a colocated trainer is writing into the engine's weights (the single-copy path)
         self._warned_unseeded = False
+        self._phase = GenPhase()
+        self.last_phase: dict[str, float] = {}  # GenPhase.summary of the phase the last sleep ended
 
     # ---- lifecycle
     async def launch_server(self, dist_address: tuple[str, int] | None = None) -> None:
@@ -297,6 +334,9 @@ class VexactServer:
                         continue
                     self.engine.add_request(prompt_ids, params, request_id)  # validates; raises on bad input
                     self._in_engine.add(request_id)
+                    self._phase.requests += 1
+                    if self._phase.first is None:
+                        self._phase.first = time.monotonic()
                     version = self.global_steps
                 self._work.set()
                 break
@@ -334,7 +374,10 @@ class VexactServer:
                     continue
                 try:
                     self.stats["max_in_flight"] = max(self.stats["max_in_flight"], len(self._in_engine))
+                    t0 = time.monotonic()
                     finished = await asyncio.to_thread(engine.step)
+                    self._phase.engine_s += time.monotonic() - t0
+                    self._phase.steps += 1
                     self.stats["steps"] += 1
                 except Exception as e:  # fail the requests in flight rather than hang their callers
                     log.exception("engine step failed")
@@ -349,6 +392,9 @@ class VexactServer:
             await asyncio.sleep(0)  # let queued generate() calls join the next step
 
     def _finish(self, out) -> None:
+        if out.request_id in self._in_engine:
+            self._phase.tokens += len(out.token_ids)
+            self._phase.last = time.monotonic()
         self._in_engine.discard(out.request_id)
         fut = self._futures.get(out.request_id)
         if fut is not None and not fut.done():
@@ -402,6 +448,7 @@ class VexactServer:
             return
         self._ready.clear()  # new requests wait in the server from now on
         await self.wait_for_requests_to_drain()
+        self._end_phase()
         level = self.settings.sleep_level if self.rollout_mode == "hybrid" else 1
         async with self._lock:
             if not self.engine.sleep_level:
@@ -423,8 +470,29 @@ class VexactServer:
 
     def _set_ready(self) -> None:
         if not self.engine.sleep_level and not self._missing and not self._writing:
+            if not self._ready.is_set():
+                self._phase = GenPhase()
             self._ready.set()
             self._work.set()
+
+    def _end_phase(self) -> None:
+        """Log where the generation phase that ends here went (:class:`GenPhase`), and keep it for get_stats."""
+        if self._phase.requests:
+            self.last_phase = self._phase.summary(time.monotonic())
+            p = self.last_phase
+            log.info(
+                "vexact replica %d, generation phase: %.2f s from ready to sleep; first request after %.2f s, "
+                "last answer %.2f s later, then %.2f s to sleep; engine steps %.2f s (%.0f%% of first request to last "
+                "answer); %d requests, %d steps, %d tokens",
+                self.replica_rank, p["wall_s"], p["to_first_request_s"], p["first_to_last_answer_s"],
+                p["after_last_answer_s"], p["engine_s"], 100 * p["engine_share"], p["requests"], p["steps"],
+                p["tokens"],
+            )  # fmt: skip
+            path = os.environ.get(GEN_PHASE_LOG_ENV)
+            if path:  # one JSON line a phase, for a run's own record (examples/verify/run_pair.sh sets it)
+                with open(path, "a") as f:
+                    f.write(json.dumps({"replica": self.replica_rank, "global_steps": self.global_steps, **p}) + "\n")
+        self._phase = GenPhase()
 
     async def release_kv_cache(self) -> None:
         """Before a weight sync: the engine frees KV with its weights only, so this is a no-op."""
@@ -565,13 +633,15 @@ class VexactServer:
     async def stop_profile(self) -> None:
         pass
 
-    async def get_stats(self) -> dict[str, int]:
+    async def get_stats(self) -> dict[str, float]:
         """Counters for tests and logs: engine steps, most requests in the engine when a step started, weight
-        buckets loaded, requests not answered yet, CUDA memory allocated by this process, and the engine's prompt
-        tokens and those reused from its prefix cache."""
+        buckets loaded, requests not answered yet, CUDA memory allocated by this process, the engine's prompt
+        tokens and those reused from its prefix cache, and ``phase_*``: the last generation phase that a sleep
+        ended (:class:`GenPhase`)."""
         device_bytes = torch.cuda.memory_allocated() if torch.cuda.is_initialized() else 0
         engine = {k: v for k, v in getattr(self.engine, "stats", {}).items() if k.endswith("prompt_tokens")}
-        return dict(self.stats, **engine, in_flight=len(self._futures), device_bytes=device_bytes)
+        phase = {f"phase_{k}": v for k, v in self.last_phase.items()}
+        return dict(self.stats, **engine, **phase, in_flight=len(self._futures), device_bytes=device_bytes)
 
 
 def _see_devices(cuda_visible_devices: str | None) -> None:
