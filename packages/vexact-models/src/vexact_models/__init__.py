@@ -2,7 +2,15 @@
 
 from .attention_metadata import AttentionMetadata
 from .config import parse_dtype
-from .layers import RouterOutput, checkpoint_pieces, load_balancing_loss, named_weights, record_router, weight_dtype
+from .layers import (
+    RouterOutput,
+    checkpoint_pieces,
+    load_balancing_loss,
+    named_weights,
+    record_router,
+    stacked_experts,
+    weight_dtype,
+)
 from .loader import (
     CheckpointError,
     config_from_dict,
@@ -19,6 +27,8 @@ from .models import (
     DeepseekV3ForCausalLM,
     DenseConfig,
     DenseForCausalLM,
+    GptOssConfig,
+    GptOssForCausalLM,
     LlamaConfig,
     LlamaForCausalLM,
     MistralConfig,
@@ -31,9 +41,11 @@ from .models import (
     Qwen3MoeForCausalLM,
     YarnScaling,
 )
+from .mxfp4 import dequantize_mxfp4
 from .packing import PACK_ALIGN, PackedSlot, allocate_packed, pack_parameters, packed_buffers
 from .tiny import (
     DEEPSEEK_V3_SHAPES,
+    GPT_OSS_SHAPES,
     LLAMA_SHAPES,
     MISTRAL_SHAPES,
     QWEN2_SHAPES,
@@ -47,6 +59,7 @@ from .tiny import (
     tiny_checkpoint_config,
     tiny_config,
     tiny_deepseek_v3_config,
+    tiny_gpt_oss_config,
     tiny_qwen3_config,
     tiny_qwen3_moe_config,
     write_tiny_checkpoint,
@@ -77,6 +90,7 @@ __version__ = "0.3.2"
 
 __all__ = [
     "DEEPSEEK_V3_SHAPES",
+    "GPT_OSS_SHAPES",
     "LLAMA_SHAPES",
     "MISTRAL_SHAPES",
     "MODEL_CLASSES",
@@ -92,6 +106,8 @@ __all__ = [
     "DenseConfig",
     "DenseForCausalLM",
     "DirectWriter",
+    "GptOssConfig",
+    "GptOssForCausalLM",
     "LlamaConfig",
     "LlamaForCausalLM",
     "MistralConfig",
@@ -118,6 +134,7 @@ __all__ = [
     "config_from_dict",
     "copy_tensors",
     "default_checkpoint",
+    "dequantize_mxfp4",
     "device_uuid",
     "expected_tensors",
     "ipc_handle",
@@ -139,11 +156,13 @@ __all__ = [
     "record_router",
     "save_checkpoint",
     "send_buckets",
+    "stacked_experts",
     "TINY_CHECKPOINTS",
     "TINY_VARIANTS",
     "tiny_checkpoint_config",
     "tiny_config",
     "tiny_deepseek_v3_config",
+    "tiny_gpt_oss_config",
     "tiny_qwen3_config",
     "tiny_qwen3_moe_config",
     "write_tiny_checkpoint",
