@@ -320,7 +320,7 @@ TINY_VARIANTS = {
                                              num_experts_per_tok=6, tie_word_embeddings=True), _LOUD_EXPERTS),
     "qwen3_hd64": ("qwen3", dict(head_dim=64), dict(embed_std=1.0, weight_scales={})),
 }  # fmt: skip
-FAMILIES = ("qwen3", "qwen3_moe", "qwen2", "llama", "mistral", "deepseek_v3")
+FAMILIES = ("qwen3", "qwen3_moe", "qwen2", "llama", "mistral", "deepseek_v3", "gpt_oss")
 # random_model's embed_std and weight factors of a family's own checkpoint, where not the defaults: gpt-oss's gate_up
 # times 4 (exact in bf16), so that some gate and up values pass the clamped SwiGLU's limit of 7
 _FAMILY_EXTRAS = {"gpt_oss": dict(embed_std=1.0, weight_scales={"experts.gate_up_proj": 4.0})}
