@@ -244,14 +244,11 @@ def mla_scale_folded_into_q(monkeypatch, device):
     monkeypatch.setattr(MLAttention, "forward", forward)
 
 
-def _attend_sink_last(q, k_store, v_store, key_rows, last_pos, scale, window=None, sinks=None):
-    """The CPU reference's ``attention._attend`` with the sink folded in at another place: after the last key block
-    (running max and sum rescaled to take it) instead of before the first. ``sink_first`` below runs this very code
-    with the sink first, which must reproduce the reference, so that a failure is the fold's place and nothing else."""
-    return _attend_sink_at(q, k_store, v_store, key_rows, last_pos, scale, window, sinks, first=False)
-
-
 def _attend_sink_at(q, k_store, v_store, key_rows, last_pos, scale, window, sinks, first: bool):
+    """The CPU reference's ``attention._attend`` written out again, with the sink folded in before the first key block
+    (``first``: where the reference folds it) or after the last one (running max and sum rescaled to take it). With
+    ``first`` it must reproduce the reference (``test_gpt_oss_sink_copy_reproduces_the_reference``), so that a failure
+    under ``first=False`` is the fold's place and nothing else."""
     import math
 
     from vexact_kernels import portable_math as pm
