@@ -200,6 +200,28 @@ def test_decode_reads_no_key_before_the_window(window):
     assert torch.equal(paged, packed)
 
 
+def test_decode_reads_no_page_before_the_window():
+    """A decode step whose block table names, for every page wholly before the query's window, a page that does not
+    exist: no error and the packed result, so no such page is read (a sliding layer's old pages may be gone)."""
+    n, page, window = 50, 4, 9
+    q, k, v = _qkv(n, seed=9)
+    sinks = _sinks(9, torch.bfloat16)
+    packed = vk.attention_packed(q, k, v, _cu([n]), window=window, sinks=sinks)
+    pages = -(-n // page)
+    k_cache = torch.zeros(pages, page, HKV, D, dtype=k.dtype)
+    v_cache = torch.zeros(pages, page, HKV, D, dtype=v.dtype)
+    vk.write_kv_cache(k, v, k_cache, v_cache, torch.arange(n))
+    first = n - 1 - window + 1  # the oldest key the last query sees
+    table = torch.tensor([[p if (p + 1) * page > first else 10_000 + p for p in range(pages)]])
+    assert (table >= pages).sum() == first // page > 0
+    out = vk.attention_paged(
+        q[-1:], k_cache, v_cache, table, torch.tensor([n]), _cu([1]), window=window, sinks=sinks
+    )  # fmt: skip
+    assert torch.equal(out, packed[-1:])
+    with pytest.raises(IndexError):  # without the window the same table is read out of range
+        vk.attention_paged(q[-1:], k_cache, v_cache, table, torch.tensor([n]), _cu([1]), sinks=sinks)
+
+
 def test_query_budget_stepping_does_not_change_values(monkeypatch):
     lens = [20, 30]
     q, k, v = _qkv(sum(lens), seed=6)
