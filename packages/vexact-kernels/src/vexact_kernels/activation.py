@@ -38,6 +38,16 @@ SWIGLU_ALPHA = 1.702
 SWIGLU_LIMIT = 7.0
 
 
+def clamped_swiglu_torch(
+    gate: torch.Tensor, up: torch.Tensor, alpha: float = SWIGLU_ALPHA, limit: float = SWIGLU_LIMIT
+) -> torch.Tensor:
+    """The clamped SwiGLU as transformers' ``GptOssExperts._apply_gate`` computes it, in the input dtype (torch's own
+    sigmoid): the ``fast`` backend's arithmetic, on any device."""
+    g = gate.clamp(min=None, max=limit)
+    u = up.clamp(min=-limit, max=limit)
+    return (u + 1) * (g * torch.sigmoid(g * alpha))
+
+
 def clamped_swiglu(
     gate: torch.Tensor, up: torch.Tensor, alpha: float = SWIGLU_ALPHA, limit: float = SWIGLU_LIMIT
 ) -> torch.Tensor:
@@ -50,9 +60,7 @@ def clamped_swiglu(
     if gate.shape != up.shape:
         raise ValueError(f"clamped_swiglu: gate {tuple(gate.shape)} and up {tuple(up.shape)} differ in shape")
     if get_backend("activation") == "fast":
-        g = gate.clamp(min=None, max=limit)
-        u = up.clamp(min=-limit, max=limit)
-        return (u + 1) * (g * torch.sigmoid(g * alpha))
+        return clamped_swiglu_torch(gate, up, alpha, limit)
     if gate.is_cuda or up.is_cuda:
         raise NotImplementedError(
             "vexact_kernels.clamped_swiglu: the invariant backend has no CUDA kernel for the clamped SwiGLU yet; "

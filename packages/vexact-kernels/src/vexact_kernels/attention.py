@@ -139,12 +139,11 @@ def _attend(q, k_store, v_store, key_rows, last_pos, scale: float, window=None, 
         for blk in range(int(first.min()) // ATTN_BLOCK_N, int(lp.max()) // ATTN_BLOCK_N + 1):
             pos = blk * ATTN_BLOCK_N + offs  # [BN]
             valid = pos[None, :] <= lp[:, None]  # [n, BN]
-            if window is not None:
+            key_pos = pos.expand(n, -1).clamp(max=lp[:, None])
+            if window is not None:  # no key outside the window is read (a cache may hold nothing there)
                 valid = valid & (pos[None, :] >= first[:, None])
-            if window is None:
-                rows = key_rows(t0, t1, pos.expand(n, -1).clamp(max=lp[:, None]))  # [n, BN]
-            else:  # read no key outside the window (a cache may hold nothing there)
-                rows = key_rows(t0, t1, torch.maximum(pos.expand(n, -1).clamp(max=lp[:, None]), first[:, None]))
+                key_pos = torch.maximum(key_pos, first[:, None])
+            rows = key_rows(t0, t1, key_pos)  # [n, BN]
             kb = k_store[rows].float().permute(0, 2, 1, 3)  # [n, Hkv, BN, D]
             vb = v_store[rows].float().permute(0, 2, 1, 3)
             vmask = valid[:, None, :, None]

@@ -37,7 +37,7 @@ from . import portable_math as pm
 from ._backend import check_float, get_backend, invariant_device_check
 from ._ranges import record_range, tensor_range
 from ._reduce import renormalized_topk
-from .activation import clamped_swiglu, silu_and_mul
+from .activation import clamped_swiglu, clamped_swiglu_torch, silu_and_mul
 from .linear import _linear_reference
 from .triton_ops import use_triton
 
@@ -356,7 +356,7 @@ def _fused_moe_fast_eager(x, w_gate_up, w_down, topk_weights, topk_ids, b_gate_u
         tok, rank = torch.where(ids == expert)
         h = F.linear(x[tok], w_gate_up[expert], None if b_gate_up is None else b_gate_up[expert].to(x.dtype))
         gate, up = _split_gate_up(h, inter, interleaved)
-        a = clamped_swiglu(gate, up) if activation == "clamped_swiglu" else F.silu(gate) * up
+        a = clamped_swiglu_torch(gate, up) if activation == "clamped_swiglu" else F.silu(gate) * up
         y = F.linear(a, w_down[expert], None if b_down is None else b_down[expert].to(x.dtype))
         out.index_add_(0, tok, (y * topk_weights[tok, rank, None].to(x.dtype)).to(x.dtype))
     return out
