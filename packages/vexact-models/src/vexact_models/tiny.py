@@ -103,13 +103,13 @@ GPT_OSS_SHAPES = {
         vocab_size=201088, hidden_size=2880, intermediate_size=2880, num_hidden_layers=24, num_attention_heads=64,
         num_key_value_heads=8, head_dim=64, num_local_experts=32, num_experts_per_tok=4, sliding_window=128,
         layer_types=None, max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=150000.0,
-        rope_scaling=_GPT_OSS_YARN, tie_word_embeddings=False,
+        rope_scaling=_GPT_OSS_YARN, tie_word_embeddings=False, router_aux_loss_coef=0.9,
     ),
     "gpt-oss-120b": dict(
         vocab_size=201088, hidden_size=2880, intermediate_size=2880, num_hidden_layers=36, num_attention_heads=64,
         num_key_value_heads=8, head_dim=64, num_local_experts=128, num_experts_per_tok=4, sliding_window=128,
         layer_types=None, max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=150000.0,
-        rope_scaling=_GPT_OSS_YARN, tie_word_embeddings=False,
+        rope_scaling=_GPT_OSS_YARN, tie_word_embeddings=False, router_aux_loss_coef=0.9,
     ),
 }  # fmt: skip
 

@@ -61,7 +61,7 @@ class GptOssConfig(HFConfig):
     tie_word_embeddings: bool = False
     hidden_act: str = "silu"
     swiglu_limit: float = SWIGLU_LIMIT
-    router_aux_loss_coef: float = 0.9
+    router_aux_loss_coef: float = 0.001  # transformers GptOssConfig default; the released configs set 0.9
     torch_dtype: str = "bfloat16"
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
