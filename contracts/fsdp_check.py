@@ -19,8 +19,9 @@ or in-process (world size 1) through :func:`run`. Checks, each ``torch.equal`` o
    ``--router-aux-loss-coef`` (MoE) the router's load-balancing loss too, so no rank split changes it.
 
 Models: ``tiny`` and ``tiny-moe`` (the committed Qwen3 and Qwen3-MoE checkpoints: an MoE layer's stacked experts are
-sharded with their decoder layer and exported one tensor per expert), ``tiny-tied``, or real shapes with random
-weights (:data:`SHAPES`, :data:`MOE_SHAPES`) for GPUs.
+sharded with their decoder layer and exported one tensor per expert), ``tiny-ds`` and ``tiny-gpt-oss`` (DeepSeek-V3's
+and gpt-oss's; gpt-oss exports its stacked experts whole, its checkpoints' layout), ``tiny-tied``, or real shapes with
+random weights (:data:`SHAPES`, :data:`MOE_SHAPES`) for GPUs.
 
 ``--perturb export-fp16`` sends the weights rounded through fp16 instead: checks 3 must then fail (the contract can
 fail). Prints one JSON summary line and writes it to ``--out/summary-ws{N}.json``; exits 1 if a check failed.
@@ -55,7 +56,8 @@ from vexact_trainer import Actor, RolloutBatch, Trainer, TrainerConfig, grpo_adv
 # are real model shapes (HF config.json values) for random-weight runs on GPU.
 SHAPES = {"tiny-tied": dict(tie_word_embeddings=True), **QWEN3_SHAPES}
 MOE_SHAPES = QWEN3_MOE_SHAPES
-CHECKPOINTS = {"tiny": "qwen3", "tiny-moe": "qwen3_moe", "tiny-ds": "deepseek_v3"}  # name -> default_checkpoint family
+# name -> default_checkpoint family
+CHECKPOINTS = {"tiny": "qwen3", "tiny-moe": "qwen3_moe", "tiny-ds": "deepseek_v3", "tiny-gpt-oss": "gpt_oss"}
 
 
 def build_models(model: str, device: str, seed: int = 0, engine: bool = True):

@@ -15,6 +15,21 @@ from vexact_models import (
     QWEN3_SHAPES,
 )
 
+# Families the GPU targets do not run yet, with the reason: their contracts are skipped there (saying so) and their GPU
+# golden fixtures are not recorded; the cpu target runs them in full.
+GPU_NOT_YET = {
+    "gpt_oss": "the invariant backend's CUDA kernels take no sliding window or attention sinks (Triton, FA4) and no "
+    "expert biases, interleaved gate/up or clamped SwiGLU (the fused MoE) yet; gpt_oss runs on the CPU reference only",
+}
+
+
+def skip_on_gpu(family: str, device: str) -> None:
+    """Skip the calling test, with the reason, for a family the GPU targets do not run yet (:data:`GPU_NOT_YET`)."""
+    import pytest
+
+    if device != "cpu" and family in GPU_NOT_YET:
+        pytest.skip(f"{family} on {device}: {GPU_NOT_YET[family]}")
+
 
 def row_invariance_violations(
     op: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, subsets: list[list[int]]

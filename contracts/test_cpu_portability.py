@@ -24,9 +24,10 @@ from contracts import golden
 
 ROOT = Path(__file__).resolve().parents[1]
 # produce (engine and trainer, every op family and the sampler) for one dense family; the trainer's rescoring for
-# MoE routing (softmax, top-k) and DeepSeek-V3 (sigmoid routing, MLA, YaRN tables)
+# MoE routing (softmax, top-k), DeepSeek-V3 (sigmoid routing, MLA, YaRN tables) and gpt-oss (window, sinks, the
+# clamped SwiGLU's exp)
 PRODUCE = ("qwen3",)
-RESCORE = ("qwen3_moe", "deepseek_v3_top6")
+RESCORE = ("qwen3_moe", "deepseek_v3_top6", "gpt_oss")
 
 _SCRIPT = f"""
 import json, torch

@@ -1,9 +1,9 @@
 """Contract 1b: the whole model's logprobs for a sequence are the same alone or inside a batch of 64 (invariant
 backend), and the invariant forward matches the fast backend within bf16 tolerance (it is also correct).
 
-CPU: the tiny models (every family). GPU targets: Qwen3-0.6B-, Qwen3-30B-A3B- and Moonlight-16B-A3B-shaped models
-with random weights (real HF config shapes; the MoEs with two and three layers), and Llama-3.2-1B, Qwen2.5-7B and
-Mistral-7B shapes with two layers.
+CPU: the tiny models (every family; gpt-oss on CPU only, ``harness.GPU_NOT_YET``). GPU targets: Qwen3-0.6B-,
+Qwen3-30B-A3B- and Moonlight-16B-A3B-shaped models with random weights (real HF config shapes; the MoEs with two and
+three layers), and Llama-3.2-1B, Qwen2.5-7B and Mistral-7B shapes with two layers.
 """
 
 from __future__ import annotations
@@ -11,16 +11,26 @@ from __future__ import annotations
 import pytest
 import torch
 
-from contracts.harness import DENSE_SHAPES, MOONLIGHT_3L, QWEN3_06B, QWEN3_30B_A3B
-from vexact_models import random_model, tiny_config, tiny_deepseek_v3_config, tiny_qwen3_config, tiny_qwen3_moe_config
+from contracts.harness import DENSE_SHAPES, MOONLIGHT_3L, QWEN3_06B, QWEN3_30B_A3B, skip_on_gpu
+from vexact_models import (
+    random_model,
+    tiny_config,
+    tiny_deepseek_v3_config,
+    tiny_gpt_oss_config,
+    tiny_qwen3_config,
+    tiny_qwen3_moe_config,
+)
 from vexact_trainer import Actor, ActorConfig
 
 GPU_DENSE = {family: shape for family, shape in DENSE_SHAPES.values()}
 
 
-@pytest.fixture(scope="module", params=["qwen3", "qwen3_moe", "llama", "qwen2", "mistral", "deepseek_v3"])
+@pytest.fixture(scope="module", params=["qwen3", "qwen3_moe", "llama", "qwen2", "mistral", "deepseek_v3", "gpt_oss"])
 def model(device, request):
-    if request.param == "qwen3":
+    skip_on_gpu(request.param, device)
+    if request.param == "gpt_oss":
+        cfg = tiny_gpt_oss_config()
+    elif request.param == "qwen3":
         cfg = tiny_qwen3_config() if device == "cpu" else tiny_qwen3_config(**QWEN3_06B)
     elif request.param == "deepseek_v3":
         cfg = tiny_deepseek_v3_config() if device == "cpu" else tiny_deepseek_v3_config(**MOONLIGHT_3L)

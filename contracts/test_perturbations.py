@@ -34,6 +34,15 @@ AVX-512; the count tells how far from a silent miss each case is).
   golden[qwen3_moe_top8_raw], 70; golden[deepseek_v3_top6], 32
 - MLA: rounding at another point, the softmax scale (YaRN's mscale included) folded into q and rounded to bf16, the
   kernel run with scale 1 -> golden[deepseek_v3_top6], 192
+- attention sinks: each head's sink read in another head order (``[G, Hkv]`` for ``[Hkv, G]``, a GQA mapping slip)
+  -> golden[gpt_oss], 192 (CPU only: the CUDA kernels take no sinks yet)
+- sliding window: its boundary one key further back (``window + 1``) -> golden[gpt_oss], 121 (the tokens past the
+  window; CPU only)
+- attention sinks, the fold's place: the sink folded in after the last key block instead of before the first, in the
+  paged (engine) path alone -> engine == trainer on gpt_oss, 3 of 30 logprobs
+  (``test_gpt_oss_engine_equals_trainer_catches_a_paged_only_change``; the same code with the sink first reproduces
+  the golden fixture: ``test_gpt_oss_sink_copy_reproduces_the_reference``); the window one key further back in the
+  paged path alone -> engine == trainer, 20 of 30
 
 What a contract cannot see, and why the variants exist: with top-2 routing ``a + b == b + a``, so the reversed
 combine and the reversed renormalisation change no bit of ``qwen3_moe`` or ``deepseek_v3``
@@ -43,8 +52,10 @@ sits near a bf16 rounding boundary (about 5e-5 of the MoE combine's outputs) and
 variants are 512 wide, with loud experts and small embeddings, for that reason (``vexact_models.tiny``). Measured
 silent on CPU (0 of 192 logprobs change), so not used as a case: the reversed K order on ``qwen3_hd64`` (its fp32
 lm_head reduces K = 64 in two blocks of 32, whose sum commutes, and a reversed pairwise tree adds the same pairs;
-elsewhere the change rarely survives a bf16 cast), the sequential sum of squares on ``qwen3_hd64`` (64 wide), and
-key blocks of 32 on ``qwen3_moe_top8`` (its attention output is small beside the experts').
+elsewhere the change rarely survives a bf16 cast), the sequential sum of squares on ``qwen3_hd64`` (64 wide),
+key blocks of 32 on ``qwen3_moe_top8`` (its attention output is small beside the experts'), and the sink folded last
+in both paths on ``gpt_oss`` (golden[gpt_oss]: 0 of 192; a one-block softmax adds the same two terms either way, and
+the fp32 change rarely survives the cast to bf16 at heads of 16).
 
 The GPU twins (marked ``gpu``) apply the same perturbations on the target's Triton path (where a perturbation lives
 inside a CPU function, the GPU twin changes the matching Triton constant, or is CPU only as marked) and check the
@@ -233,6 +244,103 @@ def mla_scale_folded_into_q(monkeypatch, device):
     monkeypatch.setattr(MLAttention, "forward", forward)
 
 
+def _attend_sink_at(q, k_store, v_store, key_rows, last_pos, scale, window, sinks, first: bool):
+    """The CPU reference's ``attention._attend`` written out again, with the sink folded in before the first key block
+    (``first``: where the reference folds it) or after the last one (running max and sum rescaled to take it). With
+    ``first`` it must reproduce the reference (``test_gpt_oss_sink_copy_reproduces_the_reference``), so that a failure
+    under ``first=False`` is the fold's place and nothing else."""
+    import math
+
+    from vexact_kernels import portable_math as pm
+    from vexact_kernels._reduce import tree_sum
+
+    bn = _mod("attention").ATTN_BLOCK_N
+    t, hq, d = q.shape
+    hkv, dv = k_store.shape[1], v_store.shape[-1]
+    g = hq // hkv
+    qf = q.float().view(t, hkv, g, 1, d)
+    sink = None if sinks is None else sinks.float().view(1, hkv, g).expand(t, hkv, g)
+    m = sink if first and sink is not None else torch.full((t, hkv, g), -math.inf)
+    l_sum = torch.ones(t, hkv, g) if first and sink is not None else torch.zeros(t, hkv, g)
+    acc = torch.zeros(t, hkv, g, dv)
+    lo = torch.zeros_like(last_pos) if window is None else (last_pos - window + 1).clamp(min=0)
+    offs = torch.arange(bn)
+    for blk in range(int(lo.min()) // bn, int(last_pos.max()) // bn + 1):
+        pos = blk * bn + offs
+        valid = (pos[None, :] <= last_pos[:, None]) & (pos[None, :] >= lo[:, None])
+        rows = key_rows(0, t, torch.maximum(pos.expand(t, -1).clamp(max=last_pos[:, None]), lo[:, None]))
+        kb = torch.where(valid[:, None, :, None], k_store[rows].float().permute(0, 2, 1, 3), 0.0)
+        vb = torch.where(valid[:, None, :, None], v_store[rows].float().permute(0, 2, 1, 3), 0.0)
+        s = tree_sum(qf * kb[:, :, None], dim=-1) * scale
+        s = torch.where(valid[:, None, None, :], s, -math.inf)
+        m_new = torch.maximum(m, s.amax(dim=-1))
+        alpha = pm.exp(m - m_new)
+        p = pm.exp(s - m_new.unsqueeze(-1))
+        l_new = l_sum * alpha + tree_sum(p, dim=-1)
+        acc_new = acc * alpha.unsqueeze(-1) + tree_sum(p.unsqueeze(-1) * vb[:, :, None], dim=-2)
+        active = ((blk * bn <= last_pos) & ((blk + 1) * bn > lo))[:, None, None]
+        m = torch.where(active, m_new, m)
+        l_sum = torch.where(active, l_new, l_sum)
+        acc = torch.where(active.unsqueeze(-1), acc_new, acc)
+    if sink is not None and not first:
+        m_new = torch.maximum(m, sink)
+        alpha = pm.exp(m - m_new)
+        l_sum = l_sum * alpha + pm.exp(sink - m_new)
+        acc = acc * alpha.unsqueeze(-1)
+    return (acc / l_sum.unsqueeze(-1)).view(t, hq, dv)
+
+
+def _patch_attend(monkeypatch, attend):
+    mod, real = _mod("attention"), _mod("attention")._attend
+    monkeypatch.setattr(
+        mod, "_attend", lambda *a, **kw: attend(*a, **kw) if _sinks_of(a, kw) is not None else real(*a, **kw)
+    )
+
+
+def _sinks_of(args, kwargs):
+    return kwargs.get("sinks", args[7] if len(args) > 7 else None)
+
+
+def attention_sink_first_copy(monkeypatch, device):
+    """Not a perturbation: the copy above with the sink where the reference folds it (the control)."""
+    _patch_attend(monkeypatch, lambda *a, **kw: _attend_sink_at(*a[:6], *_window_sinks(a, kw), first=True))
+
+
+def _window_sinks(args, kwargs):
+    return kwargs.get("window", args[6] if len(args) > 6 else None), _sinks_of(args, kwargs)
+
+
+def attention_sink_folded_last(monkeypatch, device):
+    _patch_attend(monkeypatch, lambda *a, **kw: _attend_sink_at(*a[:6], *_window_sinks(a, kw), first=False))
+
+
+def _sinks_head_major(real):
+    def attention(q, k, *args, sinks=None, **kwargs):
+        if sinks is not None:  # each head's sink read as if the heads were laid out [G, Hkv], not [Hkv, G]
+            hkv = k.shape[-2]
+            sinks = sinks.view(hkv, -1).t().reshape(-1)
+        return real(q, k, *args, sinks=sinks, **kwargs)
+
+    return attention
+
+
+def attention_sinks_other_head_order(monkeypatch, device):
+    for real in (vk.attention_packed, vk.attention_paged):
+        _patch_everywhere(monkeypatch, real, _sinks_head_major(real))
+
+
+def _one_more_key(real):
+    def attention(*args, window=None, **kwargs):
+        return real(*args, window=None if window is None else window + 1, **kwargs)
+
+    return attention
+
+
+def attention_window_one_more_key(monkeypatch, device):
+    for real in (vk.attention_packed, vk.attention_paged):
+        _patch_everywhere(monkeypatch, real, _one_more_key(real))
+
+
 # (perturbation, checkpoint whose golden contract must fail, CPU only)
 GOLDEN_CASES = [
     (matmul_reversed_k, "qwen3_moe_top8", False),
@@ -248,6 +356,8 @@ GOLDEN_CASES = [
     (moe_combine_reversed, "qwen3_moe_top8_raw", False),
     (moe_combine_reversed, "deepseek_v3_top6", False),
     (mla_scale_folded_into_q, "deepseek_v3_top6", False),
+    (attention_sinks_other_head_order, "gpt_oss", True),
+    (attention_window_one_more_key, "gpt_oss", True),
 ]
 
 
@@ -347,3 +457,58 @@ def test_full_golden_catches_the_reversed_combine(monkeypatch, target):
     assert not torch.equal(now["engine_logprobs"], ref["engine_logprobs"])
     assert not torch.equal(now["trainer_logprobs"], ref["trainer_logprobs"])
     assert torch.equal(now["engine_logprobs"], now["trainer_logprobs"])
+
+
+def test_gpt_oss_sink_copy_reproduces_the_reference(monkeypatch, target):
+    """The control of ``attention_sink_folded_last``: the same code with the sink folded first reproduces
+    golden[gpt_oss] bit for bit, so the failure under the perturbation is the fold's place."""
+    if target != "cpu":
+        pytest.skip("gpt_oss runs on the CPU reference only (harness.GPU_NOT_YET)")
+    assert _holds_unperturbed("cpu", "cpu", "gpt_oss") == []
+    with monkeypatch.context() as m:
+        attention_sink_first_copy(m, "cpu")
+        assert _golden_mismatches("cpu", "cpu", "gpt_oss") == []
+
+
+def paged_window_one_more_key(monkeypatch, device):
+    """``attention_window_one_more_key`` in the paged (engine) path alone."""
+    real = vk.attention_paged
+    _patch_everywhere(monkeypatch, real, _one_more_key(real))
+
+
+def paged_sink_folded_last(monkeypatch, device):
+    """``attention_sink_folded_last`` in the paged (engine) path alone."""
+    real = vk.attention_paged
+
+    def paged(*args, **kwargs):
+        with pytest.MonkeyPatch.context() as m:
+            attention_sink_folded_last(m, device)
+            return real(*args, **kwargs)
+
+    _patch_everywhere(monkeypatch, real, paged)
+
+
+@pytest.mark.parametrize(
+    "perturb", [attention_sink_folded_last, attention_window_one_more_key], ids=lambda f: f.__name__
+)
+def test_gpt_oss_engine_equals_trainer_catches_a_paged_only_change(monkeypatch, perturb, target):
+    """Engine == trainer on gpt_oss holds, and fails when the sink's fold or the window's boundary changes in the
+    paged (chunked-prefill and decode) path alone."""
+    if target != "cpu":
+        pytest.skip("gpt_oss runs on the CPU reference only (harness.GPU_NOT_YET)")
+    from contracts.harness import logprob_mismatches
+    from contracts.test_engine_trainer import run_engine, trainer_logprobs
+    from vexact_engine import EngineConfig, SamplingParams
+    from vexact_models import default_checkpoint, load_model
+
+    model = load_model(default_checkpoint("gpt_oss"))
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, 256, (n,), generator=g).tolist() for n in (30, 45, 12)]
+    params = [SamplingParams(temperature=1.0, max_tokens=10, seed=i, ignore_eos=True) for i in range(3)]
+    cfg = EngineConfig(max_num_seqs=3, max_num_batched_tokens=16, block_size=4, max_model_len=96)
+    outs, _ = run_engine(model, prompts, params, cfg)
+    assert logprob_mismatches(outs, trainer_logprobs(model, outs, params)) == [], "does not hold unperturbed"
+    with monkeypatch.context() as m:
+        perturb(m, "cpu")
+        outs, _ = run_engine(model, prompts, params, cfg)
+    assert logprob_mismatches(outs, trainer_logprobs(model, outs, params)) != []

@@ -30,6 +30,7 @@ from vexact_models import (
     random_model,
     send_buckets,
     tiny_deepseek_v3_config,
+    tiny_gpt_oss_config,
     tiny_qwen3_config,
     tiny_qwen3_moe_config,
 )
@@ -43,7 +44,11 @@ LAYERS = 3
 
 
 def config(family: str = "qwen3", dtype: str = "bfloat16"):
-    configs = {"qwen3_moe": tiny_qwen3_moe_config, "deepseek_v3": tiny_deepseek_v3_config}
+    configs = {
+        "qwen3_moe": tiny_qwen3_moe_config,
+        "deepseek_v3": tiny_deepseek_v3_config,
+        "gpt_oss": tiny_gpt_oss_config,
+    }
     cfg = configs[family]() if family in configs else tiny_qwen3_config(num_hidden_layers=LAYERS)
     return dataclasses.replace(cfg, torch_dtype=dtype)
 

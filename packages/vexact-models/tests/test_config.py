@@ -132,7 +132,7 @@ def test_every_family_round_trips_and_names_its_architecture(family):
 def test_unknown_model_type_raises_naming_it(model_type):
     d = _hf_dict(model_type=model_type)
     with pytest.raises(
-        ValueError, match=rf"unknown model_type {model_type!r}; supported: \['deepseek_v3', 'llama', 'mistral', "
+        ValueError, match=rf"unknown model_type {model_type!r}; supported: \['deepseek_v3', 'gpt_oss', 'llama', "
     ):
         config_from_dict(d)
 

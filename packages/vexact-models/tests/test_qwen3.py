@@ -1,7 +1,7 @@
-"""Every family's forward (Qwen3, Qwen3-MoE, Llama, Qwen2, Mistral, DeepSeek-V3 with MLA): a sequence's hidden
-states do not depend on the batch, and the paged (engine) layout gives the packed (trainer) result bit for bit, whatever
-the prefill chunking and page size. The property tests draw few examples per family (the contracts draw hundreds on
-the tiny Qwen3 and MoE)."""
+"""Every family's forward (Qwen3, Qwen3-MoE, Llama, Qwen2, Mistral, DeepSeek-V3 with MLA, gpt-oss with its window
+and sinks): a sequence's hidden states do not depend on the batch, and the paged (engine) layout gives the packed
+(trainer) result bit for bit, whatever the prefill chunking and page size. The property tests draw few examples per
+family (the contracts draw hundreds on the tiny Qwen3 and MoE)."""
 
 from __future__ import annotations
 
@@ -16,12 +16,17 @@ from vexact_models import (
     random_model,
     tiny_config,
     tiny_deepseek_v3_config,
+    tiny_gpt_oss_config,
     tiny_qwen3_config,
     tiny_qwen3_moe_config,
 )
 
-FAMILIES = ["qwen3", "qwen3_moe", "llama", "qwen2", "mistral", "deepseek_v3"]
-NON_DENSE = {"qwen3_moe": tiny_qwen3_moe_config, "deepseek_v3": tiny_deepseek_v3_config}
+FAMILIES = ["qwen3", "qwen3_moe", "llama", "qwen2", "mistral", "deepseek_v3", "gpt_oss"]
+NON_DENSE = {
+    "qwen3_moe": tiny_qwen3_moe_config,
+    "deepseek_v3": tiny_deepseek_v3_config,
+    "gpt_oss": tiny_gpt_oss_config,  # a window of 24: the sequences below outrun it
+}
 EXAMPLES = 10  # per family and property
 
 

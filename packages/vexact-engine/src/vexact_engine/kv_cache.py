@@ -49,10 +49,11 @@ def check_model_fits(model: torch.nn.Module, config: EngineConfig, device: torch
 
 def resolve_max_model_len(model_config, config: EngineConfig) -> int:
     """The longest sequence the engine serves: ``config.max_model_len`` within the model's limits (its position
-    embeddings, and a sliding window, which the kernels do not implement). Raises ValueError naming the setting."""
+    embeddings, and a sliding window where the kernels do not run it: every family's but gpt-oss's, whose config says
+    ``windowed_attention``). Raises ValueError naming the setting."""
     limit = model_config.max_position_embeddings
     window = getattr(model_config, "sliding_window", None)
-    if window is not None:
+    if window is not None and not getattr(model_config, "windowed_attention", False):
         # the kernels attend to every earlier key: equal to the model's window only while a sequence fits in it
         if config.max_model_len is not None and config.max_model_len > window:
             raise ValueError(

@@ -23,7 +23,7 @@ from ._backend import (
     use_fp32_matmul_precision,
 )
 from ._ranges import record_range, tensor_range
-from .activation import silu_and_mul
+from .activation import clamped_swiglu, silu_and_mul
 from .aten_mode import disable_invariant_mode, enable_invariant_mode, invariant_mode
 from .attention import ATTN_BLOCK_N, attention_packed, attention_paged, paged_attention_layout, write_kv_cache
 from .linear import LINEAR_BLOCK_K, linear
@@ -55,6 +55,7 @@ __all__ = [
     "attention_paged",
     "backend_map",
     "check_backend",
+    "clamped_swiglu",
     "compute_logits",
     "disable_invariant_mode",
     "enable_invariant_mode",

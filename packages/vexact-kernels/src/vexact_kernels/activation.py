@@ -1,4 +1,4 @@
-"""silu_and_mul: ``silu(gate) * up`` in fp32, cast once.
+"""silu_and_mul: ``silu(gate) * up`` in fp32, cast once; clamped_swiglu: gpt-oss's clamped SwiGLU, likewise.
 
 torch's CPU ``silu``/``sigmoid`` are not position-invariant (measured on torch 2.13: the same value gives a different
 result in the vector body and in the scalar tail of a launch), so the invariant path builds silu from exp and
@@ -31,3 +31,43 @@ def silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     invariant_device_check("silu_and_mul", gate, up)
     g = gate.float()
     return (g / (1.0 + pm.exp(-g)) * up.float()).to(gate.dtype)
+
+
+# gpt-oss's clamped SwiGLU constants (transformers' GptOssExperts: alpha, limit)
+SWIGLU_ALPHA = 1.702
+SWIGLU_LIMIT = 7.0
+
+
+def clamped_swiglu_torch(
+    gate: torch.Tensor, up: torch.Tensor, alpha: float = SWIGLU_ALPHA, limit: float = SWIGLU_LIMIT
+) -> torch.Tensor:
+    """The clamped SwiGLU as transformers' ``GptOssExperts._apply_gate`` computes it, in the input dtype (torch's own
+    sigmoid): the ``fast`` backend's arithmetic, on any device."""
+    g = gate.clamp(min=None, max=limit)
+    u = up.clamp(min=-limit, max=limit)
+    return (u + 1) * (g * torch.sigmoid(g * alpha))
+
+
+def clamped_swiglu(
+    gate: torch.Tensor, up: torch.Tensor, alpha: float = SWIGLU_ALPHA, limit: float = SWIGLU_LIMIT
+) -> torch.Tensor:
+    """gpt-oss's activation: ``gate`` clamped above at ``limit``, ``up`` to ``[-limit, limit]``, then
+    ``(up + 1) * (gate * sigmoid(gate * alpha))``, in fp32 on the invariant backend (sigmoid as
+    ``1 / (1 + exp(-x))`` with the portable exp), cast once; the ``fast`` backend runs transformers' ops in the input
+    dtype. Differentiable (the clamps pass no gradient outside their range). The invariant backend has no CUDA kernel
+    for it yet: refused on CUDA tensors."""
+    check_float("clamped_swiglu", "gate", gate)
+    if gate.shape != up.shape:
+        raise ValueError(f"clamped_swiglu: gate {tuple(gate.shape)} and up {tuple(up.shape)} differ in shape")
+    if get_backend("activation") == "fast":
+        return clamped_swiglu_torch(gate, up, alpha, limit)
+    if gate.is_cuda or up.is_cuda:
+        raise NotImplementedError(
+            "vexact_kernels.clamped_swiglu: the invariant backend has no CUDA kernel for the clamped SwiGLU yet; "
+            "the exact CPU reference runs it on CPU tensors, the 'fast' backend anywhere"
+        )
+    invariant_device_check("clamped_swiglu", gate, up)
+    g = gate.float().clamp(max=limit)
+    u = up.float().clamp(min=-limit, max=limit)
+    glu = g * pm.sigmoid(g * alpha)
+    return ((u + 1.0) * glu).to(gate.dtype)

@@ -17,6 +17,14 @@ differ, as in MLA, stay on Triton). GPU results are invariant among themselves w
 equal to the CPU reference's nor to the other implementation's. The CPU code below is the exact reference (whatever
 the implementation choice) and its numerics are pinned by a golden fixture.
 
+Sliding window and sinks (gpt-oss; both optional, off by default, which leaves every result as without them): with
+``window=W`` a query at position ``p`` sees keys ``p - W < pos <= p``; it walks the same ``ATTN_BLOCK_N`` blocks as
+without a window, and a block wholly before its window is skipped, a decision made from ``p`` alone, so the packed,
+chunked-prefill and paged-decode paths skip the same blocks. ``sinks [Hq]`` adds one logit per head to every softmax's
+denominator, folded in at one fixed place: before the first key block (the running max starts at the sink, the sum
+at 1). The CPU reference takes both; the CUDA kernels do not yet, and the invariant backend refuses them on CUDA
+tensors with an error naming what is missing. The ``fast`` backend runs them as transformers' eager attention does.
+
 Scores and the softmax statistics are fp32; the output is cast once to q's dtype. The ``fast`` backend is
 ``torch.nn.functional.scaled_dot_product_attention`` (per sequence, causal with GQA and no mask where a sequence
 comes whole, so torch picks its fastest kernel; except the decode rows of a paged step: one masked call over their
@@ -53,6 +61,26 @@ def _check_qkv(op: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> No
         raise TypeError(f"{op}: k dtype {k.dtype} != v dtype {v.dtype}")
 
 
+def _check_window_sinks(op: str, q: torch.Tensor, window, sinks) -> None:
+    """``window``: None or an int >= 1; ``sinks``: None or a float tensor [Hq] on q's device. The invariant backend's
+    CUDA kernels (Triton and FA4) take neither yet: refused there, never silently ignored."""
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise ValueError(f"{op}: window must be an int >= 1 or None; got {window!r}")
+    if sinks is not None:
+        check_float(op, "sinks", sinks)
+        if tuple(sinks.shape) != (q.shape[1],):
+            raise ValueError(f"{op}: sinks must be [Hq={q.shape[1]}] (one per query head); got {tuple(sinks.shape)}")
+        if sinks.device != q.device:
+            raise ValueError(f"{op}: sinks are on {sinks.device} but q on {q.device}")
+    if (window is not None or sinks is not None) and q.is_cuda and get_backend("attention") == "invariant":
+        wanted = (("a sliding window", window), ("attention sinks", sinks))
+        missing = " and ".join(name for name, arg in wanted if arg is not None)
+        raise NotImplementedError(
+            f"vexact_kernels.{op}: the invariant backend's CUDA attention kernels (Triton, FA4) do not take {missing} "
+            "yet; the exact CPU reference does (CPU tensors), and the 'fast' backend runs them as eager torch"
+        )
+
+
 def _on_cuda(*tensors: torch.Tensor) -> str | None:
     """The attention implementation for CUDA tensors (fixed for the process once used); None off CUDA."""
     return attention_impl_in_use() if any(t.is_cuda for t in tensors) else None
@@ -77,11 +105,15 @@ def _fa4_takes(q: torch.Tensor, v: torch.Tensor) -> bool:
     return fa4_takes(q.shape[-1], v.shape[-1])
 
 
-def _attend(q, k_store, v_store, key_rows, last_pos, scale: float) -> torch.Tensor:
+def _attend(q, k_store, v_store, key_rows, last_pos, scale: float, window=None, sinks=None) -> torch.Tensor:
     """Core of both paths.
 
     q [T, Hq, D]; k_store/v_store [S, Hkv, Dk]/[S, Hkv, Dv]; ``key_rows(pos [T, BN]) -> [T, BN]`` maps absolute key
     positions of each query to storage rows; ``last_pos [T]`` is the query's own position (causal bound).
+    ``window``: keys at positions ``> last_pos - window`` only; a key block wholly below that is skipped (the
+    running statistics pass through it untouched), which depends on the query's position alone. ``sinks [Hq]``:
+    each head's sink logit, folded in before the first key block (running max = sink, sum = 1, accumulator 0), so
+    it joins the softmax's denominator and adds nothing to its numerator.
     """
     t_total, hq, d = q.shape
     hkv = k_store.shape[1]
@@ -95,13 +127,23 @@ def _attend(q, k_store, v_store, key_rows, last_pos, scale: float) -> torch.Tens
         qf = q[t0:t1].float().view(t1 - t0, hkv, g, 1, d)
         lp = last_pos[t0:t1]
         n = t1 - t0
-        m = torch.full((n, hkv, g), -math.inf)
-        l_sum = torch.zeros(n, hkv, g)
+        if sinks is None:
+            m = torch.full((n, hkv, g), -math.inf)
+            l_sum = torch.zeros(n, hkv, g)
+        else:
+            m = sinks.float().view(1, hkv, g).expand(n, hkv, g)
+            l_sum = torch.ones(n, hkv, g)
         acc = torch.zeros(n, hkv, g, dv)
-        for blk in range(int(lp.max()) // ATTN_BLOCK_N + 1):
+        # first key position each query sees (0 without a window); blocks before every query's first are not visited
+        first = torch.zeros_like(lp) if window is None else (lp - window + 1).clamp(min=0)
+        for blk in range(int(first.min()) // ATTN_BLOCK_N, int(lp.max()) // ATTN_BLOCK_N + 1):
             pos = blk * ATTN_BLOCK_N + offs  # [BN]
             valid = pos[None, :] <= lp[:, None]  # [n, BN]
-            rows = key_rows(t0, t1, pos.expand(n, -1).clamp(max=lp[:, None]))  # [n, BN]
+            key_pos = pos.expand(n, -1).clamp(max=lp[:, None])
+            if window is not None:  # no key outside the window is read (a cache may hold nothing there)
+                valid = valid & (pos[None, :] >= first[:, None])
+                key_pos = torch.maximum(key_pos, first[:, None])
+            rows = key_rows(t0, t1, key_pos)  # [n, BN]
             kb = k_store[rows].float().permute(0, 2, 1, 3)  # [n, Hkv, BN, D]
             vb = v_store[rows].float().permute(0, 2, 1, 3)
             vmask = valid[:, None, :, None]
@@ -115,7 +157,10 @@ def _attend(q, k_store, v_store, key_rows, last_pos, scale: float) -> torch.Tens
             l_new = l_sum * alpha + tree_sum(p, dim=-1)
             pv = tree_sum(p.unsqueeze(-1) * vb[:, :, None], dim=-2)  # [n, Hkv, G, Dv]
             acc_new = acc * alpha.unsqueeze(-1) + pv
-            active = (blk * ATTN_BLOCK_N <= lp)[:, None, None]
+            active = blk * ATTN_BLOCK_N <= lp
+            if window is not None:  # a block wholly before the window is skipped, in every path alike
+                active = active & ((blk + 1) * ATTN_BLOCK_N > first)
+            active = active[:, None, None]
             m = torch.where(active, m_new, m)
             l_sum = torch.where(active, l_new, l_sum)
             acc = torch.where(active.unsqueeze(-1), acc_new, acc)
@@ -136,13 +181,24 @@ def _check_cu(op: str, cu: torch.Tensor, total: int, name: str = "cu_seqlens") -
 
 
 def attention_packed(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, scale: float | None = None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    scale: float | None = None,
+    *,
+    window: int | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention within each sequence of a packed batch.
 
     q [T, Hq, D], k/v [T, Hkv, D], ``cu_seqlens [B+1]`` (int) marks sequence boundaries. Returns [T, Hq, Dv].
+    ``window``: a query at position p attends to keys at positions ``> p - window`` only (None: every earlier key).
+    ``sinks [Hq]``: a learned logit per head that joins each softmax's denominator (gpt-oss). Both default to off,
+    which leaves every result as without them.
     """
     _check_qkv("attention_packed", q, k, v)
+    _check_window_sinks("attention_packed", q, window, sinks)
     if get_backend("attention") == "invariant" and _on_cuda(q, k, v) == "fa4" and _fa4_takes(q, v):
         from . import fa4_attention
 
@@ -159,6 +215,9 @@ def attention_packed(
         outs = []
         for b in range(cu_seqlens.numel() - 1):
             s, e = int(cu_seqlens[b]), int(cu_seqlens[b + 1])
+            if window is not None or sinks is not None:
+                outs.append(_eager(q[s:e], k[s:e], v[s:e], 0, scale, window, sinks))
+                continue
             outs.append(_sdpa(q[s:e], k[s:e], v[s:e], causal_offset=0, scale=scale))
         return torch.cat(outs, 0).to(q.dtype) if outs else q.new_empty(0, q.shape[1], v.shape[-1])
     invariant_device_check("attention_packed", q, k, v)
@@ -169,7 +228,7 @@ def attention_packed(
     def key_rows(t0, t1, pos):
         return start[t0:t1, None] + pos
 
-    return _attend(q, k, v, key_rows, last_pos, scale).to(q.dtype)
+    return _attend(q, k, v, key_rows, last_pos, scale, window, sinks).to(q.dtype)
 
 
 def write_kv_cache(
@@ -304,6 +363,9 @@ def attention_paged(
     cu_seqlens_q: torch.Tensor,
     scale: float | None = None,
     layout=None,
+    *,
+    window: int | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """New queries of B sequences against their paged KV (which already holds the new tokens' K/V).
 
@@ -311,8 +373,11 @@ def attention_paged(
     ``context_lens [B]`` = KV length of each sequence including its new tokens; ``cu_seqlens_q [B+1]`` splits q.
     Query ``i`` of sequence ``b`` sits at position ``context_lens[b] - n_q[b] + i``. ``layout``: what
     :func:`paged_attention_layout` returned for these arguments (built once per step; default: derived here).
+    ``window`` and ``sinks``: as :func:`attention_packed` (the same key blocks, skipped alike); the CPU reference
+    reads no page wholly before a query's window.
     """
     _check_qkv("attention_paged", q, k_cache, v_cache)
+    _check_window_sinks("attention_paged", q, window, sinks)
     if _paged_on_fa4(q, k_cache, v_cache):
         from . import fa4_attention
 
@@ -332,6 +397,8 @@ def attention_paged(
         scale = q.shape[-1] ** -0.5 if scale is None else scale
         tables = block_tables.to(device=dev, dtype=torch.int64)
         ctx = context_lens.to(device=dev, dtype=torch.int64)
+        if window is not None or sinks is not None:
+            return _eager_paged(q, k_cache, v_cache, tables, ctx, cu, scale, window, sinks)
         if total == cu.numel() - 1:
             return _fast_decode(q, k_cache, v_cache, tables, ctx, scale)
         return _fast_paged(q, k_cache, v_cache, tables, ctx, cu, scale)
@@ -353,6 +420,8 @@ def attention_paged(
     if get_backend("attention") == "fast":
         if total == 0:
             return q.new_empty(0, q.shape[1], v_cache.shape[-1])
+        if window is not None or sinks is not None:
+            return _eager_paged(q, k_cache, v_cache, tables, ctx, cu, scale, window, sinks)
         return _fast_paged(q, k_cache, v_cache, tables, ctx, cu, scale)
     invariant_device_check("attention_paged", q, k_cache, v_cache)
     seq_tables = tables[seq]  # [T, max_pages]
@@ -362,7 +431,7 @@ def attention_paged(
     def key_rows(t0, t1, pos):
         return torch.gather(seq_tables[t0:t1], 1, pos // page) * page + pos % page
 
-    return _attend(q, kflat, vflat, key_rows, last_pos, scale).to(q.dtype)
+    return _attend(q, kflat, vflat, key_rows, last_pos, scale, window, sinks).to(q.dtype)
 
 
 def _sdpa(q, k, v, causal_offset: int, scale: float) -> torch.Tensor:
@@ -390,3 +459,42 @@ def _sdpa(q, k, v, causal_offset: int, scale: float) -> torch.Tensor:
         qt, kt, vt = qt[None], kt[None], vt[None]
     o = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, scale=scale)
     return (o[0] if q.is_cuda else o).transpose(0, 1)
+
+
+def _eager(q, k, v, causal_offset: int, scale: float, window, sinks) -> torch.Tensor:
+    """``fast`` backend with a window or sinks, as transformers' eager gpt-oss attention runs it (SDPA takes no
+    sinks): scores in the input dtype, the sink logit concatenated as a last column, softmax, the sink dropped."""
+    hq, hk = q.shape[1], k.shape[1]
+    if hq != hk:
+        k = k.repeat_interleave(hq // hk, dim=1)
+        v = v.repeat_interleave(hq // hk, dim=1)
+    nq, nk = q.shape[0], k.shape[0]
+    qpos = torch.arange(nq, device=q.device)[:, None] + causal_offset
+    kpos = torch.arange(nk, device=q.device)[None, :]
+    keep = kpos <= qpos
+    if window is not None:
+        keep = keep & (kpos > qpos - window)
+    scores = torch.matmul(q.transpose(0, 1), k.permute(1, 2, 0)) * scale  # [H, nq, nk]
+    scores = scores.masked_fill(~keep, float("-inf"))
+    if sinks is not None:
+        scores = torch.cat([scores, sinks.to(scores.dtype).view(hq, 1, 1).expand(hq, nq, 1)], dim=-1)
+    scores = scores - scores.amax(dim=-1, keepdim=True)
+    p = F.softmax(scores, dim=-1, dtype=scores.dtype)[..., :nk]
+    return torch.matmul(p.to(v.dtype), v.transpose(0, 1)).transpose(0, 1)
+
+
+def _eager_paged(q, k_cache, v_cache, tables, ctx, cu, scale: float, window, sinks) -> torch.Tensor:
+    """``fast`` backend paged attention with a window or sinks: each sequence's keys gathered, then :func:`_eager`."""
+    n_q = (cu[1:] - cu[:-1]).tolist()
+    ctx_host, starts = ctx.tolist(), cu[:-1].tolist()
+    page, dev = k_cache.shape[1], q.device
+    out = q.new_empty(q.shape[0], q.shape[1], v_cache.shape[-1])
+    kflat, vflat = k_cache.view(-1, *k_cache.shape[2:]), v_cache.view(-1, *v_cache.shape[2:])
+    for b, n in enumerate(n_q):
+        if n:
+            pos = torch.arange(ctx_host[b], device=dev)
+            rows = tables[b, pos // page] * page + pos % page
+            s = starts[b]
+            o = _eager(q[s : s + n], kflat[rows], vflat[rows], ctx_host[b] - n, scale, window, sinks)
+            out[s : s + n] = o.to(q.dtype)
+    return out

@@ -37,7 +37,7 @@ from . import portable_math as pm
 from ._backend import check_float, get_backend, invariant_device_check
 from ._ranges import record_range, tensor_range
 from ._reduce import renormalized_topk
-from .activation import silu_and_mul
+from .activation import clamped_swiglu, clamped_swiglu_torch, silu_and_mul
 from .linear import _linear_reference
 from .triton_ops import use_triton
 
@@ -52,14 +52,21 @@ def _check_route_args(router_logits: torch.Tensor, top_k: int) -> None:
 
 
 def moe_route(
-    router_logits: torch.Tensor, top_k: int, norm_topk_prob: bool = True
+    router_logits: torch.Tensor, top_k: int, norm_topk_prob: bool = True, *, topk_before_softmax: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Softmax top-k routing: ``(topk_weights [T, k] fp32, topk_ids [T, k] int64)`` from ``router_logits [T, E]``.
 
     Ranks are ordered by probability, ties by the lower expert index. Differentiable in ``router_logits`` (the
     router gradient of training flows through the weights; the choice itself has none).
+
+    ``topk_before_softmax`` (gpt-oss): the top-k of the logits themselves (a stable descending sort: ties to the
+    lower index), then a softmax over those k (max, exp, a fixed-order sum over the k); ``norm_topk_prob`` is moot
+    (the k weights already sum to one). Default off, which leaves the result as without it. The invariant backend
+    has no CUDA kernel for it yet: refused on CUDA tensors.
     """
     _check_route_args(router_logits, top_k)
+    if topk_before_softmax:
+        return _route_topk_softmax(router_logits, top_k)
     if get_backend("moe") == "fast":
         probs = F.softmax(router_logits, dim=-1, dtype=torch.float32)
         w, ids = torch.topk(probs, top_k, dim=-1)
@@ -80,6 +87,21 @@ def moe_route(
             total = total + w[:, r]
         w = w / total.unsqueeze(-1)
     return _routed(w, ids, router_logits)
+
+
+def _route_topk_softmax(router_logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    if get_backend("moe") == "fast":  # transformers' GptOssTopKRouter: torch.topk, softmax in the logits' dtype
+        top, ids = torch.topk(router_logits, top_k, dim=-1)
+        return _routed(F.softmax(top, dim=1, dtype=top.dtype).float(), ids, router_logits)
+    if router_logits.is_cuda:
+        raise NotImplementedError(
+            "vexact_kernels.moe_route(topk_before_softmax=True): the invariant backend has no CUDA kernel for "
+            "top-k-then-softmax routing yet; the exact CPU reference runs it on CPU tensors"
+        )
+    invariant_device_check("moe_route", router_logits)
+    logits = router_logits.float()
+    ids = torch.sort(logits.detach(), dim=-1, descending=True, stable=True).indices[:, :top_k]
+    return _routed(pm.softmax(logits.gather(1, ids)), ids, router_logits)
 
 
 def _routed(w: torch.Tensor, ids: torch.Tensor, router_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -225,6 +247,23 @@ def moe_route_grouped(
     return _routed(_grouped_weights(scores, ids, norm_topk_prob, float(routed_scaling_factor)), ids, router_logits)
 
 
+ACTIVATIONS = ("silu", "clamped_swiglu")
+
+
+def _check_moe_extras(x, w_gate_up, w_down, b_gate_up, b_down, activation) -> None:
+    e, two_i, h = w_gate_up.shape
+    for name, b, shape in (("b_gate_up", b_gate_up, (e, two_i)), ("b_down", b_down, (e, h))):
+        if b is None:
+            continue
+        check_float("fused_moe", name, b)
+        if tuple(b.shape) != shape:
+            raise ValueError(f"fused_moe: {name} must be {list(shape)}; got {tuple(b.shape)}")
+        if b.device != x.device:
+            raise ValueError(f"fused_moe: {name} is on {b.device} but x on {x.device}")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"fused_moe: activation must be one of {ACTIVATIONS}; got {activation!r}")
+
+
 def _check_moe_args(x, w_gate_up, w_down, topk_weights, topk_ids) -> None:
     check_float("fused_moe", "x", x)
     check_float("fused_moe", "w_gate_up", w_gate_up)
@@ -300,6 +339,29 @@ def _fused_moe_fast_grouped(x, w_gate_up, w_down, topk_weights, topk_ids) -> tor
     return (y * topk_weights.float().unsqueeze(-1)).sum(1).to(x.dtype)
 
 
+def _split_gate_up(h: torch.Tensor, inter: int, interleaved: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """gate and up from the gate_up projection's output: halves, or (interleaved, gpt-oss) even and odd columns."""
+    if interleaved:
+        return h[:, 0::2], h[:, 1::2]
+    return h[:, :inter], h[:, inter:]
+
+
+def _fused_moe_fast_eager(x, w_gate_up, w_down, topk_weights, topk_ids, b_gate_up, b_down, interleaved, activation):
+    """transformers' GptOssExperts loop: per expert hit, ``x @ W + b`` in x's dtype, the activation, the weighted
+    output added with ``index_add_`` in expert order."""
+    inter = w_gate_up.shape[1] // 2
+    out = torch.zeros_like(x)
+    ids = topk_ids.long()
+    for expert in ids.unique().tolist():
+        tok, rank = torch.where(ids == expert)
+        h = F.linear(x[tok], w_gate_up[expert], None if b_gate_up is None else b_gate_up[expert].to(x.dtype))
+        gate, up = _split_gate_up(h, inter, interleaved)
+        a = clamped_swiglu_torch(gate, up) if activation == "clamped_swiglu" else F.silu(gate) * up
+        y = F.linear(a, w_down[expert], None if b_down is None else b_down[expert].to(x.dtype))
+        out.index_add_(0, tok, (y * topk_weights[tok, rank, None].to(x.dtype)).to(x.dtype))
+    return out
+
+
 def _fused_moe_fast(x, w_gate_up, w_down, topk_weights, topk_ids) -> torch.Tensor:
     if _grouped_mm_ok(x):
         return _fused_moe_fast_grouped(x, w_gate_up, w_down, topk_weights, topk_ids)
@@ -316,7 +378,9 @@ def _fused_moe_fast(x, w_gate_up, w_down, topk_weights, topk_ids) -> torch.Tenso
     return out
 
 
-def _fused_moe_reference(x, w_gate_up, w_down, topk_weights, topk_ids) -> torch.Tensor:
+def _fused_moe_reference(
+    x, w_gate_up, w_down, topk_weights, topk_ids, b_gate_up=None, b_down=None, interleaved=False, activation="silu"
+) -> torch.Tensor:
     t, k = topk_ids.shape
     e, two_i, _ = w_gate_up.shape
     inter = two_i // 2
@@ -327,14 +391,19 @@ def _fused_moe_reference(x, w_gate_up, w_down, topk_weights, topk_ids) -> torch.
     h_parts, y_parts, start = [], [], 0
     for expert, n in enumerate(counts):
         if n:
-            h_parts.append(_linear_reference(xs[start : start + n], w_gate_up[expert]).to(x.dtype))
+            hx = _linear_reference(xs[start : start + n], w_gate_up[expert])
+            if b_gate_up is not None:  # added in fp32 before the one cast, as ``linear`` adds a bias
+                hx = hx + b_gate_up[expert].float()
+            h_parts.append(hx.to(x.dtype))
         start += n
     h = torch.cat(h_parts) if h_parts else x.new_zeros(0, two_i)
-    a = silu_and_mul(h[:, :inter], h[:, inter:])
+    gate, up = _split_gate_up(h, inter, interleaved)
+    a = clamped_swiglu(gate, up) if activation == "clamped_swiglu" else silu_and_mul(gate, up)
     start = 0
     for expert, n in enumerate(counts):
         if n:
-            y_parts.append(_linear_reference(a[start : start + n], w_down[expert]))
+            y = _linear_reference(a[start : start + n], w_down[expert])
+            y_parts.append(y if b_down is None else y + b_down[expert].float())  # stays fp32, as without a bias
         start += n
     y_sorted = torch.cat(y_parts) if y_parts else x.new_zeros(0, x.shape[1], dtype=torch.float32)
     y = y_sorted[torch.argsort(order)].view(t, k, -1)  # back to [token, rank] order
@@ -386,15 +455,41 @@ def fused_moe(
     w_down: torch.Tensor,
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
+    *,
+    b_gate_up: torch.Tensor | None = None,
+    b_down: torch.Tensor | None = None,
+    gate_up_interleaved: bool = False,
+    activation: str = "silu",
 ) -> torch.Tensor:
     """``sum_r topk_weights[t, r] * down_e(silu(gate_e(x_t)) * up_e(x_t))`` with ``e = topk_ids[t, r]``.
 
     ``x [T, H]``, ``w_gate_up [E, 2I, H]``, ``w_down [E, H, I]``, ``topk_weights [T, k]`` (fp32), ``topk_ids [T, k]``
     -> ``[T, H]`` in x's dtype. Differentiable in x, both weights and ``topk_weights``.
+
+    gpt-oss's experts (all off by default, which leaves the result as without them): ``b_gate_up [E, 2I]`` and
+    ``b_down [E, H]`` expert biases (added in fp32 to the row's fp32 result: gate/up's before its cast, down's to the
+    fp32 output before the combine); ``gate_up_interleaved``: gate and up are the even and odd rows of
+    ``w_gate_up`` (gpt-oss's ``gate_up_proj``) rather than its two halves; ``activation="clamped_swiglu"``:
+    :func:`~vexact_kernels.activation.clamped_swiglu` in place of silu-and-mul. The weights may be transposed views
+    (gpt-oss holds ``[E, H, 2I]``): the CPU reference's bits do not depend on the layout. The invariant backend has
+    no CUDA kernel for these yet: refused on CUDA tensors.
     """
     _check_moe_args(x, w_gate_up, w_down, topk_weights, topk_ids)
+    _check_moe_extras(x, w_gate_up, w_down, b_gate_up, b_down, activation)
+    extras = b_gate_up is not None or b_down is not None or gate_up_interleaved or activation != "silu"
     if x.shape[0] == 0:
         return x.new_zeros(x.shape)
+    if extras:
+        args = (x, w_gate_up, w_down, topk_weights, topk_ids, b_gate_up, b_down, gate_up_interleaved, activation)
+        if get_backend("moe") == "fast":
+            return _fused_moe_fast_eager(*args)
+        if x.is_cuda:
+            raise NotImplementedError(
+                "vexact_kernels.fused_moe: the invariant backend's CUDA kernel takes no expert biases, interleaved "
+                "gate/up or clamped SwiGLU yet; the exact CPU reference does (CPU tensors)"
+            )
+        invariant_device_check("fused_moe", x, w_gate_up, w_down)
+        return _fused_moe_reference(*args)
     if get_backend("moe") == "fast":
         return _fused_moe_fast(x, w_gate_up, w_down, topk_weights, topk_ids)
     if use_triton(x, w_gate_up, w_down):

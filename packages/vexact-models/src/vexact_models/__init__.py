@@ -9,6 +9,7 @@ from .layers import (
     load_balancing_loss,
     named_weights,
     record_router,
+    stacked_experts,
     weight_dtype,
 )
 from .loader import (
@@ -27,6 +28,8 @@ from .models import (
     DeepseekV3ForCausalLM,
     DenseConfig,
     DenseForCausalLM,
+    GptOssConfig,
+    GptOssForCausalLM,
     LlamaConfig,
     LlamaForCausalLM,
     MistralConfig,
@@ -39,9 +42,11 @@ from .models import (
     Qwen3MoeForCausalLM,
     YarnScaling,
 )
+from .mxfp4 import dequantize_mxfp4
 from .packing import PACK_ALIGN, PackedSlot, allocate_packed, pack_parameters, packed_buffers
 from .tiny import (
     DEEPSEEK_V3_SHAPES,
+    GPT_OSS_SHAPES,
     LLAMA_SHAPES,
     MISTRAL_SHAPES,
     QWEN2_SHAPES,
@@ -55,6 +60,7 @@ from .tiny import (
     tiny_checkpoint_config,
     tiny_config,
     tiny_deepseek_v3_config,
+    tiny_gpt_oss_config,
     tiny_qwen3_config,
     tiny_qwen3_moe_config,
     write_tiny_checkpoint,
@@ -85,6 +91,7 @@ __version__ = "0.3.2"
 
 __all__ = [
     "DEEPSEEK_V3_SHAPES",
+    "GPT_OSS_SHAPES",
     "LLAMA_SHAPES",
     "MISTRAL_SHAPES",
     "MODEL_CLASSES",
@@ -100,6 +107,8 @@ __all__ = [
     "DenseConfig",
     "DenseForCausalLM",
     "DirectWriter",
+    "GptOssConfig",
+    "GptOssForCausalLM",
     "LlamaConfig",
     "LlamaForCausalLM",
     "MistralConfig",
@@ -127,6 +136,7 @@ __all__ = [
     "config_from_dict",
     "copy_tensors",
     "default_checkpoint",
+    "dequantize_mxfp4",
     "device_uuid",
     "expected_tensors",
     "ipc_handle",
@@ -148,11 +158,13 @@ __all__ = [
     "record_router",
     "save_checkpoint",
     "send_buckets",
+    "stacked_experts",
     "TINY_CHECKPOINTS",
     "TINY_VARIANTS",
     "tiny_checkpoint_config",
     "tiny_config",
     "tiny_deepseek_v3_config",
+    "tiny_gpt_oss_config",
     "tiny_qwen3_config",
     "tiny_qwen3_moe_config",
     "write_tiny_checkpoint",

@@ -14,8 +14,9 @@ from torch import nn
 
 from .config import parse_dtype
 from .errors import CheckpointError, read_json_object
-from .layers import checkpoint_pieces, named_weights
+from .layers import checkpoint_pieces, named_weights, stacked_experts
 from .models import CONFIG_CLASSES, MODEL_CLASSES
+from .mxfp4 import dequantized_mxfp4
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -96,7 +97,8 @@ def expected_tensors(model: nn.Module, remove_duplicate: bool = True) -> dict[st
     ``e_score_correction_bias``) are checkpoint tensors too. Tied weights appear once, under their first name
     (under each of their names with ``remove_duplicate=False``)."""
     named = named_weights(model, remove_duplicate=remove_duplicate)
-    return {hf: t for n, p in named for hf, t in checkpoint_pieces(n, p)}
+    stacked = stacked_experts(model)
+    return {hf: t for n, p in named for hf, t in checkpoint_pieces(n, p, stacked)}
 
 
 def _split_stacked(params: dict[str, torch.Tensor], name: str, tensor: torch.Tensor) -> list | None:
@@ -116,7 +118,9 @@ def load_weights(model: nn.Module, named_tensors: Iterable[tuple[str, torch.Tens
 
     Expert weights load from either layout: one tensor per expert (``...experts.{i}.gate_proj.weight``, as published
     checkpoints and transformers' ``save_pretrained`` store them) or the stacked tensor (``...experts.gate_up_proj``,
-    transformers' in-memory layout), which counts as its per-expert names.
+    transformers' in-memory layout), which counts as its per-expert names. MXFP4 expert tensors (gpt-oss's
+    ``..._blocks`` and ``..._scales`` pairs) are dequantised to bf16 first, bit for bit as transformers does
+    (``mxfp4.py``).
 
     ``strict``: every model parameter must be provided (a full checkpoint); otherwise a partial update is allowed.
     """
@@ -125,7 +129,7 @@ def load_weights(model: nn.Module, named_tensors: Iterable[tuple[str, torch.Tens
     tied = getattr(getattr(model, "config", None), "tie_word_embeddings", False)
     loaded, unexpected = [], []
     with torch.no_grad():
-        for name, tensor in named_tensors:
+        for name, tensor in dequantized_mxfp4(named_tensors):
             _refuse_quantized(name, tensor)
             pieces = [(name, tensor)] if name in targets else _split_stacked(params, name, tensor)
             if pieces is None:

@@ -22,6 +22,7 @@ from .models import (
     MODEL_CLASSES,
     DeepseekV3Config,
     DenseConfig,
+    GptOssConfig,
     Qwen3Config,
     Qwen3MoeConfig,
     YarnScaling,
@@ -89,6 +90,26 @@ DEEPSEEK_V3_SHAPES = {
         rope_scaling=YarnScaling(factor=40.0, original_max_position_embeddings=4096, beta_fast=32.0, beta_slow=1.0,
                                  mscale=1.0, mscale_all_dim=1.0),
         tie_word_embeddings=False,
+    ),
+}  # fmt: skip
+
+
+# Real gpt-oss shapes (the released config.json values; their experts ship in MXFP4, which loads dequantised to bf16),
+# as overrides of tiny_gpt_oss_config.
+_GPT_OSS_YARN = YarnScaling(factor=32.0, original_max_position_embeddings=4096, beta_fast=32.0, beta_slow=1.0,
+                            truncate=False)  # fmt: skip
+GPT_OSS_SHAPES = {
+    "gpt-oss-20b": dict(
+        vocab_size=201088, hidden_size=2880, intermediate_size=2880, num_hidden_layers=24, num_attention_heads=64,
+        num_key_value_heads=8, head_dim=64, num_local_experts=32, num_experts_per_tok=4, sliding_window=128,
+        layer_types=None, max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=150000.0,
+        rope_scaling=_GPT_OSS_YARN, tie_word_embeddings=False, router_aux_loss_coef=0.9,
+    ),
+    "gpt-oss-120b": dict(
+        vocab_size=201088, hidden_size=2880, intermediate_size=2880, num_hidden_layers=36, num_attention_heads=64,
+        num_key_value_heads=8, head_dim=64, num_local_experts=128, num_experts_per_tok=4, sliding_window=128,
+        layer_types=None, max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=150000.0,
+        rope_scaling=_GPT_OSS_YARN, tie_word_embeddings=False, router_aux_loss_coef=0.9,
     ),
 }  # fmt: skip
 
@@ -232,6 +253,23 @@ def tiny_deepseek_v3_config(**overrides) -> DeepseekV3Config:
     return DeepseekV3Config(**base)
 
 
+def tiny_gpt_oss_config(**overrides) -> GptOssConfig:
+    """A two-layer, 64-wide gpt-oss: layer 0 sliding (a window of 24: not a multiple of the attention kernels' key
+    block of 16, and shorter than the golden workload's sequences, so blocks are skipped), layer 1 full; 4 query
+    heads of 16 with a sink each, 2 KV heads; 8 experts of width 32, top-4; YaRN rope (factor 4 over an original
+    context of 128, untruncated, as the released configs); the byte-level vocabulary of the tiny Qwen3."""
+    q = tiny_qwen3_config()
+    base = dict(
+        vocab_size=q.vocab_size, hidden_size=64, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, num_local_experts=8, num_experts_per_tok=4, sliding_window=24,
+        max_position_embeddings=512, rope_theta=150_000.0,
+        rope_scaling=YarnScaling(factor=4.0, original_max_position_embeddings=128, truncate=False),
+        bos_token_id=q.bos_token_id, eos_token_id=q.eos_token_id,
+    )  # fmt: skip
+    base.update(overrides)
+    return GptOssConfig(**base)
+
+
 # What each tiny dense family adds to tiny_qwen3_config's shape (q/k norm and biases follow from the family):
 # llama: tied embeddings and llama3 rope with an original context of 64, so its low-, medium- and high-frequency
 # bands all occur at head_dim 16; qwen2: q/k/v biases; mistral: a 4096 window, which a 512-position model never fills.
@@ -282,7 +320,10 @@ TINY_VARIANTS = {
                                              num_experts_per_tok=6, tie_word_embeddings=True), _LOUD_EXPERTS),
     "qwen3_hd64": ("qwen3", dict(head_dim=64), dict(embed_std=1.0, weight_scales={})),
 }  # fmt: skip
-FAMILIES = ("qwen3", "qwen3_moe", "qwen2", "llama", "mistral", "deepseek_v3")
+FAMILIES = ("qwen3", "qwen3_moe", "qwen2", "llama", "mistral", "deepseek_v3", "gpt_oss")
+# random_model's embed_std and weight factors of a family's own checkpoint, where not the defaults: gpt-oss's gate_up
+# times 4 (exact in bf16), so that some gate and up values pass the clamped SwiGLU's limit of 7
+_FAMILY_EXTRAS = {"gpt_oss": dict(embed_std=1.0, weight_scales={"experts.gate_up_proj": 4.0})}
 # Every committed tiny checkpoint: one per family, then the variants.
 TINY_CHECKPOINTS = FAMILIES + tuple(TINY_VARIANTS)
 
@@ -296,6 +337,8 @@ def tiny_checkpoint_config(name: str):
         return tiny_qwen3_moe_config(**overrides)
     if family == "deepseek_v3":
         return tiny_deepseek_v3_config(**overrides)
+    if family == "gpt_oss":
+        return tiny_gpt_oss_config(**overrides)
     return tiny_config(family, **overrides)
 
 
@@ -368,7 +411,8 @@ def write_tiny_checkpoint(name: str, path: str | Path | None = None) -> Path:
     """Write the committed tiny checkpoint ``name`` (seed 0; a variant's ``embed_std`` and ``weight_scales``) to
     ``path`` (default: over the committed one, ``default_checkpoint(name)``)."""
     cfg = tiny_checkpoint_config(name)
-    extras = TINY_VARIANTS[name][2] if name in TINY_VARIANTS else dict(embed_std=1.0, weight_scales={})
+    default = _FAMILY_EXTRAS.get(name, dict(embed_std=1.0, weight_scales={}))
+    extras = TINY_VARIANTS[name][2] if name in TINY_VARIANTS else default
     model = random_model(cfg, seed=0, embed_std=extras["embed_std"])
     with torch.no_grad():
         for weight_name, w in named_weights(model):
@@ -383,8 +427,8 @@ def write_tiny_checkpoint(name: str, path: str | Path | None = None) -> Path:
 
 def default_checkpoint(family: str = "qwen3") -> Path:
     """The committed tiny checkpoint of a family (``qwen3``: the demo's; ``qwen3_moe``, ``qwen2``, ``llama``,
-    ``mistral``, ``deepseek_v3``) or of a variant (:data:`TINY_VARIANTS`: ``qwen3_moe_top4``, ...), as the golden
-    fixtures use them: ``assets/tiny-<name with dashes>``."""
+    ``mistral``, ``deepseek_v3``, ``gpt_oss``) or of a variant (:data:`TINY_VARIANTS`: ``qwen3_moe_top4``, ...), as
+    the golden fixtures use them: ``assets/tiny-<name with dashes>``."""
     if family not in TINY_CHECKPOINTS:
         raise ValueError(f"no committed tiny checkpoint {family!r}; have {list(TINY_CHECKPOINTS)}")
     return Path(str(resources.files("vexact_models") / "assets" / ("tiny-" + family.replace("_", "-"))))

@@ -52,7 +52,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .errors import CheckpointError
-from .layers import checkpoint_pieces, named_weights, weight_dtype
+from .layers import checkpoint_pieces, named_weights, stacked_experts, weight_dtype
 
 ALIGN = 256  # each piece starts on a 256-byte boundary: any dtype can view it, copies stay aligned
 
@@ -269,15 +269,17 @@ def weight_targets(model: nn.Module) -> dict[str, tuple[torch.Tensor, list[str]]
     per expert for stacked experts) and whole parameter names (a stacked expert tensor at once) are both accepted.
     Rebuild it whenever the model's parameters get new storage (a level-2 sleep and wake)."""
     targets = {name: (t, [name]) for name, t in _pieces(model)}
+    stacked = stacked_experts(model)
     for name, p in named_weights(model):
         if name not in targets:
-            targets[name] = (p, [piece for piece, _ in checkpoint_pieces(name, p)])
+            targets[name] = (p, [piece for piece, _ in checkpoint_pieces(name, p, stacked)])
     return targets
 
 
 def _pieces(model: nn.Module):
+    stacked = stacked_experts(model)
     for name, p in named_weights(model):
-        yield from checkpoint_pieces(name, p)
+        yield from checkpoint_pieces(name, p, stacked)
 
 
 def load_bucket(

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from vexact_models import checkpoint_pieces, named_buckets, named_weights, weight_dtype
+from vexact_models import checkpoint_pieces, named_buckets, named_weights, stacked_experts, weight_dtype
 
 from .parallel import rank
 
@@ -55,6 +55,7 @@ def iter_weights(
     ``[E, 2I, H]``) as one tensor instead of one per expert and projection: what verl's ``get_per_tensor_param``
     exports, and what a VeXact engine loads (``load_bucket``, ``update_weights``). A Qwen3-30B-A3B then sends 531
     tensors instead of 18867, so a sync is not bound by one copy launch per expert."""
+    whole = stacked_experts(model)  # gpt-oss: checkpoints hold its experts stacked
     for name, p in named_weights(model):
         want = weight_dtype(name, dtype)  # DeepSeek's fp32 bias buffer stays fp32
         t = p.detach() if p.dtype == want else p.detach().to(want)  # one torch call less per tensor where it can
@@ -63,7 +64,7 @@ def iter_weights(
         if stacked:
             yield hf_name(name), t
         else:
-            yield from checkpoint_pieces(hf_name(name), t)
+            yield from checkpoint_pieces(hf_name(name), t, whole)
 
 
 def sync_weights_broadcast(model: nn.Module, group, bucket_bytes: int = DEFAULT_BUCKET_BYTES, src_rank: int = 0):

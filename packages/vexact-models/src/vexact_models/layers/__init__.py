@@ -8,12 +8,14 @@ from .linear import Linear, grouped_linear
 from .mla import MLAttention
 from .moe import (
     DeepseekMoeBlock,
+    GptOssMoeBlock,
     RouterOutput,
     SparseMoeBlock,
     checkpoint_pieces,
     load_balancing_loss,
     named_weights,
     record_router,
+    stacked_experts,
     weight_dtype,
 )
 from .rotary import RotaryEmbedding
@@ -21,6 +23,7 @@ from .rotary import RotaryEmbedding
 __all__ = [
     "Attention",
     "DeepseekMoeBlock",
+    "GptOssMoeBlock",
     "LMHead",
     "Linear",
     "MLAttention",
@@ -36,6 +39,7 @@ __all__ = [
     "load_balancing_loss",
     "named_weights",
     "record_router",
+    "stacked_experts",
     "rms_norm_pair",
     "weight_dtype",
 ]

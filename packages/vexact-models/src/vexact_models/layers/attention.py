@@ -15,11 +15,15 @@ class Attention(nn.Module):
     keys from the cache, so a prefill chunk and a decode step see keys through the same path.
     """
 
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float | None = None):
-        """``scale``: the softmax scale (default ``head_dim ** -0.5``), passed to the kernel in both layouts."""
+    def __init__(
+        self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float | None = None, window: int | None = None
+    ):
+        """``scale``: the softmax scale (default ``head_dim ** -0.5``), passed to the kernel in both layouts;
+        ``window``: this layer's sliding window (keys at positions ``> p - window``; None: every earlier key)."""
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.scale = head_dim**-0.5 if scale is None else scale
+        self.window = window
 
     def forward(
         self,
@@ -28,9 +32,14 @@ class Attention(nn.Module):
         v: torch.Tensor,
         meta: AttentionMetadata,
         kv_cache: tuple[torch.Tensor, torch.Tensor] | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """``sinks [Hq]``: the layer's attention-sink logits (gpt-oss), None for none."""
+        extra = {}
+        if self.window is not None or sinks is not None:  # the plain call otherwise, as every other family makes it
+            extra = dict(window=self.window, sinks=sinks)
         if not meta.paged:
-            return vk.attention_packed(q, k, v, meta.cu_seqlens, self.scale)
+            return vk.attention_packed(q, k, v, meta.cu_seqlens, self.scale, **extra)
         if kv_cache is None:
             raise ValueError("paged attention metadata given but no KV cache for this layer")
         k_cache, v_cache = kv_cache
@@ -40,5 +49,5 @@ class Attention(nn.Module):
         key = ("attention_paged", q.shape, k_cache.shape, v_cache.shape, q.device, vk.get_backend("attention"))
         layout = meta.per_step(key, lambda: vk.paged_attention_layout(*paged))
         if layout is None:  # nothing derived up front on this path (CPU, fast)
-            return vk.attention_paged(*paged, self.scale)
-        return vk.attention_paged(*paged, self.scale, layout=layout)
+            return vk.attention_paged(*paged, self.scale, **extra)
+        return vk.attention_paged(*paged, self.scale, layout=layout, **extra)

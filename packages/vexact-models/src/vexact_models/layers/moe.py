@@ -145,6 +145,45 @@ class DeepseekMoeBlock(SparseMoeBlock):
         return super().forward(x) + self.shared_experts(x)
 
 
+class GptOssExperts(nn.Module):
+    """gpt-oss's experts in transformers' names and layout: ``gate_up_proj [E, H, 2I]`` (gate and up interleaved in
+    its columns: gate even, up odd) with ``gate_up_proj_bias [E, 2I]``, ``down_proj [E, I, H]`` with
+    ``down_proj_bias [E, H]``. Checkpoints store them stacked, as held (:func:`checkpoint_pieces` with
+    ``stacked=True``)."""
+
+    def __init__(self, num_experts: int, hidden: int, inter: int, dtype: torch.dtype | None = None):
+        super().__init__()
+        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, hidden, 2 * inter, dtype=dtype))
+        self.gate_up_proj_bias = nn.Parameter(torch.empty(num_experts, 2 * inter, dtype=dtype))
+        self.down_proj = nn.Parameter(torch.empty(num_experts, inter, hidden, dtype=dtype))
+        self.down_proj_bias = nn.Parameter(torch.empty(num_experts, hidden, dtype=dtype))
+
+
+class GptOssMoeBlock(nn.Module):
+    """gpt-oss's MoE: a router with a bias (``router.weight [E, H]``, ``router.bias [E]``; fp32 logits), the top-k
+    of its logits then a softmax over those k (``moe_route(topk_before_softmax=True)``, ties to the lower index), and
+    the experts through ``fused_moe`` with their biases, interleaved gate/up and the clamped SwiGLU."""
+
+    def __init__(self, num_experts: int, top_k: int, hidden: int, inter: int, dtype: torch.dtype | None = None):
+        super().__init__()
+        self.top_k = top_k
+        self.router = Linear(hidden, num_experts, True, dtype)  # read in fp32 out, not through its forward
+        self.experts = GptOssExperts(num_experts, hidden, inter, dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits = vk.linear(x, self.router.weight, self.router.bias, out_dtype=torch.float32)  # [T, E]
+        weights, ids = vk.moe_route(logits, self.top_k, topk_before_softmax=True)  # [T, k] each
+        rec = _recorder.get()
+        if rec is not None:
+            rec.append(RouterOutput(logits, ids))
+        ex = self.experts
+        return vk.fused_moe(
+            x, ex.gate_up_proj.transpose(1, 2), ex.down_proj.transpose(1, 2), weights, ids,
+            b_gate_up=ex.gate_up_proj_bias, b_down=ex.down_proj_bias, gate_up_interleaved=True,
+            activation="clamped_swiglu",
+        )  # fmt: skip
+
+
 def load_balancing_loss(router: list[RouterOutput], num_experts: int, top_k: int) -> torch.Tensor:
     """transformers' ``load_balancing_loss_func`` over all recorded layers and tokens: ``E * sum_e f_e * P_e`` with
     ``f_e`` the share of (token, rank) slots routed to expert ``e`` and ``P_e`` its mean router probability."""
@@ -187,10 +226,17 @@ def named_weights(model: nn.Module, remove_duplicate: bool = True) -> Iterator[t
 _STACKED = re.compile(r"^(?P<prefix>.*\.experts)\.(?P<proj>gate_up_proj|down_proj)$")
 
 
-def checkpoint_pieces(name: str, tensor: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+def stacked_experts(model: nn.Module) -> bool:
+    """Whether ``model``'s checkpoints hold its expert tensors stacked, as the model holds them (gpt-oss:
+    ``config.stacked_expert_checkpoint``), rather than one tensor per expert and projection."""
+    return bool(getattr(getattr(model, "config", None), "stacked_expert_checkpoint", False))
+
+
+def checkpoint_pieces(name: str, tensor: torch.Tensor, stacked: bool = False) -> list[tuple[str, torch.Tensor]]:
     """The published checkpoint's ``(name, view)`` pairs of a model tensor: one per expert and projection for a
-    stacked expert parameter, the tensor itself under its own name otherwise. Views share the tensor's storage."""
-    m = _STACKED.match(name)
+    stacked expert parameter, the tensor itself under its own name otherwise. Views share the tensor's storage.
+    ``stacked``: the family's checkpoints store stacked expert tensors whole (:func:`stacked_experts`)."""
+    m = None if stacked else _STACKED.match(name)
     if m is None:
         return [(name, tensor)]
     prefix = m["prefix"]

@@ -11,6 +11,7 @@ from .dense import (
     Qwen3Config,
     Qwen3ForCausalLM,
 )
+from .gpt_oss import GptOssConfig, GptOssForCausalLM
 from .qwen3_moe import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 CONFIG_CLASSES: dict[str, type] = {
@@ -20,6 +21,7 @@ CONFIG_CLASSES: dict[str, type] = {
     "llama": LlamaConfig,
     "mistral": MistralConfig,
     "deepseek_v3": DeepseekV3Config,
+    "gpt_oss": GptOssConfig,
 }
 MODEL_CLASSES = {
     "qwen3": Qwen3ForCausalLM,
@@ -28,6 +30,7 @@ MODEL_CLASSES = {
     "llama": LlamaForCausalLM,
     "mistral": MistralForCausalLM,
     "deepseek_v3": DeepseekV3ForCausalLM,
+    "gpt_oss": GptOssForCausalLM,
 }
 
 __all__ = [
@@ -35,6 +38,7 @@ __all__ = [
     "MODEL_CLASSES",
     "DeepseekV3Config",
     "DenseConfig",
+    "GptOssConfig",
     "LlamaConfig",
     "MistralConfig",
     "Qwen2Config",
@@ -43,6 +47,7 @@ __all__ = [
     "YarnScaling",
     "DeepseekV3ForCausalLM",
     "DenseForCausalLM",
+    "GptOssForCausalLM",
     "LlamaForCausalLM",
     "MistralForCausalLM",
     "Qwen2ForCausalLM",

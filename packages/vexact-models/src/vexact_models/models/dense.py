@@ -399,7 +399,8 @@ class DenseForCausalLM(nn.Module):
             top, cfg = pos_range[1], self.config
             if top >= cfg.max_position_embeddings:
                 raise ValueError(f"position {top} >= max_position_embeddings {cfg.max_position_embeddings}")
-            if cfg.sliding_window is not None and top >= cfg.sliding_window:
+            unhonoured = not getattr(cfg, "windowed_attention", False)  # gpt-oss: the kernels run its window
+            if unhonoured and cfg.sliding_window is not None and top >= cfg.sliding_window:
                 raise ValueError(
                     f"position {top} >= sliding_window {cfg.sliding_window}: sliding-window attention is not "
                     "implemented, so sequences must fit in the window (where it equals full attention)"

@@ -1,0 +1,218 @@
+"""gpt-oss (gpt-oss-20b, gpt-oss-120b): GQA attention with biases on q/k/v/o, a learned sink logit per head, a
+sliding window on alternate layers (``layer_types``), YaRN rope; every MLP a sparse MoE (``GptOssMoeBlock``: a biased
+router, top-k of its logits then softmax over the k, experts with biases, gate/up interleaved in one
+``gate_up_proj``, the clamped SwiGLU); pre-norm residual blocks, as the dense decoder's.
+
+Names and layout are transformers' ``GptOssForCausalLM``: ``self_attn.{q,k,v,o}_proj.{weight,bias}``,
+``self_attn.sinks [Hq]``, ``mlp.router.{weight,bias}``, ``mlp.experts.{gate_up_proj [E, H, 2I], gate_up_proj_bias,
+down_proj [E, I, H], down_proj_bias}`` (stored stacked in checkpoints, as held); released MXFP4 checkpoints
+(``..._blocks`` / ``..._scales``) are dequantised to bf16 at load (``mxfp4.py``). The window and the sinks run in
+vexact-kernels' attention (``window=``, ``sinks=``), the same key blocks in every path, so the engine and the trainer
+agree bit for bit on sliding and full layers alike. The invariant backend's CUDA kernels take neither yet: on a GPU
+this family runs on the ``fast`` backend only (the invariant one refuses it with an error naming what is missing).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from torch import nn
+
+from ..config import ARCHITECTURES, HFConfig, parse_dtype
+from ..layers import Attention, GptOssMoeBlock, Linear, RMSNorm, RotaryEmbedding, add_rms_norm, grouped_linear
+from .deepseek_v3 import YarnScaling
+from .dense import DenseForCausalLM
+
+LAYER_TYPES = ("sliding_attention", "full_attention")
+SWIGLU_LIMIT = 7.0  # vexact_kernels.clamped_swiglu's limit; gpt-oss's config.json may repeat it (swiglu_limit)
+
+
+@dataclass(frozen=True)
+class GptOssConfig(HFConfig):
+    """gpt-oss (HF ``model_type: gpt_oss``). Layer ``i`` attends within ``sliding_window`` keys when
+    ``layer_types[i] == "sliding_attention"`` (default: even layers sliding, odd layers full), to every earlier key
+    otherwise. ``rope_scaling``: YaRN (transformers' ``rope_parameters``, ``truncate`` false in the released
+    configs) or None."""
+
+    # the kernels run this family's window, so sequences may outrun it (the shell and the engine read this)
+    windowed_attention: ClassVar[bool] = True
+    # checkpoints hold the experts stacked, as the model does (no per-expert names)
+    stacked_expert_checkpoint: ClassVar[bool] = True
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    num_local_experts: int
+    num_experts_per_tok: int
+    sliding_window: int = 128
+    layer_types: tuple[str, ...] | None = None
+    max_position_embeddings: int = 131072
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 150_000.0
+    rope_scaling: YarnScaling | None = None
+    attention_bias: bool = True
+    tie_word_embeddings: bool = False
+    hidden_act: str = "silu"
+    swiglu_limit: float = SWIGLU_LIMIT
+    router_aux_loss_coef: float = 0.001  # transformers GptOssConfig default; the released configs set 0.9
+    torch_dtype: str = "bfloat16"
+    bos_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
+    pad_token_id: int | None = None
+    model_type: str = "gpt_oss"
+
+    def __post_init__(self) -> None:
+        c = "GptOssConfig"
+        for name in (
+            "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+            "num_key_value_heads", "head_dim", "num_local_experts", "num_experts_per_tok", "sliding_window",
+            "max_position_embeddings",
+        ):  # fmt: skip
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{c}.{name} must be a positive integer, got {value!r}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"{c}: num_attention_heads ({self.num_attention_heads}) must be a multiple of num_key_value_heads "
+                f"({self.num_key_value_heads})"
+            )
+        if self.head_dim % 2:
+            raise ValueError(f"{c}.head_dim must be even for rotary, got {self.head_dim}")
+        if self.num_experts_per_tok > self.num_local_experts:
+            raise ValueError(
+                f"{c}: num_experts_per_tok ({self.num_experts_per_tok}) > num_local_experts ({self.num_local_experts})"
+            )
+        if self.layer_types is None:
+            object.__setattr__(self, "layer_types", tuple(LAYER_TYPES[i % 2] for i in range(self.num_hidden_layers)))
+        object.__setattr__(self, "layer_types", tuple(self.layer_types))
+        if len(self.layer_types) != self.num_hidden_layers or any(t not in LAYER_TYPES for t in self.layer_types):
+            raise ValueError(
+                f"{c}.layer_types must list {self.num_hidden_layers} of {LAYER_TYPES}; got {list(self.layer_types)}"
+            )
+        if self.swiglu_limit != SWIGLU_LIMIT:
+            raise ValueError(f"{c}.swiglu_limit must be {SWIGLU_LIMIT} (the kernels' clamp), got {self.swiglu_limit!r}")
+        if self.hidden_act != "silu":
+            raise ValueError(f"{c}.hidden_act must be 'silu' (gpt-oss's clamped SwiGLU), got {self.hidden_act!r}")
+        if self.rms_norm_eps <= 0:
+            raise ValueError(f"{c}.rms_norm_eps must be > 0, got {self.rms_norm_eps}")
+        if self.rope_scaling is not None and not isinstance(self.rope_scaling, YarnScaling):
+            raise TypeError(f"{c}.rope_scaling must be a YarnScaling or None, got {type(self.rope_scaling).__name__}")
+        parse_dtype(self.torch_dtype)
+
+    @property
+    def num_experts(self) -> int:
+        """``num_local_experts`` under the name the trainer's router outputs use."""
+        return self.num_local_experts
+
+    @property
+    def kv_cache_dims(self) -> tuple[int, int, int]:
+        return self.num_key_value_heads, self.head_dim, self.head_dim
+
+    def layer_window(self, i: int) -> int | None:
+        """Layer ``i``'s attention window: ``sliding_window`` on sliding layers, None (every earlier key) on full."""
+        return self.sliding_window if self.layer_types[i] == "sliding_attention" else None
+
+    @classmethod
+    def from_hf_dict(cls, d: dict):
+        d = dict(d)
+        quant = d.get("quantization_config")
+        if quant:
+            method = quant.get("quant_method") if isinstance(quant, dict) else None
+            if method != "mxfp4":
+                raise ValueError(
+                    f"gpt_oss config.json has quantization_config (quant_method {method!r}): only mxfp4 experts are "
+                    "supported (dequantised to bf16 at load)"
+                )
+        rope = d.get("rope_parameters") or d.get("rope_scaling") or {}
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type == "yarn":
+            scaling = YarnScaling.from_hf(rope, d.get("max_position_embeddings", cls.max_position_embeddings))
+        elif rope_type == "default":
+            scaling = None
+        else:
+            raise ValueError(f"rope_parameters.rope_type {rope_type!r} is not supported for gpt_oss: 'yarn' or none")
+        theta = d.get("rope_theta", rope.get("rope_theta", cls.rope_theta))
+        if "num_local_experts" not in d and "num_experts" in d:
+            d["num_local_experts"] = d["num_experts"]
+        dtype = d.get("torch_dtype") or d.get("dtype") or "bfloat16"
+        fields = {f.name for f in dataclasses.fields(cls)}
+        kw = {k: v for k, v in d.items() if k in fields and v is not None}
+        kw.setdefault("head_dim", d["hidden_size"] // d["num_attention_heads"])
+        missing = [f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING and f.name not in kw]
+        if missing:
+            raise ValueError(f"gpt_oss config.json lacks {missing}")
+        kw.update(rope_theta=float(theta), rope_scaling=scaling, torch_dtype=str(dtype).removeprefix("torch."))
+        return cls(**kw)
+
+    def to_hf_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["architectures"] = [ARCHITECTURES[self.model_type]]
+        d["layer_types"] = list(self.layer_types)
+        del d["rope_scaling"], d["rope_theta"]
+        rope = {"rope_type": "default", "rope_theta": self.rope_theta}
+        if self.rope_scaling is not None:
+            yarn = {k: v for k, v in dataclasses.asdict(self.rope_scaling).items() if v is not None}
+            rope = {"rope_type": "yarn", "rope_theta": self.rope_theta, **yarn}
+        d["rope_parameters"] = rope
+        d["attention_dropout"] = 0.0
+        d["use_cache"] = True
+        return d
+
+
+class GptOssAttention(nn.Module):
+    def __init__(self, cfg: GptOssConfig, rotary: RotaryEmbedding, i: int):
+        super().__init__()
+        dt, d = cfg.dtype, cfg.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, d
+        self.q_proj = Linear(cfg.hidden_size, self.num_heads * d, cfg.attention_bias, dt)
+        self.k_proj = Linear(cfg.hidden_size, self.num_kv_heads * d, cfg.attention_bias, dt)
+        self.v_proj = Linear(cfg.hidden_size, self.num_kv_heads * d, cfg.attention_bias, dt)
+        self.o_proj = Linear(self.num_heads * d, cfg.hidden_size, cfg.attention_bias, dt)
+        self.sinks = nn.Parameter(torch.empty(self.num_heads, dtype=dt))  # [Hq] one sink logit per query head
+        self.rotary = rotary  # the model's shared table (YaRN folded in)
+        self.attn = Attention(self.num_heads, self.num_kv_heads, d, window=cfg.layer_window(i))
+
+    def forward(self, x, positions, meta, kv_cache):
+        t = x.shape[0]
+        q, k, v = grouped_linear(x, (self.q_proj, self.k_proj, self.v_proj))  # one matmul on packed weights
+        q = q.view(t, self.num_heads, self.head_dim)  # [T, Hq, D]
+        k = k.view(t, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
+        v = v.view(t, self.num_kv_heads, self.head_dim)
+        q, k = self.rotary(positions, q, k)
+        o = self.attn(q, k, v, meta, kv_cache, sinks=self.sinks)  # [T, Hq, D]
+        return self.o_proj(o.reshape(t, self.num_heads * self.head_dim))
+
+
+class GptOssDecoderLayer(nn.Module):
+    def __init__(self, cfg: GptOssConfig, rotary: RotaryEmbedding, i: int):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype)
+        self.self_attn = GptOssAttention(cfg, rotary, i)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype)
+        self.mlp = GptOssMoeBlock(
+            cfg.num_local_experts, cfg.num_experts_per_tok, cfg.hidden_size, cfg.intermediate_size, cfg.dtype
+        )
+
+    def forward(self, x, positions, meta, kv_cache, residual=None):
+        """As :meth:`DenseDecoderLayer.forward`: the residual add left to the next norm when inferring."""
+        residual, h = add_rms_norm(self.input_layernorm, x, residual)
+        h = self.self_attn(h, positions, meta, kv_cache)
+        residual, h = add_rms_norm(self.post_attention_layernorm, h, residual)
+        h = self.mlp(h)
+        return (residual + h, None) if torch.is_grad_enabled() else (h, residual)
+
+
+class GptOssForCausalLM(DenseForCausalLM):
+    """The dense decoder's causal-LM shell (input checks, ``logits``, ``logprobs``) around the gpt-oss body."""
+
+    config_class = GptOssConfig
+
+    def __init__(self, cfg: GptOssConfig):
+        super().__init__(cfg, make_layer=GptOssDecoderLayer)
