@@ -1,9 +1,11 @@
 """What every family's config shares: dtypes, the HF architecture names, the ``dtype`` / ``eos_token_ids``
-properties. Each family's config dataclass sits at the top of its model file (``models/dense.py``,
-``models/qwen3_moe.py``, ``models/deepseek_v3.py``); ``load_config`` reads a ``config.json`` into one
-(``loader.py``)."""
+properties, the checks every family's config runs. Each family's config dataclass sits at the top of its model file
+(``models/dense.py``, ``models/qwen3_moe.py``, ``models/deepseek_v3.py``, ``models/gpt_oss.py``); ``load_config``
+reads a ``config.json`` into one (``loader.py``)."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 
@@ -45,3 +47,39 @@ class HFConfig:
         if self.eos_token_id is None:
             return ()
         return tuple(self.eos_token_id) if isinstance(self.eos_token_id, list) else (self.eos_token_id,)
+
+
+def check_positive_ints(owner: str, config, names) -> None:
+    """Each field of ``names`` an int >= 1 (a bool is not one); else a ValueError naming ``owner.name`` and the
+    value."""
+    for name in names:
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{owner}.{name} must be a positive integer, got {value!r}")
+
+
+def check_heads(owner: str, num_attention_heads: int, num_key_value_heads: int, head_dim: int) -> None:
+    """Query heads a multiple of the KV heads (GQA), and a rotary head dim that is even."""
+    if num_attention_heads % num_key_value_heads:
+        raise ValueError(
+            f"{owner}: num_attention_heads ({num_attention_heads}) must be a multiple of "
+            f"num_key_value_heads ({num_key_value_heads})"
+        )
+    if head_dim % 2:
+        raise ValueError(f"{owner}.head_dim must be even for rotary, got {head_dim}")
+
+
+def hf_fields(cls, d: dict, where: str, keep_none: tuple[str, ...] = ()) -> dict:
+    """The entries of an HF ``config.json`` dict ``d`` that are fields of the dataclass ``cls`` (``None`` values left
+    out, but for ``keep_none``); a ValueError naming ``where`` lists the required fields missing."""
+    fields = {f.name for f in dataclasses.fields(cls)}
+    kw = {k: v for k, v in d.items() if k in fields and (v is not None or k in keep_none)}
+    missing = [f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING and f.name not in kw]
+    if missing:
+        raise ValueError(f"{where} lacks {missing}")
+    return kw
+
+
+def hf_dtype_name(d: dict) -> str:
+    """The checkpoint dtype an HF config dict names (``torch_dtype``, or ``dtype`` in transformers 5), bf16 if none."""
+    return str(d.get("torch_dtype") or d.get("dtype") or "bfloat16").removeprefix("torch.")

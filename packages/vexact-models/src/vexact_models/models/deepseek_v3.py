@@ -20,7 +20,7 @@ from torch import nn
 
 import vexact_kernels as vk
 
-from ..config import ARCHITECTURES, HFConfig, parse_dtype
+from ..config import ARCHITECTURES, HFConfig, hf_dtype_name, hf_fields, parse_dtype
 from ..layers import (
     DeepseekMoeBlock,
     Linear,
@@ -86,6 +86,22 @@ class YarnScaling:
             if not kw.get(name):
                 kw.pop(name, None)
         return cls(**kw)
+
+    @classmethod
+    def rope_from_hf(
+        cls, d: dict, keys: tuple[str, str], max_position_embeddings: int, rope_theta: float, where: str
+    ) -> tuple[YarnScaling | None, float]:
+        """``(scaling, theta)`` from an HF config dict: its rope dict (the first of ``keys`` present) as a
+        :class:`YarnScaling` for ``yarn`` or None for default rope (another type raises a ValueError naming ``where``),
+        and its rope theta; ``max_position_embeddings`` and ``rope_theta``: the family's defaults."""
+        rope = d.get(keys[0]) or d.get(keys[1]) or {}
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        theta = float(d.get("rope_theta", rope.get("rope_theta", rope_theta)))
+        if rope_type == "yarn":
+            return cls.from_hf(rope, d.get("max_position_embeddings", max_position_embeddings)), theta
+        if rope_type == "default":
+            return None, theta
+        raise ValueError(f"{where} {rope_type!r} is not supported; use 'yarn' or none")
 
 
 @dataclass(frozen=True)
@@ -230,26 +246,13 @@ class DeepseekV3Config(HFConfig):
                 f"config.json has quantization_config (quant_method {method!r}): FP8/quantized deepseek_v3 "
                 "checkpoints are not supported; convert the weights to bf16 first"
             )
-        rope = d.get("rope_scaling") or d.get("rope_parameters") or {}
-        rope_type = rope.get("rope_type", rope.get("type", "default"))
-        if rope_type == "yarn":
-            scaling = YarnScaling.from_hf(rope, d.get("max_position_embeddings", cls.max_position_embeddings))
-        elif rope_type == "default":
-            scaling = None
-        else:
-            raise ValueError(f"rope_scaling.type {rope_type!r} is not supported for deepseek_v3; use 'yarn' or none")
-        theta = d.get("rope_theta", rope.get("rope_theta", cls.rope_theta))
+        keys = ("rope_scaling", "rope_parameters")
+        where = "deepseek_v3: rope_scaling.type"
+        scaling, theta = YarnScaling.rope_from_hf(d, keys, cls.max_position_embeddings, cls.rope_theta, where)
         if "n_routed_experts" not in d and "num_local_experts" in d:
             d["n_routed_experts"] = d["num_local_experts"]
-        dtype = d.get("torch_dtype") or d.get("dtype") or "bfloat16"
-        fields = {f.name for f in dataclasses.fields(cls)}
-        kw = {k: v for k, v in d.items() if k in fields and v is not None or k == "q_lora_rank"}
-        missing = [f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING and f.name not in kw]
-        if missing:
-            raise ValueError(f"deepseek_v3 config.json lacks {missing}")
-        kw.update(
-            rope_theta=float(theta), rope_scaling=scaling, torch_dtype=str(dtype).removeprefix("torch."),
-        )  # fmt: skip
+        kw = hf_fields(cls, d, "deepseek_v3 config.json", keep_none=("q_lora_rank",))
+        kw.update(rope_theta=theta, rope_scaling=scaling, torch_dtype=hf_dtype_name(d))
         return cls(**kw)
 
     def to_hf_dict(self) -> dict:

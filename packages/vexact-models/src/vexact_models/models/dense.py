@@ -35,7 +35,7 @@ from torch import nn
 import vexact_kernels as vk
 
 from ..attention_metadata import AttentionMetadata
-from ..config import ARCHITECTURES, HFConfig, parse_dtype
+from ..config import ARCHITECTURES, HFConfig, check_heads, check_positive_ints, parse_dtype
 from ..layers import (
     Attention,
     Linear,
@@ -116,7 +116,7 @@ class DenseConfig(HFConfig):
 
     def __post_init__(self) -> None:
         me = type(self).__name__
-        for name in (
+        positive = (
             "vocab_size",
             "hidden_size",
             "intermediate_size",
@@ -125,17 +125,9 @@ class DenseConfig(HFConfig):
             "num_key_value_heads",
             "head_dim",
             "max_position_embeddings",
-        ):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{me}.{name} must be a positive integer, got {value!r}")
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError(
-                f"{me}: num_attention_heads ({self.num_attention_heads}) must be a multiple of "
-                f"num_key_value_heads ({self.num_key_value_heads})"
-            )
-        if self.head_dim % 2:
-            raise ValueError(f"{me}.head_dim must be even for rotary, got {self.head_dim}")
+        )
+        check_positive_ints(me, self, positive)
+        check_heads(me, self.num_attention_heads, self.num_key_value_heads, self.head_dim)
         if self.rms_norm_eps <= 0:
             raise ValueError(f"{me}.rms_norm_eps must be > 0, got {self.rms_norm_eps}")
         if self.hidden_act != "silu":

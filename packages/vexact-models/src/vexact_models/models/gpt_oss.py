@@ -21,7 +21,15 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from ..config import ARCHITECTURES, HFConfig, parse_dtype
+from ..config import (
+    ARCHITECTURES,
+    HFConfig,
+    check_heads,
+    check_positive_ints,
+    hf_dtype_name,
+    hf_fields,
+    parse_dtype,
+)
 from ..layers import Attention, GptOssMoeBlock, Linear, RMSNorm, RotaryEmbedding, add_rms_norm, grouped_linear
 from .deepseek_v3 import YarnScaling
 from .dense import DenseForCausalLM
@@ -70,21 +78,13 @@ class GptOssConfig(HFConfig):
 
     def __post_init__(self) -> None:
         c = "GptOssConfig"
-        for name in (
+        positive = (
             "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
             "num_key_value_heads", "head_dim", "num_local_experts", "num_experts_per_tok", "sliding_window",
             "max_position_embeddings",
-        ):  # fmt: skip
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{c}.{name} must be a positive integer, got {value!r}")
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError(
-                f"{c}: num_attention_heads ({self.num_attention_heads}) must be a multiple of num_key_value_heads "
-                f"({self.num_key_value_heads})"
-            )
-        if self.head_dim % 2:
-            raise ValueError(f"{c}.head_dim must be even for rotary, got {self.head_dim}")
+        )  # fmt: skip
+        check_positive_ints(c, self, positive)
+        check_heads(c, self.num_attention_heads, self.num_key_value_heads, self.head_dim)
         if self.num_experts_per_tok > self.num_local_experts:
             raise ValueError(
                 f"{c}: num_experts_per_tok ({self.num_experts_per_tok}) > num_local_experts ({self.num_local_experts})"
@@ -130,25 +130,15 @@ class GptOssConfig(HFConfig):
                     f"gpt_oss config.json has quantization_config (quant_method {method!r}): only mxfp4 experts are "
                     "supported (dequantised to bf16 at load)"
                 )
-        rope = d.get("rope_parameters") or d.get("rope_scaling") or {}
-        rope_type = rope.get("rope_type", rope.get("type", "default"))
-        if rope_type == "yarn":
-            scaling = YarnScaling.from_hf(rope, d.get("max_position_embeddings", cls.max_position_embeddings))
-        elif rope_type == "default":
-            scaling = None
-        else:
-            raise ValueError(f"rope_parameters.rope_type {rope_type!r} is not supported for gpt_oss: 'yarn' or none")
-        theta = d.get("rope_theta", rope.get("rope_theta", cls.rope_theta))
+        keys = ("rope_parameters", "rope_scaling")
+        where = "gpt_oss: rope_parameters.rope_type"
+        scaling, theta = YarnScaling.rope_from_hf(d, keys, cls.max_position_embeddings, cls.rope_theta, where)
         if "num_local_experts" not in d and "num_experts" in d:
             d["num_local_experts"] = d["num_experts"]
-        dtype = d.get("torch_dtype") or d.get("dtype") or "bfloat16"
-        fields = {f.name for f in dataclasses.fields(cls)}
-        kw = {k: v for k, v in d.items() if k in fields and v is not None}
-        kw.setdefault("head_dim", d["hidden_size"] // d["num_attention_heads"])
-        missing = [f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING and f.name not in kw]
-        if missing:
-            raise ValueError(f"gpt_oss config.json lacks {missing}")
-        kw.update(rope_theta=float(theta), rope_scaling=scaling, torch_dtype=str(dtype).removeprefix("torch."))
+        if d.get("head_dim") is None and "hidden_size" in d and "num_attention_heads" in d:
+            d["head_dim"] = d["hidden_size"] // d["num_attention_heads"]
+        kw = hf_fields(cls, d, "gpt_oss config.json")
+        kw.update(rope_theta=theta, rope_scaling=scaling, torch_dtype=hf_dtype_name(d))
         return cls(**kw)
 
     def to_hf_dict(self) -> dict:
