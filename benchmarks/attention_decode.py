@@ -1,4 +1,4 @@
-"""Paged decode attention at RL shapes (issue 48, item 2): one query token per sequence over a paged bf16 KV cache, as
+"""Paged decode attention at RL shapes: one query token per sequence over a paged bf16 KV cache, as
 a rollout's decode step runs it, for VeXact's invariant kernels and the kernels vLLM and FA4 ship.
 
 Rows (each optional: one that does not import gives "not installed" cells):
