@@ -33,8 +33,8 @@ Not routed (documented gaps; use vexact's own model code where they matter):
 
 - Attention kernels: ``scaled_dot_product_attention`` and its fused backends (flash, memory-efficient, cuDNN,
   ``_scaled_dot_product_flash_attention_for_cpu``), flash-attn and other custom attention ops run unchanged. SDPA
-  is not batch-invariant on GPU (measured on an H100: decode at batch 1 and 8 differ; on CPU with torch 2.13 it happened to
-  be invariant at the test's shapes, which nothing guarantees). The supported path is eager
+  is not batch-invariant on GPU (measured on an H100: decode at batch 1 and 8 differ; on CPU with torch 2.13 it
+  happened to be invariant at the test's shapes, which nothing guarantees). The supported path is eager
   attention (HF ``attn_implementation="eager"``): its ``matmul``/``softmax`` go through ``bmm`` and ``_softmax``
   here. Invariant attention over packed/paged KV is :func:`vexact_kernels.attention_packed` / ``attention_paged``.
 - Full reductions with no ``dim`` (``aten::sum.default``, ``aten::mean.default``: e.g. a loss's ``x.sum()``), which
