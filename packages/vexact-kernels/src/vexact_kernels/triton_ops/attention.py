@@ -422,9 +422,10 @@ def _tiles(rows_per_seq: torch.Tensor, block: int, rows_bound: int) -> tuple[tor
     return seq.to(torch.int32), row0.to(torch.int32), grid
 
 
-def _fwd_tiles(n_q: torch.Tensor, g: int, total: int) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """The forward's tile table: ``n_q [B]`` queries per sequence, ``g`` query heads per KV head, ``total`` queries."""
-    return _tiles(n_q.to(torch.int64) * g, BLOCK_M, total * g)
+def _fwd_tiles(n_q: torch.Tensor, g: int, total: int, block_m: int = BLOCK_M) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """The forward's tile table: ``n_q [B]`` queries per sequence, ``g`` query heads per KV head, ``total`` queries,
+    in tiles of ``block_m`` rows (the launch's)."""
+    return _tiles(n_q.to(torch.int64) * g, block_m, total * g)
 
 
 def _fwd(
@@ -463,7 +464,7 @@ def _fwd(
         return out, (lse if want_lse else None)
     block_m, num_warps, num_stages = launch if launch is not None else (BLOCK_M, NUM_WARPS, NUM_STAGES)
     if tiles is None:
-        tiles = _tiles(n_q.to(torch.int64) * g, block_m, total * g)
+        tiles = _fwd_tiles(n_q, g, total, block_m)
     tile_seq, tile_row0, grid = tiles
     n_splits = cdiv(min(table.shape[1] * page_size, _PACKED_PAGE), SPLIT_N)
     if split_programs is None:
@@ -616,7 +617,7 @@ def paged_layout(
     g = num_heads // num_kv_heads
     launch = decode_launch(num_tokens, n_q.numel(), g, num_kv_heads)
     block_m = launch[0] if launch else BLOCK_M
-    tiles = _tiles(n_q.to(torch.int64) * g, block_m, num_tokens * g) if num_tokens and n_q.numel() else None
+    tiles = _fwd_tiles(n_q, g, num_tokens, block_m) if num_tokens and n_q.numel() else None
     q_start = cu[:-1].contiguous()
     return PagedLayout(
         block_tables, context_lens, cu_seqlens_q, page_size, g, num_tokens, q_start, n_q, table, ctx, tiles, launch
