@@ -278,9 +278,7 @@ def run_variants(cases, names, budget_s: float, max_bytes: float, reps: int = RE
     t0 = time.time()
     results = {}
     for case in cases:
-        reason = too_big(case, max_bytes) or (
-            f"skipped: past the {budget_s:.0f} s budget" if time.time() - t0 > budget_s else None
-        )
+        reason = skip_reason(case, max_bytes, t0, budget_s)
         if reason:
             results[case.key] = {"op": reason}
             continue
@@ -356,6 +354,14 @@ def too_big(case: DecodeCase, max_bytes: float) -> str | None:
     return None
 
 
+def skip_reason(case: DecodeCase, max_bytes: float, t0: float, budget_s: float) -> str | None:
+    """Why a case is not timed: its cache over ``max_bytes``, or the run past ``budget_s`` since ``t0``."""
+    reason = too_big(case, max_bytes)
+    if reason is None and time.time() - t0 > budget_s:
+        reason = f"skipped: past the {budget_s:.0f} s budget"
+    return reason
+
+
 def run_cases(cases, fns_for, impls, budget_s: float, max_bytes: float, reps: int = REPS) -> dict:
     """``{case.key: {impl: us | reason}}`` for ``impls``; cases over ``max_bytes`` of cache or past ``budget_s`` get
     the reason in every cell."""
@@ -364,9 +370,7 @@ def run_cases(cases, fns_for, impls, budget_s: float, max_bytes: float, reps: in
     t0 = time.time()
     results = {}
     for case in cases:
-        reason = too_big(case, max_bytes)
-        if reason is None and time.time() - t0 > budget_s:
-            reason = f"skipped: past the {budget_s:.0f} s budget"
+        reason = skip_reason(case, max_bytes, t0, budget_s)
         if reason:
             results[case.key] = dict.fromkeys(impls, reason)
             continue
