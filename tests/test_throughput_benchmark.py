@@ -154,6 +154,7 @@ def test_invariant_async_passes_async_decode_to_the_engine(monkeypatch, tmp_path
     monkeypatch.setattr(throughput, "EngineConfig", with_field)
     assert throughput.engine_settings("invariant-async") == ("invariant", {"async_decode": True})
     assert throughput.engine_settings("invariant-sync") == ("invariant", {"async_decode": False})
+    assert throughput.engine_settings("invariant-joint") == ("invariant", {"split_mixed_steps": False})
     made = []
 
     class Recording(throughput.LLM):

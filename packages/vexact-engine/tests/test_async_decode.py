@@ -236,6 +236,58 @@ def test_the_equality_fails_when_the_drawn_tokens_are_not_fed(model, monkeypatch
     assert any(a.token_ids != b.token_ids for a, b in zip(outs, ref, strict=True))
 
 
+def _split_kw(seed: int, model):
+    """A random workload whose decode steps run padded (so a step with prompt tokens can be split)."""
+    requests, aborts, kw = _workload(seed, model.config.vocab_size, model.config.eos_token_ids[0])
+    kw.setdefault("cuda_graph_batch_sizes", [1, 2, 4, 8])
+    return requests, aborts, kw
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_split_mixed_steps_give_the_bits_of_one_launch(model, seed):
+    """A step with decode rows and prompt chunks runs as a padded decode launch and a launch of the prompt chunks
+    (EngineConfig.split_mixed_steps): every request's tokens and logprobs equal the one-launch step's, in the
+    synchronous loop and one step ahead (the decode rows fed from the device)."""
+    requests, aborts, kw = _split_kw(seed, model)
+    one, ref = _drive(model, requests, aborts, split_mixed_steps=False, **kw)
+    assert one.runner.num_split_steps == 0
+    for extra in (dict(), dict(async_decode=True)):
+        eng, outs = _drive(model, requests, aborts, **extra, **kw)
+        _assert_same(outs, ref, requests)
+        _assert_quiet(eng)
+
+
+def test_the_split_workloads_split_steps(model):
+    """The workloads above do split steps, with prompt chunks padded and eager, and fed decode rows."""
+    split = fed = 0
+    for seed in range(12):
+        requests, aborts, kw = _split_kw(seed, model)
+        eng, _ = _drive(model, requests, aborts, async_decode=True, **kw)
+        split += eng.runner.num_split_steps
+        fed += eng.runner.num_fed_rows
+    assert split > 0 and fed > 0
+
+
+def test_split_mixed_steps_with_the_rows_joined_out_of_order_are_caught(model, monkeypatch):
+    """The equality above can fail: the two launches' rows joined prompt rows first, so tokens go to the wrong
+    requests."""
+    prompts = [[31, 32, 33], [34, 35, 36, 37], [1, 2, 3, 4, 5, 6, 7, 8, 9]]
+    params = [SamplingParams(max_tokens=n, seed=i, ignore_eos=True) for i, n in enumerate((3, 8, 6))]
+    kw = dict(num_kv_blocks=64, max_num_seqs=2, max_num_batched_tokens=16, cuda_graph_batch_sizes=[1, 2])
+    ref = LLM(model=model, split_mixed_steps=False, **kw).generate(prompts, params, use_tqdm=False)
+    join_rows = model_runner.join_rows
+
+    def prompt_rows_first(launches):
+        both, items = join_rows(launches[::-1])
+        return both, join_rows(launches)[1]
+
+    monkeypatch.setattr(model_runner, "join_rows", prompt_rows_first)
+    llm = LLM(model=model, **kw)
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    assert llm.runner.num_split_steps > 0
+    assert any(a.token_ids != b.token_ids for a, b in zip(outs, ref, strict=True))
+
+
 def test_the_engine_decides_the_default_from_the_model_device(model):
     """On CPU the default loop is the synchronous one; the caller's config is left as it was."""
     cfg = EngineConfig(num_kv_blocks=64)
@@ -363,3 +415,20 @@ def test_gpu_a_step_is_read_back_through_pinned_memory():
     while eng.has_unfinished_requests():
         eng.step()
     _assert_quiet(eng)
+
+
+@pytest.mark.gpu
+def test_gpu_split_mixed_steps_give_the_bits_of_one_launch():
+    """On CUDA: steps with decode rows and prompt chunks run as the decode graph (with its draw) and a prompt graph
+    of their own; every request's tokens and logprobs equal the one-launch steps', synchronous and one step ahead."""
+    ckpt = default_checkpoint()
+    requests = _gpu_workload(seed=5, n=40)
+    aborts = {"g6": 5, "g21": 30}
+    kw = dict(GPU_KW, num_kv_blocks=2048, draw_in_graph=True)
+    one, ref = _drive(ckpt, requests, aborts, **SYNC, split_mixed_steps=False, **kw)
+    assert one.runner.num_split_steps == 0
+    for extra in (SYNC, dict(async_decode=True)):
+        eng, outs = _drive(ckpt, requests, aborts, **extra, **kw)
+        _assert_same(outs, ref, requests)
+        _assert_quiet(eng)
+        assert eng.runner.num_split_steps > 0 and eng.runner.graph_error is None

@@ -87,6 +87,13 @@ class EngineConfig:
     ``PipelineLLM`` (which turns the default off). On an H200 at the RL workload it gave +7% tok/s at batch limit 256
     and +33% at 512, where a synchronous step leaves the GPU waiting 8.5 of 32.7 ms on the host
     (benchmarks/results/throughput-rl-h200.md).
+
+    ``split_mixed_steps`` (default on): a step that holds both decode rows and prompt tokens runs as two launches,
+    the decode rows as a padded decode step (its CUDA graph, its in-graph draw) and the prompt chunks as a step of
+    their own (a graph padded to their token count), decode rows first. Every kernel is row-invariant, so the split
+    changes no token and no logprob; it keeps a step that admits one prompt from running its hundreds of decode rows
+    through the prompt path (64-row attention tiles, the eager draw). Only where decode steps run padded (CUDA graphs,
+    or an explicit ``cuda_graph_batch_sizes`` on CPU); off: one launch for the whole step.
     """
 
     max_num_seqs: int = 64
@@ -109,6 +116,7 @@ class EngineConfig:
     graph_recapture: str = "lazy"
     draw_in_graph: bool | None = None
     async_decode: bool | None = None
+    split_mixed_steps: bool = True
 
     def __post_init__(self) -> None:
         try:
@@ -129,8 +137,9 @@ class EngineConfig:
             raise ValueError(
                 f"EngineConfig.graph_recapture must be one of {GRAPH_RECAPTURE}, got {self.graph_recapture!r}"
             )
-        if not isinstance(self.pack_weights, bool):
-            raise TypeError(f"EngineConfig.pack_weights must be True or False, got {self.pack_weights!r}")
+        for name in ("pack_weights", "split_mixed_steps"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"EngineConfig.{name} must be True or False, got {getattr(self, name)!r}")
         if self.async_decode is None:
             pass  # the engine resolves it once it knows where the model runs (resolved())
         elif not isinstance(self.async_decode, bool):

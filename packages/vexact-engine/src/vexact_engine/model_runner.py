@@ -8,6 +8,9 @@ back. A pipeline stage reuses the halves (``step_inputs.py``, ``sampler.py``).
 A step runs eagerly (:meth:`~ModelRunner.prepare` builds its tensors) or padded to a fixed shape from static buffers,
 replayed as a CUDA graph on CUDA; the padded steps and their capture live in ``cuda_graphs.py``
 (:class:`~vexact_engine.cuda_graphs.CudaGraphs`, which the runner is). Padding never changes a real row's numerics.
+A step with decode rows and prompt chunks runs as two launches, the decode rows padded (their graph, their in-graph
+draw) and the prompt chunks on their own (``EngineConfig.split_mixed_steps``; :meth:`~ModelRunner.split_mixed`,
+:func:`join_rows`): row-invariant kernels make it the one launch's bits.
 
 With ``EngineConfig.async_decode``, :meth:`ModelRunner.launch` queues a step and returns without reading its results
 (``in_flight.LaunchedStep``); the engine launches the next step first. A row whose input token that step drew is
@@ -40,6 +43,15 @@ def kv_cache_shapes(model_config, num_blocks: int, block_size: int) -> tuple[tup
     return (num_blocks, block_size, heads, dk), (num_blocks, block_size, heads, dv)
 
 
+def join_rows(launches: list[tuple[torch.Tensor | None, list[ScheduledSeq]]]) -> tuple[torch.Tensor | None, list]:
+    """One step's ``(tokens-and-logprobs rows, sampling sequences)`` from its launches' (each ``[2, >= S]`` on the
+    device, or None where no sequence samples), in launch order."""
+    parts = [(both[:, : len(items)], items) for both, items in launches if items]
+    if not parts:
+        return None, []
+    return torch.cat([both for both, _ in parts], 1), [item for _, items in parts for item in items]
+
+
 class ModelRunner(CudaGraphs):
     """One engine's model on one device with its KV cache: :meth:`launch` (or :meth:`run`) turns a scheduled step
     into tokens and logprobs."""
@@ -60,6 +72,7 @@ class ModelRunner(CudaGraphs):
         self.async_decode = config.async_decode
         self._drawn: torch.Tensor | None = None  # async_decode: the last launched step's drawn tokens, int64 [S]
         self.num_fed_rows = 0  # async_decode: rows whose input token came from the device (drawn a step before)
+        self.num_split_steps = 0  # steps run as a padded decode launch and a launch of their prompt chunks
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] | None = None
         self.allocate()
 
@@ -74,15 +87,36 @@ class ModelRunner(CudaGraphs):
         ``async_decode`` the drawn tokens also stay on the device, where the next step's rows read them."""
         if self.kv_caches is None:
             raise RuntimeError("the engine is asleep (KV cache released): call wake_up() first")
-        size = self.graph_draw_size(batch)
-        if size is not None:
-            both, items = self._forward_with_draw(batch, blocks, size), batch
+        parts = self.split_mixed(batch)
+        if parts is None:
+            both, items = self._launch_rows(batch, blocks)
         else:
-            hidden, items = self.forward(batch, blocks)
-            both = self._sample_on_device(hidden, items)
+            # decode rows first: a prompt chunk of this step may read a page a decode row of it fills (the prefix
+            # cache registers pages as they are scheduled), so those writes go first, as in one launch
+            both, items = join_rows([self._launch_rows(part, blocks) for part in parts])
+            self.num_split_steps += 1
         if self.async_decode:
             self._drawn = both[0, : len(items)].to(torch.int64) if items else None
         return LaunchedStep(items, both, read_later=self.async_decode)
+
+    def split_mixed(self, batch: list[ScheduledSeq]) -> tuple[list[ScheduledSeq], list[ScheduledSeq]] | None:
+        """``(one-token rows, prompt chunks)`` of a step that holds both, when the one-token rows can run as a padded
+        decode step (``EngineConfig.split_mixed_steps``); else None (the step runs as one launch)."""
+        if not self.config.split_mixed_steps or not self.graph_sizes:
+            return None
+        decode = [item for item in batch if item.num_new_tokens == 1]
+        if not decode or len(decode) == len(batch) or self.padded_size(decode) is None:
+            return None
+        return decode, [item for item in batch if item.num_new_tokens != 1]
+
+    def _launch_rows(self, batch: list[ScheduledSeq], blocks: BlockManager) -> tuple[torch.Tensor | None, list]:
+        """Queue one launch of ``batch``: ``([2, >= S] tokens and logprobs on the device or None, the S sequences
+        that sample)``. Its fed rows read the drawn tokens of the last launched step (``self._drawn``)."""
+        size = self.graph_draw_size(batch)
+        if size is not None:
+            return self._forward_with_draw(batch, blocks, size), batch
+        hidden, items = self.forward(batch, blocks)
+        return self._sample_on_device(hidden, items), items
 
     @torch.no_grad()
     def forward(self, batch: list[ScheduledSeq], blocks: BlockManager) -> tuple[torch.Tensor, list[ScheduledSeq]]:
