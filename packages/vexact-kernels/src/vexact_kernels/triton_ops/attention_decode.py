@@ -26,6 +26,11 @@ by ``attention._fold``. How K and V are addressed and loaded never changes them.
   by ``_fold``, as the op folds them. Key tiles past a row's last key, which a warp of the last round may walk, are
   bitwise no-ops (``attention.py``: ``alpha = exp2(0) = 1``, ``p = 0``). The op's per-key addressing.
 * ``splitwarps-addr32``: ``splitwarps`` with ``addr32``'s addressing.
+* ``tma``: ``addr32``'s launch with each page block of K and V loaded by TMA (host tensor descriptors of the
+  ``[rows, Hkv * D]`` storage, as ``matmul.py`` builds them; one load of ``[16, D]`` per page of 16) and the blocks
+  joined into the ``[BLOCK_N, D]`` tile. A descriptor load has no mask: a last page's rows past the context are
+  zeroed before ``P @ V``, as the masked load gives 0 (their scores are masked to ``-inf`` as in the op). Pages of 16,
+  32 or a multiple of ``BLOCK_N``, power-of-2 head dims (``unsupported`` says why not otherwise).
 
 Under the CPU interpreter the MMAs are ``attention._mma``'s broadcast products summed over K in one order (the
 rank-3 one, ``_mma3``, the same sums per batch), so every form is tested there against the op, torch.equal.
@@ -40,7 +45,7 @@ import triton.language as tl
 from . import interpreting, next_pow2
 from .attention import _LOG2E, BLOCK_N, DECODE_BLOCK_M, DECODE_NUM_WARPS, NUM_STAGES, SPLIT_N, SPLIT_TILES, _fold, _mma
 
-FORMS = ("addr32", "splitwarps", "splitwarps-addr32")
+FORMS = ("addr32", "splitwarps", "splitwarps-addr32", "tma")
 SPLIT_WARPS = 4  # splitwarps: warps per program, each walking its own splits
 _INT32_MAX = 2**31 - 1
 
@@ -66,6 +71,37 @@ def _decode_rows(kvh, G: tl.constexpr, BLOCK_M: tl.constexpr):
 
 
 @triton.jit
+def _tma_block(desc, tb, pos, hi, col, PAGE_SIZE: tl.constexpr):
+    """The ``[ROWS, D]`` descriptor block of keys ``pos .. pos + ROWS - 1`` (one page's, or a part of one)."""
+    page_row = tl.load(tb + pos // PAGE_SIZE, mask=pos < hi, other=0)
+    return desc.load([page_row + pos % PAGE_SIZE, col])
+
+
+@triton.jit
+def _cat_rows(a, b, ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
+    """``[ROWS, D]`` blocks ``a`` then ``b`` as ``[2 * ROWS, D]``."""
+    return tl.reshape(tl.permute(tl.join(a, b), (2, 0, 1)), [2 * ROWS, BLOCK_D])
+
+
+@triton.jit
+def _tma_tile(desc, tb, start, hi, col, PAGE_SIZE: tl.constexpr, ROWS: tl.constexpr, NP: tl.constexpr,
+              BLOCK_D: tl.constexpr):  # fmt: skip
+    """Key tile ``start .. start + NP * ROWS - 1`` as ``NP`` (1, 2 or 4) descriptor loads of ``ROWS`` rows."""
+    x = _tma_block(desc, tb, start, hi, col, PAGE_SIZE)
+    if NP >= 2:
+        x = _cat_rows(x, _tma_block(desc, tb, start + ROWS, hi, col, PAGE_SIZE), ROWS, BLOCK_D)
+    if NP == 4:
+        y = _cat_rows(
+            _tma_block(desc, tb, start + 2 * ROWS, hi, col, PAGE_SIZE),
+            _tma_block(desc, tb, start + 3 * ROWS, hi, col, PAGE_SIZE),
+            ROWS,
+            BLOCK_D,
+        )
+        x = _cat_rows(x, y, 2 * ROWS, BLOCK_D)
+    return x
+
+
+@triton.jit
 def _decode_addr32(
     Q,
     K,
@@ -84,6 +120,8 @@ def _decode_addr32(
     stride_ot,
     stride_oh,
     qk_scale,
+    KD,
+    VD,
     G: tl.constexpr,
     DK: tl.constexpr,
     DV: tl.constexpr,
@@ -95,6 +133,7 @@ def _decode_addr32(
     PAGE_SIZE: tl.constexpr,
     ROWS: tl.constexpr,
     OFF_64: tl.constexpr,
+    TMA: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
     b = tl.program_id(0)
@@ -131,14 +170,17 @@ def _decode_addr32(
     acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
     for start in range(0, hi, BLOCK_N):
         kpos = start + offs_n
-        bpos = start + offs_p  # [NP] first key of each block
-        page_row = tl.load(tb + bpos // PAGE_SIZE, mask=bpos < hi, other=0)
-        srow = page_row + bpos % PAGE_SIZE
-        if OFF_64:
-            srow = srow.to(tl.int64)
-        kin = ((bpos[:, None] + offs_r[None, :]) < hi)[:, :, None]  # [NP, ROWS, 1]
-        k = tl.load(k_base + ((srow * stride_kn)[:, None, None] + k_fixed[None, :, :]), mask=kin & dk_ok, other=0.0)
-        k = tl.reshape(k, [BLOCK_N, BLOCK_DK])
+        if TMA:  # KD/VD: descriptors of the [rows, Hkv * D] storage; rows past the context are zeroed below
+            k = _tma_tile(KD, tb, start, hi, kvh * DK, PAGE_SIZE, ROWS, NP, BLOCK_DK)
+        else:
+            bpos = start + offs_p  # [NP] first key of each block
+            page_row = tl.load(tb + bpos // PAGE_SIZE, mask=bpos < hi, other=0)
+            srow = page_row + bpos % PAGE_SIZE
+            if OFF_64:
+                srow = srow.to(tl.int64)
+            kin = ((bpos[:, None] + offs_r[None, :]) < hi)[:, :, None]  # [NP, ROWS, 1]
+            k = tl.load(k_base + ((srow * stride_kn)[:, None, None] + k_fixed[None, :, :]), mask=kin & dk_ok, other=0.0)
+            k = tl.reshape(k, [BLOCK_N, BLOCK_DK])
         qk = _mma(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), UPCAST) * qk_scale
         qk = tl.where(kpos[None, :] <= qpos[:, None], qk, float("-inf"))
         if (start % SPLIT_N == 0) and (start > 0):
@@ -153,8 +195,14 @@ def _decode_addr32(
         p = tl.math.exp2(qk - m_use[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
-        v = tl.load(v_base + ((srow * stride_vn)[:, None, None] + v_fixed[None, :, :]), mask=kin & dv_ok, other=0.0)
-        v = tl.reshape(v, [BLOCK_N, BLOCK_DV])
+        if TMA:
+            # a page's rows past the context hold whatever the cache holds there: zero them, as the masked load
+            # does (p is 0 there, and 0 * inf or 0 * nan would not be)
+            v = _tma_tile(VD, tb, start, hi, kvh * DV, PAGE_SIZE, ROWS, NP, BLOCK_DV)
+            v = tl.where((kpos < hi)[:, None], v, 0.0)
+        else:
+            v = tl.load(v_base + ((srow * stride_vn)[:, None, None] + v_fixed[None, :, :]), mask=kin & dv_ok, other=0.0)
+            v = tl.reshape(v, [BLOCK_N, BLOCK_DV])
         acc = _mma(p.to(v.dtype), v, acc, UPCAST)
         m_i = m_new
     s0 = (hi - 1) - (hi - 1) % SPLIT_N  # the last split, folded after the loop
@@ -305,6 +353,34 @@ def _block_rows(page_size: int) -> int:
     return 1
 
 
+def unsupported(form: str, page_size: int, dk: int, dv: int) -> str | None:
+    """Why ``form`` cannot run pages of ``page_size`` keys and head dims ``dk``/``dv``, or None. Only ``tma`` refuses
+    any: it loads blocks of 16, 32 or ``BLOCK_N`` keys of one head (1, 2 or 4 per key tile) with the head dims whole (a
+    block of a padded dim would read the next head's columns)."""
+    if form != "tma":
+        return None
+    rows = _block_rows(page_size)
+    if rows == 1 or BLOCK_N // rows not in (1, 2, 4):
+        return f"the tma form takes pages of 16, 32 or a multiple of {BLOCK_N} keys; got {page_size}"
+    if dk != next_pow2(dk) or dv != next_pow2(dv):
+        return f"the tma form takes power-of-2 head dims; got {dk}/{dv}"
+    return None
+
+
+def _descriptors(k_rows: torch.Tensor, v_rows: torch.Tensor, rows: int) -> tuple:
+    """Host tensor descriptors of the contiguous ``[rows, Hkv * D]`` storages in blocks of ``rows`` keys of one head
+    (the ``tma`` form)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    (_, hkv, dk), dv = k_rows.shape, v_rows.shape[2]
+    if not (k_rows.is_contiguous() and v_rows.is_contiguous()):
+        raise ValueError("decode_attention: the tma form takes contiguous K/V storage")
+    return (
+        TensorDescriptor.from_tensor(k_rows.view(-1, hkv * dk), [rows, dk]),
+        TensorDescriptor.from_tensor(v_rows.view(-1, hkv * dv), [rows, dv]),
+    )
+
+
 def offsets_fit_int32(*caches: torch.Tensor) -> bool:
     """Whether every element offset of these ``[rows, Hkv, D]`` storages (from their first element) fits in int32."""
     return all(sum((n - 1) * s for n, s in zip(c.shape, c.stride(), strict=True)) <= _INT32_MAX for c in caches)
@@ -338,6 +414,9 @@ def decode_attention(
     nseq = n_q.numel()
     if total != nseq:
         raise ValueError(f"decode_attention: {total} queries for {nseq} sequences; decode has one per sequence")
+    why = unsupported(form, page_size, dk, dv)
+    if why:
+        raise ValueError(f"decode_attention: {why}")
     out = q.new_empty(total, hq, dv)
     if nseq == 0:
         return out
@@ -348,9 +427,10 @@ def decode_attention(
             scale * _LOG2E)  # fmt: skip
     shape = dict(G=g, DK=dk, DV=dv, BLOCK_DK=next_pow2(dk), BLOCK_DV=next_pow2(dv), BLOCK_M=DECODE_BLOCK_M,
                  BLOCK_N=BLOCK_N, SPLIT_N=SPLIT_N, PAGE_SIZE=page_size, UPCAST=interpreting())  # fmt: skip
-    if form == "addr32":
-        _decode_addr32[(nseq, hkv)](*args, **shape, ROWS=rows, OFF_64=off_64, num_warps=DECODE_NUM_WARPS,
-                                    num_stages=NUM_STAGES)  # fmt: skip
+    if form in ("addr32", "tma"):
+        descs = _descriptors(k_rows, v_rows, rows) if form == "tma" else (k_rows, v_rows)
+        _decode_addr32[(nseq, hkv)](*args, *descs, **shape, ROWS=rows, OFF_64=off_64, TMA=form == "tma",
+                                    num_warps=DECODE_NUM_WARPS, num_stages=NUM_STAGES)  # fmt: skip
     else:
         block_addr = form == "splitwarps-addr32"
         _decode_splitwarps[(nseq, hkv)](*args, **shape, SPLIT_TILES=SPLIT_TILES, W=SPLIT_WARPS,
@@ -359,4 +439,4 @@ def decode_attention(
     return out
 
 
-__all__ = ["FORMS", "decode_attention", "offsets_fit_int32"]
+__all__ = ["FORMS", "decode_attention", "offsets_fit_int32", "unsupported"]
