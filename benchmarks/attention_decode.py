@@ -261,6 +261,7 @@ VARIANTS = {
     "addr32": Candidate("addr32"),
     "splitwarps": Candidate("splitwarps"),
     "splitwarps-addr32": Candidate("splitwarps-addr32"),
+    "tma": Candidate("tma"),
 }
 
 
