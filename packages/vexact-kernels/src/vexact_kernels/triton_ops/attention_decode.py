@@ -33,7 +33,10 @@ by ``attention._fold``. How K and V are addressed and loaded never changes them.
   32 or a multiple of ``BLOCK_N``, power-of-2 head dims (``unsupported`` says why not otherwise).
 
 Under the CPU interpreter the MMAs are ``attention._mma``'s broadcast products summed over K in one order (the
-rank-3 one, ``_mma3``, the same sums per batch), so every form is tested there against the op, torch.equal.
+rank-3 one, ``_mma3``, the same sums per batch), so every form is tested there against the op, torch.equal: that
+holds each form to the op's arithmetic per row (positions, masks, scaling, the folds and their order). The MMA
+instruction, the per-thread layout and the in-warp reduction order exist only on the GPU, where the GPU test checks
+them.
 """
 
 from __future__ import annotations
