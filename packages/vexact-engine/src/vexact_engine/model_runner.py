@@ -93,7 +93,13 @@ class ModelRunner(CudaGraphs):
         else:
             # decode rows first: a prompt chunk of this step may read a page a decode row of it fills (the prefix
             # cache registers pages as they are scheduled), so those writes go first, as in one launch
-            both, items = join_rows([self._launch_rows(part, blocks) for part in parts])
+            launches = []
+            for part in parts:
+                both, items = self._launch_rows(part, blocks)
+                # a replayed graph's output (the decode half's draw) lives in the graphs' shared memory pool, which
+                # the next launch's graph reuses: copied out before that launch
+                launches.append((None if both is None else both[:, : len(items)].clone(), items))
+            both, items = join_rows(launches)
             self.num_split_steps += 1
         if self.async_decode:
             self._drawn = both[0, : len(items)].to(torch.int64) if items else None
