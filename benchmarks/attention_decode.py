@@ -238,17 +238,8 @@ def vexact_fns(inputs: dict, case: DecodeCase) -> dict:
 
 
 # Launch shapes of VeXact's Triton decode other than the one the op picks: (split_programs, (BLOCK_M, warps, stages)
-# or None for the constants), or a candidate decode kernel of triton_ops/attention_decode.py (``Candidate``: the same
-# arithmetic per row in another launch form). Each is timed and its output compared with the op's, torch.equal: a
-# shape or candidate that keeps the bits can become the op's launch for decode; one that does not is a different kernel.
-@dataclasses.dataclass(frozen=True)
-class Candidate:
-    form: str  # a name of attention_decode.FORMS
-
-    def __str__(self) -> str:
-        return f"attention_decode.py {self.form!r}"
-
-
+# or None for the constants). Each is timed and its output compared with the op's, torch.equal: a shape that keeps
+# the bits can become the op's launch for decode; one that does not is a different kernel.
 VARIANTS = {
     "split": (True, None),
     "one-pass": (False, None),
@@ -258,34 +249,26 @@ VARIANTS = {
     "m16-s3": (False, (16, 1, 3)),
     "m16-split": (True, (16, 1, 2)),
     "m16-w4": (False, (16, 4, 2)),
-    "addr32": Candidate("addr32"),
-    "splitwarps": Candidate("splitwarps"),
-    "splitwarps-addr32": Candidate("splitwarps-addr32"),
-    "tma": Candidate("tma"),
 }
 
 
 def variant_fns(inputs: dict, case: DecodeCase, names) -> dict:
     """Builders of the Triton launch variants ``names`` (keys of ``VARIANTS``) of this case's decode call."""
     from vexact_kernels.triton_ops import attention as ta
-    from vexact_kernels.triton_ops import attention_decode as tdec
 
     hq, hkv, d = case.heads
     q, kc, vc, bt, ctx, cu = (inputs[k] for k in ("q", "kc", "vc", "bt", "ctx", "cu"))
     kf, vf = kc.flatten(0, 1), vc.flatten(0, 1)
 
-    def make(spec):
+    def make(split: bool, launch):
         def build():
             lay = ta.paged_layout(bt, ctx, cu, case.page, case.batch, hq, hkv, q.device)
-            args = (q, kf, vf, lay.table, case.page, lay.q_start, lay.n_q, lay.ctx, d**-0.5)
-            if isinstance(spec, Candidate):
-                return lambda: tdec.decode_attention(spec.form, *args)
-            split, launch = spec
-            return lambda: ta._fwd(*args, False, None, split_programs=split, launch=launch)[0]
+            return lambda: ta._fwd(q, kf, vf, lay.table, case.page, lay.q_start, lay.n_q, lay.ctx, d**-0.5, False,
+                                   None, split_programs=split, launch=launch)[0]  # fmt: skip
 
         return build
 
-    return {name: make(VARIANTS[name]) for name in names}
+    return {name: make(*VARIANTS[name]) for name in names}
 
 
 def run_variants(cases, names, budget_s: float, max_bytes: float, reps: int = REPS) -> dict:
