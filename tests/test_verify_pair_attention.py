@@ -262,3 +262,50 @@ def test_verl_fsdp_model_path_hands_the_packed_row_to_fa4_varlen(tmp_path):
     assert first["deterministic"] is False and first["softmax_scale"] == pytest.approx(16**-0.5)
     assert got["max_diff"] < 1e-4, got  # the packed row equals each sequence run alone
     assert got["grad"], got
+
+
+STUB_PYTHON = """#!/usr/bin/env bash
+# python3 for run_pair.sh on CPU: the verl runs log one step (the meta written at their start kept aside), vLLM
+# "imports", everything else is the real interpreter
+if [ "$1" = -m ] && { [ "$2" = verl.trainer.main_ppo ] || [ "$2" = vexact_verl.main_ppo ]; }; then
+  cp "${VERL_FILE_LOGGER_PATH%.jsonl}.meta.json" "${VERL_FILE_LOGGER_PATH%.jsonl}.meta-at-start.json"
+  echo '{"step": 1, "data": {"rollout_corr/k3_kl": 0.001}}' > "$VERL_FILE_LOGGER_PATH"
+  exit "${STUB_RC:-0}"
+fi
+[ "$1" = -c ] && [ "$2" = "import vllm" ] && exit 0
+exec {python} "$@"
+"""
+
+
+@pytest.mark.skipif(not HAS_VERL, reason="write_meta reads verl's reference config; verl is not installed")
+def test_run_pair_writes_the_meta_as_an_arm_starts_and_ends_with_its_attention(tmp_path):
+    fa4, vllm = _fake_fa4_site(tmp_path / "fa4site"), _vllm_site(tmp_path / "vllmsite")
+    stub = tmp_path / "bin"
+    stub.mkdir()
+    (stub / "python3").write_text(STUB_PYTHON.replace("{python}", sys.executable))
+    (stub / "python3").chmod(0o755)
+    model, data = tmp_path / "model", tmp_path / "data"
+    model.mkdir(), data.mkdir()
+    (model / "config.json").write_text("{}")
+    (data / "train.parquet").write_text("")
+    results = tmp_path / "results"
+    env = {**os.environ, "PATH": f"{stub}:{os.environ['PATH']}", "PAIR": "dense-1k", "TAG": "cpu", "ACTOR_ATTN": "",
+           "PYTHONPATH_FA4": str(fa4), "PYTHONPATH_VLLM": str(vllm), "MODEL_DIR": str(model), "DATA": str(data),
+           "SHARED_HOST": "1", "COMMIT": "abc1234", "STUB_RC": "143"}  # fmt: skip
+    r = subprocess.run(["bash", "examples/verify/run_pair.sh", str(results), "vllm"], cwd=ROOT, env=env,
+                       capture_output=True, text=True)  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "== cpu-dense-1k-vllm: exit 143 after" in r.stdout, r.stdout
+    log = (results / "cpu-dense-1k-vllm.log").read_text().splitlines()
+    assert log[0].startswith("== cpu-dense-1k-vllm: actor attention flash_attention_4 (FA4: flash-attn-4 4.0.0b36")
+    assert log[0].endswith(f"PYTHONPATH in front: {fa4}:{vllm}"), log[0]
+    start = json.loads((results / "cpu-dense-1k-vllm.meta-at-start.json").read_text())
+    end = json.loads((results / "cpu-dense-1k-vllm.meta.json").read_text())
+    assert (start["exit_code"], start["steps_logged"]) == (None, 0)  # a run stopped here keeps this meta
+    assert (end["exit_code"], end["steps_logged"]) == (143, 1)
+    for meta in (start, end):
+        assert meta["stack"]["attention"] == "flash_attention_4"
+        assert meta["stack"]["attention_why"].startswith(f"FA4: flash-attn-4 4.0.0b36 from {fa4}")
+        assert meta["differs_from_verl_defaults"]["actor_rollout_ref.model.override_config.attn_implementation"] == {
+            "value": "flash_attention_4", "verl_default": None}  # fmt: skip
+        assert meta["config"]["max_response_length"] == 1024 and meta["config"]["pair"] == "dense-1k"

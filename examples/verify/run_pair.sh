@@ -115,6 +115,13 @@ if [[ " ${ARMS[*]} " == *" vllm "* ]]; then
   [ "$ACTOR_ATTN" != flash_attention_4 ] || VLLM_PATH=$PROBE_PATH
 fi
 
+write_meta() {  # $1: the arm's exit code, empty while it has not finished; the arm's own folders on the path, so
+  # the versions recorded are the ones the arm ran
+  ARM="$arm" NAME="$NAME" RESULTS="$RESULTS" ATTN="$ATTN" ATTN_WHY="$WHY" ACTOR="$ACTOR" MOE="$MOE" SHAPE="$SHAPE" \
+  LAYERS="$LAYERS" PAIR="$PAIR" STEM="$STEM" VOCAB_SIZE="$PAIR_VOCAB_SIZE" RC="$1" CMDLINE="${CMD[*]}" \
+  PYTHONPATH="$ARM_PATH${PYTHONPATH:+:$PYTHONPATH}" python3 examples/verify/write_meta.py
+}
+
 # the settings every arm shares (compare.py refuses runs whose `config` differ)
 COMMON=(
   algorithm.adv_estimator=grpo algorithm.use_kl_in_reward=False
@@ -198,6 +205,8 @@ for arm in "${ARMS[@]}"; do
     printf '%s\0' "$arm" "${CMD[@]}"; printf '\n'
     continue
   fi
+  # the meta before the run as well (exit_code null), so an arm stopped early still has its config for compare.py
+  write_meta ""
   MEMLOG="$RESULTS/$NAME.mem"
   # the GPUs this arm runs on (the first NGPUS of CUDA_VISIBLE_DEVICES), not every GPU of the host; the meta's peak
   # is the largest sample of any one of them
@@ -220,10 +229,7 @@ for arm in "${ARMS[@]}"; do
   fi
   sleep 3
   echo "== $NAME: exit $rc after $(( $(date +%s) - START )) s, $(wc -l < "$VERL_FILE_LOGGER_PATH" 2> /dev/null || echo 0) steps"
-  ARM="$arm" NAME="$NAME" RESULTS="$RESULTS" ATTN="$ATTN" ATTN_WHY="$WHY" ACTOR="$ACTOR" MOE="$MOE" SHAPE="$SHAPE" \
-  LAYERS="$LAYERS" PAIR="$PAIR" STEM="$STEM" VOCAB_SIZE="$PAIR_VOCAB_SIZE" RC="$rc" CMDLINE="${CMD[*]}" \
-  PYTHONPATH="$ARM_PATH${PYTHONPATH:+:$PYTHONPATH}" \
-  python3 examples/verify/write_meta.py  # the arm's own folders: the versions recorded are the ones the arm ran
+  write_meta "$rc"
   [ "$rc" = 0 ] || tail -30 "$RESULTS/$NAME.log"
 done
 [ "$DRY_RUN" = 1 ] && exit 0

@@ -1,4 +1,5 @@
-"""Write ``<name>.meta.json`` beside one arm's JSONL (called by run_pair.sh after each arm, from its environment).
+"""Write ``<name>.meta.json`` beside one arm's JSONL (called by run_pair.sh as each arm starts and when it ends, from
+its environment: written first with ``exit_code`` null, so an arm stopped early keeps a meta compare.py can check).
 
 The meta holds what compare.py checks before it compares arms (``config``: the settings every arm must share, the
 shape first, each as the run had it: the arm's override, else verl's default), what benchmarks/rl_step.py reports
@@ -218,7 +219,7 @@ def main() -> None:
         "stack": stack,
         "differs_from_verl_defaults": differs,
         "peak_gpu_mem_mib": _peak_mib(results / f"{name}.mem"),
-        "exit_code": int(env["RC"]),
+        "exit_code": int(env["RC"]) if env.get("RC") else None,  # None: written as the run started; it has not ended
         "steps_logged": steps,
     }
     (results / f"{name}.meta.json").write_text(json.dumps(meta, indent=2) + "\n")
