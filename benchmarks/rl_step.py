@@ -10,8 +10,10 @@ file: the runs' date, GPU, commit and commands, then per model a table of the ph
 update_actor, update_weights, step) as the mean over the steps after ``--warmup``, per stack, with the ratio
 vexact / default (the ``vllm`` arm); rollout tokens/s (response tokens of the steps after warm-up, from
 ``response_length/mean`` x ``train_batch_size`` x ``rollout_n`` of the meta's config, over their ``timing_s/gen``);
-each stack's peak GPU memory (meta). Runs of one model must share their config and step count, and all runs one GPU.
-The table is printed as well.
+each stack's peak GPU memory (meta). Runs of one model must share their config (the first differing setting is named)
+and all runs one GPU. Where one arm logged fewer steps than another (a run stopped early) the model's table covers the
+steps every arm logged, and says how many each has; ``--warmup`` (default 1: step 1 holds each stack's warm-up) is
+cut to leave at least one of them, with a note. The table is printed as well.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from runs import (  # noqa: E402
     Run,
     RunError,
     check_comparable,
+    common,
     fmt_float,
     meta_path,
     read_run,
@@ -87,7 +90,8 @@ def equal_work(runs: list[Run], warmup: int) -> str:
     )
 
 
-def model_section(model: str, runs: list[Run], warmup: int) -> list[str]:
+def model_section(model: str, runs: list[Run], warmup: int, notes: list[str]) -> list[str]:
+    """One model's table over ``runs`` (cut to the steps all of them logged), with ``notes`` on steps and warm-up."""
     runs = sorted(runs, key=lambda r: ARMS.index(r.arm) if r.arm in ARMS else len(ARMS))
     by_arm = {r.arm: r for r in runs}
     base, exact = by_arm.get(DEFAULT_ARM), by_arm.get(EXACT_ARM)
@@ -95,6 +99,7 @@ def model_section(model: str, runs: list[Run], warmup: int) -> list[str]:
     lines = [f"## {model}", ""]
     lines += [f"- `{r.arm}`: {stack_line(r.meta['stack'])}" for r in runs]
     lines += ["", equal_work(runs, warmup), ""]
+    lines += [f"**Note**: {n[0].upper()}{n[1:]}." for n in notes] + ([""] if notes else [])
     lines.append(
         f"Mean over steps {steps[warmup]}..{steps[-1]} ({len(steps) - warmup} steps after {warmup} warm-up) of verl's "
         "`timing_s/<phase>`, seconds; `step` is the whole RL step."
@@ -135,10 +140,10 @@ def report(runs: list[Run], warmup: int, command: str) -> str:
     groups: dict[str, list[Run]] = {}
     for r in runs:
         groups.setdefault(r.meta["model"], []).append(r)
+    cut = {}
     for model, group in groups.items():
         check_comparable(group)
-        if warmup >= len(group[0].steps):
-            raise RunError(f"--warmup {warmup}: the runs of {model} have {len(group[0].steps)} steps")
+        cut[model] = common(group, warmup)  # the steps every arm of the model logged
 
     def unique(key: str) -> str:
         return ", ".join(dict.fromkeys(str(r.meta[key]) for r in runs))
@@ -161,8 +166,8 @@ def report(runs: list[Run], warmup: int, command: str) -> str:
         "`timing_s/gen`.",
         "",
     ]
-    for model, group in groups.items():
-        lines += model_section(model, group, warmup)
+    for model in groups:
+        lines += model_section(model, *cut[model])
     return "\n".join(lines)
 
 
@@ -170,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", type=Path, nargs="+", help="<gpu>-<model>-<arm>.jsonl runs, each with its .meta.json")
-    ap.add_argument("--warmup", type=int, default=2, help="steps left out of the means (default 2)")
+    ap.add_argument("--warmup", type=int, default=1, help="steps left out of the means (default 1: the warm-up)")
     ap.add_argument("--out", type=Path, default=None, metavar="PATH", help="write the Markdown here as well")
     args = ap.parse_args(argv)
     try:

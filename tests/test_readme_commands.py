@@ -95,6 +95,24 @@ ELSEWHERE = {
     "composes its arms on CPU",
     "bash examples/verify/run_pair.sh outputs/verify vexact fast": "a GPU with verl; tests/test_verify_pair_config.py "
     "composes its arms on CPU",
+    "PAIR=dense-4k TAG=h200 CUDA_VISIBLE_DEVICES=0 SHARED_HOST=1 RAY_ADDRESS=local bash examples/verify/run_pair.sh "
+    "outputs/verify vllm": "a GPU (H200) per arm; tests/test_verify_pair_attention.py and test_verify_pair_config.py "
+    "check its command on CPU",
+    "PAIR=dense-4k TAG=h200 CUDA_VISIBLE_DEVICES=1 SHARED_HOST=1 RAY_ADDRESS=local bash examples/verify/run_pair.sh "
+    "outputs/verify vexact": "a GPU (H200) per arm; tests/test_verify_pair_attention.py and test_verify_pair_config.py "
+    "check its command on CPU",
+    "PAIR=moe-1k TAG=h200 CUDA_VISIBLE_DEVICES=0 SHARED_HOST=1 RAY_ADDRESS=local bash examples/verify/run_pair.sh "
+    "outputs/verify vllm": "a GPU (H200) per arm; tests/test_verify_pair_attention.py and test_verify_pair_config.py "
+    "check its command on CPU",
+    "PAIR=moe-1k TAG=h200 CUDA_VISIBLE_DEVICES=1 SHARED_HOST=1 RAY_ADDRESS=local bash examples/verify/run_pair.sh "
+    "outputs/verify vexact": "a GPU (H200) per arm; tests/test_verify_pair_attention.py and test_verify_pair_config.py "
+    "check its command on CPU",
+    "python examples/verify/compare.py outputs/verify/h200-dense-4k-vllm.jsonl "
+    "outputs/verify/h200-dense-4k-vexact.jsonl --plot outputs/verify/h200-dense-4k.png --expect-exact vexact": "reads "
+    "the GPU runs above; tests/test_verify_tools.py runs compare.py on synthetic and committed runs",
+    "python benchmarks/rl_step.py outputs/verify/h200-dense-4k-vllm.jsonl outputs/verify/h200-dense-4k-vexact.jsonl "
+    "--out outputs/verify/rl-step-h200-dense-4k.md": "reads the GPU runs above; tests/test_verify_tools.py runs "
+    "rl_step.py on synthetic and committed runs",
     "python examples/verl_grpo/make_dataset.py --out outputs/verl_grpo/arith": "packages/vexact-verl/tests/"
     "test_examples.py",
     "python examples/verl_grpo/make_model.py --out outputs/verl_grpo/qwen3-random": "packages/vexact-verl/tests/"

@@ -63,12 +63,39 @@ def test_compare_refuses_runs_of_different_configs_naming_the_key_and_both_value
     assert "'lr'" in err and "3e-06" in err and "1e-05" in err, err
 
 
-def test_compare_refuses_runs_of_different_step_counts(tmp_path, capsys):
+def test_compare_tables_the_steps_all_arms_logged_when_one_stopped_early(tmp_path, capsys):
     a = write_run(tmp_path, "vllm", MISMATCH)
-    b = write_run(tmp_path, "vexact", EXACT[:3])
+    b = write_run(tmp_path, "vexact", EXACT[:3])  # stopped after step 3, same config (the same planned steps)
+    assert compare.main([str(a), str(b), "--expect-exact", "vexact"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("runs (vllm 4 steps (1..4), vexact 3 steps (1..3)): "), out
+    assert "note: the arms logged different steps (vllm 4 steps (1..4), vexact 3 steps (1..3)): the tables cover the " \
+        "3 steps (1..3) all logged" in out, out  # fmt: skip
+    table = out.split("probs_diff_max vexact")[1].split("\n\n")[0].strip().splitlines()
+    assert [row.split()[0] for row in table] == ["1", "2", "3"]
+    # steady state: steps 2..3 (default warm-up 1); gen of vexact 2.5 + 0.5, 2.5 + 1.0; of vllm 2.0 + 0.5, 2.0 + 1.0
+    assert "timing_s/*: mean s over steps 2..3 (after 1 warm-up)" in out
+    line = next(x for x in out.splitlines() if x.startswith("vexact") and "x)" in x)
+    assert line.split()[1:3] == ["3.250", f"({3.25 / 2.75:.2f}x)"], line
+    assert "expect-exact vexact" in out and "expect-exact: PASS" in out
+    # one step in common: the means include step 1's warm-up, and say so
+    c = write_run(tmp_path, "vexact", EXACT[:1])
+    assert compare.main([str(a), str(c)]) == 0
+    out = capsys.readouterr().out
+    assert "--warmup 1 leaves none of the 1 step (1) in common: the means cover 1 step (1), step 1's warm-up " \
+        "included" in out, out  # fmt: skip
+    assert "timing_s/*: mean s over steps 1..1 (after 0 warm-up)" in out
+
+
+def test_compare_still_refuses_a_short_run_of_other_settings_naming_the_first(tmp_path, capsys):
+    a = write_run(tmp_path, "vllm", MISMATCH)
+    b = write_run(tmp_path, "vexact", EXACT[:2], max_response_length=128, lr=1e-5)  # lr comes first in CONFIG
     assert compare.main([str(a), str(b)]) == 2
     err = capsys.readouterr().err
-    assert "step counts differ" in err and "has 4 steps" in err and "has 3" in err, err
+    assert "config differs at 'lr': 3e-06 in h100-qwen3-1.7b-vllm.meta.json, 1e-05 in" in err, err
+    c = write_run(tmp_path, "vexact", EXACT[:2], steps=2)  # launched for 2 steps, not stopped early: a setting
+    assert compare.main([str(a), str(c)]) == 2
+    assert "config differs at 'steps': 4 in" in capsys.readouterr().err
 
 
 def test_compare_names_a_missing_or_empty_run(tmp_path, capsys):
@@ -86,7 +113,8 @@ def test_compare_without_meta_checks_step_counts_only_and_says_so(tmp_path, caps
     assert compare.main([str(b), str(a), "--expect-exact", "invariant"]) == 0
     assert "configs not checked" in capsys.readouterr().out
     c = write_run(tmp_path, "vexact", EXACT[:2], model="1gpu-lr3e-6", meta=False)
-    assert compare.main([str(a), str(c)]) == 2
+    assert compare.main([str(a), str(c)]) == 0  # the 2 steps both logged
+    assert "vexact 2 steps (1..2)" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(
@@ -125,13 +153,17 @@ def test_compare_timing_means_after_warmup_and_ratio_to_vllm(tmp_path, capsys):
     # gen of vexact at steps 3, 4: 2.5 + 1.0, 2.5 + 1.5 -> 3.75; of vllm 2.0 + 1.0, 2.0 + 1.5 -> 3.25
     line = next(x for x in out.splitlines() if x.startswith("vexact") and "x)" in x)
     assert line.split()[1:3] == ["3.750", f"({3.75 / 3.25:.2f}x)"], line
-    assert compare.main([str(a), str(b), "--warmup", "4"]) == 2
+    assert compare.main([str(a), str(b), "--warmup", "4"]) == 0  # no step left after 4: the last one
+    assert "the means cover 1 step (4), after 3 warm-up steps" in capsys.readouterr().out
+    assert compare.main([str(a), str(b), "--warmup", "-1"]) == 2
+    assert "--warmup -1: allowed 0 or more" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
     "stem,arms,exact",
     [("h200x2-2gpu-lr3e-6", ("invariant", "fast"), "invariant"), ("h100-qwen3-1.7b", ("vllm", "vexact"), "vexact"),
-     ("h100-qwen3-30b-a3b", ("vllm", "vexact"), "vexact"), ("h200-qwen3-1.7b", ("vllm", "vexact"), "vexact")],
+     ("h100-qwen3-30b-a3b", ("vllm", "vexact"), "vexact"), ("h200-qwen3-1.7b", ("vllm", "vexact"), "vexact"),
+     ("h200-dense-1k", ("vllm", "vexact"), "vexact")],  # vllm stopped after step 1: step 1 compared
 )  # fmt: skip
 def test_compare_runs_as_a_script_on_the_committed_pairs(tmp_path, stem, arms, exact):
     res = ROOT / "examples/verify/results"
@@ -185,6 +217,21 @@ def test_rl_step_refuses_different_configs_and_missing_meta_and_says_when_work_i
     b = write_run(tmp_path, "vexact", EXACT, ignore_eos=False)
     assert rl_step.main([str(a), str(b)]) == 0
     assert "Equal work is not ensured" in capsys.readouterr().out
+
+
+def test_rl_step_tables_the_steps_all_arms_logged_when_one_stopped_early(tmp_path, capsys):
+    runs = [write_run(tmp_path, "vllm", MISMATCH[:2]), write_run(tmp_path, "vexact", EXACT)]
+    assert rl_step.main([*map(str, runs)]) == 0
+    md = capsys.readouterr().out
+    assert "**Note**: The arms logged different steps (vllm 2 steps (1..2), vexact 4 steps (1..4)): the tables " \
+        "cover the 2 steps (1..2) all logged." in md, md  # fmt: skip
+    assert "Mean over steps 2..2 (1 steps after 1 warm-up)" in md
+    rows = {c[0]: c[1:] for c in ([x.strip() for x in r.strip().strip("|").split("|")] for r in md.splitlines()
+                                  if r.startswith("|"))}  # fmt: skip
+    assert rows["gen (s)"] == ["2.500", "3.000", f"{3.0 / 2.5:.3f}"]  # step 2 alone: 2.0 + 0.5, 2.5 + 0.5
+    a = write_run(tmp_path, "vexact", EXACT, rollout_n=8)  # a different setting is still refused
+    assert rl_step.main([str(runs[0]), str(a)]) == 2
+    assert "config differs at 'rollout_n': 4 in" in capsys.readouterr().err
 
 
 def test_rl_step_flags_responses_shorter_than_max_under_ignore_eos(tmp_path, capsys):

@@ -5,13 +5,16 @@
 
 Each run is verl's file-logger JSONL, named ``<gpu>-<model>-<arm>.jsonl`` (arm in vllm, vexact, fast), with the run
 script's ``<same stem>.meta.json`` beside it (``runs.py`` lists its keys). Runs of different configs (another pair
-shape, lengths, batch, token budgets, ...) or step counts are refused (exit 2, naming the first differing setting and
-both values); runs without a meta file are compared on step counts only.
+shape, lengths, batch, token budgets, planned steps, ...) are refused (exit 2, naming the first differing setting and
+both values); runs without a meta file are compared without that check. An arm that logged fewer steps than another
+(a run stopped early) limits the tables to the steps every arm logged; the output says how many each has.
 Prints the per-step K3 KL and largest per-token probability gap, a per-arm summary and the mean phase times after
-``--warmup`` steps (ratio to the vllm arm). ``--plot`` draws K3 KL, rollout_probs_diff mean and max (log scales, an
-exact 0.0 drawn on a floor line), reward, grad norm and entropy. ``--expect-exact ARM`` exits 1 unless ARM's
-``rollout_corr/k3_kl`` and ``training/rollout_probs_diff_max`` are exactly 0.0 at every step and every other arm's are
-above 0 at every step.
+``--warmup`` steps (default 1: step 1 holds each stack's warm-up, graph capture and compilation; where no common step
+is left after it, the means include it and say so), with the ratio to the vllm arm. ``--plot`` draws, over every
+step each arm logged, K3 KL, rollout_probs_diff mean and max (log scales, an exact 0.0 drawn on a floor line),
+reward, grad norm and entropy. ``--expect-exact ARM`` exits 1 unless ARM's ``rollout_corr/k3_kl`` and
+``training/rollout_probs_diff_max`` are exactly 0.0 at every step it logged and every other arm's are above 0 at every
+step.
 """
 
 from __future__ import annotations
@@ -34,8 +37,10 @@ from runs import (
     Run,
     RunError,
     check_comparable,
+    common,
     fmt_float,
     read_run,
+    span,
 )
 
 COLORS = {"vllm": "tab:red", "vexact": "tab:blue", "fast": "tab:orange", "invariant": "tab:purple"}
@@ -184,24 +189,25 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", type=Path, nargs="+", help="2 or 3 runs: <gpu>-<model>-<arm>.jsonl")
     ap.add_argument("--plot", type=Path, default=None, metavar="PATH", help="write the six-panel PNG here")
-    ap.add_argument("--warmup", type=int, default=2, help="steps left out of the timing means (default 2)")
+    ap.add_argument("--warmup", type=int, default=1,
+                    help="steps left out of the timing means (default 1: each stack's warm-up)")  # fmt: skip
     ap.add_argument("--expect-exact", default=None, metavar="ARM",
                     help="exit 1 unless ARM is exactly 0.0 and every other arm above 0 at every step")  # fmt: skip
     args = ap.parse_args(argv)
     try:
         if not 2 <= len(args.runs) <= 3:
             raise RunError(f"got {len(args.runs)} runs; compare.py takes 2 or 3 (one per arm)")
-        runs = [read_run(p) for p in args.runs]
-        notes = check_comparable(runs)
-        if args.warmup < 0 or args.warmup >= len(runs[0].steps):
-            n = len(runs[0].steps)
-            raise RunError(f"--warmup {args.warmup}: the runs have {n} steps; allowed 0..{n - 1}")
+        full = [read_run(p) for p in args.runs]
+        notes = check_comparable(full)
+        runs, warmup, more = common(full, args.warmup)  # the steps every arm logged
+        notes += more
         if args.expect_exact is not None and args.expect_exact not in {r.arm for r in runs}:
             raise RunError(f"--expect-exact {args.expect_exact}: no such arm; the runs are {[r.arm for r in runs]}")
     except RunError as e:
         print(f"compare.py: {e}", file=sys.stderr)
         return 2
-    print(f"runs ({len(runs[0].steps)} steps): " + ", ".join(f"{r.arm}={r.path}" for r in runs))
+    logged = ", ".join(f"{r.arm} {span(r.steps)}" for r in full)
+    print(f"runs ({logged}): " + ", ".join(f"{r.arm}={r.path}" for r in runs))
     for r in runs:
         if r.meta is not None:
             m = r.meta
@@ -214,10 +220,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"note: {note}")
     print_steps(runs)
     print_summary(runs)
-    print_timing(runs, args.warmup)
+    print_timing(runs, warmup)
     if args.plot is not None:
-        plot(runs, args.plot)
-    if args.expect_exact is not None and not expect_exact(runs, args.expect_exact):
+        plot(full, args.plot)  # every step each arm logged
+    if args.expect_exact is not None and not expect_exact(full, args.expect_exact):
         return 1
     return 0
 

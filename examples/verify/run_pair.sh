@@ -24,22 +24,28 @@
 # verl's defaults. The vexact arm gets the same budgets: its actor is verl's FSDP engine, micro-batched by verl.
 # Knobs that exist in one stack only: the vllm arm's attention (below); the vexact arm's kernel backend.
 #
-# Attention of the vllm arm's actor: SDPA (transformers' `sdpa`, `ACTOR_ATTN` to change it). verl asks for
-# flash_attention_2 by default, and flash-attn 2 has no build for this stack: PyPI has only its source (2.8.3.post2;
-# `pip download --only-binary=:all: flash-attn` finds no wheel for any version), building it needs nvcc and hours,
-# and its GitHub releases carry no wheel for torch 2.11 + CUDA 13 (only forks' community builds do). With padding
-# removed verl packs a micro-batch into one row; transformers 5.9 finds the packed sequences from position_ids and
-# hands SDPA a block-diagonal causal mask, so PyTorch runs its memory-efficient kernel (the flash kernel takes no
-# mask) over the whole row: exact results, with the masked-out blocks computed too. `ACTOR_ATTN=flash_attention_4`
-# puts transformers on flash-attn-4 (CuTe DSL: the package the vexact arm stages, scripts/staging/fa4_device_wheels.sh,
-# with /tmp/fa4site on PYTHONPATH_VLLM), varlen over the packed row; the MoE arm's VeOmni takes the same name.
+# Attention of the vllm arm's actor: FlashAttention 4 through transformers (`flash_attention_4`) where it can run on
+# the arm's path, else SDPA; examples/verify/actor_attention.py decides before the run and says why, in the log and
+# the meta (`stack.attention`, `stack.attention_why`); `ACTOR_ATTN` sets it. verl asks for flash_attention_2 by
+# default, and flash-attn 2 has no build for this stack (PyPI has only its source, 2.8.3.post2; building it needs nvcc
+# and hours; its GitHub releases carry no wheel for torch 2.11 + CUDA 13). With padding removed verl packs a
+# micro-batch into one row: on FA4, transformers takes the sequences' cu_seqlens from the row's position_ids and runs
+# `flash_attn.cute.flash_attn_varlen_func` (flash-attn-4 4.0.0b36: varlen forward and backward on SM90), through
+# verl's remove-padding patch as for flash_attention_2; on SDPA, transformers hands PyTorch a block-diagonal causal
+# mask over the whole row, so its memory-efficient kernel computes the masked-out blocks too (exact, slow:
+# perf/mfu/actor 0.035 at dense-1k on an H200). FA4 comes from scripts/staging/fa4_device_wheels.sh (the package the
+# vexact arm uses): PYTHONPATH_FA4 (default: `scripts/staging/rl_stack_wheels.sh path fa4`, empty where not
+# installed) goes in front of PYTHONPATH_VLLM on this arm, since vLLM's folder pins apache-tvm-ffi 0.1.9 and
+# flash-attn-4 needs >= 0.1.11; on SDPA the arm's path is PYTHONPATH_VLLM alone. The MoE arm's VeOmni takes the same
+# name (its veomni_flash_attention_4_with_sp).
 # The vexact and fast arms run vexact_kernels' attention (FA4 where it loads, else Triton), recorded in the meta.
 #
 # Environment:
 #   PAIR (smoke), SHAPE (smoke only: qwen3-1.7b (default) or qwen3-30b-a3b), LAYERS (depth: the pair's by default),
 #   STEPS, LR (3e-6), GPU_MEM (rollout's share of GPU memory), NGPUS (GPUs per arm), PPO_MAX_TOKENS and
-#   LOGPROB_MAX_TOKENS (the token budgets), ACTOR_ATTN (sdpa), TAG (file prefix: the GPU, e.g. h100), MODEL_DIR
-#   (where the checkpoint is written), DATA (the dataset folder), COMMIT (recorded in the metas)
+#   LOGPROB_MAX_TOKENS (the token budgets), ACTOR_ATTN (FA4 where it runs, else sdpa), PYTHONPATH_FA4 (above), TAG
+#   (file prefix: the GPU, e.g. h100), MODEL_DIR (where the checkpoint is written), DATA (the dataset folder), COMMIT
+#   (recorded in the metas)
 #   SHARED_HOST=1: other Ray jobs run on this host (each on its own GPUs, CUDA_VISIBLE_DEVICES): no `ray stop` between
 #   arms (it would stop theirs too); set RAY_ADDRESS=local as well, so each arm starts its own Ray cluster
 #   PYTHONPATH_VLLM / PYTHONPATH_VEXACT: put in front of PYTHONPATH for the vllm arm / the vexact and fast arms, where
@@ -49,7 +55,8 @@
 # tokens in every arm: equal work for the timing (benchmarks/rl_step.py reads the same files). Outputs, per arm:
 # RESULTS_DIR/<TAG>-<STEM>-<ARM>.jsonl (STEM: smoke's model, e.g. qwen3-1.7b, else the pair's name; verl's file
 # logger: one record a step), .meta.json (the run's config, stack, the settings that differ from verl's defaults, GPU,
-# commit, command, peak GPU memory sampled by nvidia-smi), .log and, for the vexact and fast arms, .phases.jsonl
+# commit, command, peak GPU memory sampled by nvidia-smi), .log (its first line: the actor attention, why, and the
+# folders in front of PYTHONPATH) and, for the vexact and fast arms, .phases.jsonl
 # (each replica's generation phases: time inside engine steps against the phase's wall time, vexact_verl.server
 # GenPhase); with two or more arms compare.py then writes
 # <TAG>-<STEM>.png (one arm a call: run compare.py on the files afterwards, as this script prints).
@@ -67,7 +74,8 @@ eval "$EXPANDED"
 SHAPE=$PAIR_SHAPE LAYERS=$PAIR_LAYERS MOE=$PAIR_MOE GPU_MEM=$PAIR_GPU_MEMORY_UTILIZATION NGPUS=$PAIR_NGPUS
 STEPS=$PAIR_STEPS STEM=$PAIR_STEM
 LR=${LR:-3e-6}
-ACTOR_ATTN=${ACTOR_ATTN:-sdpa}
+ACTOR_ATTN=${ACTOR_ATTN:-}  # empty: actor_attention.py picks FA4 where it runs on the vllm arm's path, else sdpa
+PYTHONPATH_FA4=${PYTHONPATH_FA4-$(bash scripts/staging/rl_stack_wheels.sh path fa4)}
 TAG=${TAG:-$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | grep -oiE 'h100|h200|b200|a100' \
   | tr 'A-Z' 'a-z' || true)}
 TAG=${TAG:-gpu}
@@ -96,6 +104,23 @@ if [ "$DRY_RUN" != 1 ] && [[ " ${ARMS[*]} " == *" vllm "* ]] \
     "bash scripts/staging/rl_stack_wheels.sh download (where pip works) and then install there" >&2
   exit 2
 fi
+
+# the vllm arm's actor attention and path: FA4's folders in front of vLLM's where the actor runs FA4
+VLLM_PATH=${PYTHONPATH_VLLM:-}
+if [[ " ${ARMS[*]} " == *" vllm "* ]]; then
+  PROBE_PATH=${PYTHONPATH_FA4:+$PYTHONPATH_FA4:}$VLLM_PATH
+  CHOICE=$(PYTHONPATH="$PROBE_PATH${PYTHONPATH:+:$PYTHONPATH}" ACTOR_ATTN="$ACTOR_ATTN" \
+    python3 examples/verify/actor_attention.py) || exit 2
+  eval "$CHOICE"
+  [ "$ACTOR_ATTN" != flash_attention_4 ] || VLLM_PATH=$PROBE_PATH
+fi
+
+write_meta() {  # $1: the arm's exit code, empty while it has not finished; the arm's own folders on the path, so
+  # the versions recorded are the ones the arm ran
+  ARM="$arm" NAME="$NAME" RESULTS="$RESULTS" ATTN="$ATTN" ATTN_WHY="$WHY" ACTOR="$ACTOR" MOE="$MOE" SHAPE="$SHAPE" \
+  LAYERS="$LAYERS" PAIR="$PAIR" STEM="$STEM" VOCAB_SIZE="$PAIR_VOCAB_SIZE" RC="$1" CMDLINE="${CMD[*]}" \
+  PYTHONPATH="$ARM_PATH${PYTHONPATH:+:$PYTHONPATH}" python3 examples/verify/write_meta.py
+}
 
 # the settings every arm shares (compare.py refuses runs whose `config` differ)
 COMMON=(
@@ -169,15 +194,19 @@ for arm in "${ARMS[@]}"; do
   export VERL_FILE_LOGGER_PATH="$RESULTS/$NAME.jsonl" VLLM_USE_FLASHINFER_SAMPLER=0
   # the vexact replicas' account of each generation phase (engine steps against the phase's wall time)
   export VEXACT_GEN_PHASE_LOG="$RESULTS/$NAME.phases.jsonl"
-  ARM_PATH=${PYTHONPATH_VEXACT:-}
-  [ "$arm" = vllm ] && ARM_PATH=${PYTHONPATH_VLLM:-}
+  ARM_PATH=${PYTHONPATH_VEXACT:-} WHY="vexact_kernels.get_attention_impl()"
+  [ "$arm" = vllm ] && ARM_PATH=$VLLM_PATH WHY=$ACTOR_ATTN_WHY
   rm -f "$VERL_FILE_LOGGER_PATH" "$VEXACT_GEN_PHASE_LOG"
   CMD=(python3 -m "$ENTRY" "${COMMON[@]}" "${ARGS[@]}" trainer.experiment_name="$NAME"
        trainer.default_local_dir="outputs/verify/checkpoints/$NAME" hydra.run.dir="outputs/verify/hydra/$NAME")
+  NOTE="== $NAME: actor attention $ATTN ($WHY); PYTHONPATH in front: ${ARM_PATH:-(none)}"
   if [ "$DRY_RUN" = 1 ]; then
+    echo "$NOTE" >&2
     printf '%s\0' "$arm" "${CMD[@]}"; printf '\n'
     continue
   fi
+  # the meta before the run as well (exit_code null), so an arm stopped early still has its config for compare.py
+  write_meta ""
   MEMLOG="$RESULTS/$NAME.mem"
   # the GPUs this arm runs on (the first NGPUS of CUDA_VISIBLE_DEVICES), not every GPU of the host; the meta's peak
   # is the largest sample of any one of them
@@ -185,10 +214,12 @@ for arm in "${ARMS[@]}"; do
   nvidia-smi -i "$GPU_INDEX" --query-gpu=memory.used --format=csv,noheader,nounits -lms 500 > "$MEMLOG" \
     2> /dev/null &
   SMI=$!
+  echo "$NOTE"
   echo "== $NAME: ${CMD[*]}"
   START=$(date +%s)
   rc=0
-  PYTHONPATH="$ARM_PATH${PYTHONPATH:+:$PYTHONPATH}" "${CMD[@]}" > "$RESULTS/$NAME.log" 2>&1 || rc=$?
+  echo "$NOTE" > "$RESULTS/$NAME.log"
+  PYTHONPATH="$ARM_PATH${PYTHONPATH:+:$PYTHONPATH}" "${CMD[@]}" >> "$RESULTS/$NAME.log" 2>&1 || rc=$?
   kill "$SMI" 2> /dev/null || true
   # a stack's Ray cluster and rollout processes must be gone before the next arm measures memory and time; where
   # other Ray jobs share the host (SHARED_HOST=1), only the arm's own driver ends, whose exit stops its local cluster
@@ -198,10 +229,7 @@ for arm in "${ARMS[@]}"; do
   fi
   sleep 3
   echo "== $NAME: exit $rc after $(( $(date +%s) - START )) s, $(wc -l < "$VERL_FILE_LOGGER_PATH" 2> /dev/null || echo 0) steps"
-  ARM="$arm" NAME="$NAME" RESULTS="$RESULTS" ATTN="$ATTN" ACTOR="$ACTOR" MOE="$MOE" SHAPE="$SHAPE" LAYERS="$LAYERS" \
-  PAIR="$PAIR" STEM="$STEM" VOCAB_SIZE="$PAIR_VOCAB_SIZE" RC="$rc" CMDLINE="${CMD[*]}" \
-  PYTHONPATH="$ARM_PATH${PYTHONPATH:+:$PYTHONPATH}" \
-  python3 examples/verify/write_meta.py  # the arm's own folders: the versions recorded are the ones the arm ran
+  write_meta "$rc"
   [ "$rc" = 0 ] || tail -30 "$RESULTS/$NAME.log"
 done
 [ "$DRY_RUN" = 1 ] && exit 0

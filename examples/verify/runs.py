@@ -64,6 +64,11 @@ class Run:
         """verl's ``timing_s/<phase>`` per phase of ``PHASES``, as the mean over the steps after warm-up."""
         return {p: self.mean_after(f"timing_s/{p}", warmup) for p in PHASES}
 
+    def only(self, steps: list[int]) -> Run:
+        """This run cut to ``steps`` (each one it logged)."""
+        data = {s: self.data[s] for s in steps}
+        return Run(path=self.path, arm=self.arm, steps=list(steps), data=data, meta=self.meta)
+
 
 def meta_path(path: Path) -> Path:
     return path.with_name(path.name.removesuffix(".jsonl") + ".meta.json")
@@ -121,8 +126,8 @@ def read_run(path: Path | str) -> Run:
 
 def check_comparable(runs: list[Run]) -> list[str]:
     """Raise RunError unless the runs have distinct arms, share their config (where metas exist: the first differing
-    setting is named, in the meta's order, shape first) and log the same steps. Returns notes on what was not
-    checked."""
+    setting is named, in the meta's order, shape first) and have a step in common. Returns notes on what was not
+    checked. Runs may log different steps (one stopped early): ``common`` cuts them to the steps all of them have."""
     first = runs[0]
     for r in runs[1:]:
         if r.arm == first.arm:
@@ -137,17 +142,46 @@ def check_comparable(runs: list[Run]) -> list[str]:
             raise RunError(
                 f"config differs at {key!r}: {va} in {meta_path(first.path).name}, {vb} in {meta_path(r.path).name}"
             )
-    for r in runs[1:]:
-        if len(r.steps) != len(first.steps):
-            raise RunError(
-                f"step counts differ: {first.name} has {len(first.steps)} steps, {r.name} has {len(r.steps)}"
-            )
-        if r.steps != first.steps:
-            diff = sorted(set(first.steps) ^ set(r.steps))
-            raise RunError(f"steps differ: {first.name} and {r.name} disagree on steps {diff}")
+    if not common_steps(runs):
+        logged = ", ".join(f"{r.name} {span(r.steps)}" for r in runs)
+        raise RunError(f"no step in common: {logged}")
     if without:
-        return [f"configs not checked: no meta.json beside {', '.join(without)} (step counts checked)"]
+        return [f"configs not checked: no meta.json beside {', '.join(without)} (steps in common checked)"]
     return []
+
+
+def common_steps(runs: list[Run]) -> list[int]:
+    """The steps every run logged, ascending."""
+    return sorted(set.intersection(*(set(r.steps) for r in runs)))
+
+
+def span(steps: list[int]) -> str:
+    """``4 steps (1..4)``, ``1 step (1)``, ``3 steps (1, 2, 4)``."""
+    n = len(steps)
+    if steps == list(range(steps[0], steps[-1] + 1)):
+        where = f"{steps[0]}" if n == 1 else f"{steps[0]}..{steps[-1]}"
+    else:
+        where = ", ".join(map(str, steps))
+    return f"{n} step{'s' if n != 1 else ''} ({where})"
+
+
+def common(runs: list[Run], warmup: int) -> tuple[list[Run], int, list[str]]:
+    """The runs cut to the steps all of them logged (an arm stopped early keeps the others to its steps), the warm-up
+    to leave out of means over them (``warmup``, or one step fewer than they have where that leaves none: then the
+    means include warm-up, and a note says so) and notes saying how many steps each arm logged where they differ."""
+    if warmup < 0:
+        raise RunError(f"--warmup {warmup}: allowed 0 or more")
+    steps = common_steps(runs)
+    notes = []
+    if any(r.steps != steps for r in runs):
+        logged = ", ".join(f"{r.arm} {span(r.steps)}" for r in runs)
+        notes.append(f"the arms logged different steps ({logged}): the tables cover the {span(steps)} all logged")
+    used = min(warmup, len(steps) - 1)
+    if used < warmup:
+        after = f"step {steps[0]}'s warm-up included" if used == 0 else f"after {used} warm-up steps"
+        notes.append(f"--warmup {warmup} leaves none of the {span(steps)} in common: the means cover "
+                     f"{span(steps[used:])}, {after}")  # fmt: skip
+    return [r.only(steps) for r in runs], used, notes
 
 
 def first_difference(a: dict, b: dict) -> str | None:

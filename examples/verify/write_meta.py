@@ -1,11 +1,14 @@
-"""Write ``<name>.meta.json`` beside one arm's JSONL (called by run_pair.sh after each arm, from its environment).
+"""Write ``<name>.meta.json`` beside one arm's JSONL (called by run_pair.sh as each arm starts and when it ends, from
+its environment: written first with ``exit_code`` null, so an arm stopped early keeps a meta compare.py can check).
 
 The meta holds what compare.py checks before it compares arms (``config``: the settings every arm must share, the
 shape first, each as the run had it: the arm's override, else verl's default), what benchmarks/rl_step.py reports
-beside the times (``stack``, ``gpu``, ``peak_gpu_mem_mib``), how the run was made (``date``, ``commit``,
-``command``) and ``differs_from_verl_defaults``: every setting of the arm's command whose value is not verl's default
-(``{key: {"value": ..., "verl_default": ...}}``; ``verl_default`` null where verl's config has no such key), read
-against verl's own reference config (``verl/trainer/config/_generated_ppo_*trainer.yaml`` of the verl the arm ran).
+beside the times (``stack``, with the actor's ``attention`` and ``attention_why``; ``gpu``, ``peak_gpu_mem_mib``),
+how the run was made (``date``, ``commit``, ``command``) and ``differs_from_verl_defaults``: every setting of the
+arm's command whose value is not verl's default (``{key: {"value": ..., "verl_default": ...}}``; ``verl_default``
+null where verl's config has no such key), read against verl's own reference config
+(``verl/trainer/config/_generated_ppo_*trainer.yaml`` of the verl the arm ran, with the config groups
+``ppo_trainer.yaml`` picks by default, e.g. ``model_engine: dp``).
 Peak memory is the largest ``nvidia-smi`` sample of the arm's run (any one of its GPUs: trainer, rollout and their
 processes), since verl's own figure sees the trainer's allocator only.
 """
@@ -91,8 +94,11 @@ TUNING = {
 _ABSENT = object()
 
 
-def _value(text: str) -> bool | int | float | str:
-    """A Hydra override's value as JSON would hold it (True -> true, 32 -> 32, 3e-6 -> 3e-06)."""
+def _value(text: str) -> bool | int | float | str | list:
+    """A Hydra override's value as JSON would hold it (True -> true, 32 -> 32, 3e-6 -> 3e-06, [console,file] -> a
+    list: the command line as run_pair.sh records it, its quotes gone)."""
+    if text.startswith("[") and text.endswith("]"):
+        return [_value(x.strip().strip("'\"")) for x in text[1:-1].split(",") if x.strip()]
     if text in ("True", "False"):
         return text == "True"
     for kind in (int, float):
@@ -126,7 +132,17 @@ def verl_defaults(model_engine: str = "dp"):
         return None
     folder = Path(next(iter(spec.submodule_search_locations))) / "trainer" / "config"
     name = "_generated_ppo_veomni_trainer.yaml" if model_engine == "veomni" else "_generated_ppo_trainer.yaml"
-    return OmegaConf.load(folder / name) if (folder / name).is_file() else None
+    if not (folder / name).is_file():
+        return None
+    cfg = OmegaConf.load(folder / name)
+    # the config groups ppo_trainer.yaml's defaults list picks (model_engine: dp) are no keys of the generated YAML
+    main = folder / "ppo_trainer.yaml"
+    for entry in OmegaConf.to_container(OmegaConf.load(main)).get("defaults", []) if main.is_file() else []:
+        if isinstance(entry, dict) and len(entry) == 1:
+            group, choice = next(iter(entry.items()))
+            if "@" not in group and "/" not in group and isinstance(choice, str) and group not in cfg:
+                OmegaConf.update(cfg, group, choice, force_add=True)
+    return cfg
 
 
 def _select(cfg, key: str) -> Any:
@@ -180,6 +196,7 @@ def main() -> None:
         "rollout": "vllm" if env["ARM"] == "vllm" else "vexact",
         "actor": env["ACTOR"],
         "attention": env["ATTN"],
+        "attention_why": env.get("ATTN_WHY"),  # run_pair.sh: why this attention (FA4, or why not)
         "moe": ("VeOmni fused_triton" if env["ARM"] == "vllm" else "vexact fused MoE") if moe else None,
         "versions": {
             d: _version(d)
@@ -202,7 +219,7 @@ def main() -> None:
         "stack": stack,
         "differs_from_verl_defaults": differs,
         "peak_gpu_mem_mib": _peak_mib(results / f"{name}.mem"),
-        "exit_code": int(env["RC"]),
+        "exit_code": int(env["RC"]) if env.get("RC") else None,  # None: written as the run started; it has not ended
         "steps_logged": steps,
     }
     (results / f"{name}.meta.json").write_text(json.dumps(meta, indent=2) + "\n")

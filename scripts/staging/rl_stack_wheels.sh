@@ -15,11 +15,13 @@
 #         installed is installed with --no-index --no-deps into its own folder: verl -> /tmp/site, vllm ->
 #         /tmp/vllmsite, fa4 -> /tmp/fa4site, and its import check runs. Exit 0 also while parts are missing (it
 #         names the groups still waiting).
-#     bash scripts/staging/rl_stack_wheels.sh path vllm|vexact  # prints one arm's folders, for PYTHONPATH
+#     bash scripts/staging/rl_stack_wheels.sh path vllm|vexact|fa4  # one arm's folders (fa4: FA4's), for PYTHONPATH
 #
 # Why three folders: the groups pin different versions of a few shared packages (fastapi: vLLM < 0.137, verl's
-# resolve 0.165; apache-tvm-ffi: vLLM's xgrammar 0.1.9, FA4's 0.1.15), so the vllm arm runs on vllmsite + site and
-# the vexact arm on site + fa4site, each with its own versions.
+# resolve 0.165; apache-tvm-ffi: vLLM 0.24.0 pins 0.1.9, FA4 needs >= 0.1.11 and gets 0.1.15), so the vllm arm runs on
+# vllmsite + site and the vexact arm on site + fa4site, each with its own versions. Where the vllm arm's actor runs
+# FA4 (examples/verify/run_pair.sh), fa4site goes in front of vllmsite: apache-tvm-ffi is the one package both hold,
+# and vLLM's own pin serves flashinfer, which is not staged (xgrammar 0.2.7 asks for >= 0.1.10).
 # The GPU image's own packages (not staged): torch 2.11, triton 3.6, numpy, aiohttp, httpx, anyio, uvloop, typer,
 # rich, pillow, opencv, regex, einops, numba, prometheus-client, psutil, pyyaml, safetensors, sentencepiece, tiktoken.
 set -euo pipefail
@@ -70,7 +72,11 @@ arm_path() {  # the folders one arm puts in front of PYTHONPATH (FA4's: scripts/
   case "$1" in
     vllm) echo "${SITE[vllm]}:${SITE[verl]}" ;;
     vexact) echo "${SITE[verl]}" ;;
-    *) echo "usage: $0 path vllm|vexact" >&2; exit 2 ;;
+    # FA4's folders, where installed (nothing otherwise): the DSL's `cutlass` package (a --target install skips its
+    # .pth) and the site itself, with flash-attn-4's dist-info, which transformers reads to enable flash_attention_4
+    fa4) [ ! -d "${SITE[fa4]}/nvidia_cutlass_dsl/dsl_packages" ] \
+           || echo "${SITE[fa4]}/nvidia_cutlass_dsl/dsl_packages:${SITE[fa4]}" ;;
+    *) echo "usage: $0 path vllm|vexact|fa4" >&2; exit 2 ;;
   esac
 }
 
@@ -78,5 +84,5 @@ case "${1:-}" in
   download) shift; download "$@" ;;
   install) install ;;
   path) arm_path "${2:-}" ;;
-  *) echo "usage: $0 download [verl] [vllm] [fa4] | install | path vllm|vexact" >&2; exit 2 ;;
+  *) echo "usage: $0 download [verl] [vllm] [fa4] | install | path vllm|vexact|fa4" >&2; exit 2 ;;
 esac

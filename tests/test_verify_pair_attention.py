@@ -1,0 +1,311 @@
+"""The vllm arm's actor attention on a CPU machine: examples/verify/actor_attention.py takes FlashAttention 4 only where
+transformers would (flash-attn-4's dist-info on the path, its requirements met, apache-tvm-ffi from FA4's folder rather
+than vLLM's), run_pair.sh puts the choice and FA4's folders into the vllm arm's command and path, the meta names the
+attention and every setting that differs from verl's defaults, and verl 0.9.1's FSDP model path (transformers'
+flash_attention_4 plus verl's remove-padding patch) hands a packed row to ``flash_attn.cute.flash_attn_varlen_func``
+with one causal sequence per ``cu_seqlens`` span. The FA4 package here is a stand-in with flash-attn-4 4.0.0b36's
+varlen signature that computes exact attention per sequence; the CUDA kernel itself runs only on a GPU."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shlex
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+HAS_VERL = importlib.util.find_spec("verl") is not None
+
+# flash-attn-4 4.0.0b36's flash_attn.cute.flash_attn_varlen_func parameters, in order (transformers inspects them to
+# decide which keywords it passes: max_seqlen_q/k, deterministic, softcap, window_size, learnable_sink)
+FA4_VARLEN_PARAMS = (
+    "q", "k", "v", "qv", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k", "min_seqlen_k", "seqused_q",
+    "seqused_k", "gather_kv_indices", "page_table", "softmax_scale", "causal", "window_size", "learnable_sink",
+    "softcap", "num_splits", "pack_gqa", "deterministic", "score_mod", "score_mod_bwd", "mask_mod",
+    "block_sparse_tensors", "aux_tensors", "aux_scalars", "return_lse", "scheduler_metadata", "seqlen_k_per_split",
+    "disable_scheduler_metadata", "gather_bwd_recompute_p", "gather_bwd_token_chunk",
+)  # fmt: skip
+
+FAKE_CUTE = '''
+"""Stand-in for flash-attn-4's flash_attn.cute on CPU: its varlen signature, exact causal attention per sequence."""
+import torch
+
+CALLS = []
+
+
+def flash_attn_func(q, k, v, softmax_scale=None, causal=False, **kwargs):
+    raise NotImplementedError("a packed row goes through flash_attn_varlen_func")
+
+
+def flash_attn_varlen_func({params}):
+    CALLS.append({{"cu_seqlens_q": cu_seqlens_q.tolist(), "cu_seqlens_k": cu_seqlens_k.tolist(),
+                   "dtype": str(cu_seqlens_q.dtype), "max_seqlen_q": int(max_seqlen_q), "causal": causal,
+                   "softmax_scale": softmax_scale, "deterministic": deterministic, "q": tuple(q.shape),
+                   "k": tuple(k.shape)}})
+    rep = q.shape[1] // k.shape[1]
+    bounds = cu_seqlens_q.tolist()
+    outs = []
+    for s, e in zip(bounds[:-1], bounds[1:]):
+        qs, ks, vs = (t[s:e].transpose(0, 1) for t in (q, k, v))  # [heads, len, dim]
+        ks, vs = ks.repeat_interleave(rep, 0), vs.repeat_interleave(rep, 0)
+        o = torch.nn.functional.scaled_dot_product_attention(qs, ks, vs, is_causal=causal, scale=softmax_scale)
+        outs.append(o.transpose(0, 1))
+    return torch.cat(outs)
+'''
+
+
+def _dist_info(site: Path, name: str, version: str, requires: list[str] = (), top_level: str | None = None) -> None:
+    """A --target install's dist-info: METADATA, and top_level.txt and RECORD where the dist holds a package."""
+    info = site / f"{name.replace('-', '_')}-{version}.dist-info"
+    info.mkdir(parents=True)
+    lines = ["Metadata-Version: 2.4", f"Name: {name}", f"Version: {version}"]
+    lines += [f"Requires-Dist: {r}" for r in requires]
+    (info / "METADATA").write_text("\n".join(lines) + "\n")
+    record = [f"{info.name}/METADATA,,"]
+    if top_level:
+        (info / "top_level.txt").write_text(top_level + "\n")
+        record += [f"{p.relative_to(site)},," for p in sorted((site / top_level).rglob("*.py"))]
+    (info / "RECORD").write_text("\n".join(record) + "\n")
+
+
+def _fake_fa4_site(site: Path, with_dist_info: bool = True) -> Path:
+    """flash-attn-4 4.0.0b36 as rl_stack_wheels.sh installs it (pip --target): flash_attn/cute without a top-level
+    __init__ (flash_attn is a namespace package), its dist-info, and the apache-tvm-ffi it needs."""
+    cute = site / "flash_attn" / "cute"
+    cute.mkdir(parents=True)
+    params = ", ".join(p if p in ("q", "k", "v") else f"{p}=None" for p in FA4_VARLEN_PARAMS)
+    (cute / "__init__.py").write_text(FAKE_CUTE.format(params=params))
+    if with_dist_info:
+        _dist_info(site, "flash-attn-4", "4.0.0b36",
+                   ["apache-tvm-ffi<0.2,>=0.1.11", 'nvidia-cutlass-dsl[cu13]>=4.6.2; extra == "cu13"'],
+                   top_level="flash_attn")  # fmt: skip
+        _dist_info(site, "apache-tvm-ffi", "0.1.15")
+    return site
+
+
+def _vllm_site(site: Path) -> Path:
+    _dist_info(site, "apache-tvm-ffi", "0.1.9")  # vLLM 0.24.0's pin
+    return site
+
+
+def _choose(path: str, **env: str) -> dict[str, str]:
+    out = subprocess.run(
+        [sys.executable, "examples/verify/actor_attention.py"], cwd=ROOT, capture_output=True, text=True, check=True,
+        env={**os.environ, "PYTHONPATH": f"{path}:{os.environ.get('PYTHONPATH', '')}", "ACTOR_ATTN": "", **env},
+    ).stdout  # fmt: skip
+    return dict(shlex.split(line)[0].split("=", 1) for line in out.splitlines())
+
+
+def test_fa4_only_from_its_distribution_with_every_requirement_met(tmp_path):
+    fa4, vllm = _fake_fa4_site(tmp_path / "fa4site"), _vllm_site(tmp_path / "vllmsite")
+    got = _choose(f"{fa4}:{vllm}")
+    assert got["ACTOR_ATTN"] == "flash_attention_4", got
+    assert got["ACTOR_ATTN_WHY"].startswith(f"FA4: flash-attn-4 4.0.0b36 from {fa4}"), got
+    # vLLM's folder first: its apache-tvm-ffi 0.1.9 is the one imported, below what flash-attn-4 needs
+    got = _choose(f"{vllm}:{fa4}")
+    assert got["ACTOR_ATTN"] == "sdpa"
+    assert "needs apache-tvm-ffi<0.2,>=0.1.11; the path has 0.1.9 from " + str(vllm) in got["ACTOR_ATTN_WHY"], got
+    # the package without its dist-info (transformers' is_flash_attn_4_available reads the distribution's name)
+    bare = _fake_fa4_site(tmp_path / "bare", with_dist_info=False)
+    got = _choose(f"{bare}:{vllm}")
+    assert got["ACTOR_ATTN"] == "sdpa" and "no distribution provides flash_attn" in got["ACTOR_ATTN_WHY"], got
+    got = _choose(str(vllm))
+    assert got["ACTOR_ATTN"] == "sdpa", got
+    kept = {"ACTOR_ATTN": "eager", "ACTOR_ATTN_WHY": "set by ACTOR_ATTN"}
+    assert _choose(f"{vllm}:{fa4}", ACTOR_ATTN="eager") == kept
+
+
+def _dry_run(tmp_path: Path, *arms: str, **env: str) -> tuple[dict[str, list[str]], str]:
+    r = subprocess.run(
+        ["bash", "examples/verify/run_pair.sh", str(tmp_path / "results"), *arms],
+        cwd=ROOT, env={**os.environ, "DRY_RUN": "1", "TAG": "cpu", "ACTOR_ATTN": "", **env}, capture_output=True,
+        text=True, check=True,
+    )  # fmt: skip
+    arms_ = {w[0]: w[1:] for w in ([x for x in ln.split("\0") if x] for ln in r.stdout.splitlines())}
+    return arms_, r.stderr
+
+
+@pytest.mark.parametrize("pair", ["dense-1k", "moe-1k"])
+def test_run_pair_puts_fa4_and_its_folders_on_the_vllm_arm(tmp_path, pair):
+    fa4, vllm = _fake_fa4_site(tmp_path / "fa4site"), _vllm_site(tmp_path / "vllmsite")
+    key = ("actor_rollout_ref.actor.veomni.attn_implementation" if pair == "moe-1k"
+           else "+actor_rollout_ref.model.override_config.attn_implementation")  # fmt: skip
+    arms, err = _dry_run(tmp_path, "vllm", "vexact", PAIR=pair, PYTHONPATH_FA4=str(fa4), PYTHONPATH_VLLM=str(vllm))
+    assert f"{key}=flash_attention_4" in arms["vllm"]
+    assert not [w for w in arms["vexact"] if "attn_implementation" in w]  # the vexact arm runs its own kernels
+    note = next(ln for ln in err.splitlines() if ln.startswith(f"== cpu-{pair}-vllm: "))
+    assert "actor attention flash_attention_4 (FA4: flash-attn-4 4.0.0b36" in note, note
+    assert note.endswith(f"PYTHONPATH in front: {fa4}:{vllm}"), note  # FA4's apache-tvm-ffi before vLLM's
+    # no FA4 folder: SDPA, the reason in the note, vLLM's folder alone in front
+    arms, err = _dry_run(tmp_path, "vllm", PAIR=pair, PYTHONPATH_FA4="", PYTHONPATH_VLLM=str(vllm))
+    assert f"{key}=sdpa" in arms["vllm"]
+    note = next(ln for ln in err.splitlines() if ln.startswith(f"== cpu-{pair}-vllm: "))
+    assert "actor attention sdpa (SDPA: FA4 is not usable here (" in note and note.endswith(f"front: {vllm}"), note
+    arms, _ = _dry_run(tmp_path, "vllm", PAIR=pair, ACTOR_ATTN="eager", PYTHONPATH_FA4=str(fa4))
+    assert f"{key}=eager" in arms["vllm"]
+
+
+def _compose(overrides: list[str]):
+    from hydra import compose, initialize_config_dir
+    from verl.trainer import main_ppo
+
+    config_dir = str(Path(main_ppo.__file__).parent / "config")
+    with initialize_config_dir(config_dir=config_dir, version_base=None):
+        return compose(config_name="ppo_trainer", overrides=[o for o in overrides if not o.startswith("hydra.")])
+
+
+@pytest.mark.skipif(not HAS_VERL, reason="reads verl's Hydra config; verl is not installed")
+@pytest.mark.parametrize("pair", ["dense-4k", "moe-1k"])
+def test_vllm_meta_names_the_attention_and_every_setting_that_differs_from_verl_defaults(tmp_path, pair):
+    from omegaconf import OmegaConf
+
+    fa4, vllm = _fake_fa4_site(tmp_path / "fa4site"), _vllm_site(tmp_path / "vllmsite")
+    arms, err = _dry_run(tmp_path, "vllm", PAIR=pair, PYTHONPATH_FA4=str(fa4), PYTHONPATH_VLLM=str(vllm))
+    cmd = arms["vllm"]
+    why = next(ln for ln in err.splitlines() if ln.startswith("== ")).split(" (", 1)[1].rsplit("); PYTHONPATH", 1)[0]
+    results = tmp_path / "results"
+    env = {**os.environ, "ARM": "vllm", "NAME": f"cpu-{pair}-vllm", "RESULTS": str(results),
+           "ATTN": "flash_attention_4", "ATTN_WHY": why, "ACTOR": "verl FSDP engine", "MOE": str(int(pair == "moe-1k")),
+           "SHAPE": "qwen3-1.7b", "LAYERS": "28", "PAIR": pair, "VOCAB_SIZE": "151936", "RC": "0",
+           "CMDLINE": " ".join(cmd), "COMMIT": "abc1234"}  # fmt: skip
+    subprocess.run([sys.executable, "examples/verify/write_meta.py"], cwd=ROOT, env=env, check=True)
+    meta = json.loads((results / f"cpu-{pair}-vllm.meta.json").read_text())
+    assert meta["stack"]["attention"] == "flash_attention_4"
+    assert meta["stack"]["attention_why"].startswith("FA4: flash-attn-4 4.0.0b36 from ")
+    differs = meta["differs_from_verl_defaults"]
+    # verl's defaults from its own Hydra composition (not the YAML write_meta reads): with the arm's engine group
+    words = dict(w.lstrip("+").split("=", 1) for w in cmd[3:] if "=" in w and not w.startswith("hydra."))
+    stock = _compose([])
+    base = _compose([f"model_engine={words['model_engine']}"]) if "model_engine" in words else stock
+    arm = _compose(cmd[3:])
+    for key in words:
+        default = OmegaConf.select(stock if key == "model_engine" else base, key, default="<absent>")
+        default = OmegaConf.to_container(default) if OmegaConf.is_config(default) else default
+        value = OmegaConf.select(arm, key)
+        value = OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
+        if default == "<absent>" or value != default:
+            assert key in differs, (key, value, default)
+            assert differs[key]["value"] == value, (key, differs[key], value)
+            assert differs[key]["verl_default"] == (None if default == "<absent>" else default), (key, differs[key])
+        else:
+            assert key not in differs, (key, differs[key])
+    assert set(differs) <= set(words)
+    attn_key = ("actor_rollout_ref.actor.veomni.attn_implementation" if pair == "moe-1k"
+                else "actor_rollout_ref.model.override_config.attn_implementation")  # fmt: skip
+    want = "flash_attention_2" if pair == "moe-1k" else None  # VeOmni's default; the FSDP engine has no such key
+    assert differs[attn_key] == {"value": "flash_attention_4", "verl_default": want}
+    if pair == "moe-1k":
+        assert differs["model_engine"] == {"value": "veomni", "verl_default": "dp"}
+    for key in ("data.max_response_length", "actor_rollout_ref.actor.use_dynamic_bsz",
+                "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu",
+                "actor_rollout_ref.rollout.gpu_memory_utilization",
+                "actor_rollout_ref.rollout.ignore_eos"):  # fmt: skip
+        assert key in differs, key
+
+
+RUN_PACKED = """
+import torch
+
+torch.cuda.is_available = lambda: True  # transformers' FA4 gate asks for CUDA; the stand-in runs on CPU
+torch.cuda.get_device_capability = lambda *a, **k: (9, 0)  # an H100 / H200
+import flash_attn.cute as fake
+from transformers import AutoConfig, AutoModelForCausalLM, Qwen3Config
+from verl.models.transformers.monkey_patch import apply_monkey_patch
+
+torch.manual_seed(0)
+path = "{path}"
+cfg = Qwen3Config(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=16, max_position_embeddings=64, tie_word_embeddings=False)
+AutoModelForCausalLM.from_config(cfg).save_pretrained(path)
+# verl's FSDP engine: the attention from override_config into AutoConfig, the model in fp32, then its patches
+hf = AutoConfig.from_pretrained(path, attn_implementation="flash_attention_4")
+model = AutoModelForCausalLM.from_pretrained(path, config=hf, torch_dtype=torch.float32)
+assert model.config._attn_implementation == "flash_attention_4", model.config._attn_implementation
+apply_monkey_patch(model=model, use_remove_padding=True, ulysses_sp_size=1)
+ref = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32, attn_implementation="eager")
+
+lengths = [5, 7, 4]
+ids = [torch.randint(0, 97, (n,)) for n in lengths]
+packed = torch.cat(ids)[None]  # verl's remove-padding row: [1, total]
+pos = torch.cat([torch.arange(n) for n in lengths])[None]
+logits = model(input_ids=packed, attention_mask=None, position_ids=pos, use_cache=False).logits[0]
+logits.float().logsumexp(-1).sum().backward()
+want = torch.cat([ref(input_ids=x[None], use_cache=False).logits[0] for x in ids])
+calls = fake.CALLS
+print("RESULT", {{"max_diff": (logits - want).abs().max().item(), "calls": len(calls), "first": calls[0],
+                  "grad": all(p.grad is not None for p in model.parameters() if p.requires_grad)}})
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_VERL, reason="runs verl's remove-padding patch; verl is not installed")
+def test_verl_fsdp_model_path_hands_the_packed_row_to_fa4_varlen(tmp_path):
+    fa4 = _fake_fa4_site(tmp_path / "fa4site")
+    script = tmp_path / "packed.py"
+    script.write_text(textwrap.dedent(RUN_PACKED.format(path=tmp_path / "model")))
+    r = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": f"{fa4}:{os.environ.get('PYTHONPATH', '')}"})  # fmt: skip
+    line = next((ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    assert line is not None, r.stdout[-3000:] + r.stderr[-3000:]
+    got = eval(line.removeprefix("RESULT "))  # a dict literal printed by the script above
+    assert got["calls"] == 2, got  # one varlen call per layer, forward
+    first = got["first"]
+    assert first["cu_seqlens_q"] == first["cu_seqlens_k"] == [0, 5, 12, 16], first  # one span per packed sequence
+    assert first["dtype"] == "torch.int32" and first["max_seqlen_q"] == 7 and first["causal"] is True, first
+    assert first["q"] == (16, 4, 16) and first["k"] == (16, 2, 16), first  # [tokens, heads, head_dim], GQA kept
+    assert first["deterministic"] is False and first["softmax_scale"] == pytest.approx(16**-0.5)
+    assert got["max_diff"] < 1e-4, got  # the packed row equals each sequence run alone
+    assert got["grad"], got
+
+
+STUB_PYTHON = """#!/usr/bin/env bash
+# python3 for run_pair.sh on CPU: the verl runs log one step (the meta written at their start kept aside), vLLM
+# "imports", everything else is the real interpreter
+if [ "$1" = -m ] && { [ "$2" = verl.trainer.main_ppo ] || [ "$2" = vexact_verl.main_ppo ]; }; then
+  cp "${VERL_FILE_LOGGER_PATH%.jsonl}.meta.json" "${VERL_FILE_LOGGER_PATH%.jsonl}.meta-at-start.json"
+  echo '{"step": 1, "data": {"rollout_corr/k3_kl": 0.001}}' > "$VERL_FILE_LOGGER_PATH"
+  exit "${STUB_RC:-0}"
+fi
+[ "$1" = -c ] && [ "$2" = "import vllm" ] && exit 0
+exec {python} "$@"
+"""
+
+
+@pytest.mark.skipif(not HAS_VERL, reason="write_meta reads verl's reference config; verl is not installed")
+def test_run_pair_writes_the_meta_as_an_arm_starts_and_ends_with_its_attention(tmp_path):
+    fa4, vllm = _fake_fa4_site(tmp_path / "fa4site"), _vllm_site(tmp_path / "vllmsite")
+    stub = tmp_path / "bin"
+    stub.mkdir()
+    (stub / "python3").write_text(STUB_PYTHON.replace("{python}", sys.executable))
+    (stub / "python3").chmod(0o755)
+    model, data = tmp_path / "model", tmp_path / "data"
+    model.mkdir(), data.mkdir()
+    (model / "config.json").write_text("{}")
+    (data / "train.parquet").write_text("")
+    results = tmp_path / "results"
+    env = {**os.environ, "PATH": f"{stub}:{os.environ['PATH']}", "PAIR": "dense-1k", "TAG": "cpu", "ACTOR_ATTN": "",
+           "PYTHONPATH_FA4": str(fa4), "PYTHONPATH_VLLM": str(vllm), "MODEL_DIR": str(model), "DATA": str(data),
+           "SHARED_HOST": "1", "COMMIT": "abc1234", "STUB_RC": "143"}  # fmt: skip
+    r = subprocess.run(["bash", "examples/verify/run_pair.sh", str(results), "vllm"], cwd=ROOT, env=env,
+                       capture_output=True, text=True)  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "== cpu-dense-1k-vllm: exit 143 after" in r.stdout, r.stdout
+    log = (results / "cpu-dense-1k-vllm.log").read_text().splitlines()
+    assert log[0].startswith("== cpu-dense-1k-vllm: actor attention flash_attention_4 (FA4: flash-attn-4 4.0.0b36")
+    assert log[0].endswith(f"PYTHONPATH in front: {fa4}:{vllm}"), log[0]
+    start = json.loads((results / "cpu-dense-1k-vllm.meta-at-start.json").read_text())
+    end = json.loads((results / "cpu-dense-1k-vllm.meta.json").read_text())
+    assert (start["exit_code"], start["steps_logged"]) == (None, 0)  # a run stopped here keeps this meta
+    assert (end["exit_code"], end["steps_logged"]) == (143, 1)
+    for meta in (start, end):
+        assert meta["stack"]["attention"] == "flash_attention_4"
+        assert meta["stack"]["attention_why"].startswith(f"FA4: flash-attn-4 4.0.0b36 from {fa4}")
+        assert meta["differs_from_verl_defaults"]["actor_rollout_ref.model.override_config.attn_implementation"] == {
+            "value": "flash_attention_4", "verl_default": None}  # fmt: skip
+        assert meta["config"]["max_response_length"] == 1024 and meta["config"]["pair"] == "dense-1k"
