@@ -110,6 +110,38 @@ def test_cache_hit_equals_miss_under_preemption(request, family, padded):
     assert _differences(outs, _gen(_engine(model, caching=False), prompts, params)) == []
 
 
+def test_split_steps_that_read_pages_before_they_are_written_are_caught(request, monkeypatch):
+    """The padded run above can fail: with steps split (``EngineConfig.split_mixed_steps``), a one-token row of a
+    request admitted in its step, put with the decode rows, reads prefix pages that the step's prompt chunks (another
+    sample of its group) write only in the launch after it."""
+    from vexact_engine.model_runner import ModelRunner
+
+    split_mixed = ModelRunner.split_mixed
+
+    def admitted_rows_with_the_decode_rows(self, batch):
+        was = [(item, item.admitted) for item in batch]
+        for item, _ in was:
+            item.admitted = False
+        try:
+            return split_mixed(self, batch)
+        finally:
+            for item, admitted in was:
+                item.admitted = admitted
+
+    model = _model(request, "qwen3")
+    graphs = dict(cuda_graph_batch_sizes=[4, 8], cuda_graph_token_sizes=[12, 24])
+    prompts, params = [], []
+    for g in range(3):
+        p, sp = _group(_tokens(22 + 3 * g, seed=10 + g), 4, max_tokens=16, seed0=10 * g)
+        prompts += p
+        params += sp
+    ref = _gen(_engine(model, caching=False), prompts, params)
+    monkeypatch.setattr(ModelRunner, "split_mixed", admitted_rows_with_the_decode_rows)
+    llm = _engine(model, caching=True, max_num_batched_tokens=24, num_kv_blocks=20, **graphs)
+    assert _differences(_gen(llm, prompts, params), ref) != []
+    assert llm.runner.num_split_steps > 0
+
+
 def _fresh(family: str, seed: int):
     return random_model(CONFIGS[family](), seed=seed)
 

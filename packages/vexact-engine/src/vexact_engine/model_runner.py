@@ -107,13 +107,19 @@ class ModelRunner(CudaGraphs):
 
     def split_mixed(self, batch: list[ScheduledSeq]) -> tuple[list[ScheduledSeq], list[ScheduledSeq]] | None:
         """``(one-token rows, prompt chunks)`` of a step that holds both, when the one-token rows can run as a padded
-        decode step (``EngineConfig.split_mixed_steps``); else None (the step runs as one launch)."""
+        decode step (``EngineConfig.split_mixed_steps``); else None (the step runs as one launch).
+
+        The one-token rows run first and read only pages earlier steps wrote; a pair of launches keeps the one
+        launch's bits only so. A sequence admitted in this step stays with the prompt chunks whatever its length: the
+        prefix pages it took from the cache may be pages another sequence admitted before it fills in this step
+        (the samples of a GRPO group), written in the prompt chunks' launch."""
         if not self.config.split_mixed_steps or not self.graph_sizes:
             return None
-        decode = [item for item in batch if item.num_new_tokens == 1]
+        decode = [item for item in batch if item.num_new_tokens == 1 and not item.admitted]
         if not decode or len(decode) == len(batch) or self.padded_size(decode) is None:
             return None
-        return decode, [item for item in batch if item.num_new_tokens != 1]
+        rest = [item for item in batch if item.num_new_tokens != 1 or item.admitted]
+        return decode, rest
 
     def _launch_rows(self, batch: list[ScheduledSeq], blocks: BlockManager) -> tuple[torch.Tensor | None, list]:
         """Queue one launch of ``batch``: ``([2, >= S] tokens and logprobs on the device or None, the S sequences

@@ -30,17 +30,20 @@ from .sequence import Sequence, SequenceStatus
 class ScheduledSeq:
     """One sequence's work in a step: ``num_new_tokens`` tokens from ``seq.num_computed_tokens`` on.
     ``is_last_chunk``: the chunk reaches the end of the sequence, so the step samples its next token; fixed when the
-    step is scheduled (the scheduler passes it; left out, it is worked out from ``seq``). A plain class with slots: a
-    step of 256 decode rows makes 256 of them, and a dataclass's ``__post_init__`` would be one more call each."""
+    step is scheduled (the scheduler passes it; left out, it is worked out from ``seq``). ``admitted``: the sequence
+    is admitted in this step, so the prefix pages it took from the cache may be ones this step's other prompt chunks
+    fill (the runner keeps such a row in the launch that writes them). A plain class with slots: a step of 256 decode
+    rows makes 256 of them, and a dataclass's ``__post_init__`` would be one more call each."""
 
-    __slots__ = ("seq", "num_new_tokens", "is_last_chunk")
+    __slots__ = ("seq", "num_new_tokens", "is_last_chunk", "admitted")
 
-    def __init__(self, seq: Sequence, num_new_tokens: int, is_last_chunk: bool | None = None):
+    def __init__(self, seq: Sequence, num_new_tokens: int, is_last_chunk: bool | None = None, admitted: bool = False):
         self.seq = seq
         self.num_new_tokens = num_new_tokens
         if is_last_chunk is None:
             is_last_chunk = seq.num_computed_tokens + num_new_tokens == seq.num_tokens
         self.is_last_chunk = is_last_chunk
+        self.admitted = admitted
 
     def __repr__(self) -> str:
         return f"ScheduledSeq({self.seq!r}, num_new_tokens={self.num_new_tokens}, is_last_chunk={self.is_last_chunk})"
@@ -139,7 +142,7 @@ class Scheduler:
             self._count_admission(seq, computed)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
-            out.append(ScheduledSeq(seq, n, computed + n == seq.num_tokens))
+            out.append(ScheduledSeq(seq, n, computed + n == seq.num_tokens, admitted=True))
             budget -= n
         return out
 
