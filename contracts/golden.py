@@ -2,8 +2,8 @@
 prompts and seeds, stored with the sha256 of the tensors and the package versions that made them.
 
 One fixture per committed tiny checkpoint (vexact_models' ``TINY_CHECKPOINTS``): one per model family (``qwen3``,
-``qwen3_moe``, ``qwen2``, ``llama``, ``mistral``, ``deepseek_v3``, ``gpt_oss``: cpu only, its GPU fixtures not recorded
-while the CUDA kernels lack its window, sinks and MoE, ``harness.GPU_NOT_YET``), then the variants whose shapes make
+``qwen3_moe``, ``qwen2``, ``llama``, ``mistral``, ``deepseek_v3``, ``gpt_oss``; a family in ``harness.GPU_NOT_YET``
+is recorded on cpu only), then the variants whose shapes make
 more of the promised orders change bits (``TINY_VARIANTS``: MoE routing top-4 with and without ``norm_topk_prob``,
 DeepSeek-V3 grouped top-6 with a shared expert, Qwen3 with heads of 64), under ``fixtures/<target>/<name>/``; on a GPU
 target with an attention implementation other than the default ``triton`` (``$VEXACT_ATTENTION``, see

@@ -139,7 +139,7 @@ def test_deepseek_engine_equals_trainer(family_model, workload):
 def test_gpt_oss_engine_equals_trainer(family_model, workload):
     """The same contract on the tiny gpt-oss: a sliding layer (window 24, sequences past it, key blocks before the
     window skipped alike in the packed, chunked-prefill and decode paths) and a full one, sinks, the biased top-4
-    MoE with the clamped SwiGLU. CPU only for now (``harness.GPU_NOT_YET``)."""
+    MoE with the clamped SwiGLU."""
     _engine_equals_trainer(family_model("gpt_oss"), workload)
 
 

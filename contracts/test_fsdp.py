@@ -38,7 +38,7 @@ def _torchrun(nproc: int, *args: str, timeout: float = 240) -> subprocess.Comple
 
 
 FAMILIES = ["qwen3", "qwen3_moe", "deepseek_v3"]
-# gpt-oss at world size 1 (its experts sharded with their layer and exported stacked); CPU only (harness.GPU_NOT_YET)
+# gpt-oss at world size 1 (its experts sharded with their layer and exported stacked)
 WS1_FAMILIES = [*FAMILIES, "gpt_oss"]
 
 

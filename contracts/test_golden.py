@@ -21,7 +21,7 @@ def family(request) -> str:
 
 @pytest.fixture(scope="module")
 def recorded(target, family):
-    skip_on_gpu(family, "cpu" if target == "cpu" else "cuda")  # its GPU fixtures are not recorded (harness.GPU_NOT_YET)
+    skip_on_gpu(family, "cpu" if target == "cpu" else "cuda")  # GPU fixtures not recorded (harness.GPU_NOT_YET)
     impl = golden.attention_impl(target, family)
     if impl not in (None, "triton") and not (golden.fixture_dir(target, family) / "golden.json").is_file():
         pytest.skip(

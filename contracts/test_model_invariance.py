@@ -1,7 +1,7 @@
 """Contract 1b: the whole model's logprobs for a sequence are the same alone or inside a batch of 64 (invariant
 backend), and the invariant forward matches the fast backend within bf16 tolerance (it is also correct).
 
-CPU: the tiny models (every family; gpt-oss on CPU only, ``harness.GPU_NOT_YET``). GPU targets: Qwen3-0.6B-,
+CPU: the tiny models (every family). GPU targets: the tiny gpt-oss, Qwen3-0.6B-,
 Qwen3-30B-A3B- and Moonlight-16B-A3B-shaped models with random weights (real HF config shapes; the MoEs with two and
 three layers), and Llama-3.2-1B, Qwen2.5-7B and Mistral-7B shapes with two layers.
 """

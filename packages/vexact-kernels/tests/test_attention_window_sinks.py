@@ -2,14 +2,13 @@
 
 Accuracy against transformers' eager gpt-oss attention in float64 (the sink concatenated as a last logit, the window
 as a mask); bit-equality of the packed, chunked-prefill and paged-decode paths with a window and sinks; nothing
-cached before the window reaches an output; the defaults leave every result unchanged; errors, and the refusal on
-CUDA tensors.
+cached before the window reaches an output; the defaults leave every result unchanged; errors; on CUDA tensors, the
+Triton kernels (``test_triton_attention_window_sinks.py`` holds their own tests).
 """
 
 from __future__ import annotations
 
 import importlib
-import types
 
 import pytest
 import torch
@@ -261,22 +260,30 @@ def test_bad_window_and_sinks_are_errors():
         vk.attention_packed(q, k, v, cu, sinks=torch.zeros(HQ, dtype=torch.int64))
 
 
-def test_invariant_backend_refuses_window_and_sinks_on_cuda():
-    """The CUDA kernels take neither yet: the invariant backend says so, naming what is missing, before any launch
-    (checked here on a stand-in for a CUDA tensor, so it runs on CPU)."""
-    fake_q = types.SimpleNamespace(is_cuda=True, shape=(3, HQ, 16), device=torch.device("cpu"))
-    with pytest.raises(NotImplementedError, match="do not take a sliding window yet"):
-        attention._check_window_sinks("attention_packed", fake_q, 128, None)
-    with pytest.raises(NotImplementedError, match="do not take a sliding window and attention sinks yet"):
-        attention._check_window_sinks("attention_paged", fake_q, 128, torch.zeros(HQ))
-    with vk.use_backend("fast"):
-        attention._check_window_sinks("attention_packed", fake_q, 128, torch.zeros(HQ))
-    attention._check_window_sinks("attention_packed", fake_q, None, None)
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_invariant_backend_refuses_window_and_sinks_on_cuda_tensors():
-    q, k, v = (t.cuda() for t in _qkv(6))
-    with pytest.raises(NotImplementedError, match="attention sinks"):
-        vk.attention_packed(q, k, v, _cu([6]).cuda(), sinks=torch.zeros(HQ, device="cuda"))
+@pytest.mark.parametrize("impl", ["triton", "fa4"])
+def test_invariant_backend_runs_window_and_sinks_on_triton(monkeypatch, impl):
+    """On CUDA tensors the invariant backend runs a window and sinks on the Triton kernels, under ``fa4`` too (FA4 is
+    given neither): the public packed and paged calls are the Triton ops' bits, close to the float64 reference."""
+    from vexact_kernels.triton_ops import attention as tri
+    from vexact_kernels.triton_ops import attention_bwd as tri_bwd
+
+    monkeypatch.setattr(attention, "attention_impl_in_use", lambda: impl)
+    lens, d = [40, 7], 64  # a head size FA4 takes
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(sum(lens), h, d, generator=g).bfloat16().cuda() for h in (HQ, HKV, HKV))
+    cu, sinks = _cu(lens).cuda(), _sinks().cuda()
+    out = vk.attention_packed(q, k, v, cu, window=16, sinks=sinks)
+    assert torch.equal(out, tri_bwd.attention_packed(q, k, v, cu, None, 16, sinks))
+    ref = _reference(q.cpu(), k.cpu(), v.cpu(), lens, 16, sinks.cpu())
+    torch.testing.assert_close(out.cpu().double(), ref, atol=2e-2, rtol=2e-2)
+    # the paged path: every key cached, the last token of each sequence a decode query
+    kc, vc = k.view(-1, 1, HKV, d), v.view(-1, 1, HKV, d)  # pages of one slot, in token order
+    tables = torch.tensor([list(range(40)), list(range(40, 47)) + [0] * 33], dtype=torch.int32, device="cuda")
+    last = torch.tensor([39, 46], device="cuda")
+    ctx, cuq = torch.tensor(lens, device="cuda"), _cu([1, 1]).cuda()
+    layout = vk.paged_attention_layout(q[last], kc, vc, tables, ctx, cuq)
+    dec = vk.attention_paged(q[last], kc, vc, tables, ctx, cuq, layout=layout, window=16, sinks=sinks)
+    assert torch.equal(dec, out[last])
+    assert torch.equal(dec, tri.attention_paged(q[last], kc, vc, tables, ctx, cuq, window=16, sinks=sinks))

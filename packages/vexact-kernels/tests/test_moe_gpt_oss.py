@@ -3,13 +3,12 @@ SwiGLU (``moe_route(topk_before_softmax=True)``, ``fused_moe``'s optional argume
 
 Against transformers' GptOssTopKRouter / GptOssExperts arithmetic in float64 (weights held as transformers holds
 them, ``[E, H, 2I]``, passed transposed); batch invariance; ties to the lower index; the defaults leave results
-unchanged; gradients; errors.
+unchanged; gradients; errors. (On CUDA tensors the Triton kernels run them: ``test_triton_moe_gpt_oss.py``.)
 """
 
 from __future__ import annotations
 
 import importlib
-import types
 
 import pytest
 import torch
@@ -192,12 +191,3 @@ def test_bad_inputs_are_errors():
         vk.fused_moe(*args, activation="gelu")
     with pytest.raises(ValueError, match="differ in shape"):
         vk.clamped_swiglu(torch.zeros(3), torch.zeros(4))
-
-
-def test_invariant_backend_refuses_the_new_options_on_cuda():
-    """No CUDA kernel takes them yet: refused with an error naming what is missing (checked on stand-ins for CUDA
-    tensors, so it runs on CPU)."""
-    with pytest.raises(NotImplementedError, match="top-k-then-softmax routing"):
-        moe._route_topk_softmax(types.SimpleNamespace(is_cuda=True), 2)
-    with pytest.raises(NotImplementedError, match="clamped SwiGLU"):
-        activation.clamped_swiglu(torch.zeros(2), types.SimpleNamespace(is_cuda=True, shape=torch.Size([2])))

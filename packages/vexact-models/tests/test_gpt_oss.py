@@ -210,9 +210,22 @@ def test_engine_does_not_cap_max_model_len_at_the_window():
     assert resolve_max_model_len(cfg, EngineConfig(max_model_len=200)) == 200
 
 
-def test_invariant_backend_refuses_the_model_on_cuda_naming_what_is_missing():
+@pytest.mark.gpu
+def test_invariant_backend_runs_the_model_on_cuda_batch_invariant():
+    """On CUDA the Triton kernels run the window, the sinks and the MoE options: a sequence past the window gives the
+    same hidden states alone and packed with others, torch.equal, and a backward reaches the sinks and expert biases."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA (on CPU the reference runs the window and the sinks)")
     m = random_model(tiny_gpt_oss_config(), device="cuda")
-    with pytest.raises(NotImplementedError, match="sliding window|attention sinks"):
-        _packed(m, [torch.arange(10, device="cuda")])
+    g = torch.Generator().manual_seed(0)
+    seqs = [torch.randint(0, 256, (n,), generator=g).cuda() for n in (60, 7, 33)]
+    with torch.no_grad():
+        batch = _packed(m, seqs)
+        alone = _packed(m, seqs[:1])
+    assert torch.equal(batch[:60], alone)
+    for p in m.parameters():
+        p.requires_grad_(True)
+    _packed(m, seqs).float().square().mean().backward()
+    layer = m.model.layers[0]
+    assert layer.self_attn.sinks.grad is not None and layer.self_attn.sinks.grad.abs().sum() > 0
+    assert layer.mlp.experts.gate_up_proj_bias.grad is not None and layer.mlp.experts.down_proj_bias.grad is not None

@@ -54,18 +54,17 @@ def clamped_swiglu(
     """gpt-oss's activation: ``gate`` clamped above at ``limit``, ``up`` to ``[-limit, limit]``, then
     ``(up + 1) * (gate * sigmoid(gate * alpha))``, in fp32 on the invariant backend (sigmoid as
     ``1 / (1 + exp(-x))`` with the portable exp), cast once; the ``fast`` backend runs transformers' ops in the input
-    dtype. Differentiable (the clamps pass no gradient outside their range). The invariant backend has no CUDA kernel
-    for it yet: refused on CUDA tensors."""
+    dtype. Differentiable (the clamps pass no gradient outside their range). On CUDA tensors the invariant backend
+    runs the same formula in Triton (``triton_ops/activation.py``, Triton's ``exp``)."""
     check_float("clamped_swiglu", "gate", gate)
     if gate.shape != up.shape:
         raise ValueError(f"clamped_swiglu: gate {tuple(gate.shape)} and up {tuple(up.shape)} differ in shape")
     if get_backend("activation") == "fast":
         return clamped_swiglu_torch(gate, up, alpha, limit)
-    if gate.is_cuda or up.is_cuda:
-        raise NotImplementedError(
-            "vexact_kernels.clamped_swiglu: the invariant backend has no CUDA kernel for the clamped SwiGLU yet; "
-            "the exact CPU reference runs it on CPU tensors, the 'fast' backend anywhere"
-        )
+    if use_triton(gate, up):
+        from .triton_ops.activation import triton_clamped_swiglu
+
+        return triton_clamped_swiglu(gate, up, alpha, limit)
     invariant_device_check("clamped_swiglu", gate, up)
     g = gate.float().clamp(max=limit)
     u = up.float().clamp(min=-limit, max=limit)

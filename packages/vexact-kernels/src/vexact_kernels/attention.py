@@ -22,8 +22,10 @@ Sliding window and sinks (gpt-oss; both optional, off by default, which leaves e
 without a window, and a block wholly before its window is skipped, a decision made from ``p`` alone, so the packed,
 chunked-prefill and paged-decode paths skip the same blocks. ``sinks [Hq]`` adds one logit per head to every softmax's
 denominator, folded in at one fixed place: before the first key block (the running max starts at the sink, the sum
-at 1). The CPU reference takes both; the CUDA kernels do not yet, and the invariant backend refuses them on CUDA
-tensors with an error naming what is missing. The ``fast`` backend runs them as transformers' eager attention does.
+at 1). The CPU reference and the Triton kernels take both (the GPU's split structure in ``triton_ops/attention.py``);
+FA4 is not given them (its window and sink rules are its own), so on the invariant backend a layer with a window or
+sinks runs on Triton under ``fa4`` too, in every path alike (the choice depends on the layer's arguments alone). The
+``fast`` backend runs them as transformers' eager attention does.
 
 Scores and the softmax statistics are fp32; the output is cast once to q's dtype. The ``fast`` backend is
 ``torch.nn.functional.scaled_dot_product_attention`` (per sequence, causal with GQA and no mask where a sequence
@@ -62,8 +64,7 @@ def _check_qkv(op: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> No
 
 
 def _check_window_sinks(op: str, q: torch.Tensor, window, sinks) -> None:
-    """``window``: None or an int >= 1; ``sinks``: None or a float tensor [Hq] on q's device. The invariant backend's
-    CUDA kernels (Triton and FA4) take neither yet: refused there, never silently ignored."""
+    """``window``: None or an int >= 1; ``sinks``: None or a float tensor [Hq] on q's device."""
     if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
         raise ValueError(f"{op}: window must be an int >= 1 or None; got {window!r}")
     if sinks is not None:
@@ -72,13 +73,6 @@ def _check_window_sinks(op: str, q: torch.Tensor, window, sinks) -> None:
             raise ValueError(f"{op}: sinks must be [Hq={q.shape[1]}] (one per query head); got {tuple(sinks.shape)}")
         if sinks.device != q.device:
             raise ValueError(f"{op}: sinks are on {sinks.device} but q on {q.device}")
-    if (window is not None or sinks is not None) and q.is_cuda and get_backend("attention") == "invariant":
-        wanted = (("a sliding window", window), ("attention sinks", sinks))
-        missing = " and ".join(name for name, arg in wanted if arg is not None)
-        raise NotImplementedError(
-            f"vexact_kernels.{op}: the invariant backend's CUDA attention kernels (Triton, FA4) do not take {missing} "
-            "yet; the exact CPU reference does (CPU tensors), and the 'fast' backend runs them as eager torch"
-        )
 
 
 def _on_cuda(*tensors: torch.Tensor) -> str | None:
@@ -199,14 +193,17 @@ def attention_packed(
     """
     _check_qkv("attention_packed", q, k, v)
     _check_window_sinks("attention_packed", q, window, sinks)
-    if get_backend("attention") == "invariant" and _on_cuda(q, k, v) == "fa4" and _fa4_takes(q, v):
+    plain = window is None and sinks is None  # FA4 is given neither: such a layer runs on Triton
+    if get_backend("attention") == "invariant" and _on_cuda(q, k, v) == "fa4" and _fa4_takes(q, v) and plain:
         from . import fa4_attention
 
         return fa4_attention.attention_packed(q, k, v, cu_seqlens, scale)
     if get_backend("attention") == "invariant" and use_triton(q, k, v):
         from .triton_ops import attention_bwd as tri
 
-        return tri.attention_packed(q, k, v, cu_seqlens, scale)
+        if plain:
+            return tri.attention_packed(q, k, v, cu_seqlens, scale)
+        return tri.attention_packed(q, k, v, cu_seqlens, scale, window, sinks)
     total = q.shape[0]
     cu_seqlens = cu_seqlens.to(torch.int64).cpu()
     _check_cu("attention_packed", cu_seqlens, total)
@@ -378,7 +375,8 @@ def attention_paged(
     """
     _check_qkv("attention_paged", q, k_cache, v_cache)
     _check_window_sinks("attention_paged", q, window, sinks)
-    if _paged_on_fa4(q, k_cache, v_cache):
+    plain = window is None and sinks is None  # FA4 is given neither: such a layer runs on Triton
+    if plain and _paged_on_fa4(q, k_cache, v_cache):
         from . import fa4_attention
 
         return fa4_attention.attention_paged(
@@ -387,7 +385,13 @@ def attention_paged(
     if get_backend("attention") == "invariant" and use_triton(q, k_cache, v_cache):
         from .triton_ops import attention as tri
 
-        return tri.attention_paged(q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, scale, layout)
+        if plain:
+            return tri.attention_paged(q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, scale, layout)
+        if not isinstance(layout, tri.PagedLayout):  # the step's layout was built for FA4: Triton builds its own
+            layout = None
+        return tri.attention_paged(
+            q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, scale, layout, window, sinks
+        )
     total = q.shape[0]
     if get_backend("attention") == "fast" and q.is_cuda:
         # No validation here: it would sync with the host every layer. Every sequence brings >= 1 query (as the

@@ -61,8 +61,9 @@ def moe_route(
 
     ``topk_before_softmax`` (gpt-oss): the top-k of the logits themselves (a stable descending sort: ties to the
     lower index), then a softmax over those k (max, exp, a fixed-order sum over the k); ``norm_topk_prob`` is moot
-    (the k weights already sum to one). Default off, which leaves the result as without it. The invariant backend
-    has no CUDA kernel for it yet: refused on CUDA tensors.
+    (the k weights already sum to one). Default off, which leaves the result as without it. On CUDA tensors the
+    invariant backend runs the same steps in torch ops whose per-row result depends on the row alone (a stable sort,
+    a gather, an exact max, ``exp``, the sum over the k in rank order, one division).
     """
     _check_route_args(router_logits, top_k)
     if topk_before_softmax:
@@ -94,10 +95,14 @@ def _route_topk_softmax(router_logits: torch.Tensor, top_k: int) -> tuple[torch.
         top, ids = torch.topk(router_logits, top_k, dim=-1)
         return _routed(F.softmax(top, dim=1, dtype=top.dtype).float(), ids, router_logits)
     if router_logits.is_cuda:
-        raise NotImplementedError(
-            "vexact_kernels.moe_route(topk_before_softmax=True): the invariant backend has no CUDA kernel for "
-            "top-k-then-softmax routing yet; the exact CPU reference runs it on CPU tensors"
-        )
+        logits = router_logits.float()
+        ids = torch.sort(logits.detach(), dim=-1, descending=True, stable=True).indices[:, :top_k]
+        top = logits.gather(1, ids)
+        e = torch.exp(top - top.detach().amax(dim=-1, keepdim=True))
+        total = e[:, 0]
+        for r in range(1, top_k):  # rank order, whatever the batch
+            total = total + e[:, r]
+        return _routed(e / total.unsqueeze(-1), ids, router_logits)
     invariant_device_check("moe_route", router_logits)
     logits = router_logits.float()
     ids = torch.sort(logits.detach(), dim=-1, descending=True, stable=True).indices[:, :top_k]
@@ -471,8 +476,8 @@ def fused_moe(
     fp32 output before the combine); ``gate_up_interleaved``: gate and up are the even and odd rows of
     ``w_gate_up`` (gpt-oss's ``gate_up_proj``) rather than its two halves; ``activation="clamped_swiglu"``:
     :func:`~vexact_kernels.activation.clamped_swiglu` in place of silu-and-mul. The weights may be transposed views
-    (gpt-oss holds ``[E, H, 2I]``): the CPU reference's bits do not depend on the layout. The invariant backend has
-    no CUDA kernel for these yet: refused on CUDA tensors.
+    (gpt-oss holds ``[E, H, 2I]``): the CPU reference's bits do not depend on the layout. On CUDA tensors the
+    invariant backend runs them in the Triton fused MoE (``triton_ops/moe.py``), differentiable in the biases.
     """
     _check_moe_args(x, w_gate_up, w_down, topk_weights, topk_ids)
     _check_moe_extras(x, w_gate_up, w_down, b_gate_up, b_down, activation)
@@ -483,11 +488,13 @@ def fused_moe(
         args = (x, w_gate_up, w_down, topk_weights, topk_ids, b_gate_up, b_down, gate_up_interleaved, activation)
         if get_backend("moe") == "fast":
             return _fused_moe_fast_eager(*args)
-        if x.is_cuda:
-            raise NotImplementedError(
-                "vexact_kernels.fused_moe: the invariant backend's CUDA kernel takes no expert biases, interleaved "
-                "gate/up or clamped SwiGLU yet; the exact CPU reference does (CPU tensors)"
-            )
+        if use_triton(x, w_gate_up, w_down):
+            from .triton_ops.moe import triton_fused_moe
+
+            return triton_fused_moe(
+                x, w_gate_up, w_down, topk_weights, topk_ids, b_gate_up=b_gate_up, b_down=b_down,
+                gate_up_interleaved=gate_up_interleaved, activation=activation,
+            )  # fmt: skip
         invariant_device_check("fused_moe", x, w_gate_up, w_down)
         return _fused_moe_reference(*args)
     if get_backend("moe") == "fast":

@@ -6,6 +6,10 @@ Invariance: elementwise; every element runs the same instruction sequence whatev
 is per lane, there is no vector-body/scalar-tail split), so a row's result does not depend on the other rows.
 Divisions are ``div_rn`` (correctly rounded, as torch's) and ``exp`` is Triton's; FMA contraction is off, so the only
 difference from the CPU reference is the ``exp`` implementation (a few fp32 ulps).
+
+``glu_fwd``/``glu_bwd`` (the fused MoE with gpt-oss's options, and ``clamped_swiglu``): the same, or gpt-oss's clamped
+SwiGLU (``gate`` clamped above at ``limit``, ``up`` to ``[-limit, limit]``, ``(up + 1) * (gate * sigmoid(gate *
+alpha))``, the CPU reference's order), over gate/up columns of any stride (halves, or interleaved even/odd columns).
 """
 
 from __future__ import annotations
@@ -106,3 +110,114 @@ def triton_silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     if torch.is_grad_enabled() and (gate.requires_grad or up.requires_grad):
         return SiluAndMulFunction.apply(gate, up)
     return silu_and_mul_fwd(gate, up)
+
+
+@triton.jit
+def _glu_fwd_kernel(
+    g_ptr, u_ptr, o_ptr, n_cols, stride_g, stride_u, stride_o, col_g, col_u, alpha, limit,
+    CLAMPED: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """silu-and-mul or gpt-oss's clamped SwiGLU over gate/up columns of any stride (``col_g``/``col_u``: halves of a
+    gate_up row at stride 1, or its even and odd columns at stride 2)."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    g = tl.load(g_ptr + row * stride_g + cols * col_g, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(u_ptr + row * stride_u + cols * col_u, mask=mask, other=0.0).to(tl.float32)
+    if CLAMPED:  # the CPU reference's order: clamps, glu = g * sigmoid(g * alpha), (u + 1) * glu
+        g = tl.minimum(g, limit)
+        u = tl.minimum(tl.maximum(u, -limit), limit)
+        glu = g * tl.div_rn(1.0, 1.0 + tl.exp(-(g * alpha)))
+        out = (u + 1.0) * glu
+    else:
+        out = tl.div_rn(g, 1.0 + tl.exp(-g)) * u
+    tl.store(o_ptr + row * stride_o + cols, out.to(o_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _glu_bwd_kernel(
+    dy_ptr, g_ptr, u_ptr, dg_ptr, du_ptr, n_cols, stride_dy, stride_g, stride_u, stride_d, col_g, col_u, alpha, limit,
+    CLAMPED: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """The backward of :func:`_glu_fwd_kernel`; ``dg``/``du`` written at the gate/up columns' own places. The clamps
+    pass the gradient inside their range, bounds included (torch's ``clamp``)."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    dy = tl.load(dy_ptr + row * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
+    g = tl.load(g_ptr + row * stride_g + cols * col_g, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(u_ptr + row * stride_u + cols * col_u, mask=mask, other=0.0).to(tl.float32)
+    if CLAMPED:
+        gc = tl.minimum(g, limit)
+        uc = tl.minimum(tl.maximum(u, -limit), limit)
+        sig = tl.div_rn(1.0, 1.0 + tl.exp(-(gc * alpha)))
+        glu = gc * sig
+        du = tl.where((u >= -limit) & (u <= limit), dy * glu, 0.0)
+        dg = (dy * (uc + 1.0)) * (sig + gc * alpha * sig * (1.0 - sig))
+        dg = tl.where(g <= limit, dg, 0.0)
+    else:
+        sig = tl.div_rn(1.0, 1.0 + tl.exp(-g))
+        du = dy * tl.div_rn(g, 1.0 + tl.exp(-g))
+        dg = dy * u * (sig * (1.0 + g * (1.0 - sig)))
+    tl.store(dg_ptr + row * stride_d + cols * col_g, dg.to(dg_ptr.dtype.element_ty), mask=mask)
+    tl.store(du_ptr + row * stride_d + cols * col_u, du.to(du_ptr.dtype.element_ty), mask=mask)
+
+
+def _gate_up_views(h: torch.Tensor, interleaved: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """gate and up of a ``[rows, 2I]`` gate_up tensor: its halves, or (interleaved, gpt-oss) its even and odd
+    columns."""
+    inter = h.shape[1] // 2
+    return (h[:, 0::2], h[:, 1::2]) if interleaved else (h[:, :inter], h[:, inter:])
+
+
+def glu_fwd(h: torch.Tensor, interleaved: bool, clamped: bool, alpha: float, limit: float) -> torch.Tensor:
+    """``[rows, I]`` in h's dtype from a ``[rows, 2I]`` gate_up tensor with a unit last stride: silu(gate) * up, or
+    (``clamped``) the clamped SwiGLU; fp32 inside, cast once."""
+    gate, up = _gate_up_views(h, interleaved)
+    rows, cols = gate.shape
+    out = torch.empty(rows, cols, dtype=h.dtype, device=h.device)
+    if out.numel():
+        _glu_fwd_kernel[_grid(rows, cols)](
+            gate, up, out, cols, gate.stride(0), up.stride(0), out.stride(0), gate.stride(1), up.stride(1),
+            alpha, limit, CLAMPED=clamped, BLOCK=ACT_BLOCK, num_warps=ACT_NUM_WARPS, enable_fp_fusion=False,
+        )  # fmt: skip
+    return out
+
+
+def glu_bwd(dy: torch.Tensor, h: torch.Tensor, interleaved: bool, clamped: bool, alpha: float, limit: float):
+    """``dh [rows, 2I]`` (h's layout and dtype) from ``dy [rows, I]``, the backward of :func:`glu_fwd`."""
+    gate, up = _gate_up_views(h, interleaved)
+    dh = torch.empty_like(h)
+    dg, du = _gate_up_views(dh, interleaved)
+    rows, cols = gate.shape
+    dy = dy if dy.stride(-1) == 1 else dy.contiguous()
+    if dh.numel():
+        _glu_bwd_kernel[_grid(rows, cols)](
+            dy, gate, up, dg, du, cols, dy.stride(0), gate.stride(0), up.stride(0), dh.stride(0), gate.stride(1),
+            up.stride(1), alpha, limit, CLAMPED=clamped, BLOCK=ACT_BLOCK, num_warps=ACT_NUM_WARPS,
+            enable_fp_fusion=False,
+        )  # fmt: skip
+    return dh
+
+
+class ClampedSwigluFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, gate, up, alpha, limit):
+        h = torch.stack([gate.reshape(-1, gate.shape[-1]), up.reshape(-1, up.shape[-1])], dim=2).flatten(1)
+        ctx.save_for_backward(h)
+        ctx.alpha, ctx.limit, ctx.shape = alpha, limit, gate.shape
+        return glu_fwd(h, True, True, alpha, limit).reshape(gate.shape)
+
+    @staticmethod
+    def backward(ctx, dy):
+        (h,) = ctx.saved_tensors
+        dh = glu_bwd(dy.reshape(h.shape[0], -1), h, True, True, ctx.alpha, ctx.limit)
+        return dh[:, 0::2].reshape(ctx.shape), dh[:, 1::2].reshape(ctx.shape), None, None
+
+
+def triton_clamped_swiglu(gate: torch.Tensor, up: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
+    """gpt-oss's clamped SwiGLU in gate's dtype (fp32 inside, cast once); autograd-aware. Elementwise: a row's
+    result is the same whatever else is in the launch."""
+    if gate.device != up.device or gate.dtype != up.dtype:
+        raise ValueError(f"clamped_swiglu: gate {gate.dtype} on {gate.device}, up {up.dtype} on {up.device}")
+    return ClampedSwigluFunction.apply(gate, up, float(alpha), float(limit))

@@ -38,10 +38,23 @@ once. The forward also returns the base-2 log-sum-exp per row for the backward.
 
 The backward (packed path only, training) and the differentiable ``attention_packed`` are in ``attention_bwd.py``.
 
-Extension points: ``DK``/``DV`` are separate constexprs (MLA: q/k head dim != v head dim; non-power-of-2 dims are
-padded to ``BLOCK_DK``/``BLOCK_DV`` with masks). A sliding window is a lower loop bound rounded down to a tile
-boundary plus a mask ``pos > qpos - window``; it needs a guard for rows whose first walked tile is fully masked
-(``m = -inf``), which causal-from-0 never has.
+``DK``/``DV`` are separate constexprs (MLA: q/k head dim != v head dim; non-power-of-2 dims are padded to
+``BLOCK_DK``/``BLOCK_DV`` with masks).
+
+Sliding window and sinks (gpt-oss), two constexpr-gated features; with both off (``WINDOW``/``HAS_SINKS`` False) the
+compiled code is the code without them, so no existing model's bits move:
+
+* **Window** ``W``: a query at ``qpos`` sees keys ``qpos - W < pos <= qpos`` (the CPU reference's convention); its
+  first key is ``fpos = max(qpos - W + 1, 0)``. A program walks its tiles from the tile holding its rows' smallest
+  ``fpos`` (loads masked below it, so a paged decode reads no page wholly before the window), on the same absolute
+  tile and split grid. A tile wholly before a row's window is a bitwise no-op for that row (its state is still the
+  split's initial one: ``m = -inf`` or the sink, ``p = 0``, ``alpha`` 0 or 1 on zeros), so which tiles count for a
+  row depends on its position alone, as the CPU reference's block skip does, and packed == paged == decode holds.
+  A split wholly before a row's window is left out of its fold; the row's *first* split (the one holding ``fpos``)
+  is taken as it is, as split 0 is without a window (this is the guard for rows whose state is still ``-inf``).
+* **Sinks** ``[Hq]``: a logit per head joining the softmax's denominator, folded where the CPU reference folds it,
+  before the first key: the row's first split starts its online softmax at ``m = sink * log2(e)``, ``l = 1``,
+  ``acc = 0``; later splits start fresh. The LSE (for the backward) includes the sink.
 """
 
 from __future__ import annotations
@@ -119,7 +132,32 @@ def _tile_rows(tile, kvh, b, TILE_ROW0, SEQ_QSTART, SEQ_NQ, SEQ_CTX, G: tl.const
     return t, head, row_ok, qpos, hi, q_start
 
 
-@triton.jit(do_not_specialize=["page_size", "num_seqs", "part_stride"])
+@triton.jit
+def _window_rows(qpos, row_ok, hi, window, WINDOW: tl.constexpr, SPLIT_N: tl.constexpr):
+    """Each row's first key ``fpos`` (``qpos - window < pos``), the tile's first key ``klo`` (the least ``fpos`` of its
+    real rows) and each row's first split ``fs``; all 0 without a window."""
+    if WINDOW:
+        fpos = tl.maximum(qpos - window + 1, 0)
+        klo = tl.min(tl.where(row_ok, fpos, hi), 0)
+        fs = fpos - fpos % SPLIT_N
+    else:
+        fpos = 0
+        klo = 0
+        fs = 0
+    return fpos, klo, fs
+
+
+@triton.jit
+def _split_start(fs, s_start, sink, BLOCK_M: tl.constexpr):
+    """The online softmax's state at the start of split ``s_start``: each row's sink logit (base 2) with sum 1 where
+    it is the row's first split (the CPU reference's fold before the first key), else empty (``-inf``, 0)."""
+    mine = fs == s_start  # a scalar without a window (every row's first split is split 0)
+    m = tl.where(mine, sink.to(tl.float32), float("-inf"))
+    lsum = tl.where(mine, tl.full([BLOCK_M], 1.0, tl.float32), 0.0)
+    return m, lsum
+
+
+@triton.jit(do_not_specialize=["page_size", "num_seqs", "part_stride", "window"])
 def _attn_fwd(
     Q,
     K,
@@ -140,6 +178,8 @@ def _attn_fwd(
     stride_tb,
     page_size,
     num_seqs,
+    SINKS,
+    window,
     stride_qt,
     stride_qh,
     stride_kn,
@@ -162,6 +202,8 @@ def _attn_fwd(
     FUSED_COMBINE: tl.constexpr,
     STORE_LSE: tl.constexpr,
     UPCAST: tl.constexpr,
+    WINDOW: tl.constexpr = False,
+    HAS_SINKS: tl.constexpr = False,
 ):
     tile = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -169,14 +211,22 @@ def _attn_fwd(
     if b >= num_seqs:
         return
     t, head, row_ok, qpos, hi, q_start = _tile_rows(tile, kvh, b, TILE_ROW0, SEQ_QSTART, SEQ_NQ, SEQ_CTX, G, BLOCK_M)
+    # fpos: each row's first key; klo: the tile's first key (its rows' least fpos); fs: each row's first split
+    fpos, klo, fs = _window_rows(qpos, row_ok, hi, window, WINDOW, SPLIT_N)
     if SPLIT_OUT:  # this program: one split of the tile's keys; its partial goes to PM/PL/PACC[split]
         split = tl.program_id(2)
         lo = split * SPLIT_N
         if lo >= hi:
             return
         top = tl.minimum(lo + SPLIT_N, hi)
+        if WINDOW:
+            if top <= klo:  # the split is wholly before every row's window
+                return
+            lo = tl.maximum(lo, klo - klo % BLOCK_N)
     else:  # every split of the tile's keys, in order, folded here
         lo = 0
+        if WINDOW:
+            lo = klo - klo % BLOCK_N
         top = hi
 
     offs_dk = tl.arange(0, BLOCK_DK)
@@ -198,10 +248,15 @@ def _attn_fwd(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
+    if HAS_SINKS:  # the split walked first starts at each row's sink if it is that row's first split
+        sink = tl.load(SINKS + head)
+        m_i, l_i = _split_start(fs, lo - lo % SPLIT_N, sink, BLOCK_M)
     # one loop over the tiles, the fold a branch at each split's last tile: the loads stay pipelined across splits
     for start in range(lo, top, BLOCK_N):
         kpos = start + offs_n
         kin = kpos < hi
+        if WINDOW:  # no key before the tile's window is read (a cache need hold nothing there)
+            kin = kin & (kpos >= klo)
         page_row = tl.load(tb + kpos // page_size, mask=kin, other=0)
         srow = (page_row + kpos % page_size).to(tl.int64)
         k = tl.load(
@@ -211,15 +266,23 @@ def _attn_fwd(
         )
         qk = _mma(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), UPCAST) * qk_scale
         qk = tl.where(kpos[None, :] <= qpos[:, None], qk, float("-inf"))
+        if WINDOW:
+            qk = tl.where(kpos[None, :] >= fpos[:, None], qk, float("-inf"))
         if not SPLIT_OUT:
             # the first tile of a later split: fold the split before it, here where the rescale below waits for
             # the last P @ V anyway (a fold after that MMA would wait for it every tile)
-            if (start % SPLIT_N == 0) and (start > 0):
+            if (start % SPLIT_N == 0) and (start > lo):
                 s0 = start - SPLIT_N
-                m_run, l_run, acc_run = _fold(m_run, l_run, acc_run, m_i, l_i, acc, s0 == 0, s0 <= qpos)
+                if WINDOW:
+                    m_run, l_run, acc_run = _fold_window(m_run, l_run, acc_run, m_i, l_i, acc, s0, qpos, fpos, fs,
+                                                         SPLIT_N)  # fmt: skip
+                else:  # the code without a window
+                    m_run, l_run, acc_run = _fold(m_run, l_run, acc_run, m_i, l_i, acc, s0 == 0, s0 <= qpos)
                 m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
                 l_i = tl.zeros([BLOCK_M], tl.float32)
                 acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
+                if HAS_SINKS:
+                    m_i, l_i = _split_start(fs, start, sink, BLOCK_M)
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         # a row that sees no key of this split yet (it sits before the split): exponents against 0, not -inf
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -236,6 +299,8 @@ def _attn_fwd(
         m_i = m_new
     if SPLIT_OUT:
         n_splits = tl.cdiv(hi, SPLIT_N)  # the tile's split programs that get here (the others returned above)
+        if WINDOW:
+            n_splits -= klo // SPLIT_N
         if FUSED_COMBINE and n_splits == 1:  # one split: its partial is the result (the fold takes it as it is)
             _store_out(Out, LSE, m_i, l_i, acc, q_rows, head, row_ok, offs_dv, stride_ot, stride_oh, stride_lt, DV,
                        STORE_LSE)  # fmt: skip
@@ -254,14 +319,17 @@ def _attn_fwd(
                 if done == n_splits - 1:
                     m_run, l_run, acc_run = _fold_parts(
                         PM, PL, PACC, q_rows, head, row_ok, qpos, hi, part_stride, stride_lt, offs_dv,
-                        BLOCK_M, BLOCK_DV, SPLIT_N, True,
+                        BLOCK_M, BLOCK_DV, SPLIT_N, True, fpos, klo, fs, WINDOW,
                     )  # fmt: skip
                     _store_out(Out, LSE, m_run, l_run, acc_run, q_rows, head, row_ok, offs_dv, stride_ot, stride_oh,
                                stride_lt, DV, STORE_LSE)  # fmt: skip
                     tl.store(count, 0)
     else:
         s0 = (top - 1) - (top - 1) % SPLIT_N  # the last split, folded after the loop
-        m_run, l_run, acc_run = _fold(m_run, l_run, acc_run, m_i, l_i, acc, s0 == 0, s0 <= qpos)
+        if WINDOW:
+            m_run, l_run, acc_run = _fold_window(m_run, l_run, acc_run, m_i, l_i, acc, s0, qpos, fpos, fs, SPLIT_N)
+        else:  # the code without a window
+            m_run, l_run, acc_run = _fold(m_run, l_run, acc_run, m_i, l_i, acc, s0 == 0, s0 <= qpos)
         out = acc_run / l_run[:, None]
         tl.store(
             Out + q_rows[:, None] * stride_ot + head[:, None] * stride_oh + offs_dv[None, :],
@@ -289,22 +357,31 @@ def _store_out(Out, LSE, m, lsum, acc, q_rows, head, row_ok, offs_dv, stride_ot,
 
 @triton.jit
 def _fold_parts(PM, PL, PACC, q_rows, head, row_ok, qpos, hi, part_stride, stride_lt, offs_dv, BLOCK_M: tl.constexpr,
-                BLOCK_DV: tl.constexpr, SPLIT_N: tl.constexpr, BYPASS_L1: tl.constexpr):  # fmt: skip
+                BLOCK_DV: tl.constexpr, SPLIT_N: tl.constexpr, BYPASS_L1: tl.constexpr, fpos, klo, fs,
+                WINDOW: tl.constexpr):  # fmt: skip
     """Every split partial of a tile's rows folded in split order (:func:`_fold`); a row leaves out the splits
-    that start past its position (never written for it)."""
+    that start past its position (never written for it), and under a window those before its first split."""
     m_run = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_run = tl.zeros([BLOCK_M], tl.float32)
     acc_run = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
     cache: tl.constexpr = ".cg" if BYPASS_L1 else ""
-    for s0 in tl.range(0, hi, SPLIT_N, num_stages=3):  # loads pipelined; the folds stay in split order
+    s_lo = 0
+    if WINDOW:
+        s_lo = klo - klo % SPLIT_N
+    for s0 in tl.range(s_lo, hi, SPLIT_N, num_stages=3):  # loads pipelined; the folds stay in split order
         sees = row_ok & (s0 <= qpos)
+        if WINDOW:
+            sees = sees & (s0 >= fs)
         prow = q_rows * stride_lt + head + (s0 // SPLIT_N) * part_stride  # int64: q_rows is
         m_s = tl.load(PM + prow, mask=sees, other=float("-inf"), cache_modifier=cache)
         l_s = tl.load(PL + prow, mask=sees, other=0.0, cache_modifier=cache)
         acc_s = tl.load(
             PACC + prow[:, None] * BLOCK_DV + offs_dv[None, :], mask=sees[:, None], other=0.0, cache_modifier=cache
         )
-        m_run, l_run, acc_run = _fold(m_run, l_run, acc_run, m_s, l_s, acc_s, s0 == 0, sees)
+        if WINDOW:
+            m_run, l_run, acc_run = _fold_window(m_run, l_run, acc_run, m_s, l_s, acc_s, s0, qpos, fpos, fs, SPLIT_N)
+        else:  # the code without a window
+            m_run, l_run, acc_run = _fold(m_run, l_run, acc_run, m_s, l_s, acc_s, s0 == 0, sees)
     return m_run, l_run, acc_run
 
 
@@ -326,7 +403,21 @@ def _fold(m_run, l_run, acc_run, m_s, l_s, acc_s, first, sees):
     )
 
 
-@triton.jit(do_not_specialize=["num_seqs", "part_stride"])
+@triton.jit
+def _fold_window(m_run, l_run, acc_run, m_s, l_s, acc_s, s0, qpos, fpos, fs, SPLIT_N: tl.constexpr):
+    """:func:`_fold` of split ``s0`` under a sliding window: a row takes its first split (``fs``) as it is and folds a
+    later one it sees (``fs < s0 <= qpos``); a split before its window is left out (its state may still be ``-inf``)."""
+    first = fs == s0
+    sees = (s0 <= qpos) & (s0 > fs)
+    m_run, l_run, acc_run = _fold(m_run, l_run, acc_run, m_s, l_s, acc_s, False, sees)
+    return (
+        tl.where(first, m_s, m_run),
+        tl.where(first, l_s, l_run),
+        tl.where(first[:, None], acc_s, acc_run),
+    )
+
+
+@triton.jit(do_not_specialize=["num_seqs", "part_stride", "window"])
 def _attn_combine(
     PM,
     PL,
@@ -343,12 +434,14 @@ def _attn_combine(
     stride_ot,
     stride_oh,
     stride_lt,
+    window,
     G: tl.constexpr,
     DV: tl.constexpr,
     BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr,
     SPLIT_N: tl.constexpr,
     STORE_LSE: tl.constexpr,
+    WINDOW: tl.constexpr = False,
 ):
     """The split launch's second half: each row folds its splits' partials in split order with :func:`_fold`, as the
     one-program forward does in registers, and writes the output. Same tile table as the forward."""
@@ -360,9 +453,11 @@ def _attn_combine(
     t, head, row_ok, qpos, hi, q_start = _tile_rows(tile, kvh, b, TILE_ROW0, SEQ_QSTART, SEQ_NQ, SEQ_CTX, G, BLOCK_M)
     q_rows = (q_start + t).to(tl.int64)
     offs_dv = tl.arange(0, BLOCK_DV)
+    fpos, klo, fs = _window_rows(qpos, row_ok, hi, window, WINDOW, SPLIT_N)
     m_run, l_run, acc_run = _fold_parts(
-        PM, PL, PACC, q_rows, head, row_ok, qpos, hi, part_stride, stride_lt, offs_dv, BLOCK_M, BLOCK_DV, SPLIT_N, False
-    )
+        PM, PL, PACC, q_rows, head, row_ok, qpos, hi, part_stride, stride_lt, offs_dv, BLOCK_M, BLOCK_DV, SPLIT_N,
+        False, fpos, klo, fs, WINDOW,
+    )  # fmt: skip
     _store_out(Out, LSE, m_run, l_run, acc_run, q_rows, head, row_ok, offs_dv, stride_ot, stride_oh, stride_lt, DV,
                STORE_LSE)  # fmt: skip
 
@@ -443,6 +538,8 @@ def _fwd(
     split_programs: bool | None = None,
     fused_combine: bool | None = None,
     launch: tuple[int, int, int] | None = None,
+    window: int | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Launch the forward. k_rows/v_rows: [rows, Hkv, D] storage; table [B, W] int32 first storage row per page;
     ``tiles``: the tile table of these queries in tiles of the launch's rows (:func:`_fwd_tiles` for the
@@ -453,7 +550,9 @@ def _fwd(
     tile folds the partials (one launch; a tile with one split writes its output directly), or ``_attn_combine``
     does (two launches); default: fused where the matmul's per-stream tile counts can take the launch. The same bits
     in every form. ``launch``: ``(block_m, num_warps, num_stages)`` in place of the constants, for benchmarks that
-    measure other launch shapes (a GPU test must show a shape gives the constants' bits before anything uses it)."""
+    measure other launch shapes (a GPU test must show a shape gives the constants' bits before anything uses it).
+    ``window`` (keys ``> qpos - window``) and ``sinks [Hq]`` (a logit per head): see the module docstring; None: off,
+    the kernel compiled without them."""
     total, hq, dk = q.shape
     hkv, dv = k_rows.shape[1], v_rows.shape[2]
     g = hq // hkv
@@ -476,6 +575,13 @@ def _fwd(
         pacc = torch.empty(n_splits, total, hq, block_dv, device=q.device, dtype=torch.float32)
     else:
         n_splits, pm, pl, pacc = 1, lse, lse, lse
+    # off: the kernel's defaults, so the launch without a window or sinks compiles the code without them
+    features = {}
+    if window is not None:
+        features["WINDOW"] = True
+    if sinks is not None:
+        features["HAS_SINKS"] = True
+        sinks2 = (sinks.to(device=q.device, dtype=torch.float32) * _LOG2E).contiguous()  # base 2, as the scores
     counts = None
     if split_programs and fused_combine is not False:
         from .matmul import _tile_counters  # the matmul's fused combine counts (one slot per stream, zeroed)
@@ -503,6 +609,8 @@ def _fwd(
         table.stride(0),
         page_size,
         nseq,
+        sinks2 if sinks is not None else pm,
+        window or 0,
         q.stride(0),
         q.stride(1),
         k_rows.stride(0),
@@ -525,6 +633,7 @@ def _fwd(
         FUSED_COMBINE=counts is not None,
         STORE_LSE=want_lse,
         UPCAST=interpreting(),
+        **features,
         num_warps=num_warps,
         num_stages=num_stages,
     )
@@ -545,12 +654,14 @@ def _fwd(
             out.stride(0),
             out.stride(1),
             hq,
+            window or 0,
             G=g,
             DV=dv,
             BLOCK_DV=block_dv,
             BLOCK_M=block_m,
             SPLIT_N=SPLIT_N,
             STORE_LSE=want_lse,
+            **({"WINDOW": True} if window is not None else {}),
             num_warps=num_warps,
         )
     return out, (lse if want_lse else None)
@@ -633,13 +744,16 @@ def attention_paged(
     cu_seqlens_q: torch.Tensor,
     scale: float | None = None,
     layout: PagedLayout | None = None,
+    window: int | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """New queries over a paged KV cache (prefill chunks and decode; no host sync, CUDA-graph friendly).
 
     q [T, Hq, Dk]; caches [num_blocks, page_size, Hkv, D]; ``block_tables [B, max_pages]``; ``context_lens [B]``
     (KV length including the new tokens); ``cu_seqlens_q [B+1]``. Query ``i`` of sequence ``b`` sits at position
     ``context_lens[b] - n_q[b] + i``. ``layout``: :func:`paged_layout` of these arguments, built once per step
-    (default: built here).
+    (default: built here). ``window``/``sinks``: a sliding window and per-head sink logits (module docstring); a
+    windowed query reads no page wholly before its window.
     """
     _check_shapes("attention_paged", q, k_cache, v_cache)
     page = k_cache.shape[1]
@@ -677,6 +791,8 @@ def attention_paged(
         False,
         layout.tiles,
         launch=layout.launch,
+        window=window,
+        sinks=sinks,
     )
     return out
 

@@ -7,6 +7,11 @@ one KV head and loops, in order, over the query rows (all ``G`` heads of the gro
 owns a query tile and loops over its key tiles. ``delta = rowsum(dO * O)`` is a plain torch reduction (fixed shape, no
 atomics). Gradients are run-to-run identical; they are not promised batch-invariant (no one compares them across
 batch compositions). The backward reads the forward's base-2 log-sum-exp per row, whatever split structure made it.
+
+A sliding window (``WINDOW``, constexpr; off: the code without it) masks keys ``pos <= t - window`` and bounds both
+loops to the keys or queries a window can reach. Sinks change no kernel here: the forward's LSE includes them, so
+``p = exp2(s - lse)`` is already each key's share; a sink's own gradient, ``-sum_t p_sink(t) * delta(t)`` over its
+head's rows, is a torch reduction of fixed shape.
 """
 
 from __future__ import annotations
@@ -57,6 +62,7 @@ def _attn_bwd_dkdv(
     stride_dvh,
     qk_scale,
     sm_scale,
+    window,
     G: tl.constexpr,
     DK: tl.constexpr,
     DV: tl.constexpr,
@@ -65,6 +71,7 @@ def _attn_bwd_dkdv(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     UPCAST: tl.constexpr,
+    WINDOW: tl.constexpr = False,
 ):
     tile = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -92,7 +99,10 @@ def _attn_bwd_dkdv(
     )
     dk = tl.zeros([BLOCK_N, BLOCK_DK], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
-    for r0 in range(k0 * G, n * G, BLOCK_M):
+    q_end = n
+    if WINDOW:  # the last query that sees this tile's last key
+        q_end = tl.minimum(n, k0 + BLOCK_N - 1 + window)
+    for r0 in range(k0 * G, q_end * G, BLOCK_M):
         offs_m = r0 + tl.arange(0, BLOCK_M)
         t = offs_m // G
         head = kvh * G + offs_m % G
@@ -112,6 +122,8 @@ def _attn_bwd_dkdv(
         delta = tl.load(DELTA + q_rows * stride_lt + head, mask=ok, other=0.0)
         qk = _mma(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), UPCAST) * qk_scale
         seen = (offs_n[None, :] <= t[:, None]) & ok[:, None] & kin[None, :]
+        if WINDOW:
+            seen = seen & (offs_n[None, :] > t[:, None] - window)
         p = tl.where(seen, tl.math.exp2(qk - lse[:, None]), 0.0)
         dv = _mma(tl.trans(p.to(do.dtype)), do, dv, UPCAST)
         dp = _mma(do, tl.trans(v), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), UPCAST)
@@ -156,6 +168,7 @@ def _attn_bwd_dq(
     stride_dqh,
     qk_scale,
     sm_scale,
+    window,
     G: tl.constexpr,
     DK: tl.constexpr,
     DV: tl.constexpr,
@@ -164,6 +177,7 @@ def _attn_bwd_dq(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     UPCAST: tl.constexpr,
+    WINDOW: tl.constexpr = False,
 ):
     tile = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -196,7 +210,11 @@ def _attn_bwd_dq(
     delta = tl.load(DELTA + q_rows * stride_lt + head, mask=ok, other=0.0)
     dq = tl.zeros([BLOCK_M, BLOCK_DK], tl.float32)
     offs_n = tl.arange(0, BLOCK_N)
-    for start in range(0, hi, BLOCK_N):
+    k_lo = 0
+    if WINDOW:  # the tile's first query's first key, rounded down to a tile
+        k_lo = tl.maximum(row0 // G - window + 1, 0)
+        k_lo = k_lo - k_lo % BLOCK_N
+    for start in range(k_lo, hi, BLOCK_N):
         kpos = start + offs_n
         kin = kpos < hi
         k_rows = (s0 + kpos).to(tl.int64)
@@ -212,6 +230,8 @@ def _attn_bwd_dq(
         )
         qk = _mma(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), UPCAST) * qk_scale
         seen = (kpos[None, :] <= t[:, None]) & ok[:, None]
+        if WINDOW:
+            seen = seen & (kpos[None, :] > t[:, None] - window)
         p = tl.where(seen, tl.math.exp2(qk - lse[:, None]), 0.0)
         dp = _mma(do, tl.trans(v), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), UPCAST)
         ds = p * (dp - delta[:, None])
@@ -255,14 +275,17 @@ def packed_layout(cu_seqlens: torch.Tensor, device: torch.device, g: int, total:
     return layout
 
 
-def _packed_fwd(q, k, v, layout: dict, scale: float, want_lse: bool):
+def _packed_fwd(q, k, v, layout: dict, scale: float, want_lse: bool, window=None, sinks=None):
     starts, n = layout["starts"], layout["n"]
-    return _fwd(q, k, v, starts.view(-1, 1), _PACKED_PAGE, starts, n, n, scale, want_lse, tiles=layout["fwd"])
+    return _fwd(
+        q, k, v, starts.view(-1, 1), _PACKED_PAGE, starts, n, n, scale, want_lse, tiles=layout["fwd"], window=window,
+        sinks=sinks,
+    )  # fmt: skip
 
 
-def _bwd(q, k, v, o, lse, do, layout: dict, scale: float):
-    """dq, dk, dv; ``layout``: the forward's :func:`packed_layout`, to which the backward's tile tables are added on
-    first use (so later layers of the pass reuse them)."""
+def _bwd(q, k, v, o, lse, do, layout: dict, scale: float, window=None, sinks=None):
+    """dq, dk, dv and the sinks' gradient (None without sinks); ``layout``: the forward's :func:`packed_layout`, to
+    which the backward's tile tables are added on first use (so later layers of the pass reuse them)."""
     cu = layout["cu"]
     total, hq, dk = q.shape
     hkv, dv = k.shape[1], v.shape[2]
@@ -271,9 +294,14 @@ def _bwd(q, k, v, o, lse, do, layout: dict, scale: float):
     do = _last_dim_contiguous(do)
     dq, dkk, dvv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     if total == 0 or nseq == 0:
-        return dq.zero_(), dkk.zero_(), dvv.zero_()
+        return dq.zero_(), dkk.zero_(), dvv.zero_(), (None if sinks is None else torch.zeros_like(sinks))
     delta = (do.float() * o.float()).sum(-1).contiguous()  # [T, Hq]
+    dsinks = None
+    if sinks is not None:  # d/d sink of sum(dO * O) = -p_sink * delta per row; lse is base 2 and includes the sink
+        p_sink = torch.exp2(sinks.float() * _LOG2E - lse)  # [T, Hq]
+        dsinks = (-(p_sink * delta)).sum(0).to(sinks.dtype)
     common = dict(
+        **({"WINDOW": True} if window is not None else {}),  # off: the kernels' default, the code without a window
         UPCAST=interpreting(),
         G=g,
         DK=dk,
@@ -314,6 +342,7 @@ def _bwd(q, k, v, o, lse, do, layout: dict, scale: float):
         dvv.stride(1),
         scale * _LOG2E,
         scale,
+        window or 0,
         BLOCK_M=BWD_BLOCK_M,
         BLOCK_N=BWD_BLOCK_N,
         num_warps=BWD_NUM_WARPS,
@@ -346,46 +375,55 @@ def _bwd(q, k, v, o, lse, do, layout: dict, scale: float):
         dq.stride(1),
         scale * _LOG2E,
         scale,
+        window or 0,
         BLOCK_M=BWD_BLOCK_M,
         BLOCK_N=BWD_BLOCK_N,
         num_warps=BWD_NUM_WARPS,
         num_stages=BWD_NUM_STAGES,
         **common,
     )
-    return dq, dkk, dvv
+    return dq, dkk, dvv, dsinks
 
 
 class _PackedAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, cu, scale):
+    def forward(ctx, q, k, v, cu, scale, window=None, sinks=None):
         q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
         layout = packed_layout(cu, q.device, q.shape[1] // k.shape[1], q.shape[0])
-        want_lse = torch.is_grad_enabled() or any(t.requires_grad for t in (q, k, v))
-        o, lse = _packed_fwd(q, k, v, layout, scale, want_lse)
+        grads = (q, k, v) if sinks is None else (q, k, v, sinks)
+        want_lse = torch.is_grad_enabled() or any(t.requires_grad for t in grads)
+        o, lse = _packed_fwd(q, k, v, layout, scale, want_lse, window, sinks)
         if want_lse:
-            ctx.save_for_backward(q, k, v, o, lse)
+            ctx.save_for_backward(q, k, v, o, lse, sinks)
             ctx.layout = layout  # index tensors of this batch, never written after they are built
-        ctx.scale = scale
+        ctx.scale, ctx.window = scale, window
         return o
 
     @staticmethod
     def backward(ctx, do):
-        q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = _bwd(q, k, v, o, lse, do, ctx.layout, ctx.scale)
-        return dq, dk, dv, None, None
+        q, k, v, o, lse, sinks = ctx.saved_tensors
+        dq, dk, dv, dsinks = _bwd(q, k, v, o, lse, do, ctx.layout, ctx.scale, ctx.window, sinks)
+        return dq, dk, dv, None, None, None, dsinks
 
 
 def attention_packed(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, scale: float | None = None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    scale: float | None = None,
+    window: int | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention within each packed sequence; differentiable (deterministic backward).
 
     q [T, Hq, Dk], k [T, Hkv, Dk], v [T, Hkv, Dv], ``cu_seqlens [B+1]``. Returns [T, Hq, Dv]. Bitwise equal, per
-    query token, to :func:`attention_paged` over the same keys (any page size, chunking or batch).
+    query token, to :func:`attention_paged` over the same keys (any page size, chunking or batch). ``window``: keys
+    ``> t - window`` only; ``sinks [Hq]``: a logit per head in every softmax's denominator (differentiable).
     """
     _check_shapes("attention_packed", q, k, v)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-    return _PackedAttention.apply(q, k, v, cu_seqlens, scale)
+    return _PackedAttention.apply(q, k, v, cu_seqlens, scale, window, sinks)
 
 
 __all__ = ["BWD_BLOCK_M", "BWD_BLOCK_N", "attention_packed"]

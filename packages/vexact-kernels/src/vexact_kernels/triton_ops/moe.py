@@ -22,6 +22,14 @@ Backward (``FusedMoEFunction``), deterministic run to run: ``dy = w * g`` and ``
 by the same grouped GEMM on the weights' transposed strides; ``dx`` summed per token in rank order in fp32; silu
 backward in fp32 (``activation.py``); ``dW[e]`` by one program per (expert, N tile, K tile) walking the expert's
 sorted rows in order, in tiles of ``BLOCK_K`` rows and splits of ``SPLIT_TILES`` tiles, as ``matmul`` reduces dW.
+
+gpt-oss's experts (``extras``, all off by default; off, every launch is the code without them): expert biases
+``b_gate_up [E, 2I]`` and ``b_down [E, H]`` added in fp32 to the row's fp32 GEMM result in the grouped GEMM's epilogue
+(``HAS_BIAS``; gate/up's before its cast, down's to the fp32 output), as the CPU reference adds them; gate and up as
+the even and odd columns of the gate_up output (``gate_up_interleaved``) and the clamped SwiGLU
+(``activation.glu_fwd``, the CPU reference's formula with Triton's ``exp``). Their backward: ``dh`` at gate/up's own
+columns; a bias's gradient is the sum of its expert's ``dh`` (or ``dy``) rows by ``_grouped_wgrad`` against a column of
+ones, in sorted-row order, as every dW.
 """
 
 from __future__ import annotations
@@ -30,8 +38,9 @@ import torch
 import triton
 import triton.language as tl
 
+from ..activation import SWIGLU_ALPHA, SWIGLU_LIMIT
 from . import cdiv
-from .activation import ACT_BLOCK, ACT_NUM_WARPS, _silu_and_mul_bwd_kernel, silu_and_mul_fwd
+from .activation import ACT_BLOCK, ACT_NUM_WARPS, _silu_and_mul_bwd_kernel, glu_bwd, glu_fwd, silu_and_mul_fwd
 from .matmul import BLOCK_K, SPLIT_TILES, input_precision, k_reduce
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages) of the grouped GEMMs, picked by T*k (never by an expert's count); speed
@@ -64,9 +73,10 @@ def pick_config(pairs: int, interpret: bool = False, elem_bytes: int = 2) -> tup
 def _grouped_mm_kernel(
     a_ptr, a_rows_ptr, b_ptr, c_ptr, tile_expert_ptr, tile_row_ptr, offsets_ptr,
     N, K, E,
-    stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn,
+    stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn, bias_ptr, stride_bias,
     GATHER: tl.constexpr, INTERPRET: tl.constexpr, INPUT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_TILES: tl.constexpr,
+    HAS_BIAS: tl.constexpr = False,
 ):  # fmt: skip
     """``c[rows] = a[a_rows[rows]] @ b[e].T`` for one (M tile, N tile); the M tile's expert ``e`` and first sorted row
     come from the schedule, its last row from ``offsets[e + 1]``. K is reduced by ``matmul.k_reduce``."""
@@ -94,6 +104,9 @@ def _grouped_mm_kernel(
         a_base, b_base, stride_ak, stride_bk, mask_a, mask_n, K, 0, tl.cdiv(K, BLOCK_K),
         BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_TILES, INTERPRET, INPUT_PRECISION,
     )  # fmt: skip
+    if HAS_BIAS:  # the expert's fp32 bias, added to the fp32 result before the one cast (off: the code without it)
+        bias = tl.load(bias_ptr + e.to(tl.int64) * stride_bias + offs_n[None, :], mask=mask_n, other=0.0)
+        total = total + bias
     c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :].to(tl.int64) * stride_cn
     tl.store(c_ptrs, total.to(c_ptr.dtype.element_ty), mask=mask_a & mask_n)
 
@@ -225,9 +238,10 @@ class _Plan:
         return self._tiles[block_m]
 
 
-def _grouped_mm(a, a_rows, b, b_strides, n, k, plan: _Plan, out_dtype, config) -> torch.Tensor:
+def _grouped_mm(a, a_rows, b, b_strides, n, k, plan: _Plan, out_dtype, config, bias=None) -> torch.Tensor:
     """``[T*k, n]`` in sorted-row order: row ``i`` is ``a[a_rows[i]] @ B_e.T`` with ``B_e[n', k'] = b[e] at
-    (n' * b_strides[0] + k' * b_strides[1])``; ``a_rows`` None reads ``a`` in sorted-row order."""
+    (n' * b_strides[0] + k' * b_strides[1])``; ``a_rows`` None reads ``a`` in sorted-row order; ``bias [E, n]``
+    (None: none) added in fp32 before the cast."""
     from . import interpreting
 
     bm, bn, warps, stages = config
@@ -237,8 +251,10 @@ def _grouped_mm(a, a_rows, b, b_strides, n, k, plan: _Plan, out_dtype, config) -
         a, a_rows if a_rows is not None else a, b, c, expert, first_row, plan.offsets,
         n, k, plan.num_experts,
         a.stride(0), a.stride(1), b.stride(0), b_strides[0], b_strides[1], c.stride(0), c.stride(1),
+        bias if bias is not None else c, bias.stride(0) if bias is not None else 0,
         GATHER=a_rows is not None, INTERPRET=interpreting(), INPUT_PRECISION=input_precision(a.dtype),
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=BLOCK_K, SPLIT_TILES=SPLIT_TILES,
+        **({"HAS_BIAS": True} if bias is not None else {}),
         num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return c
@@ -273,16 +289,40 @@ def _combine(y, w, plan: _Plan, t: int, out_dtype) -> torch.Tensor:
     return out
 
 
-def _forward(x, w_gate_up, w_down, topk_weights, plan: _Plan, config):
+class Extras:
+    """gpt-oss's expert options: fp32 contiguous biases (or None), interleaved gate/up, the clamped SwiGLU."""
+
+    def __init__(self, b_gate_up=None, b_down=None, interleaved=False, activation="silu"):
+        self.b_gate_up = None if b_gate_up is None else b_gate_up.float().contiguous()
+        self.b_down = None if b_down is None else b_down.float().contiguous()
+        self.interleaved, self.clamped = interleaved, activation == "clamped_swiglu"
+
+
+def _forward(x, w_gate_up, w_down, topk_weights, plan: _Plan, config, extras: Extras | None = None):
     t, hid = x.shape
     inter = w_down.shape[2]
-    # h [T*k, 2I] = x[tok] @ w_gate_up[e].T, in x's dtype
+    if extras is None:  # the code without gpt-oss's options
+        # h [T*k, 2I] = x[tok] @ w_gate_up[e].T, in x's dtype
+        h = _grouped_mm(x, plan.tok, w_gate_up, (w_gate_up.stride(1), w_gate_up.stride(2)), 2 * inter, hid, plan,
+                        x.dtype, config)  # fmt: skip
+        act = silu_and_mul_fwd(h[:, :inter], h[:, inter:])  # [T*k, I], fp32 inside, cast once
+        # y [T*k, H] = act @ w_down[e].T, fp32
+        y = _grouped_mm(act, None, w_down, (w_down.stride(1), w_down.stride(2)), hid, inter, plan, torch.float32,
+                        config)  # fmt: skip
+        return h, act, y, _combine(y, topk_weights, plan, t, x.dtype)
     h = _grouped_mm(x, plan.tok, w_gate_up, (w_gate_up.stride(1), w_gate_up.stride(2)), 2 * inter, hid, plan,
-                    x.dtype, config)  # fmt: skip
-    act = silu_and_mul_fwd(h[:, :inter], h[:, inter:])  # [T*k, I], fp32 inside, cast once
-    # y [T*k, H] = act @ w_down[e].T, fp32
-    y = _grouped_mm(act, None, w_down, (w_down.stride(1), w_down.stride(2)), hid, inter, plan, torch.float32, config)
+                    x.dtype, config, extras.b_gate_up)  # fmt: skip
+    act = glu_fwd(h, extras.interleaved, extras.clamped, SWIGLU_ALPHA, SWIGLU_LIMIT)
+    y = _grouped_mm(act, None, w_down, (w_down.stride(1), w_down.stride(2)), hid, inter, plan, torch.float32, config,
+                    extras.b_down)  # fmt: skip
     return h, act, y, _combine(y, topk_weights, plan, t, x.dtype)
+
+
+def _bias_grad(d_rows, plan: _Plan, dtype) -> torch.Tensor:
+    """``[E, n]``: each expert's sum of its sorted rows of ``d_rows [T*k, n]``, in row order (``_grouped_wgrad``
+    against a column of ones)."""
+    ones = d_rows.new_ones(1, 1).expand(d_rows.shape[0], 1)
+    return _grouped_wgrad(d_rows, ones, None, plan, dtype)[:, :, 0]
 
 
 def _check(x, w_gate_up, w_down, topk_weights, topk_ids, config) -> None:
@@ -298,11 +338,12 @@ class FusedMoEFunction(torch.autograd.Function):
     """The fused MoE with its deterministic backward (grads for x, both weights and the routing weights)."""
 
     @staticmethod
-    def forward(ctx, x, w_gate_up, w_down, topk_weights, topk_ids, config):
+    def forward(ctx, x, w_gate_up, w_down, topk_weights, topk_ids, config, b_gate_up=None, b_down=None, extras=None):
         plan = _Plan(topk_ids, w_gate_up.shape[0])
-        h, act, y, out = _forward(x, w_gate_up, w_down, topk_weights, plan, config)
+        h, act, y, out = _forward(x, w_gate_up, w_down, topk_weights, plan, config, extras)
         ctx.save_for_backward(x, w_gate_up, w_down, topk_weights, h, act, y)
-        ctx.plan, ctx.config = plan, config
+        ctx.plan, ctx.config, ctx.extras = plan, config, extras
+        ctx.bias_dtypes = (None if b_gate_up is None else b_gate_up.dtype, None if b_down is None else b_down.dtype)
         return out
 
     @staticmethod
@@ -319,27 +360,36 @@ class FusedMoEFunction(torch.autograd.Function):
             g, topk_weights, y, plan.inv, dy, d_topk, hid, g.stride(0), y.stride(0), dy.stride(0),
             TOPK=plan.topk, BLOCK=COMBINE_BLOCK, num_warps=4, enable_fp_fusion=False,
         )  # fmt: skip
-        dx = d_gu = d_down = None
+        dx = d_gu = d_down = db_gu = db_down = None
+        extras = ctx.extras
+        if extras is not None and ctx.bias_dtypes[1] is not None and ctx.needs_input_grad[7]:
+            db_down = _bias_grad(dy, plan, ctx.bias_dtypes[1])  # [E, H]
         if need_down:
             d_down = _grouped_wgrad(dy, act, None, plan, w_down.dtype)  # [E, H, I]
         if need_x or need_gu:
             # d act [T*k, I] = dy @ w_down[e]: w_down[e] read as [I, H] through its transposed strides
             d_act = _grouped_mm(dy, None, w_down, (w_down.stride(2), w_down.stride(1)), inter, hid, plan, x.dtype,
                                 config)  # fmt: skip
-            dh = torch.empty(plan.pairs, 2 * inter, dtype=x.dtype, device=x.device)
-            if dh.numel():
+            if extras is not None:
+                dh = glu_bwd(d_act, h, extras.interleaved, extras.clamped, SWIGLU_ALPHA, SWIGLU_LIMIT)
+            else:  # the code without gpt-oss's options
+                dh = torch.empty(plan.pairs, 2 * inter, dtype=x.dtype, device=x.device)
+            if dh.numel() and extras is None:
                 _silu_and_mul_bwd_kernel[(plan.pairs, cdiv(inter, ACT_BLOCK))](
                     d_act, h, h[:, inter:], dh, dh[:, inter:], inter,
                     d_act.stride(0), h.stride(0), h.stride(0), dh.stride(0), BLOCK=ACT_BLOCK,
                     num_warps=ACT_NUM_WARPS, enable_fp_fusion=False,
                 )  # fmt: skip
+            if extras is not None and ctx.bias_dtypes[0] is not None and ctx.needs_input_grad[6]:
+                db_gu = _bias_grad(dh, plan, ctx.bias_dtypes[0])  # [E, 2I]
             if need_gu:
                 d_gu = _grouped_wgrad(dh, x, plan.tok, plan, w_gate_up.dtype)  # [E, 2I, H]
             if need_x:
                 dx_pairs = _grouped_mm(dh, None, w_gate_up, (w_gate_up.stride(2), w_gate_up.stride(1)), hid,
                                        2 * inter, plan, torch.float32, config)  # fmt: skip
                 dx = _combine(dx_pairs, None, plan, t, x.dtype)
-        return dx, d_gu, d_down, d_topk.to(topk_weights.dtype) if need_w else None, None, None
+        d_w = d_topk.to(topk_weights.dtype) if need_w else None
+        return (dx, d_gu, d_down, d_w, None, None, db_gu, db_down, None)[: len(ctx.needs_input_grad)]
 
 
 def triton_fused_moe(
@@ -349,12 +399,19 @@ def triton_fused_moe(
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
     config: tuple[int, int, int, int] | None = None,
+    *,
+    b_gate_up: torch.Tensor | None = None,
+    b_down: torch.Tensor | None = None,
+    gate_up_interleaved: bool = False,
+    activation: str = "silu",
 ) -> torch.Tensor:
     """``sum_r topk_weights[t, r] * down_e(silu(gate_e(x_t)) * up_e(x_t))`` -> ``[T, H]`` in x's dtype.
 
     Any strides for x and the weights. ``config`` forces the grouped GEMM tile ``(BLOCK_M, BLOCK_N, warps, stages)``
     (default: picked from ``T * k``); it never changes a bit. Expert ids must lie in ``[0, E)`` (not checked here: a
-    check would sync with the host; ``moe.fused_moe`` checks them outside a graph capture).
+    check would sync with the host; ``moe.fused_moe`` checks them outside a graph capture). ``b_gate_up``,
+    ``b_down``, ``gate_up_interleaved``, ``activation``: gpt-oss's experts, as ``moe.fused_moe`` (differentiable in
+    the biases); all off by default, which runs the code without them.
     """
     from . import interpreting
 
@@ -365,11 +422,14 @@ def triton_fused_moe(
     config = tuple(config) if config is not None else pick_config(t * k, interpreting(), x.element_size())
     tw = topk_weights.float().contiguous()
     ids = topk_ids.contiguous()
-    if torch.is_grad_enabled() and (x.requires_grad or w_gate_up.requires_grad or w_down.requires_grad
-                                    or topk_weights.requires_grad):  # fmt: skip
-        out = FusedMoEFunction.apply(x, w_gate_up, w_down, tw, ids, config)
-        return out
-    _, _, _, out = _forward(x, w_gate_up, w_down, tw, _Plan(ids, w_gate_up.shape[0]), config)
+    with_extras = b_gate_up is not None or b_down is not None or gate_up_interleaved or activation != "silu"
+    extras = Extras(b_gate_up, b_down, gate_up_interleaved, activation) if with_extras else None
+    grads = (x, w_gate_up, w_down, topk_weights, b_gate_up, b_down)
+    if torch.is_grad_enabled() and any(g is not None and g.requires_grad for g in grads):
+        if extras is None:
+            return FusedMoEFunction.apply(x, w_gate_up, w_down, tw, ids, config)
+        return FusedMoEFunction.apply(x, w_gate_up, w_down, tw, ids, config, b_gate_up, b_down, extras)
+    _, _, _, out = _forward(x, w_gate_up, w_down, tw, _Plan(ids, w_gate_up.shape[0]), config, extras)
     return out
 
 

@@ -8,8 +8,7 @@ Names and layout are transformers' ``GptOssForCausalLM``: ``self_attn.{q,k,v,o}_
 down_proj [E, I, H], down_proj_bias}`` (stored stacked in checkpoints, as held); released MXFP4 checkpoints
 (``..._blocks`` / ``..._scales``) are dequantised to bf16 at load (``mxfp4.py``). The window and the sinks run in
 vexact-kernels' attention (``window=``, ``sinks=``), the same key blocks in every path, so the engine and the trainer
-agree bit for bit on sliding and full layers alike. The invariant backend's CUDA kernels take neither yet: on a GPU
-this family runs on the ``fast`` backend only (the invariant one refuses it with an error naming what is missing).
+agree bit for bit on sliding and full layers alike, on the CPU reference and on the Triton kernels (CUDA) alike.
 """
 
 from __future__ import annotations

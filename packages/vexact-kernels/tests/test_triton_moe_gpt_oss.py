@@ -1,0 +1,159 @@
+"""The Triton fused MoE with gpt-oss's experts: expert biases, interleaved gate/up, the clamped SwiGLU; forward and
+backward against float64 (transformers' GptOssExperts arithmetic) and the CPU reference (tolerance), rows invariant
+to the batch (torch.equal); the clamped SwiGLU alone; top-k-then-softmax routing on CUDA. On CPU through the
+interpreter at tiny shapes; on the GPU at real shapes (``-m gpu``).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import vexact_kernels as vk
+from vexact_kernels.triton_ops import interpreting, triton_available
+
+pytestmark = pytest.mark.skipif(not triton_available(), reason="triton is not installed")
+interp = pytest.mark.skipif(not interpreting(), reason="interpreter tests run where TRITON_INTERPRET=1 (no GPU)")
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+ALPHA, LIMIT = 1.702, 7.0
+
+
+def _inputs(seed, t, h, i, e, k, dtype, device="cpu", scale=3.0):
+    """transformers' layout (gate_up [E, H, 2I], gate the even columns; down [E, I, H]) with biases; ``scale`` large
+    enough that some gate/up values pass the clamp at 7."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(t, h, generator=g).to(dtype)
+    gu = (torch.randn(e, h, 2 * i, generator=g) * scale * h**-0.5).to(dtype)
+    gu_b = (torch.randn(e, 2 * i, generator=g) * 2).to(dtype)
+    down = (torch.randn(e, i, h, generator=g) * i**-0.5).to(dtype)
+    down_b = torch.randn(e, h, generator=g).to(dtype)
+    ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)])
+    w = torch.softmax(torch.randn(t, k, generator=g), dim=-1)
+    return [a.to(device) for a in (x, gu, gu_b, down, down_b, w, ids)]
+
+
+def _triton(x, gu, gu_b, down, down_b, w, ids):
+    from vexact_kernels.triton_ops.moe import triton_fused_moe
+
+    return triton_fused_moe(
+        x, gu.transpose(1, 2), down.transpose(1, 2), w, ids, b_gate_up=gu_b, b_down=down_b,
+        gate_up_interleaved=True, activation="clamped_swiglu",
+    )  # fmt: skip
+
+
+def _cpu_reference(x, gu, gu_b, down, down_b, w, ids):
+    return vk.fused_moe(
+        x, gu.transpose(1, 2), down.transpose(1, 2), w, ids, b_gate_up=gu_b, b_down=down_b,
+        gate_up_interleaved=True, activation="clamped_swiglu",
+    )  # fmt: skip
+
+
+def _hf64(x, gu, gu_b, down, down_b, w, ids):
+    """GptOssExperts.forward's arithmetic, token by token, in float64 (differentiable)."""
+    out = []
+    for t in range(x.shape[0]):
+        acc = torch.zeros_like(x[t])
+        for r in range(ids.shape[1]):
+            e = int(ids[t, r])
+            hh = x[t] @ gu[e] + gu_b[e]
+            gate, up = hh[::2].clamp(max=LIMIT), hh[1::2].clamp(-LIMIT, LIMIT)
+            acc = acc + w[t, r] * (((up + 1) * gate * torch.sigmoid(gate * ALPHA)) @ down[e] + down_b[e])
+        out.append(acc)
+    return torch.stack(out)
+
+
+def _grads(fn, args, gy, dtype):
+    leaves = [a.detach().to(dtype).requires_grad_() for a in args[:6]]
+    fn(*leaves, args[6]).backward(gy.to(dtype))
+    return [a.grad for a in leaves]
+
+
+def _check(args, tol_fwd, tol_bwd):
+    x = args[0]
+    out = _triton(*args)
+    assert out.dtype == x.dtype and out.shape == x.shape
+    ref = _hf64(*[a.double() for a in args[:6]], args[6])
+    torch.testing.assert_close(out.double(), ref, atol=tol_fwd, rtol=tol_fwd)
+    if x.device.type == "cpu":
+        torch.testing.assert_close(out, _cpu_reference(*args), atol=tol_fwd, rtol=tol_fwd)
+    # rows invariant to the batch: each row alone, two chunks, reversed
+    t = x.shape[0]
+    for r in range(min(t, 4)):
+        assert torch.equal(_triton(*[a[r : r + 1] for a in args[:1]], *args[1:5], args[5][r : r + 1],
+                                   args[6][r : r + 1])[0], out[r])  # fmt: skip
+    rev = torch.arange(t - 1, -1, -1, device=x.device)
+    assert torch.equal(_triton(x[rev], *args[1:5], args[5][rev], args[6][rev]), out[rev])
+    gy = torch.randn(x.shape, generator=torch.Generator().manual_seed(9)).to(x.device)
+    ours = _grads(_triton, args, gy, x.dtype)
+    again = _grads(_triton, args, gy, x.dtype)
+    ref = _grads(_hf64, args, gy, torch.float64)
+    names = ("x", "gate_up", "gate_up_bias", "down", "down_bias", "topk_weights")
+    for name, a, b, r in zip(names, ours, again, ref, strict=True):
+        assert torch.equal(a, b), name
+        scale = max(1.0, r.abs().max().item())
+        assert (a.double() - r).abs().max().item() <= tol_bwd * scale, name
+
+
+@interp
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_interpreted_gpt_oss_experts_forward_backward(dtype):
+    args = _inputs(1, 6, 32, 16, 5, 2, dtype)
+    tol = (1e-4, 1e-4) if dtype == torch.float32 else (5e-2, 8e-2)
+    _check(args, *tol)
+
+
+@interp
+def test_interpreted_defaults_are_the_plain_kernel():
+    """No bias, halves, silu: the options' code path gives the bits of the path without them."""
+    from vexact_kernels.triton_ops import moe
+
+    x, gu, _, down, _, w, ids = _inputs(2, 5, 32, 16, 4, 2, torch.float32)
+    w13, w2 = gu.transpose(1, 2), down.transpose(1, 2)
+    plain = moe.triton_fused_moe(x, w13, w2, w, ids)
+    zeros = torch.zeros(4, 32)
+    assert torch.equal(moe.triton_fused_moe(x, w13, w2, w, ids, b_down=zeros), plain)
+
+
+@interp
+def test_interpreted_clamped_swiglu_close_to_the_cpu_reference():
+    g = torch.Generator().manual_seed(3)
+    gate, up = (torch.randn(5, 24, generator=g) * 6).requires_grad_(), (torch.randn(5, 24, generator=g) * 6)
+    up.requires_grad_()
+    from vexact_kernels.triton_ops.activation import triton_clamped_swiglu
+
+    out = triton_clamped_swiglu(gate, up, ALPHA, LIMIT)
+    torch.testing.assert_close(out, vk.clamped_swiglu(gate, up), atol=1e-5, rtol=1e-5)
+    out.sum().backward()
+    g64, u64 = gate.detach().double().requires_grad_(), up.detach().double().requires_grad_()
+    gc, uc = g64.clamp(max=LIMIT), u64.clamp(-LIMIT, LIMIT)
+    ((uc + 1) * gc * torch.sigmoid(gc * ALPHA)).sum().backward()
+    torch.testing.assert_close(gate.grad.double(), g64.grad, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(up.grad.double(), u64.grad, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_gpt_oss_experts_forward_backward():
+    args = _inputs(4, 96, 256, 128, 16, 4, torch.bfloat16, device="cuda")
+    _check(args, 5e-2, 8e-2)
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_public_ops_take_the_gpt_oss_options():
+    """The public fused_moe, clamped_swiglu and top-k-then-softmax routing on CUDA tensors: the Triton bits, rows
+    invariant to the batch, routing close to float64."""
+    args = _inputs(5, 40, 128, 64, 8, 2, torch.bfloat16, device="cuda")
+    x, gu, gu_b, down, down_b, w, ids = args
+    out = _cpu_reference(*args)  # the public op, here on CUDA tensors
+    assert torch.equal(out, _triton(*args))
+    gate, up = torch.randn(2, 40, 64, device="cuda").bfloat16().unbind(0)
+    act = vk.clamped_swiglu(gate * 6, up * 6)
+    assert torch.equal(act[3:4], vk.clamped_swiglu(gate[3:4] * 6, up[3:4] * 6))
+    logits = torch.randn(50, 32, device="cuda")
+    tw, tids = vk.moe_route(logits, 4, topk_before_softmax=True)
+    top, ref_ids = torch.topk(logits.double(), 4, dim=-1)
+    assert torch.equal(tids, ref_ids)
+    torch.testing.assert_close(tw.double(), torch.softmax(top, dim=-1), atol=1e-6, rtol=1e-6)
+    one_w, one_ids = vk.moe_route(logits[7:8], 4, topk_before_softmax=True)
+    assert torch.equal(one_w[0], tw[7]) and torch.equal(one_ids[0], tids[7])
