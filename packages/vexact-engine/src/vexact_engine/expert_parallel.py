@@ -49,15 +49,14 @@ import torch.distributed as dist
 from torch import nn
 
 import vexact_kernels as vk
-from vexact_models import SparseMoeBlock, load_model
+from vexact_models import SparseMoeBlock
 
-from .ablation import MismatchInjection, take_mismatch
+from .ablation import MismatchInjection
 from .block_manager import BlockManager
 from .config import EngineConfig
 from .llm import LLM
-from .loading import load_tokenizer
 from .model_runner import ModelRunner
-from .pipeline import _answer, _StageError
+from .pipeline import _answer, _engine_settings, _host_model, _require_group, _StageError
 from .scheduler import ScheduledSeq
 
 
@@ -242,10 +241,7 @@ class ExpertParallelLLM(LLM):
         driven: bool = False,
         **config_kw,
     ):
-        mismatch = take_mismatch(mismatch, config_kw)
-        if config is not None and config_kw:
-            raise TypeError("pass either config=EngineConfig(...) or keyword settings, not both")
-        config = config or EngineConfig(**config_kw)
+        config, mismatch = _engine_settings(config, mismatch, config_kw)
         if config.async_decode:
             raise ValueError("ExpertParallelLLM does not run EngineConfig.async_decode=True (its ranks step together)")
         with vk.use_backend(config.backend):
@@ -257,14 +253,9 @@ class ExpertParallelLLM(LLM):
         if not isinstance(driven, bool):
             raise TypeError(f"ExpertParallelLLM: driven must be True or False, got {driven!r}")
         self.driven = driven
-        if not dist.is_initialized():
-            raise RuntimeError("ExpertParallelLLM needs an initialised torch.distributed process group (e.g. torchrun)")
+        _require_group("ExpertParallelLLM")
         if model is None:
-            if model_path is None:
-                raise ValueError("ExpertParallelLLM needs a model_path or a model")
-            model = load_model(model_path, dtype=config.dtype, device="cpu")
-            if tokenizer is None:
-                tokenizer = load_tokenizer(model_path)
+            model, tokenizer = _host_model("ExpertParallelLLM", model_path, tokenizer, config)
             device = torch.device(config.device)
         else:
             device = next(model.parameters()).device  # the model decides, as for one device
