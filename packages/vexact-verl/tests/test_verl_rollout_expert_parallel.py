@@ -9,7 +9,7 @@ gloo process group (NCCL on GPUs) and run ``vexact_engine.ExpertParallelLLM(driv
 engine's and the trainer's; then verl's weight-sync sequence through the ``ServerAdapter`` (release = level-2 sleep on
 every rank, resume weights, bucketed ``update_weights`` of HF-named tensors, each rank receiving the shared weights
 and its own experts, resume kv_cache), and the new weights' tokens and logprobs equal a one-device engine's holding
-the same bf16 cast, and the trainer's.
+the same bf16 cast, and the trainer's; requests that arrive while rank 1 still misses its experts wait in the server.
 
 ``cpu`` runs the engines on CPU even where GPUs are present; ``cuda`` (marked ``gpu``, two GPUs) gives each stand-in
 worker a GPU, so the two ranks run on two GPUs over NCCL, the one-device engine and the trainer on the first
@@ -19,6 +19,7 @@ worker a GPU, so the two ranks run on two GPUs over NCCL, the one-device engine 
 from __future__ import annotations
 
 import asyncio
+import re
 import types
 
 import pytest
@@ -133,6 +134,26 @@ def test_expert_parallel_replica_equals_one_device_through_a_weight_sync(device,
         load_weights(actor_model, new)
         _assert_equal(outs, _one_device(ref), actor_model)
         assert [o.extra_fields["global_steps"] for o in outs] == [1] * len(PROMPTS)
+
+        # rank 0's weights loaded, rank 1's experts (4..7) not yet: requests wait in the server, none reaches a step
+        server = replica.servers[0]
+        rank1 = re.compile(r"\.experts\.[4-7]\.")
+        ours = [(n, t.cpu()) for n, t in new if not rank1.search(n)]
+        theirs = [(n, t.cpu()) for n, t in new if rank1.search(n)]
+        assert theirs
+
+        async def late():
+            await adapter.release()
+            await adapter.resume(tags=["weights"])
+            await server.update_weights.remote(ours)
+            await adapter.resume(tags=["kv_cache"])
+            waiting = asyncio.ensure_future(generate("late"))
+            done, _ = await asyncio.wait([waiting], timeout=2.0)
+            assert not done, "a request ran while rank 1 still missed its experts"
+            await server.update_weights.remote(theirs)
+            return await waiting
+
+        _assert_equal(loop.run_until_complete(late()), _one_device(ref), actor_model)
     finally:
         loop.close()
         ray.shutdown()

@@ -505,6 +505,11 @@ class ExpertParallelLLM(LLM):
         self._weights_pending.difference_update(loaded)
         return loaded
 
+    @property
+    def weights_pending_elsewhere(self) -> set[str]:
+        """Driver: the weights other ranks still miss after a level-2 sleep (no step runs until they are in)."""
+        return set(self._remote_pending)
+
     def weight_names(self) -> set[str]:
         """The checkpoint names of the weights this rank holds, experts under their global ids."""
         return {self._global_name(n) for n in super().weight_names()}

@@ -356,6 +356,11 @@ class PipelineLLM(LLM):
         loaded = {n for names, _ in answers for n in names}
         return [n for n, _ in tensors if n in loaded]
 
+    @property
+    def weights_pending_elsewhere(self) -> set[str]:
+        """Driver: the weights other stages still miss after a level-2 sleep (no step runs until they are in)."""
+        return set(self._remote_pending)
+
     def weight_table(self):
         """None: a pipeline's weights lie on several GPUs, so no trainer writes them through one stage's buffers;
         they come with :meth:`update_weights` or :meth:`receive_weights`."""

@@ -491,7 +491,9 @@ class VexactServer:
         self._set_ready()
 
     def _set_ready(self) -> None:
-        if not self.engine.sleep_level and not self._missing and not self._writing:
+        # a multi-GPU replica's driver also knows what its other ranks still miss: a request must not reach them first
+        elsewhere = getattr(self.engine, "weights_pending_elsewhere", None)
+        if not self.engine.sleep_level and not self._missing and not self._writing and not elsewhere:
             if not self._ready.is_set():
                 self._phase = GenPhase()
             self._ready.set()
