@@ -63,6 +63,31 @@ def test_expert_parallel_size_must_divide_the_experts():
         expert_shard(8, 0, 0)
 
 
+def test_a_rank_receives_the_shared_weights_and_its_own_experts_only():
+    """What the driver of a driven replica sends rank 1 of 2 (8 experts): expert ``e`` of 4..7 renamed to ``e - 4``,
+    the others' experts left out, a stacked tensor cut to its rows as a copy of its own (the wire carries those rows
+    only), every shared weight whole."""
+    import torch
+
+    from vexact_engine.expert_parallel import _rank_part
+
+    stacked = torch.arange(8 * 2, dtype=torch.float32).reshape(8, 2)
+    named = [
+        ("model.layers.0.mlp.experts.3.up_proj.weight", torch.zeros(2)),
+        ("model.layers.0.mlp.experts.5.down_proj.weight", torch.ones(2)),
+        ("model.layers.1.mlp.experts.gate_up_proj", stacked),
+        ("model.layers.0.mlp.gate.weight", torch.full((8, 2), 2.0)),
+    ]
+    part = dict(_rank_part(named, expert_shard(8, 2, 1)))
+    assert sorted(part) == [
+        "model.layers.0.mlp.experts.1.down_proj.weight",
+        "model.layers.0.mlp.gate.weight",
+        "model.layers.1.mlp.experts.gate_up_proj",
+    ]
+    cut = part["model.layers.1.mlp.experts.gate_up_proj"]
+    assert torch.equal(cut, stacked[4:]) and cut.untyped_storage().nbytes() == stacked[4:].numel() * 4
+
+
 def test_expert_parallel_needs_a_process_group():
     assert not dist.is_initialized()
     with pytest.raises(RuntimeError, match="process group"):

@@ -10,7 +10,7 @@ plus a small credit for digits), passed as a Hydra override like the CPU setting
 tested in tests/test_data_prepare.py.
 
 Cost on 2 cores: one run takes about 70 s (Qwen3-1.7B GRPO, cores otherwise idle) to 3 minutes (MoE recipes, cores
-shared), all seven about 18 minutes; so the default suite runs one recipe (Qwen3-1.7B GRPO on GSM8K) and the rest
+shared), nine runs in all; so the default suite runs one recipe (Qwen3-1.7B GRPO on GSM8K) and the rest
 run with ``VEXACT_RECIPE_SMOKE=all`` (skipped otherwise, with that reason).
 """
 
@@ -37,6 +37,8 @@ RUNS = {
     # the recipe's own PP=2: one rollout replica of 2 pipeline stages, the actor FSDP over 2 ranks (gloo)
     "qwen3_30b_a3b_dapo_math": ("qwen3_moe", {"GPUS_PER_NODE": "2"}, "val-aux/aime24/overlong_reward/mean@2"),
     "qwen3_30b_a3b_reinforce_pp_dapo_math": ("qwen3_moe", {"PP": "1"}, "val-core/aime24/acc/mean@2"),
+    # the recipe's own EP=2: one rollout replica over 2 ranks (ExpertParallelLLM, gloo), 4 of the 8 experts each
+    "qwen3_30b_a3b_ep": ("qwen3_moe", {"GPUS_PER_NODE": "2"}, "val-core/openai/gsm8k/acc/mean@1"),
     "moonlight_16b_a3b-grpo": ("deepseek_v3", {"ALGO": "grpo"}, "val-core/openai/gsm8k/acc/mean@1"),
     "moonlight_16b_a3b-reinforce_pp": ("deepseek_v3", {"ALGO": "reinforce_pp"}, "val-core/aime24/acc/mean@2"),
     "r1_distill_qwen_1.5b_verify_pair_math": ("qwen2", {"ARMS": "vexact"}, "val-core/aime25/acc/mean@2"),
@@ -176,6 +178,8 @@ def test_recipes_refuse_bad_input_naming_the_value(tmp_path):
         (tmp_path / "data" / f).write_bytes(b"")
     assert "ARMS: unknown arm 'sglang' (vllm, vexact)" in _refusal(pair, tmp_path, ARMS="vexact sglang")
     (tmp_path / "data/gsm8k/test.parquet").write_bytes(b"")
+    assert "EP=3 must be a positive integer that divides GPUS_PER_NODE=8" in _refusal("qwen3_30b_a3b_ep", tmp_path,
+                                                                                        EP="3")  # fmt: skip
     sep = "qwen3_1.7b_separate_async"
     assert "MODE must be separate_async, colocate_async or sync, got 'ppo'" in _refusal(sep, tmp_path, MODE="ppo")
     assert "ROLLOUT_GPUS must be a positive integer, got '0'" in _refusal(sep, tmp_path, ROLLOUT_GPUS="0")

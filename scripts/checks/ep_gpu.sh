@@ -7,7 +7,10 @@
 # For EP = 2 (and 4 where 4 GPUs are visible), each of the tiny qwen3_moe, deepseek_v3 and qwen3_moe_top8
 # checkpoints: contracts/ep_check.py (ExpertParallelLLM == one GPU == the trainer, torch.equal; qwen3_moe and
 # deepseek_v3 also after sleep(2), wake and update_weights), then the perturbation: the combine in arrival order on
-# qwen3_moe_top8 at EP = 2 must be caught. The script sources scripts/staging/device_env.sh (the monorepo on
+# qwen3_moe_top8 at EP = 2 must be caught; then verl-ep2: verl's LLMServerManager builds a vexact replica with
+# rollout.expert_parallel_size=2 over two GPUs (packages/vexact-verl/tests/test_verl_rollout_expert_parallel.py, its
+# cuda case): tokens and logprobs through verl's client == one GPU == the trainer, before and after verl's weight
+# sync. The script sources scripts/staging/device_env.sh (the monorepo on
 # PYTHONPATH). GPUs: those of CUDA_VISIBLE_DEVICES, else all. Exit status 0 only if every case passed and the
 # perturbation was caught.
 set -uo pipefail
@@ -61,4 +64,19 @@ for world in 2 4; do
   check "qwen3_moe_top8-ep$world" "$world" "== one GPU == trainer" --checkpoint qwen3_moe_top8 --long
 done
 check "arrival-order-caught-ep2" 2 "arrival-order combine caught" --checkpoint qwen3_moe_top8 --long --perturb arrival
+
+if [ "$NGPU" -lt 2 ]; then
+  result verl-ep2 SKIP "a verl EP=2 replica needs 2 GPUs; $NGPU visible"
+else
+  t0=$SECONDS
+  python3 -m pytest -q -x -p no:cacheprovider -k cuda packages/vexact-verl/tests/test_verl_rollout_expert_parallel.py \
+    > "$RESULTS/verl-ep2.log" 2>&1
+  rc=$?
+  tail -1 "$RESULTS/verl-ep2.log"
+  if [ "$rc" = 0 ] && grep -q " passed" "$RESULTS/verl-ep2.log" && ! grep -q "skipped" "$RESULTS/verl-ep2.log"; then
+    result verl-ep2 PASS "verl replica EP=2 == one GPU == trainer, through a weight sync, $((SECONDS - t0)) s"
+  else
+    result verl-ep2 FAIL "exit $rc after $((SECONDS - t0)) s; see $RESULTS/verl-ep2.log"
+  fi
+fi
 exit "$status"

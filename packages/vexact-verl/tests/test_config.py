@@ -42,8 +42,8 @@ def test_layouts_that_would_change_reductions_are_refused():
 
 def test_expert_parallel_size_is_checked_against_the_model():
     """``rollout.expert_parallel_size`` (with ``data_parallel_size`` equal to it, as verl requires) must divide the
-    routed experts (both numbers named); a size that does is refused too, by name, until the server drives an
-    expert-parallel replica (never silently run on one GPU)."""
+    routed experts (both numbers named); a size that does is taken (the replica runs ExpertParallelLLM over its
+    GPUs), but not together with pipeline stages."""
     from types import SimpleNamespace
 
     moe = SimpleNamespace(local_path=str(default_checkpoint("qwen3_moe")))  # 8 routed experts, read from config.json
@@ -58,8 +58,14 @@ def test_expert_parallel_size_is_checked_against_the_model():
         _check_layout(rollout(expert_parallel_size=2, data_parallel_size=2), dense)
     with pytest.raises(ValueError, match="positive integer"):
         _check_layout(rollout(expert_parallel_size=0), moe)
-    with pytest.raises(NotImplementedError, match="expert_parallel_size=2: the vexact server does not drive"):
-        _check_layout(rollout(expert_parallel_size=2, data_parallel_size=2), moe)
+    _check_layout(rollout(expert_parallel_size=2, data_parallel_size=2), moe)
+    _check_layout(rollout(expert_parallel_size=8, data_parallel_size=8), moe)
+    both = dict(expert_parallel_size=2, data_parallel_size=2, pipeline_model_parallel_size=2)
+    with pytest.raises(ValueError, match="expert_parallel_size=2 with pipeline_model_parallel_size=2"):
+        _check_layout(rollout(**both, engine_kwargs={"vexact": {"num_kv_blocks": 64}}), moe)
+    with pytest.raises(ValueError, match="a vexact replica runs one of the two"):
+        ServerSettings(model_path="x", max_model_len=8, prompt_length=4, response_length=4,
+                       pipeline_parallel_size=2, expert_parallel_size=2)  # fmt: skip
 
 
 def test_sampling_dict_translation():

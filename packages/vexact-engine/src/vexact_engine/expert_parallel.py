@@ -35,7 +35,8 @@ Cost: the dispatch all-gathers every token to every rank and the return moves ``
 most of them zeros; an all-to-all of the routed pairs alone moves less and is the next step for large ``W``.
 Scope: eager steps (CUDA-graph decode is left for later: it needs every rank to replay the same padded size, which
 the fixed-size buffers already allow); ``sleep``/``wake_up`` per rank; ``update_weights`` with HF names on every
-rank, each keeping its own experts. Bucketed and broadcast weight sync are refused for now.
+rank, each keeping its own experts (``driven``: the driver cuts each rank's part, the shared weights and that rank's
+experts, and sends each rank its own part only). Bucketed and broadcast weight sync are refused for now.
 """
 
 from __future__ import annotations
@@ -49,15 +50,14 @@ import torch.distributed as dist
 from torch import nn
 
 import vexact_kernels as vk
-from vexact_models import SparseMoeBlock, load_model
+from vexact_models import SparseMoeBlock
 
-from .ablation import MismatchInjection, take_mismatch
+from .ablation import MismatchInjection
 from .block_manager import BlockManager
 from .config import EngineConfig
 from .llm import LLM
-from .loading import load_tokenizer
 from .model_runner import ModelRunner
-from .pipeline import _answer, _StageError
+from .pipeline import _answer, _engine_settings, _host_model, _require_group, _StageError
 from .scheduler import ScheduledSeq
 
 
@@ -193,6 +193,25 @@ _EXPERT_NAME = re.compile(r"^(?P<prefix>.*\.experts)\.(?P<e>\d+)\.(?P<rest>(gate
 _STACKED_NAME = re.compile(r"^.*\.experts\.(gate_up_proj|down_proj)$")
 
 
+def _rank_part(named_tensors, shard: range) -> list[tuple[str, torch.Tensor]]:
+    """The tensors a rank holding experts ``shard`` loads, under its own names: every tensor but another rank's
+    experts, expert ``e`` renamed to its local id ``e - shard.start``, a stacked expert tensor cut to the shard (a
+    copy, so that a cut sent to another process carries its own rows only)."""
+    out = []
+    for name, tensor in named_tensors:
+        name = str(name)
+        m = _EXPERT_NAME.match(name)
+        if m is not None:
+            e = int(m["e"])
+            if e in shard:
+                out.append((f"{m['prefix']}.{e - shard.start}.{m['rest']}", tensor))
+        elif _STACKED_NAME.match(name) is not None:
+            out.append((name, tensor[shard.start : shard.stop].clone()))
+        else:
+            out.append((name, tensor))
+    return out
+
+
 class _ExpertRunner(ModelRunner):
     """A one-device runner whose steps first agree on the exchange's row count; :meth:`idle` is a step with no
     tokens, for a rank whose scheduler had nothing to run."""
@@ -242,10 +261,7 @@ class ExpertParallelLLM(LLM):
         driven: bool = False,
         **config_kw,
     ):
-        mismatch = take_mismatch(mismatch, config_kw)
-        if config is not None and config_kw:
-            raise TypeError("pass either config=EngineConfig(...) or keyword settings, not both")
-        config = config or EngineConfig(**config_kw)
+        config, mismatch = _engine_settings(config, mismatch, config_kw)
         if config.async_decode:
             raise ValueError("ExpertParallelLLM does not run EngineConfig.async_decode=True (its ranks step together)")
         with vk.use_backend(config.backend):
@@ -257,14 +273,9 @@ class ExpertParallelLLM(LLM):
         if not isinstance(driven, bool):
             raise TypeError(f"ExpertParallelLLM: driven must be True or False, got {driven!r}")
         self.driven = driven
-        if not dist.is_initialized():
-            raise RuntimeError("ExpertParallelLLM needs an initialised torch.distributed process group (e.g. torchrun)")
+        _require_group("ExpertParallelLLM")
         if model is None:
-            if model_path is None:
-                raise ValueError("ExpertParallelLLM needs a model_path or a model")
-            model = load_model(model_path, dtype=config.dtype, device="cpu")
-            if tokenizer is None:
-                tokenizer = load_tokenizer(model_path)
+            model, tokenizer = _host_model("ExpertParallelLLM", model_path, tokenizer, config)
             device = torch.device(config.device)
         else:
             device = next(model.parameters()).device  # the model decides, as for one device
@@ -397,6 +408,10 @@ class ExpertParallelLLM(LLM):
             if message is None:
                 return steps
             if "op" in message:
+                if message.get("scattered"):  # this rank's own tensors follow
+                    mine = [None]
+                    dist.scatter_object_list(mine, None, src=0)
+                    message = dict(message, tensors=mine[0])
                 dist.gather_object(_answer(self._apply, message), None, dst=0)
                 continue
             for rid, ids, params in message["adds"].get(self.rank, []):
@@ -410,10 +425,17 @@ class ExpertParallelLLM(LLM):
             raise RuntimeError("only rank 0 of an ExpertParallelLLM(driven=True) shuts it down")
         dist.broadcast_object_list([None], src=0, device=self.runner.exchange.comm)
 
-    def _control(self, message: dict) -> list:
-        """Driver: a control message to every rank, applied here too; every rank's answer (rank order). A rank's
-        error comes back as its answer and is raised here."""
+    def _control(self, message: dict, parts: list | None = None) -> list:
+        """Driver: a control message to every rank, applied here too; every rank's answer (rank order). ``parts``:
+        one payload a rank (its ``tensors``), scattered so that each rank receives its own only. A rank's error comes
+        back as its answer and is raised here."""
+        if parts is not None:
+            message = dict(message, scattered=True)
         dist.broadcast_object_list([message], src=0, device=self.runner.exchange.comm)
+        if parts is not None:
+            mine = [None]
+            dist.scatter_object_list(mine, parts, src=0)
+            message = dict(message, tensors=mine[0])
         answers = [None] * self.world
         dist.gather_object(_answer(self._apply, message), answers, dst=0)
         for rank, ans in enumerate(answers):
@@ -427,10 +449,12 @@ class ExpertParallelLLM(LLM):
             LLM.sleep(self, message["level"])
         elif op == "wake_up":
             LLM.wake_up(self)
-        elif op == "update_weights":
-            return self._update_local(message["tensors"]), sorted(self._weights_pending)
+        elif op == "update_weights":  # this rank's part, already cut (_rank_part)
+            return self._load_local(message["tensors"]), sorted(self._weights_pending)
         elif op == "abort":
             return LLM.abort_request(self, message["request_id"])
+        elif op == "reset_prefix_cache":
+            LLM.reset_prefix_cache(self)
         else:
             raise ValueError(f"unknown expert-parallel control message {op!r}")
         return [], sorted(self._weights_pending)
@@ -442,6 +466,12 @@ class ExpertParallelLLM(LLM):
         self._refuse_sleep(level)
         self._control({"op": "sleep", "level": level})
 
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached KV page; ``driven``: on every rank (each has its own cache)."""
+        if not self._drives():
+            return super().reset_prefix_cache()
+        self._control({"op": "reset_prefix_cache"})
+
     def wake_up(self) -> None:
         if not self._drives():
             return super().wake_up()
@@ -449,17 +479,6 @@ class ExpertParallelLLM(LLM):
         self._remote_pending = {n for _, pending in answers[1:] for n in pending}
 
     # ---- weights: HF names of the whole model in, each rank keeps its own experts
-    def _local_name(self, name: str, tensor: torch.Tensor) -> tuple[str, torch.Tensor] | None:
-        m = _EXPERT_NAME.match(name)
-        if m is not None:
-            e = int(m["e"])
-            if e not in self.shard:
-                return None  # another rank's expert
-            return f"{m['prefix']}.{e - self.shard.start}.{m['rest']}", tensor
-        if _STACKED_NAME.match(name) is not None:
-            return name, tensor[self.shard.start : self.shard.stop]
-        return name, tensor
-
     def _global_name(self, name: str) -> str:
         m = _EXPERT_NAME.match(name)
         return name if m is None else f"{m['prefix']}.{int(m['e']) + self.shard.start}.{m['rest']}"
@@ -467,21 +486,29 @@ class ExpertParallelLLM(LLM):
     def update_weights(self, named_tensors) -> list[str]:
         """Load HF-named tensors (the whole model's names: expert ``e`` under its global id); this rank keeps the
         tensors it holds and skips other ranks' experts. Returns the names loaded here (global ids); ``driven``: the
-        driver sends them to every rank and returns the names loaded on any."""
+        driver cuts each rank's part (every shared weight, that rank's experts) and sends each rank its own part
+        only, and returns the names loaded on any rank."""
         if not self._drives():
-            return self._update_local(named_tensors)
+            return self._load_local(_rank_part(named_tensors, self.shard))
         self._refuse_update()
         tensors = [(str(n), t.detach().to("cpu")) for n, t in named_tensors]
-        answers = self._control({"op": "update_weights", "tensors": tensors})
+        experts = self.shard.stop - self.shard.start
+        parts = [_rank_part(tensors, range(r * experts, (r + 1) * experts)) for r in range(self.world)]
+        answers = self._control({"op": "update_weights"}, parts)
         self._remote_pending = {n for _, pending in answers[1:] for n in pending}
         loaded = {n for names, _ in answers for n in names}
         return [n for n, _ in tensors if n in loaded]
 
-    def _update_local(self, named_tensors) -> list[str]:
-        local = (self._local_name(str(n), t) for n, t in named_tensors)
-        loaded = [self._global_name(n) for n in LLM.update_weights(self, (x for x in local if x is not None))]
+    def _load_local(self, local) -> list[str]:
+        """Load tensors under this rank's names (:func:`_rank_part`); returns their global names."""
+        loaded = [self._global_name(n) for n in LLM.update_weights(self, local)]
         self._weights_pending.difference_update(loaded)
         return loaded
+
+    @property
+    def weights_pending_elsewhere(self) -> set[str]:
+        """Driver: the weights other ranks still miss after a level-2 sleep (no step runs until they are in)."""
+        return set(self._remote_pending)
 
     def weight_names(self) -> set[str]:
         """The checkpoint names of the weights this rank holds, experts under their global ids."""

@@ -200,6 +200,32 @@ def _answer(local, message: dict):
         return _StageError(f"{type(e).__name__}: {e}")
 
 
+def _engine_settings(
+    config: EngineConfig | None, mismatch: MismatchInjection | None, config_kw: dict
+) -> tuple[EngineConfig, MismatchInjection | None]:
+    """The engine's config and mismatch injection from a multi-rank engine's arguments, as ``LLM`` takes them."""
+    mismatch = take_mismatch(mismatch, config_kw)
+    if config is not None and config_kw:
+        raise TypeError("pass either config=EngineConfig(...) or keyword settings, not both")
+    return config or EngineConfig(**config_kw), mismatch
+
+
+def _require_group(engine: str) -> None:
+    if not dist.is_initialized():
+        raise RuntimeError(f"{engine} needs an initialised torch.distributed process group (e.g. torchrun)")
+
+
+def _host_model(engine: str, model_path: str | Path | None, tokenizer, config: EngineConfig):
+    """The whole model loaded on the host (each rank then cuts out its part before moving it to its device) and its
+    tokenizer, unless one was given."""
+    if model_path is None:
+        raise ValueError(f"{engine} needs a model_path or a model")
+    model = load_model(model_path, dtype=config.dtype, device="cpu")
+    if tokenizer is None:
+        tokenizer = load_tokenizer(model_path)
+    return model, tokenizer
+
+
 class PipelineLLM(LLM):
     """An engine whose decoder layers are split over the ranks of the default process group (one stage per rank).
 
@@ -218,25 +244,17 @@ class PipelineLLM(LLM):
         mismatch: MismatchInjection | None = None,
         **config_kw,
     ):
-        mismatch = take_mismatch(mismatch, config_kw)
-        if config is not None and config_kw:
-            raise TypeError("pass either config=EngineConfig(...) or keyword settings, not both")
-        config = config or EngineConfig(**config_kw)
+        config, mismatch = _engine_settings(config, mismatch, config_kw)
         if config.async_decode is None:  # the default: off here (its stages step in lockstep)
             config = dataclasses.replace(config, async_decode=False)
         if config.async_decode:
             raise ValueError("PipelineLLM does not run EngineConfig.async_decode=True (its stages step in lockstep)")
-        if not dist.is_initialized():
-            raise RuntimeError("PipelineLLM needs an initialised torch.distributed process group (e.g. torchrun)")
+        _require_group("PipelineLLM")
         if config.num_kv_blocks is None and config.kv_cache_bytes is None:
             raise ValueError("PipelineLLM needs num_kv_blocks or kv_cache_bytes: every stage must hold the same pages")
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         if model is None:
-            if model_path is None:
-                raise ValueError("PipelineLLM needs a model_path or a model")
-            model = load_model(model_path, dtype=config.dtype, device="cpu")
-            if tokenizer is None:
-                tokenizer = load_tokenizer(model_path)
+            model, tokenizer = _host_model("PipelineLLM", model_path, tokenizer, config)
         self.stage = stage_layers(model.config.num_hidden_layers, self.world)[self.rank]
         self._all_names = _weight_names(model)
         layers = model.model.layers
@@ -337,6 +355,11 @@ class PipelineLLM(LLM):
         answers = self._drive({"op": "update_weights", "tensors": tensors})
         loaded = {n for names, _ in answers for n in names}
         return [n for n, _ in tensors if n in loaded]
+
+    @property
+    def weights_pending_elsewhere(self) -> set[str]:
+        """Driver: the weights other stages still miss after a level-2 sleep (no step runs until they are in)."""
+        return set(self._remote_pending)
 
     def weight_table(self):
         """None: a pipeline's weights lie on several GPUs, so no trainer writes them through one stage's buffers;

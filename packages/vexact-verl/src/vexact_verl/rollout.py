@@ -1,7 +1,9 @@
 """verl's two rollout extension points, filled in for vexact.
 
 - :class:`VexactReplica` (verl's ``RolloutReplica``): launches one :class:`~vexact_verl.server.VexactServer` Ray actor
-  per replica, pinned to the node and GPU(s) of the replica's workers, and hands its handle to verl's agent loop.
+  per replica, pinned to the node and GPU of the replica's first worker, and hands its handle to verl's agent loop; a
+  replica over several GPUs (pipeline stages, or expert-parallel ranks) adds one
+  :class:`~vexact_verl.server.VexactStage` actor per further worker, on that worker's GPU.
 - :class:`ServerAdapter` (verl's ``BaseRollout``): lives in each trainer (hybrid) or checkpoint-engine (colocated,
   standalone) worker and turns verl's ``resume(tags)`` / ``release()`` / ``update_weights(generator)`` into calls on
   that server actor.
@@ -57,11 +59,12 @@ CHECKPOINT_BACKENDS = ("naive", "nccl", "gloo")
 
 def _routed_experts(model_config) -> int | None:
     """The routed-expert count of the model's HF config (``num_experts``, ``n_routed_experts`` or
-    ``num_local_experts``); None for a dense model or a config not at hand."""
+    ``num_local_experts``); 0 for a dense model, None for a config not at hand (the driver's DictConfig names a
+    ``path`` that may be remote: the workers check it)."""
     hf = getattr(model_config, "hf_config", None)
     if hf is None:
-        path = getattr(model_config, "local_path", None)
-        if not path or not os.path.isfile(os.path.join(path, "config.json")):
+        path = getattr(model_config, "local_path", None) or getattr(model_config, "path", None)
+        if not path or not os.path.isfile(os.path.join(str(path), "config.json")):
             return None
         with open(os.path.join(path, "config.json")) as f:
             hf = json.load(f)
@@ -69,13 +72,17 @@ def _routed_experts(model_config) -> int | None:
     for key in ("num_experts", "n_routed_experts", "num_local_experts"):
         if isinstance(get(key), int) and get(key) > 0:
             return get(key)
-    return None
+    return 0
 
 
 def _check_expert_parallel(config, model_config=None) -> int:
     """``rollout.expert_parallel_size``: 1 (no expert parallelism), or a divisor of the model's routed experts, with
     ``data_parallel_size`` equal to it (as verl lays out expert parallelism: the attention data-parallel over the
-    replica's ranks, each rank a shard of the experts). Returns the size."""
+    replica's ranks, each rank a shard of the experts). Returns the size.
+
+    A replica of ``expert_parallel_size`` GPUs runs :class:`vexact_engine.ExpertParallelLLM` over them: one process a
+    worker's GPU, each with its own requests and KV cache and its share of the experts, rank 0 the driver that verl
+    talks to (as verl's vLLM replica with expert parallelism: the data-parallel ranks of one replica)."""
     ep = getattr(config, "expert_parallel_size", 1)
     ep = 1 if ep is None else ep
     if isinstance(ep, bool) or not isinstance(ep, int) or ep < 1:
@@ -87,19 +94,21 @@ def _check_expert_parallel(config, model_config=None) -> int:
             f"rollout.expert_parallel_size={ep} needs rollout.data_parallel_size={ep} (the attention data-parallel "
             f"over the replica's ranks); got {config.data_parallel_size}"
         )
+    pp = config.pipeline_model_parallel_size
+    if pp > 1:
+        raise ValueError(
+            f"rollout.expert_parallel_size={ep} with pipeline_model_parallel_size={pp}: the vexact rollout runs one of "
+            "the two in a replica, not both"
+        )
     experts = _routed_experts(model_config)
-    if model_config is not None and experts is None:
+    if experts == 0:
         raise ValueError(f"rollout.expert_parallel_size={ep}: the model has no routed experts (it is not an MoE model)")
-    if experts is not None and experts % ep:
+    if experts and experts % ep:
         raise ValueError(
             f"rollout.expert_parallel_size={ep} does not divide the model's {experts} routed experts: use a divisor "
             f"of {experts}"
         )
-    raise NotImplementedError(
-        f"rollout.expert_parallel_size={ep}: the vexact server does not drive an expert-parallel replica yet "
-        "(vexact_engine.ExpertParallelLLM runs one under torchrun); use 1, or pipeline_model_parallel_size for a "
-        "model that outgrows one GPU"
-    )
+    return ep
 
 
 def _check_layout(config, model_config=None) -> None:
@@ -145,11 +154,14 @@ def server_settings(config: RolloutConfig, model_config, replica_rank: int, roll
         ignore_eos=bool(config.ignore_eos),
         sleep_level=2 if rollout_mode == "hybrid" else 1,
         pipeline_parallel_size=int(config.pipeline_model_parallel_size),
+        expert_parallel_size=int(getattr(config, "expert_parallel_size", 1) or 1),
     )
 
 
 class VexactReplica(RolloutReplica):
-    """One vexact engine per replica (one GPU: no tensor parallelism), served by a Ray actor."""
+    """One vexact engine per replica, served by a Ray actor: on one GPU, or over the replica's GPUs as pipeline
+    stages (``pipeline_model_parallel_size``) or expert-parallel ranks (``expert_parallel_size``); never tensor
+    parallelism."""
 
     def __init__(self, replica_rank: int, config: RolloutConfig, model_config: HFModelConfig, *args, **kwargs):
         super().__init__(replica_rank, config, model_config, *args, **kwargs)
@@ -164,7 +176,8 @@ class VexactReplica(RolloutReplica):
 
     async def launch_servers(self):
         """Start the server actor on the node of the replica's first worker, seeing that worker's GPU; with
-        ``pipeline_model_parallel_size`` > 1 also one stage actor per further worker, on that worker's GPU."""
+        ``pipeline_model_parallel_size`` or ``expert_parallel_size`` > 1 also one rank actor per further worker, on
+        that worker's node and GPU (rank r on worker r, as verl places a vLLM replica's ranks)."""
         if len(self.workers) != self.world_size:
             raise RuntimeError(f"vexact replica {self.replica_rank}: {len(self.workers)} workers for world size "
                                f"{self.world_size}")  # fmt: skip
@@ -189,8 +202,8 @@ class VexactReplica(RolloutReplica):
         server = self._place(self.server_class, infos[0], name=self._name(0), max_concurrency=self.max_concurrency)
         server = server.remote(settings, mode, self.replica_rank, 0, visible or None, infos[0][2])
         self.servers = [server]
-        if settings.pipeline_parallel_size > 1:
-            # stage r on the GPU of the replica's worker r; all stages join one process group, stage 0 drives
+        if settings.ranks > 1:
+            # rank r on the GPU of the replica's worker r; all ranks join one process group, rank 0 drives
             address = await server.pick_dist_address.remote()
             self.stages = [
                 self._place(self.stage_class, info, name=f"{self._name(0)}_stage{r}").remote(
@@ -305,7 +318,9 @@ class ServerAdapter(BaseRollout):
         The path is chosen per sync: on the engine's GPU (same ``device_uuid``) the tensors are copied straight into
         the engine's packed weight buffers (single copy, :meth:`_update_weights_direct`); where the engine has no
         packed buffers, into bucket buffers it opens (:meth:`_update_weights_ipc`); on another GPU or host (pipeline
-        replicas, separate placement) in host buckets of ``checkpoint_engine.update_weights_bucket_megabytes``.
+        and expert-parallel replicas, separate placement) in host buckets of
+        ``checkpoint_engine.update_weights_bucket_megabytes``, which the replica's driver routes to the ranks that hold
+        each tensor (an expert-parallel rank receives the shared weights and its own experts only).
         """
         if wire_format != "named_tensors":
             raise NotImplementedError(f"the vexact rollout takes wire_format='named_tensors', got {wire_format!r}")
@@ -367,7 +382,8 @@ class ServerAdapter(BaseRollout):
         """True when this worker and the server share a CUDA device: weights then go through CUDA IPC handles."""
         if self._ipc is None:
             self._ipc = False
-            if server is not None and torch.cuda.is_available() and self.config.pipeline_model_parallel_size == 1:
+            one_gpu = self.config.pipeline_model_parallel_size == 1 and self.config.expert_parallel_size in (None, 1)
+            if server is not None and torch.cuda.is_available() and one_gpu:
                 from vexact_models import device_uuid
 
                 theirs = await server.weight_sync_device.remote()

@@ -24,7 +24,15 @@ from typing import Any
 
 import torch
 
-from vexact_engine import EngineConfig, LLMEngine, MismatchInjection, PipelineLLM, RequestOutput, SamplingParams
+from vexact_engine import (
+    EngineConfig,
+    ExpertParallelLLM,
+    LLMEngine,
+    MismatchInjection,
+    PipelineLLM,
+    RequestOutput,
+    SamplingParams,
+)
 
 log = logging.getLogger("vexact_verl")
 GEN_PHASE_LOG_ENV = "VEXACT_GEN_PHASE_LOG"  # a file each replica appends its GenPhase summaries to, one JSON line each
@@ -91,6 +99,19 @@ class ServerSettings:
     ignore_eos: bool = False
     sleep_level: int = 2  # hybrid: weights are re-sent after every sleep, so they need not be kept
     pipeline_parallel_size: int = 1  # > 1: stages of layers on that many GPUs (vexact_engine.PipelineLLM)
+    expert_parallel_size: int = 1  # > 1: routed experts sharded over that many GPUs (vexact_engine.ExpertParallelLLM)
+
+    def __post_init__(self):
+        if self.pipeline_parallel_size > 1 and self.expert_parallel_size > 1:
+            raise ValueError(
+                f"pipeline_parallel_size={self.pipeline_parallel_size} with expert_parallel_size="
+                f"{self.expert_parallel_size}: a vexact replica runs one of the two, not both"
+            )
+
+    @property
+    def ranks(self) -> int:
+        """The replica's processes (one a GPU): its pipeline stages or its expert-parallel ranks, else 1."""
+        return max(self.pipeline_parallel_size, self.expert_parallel_size)
 
 
 def engine_kwargs_from_verl(config, replica_rank: int = 0) -> dict[str, Any]:
@@ -228,9 +249,10 @@ class VexactServer:
     async def launch_server(self, dist_address: tuple[str, int] | None = None) -> None:
         """Build the engine (load the checkpoint) and start the stepping task.
 
-        Pipeline-parallel replica (``settings.pipeline_parallel_size > 1``): this server is stage 0 and the pipeline's
-        driver; ``dist_address`` (from :meth:`pick_dist_address`) is where the stages meet, and the replica launches
-        the other stages (:class:`VexactStage`) at the same time, since joining the process group waits for all.
+        Multi-GPU replica (``settings.ranks > 1``: pipeline stages or expert-parallel ranks): this server is rank 0
+        and the replica's driver; ``dist_address`` (from :meth:`pick_dist_address`) is where the ranks meet, and the
+        replica launches the other ranks (:class:`VexactStage`) at the same time, since joining the process group
+        waits for all.
         """
         if self.engine is not None:
             return
@@ -241,10 +263,10 @@ class VexactServer:
         except Exception:  # not inside Ray (direct use in a test): keep the loopback address
             pass
         engine_kw = _engine_kwargs(self.settings, self.gpu_uuid)
-        if self.settings.pipeline_parallel_size > 1:
+        if self.settings.ranks > 1:
             if dist_address is None:
-                raise ValueError("a pipeline-parallel server needs the stages' dist_address to launch")
-            self.engine = await asyncio.to_thread(_pipeline_engine, self.settings, engine_kw, 0, dist_address)
+                raise ValueError("a multi-GPU replica's server needs its ranks' dist_address to launch")
+            self.engine = await asyncio.to_thread(_parallel_engine, self.settings, engine_kw, 0, dist_address)
         else:
             self.engine = await asyncio.to_thread(LLMEngine, self.settings.model_path, **engine_kw)
         if self.engine.max_model_len < self.settings.max_model_len:
@@ -255,7 +277,7 @@ class VexactServer:
         self._loop_task = asyncio.get_running_loop().create_task(self._step_loop())
 
     def pick_dist_address(self) -> tuple[str, int]:
-        """A free TCP port on this server's node, where a pipeline's stages form their process group."""
+        """A free TCP port on this server's node, where a multi-GPU replica's ranks form their process group."""
         port, sock = _free_port()
         sock.close()
         try:
@@ -469,7 +491,9 @@ class VexactServer:
         self._set_ready()
 
     def _set_ready(self) -> None:
-        if not self.engine.sleep_level and not self._missing and not self._writing:
+        # a multi-GPU replica's driver also knows what its other ranks still miss: a request must not reach them first
+        elsewhere = getattr(self.engine, "weights_pending_elsewhere", None)
+        if not self.engine.sleep_level and not self._missing and not self._writing and not elsewhere:
             if not self._ready.is_set():
                 self._phase = GenPhase()
             self._ready.set()
@@ -529,8 +553,8 @@ class VexactServer:
     # ---- weights without host copies: a colocated trainer's device buffers, opened through CUDA IPC handles
     def weight_sync_device(self) -> str | None:
         """The UUID of this server's GPU when a trainer on the same GPU may hand it CUDA IPC handles (a one-device
-        engine on CUDA), else None (the host path)."""
-        if self.engine is None or self.settings.pipeline_parallel_size > 1:
+        engine on CUDA), else None (the host path: a multi-GPU replica's weights lie on several GPUs)."""
+        if self.engine is None or self.settings.ranks > 1:
             return None
         device = next(self.engine.model.parameters(), torch.empty(0)).device
         if device.type != "cuda":
@@ -680,8 +704,10 @@ def _engine_kwargs(settings: ServerSettings, gpu_uuid: str | None = None) -> dic
     return kw
 
 
-def _pipeline_engine(settings: ServerSettings, engine_kw: dict, rank: int, dist_address: tuple[str, int]):
-    """Join the stages' process group (rank ``rank`` of ``pipeline_parallel_size``) and build this rank's stage."""
+def _parallel_engine(settings: ServerSettings, engine_kw: dict, rank: int, dist_address: tuple[str, int]):
+    """Join the replica's process group (rank ``rank`` of ``settings.ranks``) and build this rank's engine: its
+    pipeline stage (:class:`PipelineLLM`) or its share of the experts (:class:`ExpertParallelLLM`, driven by rank
+    0). Either way rank 0 takes every request and control call, the others serve."""
     import torch.distributed as dist
 
     on_cuda = str(engine_kw["device"]).startswith("cuda")
@@ -692,14 +718,17 @@ def _pipeline_engine(settings: ServerSettings, engine_kw: dict, rank: int, dist_
         "nccl" if on_cuda else "gloo",
         init_method=f"tcp://{ip}:{port}",
         rank=rank,
-        world_size=settings.pipeline_parallel_size,
+        world_size=settings.ranks,
     )
+    if settings.expert_parallel_size > 1:
+        return ExpertParallelLLM(settings.model_path, driven=True, **engine_kw)
     return PipelineLLM(settings.model_path, **engine_kw)
 
 
 class VexactStage:
-    """A pipeline-parallel replica's stage ``rank`` >= 1 (Ray actor): its layers and KV cache, driven by stage 0's
-    :class:`VexactServer` (the pipeline's driver). Its engine serves in a thread until the actor ends."""
+    """Rank ``rank`` >= 1 of a multi-GPU replica (Ray actor): a pipeline stage (its layers and KV cache) or an
+    expert-parallel rank (its share of the routed experts, its own requests and KV cache), driven by rank 0's
+    :class:`VexactServer`. Its engine serves in a thread until the actor ends."""
 
     def __init__(
         self, settings: ServerSettings, rank: int, cuda_visible_devices: str | None = None, gpu_uuid: str | None = None
@@ -716,7 +745,7 @@ class VexactStage:
         import threading
 
         engine_kw = _engine_kwargs(self.settings, self.gpu_uuid)
-        self.engine = _pipeline_engine(self.settings, engine_kw, self.rank, dist_address)
+        self.engine = _parallel_engine(self.settings, engine_kw, self.rank, dist_address)
 
         def serve():
             try:
