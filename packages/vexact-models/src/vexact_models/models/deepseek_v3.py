@@ -20,7 +20,7 @@ from torch import nn
 
 import vexact_kernels as vk
 
-from ..config import ARCHITECTURES, HFConfig, hf_dtype_name, hf_fields, parse_dtype
+from ..config import ARCHITECTURES, HFConfig, check_norm_rope_dtype, check_positive_ints, hf_dtype_name, hf_fields
 from ..layers import (
     DeepseekMoeBlock,
     Linear,
@@ -161,10 +161,7 @@ class DeepseekV3Config(HFConfig):
         ]  # fmt: skip
         if self.q_lora_rank is not None:
             ints.append("q_lora_rank")
-        for name in ints:
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{c}.{name} must be a positive integer, got {value!r}")
+        check_positive_ints(c, self, ints)
         for name in ("n_shared_experts", "first_k_dense_replace"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -200,11 +197,7 @@ class DeepseekV3Config(HFConfig):
             raise ValueError(f"{c}.hidden_act must be 'silu', got {self.hidden_act!r}")
         if not self.routed_scaling_factor > 0:
             raise ValueError(f"{c}.routed_scaling_factor must be > 0, got {self.routed_scaling_factor!r}")
-        if self.rms_norm_eps <= 0:
-            raise ValueError(f"{c}.rms_norm_eps must be > 0, got {self.rms_norm_eps}")
-        if self.rope_scaling is not None and not isinstance(self.rope_scaling, YarnScaling):
-            raise TypeError(f"{c}.rope_scaling must be a YarnScaling or None, got {type(self.rope_scaling).__name__}")
-        parse_dtype(self.torch_dtype)
+        check_norm_rope_dtype(c, self, YarnScaling)
 
     @property
     def num_experts(self) -> int:

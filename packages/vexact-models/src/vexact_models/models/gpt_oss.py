@@ -25,10 +25,10 @@ from ..config import (
     ARCHITECTURES,
     HFConfig,
     check_heads,
+    check_norm_rope_dtype,
     check_positive_ints,
     hf_dtype_name,
     hf_fields,
-    parse_dtype,
 )
 from ..layers import Attention, GptOssMoeBlock, Linear, RMSNorm, RotaryEmbedding, add_rms_norm, grouped_linear
 from .deepseek_v3 import YarnScaling
@@ -100,11 +100,7 @@ class GptOssConfig(HFConfig):
             raise ValueError(f"{c}.swiglu_limit must be {SWIGLU_LIMIT} (the kernels' clamp), got {self.swiglu_limit!r}")
         if self.hidden_act != "silu":
             raise ValueError(f"{c}.hidden_act must be 'silu' (gpt-oss's clamped SwiGLU), got {self.hidden_act!r}")
-        if self.rms_norm_eps <= 0:
-            raise ValueError(f"{c}.rms_norm_eps must be > 0, got {self.rms_norm_eps}")
-        if self.rope_scaling is not None and not isinstance(self.rope_scaling, YarnScaling):
-            raise TypeError(f"{c}.rope_scaling must be a YarnScaling or None, got {type(self.rope_scaling).__name__}")
-        parse_dtype(self.torch_dtype)
+        check_norm_rope_dtype(c, self, YarnScaling)
 
     @property
     def num_experts(self) -> int:
