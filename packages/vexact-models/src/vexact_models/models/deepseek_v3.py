@@ -15,7 +15,6 @@ import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
-import torch
 from torch import nn
 
 import vexact_kernels as vk
@@ -25,13 +24,11 @@ from ..layers import (
     DeepseekMoeBlock,
     Linear,
     MLAttention,
-    RMSNorm,
     RotaryEmbedding,
     SiluAndMul,
-    add_rms_norm,
     grouped_linear,
 )
-from .dense import DenseForCausalLM
+from .dense import DenseDecoderLayer, DenseForCausalLM
 
 
 @dataclass(frozen=True)
@@ -285,21 +282,9 @@ def _mlp(cfg: DeepseekV3Config, i: int) -> nn.Module:
     )  # fmt: skip
 
 
-class DeepseekV3DecoderLayer(nn.Module):
-    def __init__(self, cfg: DeepseekV3Config, rotary: RotaryEmbedding, i: int):
-        super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype)
-        self.self_attn = MLAttention(cfg, rotary)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype)
-        self.mlp = _mlp(cfg, i)
-
-    def forward(self, x, positions, meta, kv_cache, residual=None):
-        """As :meth:`DenseDecoderLayer.forward`: the residual add left to the next norm when inferring."""
-        residual, h = add_rms_norm(self.input_layernorm, x, residual)
-        h = self.self_attn(h, positions, meta, kv_cache)
-        residual, h = add_rms_norm(self.post_attention_layernorm, h, residual)
-        h = self.mlp(h)
-        return (residual + h, None) if torch.is_grad_enabled() else (h, residual)
+def _layer(cfg: DeepseekV3Config, rotary: RotaryEmbedding, i: int) -> DenseDecoderLayer:
+    """Layer ``i``: the dense decoder layer around MLA attention and layer ``i``'s MLP (dense or MoE)."""
+    return DenseDecoderLayer(cfg, rotary, _mlp(cfg, i), MLAttention(cfg, rotary))
 
 
 class DeepseekV3ForCausalLM(DenseForCausalLM):
@@ -309,4 +294,4 @@ class DeepseekV3ForCausalLM(DenseForCausalLM):
     config_class = DeepseekV3Config
 
     def __init__(self, cfg: DeepseekV3Config):
-        super().__init__(cfg, make_layer=DeepseekV3DecoderLayer)
+        super().__init__(cfg, make_layer=_layer)
