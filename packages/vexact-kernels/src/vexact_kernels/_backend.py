@@ -79,9 +79,18 @@ def _format(state: tuple[str, ...]) -> str:
     return "fast:" + ",".join(op for op, b in zip(OPS, state, strict=True) if b == "fast")
 
 
-def check_backend(spec: str) -> str:
-    """Validate a backend spec (``invariant``, ``fast``, ``fast:<op>,<op>``); returns it in canonical form."""
-    return _format(_parse(spec))
+def check_backend(spec: str, field: str | None = None) -> str:
+    """Validate a backend spec (``invariant``, ``fast``, ``fast:<op>,<op>``); returns it in canonical form.
+    ``field``: the config field that holds ``spec``; a bad spec then raises one ValueError naming the field and every
+    allowed spec."""
+    try:
+        return _format(_parse(spec))
+    except (ValueError, TypeError):
+        if field is None:
+            raise
+        raise ValueError(
+            f"{field} must be one of {BACKENDS}, got {spec!r} (or 'fast:<op>,...' with ops in {OPS})"
+        ) from None
 
 
 def get_backend(op: str | None = None) -> str:

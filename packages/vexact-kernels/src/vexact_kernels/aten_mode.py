@@ -142,12 +142,17 @@ def _epilogue(prod: torch.Tensor, bias: torch.Tensor, beta, alpha, out_dtype: to
     return prod.to(out_dtype)
 
 
+def _check_mm(op: str, a: torch.Tensor, b: torch.Tensor) -> None:
+    """``a [m, k]`` and ``b [k, n]``, else a RuntimeError as torch raises one."""
+    if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0]:
+        raise RuntimeError(f"invariant_mode aten::{op}: cannot multiply {tuple(a.shape)} by {tuple(b.shape)}")
+
+
 def _mm(keyset, a, b):
     if _is_exact_dtype(a.dtype) and _is_exact_dtype(b.dtype):
         return _call_original("mm", keyset, a, b)
     _check_matmul_dtype("mm", a, b)
-    if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0]:
-        raise RuntimeError(f"invariant_mode aten::mm: cannot multiply {tuple(a.shape)} by {tuple(b.shape)}")
+    _check_mm("mm", a, b)
     if a.shape[1] == 0:
         return a.new_zeros(a.shape[0], b.shape[1])
     return linear(a, b.t())
@@ -157,8 +162,7 @@ def _addmm(keyset, bias, a, b, *, beta=1, alpha=1):
     if _is_exact_dtype(a.dtype) and _is_exact_dtype(b.dtype):
         return _call_original("addmm", keyset, bias, a, b, beta=beta, alpha=alpha)
     _check_matmul_dtype("addmm", bias, a, b)
-    if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0]:
-        raise RuntimeError(f"invariant_mode aten::addmm: cannot multiply {tuple(a.shape)} by {tuple(b.shape)}")
+    _check_mm("addmm", a, b)
     m, n = a.shape[0], b.shape[1]
     torch.broadcast_shapes(bias.shape, (m, n))  # raises like torch for a bias that does not broadcast
     if beta == 1 and alpha == 1 and bias.shape == (n,) and a.shape[1] != 0:

@@ -129,42 +129,26 @@ def _sqrt_impl(x: torch.Tensor) -> torch.Tensor:
     return torch.sqrt(x.to(_F64)).to(_F32)
 
 
-class _Exp(torch.autograd.Function):
-    @staticmethod
+def _function(name: str, impl, grad, save_output: bool) -> type[torch.autograd.Function]:
+    """The autograd Function ``name`` of ``y = impl(x)``, backward ``grad(g, saved)`` with ``saved`` the output ``y``
+    (``save_output``) or the input ``x``."""
+
     def forward(ctx, x):
-        y = _exp_impl(x)
-        ctx.save_for_backward(y)
+        y = impl(x)
+        ctx.save_for_backward(y if save_output else x)
         return y
 
-    @staticmethod
     def backward(ctx, g):
-        (y,) = ctx.saved_tensors
-        return g * y
+        (saved,) = ctx.saved_tensors
+        return grad(g, saved)
+
+    methods = {"forward": staticmethod(forward), "backward": staticmethod(backward)}
+    return type(name, (torch.autograd.Function,), methods)
 
 
-class _Log(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_backward(x)
-        return _log_impl(x)
-
-    @staticmethod
-    def backward(ctx, g):
-        (x,) = ctx.saved_tensors
-        return g / x
-
-
-class _Sqrt(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        y = _sqrt_impl(x)
-        ctx.save_for_backward(y)
-        return y
-
-    @staticmethod
-    def backward(ctx, g):
-        (y,) = ctx.saved_tensors
-        return g / (2.0 * y)
+_Exp = _function("_Exp", _exp_impl, lambda g, y: g * y, save_output=True)
+_Log = _function("_Log", _log_impl, lambda g, x: g / x, save_output=False)
+_Sqrt = _function("_Sqrt", _sqrt_impl, lambda g, y: g / (2.0 * y), save_output=True)
 
 
 def _apply(fn, impl, x: torch.Tensor) -> torch.Tensor:

@@ -69,6 +69,17 @@ def check_heads(owner: str, num_attention_heads: int, num_key_value_heads: int, 
         raise ValueError(f"{owner}.head_dim must be even for rotary, got {head_dim}")
 
 
+def check_norm_rope_dtype(owner: str, config, rope_class: type) -> None:
+    """The checks a family's config ends with: ``rms_norm_eps > 0`` (a ValueError), ``rope_scaling`` None or a
+    ``rope_class`` (a TypeError), ``torch_dtype`` one that :func:`parse_dtype` takes."""
+    if config.rms_norm_eps <= 0:
+        raise ValueError(f"{owner}.rms_norm_eps must be > 0, got {config.rms_norm_eps}")
+    if config.rope_scaling is not None and not isinstance(config.rope_scaling, rope_class):
+        name = type(config.rope_scaling).__name__
+        raise TypeError(f"{owner}.rope_scaling must be a {rope_class.__name__} or None, got {name}")
+    parse_dtype(config.torch_dtype)
+
+
 def hf_fields(cls, d: dict, where: str, keep_none: tuple[str, ...] = ()) -> dict:
     """The entries of an HF ``config.json`` dict ``d`` that are fields of the dataclass ``cls`` (``None`` values left
     out, but for ``keep_none``); a ValueError naming ``where`` lists the required fields missing."""

@@ -26,14 +26,26 @@ ACT_NUM_WARPS = 4
 
 
 @triton.jit
+def _block(n_cols, BLOCK: tl.constexpr):
+    """The program's block: its row (program 0), its ``BLOCK`` columns (program 1) and their mask."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    return row, cols, cols < n_cols
+
+
+@triton.jit
+def _load_f32(ptr, row, stride, cols, mask):
+    """``row``'s ``cols`` of a ``[rows, n_cols]`` tensor with row stride ``stride``, in fp32."""
+    return tl.load(ptr + row * stride + cols, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
 def _silu_and_mul_fwd_kernel(
     g_ptr, u_ptr, o_ptr, n_cols, stride_g, stride_u, stride_o, BLOCK: tl.constexpr
 ):  # fmt: skip
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = cols < n_cols
-    g = tl.load(g_ptr + row * stride_g + cols, mask=mask, other=0.0).to(tl.float32)
-    u = tl.load(u_ptr + row * stride_u + cols, mask=mask, other=0.0).to(tl.float32)
+    row, cols, mask = _block(n_cols, BLOCK)
+    g = _load_f32(g_ptr, row, stride_g, cols, mask)
+    u = _load_f32(u_ptr, row, stride_u, cols, mask)
     silu = tl.div_rn(g, 1.0 + tl.exp(-g))
     tl.store(o_ptr + row * stride_o + cols, (silu * u).to(o_ptr.dtype.element_ty), mask=mask)
 
@@ -42,12 +54,10 @@ def _silu_and_mul_fwd_kernel(
 def _silu_and_mul_bwd_kernel(
     dy_ptr, g_ptr, u_ptr, dg_ptr, du_ptr, n_cols, stride_dy, stride_g, stride_u, stride_d, BLOCK: tl.constexpr
 ):  # fmt: skip
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = cols < n_cols
-    dy = tl.load(dy_ptr + row * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
-    g = tl.load(g_ptr + row * stride_g + cols, mask=mask, other=0.0).to(tl.float32)
-    u = tl.load(u_ptr + row * stride_u + cols, mask=mask, other=0.0).to(tl.float32)
+    row, cols, mask = _block(n_cols, BLOCK)
+    dy = _load_f32(dy_ptr, row, stride_dy, cols, mask)
+    g = _load_f32(g_ptr, row, stride_g, cols, mask)
+    u = _load_f32(u_ptr, row, stride_u, cols, mask)
     sig = tl.div_rn(1.0, 1.0 + tl.exp(-g))
     silu = tl.div_rn(g, 1.0 + tl.exp(-g))
     du = dy * silu

@@ -173,15 +173,13 @@ def _logprobs_fwd_split_kernel(
                 groups = tl.reshape(z, [BLOCK_T // DRAW_ROWS, DRAW_ROWS, BLOCK_V])
                 zd = tl.max(tl.where(first, groups, float("-inf")), axis=0)
                 zd_max = tl.max(zd, axis=1)
+            draw = True
             if SKIP:
                 # No score of this tile exceeds max(z) + NOISE_MAX: where that is below the best so far for every real
                 # row, the tile cannot change a draw (a tie keeps the earlier token), and its noise is not read.
                 live = dmask & ~(zd_max + NOISE_MAX < best)
-                if tl.max(live.to(tl.int32), axis=0) > 0:
-                    best, best_idx, zt = _draw_tile(
-                        zd, noise, row0, col0, drows, dmask, cols, cmask, V, NOISE_STRIDE, best, best_idx, zt, TMA
-                    )  # fmt: skip
-            else:
+                draw = tl.max(live.to(tl.int32), axis=0) > 0
+            if draw:  # without SKIP a compile-time True: every tile drawn, no branch
                 best, best_idx, zt = _draw_tile(
                     zd, noise, row0, col0, drows, dmask, cols, cmask, V, NOISE_STRIDE, best, best_idx, zt, TMA
                 )  # fmt: skip

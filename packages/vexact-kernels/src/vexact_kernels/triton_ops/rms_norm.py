@@ -127,6 +127,19 @@ def _add_rms_norm_fwd_kernel(x_ptr, r_ptr, s_ptr, w_ptr, y_ptr, rstd_ptr, H, eps
     _rms_norm_row(s_ptr + row * H, w_ptr, y_ptr + row * H, rstd_ptr + row, H, eps, BLOCK)
 
 
+@triton.jit
+def _bwd_tile(dy_ptr, x_ptr, w_ptr, rows, rmask, start, H, BLOCK: tl.constexpr):
+    """The ``[rows, BLOCK]`` tile of ``dy`` and ``x`` at columns ``start ..`` and those columns of ``w``, in fp32,
+    with the tile's mask and offsets (both passes of :func:`_rms_norm_bwd_dx_kernel` read the same tiles)."""
+    cols = start + tl.arange(0, BLOCK)
+    mask = rmask[:, None] & (cols < H)[None, :]
+    offs = rows[:, None] * H + cols[None, :]
+    dy = tl.load(dy_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=cols < H, other=0.0).to(tl.float32)
+    return dy, x, w, mask, offs
+
+
 @triton.jit(do_not_specialize=["M"])
 def _rms_norm_bwd_dx_kernel(
     dy_ptr, x_ptr, w_ptr, rstd_ptr, dx_ptr, add_ptr, M, H,
@@ -140,21 +153,11 @@ def _rms_norm_bwd_dx_kernel(
     rstd = tl.load(rstd_ptr + rows, mask=rmask, other=0.0)
     acc = tl.zeros([ROWS, BLOCK], dtype=tl.float32)
     for start in range(0, H, BLOCK):
-        cols = start + tl.arange(0, BLOCK)
-        mask = rmask[:, None] & (cols < H)[None, :]
-        offs = rows[:, None] * H + cols[None, :]
-        dy = tl.load(dy_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        w = tl.load(w_ptr + cols, mask=cols < H, other=0.0).to(tl.float32)
+        dy, x, w, mask, offs = _bwd_tile(dy_ptr, x_ptr, w_ptr, rows, rmask, start, H, BLOCK)
         acc += (dy * w[None, :]) * (x * rstd[:, None])
     c = tl.div_rn(tl.sum(acc, axis=1), tl.cast(H, tl.float32))
     for start in range(0, H, BLOCK):
-        cols = start + tl.arange(0, BLOCK)
-        mask = rmask[:, None] & (cols < H)[None, :]
-        offs = rows[:, None] * H + cols[None, :]
-        dy = tl.load(dy_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        w = tl.load(w_ptr + cols, mask=cols < H, other=0.0).to(tl.float32)
+        dy, x, w, mask, offs = _bwd_tile(dy_ptr, x_ptr, w_ptr, rows, rmask, start, H, BLOCK)
         dx = (dy * w[None, :] - (x * rstd[:, None]) * c[:, None]) * rstd[:, None]
         if HAS_ADD:
             dx += tl.load(add_ptr + offs, mask=mask, other=0.0).to(tl.float32)

@@ -15,23 +15,20 @@ import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
-import torch
 from torch import nn
 
 import vexact_kernels as vk
 
-from ..config import ARCHITECTURES, HFConfig, hf_dtype_name, hf_fields, parse_dtype
+from ..config import ARCHITECTURES, HFConfig, check_norm_rope_dtype, check_positive_ints, hf_dtype_name, hf_fields
 from ..layers import (
     DeepseekMoeBlock,
     Linear,
     MLAttention,
-    RMSNorm,
     RotaryEmbedding,
     SiluAndMul,
-    add_rms_norm,
     grouped_linear,
 )
-from .dense import DenseForCausalLM
+from .dense import DenseDecoderLayer, DenseForCausalLM
 
 
 @dataclass(frozen=True)
@@ -161,10 +158,7 @@ class DeepseekV3Config(HFConfig):
         ]  # fmt: skip
         if self.q_lora_rank is not None:
             ints.append("q_lora_rank")
-        for name in ints:
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{c}.{name} must be a positive integer, got {value!r}")
+        check_positive_ints(c, self, ints)
         for name in ("n_shared_experts", "first_k_dense_replace"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -200,11 +194,7 @@ class DeepseekV3Config(HFConfig):
             raise ValueError(f"{c}.hidden_act must be 'silu', got {self.hidden_act!r}")
         if not self.routed_scaling_factor > 0:
             raise ValueError(f"{c}.routed_scaling_factor must be > 0, got {self.routed_scaling_factor!r}")
-        if self.rms_norm_eps <= 0:
-            raise ValueError(f"{c}.rms_norm_eps must be > 0, got {self.rms_norm_eps}")
-        if self.rope_scaling is not None and not isinstance(self.rope_scaling, YarnScaling):
-            raise TypeError(f"{c}.rope_scaling must be a YarnScaling or None, got {type(self.rope_scaling).__name__}")
-        parse_dtype(self.torch_dtype)
+        check_norm_rope_dtype(c, self, YarnScaling)
 
     @property
     def num_experts(self) -> int:
@@ -292,21 +282,9 @@ def _mlp(cfg: DeepseekV3Config, i: int) -> nn.Module:
     )  # fmt: skip
 
 
-class DeepseekV3DecoderLayer(nn.Module):
-    def __init__(self, cfg: DeepseekV3Config, rotary: RotaryEmbedding, i: int):
-        super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype)
-        self.self_attn = MLAttention(cfg, rotary)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype)
-        self.mlp = _mlp(cfg, i)
-
-    def forward(self, x, positions, meta, kv_cache, residual=None):
-        """As :meth:`DenseDecoderLayer.forward`: the residual add left to the next norm when inferring."""
-        residual, h = add_rms_norm(self.input_layernorm, x, residual)
-        h = self.self_attn(h, positions, meta, kv_cache)
-        residual, h = add_rms_norm(self.post_attention_layernorm, h, residual)
-        h = self.mlp(h)
-        return (residual + h, None) if torch.is_grad_enabled() else (h, residual)
+def _layer(cfg: DeepseekV3Config, rotary: RotaryEmbedding, i: int) -> DenseDecoderLayer:
+    """Layer ``i``: the dense decoder layer around MLA attention and layer ``i``'s MLP (dense or MoE)."""
+    return DenseDecoderLayer(cfg, rotary, _mlp(cfg, i), MLAttention(cfg, rotary))
 
 
 class DeepseekV3ForCausalLM(DenseForCausalLM):
@@ -316,4 +294,4 @@ class DeepseekV3ForCausalLM(DenseForCausalLM):
     config_class = DeepseekV3Config
 
     def __init__(self, cfg: DeepseekV3Config):
-        super().__init__(cfg, make_layer=DeepseekV3DecoderLayer)
+        super().__init__(cfg, make_layer=_layer)

@@ -275,7 +275,9 @@ class MistralConfig(DenseConfig):
 
 
 class DenseAttention(nn.Module):
-    def __init__(self, cfg: DenseConfig, rotary: RotaryEmbedding):
+    def __init__(self, cfg: DenseConfig, rotary: RotaryEmbedding, window: int | None = None, sinks: bool = False):
+        """``window``: the layer's sliding window run by the kernels (None: every earlier key); ``sinks``: a learned
+        sink logit per query head (gpt-oss)."""
         super().__init__()
         dt, d = cfg.dtype, cfg.head_dim
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, d
@@ -285,8 +287,9 @@ class DenseAttention(nn.Module):
         self.o_proj = Linear(self.num_heads * d, cfg.hidden_size, cfg.o_bias, dt)
         self.q_norm = RMSNorm(d, cfg.rms_norm_eps, dt) if cfg.qk_norm else None
         self.k_norm = RMSNorm(d, cfg.rms_norm_eps, dt) if cfg.qk_norm else None
+        self.sinks = nn.Parameter(torch.empty(self.num_heads, dtype=dt)) if sinks else None  # [Hq]
         self.rotary = rotary  # the model's shared table (non-persistent buffers: in no state_dict)
-        self.attn = Attention(self.num_heads, self.num_kv_heads, d)
+        self.attn = Attention(self.num_heads, self.num_kv_heads, d, window=window)
 
     def forward(self, x, positions, meta: AttentionMetadata, kv_cache: KVCache | None):
         t = x.shape[0]
@@ -297,7 +300,7 @@ class DenseAttention(nn.Module):
         if self.q_norm is not None:
             q, k = rms_norm_pair(self.q_norm, q, self.k_norm, k)  # one launch for both on CUDA
         q, k = self.rotary(positions, q, k)
-        o = self.attn(q, k, v, meta, kv_cache)  # [T, Hq, D]
+        o = self.attn(q, k, v, meta, kv_cache, sinks=self.sinks)  # [T, Hq, D]
         return self.o_proj(o.reshape(t, self.num_heads * self.head_dim))
 
 
@@ -316,10 +319,14 @@ class DenseMLP(nn.Module):
 
 
 class DenseDecoderLayer(nn.Module):
-    def __init__(self, cfg: DenseConfig, rotary: RotaryEmbedding, mlp: nn.Module | None = None):
+    def __init__(
+        self, cfg: DenseConfig, rotary: RotaryEmbedding, mlp: nn.Module | None = None, attn: nn.Module | None = None
+    ):
+        """``mlp`` / ``attn``: a family's own MLP (an MoE block) and attention (MLA, a windowed one) in the dense
+        layer's place (default: :class:`DenseMLP`, :class:`DenseAttention`)."""
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype)
-        self.self_attn = DenseAttention(cfg, rotary)
+        self.self_attn = attn if attn is not None else DenseAttention(cfg, rotary)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype)
         self.mlp = mlp if mlp is not None else DenseMLP(cfg)
 

@@ -17,21 +17,18 @@ import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
-import torch
-from torch import nn
-
 from ..config import (
     ARCHITECTURES,
     HFConfig,
     check_heads,
+    check_norm_rope_dtype,
     check_positive_ints,
     hf_dtype_name,
     hf_fields,
-    parse_dtype,
 )
-from ..layers import Attention, GptOssMoeBlock, Linear, RMSNorm, RotaryEmbedding, add_rms_norm, grouped_linear
+from ..layers import GptOssMoeBlock, RotaryEmbedding
 from .deepseek_v3 import YarnScaling
-from .dense import DenseForCausalLM
+from .dense import DenseAttention, DenseDecoderLayer, DenseForCausalLM
 
 LAYER_TYPES = ("sliding_attention", "full_attention")
 SWIGLU_LIMIT = 7.0  # vexact_kernels.clamped_swiglu's limit; gpt-oss's config.json may repeat it (swiglu_limit)
@@ -48,6 +45,10 @@ class GptOssConfig(HFConfig):
     windowed_attention: ClassVar[bool] = True
     # checkpoints hold the experts stacked, as the model does (no per-expert names)
     stacked_expert_checkpoint: ClassVar[bool] = True
+    # the dense attention's switches (models/dense.py): no q/k norm, ``attention_bias`` on all four projections
+    qk_norm: ClassVar[bool] = False
+    qkv_bias = property(lambda self: self.attention_bias)
+    o_bias = property(lambda self: self.attention_bias)
 
     vocab_size: int
     hidden_size: int
@@ -99,11 +100,7 @@ class GptOssConfig(HFConfig):
             raise ValueError(f"{c}.swiglu_limit must be {SWIGLU_LIMIT} (the kernels' clamp), got {self.swiglu_limit!r}")
         if self.hidden_act != "silu":
             raise ValueError(f"{c}.hidden_act must be 'silu' (gpt-oss's clamped SwiGLU), got {self.hidden_act!r}")
-        if self.rms_norm_eps <= 0:
-            raise ValueError(f"{c}.rms_norm_eps must be > 0, got {self.rms_norm_eps}")
-        if self.rope_scaling is not None and not isinstance(self.rope_scaling, YarnScaling):
-            raise TypeError(f"{c}.rope_scaling must be a YarnScaling or None, got {type(self.rope_scaling).__name__}")
-        parse_dtype(self.torch_dtype)
+        check_norm_rope_dtype(c, self, YarnScaling)
 
     @property
     def num_experts(self) -> int:
@@ -155,47 +152,14 @@ class GptOssConfig(HFConfig):
         return d
 
 
-class GptOssAttention(nn.Module):
-    def __init__(self, cfg: GptOssConfig, rotary: RotaryEmbedding, i: int):
-        super().__init__()
-        dt, d = cfg.dtype, cfg.head_dim
-        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, d
-        self.q_proj = Linear(cfg.hidden_size, self.num_heads * d, cfg.attention_bias, dt)
-        self.k_proj = Linear(cfg.hidden_size, self.num_kv_heads * d, cfg.attention_bias, dt)
-        self.v_proj = Linear(cfg.hidden_size, self.num_kv_heads * d, cfg.attention_bias, dt)
-        self.o_proj = Linear(self.num_heads * d, cfg.hidden_size, cfg.attention_bias, dt)
-        self.sinks = nn.Parameter(torch.empty(self.num_heads, dtype=dt))  # [Hq] one sink logit per query head
-        self.rotary = rotary  # the model's shared table (YaRN folded in)
-        self.attn = Attention(self.num_heads, self.num_kv_heads, d, window=cfg.layer_window(i))
-
-    def forward(self, x, positions, meta, kv_cache):
-        t = x.shape[0]
-        q, k, v = grouped_linear(x, (self.q_proj, self.k_proj, self.v_proj))  # one matmul on packed weights
-        q = q.view(t, self.num_heads, self.head_dim)  # [T, Hq, D]
-        k = k.view(t, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
-        v = v.view(t, self.num_kv_heads, self.head_dim)
-        q, k = self.rotary(positions, q, k)
-        o = self.attn(q, k, v, meta, kv_cache, sinks=self.sinks)  # [T, Hq, D]
-        return self.o_proj(o.reshape(t, self.num_heads * self.head_dim))
-
-
-class GptOssDecoderLayer(nn.Module):
-    def __init__(self, cfg: GptOssConfig, rotary: RotaryEmbedding, i: int):
-        super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype)
-        self.self_attn = GptOssAttention(cfg, rotary, i)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype)
-        self.mlp = GptOssMoeBlock(
-            cfg.num_local_experts, cfg.num_experts_per_tok, cfg.hidden_size, cfg.intermediate_size, cfg.dtype
-        )
-
-    def forward(self, x, positions, meta, kv_cache, residual=None):
-        """As :meth:`DenseDecoderLayer.forward`: the residual add left to the next norm when inferring."""
-        residual, h = add_rms_norm(self.input_layernorm, x, residual)
-        h = self.self_attn(h, positions, meta, kv_cache)
-        residual, h = add_rms_norm(self.post_attention_layernorm, h, residual)
-        h = self.mlp(h)
-        return (residual + h, None) if torch.is_grad_enabled() else (h, residual)
+def _layer(cfg: GptOssConfig, rotary: RotaryEmbedding, i: int) -> DenseDecoderLayer:
+    """Layer ``i``: the dense decoder layer, its attention with layer ``i``'s window and a sink per head, its MLP the
+    sparse MoE."""
+    attn = DenseAttention(cfg, rotary, window=cfg.layer_window(i), sinks=True)
+    moe = GptOssMoeBlock(
+        cfg.num_local_experts, cfg.num_experts_per_tok, cfg.hidden_size, cfg.intermediate_size, cfg.dtype
+    )
+    return DenseDecoderLayer(cfg, rotary, moe, attn)
 
 
 class GptOssForCausalLM(DenseForCausalLM):
@@ -204,4 +168,4 @@ class GptOssForCausalLM(DenseForCausalLM):
     config_class = GptOssConfig
 
     def __init__(self, cfg: GptOssConfig):
-        super().__init__(cfg, make_layer=GptOssDecoderLayer)
+        super().__init__(cfg, make_layer=_layer)
