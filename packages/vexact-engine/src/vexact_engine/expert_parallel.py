@@ -113,7 +113,7 @@ class _Exchange:
         src = t.contiguous().to(self.comm)
         wire = src.view(torch.uint8) if src.is_floating_point() else src
         out = torch.empty((self.world * wire.shape[0], *wire.shape[1:]), dtype=wire.dtype, device=self.comm)
-        dist.all_gather_single(out, wire, group=self.group)
+        dist.all_gather_into_tensor(out, wire, group=self.group)  # torch 2.11 has no all_gather_single
         return out.view(t.dtype).to(t.device)
 
     def all_to_all(self, t: torch.Tensor) -> torch.Tensor:

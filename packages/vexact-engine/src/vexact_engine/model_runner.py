@@ -33,7 +33,7 @@ from .cuda_graphs import CudaGraphs
 from .in_flight import LaunchedStep, feed_drawn
 from .sampler import sample_rows_on_device
 from .scheduler import ScheduledSeq
-from .step_inputs import step_lists, step_tensors
+from .step_inputs import host_ints, step_lists, step_tensors
 
 
 def kv_cache_shapes(model_config, num_blocks: int, block_size: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -147,7 +147,7 @@ class ModelRunner(CudaGraphs):
                 if len(sampling) == len(batch):
                     return hidden[: len(batch)], items
                 # one-token prefill chunks also run padded; a step may have no row that samples
-                return hidden[torch.tensor(sampling, dtype=torch.int64, device=hidden.device)], items
+                return hidden[host_ints(sampling, hidden.device)], items
             if tokens is not None:
                 self._ensure_graph(("prompt", tokens), self._prompt, tokens, self.prompt_seqs)
                 cu = self._fill_prompt(batch, blocks, tokens)
@@ -156,8 +156,7 @@ class ModelRunner(CudaGraphs):
             else:
                 ids, pos, meta, cu = self.prepare(batch, blocks)
                 hidden = self.model(ids, pos, meta, self.kv_caches)
-        rows = torch.tensor([cu[b + 1] - 1 for b in sampling], dtype=torch.int64, device=hidden.device)
-        return hidden[rows], items
+        return hidden[host_ints([cu[b + 1] - 1 for b in sampling], hidden.device)], items
 
     @torch.no_grad()
     def sample(self, hidden: torch.Tensor, items: list[ScheduledSeq]) -> list[tuple[ScheduledSeq, int, float]]:
@@ -189,16 +188,10 @@ class ModelRunner(CudaGraphs):
         ids, pos, meta = step_tensors(step, self.device)
         if step["feed_dst"]:
             self.num_fed_rows += len(step["feed_dst"])
-            dst, src = (self._index_rows(step[k]) for k in ("feed_dst", "feed_src"))
+            dst, src = (host_ints(step[k], self.device) for k in ("feed_dst", "feed_src"))
             feed_drawn(ids, dst, src, self._drawn)
             vk.record_range(ids, 0, self.model.config.vocab_size - 1)  # drawn tokens lie in the vocabulary
         return ids, pos, meta, step["cu"]
-
-    def _index_rows(self, rows: list[int]) -> torch.Tensor:
-        t = torch.tensor(rows, dtype=torch.int64)
-        if self.device.type == "cuda":
-            return t.pin_memory().to(self.device, non_blocking=True)
-        return t.to(self.device)
 
     # ---- memory
     @staticmethod

@@ -29,6 +29,7 @@ import vexact_kernels as vk
 from vexact_kernels._reduce import inclusive_scan
 
 from .sampling_params import SamplingParams
+from .step_inputs import host_ints
 
 if TYPE_CHECKING:  # ablation imports this module
     from .ablation import MismatchInjection
@@ -201,7 +202,7 @@ def sample_rows_on_device(
             logprobs = torch.empty(n, dtype=torch.float32, device=hidden.device)
             for rows, draw in ((fused, _draw_fused), (rest, _draw_logits)):
                 if rows:
-                    sel = torch.tensor(rows, device=hidden.device) if len(rows) < n else None
+                    sel = host_ints(rows, hidden.device) if len(rows) < n else None
                     t, lp = draw(model, hidden if sel is None else hidden[sel], [params[i] for i in rows],
                                  [seeds[i] for i in rows], [indices[i] for i in rows])  # fmt: skip
                     if sel is None:

@@ -53,17 +53,27 @@ def step_lists(batch: list[ScheduledSeq], blocks: BlockManager, with_tables: boo
 def step_tensors(step: dict[str, list], device: torch.device) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
     """``(input_ids [T], positions [T], paged AttentionMetadata)`` on ``device`` from :func:`step_lists`."""
     width = max(len(t) for t in step["tables"])
-    tables = torch.tensor([t + [0] * (width - len(t)) for t in step["tables"]], dtype=torch.int64)
     meta = AttentionMetadata(
-        cu_seqlens=torch.tensor(step["cu"], dtype=torch.int64, device=device),
-        slot_mapping=torch.tensor(step["slots"], dtype=torch.int64, device=device),
-        block_tables=tables.to(device),
-        context_lens=torch.tensor(step["ctx"], dtype=torch.int64, device=device),
+        cu_seqlens=host_ints(step["cu"], device),
+        slot_mapping=host_ints(step["slots"], device),
+        block_tables=host_ints([t + [0] * (width - len(t)) for t in step["tables"]], device),
+        context_lens=host_ints(step["ctx"], device),
     )
-    ids = torch.tensor(step["ids"], dtype=torch.int64, device=device)
-    pos = torch.tensor(step["positions"], dtype=torch.int64, device=device)
+    ids = host_ints(step["ids"], device)
+    pos = host_ints(step["positions"], device)
     # their ranges are known here, so the model's input checks read nothing back from the device (vk.tensor_range)
     if step["ids"]:
         vk.record_range(ids, min(step["ids"]), max(step["ids"]))
         vk.record_range(pos, min(step["positions"]), max(step["positions"]))
     return ids, pos, meta
+
+
+def host_ints(values: list, device: torch.device) -> torch.Tensor:
+    """Host integers as an int64 tensor on ``device``. To a GPU through pinned memory, without blocking the host: a
+    copy from pageable memory makes the host wait for every step already queued on the stream (on an H200, a step
+    that admitted a prompt took 21 ms of host time to launch against 0.9 ms for a decode step, and the one step
+    ahead of ``async_decode`` was lost)."""
+    t = torch.tensor(values, dtype=torch.int64)
+    if torch.device(device).type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
