@@ -33,7 +33,7 @@ transformers = pytest.importorskip("transformers", reason="transformers is the r
 
 def _packed(model, seqs):
     ids = torch.cat(seqs)
-    pos = torch.cat([torch.arange(len(s)) for s in seqs])
+    pos = torch.cat([torch.arange(len(s), device=s.device) for s in seqs])
     return model(ids, pos, AttentionMetadata.packed([len(s) for s in seqs]))
 
 
