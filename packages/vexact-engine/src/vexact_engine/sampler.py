@@ -128,17 +128,19 @@ def sample(
     tokens = torch.argmax(logp, dim=-1)  # greedy rows keep this (first index among ties)
     rand_rows = [i for i, p in enumerate(params) if not p.greedy]
     if rand_rows:
-        rows = torch.tensor(rand_rows, device=dev)
+        rows = host_ints(rand_rows, dev)  # host lists go over through pinned memory: no wait for the stream
         probs = vk.portable_math.exp(logp[rows])  # torch.exp off the CPU
         filt = [j for j, i in enumerate(rand_rows) if needs_filter(params[i], vocab)]
         if filt:
             # only rows that restrict the draw pay for the sort over the vocabulary
-            top_k = torch.tensor(
-                [params[rand_rows[j]].top_k if params[rand_rows[j]].top_k > 0 else vocab for j in filt]
+            top_k = host_ints(
+                [params[rand_rows[j]].top_k if params[rand_rows[j]].top_k > 0 else vocab for j in filt], dev
             )
             top_p = torch.tensor([float(params[rand_rows[j]].top_p) for j in filt], dtype=torch.float32)
-            fr = torch.tensor(filt, device=dev)
-            probs[fr] = _filter(probs[fr], top_k.to(dev), top_p.to(dev))
+            if dev.type == "cuda":
+                top_p = top_p.pin_memory()
+            fr = host_ints(filt, dev)
+            probs[fr] = _filter(probs[fr], top_k, top_p.to(dev, non_blocking=True))
         noise = torch.empty(len(rand_rows), vocab, device=dev)
         gens = _GENERATORS.get(dev, len(rand_rows))
         for j, i in enumerate(rand_rows):
