@@ -432,3 +432,37 @@ def test_gpu_split_mixed_steps_give_the_bits_of_one_launch():
         _assert_same(outs, ref, requests)
         _assert_quiet(eng)
         assert eng.runner.num_split_steps > 0 and eng.runner.graph_error is None
+
+
+@pytest.mark.gpu
+def test_gpu_launching_a_step_never_waits_for_the_stream():
+    """What one step ahead needs: launching a step (decode-only, or split: decode rows and prompt chunks) runs no
+    synchronizing CUDA call, such as a copy from pageable memory or an ``.item()`` (torch's sync debug mode raises on
+    one). A step that admitted a prompt once waited for every queued step this way."""
+    eng = LLMEngine(default_checkpoint(), async_decode=True, **GPU_KW, num_kv_blocks=1024)
+    runner = eng.runner
+    launch = runner.launch
+    checked = {"decode": 0, "split": 0, "prompt": 0}  # prompt: a step of prompt chunks alone, if one comes
+
+    def strict_launch(batch, blocks):
+        kinds = {it.num_new_tokens == 1 and not it.admitted for it in batch}
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            out = launch(batch, blocks)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        checked["split" if kinds == {True, False} else "decode" if kinds == {True} else "prompt"] += 1
+        return out
+
+    for i in range(8):
+        eng.add_request(list(range(1, 40 + i)), SamplingParams(max_tokens=40, seed=i, ignore_eos=True))
+    for _ in range(4):  # the first launches: lazily compiled shapes, allocator growth
+        eng.step()
+    runner.launch = strict_launch
+    for i in range(8):
+        eng.add_request(list(range(3, 90 + i)), SamplingParams(max_tokens=20, seed=100 + i, ignore_eos=True))
+    while eng.has_unfinished_requests():
+        eng.step()
+    del runner.launch
+    assert checked["decode"] and checked["split"], checked
+    _assert_quiet(eng)
