@@ -7,10 +7,10 @@ against vLLM default and vLLM batch-invariant) and ``--workload rl-long`` (256 p
 limits); a workload sets those flags, and a flag given on the command line still wins (the results file names it).
 On a GPU host: ``scripts/checks/rl_bench_gpu.sh``.
 
-For each model shape (``--models``: Qwen3-8B / 1.7B / 0.6B, Qwen3-30B-A3B, Moonlight-16B-A3B, the Llama, Qwen2.5 and
-Mistral shapes of ``vexact_models``; random bf16 weights, real HF config shapes, the shape's own depth unless
-``--layers``), on the same prompts, lengths, ``ignore_eos``, sampling settings (temperature 1, no top-k/top-p, a seed
-per request) and CUDA graphs on:
+For each model shape (``--models``: Qwen3-8B / 1.7B / 0.6B, Qwen3-30B-A3B, Moonlight-16B-A3B, gpt-oss-20b / 120b, the
+Llama, Qwen2.5 and Mistral shapes of ``vexact_models``; random bf16 weights, real HF config shapes, the shape's own
+depth unless ``--layers``), on the same prompts, lengths, ``ignore_eos``, sampling settings (temperature 1, no
+top-k/top-p, a seed per request) and CUDA graphs on:
 - output tokens/s of VeXact ``invariant``, vLLM default (``vllm``), vLLM with ``VLLM_BATCH_INVARIANT=1``
   (``vllm-bi``), each with its ratio to vLLM default (goals: invariant >= 0.85x vLLM default and > vLLM
   batch-invariant) and its fraction of the roofline (``benchmarks/peers.py``: least bytes the run must read / copy
@@ -84,6 +84,7 @@ import vexact_kernels as vk
 from vexact_engine import LLM, EngineConfig, SamplingParams
 from vexact_models import (
     DEEPSEEK_V3_SHAPES,
+    GPT_OSS_SHAPES,
     LLAMA_SHAPES,
     MISTRAL_SHAPES,
     QWEN2_SHAPES,
@@ -92,6 +93,7 @@ from vexact_models import (
     random_model,
     tiny_config,
     tiny_deepseek_v3_config,
+    tiny_gpt_oss_config,
     tiny_qwen3_config,
     tiny_qwen3_moe_config,
 )
@@ -104,6 +106,7 @@ SHAPES = {  # name: (family, the config's sizes); every family has peer columns 
     "tiny-llama": ("llama", {}),
     "tiny-qwen2": ("qwen2", {}),
     "tiny-mistral": ("mistral", {}),
+    "tiny-gpt-oss": ("gpt_oss", {}),
     "0.6b": ("qwen3", QWEN3_SHAPES["qwen3-0.6b"]),
     "1.7b": ("qwen3", QWEN3_SHAPES["qwen3-1.7b"]),
     "8b": ("qwen3", QWEN3_SHAPES["qwen3-8b"]),
@@ -114,11 +117,14 @@ SHAPES = {  # name: (family, the config's sizes); every family has peer columns 
     **{name: ("llama", sizes) for name, sizes in LLAMA_SHAPES.items()},
     **{name: ("qwen2", sizes) for name, sizes in QWEN2_SHAPES.items()},
     **{name: ("mistral", sizes) for name, sizes in MISTRAL_SHAPES.items()},
+    # gpt-oss-20b / 120b: a window of 128 keys on alternate layers, sinks, a biased top-4 MoE (bf16 experts)
+    **{name: ("gpt_oss", sizes) for name, sizes in GPT_OSS_SHAPES.items()},
 }
 CONFIGS = {
     "qwen3": tiny_qwen3_config,
     "qwen3_moe": tiny_qwen3_moe_config,
     "deepseek_v3": tiny_deepseek_v3_config,
+    "gpt_oss": tiny_gpt_oss_config,
     **{family: functools.partial(tiny_config, family) for family in ("llama", "qwen2", "mistral")},
 }
 GIB = 2**30
@@ -393,13 +399,21 @@ def decode_step_time(model, mode: str, args) -> float:
     return wall / steps
 
 
+# transformers' attention for HF generate: sdpa, except where the family's model has none (gpt-oss: its sinks)
+HF_ATTENTION = {"gpt_oss": "eager"}
+
+
+def hf_attention(family: str) -> str:
+    return HF_ATTENTION.get(family, "sdpa")
+
+
 def hf_model(model):
-    """The HF transformers model of ``model``'s family (sdpa attention, bf16) holding the same weights (vexact_models
-    keeps transformers' in-memory names and layouts, stacked experts included)."""
+    """The HF transformers model of ``model``'s family (:func:`hf_attention`, bf16) holding the same weights
+    (vexact_models keeps transformers' in-memory names and layouts, stacked experts included)."""
     import transformers
 
     hf_cfg = transformers.AutoConfig.for_model(**model.config.to_hf_dict())
-    hf_cfg._attn_implementation = "sdpa"
+    hf_cfg._attn_implementation = hf_attention(model.config.model_type)
     with torch.device(DEV):
         hf = transformers.AutoModelForCausalLM.from_config(hf_cfg, dtype=torch.bfloat16).eval()
     missing, unexpected = hf.load_state_dict(model.state_dict(), strict=False)
@@ -641,7 +655,8 @@ def peer_section(
                                     len(hf["prompt_lens"]), args.max_num_batched_tokens)  # fmt: skip
         frac = need / bw / hf["wall"]
         hf_mode = "static cache, compiled" if args.hf_static_cache else "eager"
-        lines.append(f"| {args.hf_prompts} (one batch, {n} new tokens) | HF generate ({hf_mode}, sdpa) | "
+        lines.append(f"| {args.hf_prompts} (one batch, {n} new tokens) | HF generate ({hf_mode}, "
+                     f"{hf_attention(SHAPES[shape][0])} attention) | "
                      f"{hf['tok_s']:.0f} | - | {frac:.2f} | {hf['wall']:.1f} | {hf['tokens']} |")  # fmt: skip
     for limit in batch_limits if ab else []:
         a, b = results[(limit, "invariant")], results[(limit, "invariant-draw")]
@@ -938,8 +953,8 @@ def main(argv=None) -> int:
         f"the same weights from an HF checkpoint directory (skip_tokenizer_init, token-id prompts), one subprocess "
         f"per mode and batch limit, gpu_memory_utilization {args.gpu_memory_utilization}. HF generate: one "
         f"left-padded batch of {args.hf_prompts} of the same prompts, {args.hf_new_tokens} new tokens each, sdpa "
-        f"attention, bf16, {'static cache (compiled)' if args.hf_static_cache else 'eager'}. Random weights, "
-        f"{args.layers or 'all'} layers. Roofline fraction: least bytes the run must "
+        f"attention (eager for gpt-oss), bf16, {'static cache (compiled)' if args.hf_static_cache else 'eager'}. "
+        f"Random weights, {args.layers or 'all'} layers. Roofline fraction: least bytes the run must "
         "read (a full weight pass per decode step at the batch limit + the KV each step attends + a weight pass per "
         "prefill chunk) / copy bandwidth / wall time (benchmarks/peers.py). VeXact fast is the mismatch baseline "
         "only, not a speed anchor.",

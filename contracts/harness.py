@@ -8,6 +8,7 @@ import torch
 
 from vexact_models import (
     DEEPSEEK_V3_SHAPES,
+    GPT_OSS_SHAPES,
     LLAMA_SHAPES,
     MISTRAL_SHAPES,
     QWEN2_SHAPES,
@@ -19,9 +20,10 @@ from vexact_models import (
 # golden fixtures are not recorded; the cpu target runs them in full. A test that cannot run on a GPU for a reason of
 # its own says so itself.
 GPU_NOT_YET = {
-    "gpt_oss": "the Triton kernels take gpt-oss's window, sinks and MoE options, but on an H200 two of its contracts "
-    "failed (bf16 parity with transformers: an index on the GPU against the reference's CPU tensors; the batch-of-64 "
-    "invariance: a workload longer than the tiny checkpoint's 512 positions), so its GPU fixtures are not recorded yet",
+    "gpt_oss": "the Triton kernels take gpt-oss's window, sinks and MoE options; on an H200 two of its contracts "
+    "failed (bf16 parity with transformers: the transformers models stayed on the CPU; the batch-of-64 invariance: "
+    "the tiny config's 512 positions under the GPU workload's 1023 tokens), both mended (the models follow the device; "
+    "the GPU targets run gpt-oss-20b's layer shape) and not yet run on a GPU, so its GPU fixtures are not recorded yet",
 }
 
 
@@ -65,6 +67,9 @@ QWEN3_30B_A3B = QWEN3_MOE_SHAPES["qwen3-30b-a3b"]
 # Moonlight-16B-A3B's real per-layer shapes, three layers (the first dense, as in the real model): the GPU-target
 # DeepSeek-V3-family model.
 MOONLIGHT_3L = {**DEEPSEEK_V3_SHAPES["moonlight-16b-a3b"], "num_hidden_layers": 3}
+# gpt-oss-20b's real per-layer shapes, two layers (the first sliding, a window of 128; the second full): the GPU-target
+# gpt-oss model, whose sequences outrun its window.
+GPT_OSS_20B_2L = {**GPT_OSS_SHAPES["gpt-oss-20b"], "num_hidden_layers": 2}
 
 # Real shapes of the other dense families, as (family, overrides of vexact_models.tiny_config(family)): head_dim 64
 # and a tied 128k vocabulary (Llama-3.2-1B), q/k/v biases at hidden 3584 (Qwen2.5-7B), a 4096 window that the

@@ -35,8 +35,48 @@ transformers = pytest.importorskip("transformers", reason="transformers is the p
 FP32_TOL = 1e-4
 
 
-def _hf(path, dtype, device):
-    return transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).to(device).eval()
+def _hf(path, dtype, device, **kwargs):
+    """transformers' model of the checkpoint at ``path``, on ``device`` (the inputs the tests build go there)."""
+    return transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, **kwargs).to(device).eval()
+
+
+@pytest.fixture(autouse=True)
+def hf_models_follow_the_device(monkeypatch, device):
+    """Every transformers model a test here builds runs only once it has been moved to the test's ``device``
+    (``.to(device)``). On the cpu target its weights sit on the CPU either way, so a model left behind would pass
+    there and fail on a GPU target (its inputs on the GPU, its embedding on the CPU): this catches that on the CPU."""
+    load = transformers.AutoModelForCausalLM.from_pretrained
+    want = torch.device(device).type
+
+    def from_pretrained(*args, **kwargs):
+        model = load(*args, **kwargs)
+        moved = []
+        to = model.to
+
+        def to_device(*a, **kw):
+            moved.append(torch._C._nn._parse_to(*a, **kw)[0])
+            return to(*a, **kw)
+
+        def check(module, inputs):
+            assert any(d is not None and d.type == want for d in moved), (
+                f"a transformers model runs without .to({device!r}): its weights stay where they loaded, its inputs "
+                f"go to {device!r}"
+            )
+
+        model.to = to_device
+        model.register_forward_pre_hook(check)
+        return model
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", from_pretrained)
+
+
+def test_a_transformers_model_left_off_the_device_is_caught(device):
+    """The fixture above at work: a model run without ``.to(device)`` fails, on every target, the cpu one included."""
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(default_checkpoint("gpt_oss")), dtype=torch.float32)
+    with torch.no_grad(), pytest.raises(AssertionError, match=r"without \.to\("):
+        hf(torch.tensor([[1, 2, 3]], device=device))
+    with torch.no_grad():
+        hf.to(device)(torch.tensor([[1, 2, 3]], device=device))
 
 
 def _ours_logprobs(model, seqs, device):
@@ -99,8 +139,7 @@ def test_gpt_oss_fp32_logprobs_match_transformers(device):
         pytest.skip("fp32: the GPU attention kernels take bf16/fp16 (the bf16 parity test runs on the GPU)")
     path = default_checkpoint("gpt_oss")
     ours = load_model(path, dtype=torch.float32, device=device)
-    hf = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32, attn_implementation="eager")
-    hf = hf.to(device).eval()
+    hf = _hf(path, torch.float32, device, attn_implementation="eager")
     g = torch.Generator().manual_seed(0)
     seqs = [torch.randint(0, 272, (n,), generator=g).tolist() for n in (1, 7, 33, 64)]
     with torch.no_grad():
@@ -119,10 +158,7 @@ def test_gpt_oss_bf16_logprobs_no_worse_than_transformers_bf16(device):
     skip_on_gpu("gpt_oss", device)
     path = default_checkpoint("gpt_oss")
     ours = load_model(path, dtype=torch.bfloat16, device=device)
-    ref_model, hf_bf16 = (
-        transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=dt, attn_implementation="eager").eval()
-        for dt in (torch.float32, torch.bfloat16)
-    )
+    ref_model, hf_bf16 = (_hf(path, dt, device, attn_implementation="eager") for dt in (torch.float32, torch.bfloat16))
     g = torch.Generator().manual_seed(0)
     seqs = [torch.randint(0, 272, (n,), generator=g).tolist() for n in (1, 7, 33, 64)]
     with torch.no_grad():

@@ -1,9 +1,10 @@
 """Contract 1b: the whole model's logprobs for a sequence are the same alone or inside a batch of 64 (invariant
 backend), and the invariant forward matches the fast backend within bf16 tolerance (it is also correct).
 
-CPU: the tiny models (every family). GPU targets: the tiny gpt-oss, Qwen3-0.6B-,
-Qwen3-30B-A3B- and Moonlight-16B-A3B-shaped models with random weights (real HF config shapes; the MoEs with two and
-three layers), and Llama-3.2-1B, Qwen2.5-7B and Mistral-7B shapes with two layers.
+CPU: the tiny models (every family). GPU targets: Qwen3-0.6B-, Qwen3-30B-A3B-, Moonlight-16B-A3B- and
+gpt-oss-20b-shaped models with random weights (real HF config shapes; the MoEs with two, three and two layers), and
+Llama-3.2-1B, Qwen2.5-7B and Mistral-7B shapes with two layers. The GPU workload's sequences (up to 1023 tokens) need
+the real shapes' context: the tiny checkpoints hold 512 positions.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from contracts.harness import DENSE_SHAPES, MOONLIGHT_3L, QWEN3_06B, QWEN3_30B_A3B, skip_on_gpu
+from contracts.harness import DENSE_SHAPES, GPT_OSS_20B_2L, MOONLIGHT_3L, QWEN3_06B, QWEN3_30B_A3B, skip_on_gpu
 from vexact_models import (
     random_model,
     tiny_config,
@@ -23,26 +24,55 @@ from vexact_models import (
 from vexact_trainer import Actor, ActorConfig
 
 GPU_DENSE = {family: shape for family, shape in DENSE_SHAPES.values()}
+TINY = {
+    "qwen3": tiny_qwen3_config,
+    "qwen3_moe": tiny_qwen3_moe_config,
+    "deepseek_v3": tiny_deepseek_v3_config,
+    "gpt_oss": tiny_gpt_oss_config,
+}
+GPU_SHAPES = {
+    "qwen3": QWEN3_06B,
+    "qwen3_moe": {**QWEN3_30B_A3B, "num_hidden_layers": 2},
+    "deepseek_v3": MOONLIGHT_3L,
+    "gpt_oss": GPT_OSS_20B_2L,
+}
 
 
-@pytest.fixture(scope="module", params=["qwen3", "qwen3_moe", "llama", "qwen2", "mistral", "deepseek_v3", "gpt_oss"])
+FAMILIES = ["qwen3", "qwen3_moe", "llama", "qwen2", "mistral", "deepseek_v3", "gpt_oss"]
+# Sequence lengths drawn per target, [lo, hi): the batch-of-64 test's and the invariant-vs-fast test's.
+LENGTHS = {"cpu": ((4, 40), (4, 40)), "gpu": ((16, 1024), (16, 512))}
+
+
+def _config(family: str, device: str):
+    """The family's model on ``device``: the tiny config on cpu; on a GPU target the real layer shape (two layers
+    for the dense families and Qwen3-30B-A3B, where gpt-oss-20b's two are one sliding of 128 keys and one full)."""
+    if device == "cpu":
+        return tiny_config(family) if family in GPU_DENSE else TINY[family]()
+    if family in GPU_DENSE:
+        return tiny_config(family, **{**GPU_DENSE[family], "num_hidden_layers": 2})
+    return TINY[family](**GPU_SHAPES[family])
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
 def model(device, request):
     skip_on_gpu(request.param, device)
-    if request.param == "gpt_oss":
-        cfg = tiny_gpt_oss_config()
-    elif request.param == "qwen3":
-        cfg = tiny_qwen3_config() if device == "cpu" else tiny_qwen3_config(**QWEN3_06B)
-    elif request.param == "deepseek_v3":
-        cfg = tiny_deepseek_v3_config() if device == "cpu" else tiny_deepseek_v3_config(**MOONLIGHT_3L)
-    elif request.param in GPU_DENSE:  # GPU: the real layer shape, two layers
-        gpu = {**GPU_DENSE[request.param], "num_hidden_layers": 2}
-        cfg = tiny_config(request.param) if device == "cpu" else tiny_config(request.param, **gpu)
-    else:  # GPU: the real Qwen3-30B-A3B layer shape, two layers
-        gpu = {**QWEN3_30B_A3B, "num_hidden_layers": 2}
-        cfg = tiny_qwen3_moe_config() if device == "cpu" else tiny_qwen3_moe_config(**gpu)
+    cfg = _config(request.param, device)
     # a tied head reads the embedding: at std 1 its logits reach ~60, where bf16 rounding alone exceeds the bound
     embed_std = 0.02 if device != "cpu" else 0.25 if cfg.tie_word_embeddings else 1.0
     return random_model(cfg, seed=7, embed_std=embed_std, device=device)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_target_s_config_holds_its_longest_sequence(family):
+    """Each target's config takes the longest sequence its workload draws (the trainer refuses one past
+    ``max_position_embeddings``): checked on the cpu target for the GPU targets too, where only configs are built."""
+    for device, target in (("cpu", "cpu"), ("cuda", "gpu")):
+        longest = max(hi for _, hi in LENGTHS[target]) - 1
+        cfg = _config(family, device)
+        assert longest <= cfg.max_position_embeddings, (
+            f"{family} on {target}: sequences of up to {longest} tokens; max_position_embeddings "
+            f"{cfg.max_position_embeddings}"
+        )
 
 
 def _batch(vocab: int, n: int, lo: int, hi: int, seed: int):
@@ -54,7 +84,7 @@ def _batch(vocab: int, n: int, lo: int, hi: int, seed: int):
 
 
 def test_sequence_alone_equals_in_batch_of_64(model, device):
-    lo, hi = (4, 40) if device == "cpu" else (16, 1024)
+    lo, hi = LENGTHS["cpu" if device == "cpu" else "gpu"][0]
     prompts, responses = _batch(model.config.vocab_size, 64, lo, hi, seed=0)
     actor = Actor(model)
     batched = actor.compute_log_probs(prompts, responses, 1.0).logprobs
@@ -67,7 +97,7 @@ def test_sequence_alone_equals_in_batch_of_64(model, device):
 
 
 def test_invariant_matches_fast_within_bf16_tolerance(model, device):
-    lo, hi = (4, 40) if device == "cpu" else (16, 512)
+    lo, hi = LENGTHS["cpu" if device == "cpu" else "gpu"][1]
     prompts, responses = _batch(model.config.vocab_size, 8, lo, hi, seed=1)
     moe = hasattr(model.config, "num_experts")
     inv = Actor(model).compute_log_probs(prompts, responses, 1.0, with_router=moe)

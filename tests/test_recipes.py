@@ -10,7 +10,7 @@ plus a small credit for digits), passed as a Hydra override like the CPU setting
 tested in tests/test_data_prepare.py.
 
 Cost on 2 cores: one run takes about 70 s (Qwen3-1.7B GRPO, cores otherwise idle) to 3 minutes (MoE recipes, cores
-shared), nine runs in all; so the default suite runs one recipe (Qwen3-1.7B GRPO on GSM8K) and the rest
+shared), ten runs in all; so the default suite runs one recipe (Qwen3-1.7B GRPO on GSM8K) and the rest
 run with ``VEXACT_RECIPE_SMOKE=all`` (skipped otherwise, with that reason).
 """
 
@@ -43,6 +43,8 @@ RUNS = {
     "moonlight_16b_a3b-reinforce_pp": ("deepseek_v3", {"ALGO": "reinforce_pp"}, "val-core/aime24/acc/mean@2"),
     "r1_distill_qwen_1.5b_verify_pair_math": ("qwen2", {"ARMS": "vexact"}, "val-core/aime25/acc/mean@2"),
     "llama_3.1_8b_grpo_gsm8k": ("llama", {}, "val-core/openai/gsm8k/acc/mean@1"),
+    # the tiny gpt-oss: a window of 24 keys that the prompts outrun, sinks, a biased top-4 MoE
+    "gpt_oss_20b_grpo": ("gpt_oss", {}, "val-core/openai/gsm8k/acc/mean@1"),
     # verl's separate_async trainer: the trainer's slot and the rollout's (gloo checkpoint engine on CPU); no validation
     "qwen3_1.7b_separate_async": ("qwen3", {"ROLLOUT_GPUS": "1"}, None),
 }
@@ -166,6 +168,10 @@ def test_recipes_refuse_bad_input_naming_the_value(tmp_path):
     assert f"DATA_DIR={tmp_path / 'data'} has no gsm8k/test.parquet" in err and "prepare.py gsm8k" in err
     assert "GPUS_PER_NODE must be a positive integer, got 'two'" in _refusal(r, tmp_path, GPUS_PER_NODE="two")
     assert "SMOKE must be 0 or 1, got 'yes'" in _refusal(r, tmp_path, SMOKE="yes")
+    oss = "gpt_oss_20b_grpo"
+    assert "MODEL_DIR=/nonexistent/m is not a directory" in _refusal(oss, tmp_path, MODEL_DIR="/nonexistent/m")
+    assert f"DATA_DIR={tmp_path / 'data'} has no gsm8k/test.parquet" in _refusal(oss, tmp_path)
+    assert "NNODES must be a positive integer, got '0'" in _refusal(oss, tmp_path, NNODES="0")
     dapo = "qwen3_30b_a3b_dapo_math"
     for f in ("dapo_math/train.parquet", "aime24/test.parquet"):
         (tmp_path / "data" / f).parent.mkdir(parents=True, exist_ok=True)

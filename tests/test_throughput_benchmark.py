@@ -1,7 +1,8 @@
 """benchmarks/throughput.py's RL headline on CPU: the named workloads and how flags override them, the results file
 (benchmarks/throughput_report.py) from made-up numbers, the kernel buckets of --profile-steps (benchmarks/profiling.py)
 on made-up kernel names, the invariant-async mode (refused, naming the field, where EngineConfig lacks async_decode;
-wired through where it has it), and scripts/checks/rl_bench_gpu.sh's refusals. The GPU run itself:
+wired through where it has it), scripts/checks/rl_bench_gpu.sh's refusals, and the gpt-oss-20b shape (its published
+sizes, ``--models gpt-oss-20b``, the family's path on the tiny config). The GPU run itself:
 ``scripts/checks/rl_bench_gpu.sh``."""
 
 from __future__ import annotations
@@ -14,6 +15,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+
+from vexact_models import GPT_OSS_SHAPES, GptOssForCausalLM
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -24,6 +28,55 @@ import throughput_report  # noqa: E402
 TINY = ["--device", "cpu", "--models", "tiny", "--layers", "2", "--num-prompts", "3", "--prompt-len", "4", "9",
         "--gen-len", "2", "5", "--max-num-seqs", "2", "--decode-steps", "2", "--max-num-batched-tokens", "32",
         "--enforce-eager"]  # fmt: skip
+
+
+def test_gpt_oss_20b_is_a_named_shape_with_its_published_sizes():
+    """``--models gpt-oss-20b``: the released config.json's sizes, built as make_model builds them (on the meta
+    device here: no weights): sliding layers (128 keys) alternating with full ones, a sink per query head, 32 biased
+    experts top-4, 20.9B parameters."""
+    family, sizes = throughput.SHAPES["gpt-oss-20b"]
+    assert family == "gpt_oss" and sizes == GPT_OSS_SHAPES["gpt-oss-20b"]
+    cfg = throughput.CONFIGS[family](**sizes, torch_dtype="bfloat16")
+    published = dict(
+        hidden_size=2880, num_hidden_layers=24, num_attention_heads=64, num_key_value_heads=8, head_dim=64,
+        num_local_experts=32, num_experts_per_tok=4, intermediate_size=2880, vocab_size=201088, sliding_window=128,
+        max_position_embeddings=131072, rope_theta=150_000.0, tie_word_embeddings=False,
+    )  # fmt: skip
+    assert {k: getattr(cfg, k) for k in published} == published
+    assert cfg.layer_types == ("sliding_attention", "full_attention") * 12
+    assert cfg.rope_scaling.factor == 32.0 and cfg.rope_scaling.original_max_position_embeddings == 4096
+    with torch.device("meta"):
+        model = GptOssForCausalLM(cfg)
+    assert round(sum(p.numel() for p in model.parameters()) / 1e9, 1) == 20.9
+    layer = model.model.layers[0]
+    assert layer.self_attn.sinks.shape == (64,) and layer.mlp.router.bias.shape == (32,)
+    assert layer.mlp.experts.gate_up_proj.shape == (32, 2880, 2 * 2880)
+
+
+def test_gpt_oss_20b_is_accepted_by_models(monkeypatch, tmp_path):
+    """The shape passes ``--models``' check and reaches make_model under its name (the model itself is a stand-in)."""
+    made = []
+    monkeypatch.setattr(throughput, "make_model", lambda shape, layers, seed=0: made.append((shape, layers)) or shape)
+    monkeypatch.setattr(throughput, "save_checkpoint", lambda model, shape, args, workdir: workdir / shape)
+    argv = ["--device", "cpu", "--models", "gpt-oss-20b", "--layers", "2", "--ckpt-only", "--ckpt-dir", str(tmp_path)]
+    assert throughput.main(argv) == 0
+    assert made == [("gpt-oss-20b", 2)]
+
+
+def test_tiny_gpt_oss_runs_on_cpu_with_hf_generate_and_writes_the_vllm_checkpoint(tmp_path):
+    """The gpt_oss path end to end on the tiny config: VeXact invariant and HF generate (eager attention: transformers'
+    gpt-oss has no sdpa), then the HF checkpoint directory vLLM would load, which transformers reads back."""
+    transformers = pytest.importorskip("transformers")
+    tiny = [*TINY[:3], "tiny-gpt-oss", *TINY[4:]]
+    out = tmp_path / "r.md"
+    argv = [*tiny, "--modes", "invariant,hf", "--grpo-prompts", "0", "--hf-prompts", "2", "--hf-new-tokens", "3"]
+    assert throughput.main([*argv, "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "## gpt_oss tiny-gpt-oss-shaped, 2 layers" in text
+    assert "| HF generate (eager, eager attention) |" in text, text
+    assert throughput.main([*tiny, "--ckpt-only", "--ckpt-dir", str(tmp_path / "ckpt")]) == 0
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "ckpt/gpt_oss-tiny-gpt-oss"))
+    assert type(hf).__name__ == "GptOssForCausalLM" and hf.config.sliding_window == 24
 
 
 def test_rl_workloads_expand_to_the_flags_and_explicit_flags_win():
