@@ -358,3 +358,56 @@ def test_tim_attribution_runs_every_nth_step_once_per_step(device):
         logged.append(sorted(k for k in out["metrics"] if k.startswith("tim_attr/")))
     want = sorted(f"tim_attr/{f}/{k}" for f in ("rotary", "all") for k in ATTR_KEYS)
     assert logged == [[], [], want, [], []]
+
+
+def versioned_batch(behavior: list[torch.Tensor], token_versions: list[list[int]]) -> TensorDict:
+    """verl's ``old_log_prob`` batch of an async trainer: the rollout's logprobs and each response's ``extra_fields``
+    with its tokens' policy versions (as ``VersionedAgentLoopManager`` gets them into verl's batch)."""
+    data = verl_batch(1.0)
+    data["rollout_log_probs"] = torch.nested.as_nested_tensor(behavior, layout=torch.jagged)
+    tu.assign_non_tensor_stack(data, "extra_fields", [{"token_global_steps": v} for v in token_versions])
+    return data
+
+
+def test_old_log_prob_checks_each_token_at_its_version(device):
+    """verl's ``old_log_prob`` pass with per-token versions: tokens of the published version compared with the
+    logprobs just computed, the previous version's rescored with its host copy (``keep_previous_version``); K3 exactly
+    0.0, and a token labelled with the wrong version fails the check."""
+    from vexact_verl import versions
+
+    engine = make_engine(forward_only=False, vexact={"keep_previous_version": True})
+    versions.publish_version(0)
+    lp0 = verl_log_probs(engine, 1.0)[0]
+    v0 = [[0] * len(r) for r in RESPONSES]
+    with engine.eval_mode():
+        engine.infer_batch(versioned_batch([lp0[i, : len(r)] for i, r in enumerate(RESPONSES)], v0))
+    (first,) = engine._version_metrics
+    assert first["vexact/behavior/k3"] == 0.0 and first["vexact/staleness/max"] == 0.0, first
+    with torch.no_grad():  # the next version: the actor's weights moved (as by an optimizer step)
+        for p in engine.module.parameters():
+            p.add_(torch.full_like(p, 1e-2))
+    versions.publish_version(1)
+    lp1 = verl_log_probs(engine, 1.0)[0]
+    assert not torch.equal(lp0, lp1)
+    mixed = [[0] * (len(r) // 2) + [1] * (len(r) - len(r) // 2) for r in RESPONSES]  # resumed across the update
+    scored = {0: lp0, 1: lp1}
+    behavior = [torch.stack([scored[v][i, j] for j, v in enumerate(vs)]) for i, vs in enumerate(mixed)]
+    wrong = [list(v) for v in mixed]
+    wrong[2][0] = 1  # a version-0 token labelled as version 1
+    with engine.eval_mode():
+        engine.infer_batch(versioned_batch(behavior, mixed))
+        engine.infer_batch(versioned_batch(behavior, wrong))
+    exact, mislabeled = engine._version_metrics[1:]
+    n = sum(map(len, RESPONSES))
+    assert exact["vexact/behavior/k3"] == 0.0 and exact["vexact/behavior/tokens_differ"] == 0, exact
+    assert exact["vexact/behavior/tokens_checked"] == n and exact["vexact/behavior/tokens_unchecked"] == 0
+    assert exact["vexact/staleness/max"] == 1.0 and exact["vexact/staleness/min"] == 0.0
+    assert mislabeled["vexact/behavior/k3"] > 0.0 and mislabeled["vexact/behavior/tokens_differ"] == 1, mislabeled
+    assert torch.equal(verl_log_probs(engine, 1.0)[0], lp1)  # the rescoring put version 1's weights back
+    # without the host copy: only the current version's tokens are checked
+    engine.keep_previous_version, engine._held_versions = False, {}
+    with engine.eval_mode():
+        engine.infer_batch(versioned_batch(behavior, mixed))
+    current_only = engine._version_metrics[-1]
+    assert current_only["vexact/behavior/k3"] == 0.0
+    assert current_only["vexact/behavior/tokens_unchecked"] == sum(len(r) // 2 for r in RESPONSES)

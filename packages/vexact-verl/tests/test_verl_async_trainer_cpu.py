@@ -8,8 +8,14 @@ through verl's ``FullyAsyncLLMServerClient`` and verl's own ``ReplayBuffer``; ``
 verl's ``rollout_corr/*`` compare the rollout's logprobs with the actor's *current* weights. A step whose batch came
 entirely from those weights (verl's ``training/off_policy/trajectory_staleness`` 0, computed from the versions the
 vexact server stamps on each reply) must log K3, KL and the largest |p_rollout - p_actor| as exactly 0.0; a stale step
-logs K3 > 0, which is then staleness alone (``test_verl_async_cpu.py`` rescores such tokens at their own version:
-exactly 0.0). Each separate-placement step logs the gloo engine's sync (``vexact/weight_sync/bytes``).
+logs K3 > 0, which is then staleness alone. Each separate-placement step logs the gloo engine's sync
+(``vexact/weight_sync/bytes``).
+
+With :class:`vexact_verl.agent_loop.VersionedAgentLoopManager` each response reaches the actor with the policy version
+of every token, and with ``vexact.keep_previous_version=true`` the actor holds the weights of the current and the
+previous version: every step logs ``actor/vexact/behavior/k3`` (each token against the actor's logprob at its own
+version) as exactly 0.0 with no token differing and none left unchecked, stale steps included, and the staleness of
+its tokens (``actor/vexact/staleness/*``) as verl's trajectory staleness shows it.
 """
 
 from __future__ import annotations
@@ -74,6 +80,10 @@ def run_async(inputs: Path, mode: str, subprocess_env) -> list[dict]:
            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4", "actor_rollout_ref.actor.strategy=vexact",
            "reward.num_workers=1", "actor_rollout_ref.rollout.agent.num_workers=1",
+           "+actor_rollout_ref.rollout.agent.agent_loop_manager_class="
+           "vexact_verl.agent_loop.VersionedAgentLoopManager",
+           "actor_rollout_ref.actor.fsdp_config._target_=vexact_verl.actor_engine.VexactFSDPEngineConfig",
+           "+actor_rollout_ref.actor.fsdp_config.vexact.keep_previous_version=true",
            "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
            f"reward.custom_reward_function.path={ROOT / 'examples/verl_grpo/reward.py'}"]  # fmt: skip
     proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
@@ -102,7 +112,15 @@ def test_verl_async_trainer_on_cpu_is_exact_where_on_policy(inputs, subprocess_e
         if mode == "separate_async":
             assert m["vexact/weight_sync/bytes"] > 0, step  # the gloo checkpoint engine carried this step's sync
         stale = m["training/off_policy/trajectory_staleness_worst/max"]
-        print(mode, step, {k: m[k] for k in ("rollout_corr/k3_kl", "training/off_policy/trajectory_staleness/mean")})
+        shown = ("rollout_corr/k3_kl", "training/off_policy/trajectory_staleness/mean", "actor/vexact/behavior/k3",
+                 "actor/vexact/staleness/max", "actor/vexact/behavior/tokens_checked")  # fmt: skip
+        print(mode, step, {k: m.get(k) for k in shown})
+        # every token checked at its own version (the current or the previous one, held on the host): exact
+        assert m["actor/vexact/behavior/k3"] == 0.0, (step, m["actor/vexact/behavior/k3"])
+        assert m["actor/vexact/behavior/tokens_differ"] == 0, step
+        assert m["actor/vexact/behavior/tokens_checked"] > 0 and m["actor/vexact/behavior/tokens_unchecked"] == 0, step
+        # verl's is over the step's batch; the actor's, per old_log_prob call (two in a separate_async step), averaged
+        assert 0 <= m["actor/vexact/staleness/max"] <= stale and (m["actor/vexact/staleness/max"] > 0) == (stale > 0)
         if stale == 0:  # every token from the actor's current weights
             on_policy += 1
             assert m["rollout_corr/k3_kl"] == 0.0, (step, m["rollout_corr/k3_kl"])
@@ -111,3 +129,4 @@ def test_verl_async_trainer_on_cpu_is_exact_where_on_policy(inputs, subprocess_e
         else:  # measured against newer weights: staleness, not mismatch
             assert m["rollout_corr/k3_kl"] > 0.0, (step, stale)
     assert on_policy >= 1  # the first step trains on the warm-up batch of the initial weights
+    assert on_policy < len(steps), "no stale step: the per-version check was not exercised off-policy"

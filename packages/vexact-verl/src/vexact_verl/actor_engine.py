@@ -31,6 +31,15 @@ path on verl's CUDA platform.
 ``train_batch`` also runs the TIM attribution by op family on a sample of the step's sequences when the engine
 config's ``vexact.tim_attribute_every`` asks for it (off by default; :class:`VexactFSDPEngineConfig`,
 :mod:`vexact_verl.tim`), adding ``tim_attr/*`` to the step's metrics without touching the step's numerics.
+
+In verl's async trainers, ``infer_batch`` (verl's ``old_log_prob``) also checks the behavior policy per version
+(:meth:`VexactEngineWithLMHead.check_versions`) where the batch carries each token's policy version
+(:class:`vexact_verl.agent_loop.VersionedAgentLoopManager`): the tokens of the version the actor holds (the one it
+last published, :func:`vexact_verl.versions.published_version`) are compared with the logprobs just computed, at no
+extra cost; with ``vexact.keep_previous_version=true`` the actor also keeps the previous version's weights on the host
+(one more copy of its parameter shards) and rescores the tokens of that version with them (one more forward). The
+next training step logs ``actor/vexact/behavior/*`` (K3 of those tokens: exactly 0.0) and ``actor/vexact/staleness/*``
+(versions behind, over all tokens), beside verl's ``rollout_corr/*`` against the current weights.
 """
 
 from __future__ import annotations
@@ -58,19 +67,22 @@ import vexact_models
 
 from .actor import packed_log_probs
 from .tim import AttributionConfig, attribution_metrics
+from .versions import TOKEN_VERSIONS, behavior_check, published_version, staleness_metrics
 
 ENGINE_BACKEND = "vexact"
 MODEL_TYPE = "language_model"
 # verl looks an engine up by the platform's device name; "cpu" is reached only where a CPU platform is set
 # (verl 0.9.1 ships none: the tests set one), since vexact's kernels have an exact CPU path.
 DEVICES = ("cuda", "cpu")
+KEY_KEEP_PREVIOUS = "keep_previous_version"
 
 
 @dataclass
 class VexactFSDPEngineConfig(FSDPEngineConfig):
     """verl's ``FSDPEngineConfig`` with a ``vexact`` section: the settings of the vexact actor engine that verl's
     schema has no field for (the TIM attribution: ``tim_attribute_every``, ``tim_attribute_samples``,
-    ``tim_attribute_ops``; :class:`vexact_verl.tim.AttributionConfig`). Set it as the ``_target_`` of
+    ``tim_attribute_ops``; :class:`vexact_verl.tim.AttributionConfig`) and ``keep_previous_version`` (bool, off: keep
+    the previous policy version's weights on the host to check its tokens exactly). Set it as the ``_target_`` of
     ``actor_rollout_ref.actor.fsdp_config`` and add keys with
     ``+actor_rollout_ref.actor.fsdp_config.vexact.KEY=...``."""
 
@@ -86,8 +98,15 @@ class VexactEngineWithLMHead(FSDPEngineWithLMHead):
 
     def __init__(self, model_config, engine_config, optimizer_config, checkpoint_config):
         _check_supported(model_config, engine_config)
-        # off unless the config's vexact.tim_attribute_every >= 1 (a plain FSDPEngineConfig has no vexact section)
-        self.tim_attribution = AttributionConfig.from_settings(getattr(engine_config, "vexact", None))
+        settings = dict(getattr(engine_config, "vexact", None) or {})  # a plain FSDPEngineConfig has no vexact section
+        keep = settings.pop(KEY_KEEP_PREVIOUS, False)
+        if not isinstance(keep, bool):
+            raise ValueError(f"vexact.{KEY_KEEP_PREVIOUS} must be true or false, got {keep!r}")
+        self.keep_previous_version = keep
+        self._held_versions: dict[int, tuple] = {}  # version -> host copy of this rank's parameter shards
+        self._version_metrics: list[dict] = []  # from infer_batch, logged by the next train_batch
+        # off unless the config's vexact.tim_attribute_every >= 1
+        self.tim_attribution = AttributionConfig.from_settings(settings)
         self._tim_step = 0  # training steps begun (verl's update_actor: one step, one or more train_batch calls)
         self._tim_step_open = False
         if not engine_config.full_determinism:
@@ -178,10 +197,74 @@ class VexactEngineWithLMHead(FSDPEngineWithLMHead):
         self._tim_step_open = not tu.get_non_tensor_data(data=data, key="update_lr_scheduler", default=True)
         cfg = self.tim_attribution
         attr = self.tim_attribute(data) if first and cfg.every and self._tim_step % cfg.every == 0 else None
+        versions = []
+        if first:  # the version check of the old_log_prob before this step
+            versions, self._version_metrics = self._version_metrics, []
         outputs = super().train_batch(data, loss_function)
-        if attr is not None and self.is_mp_src_rank_with_outputs():
-            outputs["metrics"].update({k: [v] for k, v in attr.items()})  # verl's layout: one value per micro-batch
+        if self.is_mp_src_rank_with_outputs():
+            for m in [attr or {}, *versions]:  # verl's layout: one value per micro-batch
+                for k, v in m.items():
+                    outputs["metrics"].setdefault(k, []).append(v)
         return outputs
+
+    def infer_batch(self, data: TensorDict, loss_function=None):
+        outputs = super().infer_batch(data, loss_function)
+        if not self.engine_config.forward_only and isinstance(outputs, dict) and "model_output" in outputs:
+            metrics = self.check_versions(data, outputs["model_output"]["log_probs"])
+            if metrics:
+                self._version_metrics.append(metrics)
+        return outputs
+
+    def check_versions(self, data: TensorDict, log_probs: torch.Tensor) -> dict:
+        """``vexact/behavior/*`` and ``vexact/staleness/*`` of verl's ``old_log_prob`` batch ``data`` (with
+        ``rollout_log_probs`` and each response's ``extra_fields["token_global_steps"]``), ``log_probs`` being this
+        engine's output for it at the weights it holds; ``{}`` where the batch has no versions or no published version
+        is known. Tokens of the held version compare with ``log_probs``; with ``keep_previous_version`` the previous
+        version's tokens are rescored with its host copy (on every rank alike: the forward is collective)."""
+        current = published_version()
+        token_versions = _token_versions(data)
+        if current is None or token_versions is None or "rollout_log_probs" not in data.keys():
+            return {}
+        from verl.workers.utils.padding import response_from_nested
+
+        if self.keep_previous_version:
+            if current not in self._held_versions:
+                self._held_versions[current] = self._save_weights()
+            for v in [v for v in self._held_versions if v < current - 1 or v > current]:
+                del self._held_versions[v]
+        mask = _nested_rows(data["response_mask"])
+        behavior = [lp.float().cpu() for lp in data["rollout_log_probs"].unbind()]
+        lengths = [int(m.sum()) if m.all() else -1 for m in mask.unbind()]  # a tool-interleaved response: -1
+        pairs = enumerate(zip(token_versions, lengths, strict=True))
+        rows = [i for i, (v, n) in pairs if len(v) == n == len(behavior[i])]
+        scored = {current: [lp.float().cpu() for lp in response_from_nested(log_probs, mask).unbind()]}
+        for version in sorted(v for v in self._held_versions if v != current):
+            saved = self._save_weights()
+            self._load_weights(self._held_versions[version])
+            try:
+                out = super().infer_batch(data, None)
+            finally:
+                self._load_weights(saved)
+            scored[version] = [lp.float().cpu() for lp in response_from_nested(out["model_output"]["log_probs"],
+                                                                               mask).unbind()]  # fmt: skip
+        versions = [token_versions[i] for i in rows]
+        metrics = behavior_check([behavior[i] for i in rows], versions, lambda v: [scored[v][i] for i in rows],
+                                 held=scored)  # fmt: skip
+        metrics.update(staleness_metrics(current, versions))
+        metrics["vexact/behavior/responses_unaligned"] = float(len(token_versions) - len(rows))
+        return metrics
+
+    def _save_weights(self) -> tuple:
+        from verl.utils.fsdp_utils import fsdp2_sharded_save_to_cpu
+
+        state, spec = fsdp2_sharded_save_to_cpu(self.module)
+        # `.cpu()` of a CPU shard is the shard itself, which the optimizer would update in place: a copy
+        return {k: (t.clone(), s) for k, (t, s) in state.items()}, spec
+
+    def _load_weights(self, saved: tuple) -> None:
+        from verl.utils.fsdp_utils import fsdp2_sharded_load_from_cpu
+
+        fsdp2_sharded_load_from_cpu(self.module, *saved)
 
     def tim_attribute(self, data: TensorDict, specs: list[str] | None = None) -> dict:
         """``tim_attr/<family>/*`` of ``self.tim_attribution.samples`` evenly spaced sequences of ``data`` (verl's
@@ -282,6 +365,27 @@ class VexactEngineWithLMHead(FSDPEngineWithLMHead):
         finally:
             module.config = own_config
             del module.can_generate
+
+
+def _nested_rows(mask: torch.Tensor) -> torch.Tensor:
+    """verl's response mask as a jagged nested tensor (verl's trainer sends it nested; a padded ``[B, R]`` one is cut
+    after each row's last response token)."""
+    if mask.is_nested:
+        return mask
+    rows = [m[: int(m.nonzero().max()) + 1] if m.any() else m[:0] for m in mask]
+    return torch.nested.as_nested_tensor(rows, layout=torch.jagged)
+
+
+def _token_versions(data: TensorDict) -> list[list[int]] | None:
+    """Each response's per-token policy versions from verl's ``extra_fields``; None where a response has none."""
+    if "extra_fields" not in data.keys():
+        return None
+    fields = data["extra_fields"]
+    fields = fields.tolist() if hasattr(fields, "tolist") else list(fields)
+    versions = [f.get(TOKEN_VERSIONS) if isinstance(f, dict) else None for f in fields]
+    if any(v is None for v in versions):
+        return None
+    return [[int(x) for x in v] for v in versions]
 
 
 def _rows(t: torch.Tensor, idx: list[int]) -> torch.Tensor:

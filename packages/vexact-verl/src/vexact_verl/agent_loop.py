@@ -22,6 +22,7 @@ from typing import Any
 
 from verl.experimental.agent_loop.agent_loop import register
 from verl.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentLoop
+from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ
 
 AGENT_LOOP_NAME = "vexact_single_turn_agent"
 
@@ -64,3 +65,35 @@ class SeededSingleTurnAgentLoop(SingleTurnAgentLoop):
 def _scalar(value: Any) -> int:
     """An int from verl's per-sample values (Python or numpy ints, 0-d tensors)."""
     return int(value.item() if hasattr(value, "item") else value)
+
+
+class VersionedAgentLoopManager(AgentLoopManagerTQ):
+    """verl's agent-loop manager of the V1 trainers (``AgentLoopManagerTQ``) whose agent loops talk to the rollout
+    through :class:`vexact_verl.versions.VersionedAsyncLLMServerClient`, so that every response carries the policy
+    version of each of its tokens (``extra_fields["token_global_steps"]``, stored in the batch with verl's other
+    ``extra_fields``) into the actor's step.
+
+    verl's async trainers hand the manager a ``FullyAsyncLLMServerClient``; this manager builds the versioned client
+    from that client's own settings (config, load balancer, ``only_hybrid``), so partial rollouts resume exactly as in
+    verl. Any other client (the synchronous trainer's, a custom one) is kept as given. Select it with
+    ``actor_rollout_ref.rollout.agent.agent_loop_manager_class=vexact_verl.agent_loop.VersionedAgentLoopManager``.
+    """
+
+    def __init__(self, *args, llm_client=None, **kwargs):
+        super().__init__(*args, llm_client=versioned_client(llm_client), **kwargs)
+
+
+def versioned_client(client: Any) -> Any:
+    """``client`` as a :class:`~vexact_verl.versions.VersionedAsyncLLMServerClient` where it is exactly verl's
+    ``FullyAsyncLLMServerClient``; any other client unchanged."""
+    from verl.workers.rollout.llm_server import FullyAsyncLLMServerClient
+
+    from .versions import VersionedAsyncLLMServerClient
+
+    if type(client) is not FullyAsyncLLMServerClient:
+        return client
+    versioned = VersionedAsyncLLMServerClient(
+        config=client.config, load_balancer_handle=client._load_balancer, only_hybrid=client._only_hybrid
+    )
+    versioned.__dict__.update(client.__dict__)  # settings verl set after construction (e.g. a tokenizer)
+    return versioned

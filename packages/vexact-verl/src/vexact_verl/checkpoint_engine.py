@@ -38,6 +38,8 @@ from verl.checkpoint_engine.base import (
 )
 from verl.workers.rollout.utils import ensure_async_iterator
 
+from .versions import publish_version
+
 log = logging.getLogger("vexact_verl")
 
 BACKEND = "gloo"
@@ -148,6 +150,7 @@ class GlooCheckpointEngine(CheckpointEngine):
         """Broadcast the weights in buckets of ``bucket_size`` bytes (a tensor larger than that in chunks)."""
         if self.rank is None:
             raise RuntimeError("send_weights before init_process_group (verl's CheckpointEngineManager calls it)")
+        publish_version(global_steps)  # on every actor rank: each one's engine reads it (versions.py)
         if self.rank < 0:  # not in the group, but producing the weights is collective over the actor ranks
             async for _ in ensure_async_iterator(weights):
                 pass

@@ -29,6 +29,7 @@ from verl.workers.rollout.replica import RolloutReplica
 from vexact_models import NamedBuckets, weight_dtype
 
 from .server import ServerSettings, VexactServer, VexactStage, engine_kwargs_from_verl
+from .versions import publish_version
 
 log = logging.getLogger("vexact_verl")
 
@@ -324,6 +325,7 @@ class ServerAdapter(BaseRollout):
         """
         if wire_format != "named_tensors":
             raise NotImplementedError(f"the vexact rollout takes wire_format='named_tensors', got {wire_format!r}")
+        publish_version(global_steps)  # this process's trainer weights are now this version (versions.py)
         if kwargs.get("peft_config") is not None:
             raise NotImplementedError("LoRA adapters are not supported by the vexact rollout; merge them (lora.merge)")
         server = self._server()

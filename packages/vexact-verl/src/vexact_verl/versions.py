@@ -14,16 +14,40 @@ With an exact engine the logprobs a response carries are the trainer's at those 
 policy (exactly 0.0) and how many tokens differ (0). verl's ``rollout_corr/*`` metrics compare instead with the
 trainer's *current* weights, so in async modes they measure staleness, which :func:`staleness_metrics` reports per
 step from the versions.
+
+Inside verl's own async trainers the versions reach the actor as follows: the agent-loop manager
+:class:`vexact_verl.agent_loop.VersionedAgentLoopManager` (selected by
+``actor_rollout_ref.rollout.agent.agent_loop_manager_class``) hands verl's agent loops this client instead of verl's,
+verl's agent loop keeps the reply's ``extra_fields`` and stores them in the batch (field ``extra_fields``, one dict
+per response), and the actor reads ``extra_fields["token_global_steps"]`` beside ``rollout_log_probs``. Which version
+the actor's weights are is recorded where this process publishes them (:func:`publish_version`: the vexact
+``ServerAdapter`` of verl's hybrid worker, the ``gloo`` checkpoint engine) and read with :func:`published_version`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 from verl.workers.rollout.llm_server import FullyAsyncLLMServerClient, LLMServerClient
 
 TOKEN_VERSIONS = "token_global_steps"
+
+_published: int | None = None
+
+
+def publish_version(version: int | None) -> None:
+    """Record that this process's trainer weights were just sent to the rollout as policy version ``version``
+    (verl's ``update_weights(global_steps=version)``); ``None`` (verl passed no version) leaves the record as is."""
+    global _published
+    if version is not None:
+        _published = int(version)
+
+
+def published_version() -> int | None:
+    """The version of the weights this process last sent to the rollout; ``None`` before the first sync (or where
+    weights travel through a path that does not record it, e.g. a GPU checkpoint backend of verl's)."""
+    return _published
 
 
 class _SegmentVersions(LLMServerClient):
@@ -84,6 +108,7 @@ def behavior_check(
     behavior_log_probs: Sequence[torch.Tensor],
     token_versions: Sequence[Sequence[int]],
     score: Callable[[int], Sequence[torch.Tensor]],
+    held: Iterable[int] | None = None,
 ) -> dict[str, float]:
     """Rescore each response token with the trainer at the version that produced it and compare with the rollout's.
 
@@ -91,7 +116,9 @@ def behavior_check(
     versions; ``score(v)``: the trainer's logprobs of every response with the weights of version ``v`` (a list of
     ``[R_i]``). Returns ``vexact/behavior/k3`` (mean over tokens of ``r - 1 - log r``, ``r = p_trainer/p_rollout``,
     in float64: exactly 0.0 iff no token differs), ``vexact/behavior/tokens_differ`` (fp32 bitwise) and
-    ``vexact/behavior/abs_delta_max``.
+    ``vexact/behavior/abs_delta_max``. With ``held`` (the versions whose weights the trainer still has) tokens of
+    other versions are left out: ``vexact/behavior/tokens_checked`` / ``tokens_unchecked`` count both kinds, and
+    ``score`` is asked for held versions only.
     """
     if len(behavior_log_probs) != len(token_versions):
         raise ValueError(f"{len(behavior_log_probs)} responses' logprobs for {len(token_versions)} version lists")
@@ -101,7 +128,9 @@ def behavior_check(
     for i, (lp, v) in enumerate(zip(behavior_log_probs, token_versions, strict=True)):
         if len(lp) != len(v):
             raise ValueError(f"response {i}: {len(lp)} logprobs for {len(v)} token versions")
-    for version in sorted({int(v) for vs in token_versions for v in vs}):
+    seen = sorted({int(v) for vs in token_versions for v in vs})
+    available = set(seen if held is None else map(int, held))
+    for version in (v for v in seen if v in available):
         scored = score(version)
         for i, rescored in enumerate(scored):
             mask = versions[i, : len(target[i])] == version
@@ -110,10 +139,19 @@ def behavior_check(
     tgt = torch.cat(target)
     if beh.numel() == 0:
         return {}
+    checked = torch.cat([torch.as_tensor([int(x) in available for x in v], dtype=torch.bool) for v in token_versions])
+    counts = {
+        "vexact/behavior/tokens_checked": float(checked.sum().item()),
+        "vexact/behavior/tokens_unchecked": float((~checked).sum().item()),
+    }
+    if not checked.any():
+        return counts
+    beh, tgt = beh[checked], tgt[checked]
     log_ratio = tgt.double() - beh.double()
     k3 = (torch.exp(log_ratio) - 1 - log_ratio).mean().item()
     return {
         "vexact/behavior/k3": k3,
         "vexact/behavior/tokens_differ": float((tgt != beh).sum().item()),
         "vexact/behavior/abs_delta_max": log_ratio.abs().max().item(),
+        **counts,
     }
