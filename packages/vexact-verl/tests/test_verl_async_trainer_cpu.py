@@ -129,4 +129,6 @@ def test_verl_async_trainer_on_cpu_is_exact_where_on_policy(inputs, subprocess_e
         else:  # measured against newer weights: staleness, not mismatch
             assert m["rollout_corr/k3_kl"] > 0.0, (step, stale)
     assert on_policy >= 1  # the first step trains on the warm-up batch of the initial weights
-    assert on_policy < len(steps), "no stale step: the per-version check was not exercised off-policy"
+    # Whether a later step is stale depends on timing (it was in every run seen); the check of stale tokens at their
+    # own version is held without timing by test_verl_actor_engine.py's
+    # test_old_log_prob_checks_each_token_at_its_version
