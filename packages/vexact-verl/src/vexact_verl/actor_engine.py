@@ -99,14 +99,14 @@ class VexactEngineWithLMHead(FSDPEngineWithLMHead):
     def __init__(self, model_config, engine_config, optimizer_config, checkpoint_config):
         _check_supported(model_config, engine_config)
         settings = dict(getattr(engine_config, "vexact", None) or {})  # a plain FSDPEngineConfig has no vexact section
-        keep = settings.pop(KEY_KEEP_PREVIOUS, False)
+        keep = settings.get(KEY_KEEP_PREVIOUS, False)
         if not isinstance(keep, bool):
             raise ValueError(f"vexact.{KEY_KEEP_PREVIOUS} must be true or false, got {keep!r}")
         self.keep_previous_version = keep
         self._held_versions: dict[int, tuple] = {}  # version -> host copy of this rank's parameter shards
         self._version_metrics: list[dict] = []  # from infer_batch, logged by the next train_batch
         # off unless the config's vexact.tim_attribute_every >= 1
-        self.tim_attribution = AttributionConfig.from_settings(settings)
+        self.tim_attribution = AttributionConfig.from_settings(settings, other_keys=(KEY_KEEP_PREVIOUS,))
         self._tim_step = 0  # training steps begun (verl's update_actor: one step, one or more train_batch calls)
         self._tim_step_open = False
         if not engine_config.full_determinism:

@@ -102,13 +102,15 @@ class AttributionConfig:
                 raise ValueError(f"vexact.{KEY_OPS}: unknown op family {op!r}; allowed: {', '.join(vk.OPS)}")
 
     @classmethod
-    def from_settings(cls, settings) -> AttributionConfig:
-        """From the actor engine config's ``vexact`` section (a mapping; None or empty: off). An unknown key, or a
-        value of the wrong kind, raises ``ValueError`` naming it."""
-        settings = dict(settings or {})
+    def from_settings(cls, settings, other_keys: tuple[str, ...] = ()) -> AttributionConfig:
+        """From the actor engine config's ``vexact`` section (a mapping; None or empty: off), its keys other than
+        ``other_keys`` (the section's keys another part reads). An unknown key, or a value of the wrong kind, raises
+        ``ValueError`` naming it."""
+        settings = {k: v for k, v in dict(settings or {}).items() if k not in other_keys}
         unknown = sorted(set(settings) - {KEY_EVERY, KEY_SAMPLES, KEY_OPS})
         if unknown:
-            raise ValueError(f"vexact has unknown key(s) {unknown}; allowed: {[KEY_EVERY, KEY_SAMPLES, KEY_OPS]}")
+            allowed = [KEY_EVERY, KEY_SAMPLES, KEY_OPS, *other_keys]
+            raise ValueError(f"vexact has unknown key(s) {unknown}; allowed: {allowed}")
 
         def integer(key: str, default: int) -> int:
             value = settings.get(key, default)
