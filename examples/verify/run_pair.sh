@@ -31,7 +31,12 @@
 # and hours; its GitHub releases carry no wheel for torch 2.11 + CUDA 13). With padding removed verl packs a
 # micro-batch into one row: on FA4, transformers takes the sequences' cu_seqlens from the row's position_ids and runs
 # `flash_attn.cute.flash_attn_varlen_func` (flash-attn-4 4.0.0b36: varlen forward and backward on SM90), through
-# verl's remove-padding patch as for flash_attention_2; on SDPA, transformers hands PyTorch a block-diagonal causal
+# verl's remove-padding patch as for flash_attention_2. With the stack staged here (transformers 5.9.0, flash-attn-4
+# 4.0.0b36) that call does not run: transformers passes max_seqlen_q/max_seqlen_k as 0-d tensors, flash-attn-4 takes
+# Python ints only, and on an H200 the arm's first actor forward failed with `ValueError: Expected IntTuple, whose
+# leaves are integers, but got 1079`; actor_attention.py finds this on the CPU (transformers'
+# prepare_fa_kwargs_from_position_ids on a small packed row), so the arm runs SDPA by default and says so;
+# ACTOR_ATTN=flash_attention_4 still forces FA4. On SDPA, transformers hands PyTorch a block-diagonal causal
 # mask over the whole row, so its memory-efficient kernel computes the masked-out blocks too (exact, slow:
 # perf/mfu/actor 0.035 at dense-1k on an H200). FA4 comes from scripts/staging/fa4_device_wheels.sh (the package the
 # vexact arm uses): PYTHONPATH_FA4 (default: `scripts/staging/rl_stack_wheels.sh path fa4`, empty where not
