@@ -101,18 +101,37 @@ def _vllm_site(site: Path) -> Path:
 
 
 INTS_SITECUSTOMIZE = '''
-"""transformers as it would be if its packed-row call passed flash_attn_varlen_func Python ints for max_seqlen."""
-import transformers.modeling_flash_attention_utils as fau
+"""transformers as it would be if its packed-row call passed flash_attn_varlen_func Python ints for max_seqlen:
+prepare_fa_kwargs_from_position_ids patched as its module loads (an interpreter that never imports it stays fast)."""
+import importlib.util
+import sys
 
-_prepare = fau.prepare_fa_kwargs_from_position_ids
-
-
-def _with_ints(position_ids):
-    cu_seqlens, (max_q, max_k) = _prepare(position_ids)
-    return cu_seqlens, (int(max_q), int(max_k))
+MODULE = "transformers.modeling_flash_attention_utils"
 
 
-fau.prepare_fa_kwargs_from_position_ids = _with_ints
+class PatchOnImport:
+    def find_spec(self, name, path=None, target=None):
+        if name != MODULE:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            prepare = module.prepare_fa_kwargs_from_position_ids
+
+            def with_ints(position_ids):
+                cu_seqlens, (max_q, max_k) = prepare(position_ids)
+                return cu_seqlens, (int(max_q), int(max_k))
+
+            module.prepare_fa_kwargs_from_position_ids = with_ints
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+sys.meta_path.insert(0, PatchOnImport())
 '''
 
 
