@@ -407,22 +407,25 @@ def test_verl_fsdp_model_path_hands_the_packed_row_to_fa4_varlen(tmp_path):
 
 
 STUB_PYTHON = """#!/usr/bin/env bash
-# python3 for run_pair.sh on CPU: the verl runs log one step (the meta written at their start kept aside), vLLM
-# "imports", everything else is the real interpreter
+# python3 for run_pair.sh on CPU: the verl runs log one step (the meta written at their start kept aside) and exit
+# with STUB_RC_<arm> (0 by default), vLLM "imports", compare.py writes its arguments to STUB_COMPARE, everything else
+# is the real interpreter
 if [ "$1" = -m ] && { [ "$2" = verl.trainer.main_ppo ] || [ "$2" = vexact_verl.main_ppo ]; }; then
   cp "${VERL_FILE_LOGGER_PATH%.jsonl}.meta.json" "${VERL_FILE_LOGGER_PATH%.jsonl}.meta-at-start.json"
   echo '{"step": 1, "data": {"rollout_corr/k3_kl": 0.001}}' > "$VERL_FILE_LOGGER_PATH"
-  exit "${STUB_RC:-0}"
+  echo "Traceback: the stub arm's last line"
+  rc=${VERL_FILE_LOGGER_PATH%.jsonl}
+  rc=STUB_RC_${rc##*-}
+  exit "${!rc:-0}"
 fi
 [ "$1" = -c ] && [ "$2" = "import vllm" ] && exit 0
+[ "$1" = examples/verify/compare.py ] && { shift; echo "$*" > "$STUB_COMPARE"; exit 0; }
 exec {python} "$@"
 """
 
 
-@pytest.mark.skipif(not HAS_VERL, reason="write_meta reads verl's reference config; verl is not installed")
-def test_run_pair_writes_the_meta_as_an_arm_starts_and_ends_with_its_attention(tmp_path):
-    fa4, vllm = _fake_fa4_site(tmp_path / "fa4site"), _vllm_site(tmp_path / "vllmsite")
-    fa4_env, why = _fa4_env(tmp_path, "ints", fa4)  # a transformers that passes ints
+def _stub_run(tmp_path: Path, *arms: str, **env: str) -> tuple[subprocess.CompletedProcess, Path]:
+    """run_pair.sh end to end with the stub python3 (dense-1k, tag cpu); the results folder."""
     stub = tmp_path / "bin"
     stub.mkdir()
     (stub / "python3").write_text(STUB_PYTHON.replace("{python}", sys.executable))
@@ -433,11 +436,20 @@ def test_run_pair_writes_the_meta_as_an_arm_starts_and_ends_with_its_attention(t
     (data / "train.parquet").write_text("")
     results = tmp_path / "results"
     env = {**os.environ, "PATH": f"{stub}:{os.environ['PATH']}", "PAIR": "dense-1k", "TAG": "cpu", "ACTOR_ATTN": "",
-           "PYTHONPATH_FA4": str(fa4), "PYTHONPATH_VLLM": str(vllm), "MODEL_DIR": str(model), "DATA": str(data),
-           "SHARED_HOST": "1", "COMMIT": "abc1234", "STUB_RC": "143", **fa4_env}  # fmt: skip
-    r = subprocess.run(["bash", "examples/verify/run_pair.sh", str(results), "vllm"], cwd=ROOT, env=env,
+           "MODEL_DIR": str(model), "DATA": str(data), "SHARED_HOST": "1", "COMMIT": "abc1234",
+           "STUB_COMPARE": str(tmp_path / "compare.args"), **env}  # fmt: skip
+    r = subprocess.run(["bash", "examples/verify/run_pair.sh", str(results), *arms], cwd=ROOT, env=env,
                        capture_output=True, text=True)  # fmt: skip
-    assert r.returncode == 0, r.stdout + r.stderr
+    return r, results
+
+
+@pytest.mark.skipif(not HAS_VERL, reason="write_meta reads verl's reference config; verl is not installed")
+def test_run_pair_writes_the_meta_as_an_arm_starts_and_ends_with_its_attention(tmp_path):
+    fa4, vllm = _fake_fa4_site(tmp_path / "fa4site"), _vllm_site(tmp_path / "vllmsite")
+    env, why = _fa4_env(tmp_path, "ints", fa4)
+    r, results = _stub_run(tmp_path, "vllm", PYTHONPATH_FA4=str(fa4), PYTHONPATH_VLLM=str(vllm), STUB_RC_vllm="143",
+                           **env)  # fmt: skip
+    assert r.returncode == 1, r.stdout + r.stderr  # the arm failed
     assert "== cpu-dense-1k-vllm: exit 143 after" in r.stdout, r.stdout
     log = (results / "cpu-dense-1k-vllm.log").read_text().splitlines()
     assert log[0].startswith(f"== cpu-dense-1k-vllm: actor attention flash_attention_4 ({why}"), log[0]
@@ -452,3 +464,33 @@ def test_run_pair_writes_the_meta_as_an_arm_starts_and_ends_with_its_attention(t
         assert meta["differs_from_verl_defaults"]["actor_rollout_ref.model.override_config.attn_implementation"] == {
             "value": "flash_attention_4", "verl_default": None}  # fmt: skip
         assert meta["config"]["max_response_length"] == 1024 and meta["config"]["pair"] == "dense-1k"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_VERL, reason="write_meta reads verl's reference config; verl is not installed")
+@pytest.mark.parametrize(
+    ("arms", "failing"),
+    [(("vllm", "vexact", "fast"), None), (("vllm", "vexact", "fast"), "vllm"), (("vllm", "vexact"), "vexact")],
+)
+def test_run_pair_exits_1_when_an_arm_fails_and_compares_only_the_arms_that_ran(tmp_path, arms, failing):
+    env = {f"STUB_RC_{failing}": "1"} if failing else {}
+    r, results = _stub_run(tmp_path, *arms, PYTHONPATH_FA4="", **env)
+    out = r.stdout + r.stderr
+    for arm in arms:  # every arm runs and keeps its meta, the failed one too
+        meta = json.loads((results / f"cpu-dense-1k-{arm}.meta.json").read_text())
+        assert meta["exit_code"] == (1 if arm == failing else 0), (arm, meta["exit_code"])
+        assert f"== cpu-dense-1k-{arm}: exit {meta['exit_code']} after" in r.stdout, out
+    passed = [a for a in arms if a != failing]
+    if failing is None:
+        assert r.returncode == 0, out
+        assert "Traceback: the stub arm's last line" not in r.stdout and "== failed" not in r.stderr, out
+    else:
+        assert r.returncode == 1, out
+        assert "Traceback: the stub arm's last line" in r.stdout, out  # the tail of the failed arm's log
+        assert f"== failed: {failing} (exit codes in their .meta.json" in r.stderr, out
+    if len(passed) < 2:  # nothing to compare a run against
+        assert not (tmp_path / "compare.args").exists(), out
+        return
+    compared = (tmp_path / "compare.args").read_text().split()
+    assert compared[:-4] == [str(results / f"cpu-dense-1k-{a}.jsonl") for a in passed], compared
+    assert compared[-4:] == ["--plot", str(results / "cpu-dense-1k.png"), "--expect-exact", "vexact"], compared
