@@ -4,7 +4,10 @@ than vLLM's), run_pair.sh puts the choice and FA4's folders into the vllm arm's 
 attention and every setting that differs from verl's defaults, and verl 0.9.1's FSDP model path (transformers'
 flash_attention_4 plus verl's remove-padding patch) hands a packed row to ``flash_attn.cute.flash_attn_varlen_func``
 with one causal sequence per ``cu_seqlens`` span. The FA4 package here is a stand-in with flash-attn-4 4.0.0b36's
-varlen signature that computes exact attention per sequence; the CUDA kernel itself runs only on a GPU."""
+varlen signature that computes exact attention per sequence and, like the real one, takes only Python ints for
+``max_seqlen_q`` / ``max_seqlen_k``; the CUDA kernel itself runs only on a GPU. transformers 5.9 passes those as 0-d
+tensors (its ``prepare_fa_kwargs_from_position_ids``), so with it the default is SDPA; the FA4 path is tested forced
+(``ACTOR_ATTN=flash_attention_4``) and on a transformers patched to pass ints (``_ints_site``)."""
 
 from __future__ import annotations
 
@@ -44,6 +47,9 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, **kwargs):
 
 
 def flash_attn_varlen_func({params}):
+    for n in (max_seqlen_q, max_seqlen_k):
+        if n is not None and not isinstance(n, int):  # flash-attn-4 builds CuTe shapes from them: ints only
+            raise ValueError(f"Expected IntTuple, whose leaves are integers, but got {{n}}")
     CALLS.append({{"cu_seqlens_q": cu_seqlens_q.tolist(), "cu_seqlens_k": cu_seqlens_k.tolist(),
                    "dtype": str(cu_seqlens_q.dtype), "max_seqlen_q": int(max_seqlen_q), "causal": causal,
                    "softmax_scale": softmax_scale, "deterministic": deterministic, "q": tuple(q.shape),
@@ -94,6 +100,73 @@ def _vllm_site(site: Path) -> Path:
     return site
 
 
+INTS_SITECUSTOMIZE = '''
+"""transformers as it would be if its packed-row call passed flash_attn_varlen_func Python ints for max_seqlen:
+prepare_fa_kwargs_from_position_ids patched as its module loads (an interpreter that never imports it stays fast)."""
+import importlib.util
+import sys
+
+MODULE = "transformers.modeling_flash_attention_utils"
+
+
+class PatchOnImport:
+    def find_spec(self, name, path=None, target=None):
+        if name != MODULE:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            prepare = module.prepare_fa_kwargs_from_position_ids
+
+            def with_ints(position_ids):
+                cu_seqlens, (max_q, max_k) = prepare(position_ids)
+                return cu_seqlens, (int(max_q), int(max_k))
+
+            module.prepare_fa_kwargs_from_position_ids = with_ints
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+sys.meta_path.insert(0, PatchOnImport())
+'''
+
+
+def _ints_site(site: Path) -> Path:
+    """A folder whose sitecustomize patches transformers' prepare_fa_kwargs_from_position_ids to return ints: with it
+    on PYTHONPATH, every interpreter run_pair.sh starts sees a transformers that FA4's varlen call accepts."""
+    site.mkdir(parents=True)
+    (site / "sitecustomize.py").write_text(INTS_SITECUSTOMIZE)
+    return site
+
+
+def _load_actor_attention():
+    spec = importlib.util.spec_from_file_location("actor_attention", ROOT / "examples/verify/actor_attention.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_probe_finds_that_transformers_passes_fa4_a_tensor_max_seqlen():
+    import torch
+    import transformers
+    from transformers.modeling_flash_attention_utils import prepare_fa_kwargs_from_position_ids
+
+    # transformers 5.9: max_length_q = cu_seq_lens_q.diff().max(), a 0-d tensor, handed on as max_seqlen_q/k
+    _, (max_q, _) = prepare_fa_kwargs_from_position_ids(torch.tensor([[0, 1, 2, 0, 1]]))
+    problem = _load_actor_attention().max_seqlen_problem("4.0.0b36")
+    if isinstance(max_q, int):
+        assert problem is None
+        pytest.skip(f"transformers {transformers.__version__} passes ints")
+    assert isinstance(max_q, torch.Tensor) and max_q.item() == 3
+    assert f"transformers {transformers.__version__} passes max_seqlen_q/max_seqlen_k" in problem, problem
+    assert "flash-attn-4 4.0.0b36 takes Python ints only" in problem, problem
+    assert "Expected IntTuple, whose leaves are integers, but got 1079" in problem, problem
+
+
 def _choose(path: str, **env: str) -> dict[str, str]:
     out = subprocess.run(
         [sys.executable, "examples/verify/actor_attention.py"], cwd=ROOT, capture_output=True, text=True, check=True,
@@ -104,21 +177,42 @@ def _choose(path: str, **env: str) -> dict[str, str]:
 
 def test_fa4_only_from_its_distribution_with_every_requirement_met(tmp_path):
     fa4, vllm = _fake_fa4_site(tmp_path / "fa4site"), _vllm_site(tmp_path / "vllmsite")
-    got = _choose(f"{fa4}:{vllm}")
+    ints = _ints_site(tmp_path / "ints")  # a transformers that passes ints, as FA4's varlen call needs
+    got = _choose(f"{ints}:{fa4}:{vllm}")
     assert got["ACTOR_ATTN"] == "flash_attention_4", got
     assert got["ACTOR_ATTN_WHY"].startswith(f"FA4: flash-attn-4 4.0.0b36 from {fa4}"), got
     # vLLM's folder first: its apache-tvm-ffi 0.1.9 is the one imported, below what flash-attn-4 needs
-    got = _choose(f"{vllm}:{fa4}")
+    got = _choose(f"{ints}:{vllm}:{fa4}")
     assert got["ACTOR_ATTN"] == "sdpa"
     assert "needs apache-tvm-ffi<0.2,>=0.1.11; the path has 0.1.9 from " + str(vllm) in got["ACTOR_ATTN_WHY"], got
     # the package without its dist-info (transformers' is_flash_attn_4_available reads the distribution's name)
     bare = _fake_fa4_site(tmp_path / "bare", with_dist_info=False)
-    got = _choose(f"{bare}:{vllm}")
+    got = _choose(f"{ints}:{bare}:{vllm}")
     assert got["ACTOR_ATTN"] == "sdpa" and "no distribution provides flash_attn" in got["ACTOR_ATTN_WHY"], got
-    got = _choose(str(vllm))
+    got = _choose(f"{ints}:{vllm}")
     assert got["ACTOR_ATTN"] == "sdpa", got
     kept = {"ACTOR_ATTN": "eager", "ACTOR_ATTN_WHY": "set by ACTOR_ATTN"}
     assert _choose(f"{vllm}:{fa4}", ACTOR_ATTN="eager") == kept
+
+
+def test_sdpa_by_default_where_transformers_passes_fa4_a_tensor_max_seqlen(tmp_path):
+    import transformers
+
+    fa4, vllm = _fake_fa4_site(tmp_path / "fa4site"), _vllm_site(tmp_path / "vllmsite")
+    if _load_actor_attention().max_seqlen_problem("4.0.0b36") is None:
+        pytest.skip(f"transformers {transformers.__version__} passes ints")
+    got = _choose(f"{fa4}:{vllm}")  # everything FA4 needs is there, but transformers' call would fail
+    assert got["ACTOR_ATTN"] == "sdpa", got
+    why = got["ACTOR_ATTN_WHY"]
+    assert why.startswith(f"SDPA: FA4 is not usable here (transformers {transformers.__version__} passes "), why
+    assert "flash-attn-4 4.0.0b36 takes Python ints only" in why and "but got 1079" in why, why
+    # forced: FA4 as asked, with what stops it here in the reason
+    got = _choose(f"{fa4}:{vllm}", ACTOR_ATTN="flash_attention_4")
+    assert got["ACTOR_ATTN"] == "flash_attention_4", got
+    assert got["ACTOR_ATTN_WHY"].startswith("set by ACTOR_ATTN; FA4 is not usable here (transformers "), got
+    ints = _ints_site(tmp_path / "ints")
+    forced = _choose(f"{ints}:{fa4}:{vllm}", ACTOR_ATTN="flash_attention_4")
+    assert forced == {"ACTOR_ATTN": "flash_attention_4", "ACTOR_ATTN_WHY": "set by ACTOR_ATTN"}, forced
 
 
 def _dry_run(tmp_path: Path, *arms: str, **env: str) -> tuple[dict[str, list[str]], str]:
@@ -131,24 +225,53 @@ def _dry_run(tmp_path: Path, *arms: str, **env: str) -> tuple[dict[str, list[str
     return arms_, r.stderr
 
 
+def _fa4_env(tmp_path: Path, how: str, fa4: Path) -> tuple[dict[str, str], str]:
+    """The environment that puts the vllm arm on FA4, and the reason it prints: ``forced`` by ACTOR_ATTN, or chosen
+    on a transformers patched to pass ints (``ints``)."""
+    if how == "forced":
+        return {"ACTOR_ATTN": "flash_attention_4"}, "set by ACTOR_ATTN"
+    ints = _ints_site(tmp_path / "ints")
+    return {"PYTHONPATH": f"{ints}:{os.environ.get('PYTHONPATH', '')}"}, f"FA4: flash-attn-4 4.0.0b36 from {fa4}"
+
+
+@pytest.mark.parametrize("how", ["forced", "ints"])
 @pytest.mark.parametrize("pair", ["dense-1k", "moe-1k"])
-def test_run_pair_puts_fa4_and_its_folders_on_the_vllm_arm(tmp_path, pair):
+def test_run_pair_puts_fa4_and_its_folders_on_the_vllm_arm(tmp_path, pair, how):
     fa4, vllm = _fake_fa4_site(tmp_path / "fa4site"), _vllm_site(tmp_path / "vllmsite")
     key = ("actor_rollout_ref.actor.veomni.attn_implementation" if pair == "moe-1k"
            else "+actor_rollout_ref.model.override_config.attn_implementation")  # fmt: skip
-    arms, err = _dry_run(tmp_path, "vllm", "vexact", PAIR=pair, PYTHONPATH_FA4=str(fa4), PYTHONPATH_VLLM=str(vllm))
+    env, why = _fa4_env(tmp_path, how, fa4)
+    arms, err = _dry_run(tmp_path, "vllm", "vexact", PAIR=pair, PYTHONPATH_FA4=str(fa4), PYTHONPATH_VLLM=str(vllm),
+                         **env)  # fmt: skip
     assert f"{key}=flash_attention_4" in arms["vllm"]
     assert not [w for w in arms["vexact"] if "attn_implementation" in w]  # the vexact arm runs its own kernels
     note = next(ln for ln in err.splitlines() if ln.startswith(f"== cpu-{pair}-vllm: "))
-    assert "actor attention flash_attention_4 (FA4: flash-attn-4 4.0.0b36" in note, note
+    assert f"actor attention flash_attention_4 ({why}" in note, note
     assert note.endswith(f"PYTHONPATH in front: {fa4}:{vllm}"), note  # FA4's apache-tvm-ffi before vLLM's
     # no FA4 folder: SDPA, the reason in the note, vLLM's folder alone in front
-    arms, err = _dry_run(tmp_path, "vllm", PAIR=pair, PYTHONPATH_FA4="", PYTHONPATH_VLLM=str(vllm))
+    env.pop("ACTOR_ATTN", None)
+    arms, err = _dry_run(tmp_path, "vllm", PAIR=pair, PYTHONPATH_FA4="", PYTHONPATH_VLLM=str(vllm), **env)
     assert f"{key}=sdpa" in arms["vllm"]
     note = next(ln for ln in err.splitlines() if ln.startswith(f"== cpu-{pair}-vllm: "))
     assert "actor attention sdpa (SDPA: FA4 is not usable here (" in note and note.endswith(f"front: {vllm}"), note
-    arms, _ = _dry_run(tmp_path, "vllm", PAIR=pair, ACTOR_ATTN="eager", PYTHONPATH_FA4=str(fa4))
+    arms, _ = _dry_run(tmp_path, "vllm", PAIR=pair, ACTOR_ATTN="eager", PYTHONPATH_FA4=str(fa4), **env)
     assert f"{key}=eager" in arms["vllm"]
+
+
+@pytest.mark.parametrize("pair", ["dense-1k", "moe-1k"])
+def test_run_pair_runs_sdpa_where_transformers_passes_fa4_a_tensor_max_seqlen(tmp_path, pair):
+    import transformers
+
+    if _load_actor_attention().max_seqlen_problem("4.0.0b36") is None:
+        pytest.skip(f"transformers {transformers.__version__} passes ints")
+    fa4, vllm = _fake_fa4_site(tmp_path / "fa4site"), _vllm_site(tmp_path / "vllmsite")
+    key = ("actor_rollout_ref.actor.veomni.attn_implementation" if pair == "moe-1k"
+           else "+actor_rollout_ref.model.override_config.attn_implementation")  # fmt: skip
+    arms, err = _dry_run(tmp_path, "vllm", PAIR=pair, PYTHONPATH_FA4=str(fa4), PYTHONPATH_VLLM=str(vllm))
+    assert f"{key}=sdpa" in arms["vllm"]
+    note = next(ln for ln in err.splitlines() if ln.startswith(f"== cpu-{pair}-vllm: "))
+    assert f"actor attention sdpa (SDPA: FA4 is not usable here (transformers {transformers.__version__}" in note, note
+    assert "but got 1079" in note and note.endswith(f"PYTHONPATH in front: {vllm}"), note  # FA4's folder left out
 
 
 def _compose(overrides: list[str]):
@@ -161,12 +284,14 @@ def _compose(overrides: list[str]):
 
 
 @pytest.mark.skipif(not HAS_VERL, reason="reads verl's Hydra config; verl is not installed")
+@pytest.mark.parametrize("how", ["forced", "ints"])
 @pytest.mark.parametrize("pair", ["dense-4k", "moe-1k"])
-def test_vllm_meta_names_the_attention_and_every_setting_that_differs_from_verl_defaults(tmp_path, pair):
+def test_vllm_meta_names_the_attention_and_every_setting_that_differs_from_verl_defaults(tmp_path, pair, how):
     from omegaconf import OmegaConf
 
     fa4, vllm = _fake_fa4_site(tmp_path / "fa4site"), _vllm_site(tmp_path / "vllmsite")
-    arms, err = _dry_run(tmp_path, "vllm", PAIR=pair, PYTHONPATH_FA4=str(fa4), PYTHONPATH_VLLM=str(vllm))
+    fa4_env, want_why = _fa4_env(tmp_path, how, fa4)
+    arms, err = _dry_run(tmp_path, "vllm", PAIR=pair, PYTHONPATH_FA4=str(fa4), PYTHONPATH_VLLM=str(vllm), **fa4_env)
     cmd = arms["vllm"]
     why = next(ln for ln in err.splitlines() if ln.startswith("== ")).split(" (", 1)[1].rsplit("); PYTHONPATH", 1)[0]
     results = tmp_path / "results"
@@ -177,7 +302,7 @@ def test_vllm_meta_names_the_attention_and_every_setting_that_differs_from_verl_
     subprocess.run([sys.executable, "examples/verify/write_meta.py"], cwd=ROOT, env=env, check=True)
     meta = json.loads((results / f"cpu-{pair}-vllm.meta.json").read_text())
     assert meta["stack"]["attention"] == "flash_attention_4"
-    assert meta["stack"]["attention_why"].startswith("FA4: flash-attn-4 4.0.0b36 from ")
+    assert meta["stack"]["attention_why"].startswith(want_why), meta["stack"]
     differs = meta["differs_from_verl_defaults"]
     # verl's defaults from its own Hydra composition (not the YAML write_meta reads): with the arm's engine group
     words = dict(w.lstrip("+").split("=", 1) for w in cmd[3:] if "=" in w and not w.startswith("hydra."))
@@ -243,14 +368,31 @@ print("RESULT", {{"max_diff": (logits - want).abs().max().item(), "calls": len(c
 """
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(not HAS_VERL, reason="runs verl's remove-padding patch; verl is not installed")
-def test_verl_fsdp_model_path_hands_the_packed_row_to_fa4_varlen(tmp_path):
+def _run_packed(tmp_path: Path, *front: Path) -> subprocess.CompletedProcess:
     fa4 = _fake_fa4_site(tmp_path / "fa4site")
     script = tmp_path / "packed.py"
     script.write_text(textwrap.dedent(RUN_PACKED.format(path=tmp_path / "model")))
-    r = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True,
-                       env={**os.environ, "PYTHONPATH": f"{fa4}:{os.environ.get('PYTHONPATH', '')}"})  # fmt: skip
+    path = ":".join(str(p) for p in (*front, fa4))
+    return subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": f"{path}:{os.environ.get('PYTHONPATH', '')}"})  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_VERL, reason="runs verl's remove-padding patch; verl is not installed")
+def test_verl_fsdp_model_path_fails_in_fa4_varlen_on_a_tensor_max_seqlen(tmp_path):
+    import transformers
+
+    if _load_actor_attention().max_seqlen_problem("4.0.0b36") is None:
+        pytest.skip(f"transformers {transformers.__version__} passes ints")
+    r = _run_packed(tmp_path)  # the first forward, as on the H200
+    assert r.returncode != 0 and "RESULT " not in r.stdout, r.stdout[-3000:]
+    assert "ValueError: Expected IntTuple, whose leaves are integers, but got 7" in r.stderr, r.stderr[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_VERL, reason="runs verl's remove-padding patch; verl is not installed")
+def test_verl_fsdp_model_path_hands_the_packed_row_to_fa4_varlen(tmp_path):
+    r = _run_packed(tmp_path, _ints_site(tmp_path / "ints"))  # a transformers that passes ints
     line = next((ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")), None)
     assert line is not None, r.stdout[-3000:] + r.stderr[-3000:]
     got = eval(line.removeprefix("RESULT "))  # a dict literal printed by the script above
@@ -265,21 +407,25 @@ def test_verl_fsdp_model_path_hands_the_packed_row_to_fa4_varlen(tmp_path):
 
 
 STUB_PYTHON = """#!/usr/bin/env bash
-# python3 for run_pair.sh on CPU: the verl runs log one step (the meta written at their start kept aside), vLLM
-# "imports", everything else is the real interpreter
+# python3 for run_pair.sh on CPU: the verl runs log one step (the meta written at their start kept aside) and exit
+# with STUB_RC_<arm> (0 by default), vLLM "imports", compare.py writes its arguments to STUB_COMPARE, everything else
+# is the real interpreter
 if [ "$1" = -m ] && { [ "$2" = verl.trainer.main_ppo ] || [ "$2" = vexact_verl.main_ppo ]; }; then
   cp "${VERL_FILE_LOGGER_PATH%.jsonl}.meta.json" "${VERL_FILE_LOGGER_PATH%.jsonl}.meta-at-start.json"
   echo '{"step": 1, "data": {"rollout_corr/k3_kl": 0.001}}' > "$VERL_FILE_LOGGER_PATH"
-  exit "${STUB_RC:-0}"
+  echo "Traceback: the stub arm's last line"
+  rc=${VERL_FILE_LOGGER_PATH%.jsonl}
+  rc=STUB_RC_${rc##*-}
+  exit "${!rc:-0}"
 fi
 [ "$1" = -c ] && [ "$2" = "import vllm" ] && exit 0
+[ "$1" = examples/verify/compare.py ] && { shift; echo "$*" > "$STUB_COMPARE"; exit 0; }
 exec {python} "$@"
 """
 
 
-@pytest.mark.skipif(not HAS_VERL, reason="write_meta reads verl's reference config; verl is not installed")
-def test_run_pair_writes_the_meta_as_an_arm_starts_and_ends_with_its_attention(tmp_path):
-    fa4, vllm = _fake_fa4_site(tmp_path / "fa4site"), _vllm_site(tmp_path / "vllmsite")
+def _stub_run(tmp_path: Path, *arms: str, **env: str) -> tuple[subprocess.CompletedProcess, Path]:
+    """run_pair.sh end to end with the stub python3 (dense-1k, tag cpu); the results folder."""
     stub = tmp_path / "bin"
     stub.mkdir()
     (stub / "python3").write_text(STUB_PYTHON.replace("{python}", sys.executable))
@@ -290,14 +436,23 @@ def test_run_pair_writes_the_meta_as_an_arm_starts_and_ends_with_its_attention(t
     (data / "train.parquet").write_text("")
     results = tmp_path / "results"
     env = {**os.environ, "PATH": f"{stub}:{os.environ['PATH']}", "PAIR": "dense-1k", "TAG": "cpu", "ACTOR_ATTN": "",
-           "PYTHONPATH_FA4": str(fa4), "PYTHONPATH_VLLM": str(vllm), "MODEL_DIR": str(model), "DATA": str(data),
-           "SHARED_HOST": "1", "COMMIT": "abc1234", "STUB_RC": "143"}  # fmt: skip
-    r = subprocess.run(["bash", "examples/verify/run_pair.sh", str(results), "vllm"], cwd=ROOT, env=env,
+           "MODEL_DIR": str(model), "DATA": str(data), "SHARED_HOST": "1", "COMMIT": "abc1234",
+           "STUB_COMPARE": str(tmp_path / "compare.args"), **env}  # fmt: skip
+    r = subprocess.run(["bash", "examples/verify/run_pair.sh", str(results), *arms], cwd=ROOT, env=env,
                        capture_output=True, text=True)  # fmt: skip
-    assert r.returncode == 0, r.stdout + r.stderr
+    return r, results
+
+
+@pytest.mark.skipif(not HAS_VERL, reason="write_meta reads verl's reference config; verl is not installed")
+def test_run_pair_writes_the_meta_as_an_arm_starts_and_ends_with_its_attention(tmp_path):
+    fa4, vllm = _fake_fa4_site(tmp_path / "fa4site"), _vllm_site(tmp_path / "vllmsite")
+    env, why = _fa4_env(tmp_path, "ints", fa4)
+    r, results = _stub_run(tmp_path, "vllm", PYTHONPATH_FA4=str(fa4), PYTHONPATH_VLLM=str(vllm), STUB_RC_vllm="143",
+                           **env)  # fmt: skip
+    assert r.returncode == 1, r.stdout + r.stderr  # the arm failed
     assert "== cpu-dense-1k-vllm: exit 143 after" in r.stdout, r.stdout
     log = (results / "cpu-dense-1k-vllm.log").read_text().splitlines()
-    assert log[0].startswith("== cpu-dense-1k-vllm: actor attention flash_attention_4 (FA4: flash-attn-4 4.0.0b36")
+    assert log[0].startswith(f"== cpu-dense-1k-vllm: actor attention flash_attention_4 ({why}"), log[0]
     assert log[0].endswith(f"PYTHONPATH in front: {fa4}:{vllm}"), log[0]
     start = json.loads((results / "cpu-dense-1k-vllm.meta-at-start.json").read_text())
     end = json.loads((results / "cpu-dense-1k-vllm.meta.json").read_text())
@@ -305,7 +460,37 @@ def test_run_pair_writes_the_meta_as_an_arm_starts_and_ends_with_its_attention(t
     assert (end["exit_code"], end["steps_logged"]) == (143, 1)
     for meta in (start, end):
         assert meta["stack"]["attention"] == "flash_attention_4"
-        assert meta["stack"]["attention_why"].startswith(f"FA4: flash-attn-4 4.0.0b36 from {fa4}")
+        assert meta["stack"]["attention_why"].startswith(why)
         assert meta["differs_from_verl_defaults"]["actor_rollout_ref.model.override_config.attn_implementation"] == {
             "value": "flash_attention_4", "verl_default": None}  # fmt: skip
         assert meta["config"]["max_response_length"] == 1024 and meta["config"]["pair"] == "dense-1k"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_VERL, reason="write_meta reads verl's reference config; verl is not installed")
+@pytest.mark.parametrize(
+    ("arms", "failing"),
+    [(("vllm", "vexact", "fast"), None), (("vllm", "vexact", "fast"), "vllm"), (("vllm", "vexact"), "vexact")],
+)
+def test_run_pair_exits_1_when_an_arm_fails_and_compares_only_the_arms_that_ran(tmp_path, arms, failing):
+    env = {f"STUB_RC_{failing}": "1"} if failing else {}
+    r, results = _stub_run(tmp_path, *arms, PYTHONPATH_FA4="", **env)
+    out = r.stdout + r.stderr
+    for arm in arms:  # every arm runs and keeps its meta, the failed one too
+        meta = json.loads((results / f"cpu-dense-1k-{arm}.meta.json").read_text())
+        assert meta["exit_code"] == (1 if arm == failing else 0), (arm, meta["exit_code"])
+        assert f"== cpu-dense-1k-{arm}: exit {meta['exit_code']} after" in r.stdout, out
+    passed = [a for a in arms if a != failing]
+    if failing is None:
+        assert r.returncode == 0, out
+        assert "Traceback: the stub arm's last line" not in r.stdout and "== failed" not in r.stderr, out
+    else:
+        assert r.returncode == 1, out
+        assert "Traceback: the stub arm's last line" in r.stdout, out  # the tail of the failed arm's log
+        assert f"== failed: {failing} (exit codes in their .meta.json" in r.stderr, out
+    if len(passed) < 2:  # nothing to compare a run against
+        assert not (tmp_path / "compare.args").exists(), out
+        return
+    compared = (tmp_path / "compare.args").read_text().split()
+    assert compared[:-4] == [str(results / f"cpu-dense-1k-{a}.jsonl") for a in passed], compared
+    assert compared[-4:] == ["--plot", str(results / "cpu-dense-1k.png"), "--expect-exact", "vexact"], compared

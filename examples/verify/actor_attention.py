@@ -3,9 +3,11 @@
     PYTHONPATH=FA4_DIRS:VLLM_DIRS python examples/verify/actor_attention.py   # run_pair.sh evaluates what it prints
 
 Prints two shell lines, ``ACTOR_ATTN=flash_attention_4`` or ``ACTOR_ATTN=sdpa``, and ``ACTOR_ATTN_WHY=...`` (what
-was found, or why FA4 was not taken); ``ACTOR_ATTN`` in the environment is kept as given ("set by ACTOR_ATTN").
+was found, or why FA4 was not taken); ``ACTOR_ATTN`` in the environment is kept as given ("set by ACTOR_ATTN", and
+for a forced ``flash_attention_4`` what stops FA4 here, if anything).
 
-What FA4 needs on the arm's path (verl 0.9.1's FSDP engine, transformers 5.9, flash-attn-4 4.0.0b36):
+What FA4 needs on the arm's path (verl 0.9.1's FSDP engine, transformers 5.9, flash-attn-4 4.0.0b36); the last
+item fails with these versions, so the arm takes SDPA by default:
 - transformers takes ``flash_attention_4`` when the distribution ``flash-attn-4`` provides the ``flash_attn`` package
   (``is_flash_attn_4_available`` reads ``importlib.metadata.packages_distributions()``, so a ``pip install --target``
   folder must keep its ``flash_attn_4-*.dist-info`` beside ``flash_attn/``) and CUDA is there (compute capability 9
@@ -17,6 +19,14 @@ What FA4 needs on the arm's path (verl 0.9.1's FSDP engine, transformers 5.9, fl
 - every requirement of flash-attn-4 at a version it accepts. vLLM 0.24.0 pins ``apache-tvm-ffi==0.1.9`` and
   flash-attn-4 needs ``>=0.1.11``: FA4's folder goes in front of vLLM's on the arm's path (run_pair.sh does so).
 - ``import flash_attn.cute`` (the CuTe DSL and its libraries load).
+- Python ints for ``max_seqlen_q`` / ``max_seqlen_k``. transformers 5.9 does not pass them: its
+  ``prepare_fa_kwargs_from_position_ids`` returns ``cu_seq_lens_q.diff().max()``, a 0-d tensor, and
+  ``_process_flash_attention_kwargs`` calls ``.item()`` on it only while tracing (torch.compile, CUDA graph capture),
+  so the eager packed-row call hands flash-attn-4 a tensor. flash-attn-4 4.0.0b36 takes ints only (its CuTe layout
+  code): on an H200 the vllm arm's first actor forward failed in ``_flash_attn_fwd`` with ``ValueError: Expected
+  IntTuple, whose leaves are integers, but got 1079``. ``fa4_problem`` runs that transformers function on a CPU
+  tensor, so with this stack the arm runs SDPA and says why; ``ACTOR_ATTN=flash_attention_4`` still forces FA4
+  (the reason stays in the log and meta).
 """
 
 from __future__ import annotations
@@ -70,11 +80,38 @@ def fa4_problem() -> str | None:
         import flash_attn.cute  # noqa: F401
     except Exception as e:  # the DSL's libraries, a CUDA runtime, a broken wheel: any of them stops FA4
         return f"import flash_attn.cute fails: {type(e).__name__}: {e}"
-    return None
+    return max_seqlen_problem(dist.version)
+
+
+def max_seqlen_problem(fa4_version: str) -> str | None:
+    """Why transformers' packed-row call would hand flash-attn-4 a non-int ``max_seqlen``; None when it passes ints.
+
+    Runs transformers' ``prepare_fa_kwargs_from_position_ids`` (where it has one) on two packed sequences on the CPU:
+    the max length it returns is what the eager varlen call passes as ``max_seqlen_q`` / ``max_seqlen_k``.
+    """
+    try:
+        from transformers.modeling_flash_attention_utils import prepare_fa_kwargs_from_position_ids
+    except ImportError:
+        return None
+    import torch
+    import transformers
+
+    _, (max_q, max_k) = prepare_fa_kwargs_from_position_ids(torch.tensor([[0, 1, 2, 0, 1]]))
+    if isinstance(max_q, int) and isinstance(max_k, int):
+        return None
+    return (
+        f"transformers {transformers.__version__} passes max_seqlen_q/max_seqlen_k to flash_attn_varlen_func as "
+        f"{type(max_q).__module__}.{type(max_q).__name__} ({max_q!r}), and {FA4_DIST} {fa4_version} takes Python ints "
+        "only: on an H200 the first actor forward failed with ValueError: Expected IntTuple, whose leaves are "
+        "integers, but got 1079"
+    )
 
 
 def choose(requested: str | None = None) -> tuple[str, str]:
     """(attention, why): ``requested`` as given; else FA4 where ``fa4_problem`` finds nothing, else SDPA."""
+    if requested == FA4:
+        problem = fa4_problem()
+        return requested, "set by ACTOR_ATTN" + (f"; FA4 is not usable here ({problem})" if problem else "")
     if requested:
         return requested, "set by ACTOR_ATTN"
     problem = fa4_problem()

@@ -31,7 +31,12 @@
 # and hours; its GitHub releases carry no wheel for torch 2.11 + CUDA 13). With padding removed verl packs a
 # micro-batch into one row: on FA4, transformers takes the sequences' cu_seqlens from the row's position_ids and runs
 # `flash_attn.cute.flash_attn_varlen_func` (flash-attn-4 4.0.0b36: varlen forward and backward on SM90), through
-# verl's remove-padding patch as for flash_attention_2; on SDPA, transformers hands PyTorch a block-diagonal causal
+# verl's remove-padding patch as for flash_attention_2. With the stack staged here (transformers 5.9.0, flash-attn-4
+# 4.0.0b36) that call does not run: transformers passes max_seqlen_q/max_seqlen_k as 0-d tensors, flash-attn-4 takes
+# Python ints only, and on an H200 the arm's first actor forward failed with `ValueError: Expected IntTuple, whose
+# leaves are integers, but got 1079`; actor_attention.py finds this on the CPU (transformers'
+# prepare_fa_kwargs_from_position_ids on a small packed row), so the arm runs SDPA by default and says so;
+# ACTOR_ATTN=flash_attention_4 still forces FA4. On SDPA, transformers hands PyTorch a block-diagonal causal
 # mask over the whole row, so its memory-efficient kernel computes the masked-out blocks too (exact, slow:
 # perf/mfu/actor 0.035 at dense-1k on an H200). FA4 comes from scripts/staging/fa4_device_wheels.sh (the package the
 # vexact arm uses): PYTHONPATH_FA4 (default: `scripts/staging/rl_stack_wheels.sh path fa4`, empty where not
@@ -59,7 +64,9 @@
 # folders in front of PYTHONPATH) and, for the vexact and fast arms, .phases.jsonl
 # (each replica's generation phases: time inside engine steps against the phase's wall time, vexact_verl.server
 # GenPhase); with two or more arms compare.py then writes
-# <TAG>-<STEM>.png (one arm a call: run compare.py on the files afterwards, as this script prints).
+# <TAG>-<STEM>.png over the arms that exited 0 (one arm a call: run compare.py on the files afterwards, as this
+# script prints). The script exits 1 when any arm exits non-zero (its meta and the tail of its log written first),
+# else with compare.py's status.
 # Needs verl, Ray and vLLM importable (on an air-gapped machine: scripts/staging/rl_stack_wheels.sh install).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -158,6 +165,7 @@ COMMON+=(
   trainer.n_gpus_per_node="$NGPUS" trainer.nnodes=1 trainer.total_training_steps="$STEPS" trainer.val_before_train=False
   trainer.test_freq=-1 trainer.save_freq=-1 'trainer.logger=["console","file"]' trainer.project_name=vexact_verify
 )
+PASSED=() FAILED=()
 for arm in "${ARMS[@]}"; do
   NAME="$TAG-$STEM-$arm"
   case "$arm" in
@@ -230,16 +238,27 @@ for arm in "${ARMS[@]}"; do
   sleep 3
   echo "== $NAME: exit $rc after $(( $(date +%s) - START )) s, $(wc -l < "$VERL_FILE_LOGGER_PATH" 2> /dev/null || echo 0) steps"
   write_meta "$rc"
-  [ "$rc" = 0 ] || tail -30 "$RESULTS/$NAME.log"
+  if [ "$rc" = 0 ]; then
+    PASSED+=("$arm")
+  else
+    FAILED+=("$arm")
+    tail -30 "$RESULTS/$NAME.log"
+  fi
 done
 [ "$DRY_RUN" = 1 ] && exit 0
-FILES=()
-for arm in "${ARMS[@]}"; do FILES+=("$RESULTS/$TAG-$STEM-$arm.jsonl"); done
+status=0
 if [ ${#ARMS[@]} -lt 2 ]; then  # one arm a call (e.g. each on its own GPU): compare once both have run
   echo "== compare when the other arm has run: python3 examples/verify/compare.py $RESULTS/$TAG-$STEM-vllm.jsonl" \
     "$RESULTS/$TAG-$STEM-vexact.jsonl --plot $RESULTS/$TAG-$STEM.png --expect-exact vexact"
-  exit 0
+elif [ ${#PASSED[@]} -ge 2 ]; then  # a failed arm's log is not a run to compare
+  FILES=()
+  for arm in "${PASSED[@]}"; do FILES+=("$RESULTS/$TAG-$STEM-$arm.jsonl"); done
+  EXACT=()
+  [[ " ${PASSED[*]} " == *" vexact "* ]] && EXACT=(--expect-exact vexact)
+  python3 examples/verify/compare.py "${FILES[@]}" --plot "$RESULTS/$TAG-$STEM.png" "${EXACT[@]}" || status=$?
 fi
-EXACT=()
-[[ " ${ARMS[*]} " == *" vexact "* ]] && EXACT=(--expect-exact vexact)
-python3 examples/verify/compare.py "${FILES[@]}" --plot "$RESULTS/$TAG-$STEM.png" "${EXACT[@]}"
+if [ ${#FAILED[@]} -gt 0 ]; then
+  echo "== failed: ${FAILED[*]} (exit codes in their .meta.json, the tails of their logs above)" >&2
+  exit 1
+fi
+exit "$status"
