@@ -34,6 +34,23 @@ BWD_NUM_STAGES = 2
 
 
 @triton.jit
+def _load_kv(K, V, k_rows, kvh, kin, offs_dk, offs_dv, stride_kt, stride_kh, stride_vt, stride_vh, DK: tl.constexpr,
+             DV: tl.constexpr):  # fmt: skip
+    """The K and V rows ``k_rows`` of KV head ``kvh`` (zeros where ``kin`` is False or past the head dims)."""
+    k = tl.load(
+        K + k_rows[:, None] * stride_kt + kvh * stride_kh + offs_dk[None, :],
+        mask=kin[:, None] & (offs_dk[None, :] < DK),
+        other=0.0,
+    )
+    v = tl.load(
+        V + k_rows[:, None] * stride_vt + kvh * stride_vh + offs_dv[None, :],
+        mask=kin[:, None] & (offs_dv[None, :] < DV),
+        other=0.0,
+    )
+    return k, v
+
+
+@triton.jit
 def _attn_bwd_dkdv(
     Q,
     K,
@@ -87,16 +104,7 @@ def _attn_bwd_dkdv(
     offs_dk = tl.arange(0, BLOCK_DK)
     offs_dv = tl.arange(0, BLOCK_DV)
     k_rows = (s0 + offs_n).to(tl.int64)
-    k = tl.load(
-        K + k_rows[:, None] * stride_kt + kvh * stride_kh + offs_dk[None, :],
-        mask=kin[:, None] & (offs_dk[None, :] < DK),
-        other=0.0,
-    )
-    v = tl.load(
-        V + k_rows[:, None] * stride_vt + kvh * stride_vh + offs_dv[None, :],
-        mask=kin[:, None] & (offs_dv[None, :] < DV),
-        other=0.0,
-    )
+    k, v = _load_kv(K, V, k_rows, kvh, kin, offs_dk, offs_dv, stride_kt, stride_kh, stride_vt, stride_vh, DK, DV)
     dk = tl.zeros([BLOCK_N, BLOCK_DK], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
     q_end = n
@@ -218,16 +226,7 @@ def _attn_bwd_dq(
         kpos = start + offs_n
         kin = kpos < hi
         k_rows = (s0 + kpos).to(tl.int64)
-        k = tl.load(
-            K + k_rows[:, None] * stride_kt + kvh * stride_kh + offs_dk[None, :],
-            mask=kin[:, None] & (offs_dk[None, :] < DK),
-            other=0.0,
-        )
-        v = tl.load(
-            V + k_rows[:, None] * stride_vt + kvh * stride_vh + offs_dv[None, :],
-            mask=kin[:, None] & (offs_dv[None, :] < DV),
-            other=0.0,
-        )
+        k, v = _load_kv(K, V, k_rows, kvh, kin, offs_dk, offs_dv, stride_kt, stride_kh, stride_vt, stride_vh, DK, DV)
         qk = _mma(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), UPCAST) * qk_scale
         seen = (kpos[None, :] <= t[:, None]) & ok[:, None]
         if WINDOW:
