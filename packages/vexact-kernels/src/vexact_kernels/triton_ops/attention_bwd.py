@@ -51,6 +51,17 @@ def _load_kv(K, V, k_rows, kvh, kin, offs_dk, offs_dv, stride_kt, stride_kh, str
 
 
 @triton.jit
+def _probs(q, k, lse, qk_scale, kpos, t, seen, window, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+           UPCAST: tl.constexpr, WINDOW: tl.constexpr):  # fmt: skip
+    """The forward's probabilities ``exp2(q k^T * qk_scale - lse)`` of the keys a row has ``seen`` (and, with a
+    window, only those ``> t - window``); 0 elsewhere."""
+    qk = _mma(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), UPCAST) * qk_scale
+    if WINDOW:
+        seen = seen & (kpos[None, :] > t[:, None] - window)
+    return tl.where(seen, tl.math.exp2(qk - lse[:, None]), 0.0)
+
+
+@triton.jit
 def _attn_bwd_dkdv(
     Q,
     K,
@@ -128,11 +139,8 @@ def _attn_bwd_dkdv(
         )
         lse = tl.load(LSE + q_rows * stride_lt + head, mask=ok, other=0.0)
         delta = tl.load(DELTA + q_rows * stride_lt + head, mask=ok, other=0.0)
-        qk = _mma(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), UPCAST) * qk_scale
         seen = (offs_n[None, :] <= t[:, None]) & ok[:, None] & kin[None, :]
-        if WINDOW:
-            seen = seen & (offs_n[None, :] > t[:, None] - window)
-        p = tl.where(seen, tl.math.exp2(qk - lse[:, None]), 0.0)
+        p = _probs(q, k, lse, qk_scale, offs_n, t, seen, window, BLOCK_M, BLOCK_N, UPCAST, WINDOW)
         dv = _mma(tl.trans(p.to(do.dtype)), do, dv, UPCAST)
         dp = _mma(do, tl.trans(v), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), UPCAST)
         ds = p * (dp - delta[:, None])
@@ -227,11 +235,8 @@ def _attn_bwd_dq(
         kin = kpos < hi
         k_rows = (s0 + kpos).to(tl.int64)
         k, v = _load_kv(K, V, k_rows, kvh, kin, offs_dk, offs_dv, stride_kt, stride_kh, stride_vt, stride_vh, DK, DV)
-        qk = _mma(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), UPCAST) * qk_scale
         seen = (kpos[None, :] <= t[:, None]) & ok[:, None]
-        if WINDOW:
-            seen = seen & (kpos[None, :] > t[:, None] - window)
-        p = tl.where(seen, tl.math.exp2(qk - lse[:, None]), 0.0)
+        p = _probs(q, k, lse, qk_scale, kpos, t, seen, window, BLOCK_M, BLOCK_N, UPCAST, WINDOW)
         dp = _mma(do, tl.trans(v), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), UPCAST)
         ds = p * (dp - delta[:, None])
         dq = _mma(ds.to(k.dtype), k, dq, UPCAST)
