@@ -34,6 +34,34 @@ BWD_NUM_STAGES = 2
 
 
 @triton.jit
+def _load_kv(K, V, k_rows, kvh, kin, offs_dk, offs_dv, stride_kt, stride_kh, stride_vt, stride_vh, DK: tl.constexpr,
+             DV: tl.constexpr):  # fmt: skip
+    """The K and V rows ``k_rows`` of KV head ``kvh`` (zeros where ``kin`` is False or past the head dims)."""
+    k = tl.load(
+        K + k_rows[:, None] * stride_kt + kvh * stride_kh + offs_dk[None, :],
+        mask=kin[:, None] & (offs_dk[None, :] < DK),
+        other=0.0,
+    )
+    v = tl.load(
+        V + k_rows[:, None] * stride_vt + kvh * stride_vh + offs_dv[None, :],
+        mask=kin[:, None] & (offs_dv[None, :] < DV),
+        other=0.0,
+    )
+    return k, v
+
+
+@triton.jit
+def _probs(q, k, lse, qk_scale, kpos, t, seen, window, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+           UPCAST: tl.constexpr, WINDOW: tl.constexpr):  # fmt: skip
+    """The forward's probabilities ``exp2(q k^T * qk_scale - lse)`` of the keys a row has ``seen`` (and, with a
+    window, only those ``> t - window``); 0 elsewhere."""
+    qk = _mma(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), UPCAST) * qk_scale
+    if WINDOW:
+        seen = seen & (kpos[None, :] > t[:, None] - window)
+    return tl.where(seen, tl.math.exp2(qk - lse[:, None]), 0.0)
+
+
+@triton.jit
 def _attn_bwd_dkdv(
     Q,
     K,
@@ -87,16 +115,7 @@ def _attn_bwd_dkdv(
     offs_dk = tl.arange(0, BLOCK_DK)
     offs_dv = tl.arange(0, BLOCK_DV)
     k_rows = (s0 + offs_n).to(tl.int64)
-    k = tl.load(
-        K + k_rows[:, None] * stride_kt + kvh * stride_kh + offs_dk[None, :],
-        mask=kin[:, None] & (offs_dk[None, :] < DK),
-        other=0.0,
-    )
-    v = tl.load(
-        V + k_rows[:, None] * stride_vt + kvh * stride_vh + offs_dv[None, :],
-        mask=kin[:, None] & (offs_dv[None, :] < DV),
-        other=0.0,
-    )
+    k, v = _load_kv(K, V, k_rows, kvh, kin, offs_dk, offs_dv, stride_kt, stride_kh, stride_vt, stride_vh, DK, DV)
     dk = tl.zeros([BLOCK_N, BLOCK_DK], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
     q_end = n
@@ -120,11 +139,8 @@ def _attn_bwd_dkdv(
         )
         lse = tl.load(LSE + q_rows * stride_lt + head, mask=ok, other=0.0)
         delta = tl.load(DELTA + q_rows * stride_lt + head, mask=ok, other=0.0)
-        qk = _mma(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), UPCAST) * qk_scale
         seen = (offs_n[None, :] <= t[:, None]) & ok[:, None] & kin[None, :]
-        if WINDOW:
-            seen = seen & (offs_n[None, :] > t[:, None] - window)
-        p = tl.where(seen, tl.math.exp2(qk - lse[:, None]), 0.0)
+        p = _probs(q, k, lse, qk_scale, offs_n, t, seen, window, BLOCK_M, BLOCK_N, UPCAST, WINDOW)
         dv = _mma(tl.trans(p.to(do.dtype)), do, dv, UPCAST)
         dp = _mma(do, tl.trans(v), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), UPCAST)
         ds = p * (dp - delta[:, None])
@@ -218,21 +234,9 @@ def _attn_bwd_dq(
         kpos = start + offs_n
         kin = kpos < hi
         k_rows = (s0 + kpos).to(tl.int64)
-        k = tl.load(
-            K + k_rows[:, None] * stride_kt + kvh * stride_kh + offs_dk[None, :],
-            mask=kin[:, None] & (offs_dk[None, :] < DK),
-            other=0.0,
-        )
-        v = tl.load(
-            V + k_rows[:, None] * stride_vt + kvh * stride_vh + offs_dv[None, :],
-            mask=kin[:, None] & (offs_dv[None, :] < DV),
-            other=0.0,
-        )
-        qk = _mma(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), UPCAST) * qk_scale
+        k, v = _load_kv(K, V, k_rows, kvh, kin, offs_dk, offs_dv, stride_kt, stride_kh, stride_vt, stride_vh, DK, DV)
         seen = (kpos[None, :] <= t[:, None]) & ok[:, None]
-        if WINDOW:
-            seen = seen & (kpos[None, :] > t[:, None] - window)
-        p = tl.where(seen, tl.math.exp2(qk - lse[:, None]), 0.0)
+        p = _probs(q, k, lse, qk_scale, kpos, t, seen, window, BLOCK_M, BLOCK_N, UPCAST, WINDOW)
         dp = _mma(do, tl.trans(v), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), UPCAST)
         ds = p * (dp - delta[:, None])
         dq = _mma(ds.to(k.dtype), k, dq, UPCAST)
