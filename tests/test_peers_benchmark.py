@@ -81,10 +81,10 @@ def test_roofline_bytes_counts_full_steps_kv_attended_and_prefill_passes():
         peers.roofline_bytes(1, 1, [1], [1], 0, 1)
 
 
-FAMILY_SHAPES = ["tiny", "tiny-qwen3-moe", "tiny-deepseek", "tiny-llama", "tiny-qwen2", "tiny-mistral"]
+FAMILY_SHAPES = ["tiny", "tiny-qwen3-moe", "tiny-deepseek", "tiny-llama", "tiny-qwen2", "tiny-mistral", "tiny-gpt-oss"]
 ARCHITECTURES = {"qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
                  "deepseek_v3": "DeepseekV3ForCausalLM", "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                 "mistral": "MistralForCausalLM"}  # fmt: skip
+                 "mistral": "MistralForCausalLM", "gpt_oss": "GptOssForCausalLM"}  # fmt: skip
 
 
 @pytest.mark.parametrize("shape", FAMILY_SHAPES)
