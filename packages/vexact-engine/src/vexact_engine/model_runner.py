@@ -33,7 +33,7 @@ from .cuda_graphs import CudaGraphs
 from .in_flight import LaunchedStep, feed_drawn
 from .sampler import sample_rows_on_device
 from .scheduler import ScheduledSeq
-from .step_inputs import host_ints, step_lists, step_tensors
+from .step_inputs import host_tensor, step_lists, step_tensors
 
 
 def kv_cache_shapes(model_config, num_blocks: int, block_size: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -147,7 +147,7 @@ class ModelRunner(CudaGraphs):
                 if len(sampling) == len(batch):
                     return hidden[: len(batch)], items
                 # one-token prefill chunks also run padded; a step may have no row that samples
-                return hidden[host_ints(sampling, hidden.device)], items
+                return hidden[host_tensor(sampling, hidden.device)], items
             if tokens is not None:
                 self._ensure_graph(("prompt", tokens), self._prompt, tokens, self.prompt_seqs)
                 cu = self._fill_prompt(batch, blocks, tokens)
@@ -156,7 +156,7 @@ class ModelRunner(CudaGraphs):
             else:
                 ids, pos, meta, cu = self.prepare(batch, blocks)
                 hidden = self.model(ids, pos, meta, self.kv_caches)
-        return hidden[host_ints([cu[b + 1] - 1 for b in sampling], hidden.device)], items
+        return hidden[host_tensor([cu[b + 1] - 1 for b in sampling], hidden.device)], items
 
     @torch.no_grad()
     def sample(self, hidden: torch.Tensor, items: list[ScheduledSeq]) -> list[tuple[ScheduledSeq, int, float]]:
@@ -188,7 +188,7 @@ class ModelRunner(CudaGraphs):
         ids, pos, meta = step_tensors(step, self.device)
         if step["feed_dst"]:
             self.num_fed_rows += len(step["feed_dst"])
-            dst, src = (host_ints(step[k], self.device) for k in ("feed_dst", "feed_src"))
+            dst, src = (host_tensor(step[k], self.device) for k in ("feed_dst", "feed_src"))
             feed_drawn(ids, dst, src, self._drawn)
             vk.record_range(ids, 0, self.model.config.vocab_size - 1)  # drawn tokens lie in the vocabulary
         return ids, pos, meta, step["cu"]

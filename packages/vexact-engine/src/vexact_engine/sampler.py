@@ -29,7 +29,7 @@ import vexact_kernels as vk
 from vexact_kernels._reduce import inclusive_scan
 
 from .sampling_params import SamplingParams
-from .step_inputs import host_ints
+from .step_inputs import host_tensor
 
 if TYPE_CHECKING:  # ablation imports this module
     from .ablation import MismatchInjection
@@ -128,19 +128,17 @@ def sample(
     tokens = torch.argmax(logp, dim=-1)  # greedy rows keep this (first index among ties)
     rand_rows = [i for i, p in enumerate(params) if not p.greedy]
     if rand_rows:
-        rows = host_ints(rand_rows, dev)  # host lists go over through pinned memory: no wait for the stream
+        rows = host_tensor(rand_rows, dev)  # host lists go over through pinned memory: no wait for the stream
         probs = vk.portable_math.exp(logp[rows])  # torch.exp off the CPU
         filt = [j for j, i in enumerate(rand_rows) if needs_filter(params[i], vocab)]
         if filt:
             # only rows that restrict the draw pay for the sort over the vocabulary
-            top_k = host_ints(
+            top_k = host_tensor(
                 [params[rand_rows[j]].top_k if params[rand_rows[j]].top_k > 0 else vocab for j in filt], dev
             )
-            top_p = torch.tensor([float(params[rand_rows[j]].top_p) for j in filt], dtype=torch.float32)
-            if dev.type == "cuda":
-                top_p = top_p.pin_memory()
-            fr = host_ints(filt, dev)
-            probs[fr] = _filter(probs[fr], top_k, top_p.to(dev, non_blocking=True))
+            top_p = host_tensor([float(params[rand_rows[j]].top_p) for j in filt], dev, torch.float32)
+            fr = host_tensor(filt, dev)
+            probs[fr] = _filter(probs[fr], top_k, top_p)
         noise = torch.empty(len(rand_rows), vocab, device=dev)
         gens = _GENERATORS.get(dev, len(rand_rows))
         for j, i in enumerate(rand_rows):
@@ -204,7 +202,7 @@ def sample_rows_on_device(
             logprobs = torch.empty(n, dtype=torch.float32, device=hidden.device)
             for rows, draw in ((fused, _draw_fused), (rest, _draw_logits)):
                 if rows:
-                    sel = host_ints(rows, hidden.device) if len(rows) < n else None
+                    sel = host_tensor(rows, hidden.device) if len(rows) < n else None
                     t, lp = draw(model, hidden if sel is None else hidden[sel], [params[i] for i in rows],
                                  [seeds[i] for i in rows], [indices[i] for i in rows])  # fmt: skip
                     if sel is None:

@@ -54,13 +54,13 @@ def step_tensors(step: dict[str, list], device: torch.device) -> tuple[torch.Ten
     """``(input_ids [T], positions [T], paged AttentionMetadata)`` on ``device`` from :func:`step_lists`."""
     width = max(len(t) for t in step["tables"])
     meta = AttentionMetadata(
-        cu_seqlens=host_ints(step["cu"], device),
-        slot_mapping=host_ints(step["slots"], device),
-        block_tables=host_ints([t + [0] * (width - len(t)) for t in step["tables"]], device),
-        context_lens=host_ints(step["ctx"], device),
+        cu_seqlens=host_tensor(step["cu"], device),
+        slot_mapping=host_tensor(step["slots"], device),
+        block_tables=host_tensor([t + [0] * (width - len(t)) for t in step["tables"]], device),
+        context_lens=host_tensor(step["ctx"], device),
     )
-    ids = host_ints(step["ids"], device)
-    pos = host_ints(step["positions"], device)
+    ids = host_tensor(step["ids"], device)
+    pos = host_tensor(step["positions"], device)
     # their ranges are known here, so the model's input checks read nothing back from the device (vk.tensor_range)
     if step["ids"]:
         vk.record_range(ids, min(step["ids"]), max(step["ids"]))
@@ -68,12 +68,12 @@ def step_tensors(step: dict[str, list], device: torch.device) -> tuple[torch.Ten
     return ids, pos, meta
 
 
-def host_ints(values: list, device: torch.device) -> torch.Tensor:
-    """Host integers as an int64 tensor on ``device``. To a GPU through pinned memory, without blocking the host: a
+def host_tensor(values: list, device: torch.device, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+    """Host values as a ``dtype`` tensor on ``device``. To a GPU through pinned memory, without blocking the host: a
     copy from pageable memory makes the host wait for every step already queued on the stream (on an H200, a step
     that admitted a prompt took 21 ms of host time to launch against 0.9 ms for a decode step, and the one step
     ahead of ``async_decode`` was lost)."""
-    t = torch.tensor(values, dtype=torch.int64)
+    t = torch.tensor(values, dtype=dtype)
     if torch.device(device).type == "cuda":
         return t.pin_memory().to(device, non_blocking=True)
     return t.to(device)
