@@ -6,8 +6,10 @@ flash_attention_4 plus verl's remove-padding patch) hands a packed row to ``flas
 with one causal sequence per ``cu_seqlens`` span. The FA4 package here is a stand-in with flash-attn-4 4.0.0b36's
 varlen signature that computes exact attention per sequence and, like the real one, takes only Python ints for
 ``max_seqlen_q`` / ``max_seqlen_k``; the CUDA kernel itself runs only on a GPU. transformers 5.9 passes those as 0-d
-tensors (its ``prepare_fa_kwargs_from_position_ids``), so with it the default is SDPA; the FA4 path is tested forced
-(``ACTOR_ATTN=flash_attention_4``) and on a transformers patched to pass ints (``_ints_site``)."""
+tensors (its ``prepare_fa_kwargs_from_position_ids``), so with it the arm takes FA4 through
+``examples/verify/fa4_shim/fa4_varlen_ints.py`` (imported by verl's ``external_lib`` hook), which turns them into
+ints; the FA4 path is also tested forced (``ACTOR_ATTN=flash_attention_4``) and on a transformers patched to pass
+ints (``_ints_site``), where no shim is named."""
 
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+SHIM = ROOT / "examples/verify/fa4_shim"
 HAS_VERL = importlib.util.find_spec("verl") is not None
 
 # flash-attn-4 4.0.0b36's flash_attn.cute.flash_attn_varlen_func parameters, in order (transformers inspects them to
@@ -179,7 +182,7 @@ def test_fa4_only_from_its_distribution_with_every_requirement_met(tmp_path):
     fa4, vllm = _fake_fa4_site(tmp_path / "fa4site"), _vllm_site(tmp_path / "vllmsite")
     ints = _ints_site(tmp_path / "ints")  # a transformers that passes ints, as FA4's varlen call needs
     got = _choose(f"{ints}:{fa4}:{vllm}")
-    assert got["ACTOR_ATTN"] == "flash_attention_4", got
+    assert got["ACTOR_ATTN"] == "flash_attention_4" and got["ACTOR_ATTN_LIB"] == "", got  # no shim needed
     assert got["ACTOR_ATTN_WHY"].startswith(f"FA4: flash-attn-4 4.0.0b36 from {fa4}"), got
     # vLLM's folder first: its apache-tvm-ffi 0.1.9 is the one imported, below what flash-attn-4 needs
     got = _choose(f"{ints}:{vllm}:{fa4}")
@@ -191,28 +194,69 @@ def test_fa4_only_from_its_distribution_with_every_requirement_met(tmp_path):
     assert got["ACTOR_ATTN"] == "sdpa" and "no distribution provides flash_attn" in got["ACTOR_ATTN_WHY"], got
     got = _choose(f"{ints}:{vllm}")
     assert got["ACTOR_ATTN"] == "sdpa", got
-    kept = {"ACTOR_ATTN": "eager", "ACTOR_ATTN_WHY": "set by ACTOR_ATTN"}
+    kept = {"ACTOR_ATTN": "eager", "ACTOR_ATTN_WHY": "set by ACTOR_ATTN", "ACTOR_ATTN_LIB": ""}
     assert _choose(f"{vllm}:{fa4}", ACTOR_ATTN="eager") == kept
 
 
-def test_sdpa_by_default_where_transformers_passes_fa4_a_tensor_max_seqlen(tmp_path):
+def test_fa4_with_int_lengths_where_transformers_passes_fa4_a_tensor_max_seqlen(tmp_path):
     import transformers
 
     fa4, vllm = _fake_fa4_site(tmp_path / "fa4site"), _vllm_site(tmp_path / "vllmsite")
     if _load_actor_attention().max_seqlen_problem("4.0.0b36") is None:
         pytest.skip(f"transformers {transformers.__version__} passes ints")
-    got = _choose(f"{fa4}:{vllm}")  # everything FA4 needs is there, but transformers' call would fail
-    assert got["ACTOR_ATTN"] == "sdpa", got
+    got = _choose(f"{fa4}:{vllm}")  # everything FA4 needs is there; transformers' call needs the shim
+    assert got["ACTOR_ATTN"] == "flash_attention_4" and got["ACTOR_ATTN_LIB"] == "fa4_varlen_ints", got
     why = got["ACTOR_ATTN_WHY"]
-    assert why.startswith(f"SDPA: FA4 is not usable here (transformers {transformers.__version__} passes "), why
+    assert why.startswith(f"FA4: flash-attn-4 4.0.0b36 from {fa4}"), why
+    assert "; fa4_varlen_ints turns max_seqlen_q/max_seqlen_k into ints (transformers " in why, why
     assert "flash-attn-4 4.0.0b36 takes Python ints only" in why and "but got 1079" in why, why
-    # forced: FA4 as asked, with what stops it here in the reason
+    # forced: FA4 as asked, with the shim and its reason
     got = _choose(f"{fa4}:{vllm}", ACTOR_ATTN="flash_attention_4")
-    assert got["ACTOR_ATTN"] == "flash_attention_4", got
-    assert got["ACTOR_ATTN_WHY"].startswith("set by ACTOR_ATTN; FA4 is not usable here (transformers "), got
+    assert got["ACTOR_ATTN"] == "flash_attention_4" and got["ACTOR_ATTN_LIB"] == "fa4_varlen_ints", got
+    assert got["ACTOR_ATTN_WHY"].startswith("set by ACTOR_ATTN; fa4_varlen_ints turns max_seqlen_q"), got
     ints = _ints_site(tmp_path / "ints")
     forced = _choose(f"{ints}:{fa4}:{vllm}", ACTOR_ATTN="flash_attention_4")
-    assert forced == {"ACTOR_ATTN": "flash_attention_4", "ACTOR_ATTN_WHY": "set by ACTOR_ATTN"}, forced
+    assert forced == {"ACTOR_ATTN": "flash_attention_4", "ACTOR_ATTN_WHY": "set by ACTOR_ATTN", "ACTOR_ATTN_LIB": ""}
+    # what stops FA4 altogether still gives SDPA, and a forced FA4 names it
+    got = _choose(f"{vllm}:{fa4}")
+    assert got["ACTOR_ATTN"] == "sdpa" and got["ACTOR_ATTN_LIB"] == "", got
+    got = _choose(f"{vllm}:{fa4}", ACTOR_ATTN="flash_attention_4")
+    assert got["ACTOR_ATTN_WHY"].startswith("set by ACTOR_ATTN; FA4 is not usable here (flash-attn-4 4.0.0b36 needs")
+
+
+def test_the_shim_hands_fa4_ints_and_keeps_its_signature(tmp_path):
+    import inspect
+
+    import torch
+
+    # its functions without the import-time install (no flash_attn in this interpreter)
+    source = (SHIM / "fa4_varlen_ints.py").read_text()
+    assert source.endswith("\ninstall()\n")
+    module = type(sys)("fa4_varlen_ints")
+    exec(compile(source.removesuffix("install()\n"), str(SHIM / "fa4_varlen_ints.py"), "exec"), module.__dict__)
+    seen = []
+
+    def varlen(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, causal=False):
+        seen.append((max_seqlen_q, max_seqlen_k, causal))
+        return q
+
+    wrapped = module.with_int_seqlens(varlen)
+    assert inspect.signature(wrapped) == inspect.signature(varlen)  # transformers reads the keywords it may pass
+    assert module.with_int_seqlens(wrapped) is wrapped  # installed once
+    wrapped(1, 2, 3, max_seqlen_q=torch.tensor(1079), max_seqlen_k=torch.tensor(7, dtype=torch.int32), causal=True)
+    wrapped(1, 2, 3, max_seqlen_q=5, max_seqlen_k=None)
+    assert seen == [(1079, 7, True), (5, None, False)] and type(seen[0][0]) is int, seen
+    with pytest.raises(ValueError, match=r"max_seqlen_q: expected one length, got a tensor of shape \(2,\)"):
+        wrapped(1, 2, 3, max_seqlen_q=torch.tensor([3, 4]))
+    # imported as verl imports an external_lib: flash_attn.cute's function replaced in place; without FA4, a clear error
+    fa4 = _fake_fa4_site(tmp_path / "fa4site")
+    code = ("from verl.utils.import_utils import import_external_libs; import_external_libs('fa4_varlen_ints'); "
+            "import flash_attn.cute as c; print(c.flash_attn_varlen_func._vexact_int_seqlens)")  # fmt: skip
+    if HAS_VERL:
+        for path, want in ((f"{SHIM}:{fa4}", "True"), (str(SHIM), "fa4_varlen_ints: flash_attn.cute (flash-attn-4)")):
+            env = {**os.environ, "PYTHONPATH": f"{path}:{os.environ.get('PYTHONPATH', '')}"}
+            r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+            assert want in r.stdout + r.stderr, r.stdout + r.stderr[-2000:]
 
 
 def _dry_run(tmp_path: Path, *arms: str, **env: str) -> tuple[dict[str, list[str]], str]:
@@ -225,29 +269,37 @@ def _dry_run(tmp_path: Path, *arms: str, **env: str) -> tuple[dict[str, list[str
     return arms_, r.stderr
 
 
-def _fa4_env(tmp_path: Path, how: str, fa4: Path) -> tuple[dict[str, str], str]:
-    """The environment that puts the vllm arm on FA4, and the reason it prints: ``forced`` by ACTOR_ATTN, or chosen
-    on a transformers patched to pass ints (``ints``)."""
+def _fa4_env(tmp_path: Path, how: str, fa4: Path) -> tuple[dict[str, str], str, str]:
+    """The environment that puts the vllm arm on FA4, the reason it prints, and the shim verl imports (empty where
+    none is needed): ``forced`` by ACTOR_ATTN with this transformers, ``shim`` chosen with this transformers, or
+    chosen on a transformers patched to pass ints (``ints``)."""
+    lib = "fa4_varlen_ints" if _load_actor_attention().max_seqlen_problem("4.0.0b36") else ""
     if how == "forced":
-        return {"ACTOR_ATTN": "flash_attention_4"}, "set by ACTOR_ATTN"
+        return {"ACTOR_ATTN": "flash_attention_4"}, "set by ACTOR_ATTN", lib
+    if how == "shim":
+        return {}, f"FA4: flash-attn-4 4.0.0b36 from {fa4}", lib
     ints = _ints_site(tmp_path / "ints")
-    return {"PYTHONPATH": f"{ints}:{os.environ.get('PYTHONPATH', '')}"}, f"FA4: flash-attn-4 4.0.0b36 from {fa4}"
+    return {"PYTHONPATH": f"{ints}:{os.environ.get('PYTHONPATH', '')}"}, f"FA4: flash-attn-4 4.0.0b36 from {fa4}", ""
 
 
-@pytest.mark.parametrize("how", ["forced", "ints"])
+@pytest.mark.parametrize("how", ["forced", "shim", "ints"])
 @pytest.mark.parametrize("pair", ["dense-1k", "moe-1k"])
 def test_run_pair_puts_fa4_and_its_folders_on_the_vllm_arm(tmp_path, pair, how):
     fa4, vllm = _fake_fa4_site(tmp_path / "fa4site"), _vllm_site(tmp_path / "vllmsite")
     key = ("actor_rollout_ref.actor.veomni.attn_implementation" if pair == "moe-1k"
            else "+actor_rollout_ref.model.override_config.attn_implementation")  # fmt: skip
-    env, why = _fa4_env(tmp_path, how, fa4)
+    env, why, lib = _fa4_env(tmp_path, how, fa4)
     arms, err = _dry_run(tmp_path, "vllm", "vexact", PAIR=pair, PYTHONPATH_FA4=str(fa4), PYTHONPATH_VLLM=str(vllm),
                          **env)  # fmt: skip
     assert f"{key}=flash_attention_4" in arms["vllm"]
-    assert not [w for w in arms["vexact"] if "attn_implementation" in w]  # the vexact arm runs its own kernels
+    # the shim where this transformers needs it: verl imports it in every worker, its folder first on the path
+    assert [w for w in arms["vllm"] if "external_lib" in w] == ([f"actor_rollout_ref.model.external_lib={lib}"]
+                                                                if lib else [])  # fmt: skip
+    assert not [w for w in arms["vexact"] if "attn_implementation" in w or "external_lib" in w]  # its own kernels
     note = next(ln for ln in err.splitlines() if ln.startswith(f"== cpu-{pair}-vllm: "))
     assert f"actor attention flash_attention_4 ({why}" in note, note
-    assert note.endswith(f"PYTHONPATH in front: {fa4}:{vllm}"), note  # FA4's apache-tvm-ffi before vLLM's
+    front = f"{SHIM}:" if lib else ""
+    assert note.endswith(f"PYTHONPATH in front: {front}{fa4}:{vllm}"), note  # FA4's apache-tvm-ffi before vLLM's
     # no FA4 folder: SDPA, the reason in the note, vLLM's folder alone in front
     env.pop("ACTOR_ATTN", None)
     arms, err = _dry_run(tmp_path, "vllm", PAIR=pair, PYTHONPATH_FA4="", PYTHONPATH_VLLM=str(vllm), **env)
@@ -256,22 +308,6 @@ def test_run_pair_puts_fa4_and_its_folders_on_the_vllm_arm(tmp_path, pair, how):
     assert "actor attention sdpa (SDPA: FA4 is not usable here (" in note and note.endswith(f"front: {vllm}"), note
     arms, _ = _dry_run(tmp_path, "vllm", PAIR=pair, ACTOR_ATTN="eager", PYTHONPATH_FA4=str(fa4), **env)
     assert f"{key}=eager" in arms["vllm"]
-
-
-@pytest.mark.parametrize("pair", ["dense-1k", "moe-1k"])
-def test_run_pair_runs_sdpa_where_transformers_passes_fa4_a_tensor_max_seqlen(tmp_path, pair):
-    import transformers
-
-    if _load_actor_attention().max_seqlen_problem("4.0.0b36") is None:
-        pytest.skip(f"transformers {transformers.__version__} passes ints")
-    fa4, vllm = _fake_fa4_site(tmp_path / "fa4site"), _vllm_site(tmp_path / "vllmsite")
-    key = ("actor_rollout_ref.actor.veomni.attn_implementation" if pair == "moe-1k"
-           else "+actor_rollout_ref.model.override_config.attn_implementation")  # fmt: skip
-    arms, err = _dry_run(tmp_path, "vllm", PAIR=pair, PYTHONPATH_FA4=str(fa4), PYTHONPATH_VLLM=str(vllm))
-    assert f"{key}=sdpa" in arms["vllm"]
-    note = next(ln for ln in err.splitlines() if ln.startswith(f"== cpu-{pair}-vllm: "))
-    assert f"actor attention sdpa (SDPA: FA4 is not usable here (transformers {transformers.__version__}" in note, note
-    assert "but got 1079" in note and note.endswith(f"PYTHONPATH in front: {vllm}"), note  # FA4's folder left out
 
 
 def _compose(overrides: list[str]):
@@ -284,13 +320,13 @@ def _compose(overrides: list[str]):
 
 
 @pytest.mark.skipif(not HAS_VERL, reason="reads verl's Hydra config; verl is not installed")
-@pytest.mark.parametrize("how", ["forced", "ints"])
+@pytest.mark.parametrize("how", ["forced", "shim", "ints"])
 @pytest.mark.parametrize("pair", ["dense-4k", "moe-1k"])
 def test_vllm_meta_names_the_attention_and_every_setting_that_differs_from_verl_defaults(tmp_path, pair, how):
     from omegaconf import OmegaConf
 
     fa4, vllm = _fake_fa4_site(tmp_path / "fa4site"), _vllm_site(tmp_path / "vllmsite")
-    fa4_env, want_why = _fa4_env(tmp_path, how, fa4)
+    fa4_env, want_why, _ = _fa4_env(tmp_path, how, fa4)
     arms, err = _dry_run(tmp_path, "vllm", PAIR=pair, PYTHONPATH_FA4=str(fa4), PYTHONPATH_VLLM=str(vllm), **fa4_env)
     cmd = arms["vllm"]
     why = next(ln for ln in err.splitlines() if ln.startswith("== ")).split(" (", 1)[1].rsplit("); PYTHONPATH", 1)[0]
@@ -339,6 +375,7 @@ import torch
 
 torch.cuda.is_available = lambda: True  # transformers' FA4 gate asks for CUDA; the stand-in runs on CPU
 torch.cuda.get_device_capability = lambda *a, **k: (9, 0)  # an H100 / H200
+{prelude}
 import flash_attn.cute as fake
 from transformers import AutoConfig, AutoModelForCausalLM, Qwen3Config
 from verl.models.transformers.monkey_patch import apply_monkey_patch
@@ -368,10 +405,14 @@ print("RESULT", {{"max_diff": (logits - want).abs().max().item(), "calls": len(c
 """
 
 
-def _run_packed(tmp_path: Path, *front: Path) -> subprocess.CompletedProcess:
+# what verl's worker does with actor_rollout_ref.model.external_lib as it builds its model config
+IMPORT_SHIM = "from verl.utils.import_utils import import_external_libs; import_external_libs('fa4_varlen_ints')"
+
+
+def _run_packed(tmp_path: Path, *front: Path, prelude: str = "") -> subprocess.CompletedProcess:
     fa4 = _fake_fa4_site(tmp_path / "fa4site")
     script = tmp_path / "packed.py"
-    script.write_text(textwrap.dedent(RUN_PACKED.format(path=tmp_path / "model")))
+    script.write_text(textwrap.dedent(RUN_PACKED.format(path=tmp_path / "model", prelude=prelude)))
     path = ":".join(str(p) for p in (*front, fa4))
     return subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": f"{path}:{os.environ.get('PYTHONPATH', '')}"})  # fmt: skip
@@ -391,8 +432,12 @@ def test_verl_fsdp_model_path_fails_in_fa4_varlen_on_a_tensor_max_seqlen(tmp_pat
 
 @pytest.mark.slow
 @pytest.mark.skipif(not HAS_VERL, reason="runs verl's remove-padding patch; verl is not installed")
-def test_verl_fsdp_model_path_hands_the_packed_row_to_fa4_varlen(tmp_path):
-    r = _run_packed(tmp_path, _ints_site(tmp_path / "ints"))  # a transformers that passes ints
+@pytest.mark.parametrize("how", ["shim", "ints"])
+def test_verl_fsdp_model_path_hands_the_packed_row_to_fa4_varlen(tmp_path, how):
+    if how == "shim":  # this transformers, the shim imported through verl's hook
+        r = _run_packed(tmp_path, SHIM, prelude=IMPORT_SHIM)
+    else:  # a transformers that passes ints
+        r = _run_packed(tmp_path, _ints_site(tmp_path / "ints"))
     line = next((ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")), None)
     assert line is not None, r.stdout[-3000:] + r.stderr[-3000:]
     got = eval(line.removeprefix("RESULT "))  # a dict literal printed by the script above
@@ -446,7 +491,7 @@ def _stub_run(tmp_path: Path, *arms: str, **env: str) -> tuple[subprocess.Comple
 @pytest.mark.skipif(not HAS_VERL, reason="write_meta reads verl's reference config; verl is not installed")
 def test_run_pair_writes_the_meta_as_an_arm_starts_and_ends_with_its_attention(tmp_path):
     fa4, vllm = _fake_fa4_site(tmp_path / "fa4site"), _vllm_site(tmp_path / "vllmsite")
-    env, why = _fa4_env(tmp_path, "ints", fa4)
+    env, why, _ = _fa4_env(tmp_path, "ints", fa4)
     r, results = _stub_run(tmp_path, "vllm", PYTHONPATH_FA4=str(fa4), PYTHONPATH_VLLM=str(vllm), STUB_RC_vllm="143",
                            **env)  # fmt: skip
     assert r.returncode == 1, r.stdout + r.stderr  # the arm failed

@@ -2,12 +2,14 @@
 
     PYTHONPATH=FA4_DIRS:VLLM_DIRS python examples/verify/actor_attention.py   # run_pair.sh evaluates what it prints
 
-Prints two shell lines, ``ACTOR_ATTN=flash_attention_4`` or ``ACTOR_ATTN=sdpa``, and ``ACTOR_ATTN_WHY=...`` (what
-was found, or why FA4 was not taken); ``ACTOR_ATTN`` in the environment is kept as given ("set by ACTOR_ATTN", and
-for a forced ``flash_attention_4`` what stops FA4 here, if anything).
+Prints three shell lines: ``ACTOR_ATTN=flash_attention_4`` or ``ACTOR_ATTN=sdpa``, ``ACTOR_ATTN_WHY=...`` (what
+was found, or why FA4 was not taken) and ``ACTOR_ATTN_LIB=...`` (the module verl imports in its workers through
+``actor_rollout_ref.model.external_lib`` for FA4 to run: ``fa4_varlen_ints`` from ``fa4_shim/``, or empty);
+``ACTOR_ATTN`` in the environment is kept as given ("set by ACTOR_ATTN", and for a forced ``flash_attention_4``
+what stops FA4 here, if anything).
 
 What FA4 needs on the arm's path (verl 0.9.1's FSDP engine, transformers 5.9, flash-attn-4 4.0.0b36); the last
-item fails with these versions, so the arm takes SDPA by default:
+item fails with these versions as they ship, and ``fa4_shim/fa4_varlen_ints.py`` mends it:
 - transformers takes ``flash_attention_4`` when the distribution ``flash-attn-4`` provides the ``flash_attn`` package
   (``is_flash_attn_4_available`` reads ``importlib.metadata.packages_distributions()``, so a ``pip install --target``
   folder must keep its ``flash_attn_4-*.dist-info`` beside ``flash_attn/``) and CUDA is there (compute capability 9
@@ -24,9 +26,9 @@ item fails with these versions, so the arm takes SDPA by default:
   ``_process_flash_attention_kwargs`` calls ``.item()`` on it only while tracing (torch.compile, CUDA graph capture),
   so the eager packed-row call hands flash-attn-4 a tensor. flash-attn-4 4.0.0b36 takes ints only (its CuTe layout
   code): on an H200 the vllm arm's first actor forward failed in ``_flash_attn_fwd`` with ``ValueError: Expected
-  IntTuple, whose leaves are integers, but got 1079``. ``fa4_problem`` runs that transformers function on a CPU
-  tensor, so with this stack the arm runs SDPA and says why; ``ACTOR_ATTN=flash_attention_4`` still forces FA4
-  (the reason stays in the log and meta).
+  IntTuple, whose leaves are integers, but got 1079``. ``max_seqlen_problem`` runs that transformers function on a
+  CPU tensor; where it finds a tensor, FA4 is taken with ``fa4_varlen_ints``, which wraps flash-attn-4's varlen
+  function to turn the two lengths into ints (``ACTOR_ATTN_LIB``), and the reason says so.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from importlib import metadata
 FA4 = "flash_attention_4"
 FALLBACK = "sdpa"
 FA4_DIST = "flash-attn-4"
+INT_SEQLENS_LIB = "fa4_varlen_ints"  # fa4_shim/fa4_varlen_ints.py: verl imports it in its workers (external_lib)
 
 
 def _norm(name: str) -> str:
@@ -50,7 +53,8 @@ def _where(dist: metadata.Distribution) -> str:
 
 
 def fa4_problem() -> str | None:
-    """Why transformers' FA4 path cannot run from this interpreter's path; None when it can."""
+    """Why transformers' FA4 path cannot run from this interpreter's path, even with ``fa4_varlen_ints``; None when
+    it can (``max_seqlen_problem`` says whether it needs that module)."""
     from packaging.requirements import Requirement
 
     providers = [_norm(d) for d in metadata.packages_distributions().get("flash_attn", [])]
@@ -80,7 +84,7 @@ def fa4_problem() -> str | None:
         import flash_attn.cute  # noqa: F401
     except Exception as e:  # the DSL's libraries, a CUDA runtime, a broken wheel: any of them stops FA4
         return f"import flash_attn.cute fails: {type(e).__name__}: {e}"
-    return max_seqlen_problem(dist.version)
+    return None
 
 
 def max_seqlen_problem(fa4_version: str) -> str | None:
@@ -107,24 +111,31 @@ def max_seqlen_problem(fa4_version: str) -> str | None:
     )
 
 
-def choose(requested: str | None = None) -> tuple[str, str]:
-    """(attention, why): ``requested`` as given; else FA4 where ``fa4_problem`` finds nothing, else SDPA."""
-    if requested == FA4:
-        problem = fa4_problem()
-        return requested, "set by ACTOR_ATTN" + (f"; FA4 is not usable here ({problem})" if problem else "")
-    if requested:
-        return requested, "set by ACTOR_ATTN"
+def choose(requested: str | None = None) -> tuple[str, str, str]:
+    """(attention, why, lib): ``requested`` as given; else FA4 where ``fa4_problem`` finds nothing, else SDPA. ``lib``
+    is ``fa4_varlen_ints`` where FA4 runs and transformers would hand it tensor lengths, else empty."""
+    if requested and requested != FA4:
+        return requested, "set by ACTOR_ATTN", ""
     problem = fa4_problem()
     if problem is not None:
-        return FALLBACK, f"SDPA: FA4 is not usable here ({problem})"
+        if requested == FA4:
+            return FA4, f"set by ACTOR_ATTN; FA4 is not usable here ({problem})", ""
+        return FALLBACK, f"SDPA: FA4 is not usable here ({problem})", ""
     dist = metadata.distribution(FA4_DIST)
-    return FA4, f"FA4: {FA4_DIST} {dist.version} from {_where(dist)}, varlen over the packed row"
+    why = f"FA4: {FA4_DIST} {dist.version} from {_where(dist)}, varlen over the packed row"
+    if requested == FA4:
+        why = "set by ACTOR_ATTN"
+    seqlens = max_seqlen_problem(dist.version)
+    if seqlens is None:
+        return FA4, why, ""
+    return FA4, f"{why}; {INT_SEQLENS_LIB} turns max_seqlen_q/max_seqlen_k into ints ({seqlens})", INT_SEQLENS_LIB
 
 
 def main() -> int:
-    attn, why = choose(os.environ.get("ACTOR_ATTN") or None)
+    attn, why, lib = choose(os.environ.get("ACTOR_ATTN") or None)
     print(f"ACTOR_ATTN={shlex.quote(attn)}")
     print(f"ACTOR_ATTN_WHY={shlex.quote(why)}")
+    print(f"ACTOR_ATTN_LIB={shlex.quote(lib)}")
     return 0
 
 

@@ -32,12 +32,14 @@
 # micro-batch into one row: on FA4, transformers takes the sequences' cu_seqlens from the row's position_ids and runs
 # `flash_attn.cute.flash_attn_varlen_func` (flash-attn-4 4.0.0b36: varlen forward and backward on SM90), through
 # verl's remove-padding patch as for flash_attention_2. With the stack staged here (transformers 5.9.0, flash-attn-4
-# 4.0.0b36) that call does not run: transformers passes max_seqlen_q/max_seqlen_k as 0-d tensors, flash-attn-4 takes
-# Python ints only, and on an H200 the arm's first actor forward failed with `ValueError: Expected IntTuple, whose
-# leaves are integers, but got 1079`; actor_attention.py finds this on the CPU (transformers'
-# prepare_fa_kwargs_from_position_ids on a small packed row), so the arm runs SDPA by default and says so;
-# ACTOR_ATTN=flash_attention_4 still forces FA4. On SDPA, transformers hands PyTorch a block-diagonal causal
-# mask over the whole row, so its memory-efficient kernel computes the masked-out blocks too (exact, slow:
+# 4.0.0b36) that call does not run as shipped: transformers passes max_seqlen_q/max_seqlen_k as 0-d tensors,
+# flash-attn-4 takes Python ints only (on an H200 the arm's first actor forward failed with `ValueError: Expected
+# IntTuple, whose leaves are integers, but got 1079`). actor_attention.py finds this on the CPU (transformers'
+# prepare_fa_kwargs_from_position_ids on a small packed row) and then names fa4_shim/fa4_varlen_ints.py, which
+# verl imports in its workers through its own hook (`actor_rollout_ref.model.external_lib`) and which turns the two
+# lengths into ints before flash-attn-4 sees them; the log and meta say so. ACTOR_ATTN=sdpa runs SDPA. On SDPA,
+# transformers hands PyTorch a block-diagonal causal mask over the whole row, so its memory-efficient kernel
+# computes the masked-out blocks too (exact, slow:
 # perf/mfu/actor 0.035 at dense-1k on an H200). FA4 comes from scripts/staging/fa4_device_wheels.sh (the package the
 # vexact arm uses): PYTHONPATH_FA4 (default: `scripts/staging/rl_stack_wheels.sh path fa4`, empty where not
 # installed) goes in front of PYTHONPATH_VLLM on this arm, since vLLM's folder pins apache-tvm-ffi 0.1.9 and
@@ -82,6 +84,7 @@ SHAPE=$PAIR_SHAPE LAYERS=$PAIR_LAYERS MOE=$PAIR_MOE GPU_MEM=$PAIR_GPU_MEMORY_UTI
 STEPS=$PAIR_STEPS STEM=$PAIR_STEM
 LR=${LR:-3e-6}
 ACTOR_ATTN=${ACTOR_ATTN:-}  # empty: actor_attention.py picks FA4 where it runs on the vllm arm's path, else sdpa
+ACTOR_ATTN_LIB=""  # actor_attention.py's: the module verl imports in the vllm arm's workers for FA4, if any
 PYTHONPATH_FA4=${PYTHONPATH_FA4-$(bash scripts/staging/rl_stack_wheels.sh path fa4)}
 TAG=${TAG:-$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | grep -oiE 'h100|h200|b200|a100' \
   | tr 'A-Z' 'a-z' || true)}
@@ -120,6 +123,8 @@ if [[ " ${ARMS[*]} " == *" vllm "* ]]; then
     python3 examples/verify/actor_attention.py) || exit 2
   eval "$CHOICE"
   [ "$ACTOR_ATTN" != flash_attention_4 ] || VLLM_PATH=$PROBE_PATH
+  # the module verl imports in its workers (external_lib) for FA4 to take transformers' call; its folder in front
+  [ -z "$ACTOR_ATTN_LIB" ] || VLLM_PATH=$PWD/examples/verify/fa4_shim:$VLLM_PATH
 fi
 
 write_meta() {  # $1: the arm's exit code, empty while it has not finished; the arm's own folders on the path, so
@@ -187,6 +192,7 @@ for arm in "${ARMS[@]}"; do
         ATTN=$ACTOR_ATTN ACTOR="verl FSDP engine (transformers model)"
         ARGS+=(+actor_rollout_ref.model.override_config.attn_implementation="$ACTOR_ATTN")
       fi
+      [ -z "$ACTOR_ATTN_LIB" ] || ARGS+=(actor_rollout_ref.model.external_lib="$ACTOR_ATTN_LIB")
       ;;
     vexact | fast)
       ENTRY=vexact_verl.main_ppo
