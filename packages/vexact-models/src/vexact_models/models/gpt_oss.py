@@ -23,11 +23,9 @@ from ..config import (
     check_heads,
     check_norm_rope_dtype,
     check_positive_ints,
-    hf_dtype_name,
-    hf_fields,
 )
 from ..layers import GptOssMoeBlock, RotaryEmbedding
-from .deepseek_v3 import YarnScaling
+from .deepseek_v3 import YarnScaling, yarn_config_from_hf
 from .dense import DenseAttention, DenseDecoderLayer, DenseForCausalLM
 
 LAYER_TYPES = ("sliding_attention", "full_attention")
@@ -126,16 +124,11 @@ class GptOssConfig(HFConfig):
                     f"gpt_oss config.json has quantization_config (quant_method {method!r}): only mxfp4 experts are "
                     "supported (dequantised to bf16 at load)"
                 )
-        keys = ("rope_parameters", "rope_scaling")
-        where = "gpt_oss: rope_parameters.rope_type"
-        scaling, theta = YarnScaling.rope_from_hf(d, keys, cls.max_position_embeddings, cls.rope_theta, where)
         if "num_local_experts" not in d and "num_experts" in d:
             d["num_local_experts"] = d["num_experts"]
         if d.get("head_dim") is None and "hidden_size" in d and "num_attention_heads" in d:
             d["head_dim"] = d["hidden_size"] // d["num_attention_heads"]
-        kw = hf_fields(cls, d, "gpt_oss config.json")
-        kw.update(rope_theta=theta, rope_scaling=scaling, torch_dtype=hf_dtype_name(d))
-        return cls(**kw)
+        return yarn_config_from_hf(cls, d, ("rope_parameters", "rope_scaling"), "gpt_oss: rope_parameters.rope_type")
 
     def to_hf_dict(self) -> dict:
         d = dataclasses.asdict(self)
