@@ -101,6 +101,16 @@ class YarnScaling:
         raise ValueError(f"{where} {rope_type!r} is not supported; use 'yarn' or none")
 
 
+def yarn_config_from_hf(cls, d: dict, rope_keys: tuple[str, str], where: str, keep_none: tuple[str, ...] = ()):
+    """The config dataclass ``cls`` (whose rope is YaRN or the default) from an HF config dict ``d``: the fields of
+    ``cls`` that ``d`` holds (:func:`hf_fields`, ``keep_none`` as there), the rope theta and scaling of the first of
+    ``rope_keys`` present (:meth:`YarnScaling.rope_from_hf`, ``where`` names the entry in its error) and the dtype."""
+    scaling, theta = YarnScaling.rope_from_hf(d, rope_keys, cls.max_position_embeddings, cls.rope_theta, where)
+    kw = hf_fields(cls, d, f"{cls.model_type} config.json", keep_none=keep_none)
+    kw.update(rope_theta=theta, rope_scaling=scaling, torch_dtype=hf_dtype_name(d))
+    return cls(**kw)
+
+
 @dataclass(frozen=True)
 class DeepseekV3Config(HFConfig):
     """DeepSeek-V3 / Moonlight (HF ``model_type: deepseek_v3``): MLA attention, DeepSeek MoE with shared experts.
@@ -236,14 +246,10 @@ class DeepseekV3Config(HFConfig):
                 f"config.json has quantization_config (quant_method {method!r}): FP8/quantized deepseek_v3 "
                 "checkpoints are not supported; convert the weights to bf16 first"
             )
-        keys = ("rope_scaling", "rope_parameters")
-        where = "deepseek_v3: rope_scaling.type"
-        scaling, theta = YarnScaling.rope_from_hf(d, keys, cls.max_position_embeddings, cls.rope_theta, where)
         if "n_routed_experts" not in d and "num_local_experts" in d:
             d["n_routed_experts"] = d["num_local_experts"]
-        kw = hf_fields(cls, d, "deepseek_v3 config.json", keep_none=("q_lora_rank",))
-        kw.update(rope_theta=theta, rope_scaling=scaling, torch_dtype=hf_dtype_name(d))
-        return cls(**kw)
+        keys = ("rope_scaling", "rope_parameters")
+        return yarn_config_from_hf(cls, d, keys, "deepseek_v3: rope_scaling.type", keep_none=("q_lora_rank",))
 
     def to_hf_dict(self) -> dict:
         d = dataclasses.asdict(self)

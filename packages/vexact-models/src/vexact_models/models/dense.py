@@ -76,12 +76,32 @@ def _rope_scaling(d: dict, where: str) -> dict | None:
 
 
 @dataclass(frozen=True)
-class DenseConfig(HFConfig):
+class GQAShape(HFConfig):
+    """The sizes every GQA decoder's config.json gives, none with a default: the first fields of :class:`DenseConfig`
+    and of gpt-oss's config, in this order (``dataclasses.asdict``, and so config.json, keeps it)."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+
+    @property
+    def kv_cache_dims(self) -> tuple[int, int, int]:
+        """What one layer's paged KV cache holds per token: ``(kv_heads, k_head_dim, v_head_dim)``."""
+        return self.num_key_value_heads, self.head_dim, self.head_dim
+
+
+@dataclass(frozen=True)
+class DenseConfig(GQAShape):
     """The dense decoder shared by every family (GQA attention, rotary, SwiGLU MLP, pre-norm RMSNorm blocks).
 
-    A family is a subclass that sets its ``model_type``, its HF defaults and the few structural switches below (class
-    attributes, not config.json fields): ``qk_norm`` (RMSNorm on each q/k head before rotary) and which projections
-    carry a bias (``qkv_bias``, ``o_bias``).
+    Its first fields, ``vocab_size`` to ``head_dim``, are :class:`GQAShape`'s. A family is a subclass that sets its
+    ``model_type``, its HF defaults and the few structural switches below (class attributes, not config.json fields):
+    ``qk_norm`` (RMSNorm on each q/k head before rotary) and which projections carry a bias (``qkv_bias``,
+    ``o_bias``).
 
     ``rope_scaling``: None (default rope) or ``{"rope_type": "linear" | "llama3" | "dynamic", ...}``. ``dynamic``
     (NTK) rescales only for sequences longer than ``max_position_embeddings``, which both drivers refuse, so its table
@@ -93,13 +113,6 @@ class DenseConfig(HFConfig):
 
     qk_norm: ClassVar[bool] = False
 
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
     max_position_embeddings: int = 40960
     rms_norm_eps: float = 1e-6
     rope_theta: float = 1_000_000.0
@@ -160,11 +173,6 @@ class DenseConfig(HFConfig):
     # which attention projections carry a bias (Llama's and Qwen3's ``attention_bias``: all four)
     qkv_bias = property(lambda self: self.attention_bias)
     o_bias = property(lambda self: self.attention_bias)
-
-    @property
-    def kv_cache_dims(self) -> tuple[int, int, int]:
-        """What one layer's paged KV cache holds per token: ``(kv_heads, k_head_dim, v_head_dim)``."""
-        return self.num_key_value_heads, self.head_dim, self.head_dim
 
     @classmethod
     def _hf_sliding_window(cls, d: dict) -> int | None:

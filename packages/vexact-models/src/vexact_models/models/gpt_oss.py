@@ -19,27 +19,24 @@ from typing import ClassVar
 
 from ..config import (
     ARCHITECTURES,
-    HFConfig,
     check_heads,
     check_norm_rope_dtype,
     check_positive_ints,
-    hf_dtype_name,
-    hf_fields,
 )
 from ..layers import GptOssMoeBlock, RotaryEmbedding
-from .deepseek_v3 import YarnScaling
-from .dense import DenseAttention, DenseDecoderLayer, DenseForCausalLM
+from .deepseek_v3 import YarnScaling, yarn_config_from_hf
+from .dense import DenseAttention, DenseDecoderLayer, DenseForCausalLM, GQAShape
 
 LAYER_TYPES = ("sliding_attention", "full_attention")
 SWIGLU_LIMIT = 7.0  # vexact_kernels.clamped_swiglu's limit; gpt-oss's config.json may repeat it (swiglu_limit)
 
 
 @dataclass(frozen=True)
-class GptOssConfig(HFConfig):
+class GptOssConfig(GQAShape):
     """gpt-oss (HF ``model_type: gpt_oss``). Layer ``i`` attends within ``sliding_window`` keys when
     ``layer_types[i] == "sliding_attention"`` (default: even layers sliding, odd layers full), to every earlier key
     otherwise. ``rope_scaling``: YaRN (transformers' ``rope_parameters``, ``truncate`` false in the released
-    configs) or None."""
+    configs) or None. Its first fields, ``vocab_size`` to ``head_dim``, are :class:`GQAShape`'s."""
 
     # the kernels run this family's window, so sequences may outrun it (the shell and the engine read this)
     windowed_attention: ClassVar[bool] = True
@@ -50,13 +47,6 @@ class GptOssConfig(HFConfig):
     qkv_bias = property(lambda self: self.attention_bias)
     o_bias = property(lambda self: self.attention_bias)
 
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
     num_local_experts: int
     num_experts_per_tok: int
     sliding_window: int = 128
@@ -107,10 +97,6 @@ class GptOssConfig(HFConfig):
         """``num_local_experts`` under the name the trainer's router outputs use."""
         return self.num_local_experts
 
-    @property
-    def kv_cache_dims(self) -> tuple[int, int, int]:
-        return self.num_key_value_heads, self.head_dim, self.head_dim
-
     def layer_window(self, i: int) -> int | None:
         """Layer ``i``'s attention window: ``sliding_window`` on sliding layers, None (every earlier key) on full."""
         return self.sliding_window if self.layer_types[i] == "sliding_attention" else None
@@ -126,16 +112,11 @@ class GptOssConfig(HFConfig):
                     f"gpt_oss config.json has quantization_config (quant_method {method!r}): only mxfp4 experts are "
                     "supported (dequantised to bf16 at load)"
                 )
-        keys = ("rope_parameters", "rope_scaling")
-        where = "gpt_oss: rope_parameters.rope_type"
-        scaling, theta = YarnScaling.rope_from_hf(d, keys, cls.max_position_embeddings, cls.rope_theta, where)
         if "num_local_experts" not in d and "num_experts" in d:
             d["num_local_experts"] = d["num_experts"]
         if d.get("head_dim") is None and "hidden_size" in d and "num_attention_heads" in d:
             d["head_dim"] = d["hidden_size"] // d["num_attention_heads"]
-        kw = hf_fields(cls, d, "gpt_oss config.json")
-        kw.update(rope_theta=theta, rope_scaling=scaling, torch_dtype=hf_dtype_name(d))
-        return cls(**kw)
+        return yarn_config_from_hf(cls, d, ("rope_parameters", "rope_scaling"), "gpt_oss: rope_parameters.rope_type")
 
     def to_hf_dict(self) -> dict:
         d = dataclasses.asdict(self)
