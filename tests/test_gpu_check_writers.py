@@ -126,5 +126,23 @@ def test_async_results_compares_the_modes_and_fails_an_inexact_on_policy_step(tm
     assert "separate_async / sync training tokens/s: 2.00x" in text  # steps after the first: 500 against 250
     assert "4.000 GB a sync" in text and "NCCL bound at 100.0 GB/s: 0.040 s; measured / bound 12.50x" in text
     assert "exactly 0.0 (1)" in text and "2e-05, 3e-05" in text
+    assert writer.main([*args, "--versions"]) == 1  # no per-version check logged: the versions did not reach the actor
+    assert "per-version check at every step: **fail**" in out.read_text()
+    checked = {
+        "actor/vexact/behavior/k3": 0.0,
+        "actor/vexact/behavior/tokens_differ": 0.0,
+        "actor/vexact/behavior/tokens_checked": 200.0,
+        "actor/vexact/behavior/tokens_unchecked": 0.0,
+    }
+    versioned = {1: step(1, 0, 0.0, 4.0), 2: step(2, 1, 2e-5, 2.0), 3: step(3, 1, 3e-5, 2.0)}
+    for m in versioned.values():
+        m.update(checked)
+    _write(sep, versioned)
+    assert writer.main([*args, "--versions"]) == 0
+    text = out.read_text()
+    assert "per-version check at every step: pass" in text and "| 2 | 1 | 1 | 2e-05 | 0 | 200 / 0 |" in text
+    versioned[3]["actor/vexact/behavior/tokens_unchecked"] = 5.0  # tokens labelled with a version not held
+    _write(sep, versioned)
+    assert writer.main([*args, "--versions"]) == 1
     _write(sep, {1: step(1, 0, 1e-9, 4.0), 2: step(2, 1, 2e-5, 2.0)})  # an on-policy step that is not exact
     assert writer.main(args) == 1 and "**not exact**" in out.read_text()

@@ -8,9 +8,17 @@ stamps) and ``rollout_corr/k3_kl``, split by staleness: against the trainer's cu
 on a step of staleness 0 (the run fails otherwise); on a stale step it measures staleness. The weight-sync bound is
 ``params x wire bytes / NCCL bandwidth`` when ``--nccl-gbps`` (a measured broadcast bandwidth, GB/s) is given.
 
+With ``--versions`` the ``separate_async`` run must also log the vexact actor's per-version check at every step
+(``actor/vexact/behavior/*``, with ``vexact_verl.agent_loop.VersionedAgentLoopManager`` and
+``vexact.keep_previous_version=true``): each token rescored at the version that produced it, K3 exactly 0.0, no token
+differing, none left unchecked, stale steps included. The actor learns its version from verl's
+``update_weights(global_steps=v)`` whatever the checkpoint-engine backend, so on GPUs this checks the versions that
+travel with verl's NCCL sync.
+
     python examples/recipes/async_results.py SYNC.jsonl SEPARATE.jsonl --params N --out async.md --header "..."
 
-Exit status 1 when a run logged no step or an on-policy step is not exact.
+Exit status 1 when a run logged no step, an on-policy step is not exact, or (``--versions``) a separate_async step's
+per-version check is absent or not exact.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ import sys
 from pathlib import Path
 
 STALE = "training/off_policy/trajectory_staleness_worst/max"
+BEHAVIOR = "actor/vexact/behavior/"
 
 
 def read_steps(path: Path) -> list[dict]:
@@ -39,8 +48,16 @@ def _fmt(value, spec: str = "{:.4g}") -> str:
     return "-" if value is None else spec.format(value)
 
 
+def version_exact(m: dict) -> bool:
+    """A step's per-version check: logged, every token checked at its own version, K3 exactly 0.0, none differing."""
+    checked, unchecked = m.get(BEHAVIOR + "tokens_checked"), m.get(BEHAVIOR + "tokens_unchecked")
+    return (m.get(BEHAVIOR + "k3") == 0.0 and m.get(BEHAVIOR + "tokens_differ") == 0 and bool(checked)
+            and unchecked == 0)  # fmt: skip
+
+
 def summary(steps: list[dict]) -> dict:
-    """One mode's figures; ``exact``: every step of staleness 0 logs K3 and max |p diff| exactly 0.0."""
+    """One mode's figures; ``exact``: every step of staleness 0 logs K3 and max |p diff| exactly 0.0;
+    ``versions_exact``: every step's per-version check (:func:`version_exact`) passes."""
     later = steps[1:] or steps
     tps = [m["perf/total_num_tokens"] / m["perf/time_per_step"] for m in later if m.get("perf/time_per_step")]
     on_policy = [m for m in steps if m.get(STALE, 0) == 0]
@@ -58,10 +75,18 @@ def summary(steps: list[dict]) -> dict:
         "on_policy_steps": len(on_policy),
         "k3_stale": [m.get("rollout_corr/k3_kl") for m in stale],
         "exact": bool(steps) and exact,
+        "versions_exact": bool(steps) and all(map(version_exact, steps)),
     }
 
 
-def render(runs: dict[str, list[dict]], params: int, wire_bytes: int, nccl_gbps: float | None, header: list[str]):
+def render(
+    runs: dict[str, list[dict]],
+    params: int,
+    wire_bytes: int,
+    nccl_gbps: float | None,
+    header: list[str],
+    versions: bool = False,
+):
     s = {mode: summary(steps) for mode, steps in runs.items()}
     columns = ["mode", "steps", "training tokens/s", "step s", "weight sync s", "staleness mean / max",
                "steps of staleness 0: K3", "stale steps: K3"]  # fmt: skip
@@ -89,13 +114,21 @@ def render(runs: dict[str, list[dict]], params: int, wire_bytes: int, nccl_gbps:
             lines.append("  - NCCL bound: not computed (no --nccl-gbps given)")
     per_step = runs.get("separate_async", [])
     if per_step:
-        lines += ["", "separate_async per step:", "", "| step | staleness mean | staleness worst | K3 | sync s |",
-                  "| --- | --- | --- | --- | --- |"]  # fmt: skip
+        lines += ["", "separate_async per step (K3: against the current weights; per-version K3: each token against "
+                  "the actor at its own version, tokens checked / not):", "",
+                  "| step | staleness mean | staleness worst | K3 | per-version K3 | tokens | sync s |",
+                  "| --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
         for i, m in enumerate(per_step, 1):
+            tokens = f"{_fmt(m.get(BEHAVIOR + 'tokens_checked'))} / {_fmt(m.get(BEHAVIOR + 'tokens_unchecked'))}"
             lines.append(f"| {i} | {_fmt(m.get('training/off_policy/trajectory_staleness/mean'))} | "
                          f"{_fmt(m.get(STALE))} | {_fmt(m.get('rollout_corr/k3_kl'), '{:.3g}')} | "
+                         f"{_fmt(m.get(BEHAVIOR + 'k3'), '{:.3g}')} | {tokens} | "
                          f"{_fmt(m.get('timing_s/update_weights'), '{:.3f}')} |")  # fmt: skip
     ok = all(f["steps"] and f["exact"] for f in s.values())
+    if versions:
+        sep_ok = bool(sep) and sep["versions_exact"]
+        lines += ["", f"- separate_async per-version check at every step: {'pass' if sep_ok else '**fail**'}"]
+        ok = ok and sep_ok
     return "\n".join(lines) + "\n", ok
 
 
@@ -108,11 +141,16 @@ def main(argv=None) -> int:
     p.add_argument("--nccl-gbps", type=float, default=None, help="measured NCCL broadcast bandwidth, GB/s")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--header", action="append", default=[], help="a line above the table (repeatable)")
+    p.add_argument(
+        "--versions",
+        action="store_true",
+        help="require separate_async's per-version check (actor/vexact/behavior/*) at every step",
+    )
     args = p.parse_args(argv)
     if args.params < 1 or args.wire_bytes < 1:
         p.error(f"--params and --wire-bytes must be >= 1, got {args.params} and {args.wire_bytes}")
     runs = {"sync": read_steps(args.sync), "separate_async": read_steps(args.separate)}
-    text, ok = render(runs, args.params, args.wire_bytes, args.nccl_gbps, args.header)
+    text, ok = render(runs, args.params, args.wire_bytes, args.nccl_gbps, args.header, args.versions)
     args.out.write_text(text)
     print(text)
     return 0 if ok else 1

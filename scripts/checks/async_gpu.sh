@@ -12,10 +12,15 @@
 # hence the versions, unchanged). Then examples/recipes/async_results.py writes RESULTS_DIR/async-<TAG>.md: training
 # tokens/s of each mode and their ratio (goal 1.3x), the weight-sync time against the NCCL bound (NCCL_GBPS: a
 # measured broadcast bandwidth in GB/s; without it the bound is left out), staleness per step, and K3 exactly 0.0 at
-# every step of staleness 0 (the exit status is 1 otherwise).
+# every step of staleness 0 (the exit status is 1 otherwise). With CHECK_VERSIONS=1 (the default) the separate_async
+# run also carries each token's policy version into the actor (VersionedAgentLoopManager) and keeps the previous
+# version's weights on the host (vexact.keep_previous_version): every step must log the actor's per-version check,
+# each token against the actor at its own version, K3 exactly 0.0 with no token left unchecked, which tests the versions
+# that travel with verl's NCCL sync; it costs one more actor forward per old_log_prob, so CHECK_VERSIONS=0 measures
+# throughput without it.
 #
 # Environment: LAYERS (28), STEPS (8), TRAINER_GPUS (1), ROLLOUT_GPUS (1), NCCL_GBPS, JOB_TIMEOUT (1800 s a run),
-# TAG (file-name prefix), COMMIT. VERL_PLATFORM=cpu: the same flow on CPU at tiny sizes (SMOKE=1 of the recipe, the
+# CHECK_VERSIONS (1), TAG (file-name prefix), COMMIT. VERL_PLATFORM=cpu: the same flow on CPU at tiny sizes (SMOKE=1 of the recipe, the
 # gloo checkpoint engine), to check the script itself.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -52,17 +57,28 @@ from pathlib import Path
 print(sum(math.prod(f.get_slice(k).get_shape()) for p in Path(sys.argv[1]).glob('*.safetensors')
           for f in [safe_open(str(p), 'pt')] for k in f.keys()))" "$WORK/model") || exit 1
 
+CHECK_VERSIONS=${CHECK_VERSIONS:-1}
+VERSIONS=()
+if [ "$CHECK_VERSIONS" = 1 ]; then
+  VERSIONS=(
+    +actor_rollout_ref.rollout.agent.agent_loop_manager_class=vexact_verl.agent_loop.VersionedAgentLoopManager
+    actor_rollout_ref.actor.fsdp_config._target_=vexact_verl.actor_engine.VexactFSDPEngineConfig
+    +actor_rollout_ref.actor.fsdp_config.vexact.keep_previous_version=true
+  )
+fi
 FAILED=0
 COMMANDS=()
 run() {  # run MODE: the recipe in MODE; metrics in RESULTS/async-TAG-MODE.jsonl
   local mode=$1 log="$RESULTS/async-$TAG-$1"
+  local per_version=()
+  [ "$mode" = separate_async ] && per_version=("${VERSIONS[@]}")
   local cmd=(env MODE="$mode" MODEL_DIR="$WORK/model" DATA_DIR="$WORK/data" RUN_DIR="$WORK/$mode"
              GPUS_PER_NODE="$TRAINER_GPUS" ROLLOUT_GPUS="$ROLLOUT_GPUS" VERL_FILE_LOGGER_PATH="$log.jsonl"
              timeout "${JOB_TIMEOUT:-1800}" bash examples/recipes/qwen3_1.7b_separate_async.sh
              +ray_kwargs.ray_init._temp_dir="$RAY_TMP" +ray_kwargs.ray_init.include_dashboard=False
              reward.custom_reward_function.path="$ROOT/examples/verl_grpo/reward.py"
              reward.custom_reward_function.name=compute_score_half_digits
-             trainer.total_training_steps="$STEPS" "${EXTRA[@]}")
+             trainer.total_training_steps="$STEPS" "${per_version[@]}" "${EXTRA[@]}")
   COMMANDS+=("$mode: ${cmd[*]}")
   echo "== $mode: ${cmd[*]}"
   local start rc=0
@@ -93,8 +109,10 @@ for c in "${COMMANDS[@]}"; do HEADER+=("    $c"); done
 STATUS=0
 NCCL=()
 [ -n "${NCCL_GBPS:-}" ] && NCCL=(--nccl-gbps "$NCCL_GBPS")
+CHECKED=()
+[ "$CHECK_VERSIONS" = 1 ] && CHECKED=(--versions)
 python3 examples/recipes/async_results.py "$RESULTS/async-$TAG-sync.jsonl" "$RESULTS/async-$TAG-separate_async.jsonl" \
-  --params "$PARAMS" "${NCCL[@]}" --out "$RESULTS/async-$TAG.md" "${HEADER[@]/#/--header=}" || STATUS=1
+  --params "$PARAMS" "${NCCL[@]}" "${CHECKED[@]}" --out "$RESULTS/async-$TAG.md" "${HEADER[@]/#/--header=}" || STATUS=1
 [ "$FAILED" = 0 ] || STATUS=1
 [ "${KEEP_WORK:-0}" = 1 ] || rm -rf "$WORK" "$RAY_TMP"
 date -u

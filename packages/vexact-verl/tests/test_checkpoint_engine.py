@@ -71,3 +71,46 @@ def test_gloo_engine_moves_every_tensor_bitwise_in_verls_protocol():
 def test_gloo_engine_refuses_a_bad_bucket_size_by_value():
     with pytest.raises(ValueError, match="got 0"):
         GlooCheckpointEngine(0)
+
+
+def test_the_actor_publishes_the_version_it_sends_through_any_backend():
+    """verl's ``ActorRolloutRefWorker.update_weights`` (the actor side of every sync; ``DetachActorWorker`` inherits
+    it) records ``global_steps`` in the actor's process before the checkpoint engine sends the weights, whatever the
+    backend: the vexact actor's per-version check reads it (``published_version``). verl's own method runs here, on a
+    worker whose checkpoint engine is a recorder in place of ``nccl``'s (which needs a GPU)."""
+    import inspect
+    from types import SimpleNamespace
+
+    from verl.experimental.separation.engine_workers import DetachActorWorker
+    from verl.single_controller.base.decorator import MAGIC_ATTR
+    from verl.workers.engine_workers import ActorRolloutRefWorker
+
+    from vexact_verl import register, versions
+
+    register()
+    register()  # idempotent: one wrapper
+    method = ActorRolloutRefWorker.update_weights
+    assert method._vexact and not getattr(method.__wrapped__, "_vexact", False)
+    assert DetachActorWorker.update_weights is method  # separate_async's actor
+    assert inspect.iscoroutinefunction(method)  # Ray runs the worker as an async actor
+    assert getattr(method, MAGIC_ATTR) == getattr(method.__wrapped__, MAGIC_ATTR)  # verl's dispatch is unchanged
+
+    sent = []
+
+    class Recorder:
+        async def send_weights(self, weights, global_steps=None):
+            sent.append((global_steps, versions.published_version(), [n for n, _ in weights]))
+            return {"bytes": 1.0}
+
+    worker = SimpleNamespace(
+        config=SimpleNamespace(rollout=SimpleNamespace(checkpoint_engine=SimpleNamespace(backend="nccl"))),
+        actor=SimpleNamespace(engine=SimpleNamespace(get_per_tensor_param=lambda: (iter(weights()), None))),
+        checkpoint_engine=Recorder(),
+    )
+    for step in (4, 5):
+        assert asyncio.run(method(worker, global_steps=step)) == {"bytes": 1.0}
+        assert versions.published_version() == step
+    assert [(g, p) for g, p, _ in sent] == [(4, 4), (5, 5)]  # published before the weights left
+    assert sent[0][2] == [n for n, _ in weights()]
+    asyncio.run(method(worker, global_steps=None))  # verl passed no version: the record stays
+    assert versions.published_version() == 5

@@ -15,7 +15,14 @@ With :class:`vexact_verl.agent_loop.VersionedAgentLoopManager` each response rea
 of every token, and with ``vexact.keep_previous_version=true`` the actor holds the weights of the current and the
 previous version: every step logs ``actor/vexact/behavior/k3`` (each token against the actor's logprob at its own
 version) as exactly 0.0 with no token differing and none left unchecked, stale steps included, and the staleness of
-its tokens (``actor/vexact/staleness/*``) as verl's trajectory staleness shows it.
+its tokens (``actor/vexact/staleness/*``) as verl's trajectory staleness shows it. In ``separate_async`` the version
+travels as with verl's ``nccl`` backend: the ``gloo`` engine moves bytes only, the actor learns its version from
+verl's ``update_weights(global_steps=v)`` and the rollout server from verl's ``CheckpointEngineWorker``.
+
+The same check fails when the versions are wrong (``version_faults.py``): with the rollout server told no version after
+the initial one (as if the version did not travel with the checkpoint engine's weights), tokens of retrained weights
+carry version 0 and a later step finds tokens it cannot check at their labelled version; with the server told one
+version too many, a later step rescores tokens at the wrong weights and logs K3 > 0 with tokens that differ.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[3]
 STEPS = 2
+FAULT_STEPS = 3  # a step's batch holds the previous version's tokens: the first retrained version is checked at 3
 
 MODES = {
     "separate_async": (
@@ -65,13 +73,19 @@ def inputs(tmp_path_factory, subprocess_env):
     return d
 
 
-def run_async(inputs: Path, mode: str, subprocess_env) -> list[dict]:
-    out = inputs / f"run-{mode}"
+def run_async(inputs: Path, mode: str, subprocess_env, steps: int = STEPS, fault: str | None = None) -> list[dict]:
+    """``steps`` steps of verl's ``mode`` trainer; ``fault``: one of ``version_faults.py``, in every process."""
+    name = f"{mode}-{fault}" if fault else mode
+    out = inputs / f"run-{name}"
     env = subprocess_env(VERL_PLATFORM="cpu", MODEL=str(inputs / "model"), DATA=str(inputs / "data"),
-                         BACKEND="invariant", STEPS=str(STEPS), LR="1e-4", RUN_DIR=str(out), NAME=mode,
+                         BACKEND="invariant", STEPS=str(steps), LR="1e-4", RUN_DIR=str(out), NAME=mode,
                          # verl 0.9.1, hybrid_engine=False: logger.info(..., flush=True) is a TypeError at INFO
                          VERL_LOGGING_LEVEL="WARN")  # fmt: skip
     env.pop("RAY_ADDRESS", None)  # a cluster of its own
+    if fault:
+        env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), env["PYTHONPATH"]])
+        env["VERL_USE_EXTERNAL_MODULES"] = "version_faults"
+        env["VEXACT_VERSION_FAULT"] = fault
     cmd = ["bash", str(ROOT / "examples/verl_grpo/run_grpo.sh"), *MODES[mode],
            "+ray_kwargs.ray_init.num_cpus=16", "+ray_kwargs.ray_init.include_dashboard=False",
            f"trainer.v1.trainer_mode={mode}",
@@ -101,6 +115,26 @@ ALL = os.environ.get("VEXACT_ASYNC_E2E") == "all"
 only_with_all = pytest.mark.skipif(not ALL, reason="a 1-2 minute CPU verl run: VEXACT_ASYNC_E2E=all runs it")
 
 
+SHOWN = ("rollout_corr/k3_kl", "training/off_policy/trajectory_staleness/mean", "actor/vexact/behavior/k3",
+         "actor/vexact/behavior/tokens_differ", "actor/vexact/staleness/max", "actor/vexact/staleness/min",
+         "actor/vexact/behavior/tokens_checked", "actor/vexact/behavior/tokens_unchecked")  # fmt: skip
+
+
+def version_check_failures(m: dict) -> list[str]:
+    """What a step's ``actor/vexact/behavior/*`` say is wrong: every token must be checked at its own version (the
+    actor's current or previous one) and equal there, bit for bit."""
+    k3, differ = m.get("actor/vexact/behavior/k3"), m.get("actor/vexact/behavior/tokens_differ")
+    checked, unchecked = m.get("actor/vexact/behavior/tokens_checked"), m.get("actor/vexact/behavior/tokens_unchecked")
+    failures = []
+    if k3 != 0.0:
+        failures.append(f"k3 {k3}")
+    if differ != 0:
+        failures.append(f"{differ} tokens differ")
+    if not checked or unchecked != 0:
+        failures.append(f"{checked} tokens checked, {unchecked} not")
+    return failures
+
+
 @pytest.mark.parametrize("mode", ["separate_async", pytest.param("colocate_async", marks=only_with_all)])
 def test_verl_async_trainer_on_cpu_is_exact_where_on_policy(inputs, subprocess_env, mode):
     steps = run_async(inputs, mode, subprocess_env)
@@ -112,13 +146,9 @@ def test_verl_async_trainer_on_cpu_is_exact_where_on_policy(inputs, subprocess_e
         if mode == "separate_async":
             assert m["vexact/weight_sync/bytes"] > 0, step  # the gloo checkpoint engine carried this step's sync
         stale = m["training/off_policy/trajectory_staleness_worst/max"]
-        shown = ("rollout_corr/k3_kl", "training/off_policy/trajectory_staleness/mean", "actor/vexact/behavior/k3",
-                 "actor/vexact/staleness/max", "actor/vexact/behavior/tokens_checked")  # fmt: skip
-        print(mode, step, {k: m.get(k) for k in shown})
+        print(mode, step, {k: m.get(k) for k in SHOWN})
         # every token checked at its own version (the current or the previous one, held on the host): exact
-        assert m["actor/vexact/behavior/k3"] == 0.0, (step, m["actor/vexact/behavior/k3"])
-        assert m["actor/vexact/behavior/tokens_differ"] == 0, step
-        assert m["actor/vexact/behavior/tokens_checked"] > 0 and m["actor/vexact/behavior/tokens_unchecked"] == 0, step
+        assert not version_check_failures(m), (step, version_check_failures(m))
         # verl's is over the step's batch; the actor's, per old_log_prob call (two in a separate_async step), averaged
         assert 0 <= m["actor/vexact/staleness/max"] <= stale and (m["actor/vexact/staleness/max"] > 0) == (stale > 0)
         if stale == 0:  # every token from the actor's current weights
@@ -132,3 +162,24 @@ def test_verl_async_trainer_on_cpu_is_exact_where_on_policy(inputs, subprocess_e
     # Whether a later step is stale depends on timing (it was in every run seen); the check of stale tokens at their
     # own version is held without timing by test_verl_actor_engine.py's
     # test_old_log_prob_checks_each_token_at_its_version
+
+
+@pytest.mark.parametrize("fault", ["untold", "ahead"])
+def test_separate_async_check_fails_when_the_rollout_is_told_a_wrong_version(inputs, subprocess_env, fault):
+    """The rollout server told a wrong version from the first retrained weights on (``version_faults.py``): the first
+    step's tokens (the initial weights, version 0, told right) pass the actor's check, and a later step fails it."""
+    try:
+        steps = run_async(inputs, "separate_async", subprocess_env, steps=FAULT_STEPS, fault=fault)
+    except AssertionError as e:  # "ahead" labels a token the trainer has not made yet where a batch holds one
+        assert fault == "ahead" and "is ahead of the trainer's" in str(e), e
+        return
+    assert len(steps) == FAULT_STEPS
+    failures = {}
+    for step, m in enumerate(steps, 1):
+        assert m["actor/grad_norm"] > 0.0, step
+        print(fault, step, {k: m.get(k) for k in SHOWN})
+        failures[step] = version_check_failures(m)
+    assert not failures[1], failures
+    assert any(failures[s] for s in range(2, FAULT_STEPS + 1)), failures
+    if fault == "ahead":  # tokens rescored at the wrong weights: they differ, and K3 says so
+        assert any(m.get("actor/vexact/behavior/k3", 0.0) > 0.0 for m in steps[1:]), failures

@@ -12,8 +12,11 @@ its own, so the separate placement runs, and is tested, on CPU processes.
 Registered in verl's ``CheckpointEngineRegistry`` as ``gloo`` by :func:`vexact_verl.register` (so in every process
 the plugin reaches) and by importing this module, which verl does for
 ``actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module=vexact_verl.checkpoint_engine``. Select it with
-``actor_rollout_ref.rollout.checkpoint_engine.backend=gloo``. It moves bytes only: what a bucket carries is what
-the trainer's ``get_per_tensor_param`` yields, bit for bit.
+``actor_rollout_ref.rollout.checkpoint_engine.backend=gloo``. It moves bytes only, as verl's NCCL engine does: what a
+bucket carries is what the trainer's ``get_per_tensor_param`` yields, bit for bit, and the policy version travels
+beside the weights exactly as with ``nccl`` (verl hands ``global_steps`` to the actor's ``update_weights`` and to each
+``CheckpointEngineWorker``; :func:`vexact_verl.registration.register_version_publish`), so a CPU run through this
+backend takes the version path of a GPU run through ``nccl``.
 """
 
 from __future__ import annotations
@@ -37,8 +40,6 @@ from verl.checkpoint_engine.base import (
     split_weight_chunks,
 )
 from verl.workers.rollout.utils import ensure_async_iterator
-
-from .versions import publish_version
 
 log = logging.getLogger("vexact_verl")
 
@@ -150,7 +151,6 @@ class GlooCheckpointEngine(CheckpointEngine):
         """Broadcast the weights in buckets of ``bucket_size`` bytes (a tensor larger than that in chunks)."""
         if self.rank is None:
             raise RuntimeError("send_weights before init_process_group (verl's CheckpointEngineManager calls it)")
-        publish_version(global_steps)  # on every actor rank: each one's engine reads it (versions.py)
         if self.rank < 0:  # not in the group, but producing the weights is collective over the actor ranks
             async for _ in ensure_async_iterator(weights):
                 pass

@@ -1,4 +1,4 @@
-"""Register ``vexact`` with verl's own extension points (no copy or patch of verl code).
+"""Register ``vexact`` with verl's own extension points (no copy of verl code).
 
 verl 0.9.1 looks a rollout backend up in two tables, in every process that needs it:
 
@@ -11,6 +11,10 @@ The actor's invariant mode adds a third table, ``EngineRegistry`` (``verl/worker
 model engine, used inside each trainer worker to build the actor and ref engines (see :mod:`vexact_verl.actor_engine`).
 Reproducible runs add a fourth, ``_agent_loop_registry`` (``verl/experimental/agent_loop/agent_loop.py``): agent-loop
 name -> class, used inside each agent-loop worker (``vexact_single_turn_agent``, see :mod:`vexact_verl.agent_loop`).
+
+Two of verl's worker methods are wrapped, not copied: ``DetachActorWorker``'s host-copy helpers learn
+``strategy=vexact`` (:func:`register_detach_worker`), and the actor's ``update_weights`` records the policy version it
+sends (:func:`register_version_publish`).
 
 So registration must happen in the workers too. Three ways, all verl's own: the ``verl.plugins`` entry point this
 package declares (verl loads it whenever it is imported, in every process), ``VERL_USE_EXTERNAL_MODULES=vexact_verl``
@@ -51,6 +55,7 @@ def register() -> None:
 
     register_checkpoint_engine()  # `gloo`: the separate placement on CPU
     register_detach_worker()
+    register_version_publish()
     from .tim import install
 
     install()  # tim/* metrics beside verl's rollout_probs_diff ones
@@ -108,6 +113,35 @@ def register_detach_worker() -> None:
 
     _get_strategy_handlers._vexact = True
     DetachActorWorker._get_strategy_handlers = _get_strategy_handlers
+
+
+def register_version_publish() -> None:
+    """Tell the actor which policy version its weights are, whatever carries them to the rollout. Idempotent.
+
+    verl's trainers sync with ``update_weights(global_steps=v)`` on every actor rank
+    (``verl/workers/engine_workers.py``, ``ActorRolloutRefWorker``, which ``DetachActorWorker`` inherits), which hands
+    the weights to the hybrid rollout (backend ``naive``) or to the checkpoint engine's ``send_weights`` (``nccl``,
+    ``gloo``); the rollout side gets ``v`` from verl's ``CheckpointEngineWorker.update_weights``, through the vexact
+    ``ServerAdapter``. This records ``v`` in the actor's process before the weights leave
+    (:func:`vexact_verl.versions.publish_version`), so the vexact actor's per-version check
+    (:meth:`vexact_verl.actor_engine.VexactEngineWithLMHead.check_versions`) knows the version of the weights it holds
+    on every backend, not only where a vexact object moves the weights.
+    """
+    from verl.workers.engine_workers import ActorRolloutRefWorker
+
+    from .versions import publish_version
+
+    original = ActorRolloutRefWorker.update_weights
+    if getattr(original, "_vexact", False):
+        return
+
+    @functools.wraps(original)  # keeps verl's dispatch attributes (the worker group binds the method by them)
+    async def update_weights(self, global_steps: int | None = None, mode: str = "auto"):
+        publish_version(global_steps)
+        return await original(self, global_steps=global_steps, mode=mode)
+
+    update_weights._vexact = True
+    ActorRolloutRefWorker.update_weights = update_weights
 
 
 def is_engine_registered() -> bool:

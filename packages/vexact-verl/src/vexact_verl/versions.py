@@ -20,8 +20,10 @@ Inside verl's own async trainers the versions reach the actor as follows: the ag
 ``actor_rollout_ref.rollout.agent.agent_loop_manager_class``) hands verl's agent loops this client instead of verl's,
 verl's agent loop keeps the reply's ``extra_fields`` and stores them in the batch (field ``extra_fields``, one dict
 per response), and the actor reads ``extra_fields["token_global_steps"]`` beside ``rollout_log_probs``. Which version
-the actor's weights are is recorded where this process publishes them (:func:`publish_version`: the vexact
-``ServerAdapter`` of verl's hybrid worker, the ``gloo`` checkpoint engine) and read with :func:`published_version`.
+the actor's weights are is recorded when the actor sends them (:func:`publish_version`, called by verl's
+``update_weights(global_steps=v)`` on every actor rank whatever the checkpoint-engine backend:
+:func:`vexact_verl.registration.register_version_publish`; and by the vexact ``ServerAdapter`` of verl's hybrid worker)
+and read with :func:`published_version`.
 """
 
 from __future__ import annotations
@@ -45,8 +47,8 @@ def publish_version(version: int | None) -> None:
 
 
 def published_version() -> int | None:
-    """The version of the weights this process last sent to the rollout; ``None`` before the first sync (or where
-    weights travel through a path that does not record it, e.g. a GPU checkpoint backend of verl's)."""
+    """The version of the weights this process last sent to the rollout; ``None`` before the first sync or where
+    verl sent them without a ``global_steps``."""
     return _published
 
 
