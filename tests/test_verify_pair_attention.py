@@ -310,6 +310,21 @@ def test_run_pair_puts_fa4_and_its_folders_on_the_vllm_arm(tmp_path, pair, how):
     assert f"{key}=eager" in arms["vllm"]
 
 
+@pytest.mark.parametrize("pair", ["dense-1k", "dense-4k", "moe-1k", "smoke"])
+def test_dense_tuned_vllm_arm_takes_verls_fused_log_prob_kernel(tmp_path, pair):
+    fused = ["actor_rollout_ref.model.use_fused_kernels=True",
+             "actor_rollout_ref.model.fused_kernel_options.impl_backend=triton"]  # fmt: skip
+    arms, _ = _dry_run(tmp_path, "vllm", "vexact", PAIR=pair, ACTOR_ATTN="sdpa")
+    want = fused if pair.startswith("dense") else []  # VeOmni's MoE arm and the untuned smoke pair keep verl's path
+    assert [w for w in arms["vllm"] if "fused_kernel" in w] == want, arms["vllm"]
+    assert not [w for w in arms["vexact"] if "fused_kernel" in w]  # the vexact actor computes its own log-probs
+    arms, _ = _dry_run(tmp_path, "vllm", PAIR=pair, ACTOR_ATTN="sdpa", FUSED_KERNELS="0")
+    assert not [w for w in arms["vllm"] if "fused_kernel" in w]
+    r = subprocess.run(["bash", "examples/verify/run_pair.sh", str(tmp_path / "r"), "vllm"], cwd=ROOT, text=True,
+                       capture_output=True, env={**os.environ, "DRY_RUN": "1", "FUSED_KERNELS": "yes"})  # fmt: skip
+    assert r.returncode == 2 and "FUSED_KERNELS must be 0 or 1, got 'yes'" in r.stderr, r.stderr
+
+
 def _compose(overrides: list[str]):
     from hydra import compose, initialize_config_dir
     from verl.trainer import main_ppo

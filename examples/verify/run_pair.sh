@@ -22,7 +22,13 @@
 # response)), `log_prob_max_token_len_per_gpu` 2x that), `use_remove_padding=True` and
 # `enable_gradient_checkpointing=True` (verl's defaults, passed as its examples pass them), the rollout's scheduler at
 # verl's defaults. The vexact arm gets the same budgets: its actor is verl's FSDP engine, micro-batched by verl.
-# Knobs that exist in one stack only: the vllm arm's attention (below); the vexact arm's kernel backend.
+# Knobs that exist in one stack only: the vllm arm's attention (below) and, on dense shapes, its log-probs through
+# verl's fused linear + log-prob kernel (`actor_rollout_ref.model.use_fused_kernels=True`, `impl_backend=triton`, as
+# verl users set it; FUSED_KERNELS=0 leaves it out): without it and without flash-attn 2's Triton cross entropy
+# (`flash_attn.ops.triton.cross_entropy`, which verl takes where flash-attn 2 is installed; no build for this stack)
+# verl 0.9.1 computes each packed token's log-sum-exp over the vocabulary in a Python loop, one token at a time
+# (`verl.utils.torch_functional.logprobs_from_logits_v2` on the [tokens, vocab] logits of a packed micro-batch); on
+# an H200 at dense-1k with FA4 that arm ran at perf/mfu/actor 0.055. The vexact arm's kernel backend.
 #
 # Attention of the vllm arm's actor: FlashAttention 4 through transformers (`flash_attention_4`) where it can run on
 # the arm's path, else SDPA; examples/verify/actor_attention.py decides before the run and says why, in the log and
@@ -50,7 +56,8 @@
 # Environment:
 #   PAIR (smoke), SHAPE (smoke only: qwen3-1.7b (default) or qwen3-30b-a3b), LAYERS (depth: the pair's by default),
 #   STEPS, LR (3e-6), GPU_MEM (rollout's share of GPU memory), NGPUS (GPUs per arm), PPO_MAX_TOKENS and
-#   LOGPROB_MAX_TOKENS (the token budgets), ACTOR_ATTN (FA4 where it runs, else sdpa), PYTHONPATH_FA4 (above), TAG
+#   LOGPROB_MAX_TOKENS (the token budgets), ACTOR_ATTN (FA4 where it runs, else sdpa), FUSED_KERNELS (1: the dense
+#   vllm arm's log-probs through verl's fused kernel in tuned pairs, 0: verl's default path), PYTHONPATH_FA4 (above), TAG
 #   (file prefix: the GPU, e.g. h100), MODEL_DIR (where the checkpoint is written), DATA (the dataset folder), COMMIT
 #   (recorded in the metas)
 #   SHARED_HOST=1: other Ray jobs run on this host (each on its own GPUs, CUDA_VISIBLE_DEVICES): no `ray stop` between
@@ -85,6 +92,8 @@ STEPS=$PAIR_STEPS STEM=$PAIR_STEM
 LR=${LR:-3e-6}
 ACTOR_ATTN=${ACTOR_ATTN:-}  # empty: actor_attention.py picks FA4 where it runs on the vllm arm's path, else sdpa
 ACTOR_ATTN_LIB=""  # actor_attention.py's: the module verl imports in the vllm arm's workers for FA4, if any
+FUSED_KERNELS=${FUSED_KERNELS:-1}  # the dense vllm arm's log-probs through verl's fused kernel (tuned pairs); 0: off
+case "$FUSED_KERNELS" in 0 | 1) ;; *) echo "FUSED_KERNELS must be 0 or 1, got '$FUSED_KERNELS'" >&2; exit 2 ;; esac
 PYTHONPATH_FA4=${PYTHONPATH_FA4-$(bash scripts/staging/rl_stack_wheels.sh path fa4)}
 TAG=${TAG:-$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | grep -oiE 'h100|h200|b200|a100' \
   | tr 'A-Z' 'a-z' || true)}
@@ -191,6 +200,11 @@ for arm in "${ARMS[@]}"; do
       else
         ATTN=$ACTOR_ATTN ACTOR="verl FSDP engine (transformers model)"
         ARGS+=(+actor_rollout_ref.model.override_config.attn_implementation="$ACTOR_ATTN")
+        if [ "$PAIR_TUNED" = 1 ] && [ "$FUSED_KERNELS" = 1 ]; then
+          ACTOR="$ACTOR, verl's fused linear + log-prob kernel (Triton)"
+          ARGS+=(actor_rollout_ref.model.use_fused_kernels=True
+                 actor_rollout_ref.model.fused_kernel_options.impl_backend=triton)
+        fi
       fi
       [ -z "$ACTOR_ATTN_LIB" ] || ARGS+=(actor_rollout_ref.model.external_lib="$ACTOR_ATTN_LIB")
       ;;
