@@ -64,10 +64,10 @@ def _assert_equal(outputs, reference, model):
     trainer = Actor(model).compute_log_probs(PROMPTS, [o.token_ids for o in outputs], temperature=TEMPERATURE)
     for i, (out, ref, want) in enumerate(zip(outputs, reference, trainer.logprobs, strict=True)):
         assert out.token_ids, i
-        got = torch.tensor(out.log_probs, dtype=torch.float32)
+        got = torch.tensor(out.log_probs, dtype=torch.float32)  # on the host, as verl's client returns them
         assert out.token_ids == list(ref.token_ids), f"request {i}: {out.token_ids} != {list(ref.token_ids)}"
-        assert torch.equal(got, ref.logprobs), f"request {i}: replica {got.tolist()} != one device"
-        assert torch.equal(got, want), f"request {i}: replica {got.tolist()} != trainer {want.tolist()}"
+        assert torch.equal(got, ref.logprobs.cpu()), f"request {i}: replica {got.tolist()} != one device"
+        assert torch.equal(got, want.cpu()), f"request {i}: replica {got.tolist()} != trainer {want.tolist()}"
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
