@@ -163,7 +163,7 @@ def test_compare_timing_means_after_warmup_and_ratio_to_vllm(tmp_path, capsys):
     "stem,arms,exact",
     [("h200x2-2gpu-lr3e-6", ("invariant", "fast"), "invariant"), ("h100-qwen3-1.7b", ("vllm", "vexact"), "vexact"),
      ("h100-qwen3-30b-a3b", ("vllm", "vexact"), "vexact"), ("h200-qwen3-1.7b", ("vllm", "vexact"), "vexact"),
-     ("h200-dense-1k", ("vllm", "vexact"), "vexact")],  # vllm stopped after step 1: step 1 compared
+     ("h200-dense-1k", ("vllm", "vexact"), "vexact")],
 )  # fmt: skip
 def test_compare_runs_as_a_script_on_the_committed_pairs(tmp_path, stem, arms, exact):
     res = ROOT / "examples/verify/results"
