@@ -19,9 +19,20 @@ outputs, runs the whole workload on one device and scores the EP tokens with the
 ``--driven``: rank 0 alone takes the workload, the weight lifecycle and two aborts through the one-device API
 (``ExpertParallelLLM(driven=True)``, what a server drives), spreading the requests over the ranks; the others serve.
 
-``--perturb arrival`` makes the combine add each token's expert rows in the order of the ranks they come from (the
-arrival order of an all-to-all) instead of its own top-k order: check 1 must then fail at top-k > 2 (the contract
-can fail); the exit status is then 0 when it was caught. Prints one JSON summary line on rank 0; exits 1 if a
+``--graphs``: decode steps padded to the sizes 2 and 3 (``cuda_graph_batch_sizes``), every rank to the size of the
+largest rank's decode rows, captured as CUDA graphs on CUDA (the collectives inside), run eagerly from the same
+static buffers on CPU; then also ``padded steps``: every rank ran padded steps (a rank with nothing to run, a
+pad-only one), some rank padded rows of its own, and on CUDA every rank captured its graphs without a fallback.
+``--eager``: no padded steps (``enforce_eager``); neither: the engine's default (graphs on CUDA, eager on CPU).
+``--idle-rank``: the last rank gets no request (prompt ``i`` on rank ``i % (W - 1)``) and joins every step with pad
+rows or zero rows only.
+
+``--perturb`` (the contract can fail; the exit status is then 0 when it was caught): ``arrival`` makes the combine
+add each token's expert rows in the order of the ranks they come from (the arrival order of an all-to-all) instead of
+its own top-k order: check 1 must then fail at top-k > 2. ``pad_rows`` (with ``--graphs``) starts a padded step's pad
+mark one row early: the last real row goes to no expert and check 1 must fail. ``own_size`` (with ``--graphs``, CPU
+only) pads each rank to the size of its own decode rows: the ranks' collectives stop matching and gloo aborts the run
+(on NCCL it would hang, so the GPU script does not run it). Prints one JSON summary line on rank 0; exits 1 if a
 check failed (or a perturbation went unseen). ``bash scripts/checks/ep_gpu.sh`` runs every case on a GPU host.
 """
 
@@ -71,8 +82,30 @@ def _arrival_order_combine(back, ids, weights, per_rank, dtype):
     return vk.moe_combine(rows, weights, dtype)
 
 
-def _generate(llm, prompts, params, rank: int, world: int) -> list:
-    mine = [i for i in range(len(prompts)) if i % world == rank]
+def _own_size_begin_step(self, num_tokens, decode_rows=None, sizes=()):
+    """The perturbation ``own_size``: the ranks agree on ``C`` and on whether any has prompt tokens, but each pads to
+    the size of its own decode rows (``_Exchange.begin_step`` otherwise)."""
+    n = torch.tensor([num_tokens, int(decode_rows is None)], dtype=torch.int64, device=self.comm)
+    dist.all_reduce(n, op=dist.ReduceOp.MAX, group=self.group)
+    tokens, any_eager = n.tolist()
+    size = None if any_eager or not decode_rows else next((s for s in sizes if s >= decode_rows), None)
+    self.rows, self.padded = (tokens, False) if size is None else (size, True)
+    return size
+
+
+def _pad_rows_fill(self, batch, blocks, size, draw=False):
+    """The perturbation ``pad_rows``: a padded step's pad mark one row early (the last real row goes to no expert)."""
+    _FILL_DECODE(self, batch, blocks, size, draw)
+    self.exchange.live.fill_(max(len(batch) - 1, 0))
+
+
+_FILL_DECODE = ep._ExpertRunner._fill_decode
+PERTURBATIONS = ("arrival", "pad_rows", "own_size")
+GRAPH_SIZES = (2, 3)  # --graphs: padded decode sizes (max_num_seqs is 3): a step of one row a rank pads on every rank
+
+
+def _generate(llm, prompts, params, rank: int, spread: int) -> list:
+    mine = [i for i in range(len(prompts)) if i % spread == rank]
     outs = llm.generate([prompts[i] for i in mine], [params[i] for i in mine], use_tqdm=False)
     return [(i, o.token_ids, o.logprobs.tolist()) for i, o in zip(mine, outs, strict=True)]
 
@@ -136,31 +169,51 @@ def run(
     weights: bool = False,
     long: bool = False,
     driven: bool = False,
+    graphs: bool = False,
+    eager: bool = False,
+    idle_rank: bool = False,
 ) -> dict | None:
     """This rank's part of the check (the process group is initialised); rank 0 returns the summary."""
     rank, world = dist.get_rank(), dist.get_world_size()
     dev = f"cuda:{rank}" if device == "cuda" else "cpu"
+    if perturb not in (None, *PERTURBATIONS):
+        raise ValueError(f"unknown perturbation {perturb!r}; one of {PERTURBATIONS}")
+    if perturb in ("pad_rows", "own_size") and not graphs:
+        raise ValueError(f"the perturbation {perturb!r} perturbs padded steps: it needs graphs=True")
+    if graphs and eager:
+        raise ValueError("graphs=True and eager=True: pick one")
+    if idle_rank and (world < 2 or driven):
+        raise ValueError(f"idle_rank needs two or more ranks and driven=False, got world={world}, driven={driven}")
     if perturb == "arrival":
         ep._combine_home = _arrival_order_combine
-    elif perturb is not None:
-        raise ValueError(f"unknown perturbation {perturb!r}")
+    elif perturb == "pad_rows":
+        ep._ExpertRunner._fill_decode = _pad_rows_fill
+    elif perturb == "own_size":
+        ep._Exchange.begin_step = _own_size_begin_step
     path = default_checkpoint(checkpoint)
-    llm = ExpertParallelLLM(model=load_model(path, device=dev), driven=driven, **ENGINE)
+    mode = dict(cuda_graph_batch_sizes=GRAPH_SIZES) if graphs else dict(enforce_eager=True) if eager else {}
+    llm = ExpertParallelLLM(model=load_model(path, device=dev), driven=driven, **ENGINE, **mode)
     prompts, params = workload(long)
+    spread = world - 1 if idle_rank else world
     new = random_model(tiny_checkpoint_config(checkpoint), seed=11, device=dev) if weights else None
     if driven:
         got, got_new, names, aborts = _driven(llm, prompts, params, new)
     else:
-        got = _gather(_generate(llm, prompts, params, rank, world), rank, world)
+        got = _gather(_generate(llm, prompts, params, rank, spread), rank, world)
     idle = [None] * world if rank == 0 else None
     dist.gather_object(llm.runner.num_idle_steps, idle, dst=0)
     if weights and not driven:
         llm.sleep(2)
         llm.wake_up()
         loaded = llm.update_weights(list(expected_tensors(new).items()))
-        got_new = _gather(_generate(llm, prompts, params, rank, world), rank, world)
+        got_new = _gather(_generate(llm, prompts, params, rank, spread), rank, world)
         names = [None] * world if rank == 0 else None
         dist.gather_object(loaded, names, dst=0)
+    r = llm.runner
+    mine = dict(padded_steps=r.num_padded_steps, pad_rows=r.num_pad_rows, idle_padded_steps=r.num_idle_padded_steps,
+                graphs=r.num_graphs, captures=r.captures, graph_error=r.graph_error)  # fmt: skip
+    padded = [None] * world if rank == 0 else None
+    dist.gather_object(mine, padded, dst=0)
     if rank:
         return None
     ref_model = load_model(path, device=dev)
@@ -174,6 +227,12 @@ def run(
         every = set(expected_tensors(new))
         all_loaded = {n for part in names for n in part}
         checks.append({"check": "update_weights: every name loaded on some rank", "ok": all_loaded == every})
+    if graphs:
+        # every rank ran padded steps, and some rank padded its own rows (a smaller decode batch than another's)
+        ran = all(p["padded_steps"] + p["idle_padded_steps"] > 0 for p in padded) and any(p["pad_rows"] for p in padded)
+        idle_ok = not idle_rank or (padded[-1]["padded_steps"] == 0 and padded[-1]["idle_padded_steps"] > 0)
+        captured = device != "cuda" or all(p["graph_error"] is None and p["captures"] > 0 for p in padded)
+        checks.append({"check": "padded steps", "ok": ran and idle_ok and captured})
     return {
         "checkpoint": checkpoint,
         "world": world,
@@ -181,7 +240,10 @@ def run(
         "backend": dist.get_backend(),
         "perturb": perturb,
         "driven": driven,
+        "graphs": graphs,
+        "idle_rank": idle_rank,
         "idle_steps": idle,
+        "padded": padded,
         "checks": checks,
         "ok": all(c["ok"] for c in checks),
     }
@@ -223,15 +285,19 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--checkpoint", default="qwen3_moe")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
-    ap.add_argument("--perturb", choices=["arrival"], default=None)
+    ap.add_argument("--perturb", choices=PERTURBATIONS, default=None)
     ap.add_argument("--weights", action="store_true", help="also sleep(2), wake and update_weights")
     ap.add_argument("--long", action="store_true", help="the golden fixtures' workload size")
     ap.add_argument("--driven", action="store_true", help="rank 0 takes every request; the other ranks serve")
+    ap.add_argument("--graphs", action="store_true", help="padded decode steps (CUDA graphs on CUDA), sizes 2 and 3")
+    ap.add_argument("--eager", action="store_true", help="no padded steps (enforce_eager)")
+    ap.add_argument("--idle-rank", action="store_true", help="the last rank gets no request")
     args = ap.parse_args()
     if args.device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     dist.init_process_group("nccl" if args.device == "cuda" else "gloo")
-    summary = run(args.checkpoint, args.device, args.perturb, args.weights, args.long, args.driven)
+    flags = dict(graphs=args.graphs, eager=args.eager, idle_rank=args.idle_rank)
+    summary = run(args.checkpoint, args.device, args.perturb, args.weights, args.long, args.driven, **flags)
     ok = True
     if dist.get_rank() == 0:
         print(json.dumps(summary), flush=True)

@@ -1,5 +1,7 @@
 """Expert parallelism: an ``ExpertParallelLLM`` over 2 and 4 ranks == one device == the trainer, ``torch.equal``,
-on the tiny Qwen3-MoE, DeepSeek-V3 and top-8 Qwen3-MoE checkpoints; seen failing with a combine in arrival order.
+on the tiny Qwen3-MoE, DeepSeek-V3 and top-8 Qwen3-MoE checkpoints, eager and with padded decode steps (every rank
+padded to the size of the largest rank's decode rows, a rank with no request joining with pad rows); seen failing
+with a combine in arrival order, with a pad mark that covers a real row, and with a rank padding to its own size.
 
 The checks live in ``contracts/ep_check.py`` (also the torchrun entry point for GPUs: ``scripts/checks/ep_gpu.sh``
 runs them with NCCL on a host with two or more GPUs); here they run in gloo processes on CPU.
@@ -45,6 +47,85 @@ def test_expert_parallel_equals_one_device_and_trainer(cpu_only, tmp_path, check
     after sleep(2), wake and an update_weights to other weights (each rank keeping its own experts); ``driven``: rank
     0 takes the whole workload, the weight lifecycle and two aborts, and spreads the requests over the ranks."""
     _assert_ok(ep_check.spawn(world, str(tmp_path / "ep.json"), checkpoint=checkpoint, **extra))
+
+
+@pytest.mark.parametrize(
+    "checkpoint, world, extra",
+    [
+        ("qwen3_moe", 2, dict(weights=True)),
+        ("deepseek_v3", 2, dict(weights=True)),
+        ("qwen3_moe", 2, dict(idle_rank=True)),
+        ("deepseek_v3", 2, dict(idle_rank=True)),
+        ("qwen3_moe_top8", 2, dict(long=True)),
+        ("qwen3_moe", 2, dict(weights=True, driven=True)),
+        ("qwen3_moe", 4, dict(idle_rank=True)),
+        pytest.param("deepseek_v3", 4, dict(idle_rank=True, weights=True), marks=pytest.mark.slow),
+    ],
+)
+def test_padded_decode_steps_equal_one_device_and_trainer(cpu_only, tmp_path, checkpoint, world, extra):
+    """Decode steps padded to the sizes 2 and 3 (``cuda_graph_batch_sizes``; CUDA graphs on a GPU, the same static
+    buffers run eagerly here), every rank to the size of the largest rank's decode rows: every token and logprob ==
+    one device's (eager) == the trainer's, with ranks of different decode batch sizes; ``idle_rank``: the last rank
+    has no request and joins every padded step with pad rows only; ``weights``: also after sleep(2), wake and
+    update_weights."""
+    summary = ep_check.spawn(world, str(tmp_path / "ep.json"), checkpoint=checkpoint, graphs=True, **extra)
+    _assert_ok(summary)
+    assert [c["check"] for c in summary["checks"]][-1] == "padded steps", summary["checks"]
+    if extra.get("idle_rank"):
+        assert summary["padded"][-1]["idle_padded_steps"] > 0, summary["padded"]
+
+
+def test_padded_steps_contract_fails_when_the_pad_mark_covers_a_real_row(cpu_only, tmp_path):
+    """A padded step's pad mark one row early: the last real row of each rank's step goes to no expert, and the check
+    sees it (the same workload as the passing case above)."""
+    summary = ep_check.spawn(2, str(tmp_path / "ep.json"), checkpoint="qwen3_moe", graphs=True, perturb="pad_rows")
+    one_device = summary["checks"][0]
+    assert one_device["check"] == "ep == one device" and not one_device["ok"], summary["checks"]
+
+
+def test_padded_steps_fail_when_a_rank_pads_to_its_own_size(cpu_only, tmp_path):
+    """Each rank padding to the size of its own decode rows instead of the agreed one: the ranks' exchanges no
+    longer have one size, and gloo aborts the run at the first step where the sizes differ (a captured NCCL graph
+    would hang or read past its rows)."""
+    import torch.multiprocessing as mp
+
+    with pytest.raises(mp.ProcessExitedException, match="SIGABRT"):
+        ep_check.spawn(2, str(tmp_path / "ep.json"), checkpoint="qwen3_moe", graphs=True, perturb="own_size")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "checkpoint, flags",
+    [
+        ("qwen3_moe", ["--weights"]),
+        ("deepseek_v3", ["--weights"]),
+        ("qwen3_moe", ["--idle-rank"]),
+        ("qwen3_moe_top8", ["--long"]),
+    ],
+)
+def test_cuda_graph_decode_over_nccl_equals_one_gpu_and_trainer(checkpoint, flags):
+    """EP=2 over NCCL with decode steps captured as CUDA graphs (the exchange's collectives inside): == one GPU == the
+    trainer, every rank captured its graphs (no eager fallback) and replayed them; ``--weights`` also through
+    sleep(2), wake (the graphs captured again) and update_weights. ``scripts/checks/ep_gpu.sh`` runs the same cases."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip(f"EP=2 over NCCL needs 2 CUDA devices; {torch.cuda.device_count()} visible")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m",
+           "contracts.ep_check", "--device", "cuda", "--checkpoint", checkpoint, "--graphs", *flags]  # fmt: skip
+    env = dict(os.environ, NCCL_NVLS_ENABLE="0", PYTHONPATH=os.pathsep.join(sys.path))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    run = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=900)
+    lines = [line for line in run.stdout.splitlines() if line.startswith("{")]
+    assert run.returncode == 0 and lines, run.stdout[-4000:] + run.stderr[-4000:]
+    summary = json.loads(lines[-1])
+    assert summary["ok"] and summary["backend"] == "nccl", summary
+    assert all(p["graphs"] > 0 and p["graph_error"] is None for p in summary["padded"]), summary["padded"]
 
 
 def test_expert_parallel_contract_fails_with_a_combine_in_arrival_order(cpu_only, tmp_path):

@@ -20,21 +20,39 @@ module: the model code knows nothing of it. A sparse layer on rank ``r``, for it
 Why this is bitwise equal to one device (and so to the trainer): a pair's expert row is reduced alone, over K in an
 order fixed by K, whichever rank computes it and whichever rows share its call (design rule 2); rows travel as raw
 bytes; the combine reads them in top-k rank order, never in the order they arrive (rule 5). The contract tests
-compare tokens and logprobs with ``torch.equal`` against one device and the trainer, and see the check fail when the
-combine takes the rows in arrival order.
+compare tokens and logprobs with ``torch.equal`` against one device and the trainer, eager and padded, and see the
+check fail when the combine takes the rows in arrival order, when a padded step's pad mark covers a real row, and
+(a collective mismatch) when a rank pads to the size of its own rows.
 
 Steps: every rank calls :meth:`ExpertParallelLLM.step` together (``generate`` does, until no rank has unfinished
-requests). A rank with nothing to run joins every sparse layer's exchange with zero rows. Each rank's requests and
-outputs are its own; requests are not moved between ranks. With ``driven=True`` (what a server uses, as it uses
-``PipelineLLM``), rank 0 alone takes requests, aborts, sleep/wake and weight updates through the one-device API: it
-places each new request on the rank with the fewest unfinished ones, with the seed a one-device engine would give
-it, and sends each step's new requests to every rank, which steps; the finished requests come back to rank 0. The
-other ranks call :meth:`~ExpertParallelLLM.serve`.
+requests). A rank with nothing to run joins every sparse layer's exchange with zero rows (pad rows only in a padded
+step). Each rank's requests and outputs are its own; requests are not moved between ranks. With ``driven=True`` (what a
+server uses, as it uses ``PipelineLLM``), rank 0 alone takes requests, aborts, sleep/wake and weight updates through the
+one-device API: it places each new request on the rank with the fewest unfinished ones, with the seed a one-device
+engine would give it, and sends each step's new requests to every rank, which steps; the finished requests come back to
+rank 0. The other ranks call :meth:`~ExpertParallelLLM.serve`.
 
-Cost: the dispatch all-gathers every token to every rank and the return moves ``C * k`` fp32 rows per rank pair,
-most of them zeros; an all-to-all of the routed pairs alone moves less and is the next step for large ``W``.
-Scope: eager steps (CUDA-graph decode is left for later: it needs every rank to replay the same padded size, which
-the fixed-size buffers already allow); ``sleep``/``wake_up`` per rank; ``update_weights`` with HF names on every
+Padded decode steps (CUDA graphs): a step's shape is agreed before the model runs, in the one all-reduce that agrees
+on ``C`` (:meth:`_Exchange.begin_step`). When no rank has prompt tokens (every row a one-token row, as for a
+one-device padded step), every rank pads its decode rows to ``S``, the smallest of the engine's padded decode sizes
+(``EngineConfig.cuda_graph_batch_sizes``, the one-device defaults) that holds the largest rank's rows, and ``C = S``;
+a rank with nothing to run pads a step of pad rows only. Each rank then runs the one-device padded step
+(``cuda_graphs.py``: static buffers, pad rows that write no KV and are never sampled), replayed as the CUDA graph of
+size ``S`` on CUDA, the exchange's NCCL collectives captured inside it: every rank replays graphs of one size, so
+their collectives match. Pad rows are marked on the device (rows from ``_Exchange.live`` on: each rank's real row
+count, written before the replay) and go to no expert, and their combine reads no router output. Every kernel is
+row-invariant, so pad rows change no real row's bits. A step in which any rank has prompt tokens runs eagerly on
+every rank (``C`` its largest token count). The graphs are captured per rank at start-up and after every ``wake_up``
+(lazily by default, as for one device: every rank captures a size at the same step, since they agree on it), and
+``update_weights`` copies into the captured weights. ``enforce_eager=True`` turns padding off; on CPU, as for one
+device, steps run eagerly unless ``cuda_graph_batch_sizes`` is given, and then the padded steps run eagerly from the
+same static buffers and the same agreement (how the contract tests exercise them over gloo). Steps with prompt
+tokens have no graphs here (``cuda_graph_token_sizes`` is ignored), mixed steps run as one launch
+(``split_mixed_steps`` is off: every rank runs the model once a step) and the draw runs eagerly after the padded step.
+
+Cost: the dispatch all-gathers every token to every rank and the return moves ``C * k`` fp32 rows per rank pair, most of
+them zeros; an all-to-all of the routed pairs alone moves less and is the next step for large ``W``. Scope: eager steps
+and padded decode steps (CUDA graphs on CUDA); ``sleep``/``wake_up`` per rank; ``update_weights`` with HF names on every
 rank, each keeping its own experts (``driven``: the driver cuts each rank's part, the shared weights and that rank's
 experts, and sends each rank its own part only). Bucketed and broadcast weight sync are refused for now.
 """
@@ -87,7 +105,9 @@ def routed_experts(model: nn.Module) -> int:
 
 
 class _Exchange:
-    """The collectives of one replica's sparse layers, and the step's row count ``C`` they all use."""
+    """The collectives of one replica's sparse layers, and the step's shape they all use: ``rows`` (``C``) and
+    whether the step runs padded (every rank's rows are ``C``, a captured graph's shape; rows from ``live`` on are
+    pad rows)."""
 
     def __init__(self, group, device: torch.device):
         self.group = group
@@ -95,12 +115,25 @@ class _Exchange:
         # NCCL moves device tensors; gloo moves host tensors
         self.comm = device if dist.get_backend(group) == "nccl" else torch.device("cpu")
         self.rows = 0
+        self.padded = False
+        # a padded step's real row count, read on the device (a graph replays it): written before each padded step
+        self.live = torch.zeros(1, dtype=torch.int64, device=device)
 
-    def begin_step(self, num_tokens: int) -> None:
-        """Agree on the step's ``C``: the largest token count of any rank this step (0 for a rank with no work)."""
-        n = torch.tensor([num_tokens], dtype=torch.int64, device=self.comm)
+    def begin_step(self, num_tokens: int, decode_rows: int | None = None, sizes: list[int] = ()) -> int | None:
+        """Agree on the step's shape, one all-reduce: ``C``, the largest token count of any rank this step (0 for a
+        rank with no work), and the padded size every rank runs at, returned (None: every rank runs eagerly).
+
+        ``decode_rows``: this rank's rows when each is a one-token row (0 for a rank with no work), None when it has
+        prompt tokens; ``sizes``: the padded decode sizes, the same on every rank. When no rank has prompt tokens
+        and the largest rank's rows fit a size, every rank pads to the smallest such size ``S`` and ``C = S``."""
+        eager = decode_rows is None
+        n = torch.tensor([num_tokens, int(eager), 0 if eager else decode_rows], dtype=torch.int64, device=self.comm)
         dist.all_reduce(n, op=dist.ReduceOp.MAX, group=self.group)
-        self.rows = int(n.item())
+        tokens, any_eager, rows = n.tolist()
+        size = None if any_eager or not rows else next((s for s in sizes if s >= rows), None)
+        self.rows = tokens if size is None else size
+        self.padded = size is not None
+        return size
 
     def any(self, flag: bool) -> bool:
         """Whether ``flag`` holds on any rank."""
@@ -153,17 +186,25 @@ class ExpertParallelExperts(nn.Module):
         ex = self.exchange
         t, k = topk_ids.shape
         c = ex.rows
-        if t > c:
-            raise RuntimeError(f"{t} tokens in a sparse layer but the step's exchange holds {c} rows a rank")
-        xs = x.new_zeros(c, x.shape[1])
-        xs[:t] = x
-        ids = topk_ids.new_full((c, k), -1)  # pad rows: no expert
-        ids[:t] = topk_ids
+        if ex.padded:  # every rank's rows are C; a pad row (from ex.live on) goes to no expert
+            if t != c:
+                raise RuntimeError(f"{t} rows in a padded step's sparse layer but the ranks agreed on {c}")
+            xs = x
+            pad = torch.arange(c, device=topk_ids.device) >= ex.live
+            ids = topk_ids.masked_fill(pad.unsqueeze(1), -1)
+        else:
+            if t > c:
+                raise RuntimeError(f"{t} tokens in a sparse layer but the step's exchange holds {c} rows a rank")
+            xs = x.new_zeros(c, x.shape[1])
+            xs[:t] = x
+            ids = topk_ids.new_full((c, k), -1)  # pad rows: no expert
+            ids[:t] = topk_ids
         x_all, ids_all = ex.all_gather(xs), ex.all_gather(ids)  # [W*C, H], [W*C, k]
         local = torch.where(ids_all >= 0, ids_all - self.first, -1)
         y = vk.moe_expert_outputs(x_all, self.gate_up_proj, self.down_proj, local)  # [W*C, k, H] fp32
         back = ex.all_to_all(y).view(ex.world, c, k, -1)  # block s: rank s's rows for this rank's tokens
-        return _combine_home(back, topk_ids, topk_weights, self.per_rank, x.dtype)
+        # a pad row's ids are -1 here: its combine never reads by what the router made of a pad token
+        return _combine_home(back, ids[:t], topk_weights, self.per_rank, x.dtype)
 
     def idle(self) -> None:
         """Join this layer's exchange with zero rows (a rank with no work this step)."""
@@ -213,28 +254,65 @@ def _rank_part(named_tensors, shard: range) -> list[tuple[str, torch.Tensor]]:
 
 
 class _ExpertRunner(ModelRunner):
-    """A one-device runner whose steps first agree on the exchange's row count; :meth:`idle` is a step with no
-    tokens, for a rank whose scheduler had nothing to run."""
+    """A one-device runner whose steps first agree on their shape with the other ranks (:meth:`_Exchange.begin_step`):
+    a decode step runs padded to the agreed size (its CUDA graph on CUDA) on every rank, or every rank runs eagerly.
+    :meth:`idle` is a step with no tokens, for a rank whose scheduler had nothing to run: a pad-only padded step
+    when the others run padded."""
 
     def __init__(self, model, config, num_blocks, max_model_len, sharded: list[ExpertParallelExperts]):
-        super().__init__(model, config, num_blocks, max_model_len)
+        # before the one-device runner's set-up, which captures the graphs (through the exchange) on CUDA
         self.sharded = sharded
         self.exchange = sharded[0].exchange
         self.ran = False
+        self._size: int | None = None  # the padded size the ranks agreed on for this step (None: eager)
         self.num_idle_steps = 0  # steps this rank joined with no tokens of its own
+        self.num_idle_padded_steps = 0  # of those, the ones it joined with a pad-only padded step
+        self.num_pad_rows = 0  # pad rows of this rank's padded steps with rows of its own
+        super().__init__(model, config, num_blocks, max_model_len)
 
     def forward(self, batch: list[ScheduledSeq], blocks: BlockManager):
-        self.exchange.begin_step(sum(item.num_new_tokens for item in batch))
+        decode = len(batch) if all(item.num_new_tokens == 1 for item in batch) else None
+        tokens = sum(item.num_new_tokens for item in batch)
+        self._size = self.exchange.begin_step(tokens, decode, self.graph_sizes)
         self.ran = True
         return super().forward(batch, blocks)
 
+    def padded_size(self, batch: list[ScheduledSeq]) -> int | None:
+        """The size every rank agreed on for this step (:meth:`forward`), whatever this rank's own rows would take:
+        a rank padding to its own size would run other collectives than the rest."""
+        return self._size
+
+    def _fill_decode(self, batch: list[ScheduledSeq], blocks: BlockManager, size: int, draw: bool = False) -> None:
+        self.exchange.live.fill_(len(batch))  # after any capture (which runs pad rows only): this step's real rows
+        if batch:
+            self.num_pad_rows += size - len(batch)
+        super()._fill_decode(batch, blocks, size, draw)
+
+    def _capture(self, key, static, tokens: int, seqs: int, warmups: int) -> None:
+        # a graph holds its exchange's shape: C is its size, every row of it padded but the live ones
+        ex = self.exchange
+        saved = ex.rows, ex.padded
+        ex.rows, ex.padded = tokens, True
+        ex.live.fill_(0)
+        try:
+            super()._capture(key, static, tokens, seqs, warmups)
+        finally:
+            ex.rows, ex.padded = saved
+
     @torch.no_grad()
-    def idle(self) -> None:
+    def idle(self, blocks: BlockManager) -> None:
         self.num_idle_steps += 1
-        self.exchange.begin_step(0)
+        size = self.exchange.begin_step(0, 0, self.graph_sizes)
         with vk.use_backend(self.config.backend):
-            for m in self.sharded:
-                m.idle()
+            if size is None:
+                for m in self.sharded:
+                    m.idle()
+                return
+            # the other ranks replay size's graph: so does this one, with pad rows only (no KV written, none sampled)
+            self._ensure_graph(("decode", size), self._decode, size, size)
+            self._fill_decode([], blocks, size)
+            self._replay(("decode", size), self._decode, size, size)
+            self.num_idle_padded_steps += 1
 
 
 class ExpertParallelLLM(LLM):
@@ -248,6 +326,10 @@ class ExpertParallelLLM(LLM):
     ``step``) must be called on every rank together: ``generate`` returns each rank's own outputs once no rank has
     unfinished requests. ``sleep``, ``wake_up`` and ``update_weights`` apply to each rank's own part; call them on
     every rank (``update_weights`` with the whole model's HF-named tensors: each rank keeps its own experts).
+
+    Decode steps run padded to a size every rank agrees on, as CUDA graphs on CUDA (the module docstring), where a
+    one-device engine with the same settings would run them padded: on CUDA unless ``enforce_eager=True``, on CPU
+    with an explicit ``cuda_graph_batch_sizes``.
     """
 
     def __init__(
@@ -283,10 +365,16 @@ class ExpertParallelLLM(LLM):
         self.shard = expert_shard(routed_experts(model), self.world, self.rank)  # refused before anything is cut
         self._sharded = parallelize_experts(model, device=device)  # on the host for a loaded model: cut, then moved
         model = model.to(device)
-        # eager steps, in lockstep; requests without a seed draw from config.seed + rank, so the ranks' first
-        # requests differ (a copy: the caller's config is theirs)
+        # steps in lockstep, one model run each (no split of mixed steps), padded decode steps only (steps with
+        # prompt tokens eager), the draw eager; requests without a seed draw from config.seed + rank, so the ranks'
+        # first requests differ (a copy: the caller's config is theirs)
         config = dataclasses.replace(
-            config, enforce_eager=True, async_decode=False, draw_in_graph=False, seed=config.seed + self.rank
+            config,
+            async_decode=False,
+            draw_in_graph=False,
+            split_mixed_steps=False,
+            cuda_graph_token_sizes=(),
+            seed=config.seed + self.rank,
         )
         super().__init__(model=model, tokenizer=tokenizer, config=config, mismatch=mismatch)
         # driven: the driver's view of the other ranks' requests
@@ -308,8 +396,8 @@ class ExpertParallelLLM(LLM):
     def _local_step(self):
         self.runner.ran = False
         finished = super().step()
-        if not self.runner.ran:  # nothing scheduled here: join the other ranks' exchanges with zero rows
-            self.runner.idle()
+        if not self.runner.ran:  # nothing scheduled here: join the other ranks' step with no rows of its own
+            self.runner.idle(self.blocks)
         return finished
 
     def _more_steps(self) -> bool:
