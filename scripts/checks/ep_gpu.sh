@@ -4,15 +4,17 @@
 #
 #   bash scripts/checks/ep_gpu.sh RESULTS_DIR
 #
-# For EP = 2 (and 4 where 4 GPUs are visible), each of the tiny qwen3_moe, deepseek_v3 and qwen3_moe_top8
-# checkpoints: contracts/ep_check.py (ExpertParallelLLM == one GPU == the trainer, torch.equal; qwen3_moe and
-# deepseek_v3 also after sleep(2), wake and update_weights), then the perturbation: the combine in arrival order on
-# qwen3_moe_top8 at EP = 2 must be caught; then verl-ep2: verl's LLMServerManager builds a vexact replica with
+# For EP = 2 (and 4 where 4 GPUs are visible), each of the tiny qwen3_moe, deepseek_v3 and qwen3_moe_top8 checkpoints:
+# contracts/ep_check.py (ExpertParallelLLM == one GPU == the trainer, torch.equal; qwen3_moe and deepseek_v3 also after
+# sleep(2), wake and update_weights), eager steps (--eager), then the same with decode steps as CUDA graphs (--graphs:
+# padded to sizes 2 and 3, every rank to one size, the NCCL collectives captured inside; each rank must capture without
+# an eager fallback) and a rank with no request (--idle-rank); then the perturbations: the combine in arrival order on
+# qwen3_moe_top8 at EP = 2, and a graph's pad mark covering a real row (pad_rows), must be caught; then verl-ep2 (its
+# replica takes the engine defaults: decode graphs on): verl's LLMServerManager builds a vexact replica with
 # rollout.expert_parallel_size=2 over two GPUs (packages/vexact-verl/tests/test_verl_rollout_expert_parallel.py, its
-# cuda case): tokens and logprobs through verl's client == one GPU == the trainer, before and after verl's weight
-# sync. The script sources scripts/staging/device_env.sh (the monorepo on
-# PYTHONPATH). GPUs: those of CUDA_VISIBLE_DEVICES, else all. Exit status 0 only if every case passed and the
-# perturbation was caught.
+# cuda case): tokens and logprobs through verl's client == one GPU == the trainer, before and after verl's weight sync.
+# The script sources scripts/staging/device_env.sh (the monorepo on PYTHONPATH). GPUs: those of CUDA_VISIBLE_DEVICES,
+# else all. Exit status 0 only if every case passed and every perturbation was caught.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 RESULTS=${1:?usage: ep_gpu.sh RESULTS_DIR}
@@ -47,8 +49,9 @@ check() {  # check NAME WORLD EXPECT ARGS...: EXPECT pass (exit 0) or caught (ex
     return
   fi
   local t0=$SECONDS
-  python3 -m torch.distributed.run --standalone --nproc_per_node "$world" -m contracts.ep_check --device cuda "$@" \
-    > "$log" 2>&1
+  # a bound per case: ranks whose collectives stop matching (in a captured graph above all) wait forever
+  timeout 900 python3 -m torch.distributed.run --standalone --nproc_per_node "$world" -m contracts.ep_check \
+    --device cuda "$@" > "$log" 2>&1
   local rc=$?
   grep -E '^\{' "$log" | tail -1
   if [ "$rc" = 0 ]; then
@@ -59,11 +62,23 @@ check() {  # check NAME WORLD EXPECT ARGS...: EXPECT pass (exit 0) or caught (ex
 }
 
 for world in 2 4; do
-  check "qwen3_moe-ep$world" "$world" "== one GPU == trainer" --checkpoint qwen3_moe --weights
-  check "deepseek_v3-ep$world" "$world" "== one GPU == trainer" --checkpoint deepseek_v3 --weights
-  check "qwen3_moe_top8-ep$world" "$world" "== one GPU == trainer" --checkpoint qwen3_moe_top8 --long
+  check "qwen3_moe-ep$world" "$world" "== one GPU == trainer" --checkpoint qwen3_moe --weights --eager
+  check "deepseek_v3-ep$world" "$world" "== one GPU == trainer" --checkpoint deepseek_v3 --weights --eager
+  check "qwen3_moe_top8-ep$world" "$world" "== one GPU == trainer" --checkpoint qwen3_moe_top8 --long --eager
 done
+for world in 2 4; do
+  check "graphs-qwen3_moe-ep$world" "$world" "graphs == one GPU == trainer" --checkpoint qwen3_moe --weights --graphs
+  check "graphs-deepseek_v3-ep$world" "$world" "graphs == one GPU == trainer" --checkpoint deepseek_v3 --weights \
+    --graphs
+  check "graphs-qwen3_moe_top8-ep$world" "$world" "graphs == one GPU == trainer" --checkpoint qwen3_moe_top8 --long \
+    --graphs
+  check "graphs-idle-rank-ep$world" "$world" "graphs, a rank with no request" --checkpoint qwen3_moe --graphs \
+    --idle-rank
+done
+check "graphs-driven-ep2" 2 "graphs, driven, == one GPU" --checkpoint qwen3_moe --weights --graphs --driven
 check "arrival-order-caught-ep2" 2 "arrival-order combine caught" --checkpoint qwen3_moe_top8 --long --perturb arrival
+check "graphs-pad-rows-caught-ep2" 2 "pad mark over a real row caught" --checkpoint qwen3_moe --graphs \
+  --perturb pad_rows
 
 if [ "$NGPU" -lt 2 ]; then
   result verl-ep2 SKIP "a verl EP=2 replica needs 2 GPUs; $NGPU visible"
