@@ -249,6 +249,30 @@ def run(
     }
 
 
+def capture_failure(fail_rank: int = 1) -> dict | None:
+    """A CUDA graph capture that fails on rank ``fail_rank`` only: every rank drops its graphs (a rank without them
+    would miss the eager collectives of another rank's later lazy capture). CPU has no graphs, so the runners get
+    stand-ins; a capture call that succeeds everywhere keeps them. Rank 0 returns each rank's state after each call."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    llm = ExpertParallelLLM(model=load_model(default_checkpoint("qwen3_moe")), cuda_graph_batch_sizes=GRAPH_SIZES,
+                            **ENGINE)  # fmt: skip
+    r = llm.runner
+    r._graphs[("decode", 3)] = None
+    r._uncaptured = {("decode", 2)}
+    states = []
+    for fails in (False, True):
+
+        def capture(fails=fails):
+            if fails and rank == fail_rank:
+                raise RuntimeError("an op that cannot be captured")
+
+        r._guarded(capture)
+        states.append(dict(graphs=len(r._graphs), uncaptured=len(r._uncaptured), error=r.graph_error))
+    got = [None] * world if rank == 0 else None
+    dist.gather_object(states, got, dst=0)
+    return None if rank else {"states": got}
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -259,7 +283,8 @@ def _spawned(rank: int, world: int, port: int, out: str, kwargs: dict) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    summary = run(**kwargs)
+    entry = kwargs.pop("entry", "run")  # run, or capture_failure
+    summary = {"run": run, "capture_failure": capture_failure}[entry](**kwargs)
     if rank == 0:
         with open(out, "w") as f:
             json.dump(summary, f)

@@ -93,6 +93,16 @@ def test_padded_steps_fail_when_a_rank_pads_to_its_own_size(cpu_only, tmp_path):
         ep_check.spawn(2, str(tmp_path / "ep.json"), checkpoint="qwen3_moe", graphs=True, perturb="own_size")
 
 
+def test_a_capture_that_fails_on_one_rank_drops_every_ranks_graphs(cpu_only, tmp_path):
+    """A capture that succeeds everywhere keeps the graphs; one that fails on rank 1 only leaves no rank with graphs
+    or graphs to capture lazily (whose warm-up collectives the failed rank would not join)."""
+    states = ep_check.spawn(2, str(tmp_path / "ep.json"), entry="capture_failure")["states"]
+    for rank, (kept, dropped) in enumerate(states):
+        assert kept == dict(graphs=1, uncaptured=1, error=None), (rank, kept)
+        assert dropped["graphs"] == 0 and dropped["uncaptured"] == 0 and dropped["error"], (rank, dropped)
+    assert "cannot be captured" in states[1][1]["error"] and "another rank" in states[0][1]["error"], states
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize(
     "checkpoint, flags",

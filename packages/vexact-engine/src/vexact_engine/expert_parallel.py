@@ -32,23 +32,24 @@ one-device API: it places each new request on the rank with the fewest unfinishe
 engine would give it, and sends each step's new requests to every rank, which steps; the finished requests come back to
 rank 0. The other ranks call :meth:`~ExpertParallelLLM.serve`.
 
-Padded decode steps (CUDA graphs): a step's shape is agreed before the model runs, in the one all-reduce that agrees
-on ``C`` (:meth:`_Exchange.begin_step`). When no rank has prompt tokens (every row a one-token row, as for a
-one-device padded step), every rank pads its decode rows to ``S``, the smallest of the engine's padded decode sizes
-(``EngineConfig.cuda_graph_batch_sizes``, the one-device defaults) that holds the largest rank's rows, and ``C = S``;
-a rank with nothing to run pads a step of pad rows only. Each rank then runs the one-device padded step
+Padded decode steps (CUDA graphs): a step's shape is agreed before the model runs, in the one all-reduce that agrees on
+``C`` (:meth:`_Exchange.begin_step`). When no rank has prompt tokens (every row a one-token row, as for a one-device
+padded step), every rank pads its decode rows to ``S``, the smallest of the engine's padded decode sizes
+(``EngineConfig.cuda_graph_batch_sizes``, the one-device defaults) that holds the largest rank's rows, and ``C = S``; a
+rank with nothing to run pads a step of pad rows only. Each rank then runs the one-device padded step
 (``cuda_graphs.py``: static buffers, pad rows that write no KV and are never sampled), replayed as the CUDA graph of
-size ``S`` on CUDA, the exchange's NCCL collectives captured inside it: every rank replays graphs of one size, so
-their collectives match. Pad rows are marked on the device (rows from ``_Exchange.live`` on: each rank's real row
-count, written before the replay) and go to no expert, and their combine reads no router output. Every kernel is
-row-invariant, so pad rows change no real row's bits. A step in which any rank has prompt tokens runs eagerly on
-every rank (``C`` its largest token count). The graphs are captured per rank at start-up and after every ``wake_up``
-(lazily by default, as for one device: every rank captures a size at the same step, since they agree on it), and
-``update_weights`` copies into the captured weights. ``enforce_eager=True`` turns padding off; on CPU, as for one
-device, steps run eagerly unless ``cuda_graph_batch_sizes`` is given, and then the padded steps run eagerly from the
-same static buffers and the same agreement (how the contract tests exercise them over gloo). Steps with prompt
-tokens have no graphs here (``cuda_graph_token_sizes`` is ignored), mixed steps run as one launch
-(``split_mixed_steps`` is off: every rank runs the model once a step) and the draw runs eagerly after the padded step.
+size ``S`` on CUDA, the exchange's NCCL collectives captured inside it: every rank replays graphs of one size, so their
+collectives match. Pad rows are marked on the device (rows from ``_Exchange.live`` on: each rank's real row count,
+written before the replay) and go to no expert, and their combine reads no router output. Every kernel is row-invariant,
+so pad rows change no real row's bits. A step in which any rank has prompt tokens runs eagerly on every rank (``C`` its
+largest token count). The graphs are captured per rank at start-up and after every ``wake_up`` (lazily by default, as
+for one device: every rank captures a size at the same step, since they agree on it), and ``update_weights`` copies into
+the captured weights. A capture that fails on one rank drops every rank's graphs (the steps then run padded and eagerly
+on every rank, with a replay's collectives). ``enforce_eager=True`` turns padding off; on CPU, as for one device, steps
+run eagerly unless ``cuda_graph_batch_sizes`` is given, and then the padded steps run eagerly from the same static
+buffers and the same agreement (how the contract tests exercise them over gloo). Steps with prompt tokens have no graphs
+here (``cuda_graph_token_sizes`` is ignored), mixed steps run as one launch (``split_mixed_steps`` is off: every rank
+runs the model once a step) and the draw runs eagerly after the padded step.
 
 Cost: the dispatch all-gathers every token to every rank and the return moves ``C * k`` fp32 rows per rank pair, most of
 them zeros; an all-to-all of the routed pairs alone moves less and is the next step for large ``W``. Scope: eager steps
@@ -60,6 +61,7 @@ experts, and sends each rank its own part only). Bucketed and broadcast weight s
 from __future__ import annotations
 
 import dataclasses
+import logging
 import re
 from pathlib import Path
 
@@ -77,6 +79,8 @@ from .llm import LLM
 from .model_runner import ModelRunner
 from .pipeline import _answer, _engine_settings, _host_model, _require_group, _StageError
 from .scheduler import ScheduledSeq
+
+log = logging.getLogger("vexact_engine")
 
 
 def expert_shard(num_experts: int, ep_size: int, rank: int) -> range:
@@ -298,6 +302,23 @@ class _ExpertRunner(ModelRunner):
             super()._capture(key, static, tokens, seqs, warmups)
         finally:
             ex.rows, ex.padded = saved
+
+    def _guarded(self, capture, *args) -> None:
+        # A rank whose capture fails runs its padded steps eagerly, with a replay's collectives; but a later lazy
+        # capture on the other ranks would run its warm-up's collectives eagerly without it. So a capture that fails
+        # on any rank drops every rank's graphs (one all-reduce a capture call, on every rank at the same point).
+        error, self.graph_error = self.graph_error, None
+        super()._guarded(capture, *args)
+        failed = self.graph_error is not None
+        if not self.exchange.any(failed):
+            self.graph_error = error
+        elif not failed:
+            self._graphs.clear()
+            self._draws.clear()
+            self._uncaptured.clear()
+            self._graph_pool = None
+            self.graph_error = "another rank's CUDA graph capture failed: steps run eagerly (padded) on every rank"
+            log.warning("%s", self.graph_error)
 
     @torch.no_grad()
     def idle(self, blocks: BlockManager) -> None:
