@@ -50,7 +50,14 @@ import torch.distributed as dist
 import vexact_kernels as vk
 from vexact_engine import LLM, ExpertParallelLLM, SamplingParams
 from vexact_engine import expert_parallel as ep
-from vexact_models import default_checkpoint, expected_tensors, load_model, random_model, tiny_checkpoint_config
+from vexact_models import (
+    AttentionMetadata,
+    default_checkpoint,
+    expected_tensors,
+    load_model,
+    random_model,
+    tiny_checkpoint_config,
+)
 from vexact_trainer import Actor, ActorConfig
 
 ENGINE = dict(max_num_seqs=3, max_num_batched_tokens=24, block_size=4, num_kv_blocks=40)
@@ -273,6 +280,29 @@ def capture_failure(fail_rank: int = 1) -> dict | None:
     return None if rank else {"states": got}
 
 
+def forward_at_start(forget: bool = False) -> dict | None:
+    """The model run the engine makes at start-up on CUDA when it sizes its KV cache from GPU memory
+    (``kv_cache.profile_activation_bytes``: one packed forward of ``max_num_batched_tokens`` tokens, before any
+    step), on every rank together right after construction; ``forget`` drops the exchange's agreement first (what
+    the replica did before agreeing it at start-up), which must fail. Rank 0 returns each rank's outcome."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    llm = ExpertParallelLLM(model=load_model(default_checkpoint("qwen3_moe")), **ENGINE)
+    if forget:
+        llm.runner.exchange.rows = 0
+    t, n = llm.config.max_num_batched_tokens, llm.config.max_num_seqs
+    meta = AttentionMetadata.packed([t // n + (1 if i < t % n else 0) for i in range(n)])
+    zeros = torch.zeros(t, dtype=torch.int64)
+    try:
+        with torch.no_grad(), vk.use_backend(llm.config.backend):
+            rows = llm.model(zeros, zeros, meta)
+        outcome = dict(ok=bool(torch.isfinite(rows).all()), rows=int(rows.shape[0]), error=None)
+    except RuntimeError as e:
+        outcome = dict(ok=False, rows=0, error=str(e))
+    got = [None] * world if rank == 0 else None
+    dist.gather_object(outcome, got, dst=0)
+    return None if rank else {"ranks": got}
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -284,7 +314,7 @@ def _spawned(rank: int, world: int, port: int, out: str, kwargs: dict) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     entry = kwargs.pop("entry", "run")  # run, or capture_failure
-    summary = {"run": run, "capture_failure": capture_failure}[entry](**kwargs)
+    summary = {"run": run, "capture_failure": capture_failure, "forward_at_start": forward_at_start}[entry](**kwargs)
     if rank == 0:
         with open(out, "w") as f:
             json.dump(summary, f)

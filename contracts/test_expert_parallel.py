@@ -138,6 +138,17 @@ def test_cuda_graph_decode_over_nccl_equals_one_gpu_and_trainer(checkpoint, flag
     assert all(p["graphs"] > 0 and p["graph_error"] is None for p in summary["padded"]), summary["padded"]
 
 
+def test_every_rank_runs_the_kv_sizing_forward_at_start(cpu_only, tmp_path):
+    """On CUDA without num_kv_blocks / kv_cache_bytes the engine runs the model once on max_num_batched_tokens tokens
+    at start-up to size its KV cache; every rank does so together, and the sparse layers' exchange must already be
+    agreed for it. Seen failing with the agreement dropped (as the replica had it before)."""
+    got = ep_check.spawn(2, str(tmp_path / "ep.json"), entry="forward_at_start")["ranks"]
+    assert [(r["ok"], r["rows"]) for r in got] == [(True, ep_check.ENGINE["max_num_batched_tokens"])] * 2, got
+    got = ep_check.spawn(2, str(tmp_path / "ep.json"), entry="forward_at_start", forget=True)["ranks"]
+    assert not any(r["ok"] for r in got), got
+    assert all("tokens in a sparse layer but the step's exchange holds 0 rows" in r["error"] for r in got), got
+
+
 def test_expert_parallel_contract_fails_with_a_combine_in_arrival_order(cpu_only, tmp_path):
     """Each token's expert rows added as an all-to-all delivers them (by rank, then expert) instead of in its own
     top-k order: the same workload and checkpoint as the passing top-8 case above, and the check sees it."""

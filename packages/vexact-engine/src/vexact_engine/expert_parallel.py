@@ -397,6 +397,10 @@ class ExpertParallelLLM(LLM):
             cuda_graph_token_sizes=(),
             seed=config.seed + self.rank,
         )
+        # The engine sizes its KV cache from GPU memory (no num_kv_blocks / kv_cache_bytes) by running the model once
+        # on max_num_batched_tokens tokens: every rank does so here, together, so the sparse layers' exchange is
+        # agreed for that run as for a step (the first step agrees its own)
+        self._sharded[0].exchange.begin_step(config.max_num_batched_tokens)
         super().__init__(model=model, tokenizer=tokenizer, config=config, mismatch=mismatch)
         # driven: the driver's view of the other ranks' requests
         self._outbox: dict[int, list] = {}  # rank -> (request id, token ids, seeded params) to add at the next step
