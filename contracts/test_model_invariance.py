@@ -96,6 +96,19 @@ def test_sequence_alone_equals_in_batch_of_64(model, device):
     assert all(torch.equal(a, b) for a, b in zip(batched, reordered, strict=True))
 
 
+# The MoE branch's bound on the mean, per family where it is not the 0.03 set from Qwen3-30B-A3B (below). gpt-oss: an
+# H200 measured a mean of 0.0413 (99th percentile 0.173) over the 1339 of 1642 tokens that route alike at
+# GPT_OSS_20B_2L. That is bf16 rounding, not a fast-path error: on CPU at that shape (its weights drawn there, this
+# test's batch) the invariant backend's bf16 forward is itself 0.027 from an fp32 forward of the same weights, the
+# fast backend 0.034, the two 0.036 apart (1252 tokens routing alike in all three); the fast attention alone
+# (transformers' eager: bf16 scores and softmax, the sink a last column; sinks and window checked against float64)
+# moves the mean 0.026, the fast MoE alone 0.007. The bound keeps Qwen3's headroom, about 1.5 times the H200's mean.
+# What it resolves there: a fast attention that ignores the window fails (244 tokens route alike, q99 0.43); one that
+# drops the sinks does not (mean 0.052: random sinks are small logits); the kernels' test_attention_window_sinks
+# holds each backend's sinks and window against float64 and fails on that one.
+MOE_MEAN_BOUND = {"gpt_oss": 0.06}
+
+
 def test_invariant_matches_fast_within_bf16_tolerance(model, device):
     lo, hi = LENGTHS["cpu" if device == "cpu" else "gpu"][1]
     prompts, responses = _batch(model.config.vocab_size, 8, lo, hi, seed=1)
@@ -122,4 +135,5 @@ def test_invariant_matches_fast_within_bf16_tolerance(model, device):
     err = torch.cat(errs)
     assert kept >= total // 2, f"only {kept} of {total} tokens route alike in both backends"
     q99 = err.quantile(0.99).item()
-    assert q99 < 0.25 and err.mean().item() < 0.03, (q99, err.mean().item(), kept, total)
+    bound = MOE_MEAN_BOUND.get(model.config.model_type, 0.03)
+    assert q99 < 0.25 and err.mean().item() < bound, (q99, err.mean().item(), bound, kept, total)

@@ -1,7 +1,8 @@
 """The Triton fused MoE with gpt-oss's experts: expert biases, interleaved gate/up, the clamped SwiGLU; forward and
-backward against float64 (transformers' GptOssExperts arithmetic) and the CPU reference (tolerance), rows invariant
-to the batch (torch.equal); the clamped SwiGLU alone; top-k-then-softmax routing on CUDA. On CPU through the
-interpreter at tiny shapes; on the GPU at real shapes (``-m gpu``).
+backward against float64 (transformers' GptOssExperts arithmetic; the backward's clamp decisions taken on the
+kernel's stored pre-activation) and the CPU reference (tolerance), rows invariant to the batch (torch.equal); the
+clamped SwiGLU alone; top-k-then-softmax routing on CUDA. On CPU through the interpreter at tiny shapes; on the GPU
+at real shapes (``-m gpu``).
 """
 
 from __future__ import annotations
@@ -48,23 +49,55 @@ def _cpu_reference(x, gu, gu_b, down, down_b, w, ids):
     )  # fmt: skip
 
 
-def _hf64(x, gu, gu_b, down, down_b, w, ids):
-    """GptOssExperts.forward's arithmetic, token by token, in float64 (differentiable)."""
+def _hf64(x, gu, gu_b, down, down_b, w, ids, decide=None):
+    """GptOssExperts.forward's arithmetic, token by token, in float64 (differentiable). ``decide [T, k, 2I]`` (None:
+    the float64 pre-activation itself): the pre-activation whose clamp decisions (pass, with the bounds, or clamp)
+    the float64 arithmetic takes."""
     out = []
     for t in range(x.shape[0]):
         acc = torch.zeros_like(x[t])
         for r in range(ids.shape[1]):
             e = int(ids[t, r])
             hh = x[t] @ gu[e] + gu_b[e]
-            gate, up = hh[::2].clamp(max=LIMIT), hh[1::2].clamp(-LIMIT, LIMIT)
+            d = hh.detach() if decide is None else decide[t, r].to(hh.dtype)
+            g, u, dg, du = hh[::2], hh[1::2], d[::2], d[1::2]
+            gate = torch.where(dg <= LIMIT, g, g.detach().clamp(max=LIMIT))
+            up = torch.where((du >= -LIMIT) & (du <= LIMIT), u, u.detach().clamp(-LIMIT, LIMIT))
             acc = acc + w[t, r] * (((up + 1) * gate * torch.sigmoid(gate * ALPHA)) @ down[e] + down_b[e])
         out.append(acc)
     return torch.stack(out)
 
 
-def _grads(fn, args, gy, dtype):
+def _passes(h):
+    """Where the clamps of a pre-activation ``[..., 2I]`` (gate even, up odd) pass the gradient: torch's ``clamp``,
+    bounds included."""
+    p = h[..., 1::2].abs().repeat_interleave(2, dim=-1) <= LIMIT
+    p[..., ::2] = h[..., ::2] <= LIMIT
+    return p
+
+
+def _hf64_preactivation(x, gu, gu_b, ids):
+    """``[T, k, 2I]`` in float64: ``x[t] @ gu[e] + gu_b[e]`` of each (token, rank)."""
+    x, gu, gu_b = x.double(), gu.double(), gu_b.double()
+    return torch.stack([torch.bmm(x[:, None], gu[ids[:, r]])[:, 0] + gu_b[ids[:, r]] for r in range(ids.shape[1])], 1)
+
+
+def _kernel_preactivation(x, gu, gu_b, down, down_b, w, ids):
+    """``[T, k, 2I]``: the pre-activation ``x @ gate_up + bias`` as the kernel's forward stores it (x's dtype), the
+    value its clamps decide on."""
+    from vexact_kernels.triton_ops import interpreting, moe
+
+    t, k = ids.shape
+    plan = moe._Plan(ids, gu.shape[0])
+    config = moe.pick_config(t * k, interpreting(), x.element_size())
+    extras = moe.Extras(gu_b, down_b, True, "clamped_swiglu")
+    h = moe._forward(x, gu.transpose(1, 2), down.transpose(1, 2), w.float(), plan, config, extras)[0]
+    return h[plan.inv].view(t, k, -1)
+
+
+def _grads(fn, args, gy, dtype, **kw):
     leaves = [a.detach().to(dtype).requires_grad_() for a in args[:6]]
-    fn(*leaves, args[6]).backward(gy.to(dtype))
+    fn(*leaves, args[6], **kw).backward(gy.to(dtype))
     return [a.grad for a in leaves]
 
 
@@ -88,7 +121,17 @@ def _check(args, tol_fwd, tol_bwd):
     gy = torch.randn(x.shape, generator=torch.Generator().manual_seed(9)).to(x.device)
     ours = _grads(_triton, args, gy, x.dtype)
     again = _grads(_triton, args, gy, x.dtype)
-    ref = _grads(_hf64, args, gy, torch.float64)
+    # The clamps' derivative is a step at the limit: a bf16 pre-activation may fall on the other side of +-7 from
+    # float64's (7.0068 rounds to 7.0 and passes) and each such flip moves dx by O(1) (t=96 below: 38 flips, dx off
+    # float64's by 3.14 at a scale of 33.7 on the H200, 3.137 in the CPU reference). So the reference takes the
+    # clamp decisions the kernel's forward took on its stored pre-activation, as transformers' bf16 GptOssExperts
+    # decides on its bf16 one, and float64 arithmetic otherwise; the decisions may differ from float64's only within
+    # one ulp of the limit (x's dtype, in [4, 8): 4 eps).
+    h = _kernel_preactivation(*args)
+    h64 = _hf64_preactivation(*args[:3], args[6])
+    flips = _passes(h.double()) != _passes(h64)
+    assert ((h64.abs() - LIMIT).abs()[flips] <= 4 * torch.finfo(x.dtype).eps).all()
+    ref = _grads(_hf64, args, gy, torch.float64, decide=h)
     names = ("x", "gate_up", "gate_up_bias", "down", "down_bias", "topk_weights")
     for name, a, b, r in zip(names, ours, again, ref, strict=True):
         assert torch.equal(a, b), name
@@ -119,8 +162,9 @@ def test_interpreted_defaults_are_the_plain_kernel():
 @interp
 def test_interpreted_clamped_swiglu_close_to_the_cpu_reference():
     g = torch.Generator().manual_seed(3)
-    gate, up = (torch.randn(5, 24, generator=g) * 6).requires_grad_(), (torch.randn(5, 24, generator=g) * 6)
-    up.requires_grad_()
+    gate, up = torch.randn(5, 24, generator=g) * 6, torch.randn(5, 24, generator=g) * 6
+    gate[0, :4], up[1, :4], up[2, :4] = LIMIT, LIMIT, -LIMIT  # at the bounds, where bf16 values often sit
+    gate.requires_grad_(), up.requires_grad_()
     from vexact_kernels.triton_ops.activation import triton_clamped_swiglu
 
     out = triton_clamped_swiglu(gate, up, ALPHA, LIMIT)
