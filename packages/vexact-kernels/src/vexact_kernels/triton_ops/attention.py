@@ -125,6 +125,14 @@ def _load_rows(P, rows, h, ok, offs_d, stride_t, stride_h, D: tl.constexpr):
 
 
 @triton.jit
+def _tile_seq(TILE_SEQ):
+    """This program's tile, KV head and the tile's sequence (``>= num_seqs``: a padding tile of the grid)."""
+    tile = tl.program_id(0)
+    kvh = tl.program_id(1)
+    return tile, kvh, tl.load(TILE_SEQ + tile)
+
+
+@triton.jit
 def _tile_rows(tile, kvh, b, TILE_ROW0, SEQ_QSTART, SEQ_NQ, SEQ_CTX, G: tl.constexpr, BLOCK_M: tl.constexpr):
     """The rows of forward tile ``tile`` (KV head ``kvh``, sequence ``b``): each row's token ``t`` in the sequence's
     queries and query head, whether it is a real query, its key position, the keys the tile needs (``hi``) and the
@@ -216,9 +224,7 @@ def _attn_fwd(
     WINDOW: tl.constexpr = False,
     HAS_SINKS: tl.constexpr = False,
 ):
-    tile = tl.program_id(0)
-    kvh = tl.program_id(1)
-    b = tl.load(TILE_SEQ + tile)
+    tile, kvh, b = _tile_seq(TILE_SEQ)
     if b >= num_seqs:
         return
     t, head, row_ok, qpos, hi, q_start = _tile_rows(tile, kvh, b, TILE_ROW0, SEQ_QSTART, SEQ_NQ, SEQ_CTX, G, BLOCK_M)
@@ -449,9 +455,7 @@ def _attn_combine(
 ):
     """The split launch's second half: each row folds its splits' partials in split order with :func:`_fold`, as the
     one-program forward does in registers, and writes the output. Same tile table as the forward."""
-    tile = tl.program_id(0)
-    kvh = tl.program_id(1)
-    b = tl.load(TILE_SEQ + tile)
+    tile, kvh, b = _tile_seq(TILE_SEQ)
     if b >= num_seqs:
         return
     t, head, row_ok, qpos, hi, q_start = _tile_rows(tile, kvh, b, TILE_ROW0, SEQ_QSTART, SEQ_NQ, SEQ_CTX, G, BLOCK_M)

@@ -33,6 +33,7 @@ from .attention import (
     _last_dim_contiguous,
     _load_rows,
     _mma,
+    _tile_seq,
     _tiles,
 )
 
@@ -113,9 +114,7 @@ def _attn_bwd_dkdv(
     UPCAST: tl.constexpr,
     WINDOW: tl.constexpr = False,
 ):
-    tile = tl.program_id(0)
-    kvh = tl.program_id(1)
-    b = tl.load(TILE_SEQ + tile)
+    tile, kvh, b = _tile_seq(TILE_SEQ)
     if b >= num_seqs:
         return
     k0 = tl.load(TILE_K0 + tile)
@@ -201,9 +200,7 @@ def _attn_bwd_dq(
     UPCAST: tl.constexpr,
     WINDOW: tl.constexpr = False,
 ):
-    tile = tl.program_id(0)
-    kvh = tl.program_id(1)
-    b = tl.load(TILE_SEQ + tile)
+    tile, kvh, b = _tile_seq(TILE_SEQ)
     if b >= num_seqs:
         return
     row0 = tl.load(TILE_ROW0 + tile)
