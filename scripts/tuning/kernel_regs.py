@@ -164,6 +164,16 @@ def scenarios(arch: int):
         ids = (torch.arange(t * k) % experts).view(t, k)
         return lambda: mo.triton_fused_moe(x, w13, w2, torch.ones(t, k), ids)
 
+    def moe_wgrad(t, experts=128, k=8, inter=768):  # the backward's expert weight and bias gradients
+        plan = mo._Plan((torch.arange(t * k) % experts).view(t, k), experts)
+        x, dy = torch.empty(t, H, **bf), torch.empty(t * k, H, **bf)
+        dh, act = torch.empty(t * k, 2 * inter, **bf), torch.empty(t * k, inter, **bf)
+        return lambda: (
+            mo._grouped_wgrad(dy, act, None, plan, torch.bfloat16),
+            mo._grouped_wgrad(dh, x, plan.tok, plan, torch.bfloat16),
+            mo._bias_grad(dy, plan, torch.bfloat16),
+        )
+
     def rotary(t):
         q, k = torch.empty(t, HQ, D, **bf), torch.empty(t, HKV, D, **bf)
         cos = torch.ones(4096, D // 2)
@@ -209,6 +219,7 @@ def scenarios(arch: int):
     yield "norm", "add_rms_norm T=256", add_norm(256)
     yield "norm", "rms_norm backward T=4096", norm_bwd(4096)
     yield "other", "fused MoE T=256 (128 experts, k = 8)", moe(256)
+    yield "other", "fused MoE backward, weight gradients T=256", moe_wgrad(256)
     yield "other", "rotary q/k T=256", rotary(256)
     yield "other", "silu_and_mul T=256", silu(256)
     yield "other", "write_kv T=256", write_kv(256)
