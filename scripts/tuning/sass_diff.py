@@ -2,7 +2,7 @@
 machine without one.
 
     python scripts/tuning/sass_diff.py [--base main] [--arch 90] [--only attention,...] [--match 'packed'] \
-        [--keep DIR]
+        [--keep DIR] [--runs N]
 
 A refactor of a kernel (a ``@triton.jit`` helper called from two places, a reordered expression) may or may not
 change what ptxas emits; the golden fixtures recorded on GPUs hold only if it does not. This script answers that
@@ -19,8 +19,11 @@ bits), and nothing that depends on file paths or source lines (Triton's line inf
 sections, which ``-sass`` does not print; the cubins' bytes therefore differ when only lines move, the SASS does not).
 
 Prints one line per kernel that differs or is missing on one side, then ``N kernels compared, M identical``; exits 1
-unless every kernel's SASS is identical. ``--keep DIR`` keeps the two dumps (``DIR/base``, ``DIR/head``) for a
-``diff -r``.
+unless every kernel's SASS is identical. ``--keep DIR`` keeps the dumps (``DIR/base.0``, ``DIR/head.0``, ...) for a
+``diff -r``. At sm_90 two compiles of one source give the same SASS; at sm_100 (Triton 3.6's ptxas-blackwell) some
+kernels' register numbering changes from one compile to the next. ``--runs N`` compiles each side N times and takes a
+kernel as identical when one of the base's compiles and one of the working tree's are the same bytes (a kernel whose
+compiles differ is marked unstable where it differs).
 """
 
 from __future__ import annotations
@@ -89,25 +92,33 @@ def _slug(s: str) -> str:
     return re.sub(r"[^A-Za-z0-9=]+", "_", s).strip("_")
 
 
-def compare(a: str, b: str) -> tuple[int, int, list[str]]:
-    """(kernels compared, identical, a line per difference) of two dumps."""
-    names = sorted(set(os.listdir(a)) | set(os.listdir(b)))
+def _read(folder: str) -> dict[str, bytes]:
+    out = {}
+    for name in os.listdir(folder):
+        with open(os.path.join(folder, name), "rb") as f:
+            out[name] = f.read()
+    return out
+
+
+def compare(base: list[str], head: list[str]) -> tuple[int, int, list[str]]:
+    """(kernels compared, identical, a line per difference) of the dumps of the two sides (one or more compiles each).
+    A kernel is identical when a compile of the base and one of the head give the same bytes."""
+    a, b = [_read(d) for d in base], [_read(d) for d in head]
+    names = sorted(set().union(*a, *b))
     same, lines = 0, []
     for name in names:
-        pa, pb = os.path.join(a, name), os.path.join(b, name)
-        if not (os.path.exists(pa) and os.path.exists(pb)):
-            lines.append(f"only in {'base' if os.path.exists(pa) else 'head'}: {name}")
-            continue
-        with open(pa, "rb") as fa, open(pb, "rb") as fb:
-            da, db = fa.read(), fb.read()
-        if name.endswith(".error"):
-            lines.append(f"not compiled on either side: {name}: {da.decode().strip()}")
-        elif da == db:
+        va, vb = {d[name] for d in a if name in d}, {d[name] for d in b if name in d}
+        unstable = " (unstable: its compiles differ)" if max(len(va), len(vb)) > 1 else ""
+        if not (va and vb):
+            lines.append(f"only in {'base' if va else 'head'}: {name}")
+        elif name.endswith(".error"):
+            lines.append(f"not compiled on either side: {name}: {next(iter(va)).decode().strip()}")
+        elif va & vb:
             same += 1
         else:
-            la, lb = da.decode().splitlines(), db.decode().splitlines()
+            la, lb = next(iter(va)).decode().splitlines(), next(iter(vb)).decode().splitlines()
             first = next((i for i, (x, y) in enumerate(zip(la, lb, strict=False)) if x != y), min(len(la), len(lb)))
-            lines.append(f"differs: {name} ({len(la)} vs {len(lb)} lines, first at line {first + 1})")
+            lines.append(f"differs: {name} ({len(la)} vs {len(lb)} lines, first at line {first + 1}){unstable}")
     return sum(not n.endswith(".error") for n in names), same, lines
 
 
@@ -117,7 +128,8 @@ def main() -> int:
     ap.add_argument("--arch", type=int, default=90, help="compute capability x 10: 80 (A100), 90 (H100/H200), 100")
     ap.add_argument("--only", default="", help="comma-separated groups: logprobs, linear, attention, norm, other")
     ap.add_argument("--match", default="", help="only the calls whose name contains this")
-    ap.add_argument("--keep", default="", help="a folder to keep the two dumps in (base/, head/)")
+    ap.add_argument("--keep", default="", help="a folder to keep the dumps in (base.0/, head.0/, ...)")
+    ap.add_argument("--runs", type=int, default=1, help="compiles of each side (sm_100: 3 or more)")
     ap.add_argument("--dump", nargs=2, metavar=("SRC", "OUT"), help=argparse.SUPPRESS)  # one side, in a subprocess
     args = ap.parse_args()
     if args.dump:
@@ -130,18 +142,21 @@ def main() -> int:
     subprocess.run(["tar", "-x", "-C", base_tree], input=archive.stdout, check=True)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TRITON_INTERPRET")}
     flags = ["--arch", str(args.arch), "--only", args.only, "--match", args.match]
-    for side, src in (("base", os.path.join(base_tree, KERNELS_SRC)), ("head", os.path.join(ROOT, KERNELS_SRC))):
-        out = os.path.join(work, side)
-        if os.path.isdir(out):
-            for name in os.listdir(out):
-                os.remove(os.path.join(out, name))
-        cmd = [sys.executable, os.path.abspath(__file__), "--dump", src, out, *flags]
-        subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL)
-    total, same, lines = compare(os.path.join(work, "base"), os.path.join(work, "head"))
+    dumps: dict[str, list[str]] = {"base": [], "head": []}
+    for run in range(max(1, args.runs)):
+        for side, src in (("base", os.path.join(base_tree, KERNELS_SRC)), ("head", os.path.join(ROOT, KERNELS_SRC))):
+            out = os.path.join(work, f"{side}.{run}")
+            if os.path.isdir(out):
+                for name in os.listdir(out):
+                    os.remove(os.path.join(out, name))
+            cmd = [sys.executable, os.path.abspath(__file__), "--dump", src, out, *flags]
+            subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL)
+            dumps[side].append(out)
+    total, same, lines = compare(dumps["base"], dumps["head"])
     print("\n".join(lines))
     print(f"{total} kernels compared ({args.base} vs working tree, sm_{args.arch}), {same} identical")
     if args.keep:
-        print(f"dumps: {work}/base, {work}/head")
+        print(f"dumps: {work}/base.*, {work}/head.*")
     return 0 if lines == [] and total > 0 else 1
 
 
