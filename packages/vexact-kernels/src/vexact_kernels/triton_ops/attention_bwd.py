@@ -138,8 +138,8 @@ def _attn_bwd_dkdv(
         head = kvh * G + offs_m % G
         ok = t < n
         q_rows = (s0 + t).to(tl.int64)
-        # written out, not through _load_rows: through it, the MLA shape's (Dk 192) spills land in other stack slots
-        # (scripts/tuning/sass_diff.py), and the golden fixtures hold this kernel's SASS
+        # written out, not through _load_rows: through it, the MLA shape's (Dk 192) spills land in other stack slots,
+        # a different SASS (scripts/tuning/sass_diff.py) from the one the GPU fixtures were recorded with
         q = tl.load(
             Q + q_rows[:, None] * stride_qt + head[:, None] * stride_qh + offs_dk[None, :],
             mask=ok[:, None] & (offs_dk[None, :] < DK),
