@@ -118,27 +118,28 @@ def scenarios(arch: int):
         a, w = torch.empty(m, k, **bf), torch.empty(n, k, **bf)
         return lambda: mm.matmul(a, w)
 
-    def paged(batch, ctx, q_per_seq):
+    def paged(batch, ctx, q_per_seq, window=None, sinks=None):
         pages = -(-ctx // PAGE)
         q = torch.empty(batch * q_per_seq, HQ, D, **bf)
         kc = torch.empty(batch * pages, PAGE, HKV, D, **bf)
         tables = torch.arange(batch * pages, dtype=torch.int32).view(batch, pages)
         lens = torch.full((batch,), ctx, dtype=torch.int32)
         cu = torch.arange(0, batch * q_per_seq + 1, q_per_seq, dtype=torch.int32)
-        return lambda: at.attention_paged(q, kc, kc, tables, lens, cu)
+        return lambda: at.attention_paged(q, kc, kc, tables, lens, cu, window=window, sinks=sinks)
 
-    def packed(seqs, length):
+    def packed(seqs, length, window=None, sinks=None):
         q = torch.empty(seqs * length, HQ, D, **bf)
         k = torch.empty(seqs * length, HKV, D, **bf)
         cu = torch.arange(0, seqs * length + 1, length, dtype=torch.int32)
-        return lambda: atb.attention_packed(q, k, k, cu)
+        return lambda: atb.attention_packed(q, k, k, cu, window=window, sinks=sinks)
 
-    def packed_bwd(seqs, length, hq=HQ, hkv=HKV, dk=D, dv=D):
+    def packed_bwd(seqs, length, hq=HQ, hkv=HKV, dk=D, dv=D, window=None):
         t = seqs * length
         q, k = torch.empty(t, hq, dk, **bf), torch.empty(t, hkv, dk, **bf)
         v, o = torch.empty(t, hkv, dv, **bf), torch.empty(t, hq, dv, **bf)
         cu = torch.arange(0, t + 1, length, dtype=torch.int32)
-        return lambda: atb._bwd(q, k, v, o, torch.zeros(t, hq), o, cu, dk**-0.5)
+        layout = atb.packed_layout(cu, torch.device("cpu"), hq // hkv, t)
+        return lambda: atb._bwd(q, k, v, o, torch.zeros(t, hq), o, layout, dk**-0.5, window)
 
     def norm(t):
         x, w = torch.empty(t, H, **bf), torch.ones(H, **bf)
@@ -162,6 +163,16 @@ def scenarios(arch: int):
         w13, w2 = torch.empty(experts, 2 * inter, H, **bf), torch.empty(experts, H, inter, **bf)
         ids = (torch.arange(t * k) % experts).view(t, k)
         return lambda: mo.triton_fused_moe(x, w13, w2, torch.ones(t, k), ids)
+
+    def moe_wgrad(t, experts=128, k=8, inter=768):  # the backward's expert weight and bias gradients
+        plan = mo._Plan((torch.arange(t * k) % experts).view(t, k), experts)
+        x, dy = torch.empty(t, H, **bf), torch.empty(t * k, H, **bf)
+        dh, act = torch.empty(t * k, 2 * inter, **bf), torch.empty(t * k, inter, **bf)
+        return lambda: (
+            mo._grouped_wgrad(dy, act, None, plan, torch.bfloat16),
+            mo._grouped_wgrad(dh, x, plan.tok, plan, torch.bfloat16),
+            mo._bias_grad(dy, plan, torch.bfloat16),
+        )
 
     def rotary(t):
         q, k = torch.empty(t, HQ, D, **bf), torch.empty(t, HKV, D, **bf)
@@ -194,6 +205,13 @@ def scenarios(arch: int):
     yield "attention", "prefill chunk 1024", paged(1, 1024, 1024)
     yield "attention", "packed 8 x 512", packed(8, 512)
     yield "attention", "packed 8 x 512, backward", packed_bwd(8, 512)
+    # gpt-oss's sliding-window layers: a window of 128 keys and a sink logit per head
+    sinks = torch.zeros(HQ, **bf)
+    yield "attention", "decode batch 1 ctx 4096, window + sinks", paged(1, 4096, 1, 128, sinks)
+    yield "attention", "decode batch 256 ctx 512, window + sinks", paged(256, 512, 1, 128, sinks)
+    yield "attention", "prefill chunk 1024, window + sinks", paged(1, 1024, 1024, 128, sinks)
+    yield "attention", "packed 8 x 512, window + sinks", packed(8, 512, 128, sinks)
+    yield "attention", "packed 8 x 512, window, backward", packed_bwd(8, 512, window=128)
     # Moonlight / DeepSeek-V3 MLA in its expanded form: 16 heads, q/k head dim 192, v head dim 128
     yield "attention", "MLA packed 8 x 512, backward", packed_bwd(8, 512, hq=16, hkv=16, dk=192, dv=128)
     yield "norm", "rms_norm T=256", norm(256)
@@ -201,10 +219,33 @@ def scenarios(arch: int):
     yield "norm", "add_rms_norm T=256", add_norm(256)
     yield "norm", "rms_norm backward T=4096", norm_bwd(4096)
     yield "other", "fused MoE T=256 (128 experts, k = 8)", moe(256)
+    yield "other", "fused MoE backward, weight gradients T=256", moe_wgrad(256)
     yield "other", "rotary q/k T=256", rotary(256)
     yield "other", "silu_and_mul T=256", silu(256)
     yield "other", "write_kv T=256", write_kv(256)
     yield "other", "log_softmax + gumbel argmax T=16 (fast backend's draw)", logits_ops(16)
+
+
+def install_stand_in(arch: int, fused_combine: bool = False) -> None:
+    """Make every kernel launch a compile for ``sm_<arch>`` (recorded in ``COMPILED``), and answer the host's
+    GPU-only checks for the stand-in device (alignment still checked). ``fused_combine``: the split launches of the
+    matmul and the attention fold their splits in the launch (their tile counts on CPU), as on a GPU by default;
+    else they take the two-launch path (a combine kernel)."""
+    from vexact_kernels.triton_ops import logprobs as lp
+    from vexact_kernels.triton_ops import matmul as mm
+
+    driver.set_active(StandInDriver(arch))
+    JITFunction.run = _compile_only(JITFunction.run)
+
+    def aligned(t):
+        return t.stride(-1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0
+
+    mm._tma_ok = lambda a, b_t: arch >= 90 and aligned(a) and aligned(b_t)
+    lp._cuda_major = lambda device: arch // 10
+    mm._num_sms = lambda device: SM_COUNT
+    if not hasattr(mm, "_gpu_tile_counters"):
+        mm._gpu_tile_counters = mm._tile_counters
+    mm._tile_counters = mm._gpu_tile_counters if fused_combine else (lambda device, tiles: None)
 
 
 def main() -> int:
@@ -213,20 +254,7 @@ def main() -> int:
     ap.add_argument("--only", default="", help="comma-separated groups: logprobs, linear, attention, norm, other")
     ap.add_argument("--match", default="", help="only the calls whose name contains this, e.g. 'draw T=256'")
     args = ap.parse_args()
-    from vexact_kernels.triton_ops import logprobs as lp
-    from vexact_kernels.triton_ops import matmul as mm
-
-    driver.set_active(StandInDriver(args.arch))
-    JITFunction.run = _compile_only(JITFunction.run)
-
-    # the GPU-only host checks, answered for the stand-in device (alignment still checked)
-    def aligned(t):
-        return t.stride(-1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0
-
-    mm._tma_ok = lambda a, b_t: args.arch >= 90 and aligned(a) and aligned(b_t)
-    lp._cuda_major = lambda device: args.arch // 10
-    mm._num_sms = lambda device: SM_COUNT
-    mm._tile_counters = lambda device, tiles: None
+    install_stand_in(args.arch)
     groups = {g for g in args.only.split(",") if g}
     print(f"Triton {triton.__version__}, target sm_{args.arch}; registers per thread, stack (spills) and shared "
           f"memory in bytes per kernel as compiled for each call")  # fmt: skip

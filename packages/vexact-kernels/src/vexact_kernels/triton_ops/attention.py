@@ -114,6 +114,25 @@ def _mma(a, b, acc, UPCAST: tl.constexpr):
 
 
 @triton.jit
+def _load_rows(P, rows, h, ok, offs_d, stride_t, stride_h, D: tl.constexpr):
+    """``P[rows, h, :D]`` as a ``[rows, BLOCK_D]`` tile (``h``: a head per row, ``[BLOCK, 1]``, or one for all); zeros
+    where ``ok`` is False and past ``D``."""
+    return tl.load(
+        P + rows[:, None] * stride_t + h * stride_h + offs_d[None, :],
+        mask=ok[:, None] & (offs_d[None, :] < D),
+        other=0.0,
+    )
+
+
+@triton.jit
+def _tile_seq(TILE_SEQ):
+    """This program's tile, KV head and the tile's sequence (``>= num_seqs``: a padding tile of the grid)."""
+    tile = tl.program_id(0)
+    kvh = tl.program_id(1)
+    return tile, kvh, tl.load(TILE_SEQ + tile)
+
+
+@triton.jit
 def _tile_rows(tile, kvh, b, TILE_ROW0, SEQ_QSTART, SEQ_NQ, SEQ_CTX, G: tl.constexpr, BLOCK_M: tl.constexpr):
     """The rows of forward tile ``tile`` (KV head ``kvh``, sequence ``b``): each row's token ``t`` in the sequence's
     queries and query head, whether it is a real query, its key position, the keys the tile needs (``hi``) and the
@@ -205,9 +224,7 @@ def _attn_fwd(
     WINDOW: tl.constexpr = False,
     HAS_SINKS: tl.constexpr = False,
 ):
-    tile = tl.program_id(0)
-    kvh = tl.program_id(1)
-    b = tl.load(TILE_SEQ + tile)
+    tile, kvh, b = _tile_seq(TILE_SEQ)
     if b >= num_seqs:
         return
     t, head, row_ok, qpos, hi, q_start = _tile_rows(tile, kvh, b, TILE_ROW0, SEQ_QSTART, SEQ_NQ, SEQ_CTX, G, BLOCK_M)
@@ -232,11 +249,7 @@ def _attn_fwd(
     offs_dk = tl.arange(0, BLOCK_DK)
     offs_dv = tl.arange(0, BLOCK_DV)
     q_rows = (q_start + t).to(tl.int64)
-    q = tl.load(
-        Q + q_rows[:, None] * stride_qt + head[:, None] * stride_qh + offs_dk[None, :],
-        mask=row_ok[:, None] & (offs_dk[None, :] < DK),
-        other=0.0,
-    )
+    q = _load_rows(Q, q_rows, head[:, None], row_ok, offs_dk, stride_qt, stride_qh, DK)
 
     offs_n = tl.arange(0, BLOCK_N)
     tb = TABLE + b.to(tl.int64) * stride_tb
@@ -303,7 +316,7 @@ def _attn_fwd(
             n_splits -= klo // SPLIT_N
         if FUSED_COMBINE and n_splits == 1:  # one split: its partial is the result (the fold takes it as it is)
             _store_out(Out, LSE, m_i, l_i, acc, q_rows, head, row_ok, offs_dv, stride_ot, stride_oh, stride_lt, DV,
-                       STORE_LSE)  # fmt: skip
+                       STORE_LSE, True)  # fmt: skip
         else:
             prow = split.to(tl.int64) * part_stride + q_rows * stride_lt + head
             tl.store(PM + prow, m_i, mask=row_ok)
@@ -322,7 +335,7 @@ def _attn_fwd(
                         BLOCK_M, BLOCK_DV, SPLIT_N, True, fpos, klo, fs, WINDOW,
                     )  # fmt: skip
                     _store_out(Out, LSE, m_run, l_run, acc_run, q_rows, head, row_ok, offs_dv, stride_ot, stride_oh,
-                               stride_lt, DV, STORE_LSE)  # fmt: skip
+                               stride_lt, DV, STORE_LSE, True)  # fmt: skip
                     tl.store(count, 0)
     else:
         s0 = (top - 1) - (top - 1) % SPLIT_N  # the last split, folded after the loop
@@ -330,21 +343,18 @@ def _attn_fwd(
             m_run, l_run, acc_run = _fold_window(m_run, l_run, acc_run, m_i, l_i, acc, s0, qpos, fpos, fs, SPLIT_N)
         else:  # the code without a window
             m_run, l_run, acc_run = _fold(m_run, l_run, acc_run, m_i, l_i, acc, s0 == 0, s0 <= qpos)
-        out = acc_run / l_run[:, None]
-        tl.store(
-            Out + q_rows[:, None] * stride_ot + head[:, None] * stride_oh + offs_dv[None, :],
-            out.to(Out.dtype.element_ty),
-            mask=row_ok[:, None] & (offs_dv[None, :] < DV),
-        )
-        if STORE_LSE:
-            tl.store(LSE + q_rows * stride_lt + head, m_run + tl.math.log2(l_run), mask=row_ok)
+        _store_out(Out, LSE, m_run, l_run, acc_run, q_rows, head, row_ok, offs_dv, stride_ot, stride_oh, stride_lt, DV,
+                   STORE_LSE, False)  # fmt: skip
 
 
 @triton.jit
 def _store_out(Out, LSE, m, lsum, acc, q_rows, head, row_ok, offs_dv, stride_ot, stride_oh, stride_lt, DV: tl.constexpr,
-               STORE_LSE: tl.constexpr):  # fmt: skip
-    """A split launch's output rows from their folded ``(m, lsum, acc)``: ``acc / lsum`` cast once; the base-2 LSE."""
-    lsum = tl.where(row_ok, lsum, 1.0)  # rows past the tile's queries (never stored) divide by 1, not 0
+               STORE_LSE: tl.constexpr, SPLIT: tl.constexpr):  # fmt: skip
+    """The output rows from their folded ``(m, lsum, acc)``: ``acc / lsum`` cast once; the base-2 LSE. ``SPLIT``: the
+    split launch's rows past the tile's queries (never stored) hold no key and divide by 1, not 0 (the one-program
+    forward's attend to key 0)."""
+    if SPLIT:
+        lsum = tl.where(row_ok, lsum, 1.0)
     out = acc / lsum[:, None]
     tl.store(
         Out + q_rows[:, None] * stride_ot + head[:, None] * stride_oh + offs_dv[None, :],
@@ -445,9 +455,7 @@ def _attn_combine(
 ):
     """The split launch's second half: each row folds its splits' partials in split order with :func:`_fold`, as the
     one-program forward does in registers, and writes the output. Same tile table as the forward."""
-    tile = tl.program_id(0)
-    kvh = tl.program_id(1)
-    b = tl.load(TILE_SEQ + tile)
+    tile, kvh, b = _tile_seq(TILE_SEQ)
     if b >= num_seqs:
         return
     t, head, row_ok, qpos, hi, q_start = _tile_rows(tile, kvh, b, TILE_ROW0, SEQ_QSTART, SEQ_NQ, SEQ_CTX, G, BLOCK_M)
@@ -459,7 +467,7 @@ def _attn_combine(
         False, fpos, klo, fs, WINDOW,
     )  # fmt: skip
     _store_out(Out, LSE, m_run, l_run, acc_run, q_rows, head, row_ok, offs_dv, stride_ot, stride_oh, stride_lt, DV,
-               STORE_LSE)  # fmt: skip
+               STORE_LSE, True)  # fmt: skip
 
 
 @triton.jit

@@ -24,7 +24,18 @@ import triton
 import triton.language as tl
 
 from . import interpreting, next_pow2
-from .attention import _LOG2E, _PACKED_PAGE, _check_shapes, _fwd, _fwd_tiles, _last_dim_contiguous, _mma, _tiles
+from .attention import (
+    _LOG2E,
+    _PACKED_PAGE,
+    _check_shapes,
+    _fwd,
+    _fwd_tiles,
+    _last_dim_contiguous,
+    _load_rows,
+    _mma,
+    _tile_seq,
+    _tiles,
+)
 
 # Backward: only determinism depends on these (not the forward's bits); may be tuned.
 BWD_BLOCK_M = 64
@@ -37,17 +48,19 @@ BWD_NUM_STAGES = 2
 def _load_kv(K, V, k_rows, kvh, kin, offs_dk, offs_dv, stride_kt, stride_kh, stride_vt, stride_vh, DK: tl.constexpr,
              DV: tl.constexpr):  # fmt: skip
     """The K and V rows ``k_rows`` of KV head ``kvh`` (zeros where ``kin`` is False or past the head dims)."""
-    k = tl.load(
-        K + k_rows[:, None] * stride_kt + kvh * stride_kh + offs_dk[None, :],
-        mask=kin[:, None] & (offs_dk[None, :] < DK),
-        other=0.0,
-    )
-    v = tl.load(
-        V + k_rows[:, None] * stride_vt + kvh * stride_vh + offs_dv[None, :],
-        mask=kin[:, None] & (offs_dv[None, :] < DV),
-        other=0.0,
-    )
+    k = _load_rows(K, k_rows, kvh, kin, offs_dk, stride_kt, stride_kh, DK)
+    v = _load_rows(V, k_rows, kvh, kin, offs_dv, stride_vt, stride_vh, DV)
     return k, v
+
+
+@triton.jit
+def _store_rows(P, rows, h, x, ok, offs_d, stride_t, stride_h, D: tl.constexpr):
+    """``P[rows, h, :D] = x`` cast to ``P``'s type, where ``ok`` (``h`` as in :func:`_load_rows`)."""
+    tl.store(
+        P + rows[:, None] * stride_t + h * stride_h + offs_d[None, :],
+        x.to(P.dtype.element_ty),
+        mask=ok[:, None] & (offs_d[None, :] < D),
+    )
 
 
 @triton.jit
@@ -101,9 +114,7 @@ def _attn_bwd_dkdv(
     UPCAST: tl.constexpr,
     WINDOW: tl.constexpr = False,
 ):
-    tile = tl.program_id(0)
-    kvh = tl.program_id(1)
-    b = tl.load(TILE_SEQ + tile)
+    tile, kvh, b = _tile_seq(TILE_SEQ)
     if b >= num_seqs:
         return
     k0 = tl.load(TILE_K0 + tile)
@@ -127,6 +138,8 @@ def _attn_bwd_dkdv(
         head = kvh * G + offs_m % G
         ok = t < n
         q_rows = (s0 + t).to(tl.int64)
+        # written out, not through _load_rows: through it, the MLA shape's (Dk 192) spills land in other stack slots,
+        # a different SASS (scripts/tuning/sass_diff.py) from the one the GPU fixtures were recorded with
         q = tl.load(
             Q + q_rows[:, None] * stride_qt + head[:, None] * stride_qh + offs_dk[None, :],
             mask=ok[:, None] & (offs_dk[None, :] < DK),
@@ -146,16 +159,8 @@ def _attn_bwd_dkdv(
         ds = p * (dp - delta[:, None])
         dk = _mma(tl.trans(ds.to(q.dtype)), q, dk, UPCAST)
     dk = dk * sm_scale
-    tl.store(
-        DKO + k_rows[:, None] * stride_dkt + kvh * stride_dkh + offs_dk[None, :],
-        dk.to(DKO.dtype.element_ty),
-        mask=kin[:, None] & (offs_dk[None, :] < DK),
-    )
-    tl.store(
-        DVO + k_rows[:, None] * stride_dvt + kvh * stride_dvh + offs_dv[None, :],
-        dv.to(DVO.dtype.element_ty),
-        mask=kin[:, None] & (offs_dv[None, :] < DV),
-    )
+    _store_rows(DKO, k_rows, kvh, dk, kin, offs_dk, stride_dkt, stride_dkh, DK)
+    _store_rows(DVO, k_rows, kvh, dv, kin, offs_dv, stride_dvt, stride_dvh, DV)
 
 
 @triton.jit
@@ -195,9 +200,7 @@ def _attn_bwd_dq(
     UPCAST: tl.constexpr,
     WINDOW: tl.constexpr = False,
 ):
-    tile = tl.program_id(0)
-    kvh = tl.program_id(1)
-    b = tl.load(TILE_SEQ + tile)
+    tile, kvh, b = _tile_seq(TILE_SEQ)
     if b >= num_seqs:
         return
     row0 = tl.load(TILE_ROW0 + tile)
@@ -212,16 +215,8 @@ def _attn_bwd_dq(
     offs_dk = tl.arange(0, BLOCK_DK)
     offs_dv = tl.arange(0, BLOCK_DV)
     q_rows = (s0 + t).to(tl.int64)
-    q = tl.load(
-        Q + q_rows[:, None] * stride_qt + head[:, None] * stride_qh + offs_dk[None, :],
-        mask=ok[:, None] & (offs_dk[None, :] < DK),
-        other=0.0,
-    )
-    do = tl.load(
-        DO + q_rows[:, None] * stride_dot + head[:, None] * stride_doh + offs_dv[None, :],
-        mask=ok[:, None] & (offs_dv[None, :] < DV),
-        other=0.0,
-    )
+    q = _load_rows(Q, q_rows, head[:, None], ok, offs_dk, stride_qt, stride_qh, DK)
+    do = _load_rows(DO, q_rows, head[:, None], ok, offs_dv, stride_dot, stride_doh, DV)
     lse = tl.load(LSE + q_rows * stride_lt + head, mask=ok, other=0.0)
     delta = tl.load(DELTA + q_rows * stride_lt + head, mask=ok, other=0.0)
     dq = tl.zeros([BLOCK_M, BLOCK_DK], tl.float32)
@@ -241,11 +236,7 @@ def _attn_bwd_dq(
         ds = p * (dp - delta[:, None])
         dq = _mma(ds.to(k.dtype), k, dq, UPCAST)
     dq = dq * sm_scale
-    tl.store(
-        DQO + q_rows[:, None] * stride_dqt + head[:, None] * stride_dqh + offs_dk[None, :],
-        dq.to(DQO.dtype.element_ty),
-        mask=ok[:, None] & (offs_dk[None, :] < DK),
-    )
+    _store_rows(DQO, q_rows, head[:, None], dq, ok, offs_dk, stride_dqt, stride_dqh, DK)
 
 
 # The packed path's layout (int32 ``cu_seqlens`` on the device, sequence starts and lengths, the tile tables of the
@@ -312,79 +303,29 @@ def _bwd(q, k, v, o, lse, do, layout: dict, scale: float, window=None, sinks=Non
         DV=dv,
         BLOCK_DK=next_pow2(dk),
         BLOCK_DV=next_pow2(dv),
+        BLOCK_M=BWD_BLOCK_M,
+        BLOCK_N=BWD_BLOCK_N,
+        num_warps=BWD_NUM_WARPS,
+        num_stages=BWD_NUM_STAGES,
     )
     if "dkdv" not in layout:
         n = layout["n"].to(torch.int64)
         layout["dkdv"] = _tiles(n, BWD_BLOCK_N, total)
         layout["dq"] = _tiles(n * g, BWD_BLOCK_M, total * g)
+    # the arguments the two kernels share, in their parameters' order
+    inputs = (q, k, v, do, lse, delta)
+    lse_stride = hq  # lse's and delta's row stride
+    strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), do.stride(0), do.stride(1),
+               lse_stride)  # fmt: skip
+    scalars = (scale * _LOG2E, scale, window or 0)
     kt_seq, kt_row0, kgrid = layout["dkdv"]
     _attn_bwd_dkdv[(kgrid, hkv)](
-        q,
-        k,
-        v,
-        do,
-        lse,
-        delta,
-        dkk,
-        dvv,
-        kt_seq,
-        kt_row0,
-        cu,
-        nseq,
-        q.stride(0),
-        q.stride(1),
-        k.stride(0),
-        k.stride(1),
-        v.stride(0),
-        v.stride(1),
-        do.stride(0),
-        do.stride(1),
-        hq,
-        dkk.stride(0),
-        dkk.stride(1),
-        dvv.stride(0),
-        dvv.stride(1),
-        scale * _LOG2E,
-        scale,
-        window or 0,
-        BLOCK_M=BWD_BLOCK_M,
-        BLOCK_N=BWD_BLOCK_N,
-        num_warps=BWD_NUM_WARPS,
-        num_stages=BWD_NUM_STAGES,
-        **common,
-    )
+        *inputs, dkk, dvv, kt_seq, kt_row0, cu, nseq, *strides,
+        dkk.stride(0), dkk.stride(1), dvv.stride(0), dvv.stride(1), *scalars, **common,
+    )  # fmt: skip
     qt_seq, qt_row0, qgrid = layout["dq"]
     _attn_bwd_dq[(qgrid, hkv)](
-        q,
-        k,
-        v,
-        do,
-        lse,
-        delta,
-        dq,
-        qt_seq,
-        qt_row0,
-        cu,
-        nseq,
-        q.stride(0),
-        q.stride(1),
-        k.stride(0),
-        k.stride(1),
-        v.stride(0),
-        v.stride(1),
-        do.stride(0),
-        do.stride(1),
-        hq,
-        dq.stride(0),
-        dq.stride(1),
-        scale * _LOG2E,
-        scale,
-        window or 0,
-        BLOCK_M=BWD_BLOCK_M,
-        BLOCK_N=BWD_BLOCK_N,
-        num_warps=BWD_NUM_WARPS,
-        num_stages=BWD_NUM_STAGES,
-        **common,
+        *inputs, dq, qt_seq, qt_row0, cu, nseq, *strides, dq.stride(0), dq.stride(1), *scalars, **common
     )
     return dq, dkk, dvv, dsinks
 

@@ -87,6 +87,14 @@ def _dot(a, b, acc, PREC: tl.constexpr, INTERPRET: tl.constexpr):
 
 
 @triton.jit
+def _span(start, n, BLOCK: tl.constexpr):
+    """``start + [0, BLOCK)`` as int64 indices, and which of them are ``< n``."""
+    i = start + tl.arange(0, BLOCK)
+    mask = i < n
+    return i.to(tl.int64), mask
+
+
+@triton.jit
 def _logits_tile(
     h, w, rows, rmask, cols, cmask, row0, col0, H, acc,
     BLOCK_K: tl.constexpr, PREC: tl.constexpr, INTERPRET: tl.constexpr, TMA: tl.constexpr,
@@ -130,12 +138,8 @@ def _logprobs_fwd_split_kernel(
     same tokens)."""
     split = tl.program_id(1)
     row0 = tl.program_id(0) * BLOCK_T
-    rows = row0 + tl.arange(0, BLOCK_T)
-    rmask = rows < T
-    rows = rows.to(tl.int64)
-    drows = row0 + tl.arange(0, DRAW_ROWS)
-    dmask = drows < T
-    drows = drows.to(tl.int64)
+    rows, rmask = _span(row0, T, BLOCK_T)
+    drows, dmask = _span(row0, T, DRAW_ROWS)
     temp = tl.load(temp_ptr + rows, mask=rmask, other=1.0)
     m = tl.full([BLOCK_T], float("-inf"), dtype=tl.float32)
     s = tl.zeros([BLOCK_T], dtype=tl.float32)
@@ -149,9 +153,7 @@ def _logprobs_fwd_split_kernel(
         tgt = tl.load(tgt_ptr + rows, mask=rmask, other=-1)
     for tile in range(0, SPLIT_TILES):
         col0 = (split * SPLIT_TILES + tile) * BLOCK_V
-        cols = col0 + tl.arange(0, BLOCK_V)
-        cmask = cols < V
-        cols = cols.to(tl.int64)
+        cols, cmask = _span(col0, V, BLOCK_V)
         acc = tl.zeros([BLOCK_T, BLOCK_V], dtype=tl.float32)
         acc = _logits_tile(h, w, rows, rmask, cols, cmask, row0, col0, H, acc, BLOCK_K, PREC, INTERPRET, TMA)
         z = tl.where(cmask[None, :], tl.div_rn(acc, temp[:, None]), float("-inf"))
@@ -204,9 +206,7 @@ def _logprobs_fwd_combine_kernel(
 ):  # fmt: skip
     """``SAMPLE``: the drawn token is the best-scoring split's (an earlier split keeps it on a tie), and ``zt`` its
     logit; otherwise ``zt`` sums to the target's logit (the other splits add exact zeros)."""
-    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-    rmask = rows < T
-    rows = rows.to(tl.int64)
+    rows, rmask = _span(tl.program_id(0) * ROWS, T, ROWS)
     mx = tl.load(m_ptr + rows, mask=rmask, other=0.0)
     s = tl.load(s_ptr + rows, mask=rmask, other=1.0)
     zt = tl.load(zt_ptr + rows, mask=rmask, other=0.0)
@@ -251,12 +251,8 @@ def _logprobs_bwd_grad_logits_kernel(
 ):  # fmt: skip
     """One ``[BLOCK_T, BLOCK_V]`` tile of the logits gradient (``TMA``: ``h_ptr`` / ``w_ptr`` are tensor descriptors,
     see ``_logits_tile``)."""
-    rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    rmask = rows < T
-    rows = rows.to(tl.int64)
-    cols = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
-    cmask = cols < V
-    cols = cols.to(tl.int64)
+    rows, rmask = _span(tl.program_id(0) * BLOCK_T, T, BLOCK_T)
+    cols, cmask = _span(tl.program_id(1) * BLOCK_V, V, BLOCK_V)
     temp = tl.load(temp_ptr + rows, mask=rmask, other=1.0)
     mx = tl.load(mx_ptr + rows, mask=rmask, other=0.0)
     log_s = tl.load(logs_ptr + rows, mask=rmask, other=0.0)
