@@ -91,7 +91,10 @@ def test_run_pair_passes_the_pair_and_verl_tuning_to_both_arms(tmp_path):
     stack = {"actor_rollout_ref.rollout.name", "actor_rollout_ref.actor.strategy", "trainer.experiment_name",
              "trainer.default_local_dir", "hydra.run.dir",
              "+actor_rollout_ref.model.override_config.attn_implementation",
-             "+actor_rollout_ref.rollout.engine_kwargs.vexact.backend"}  # fmt: skip
+             "+actor_rollout_ref.rollout.engine_kwargs.vexact.backend",
+             # the dense vllm arm's log-probs through verl's fused kernel: a knob of verl's actor alone
+             "actor_rollout_ref.model.use_fused_kernels",
+             "actor_rollout_ref.model.fused_kernel_options.impl_backend"}  # fmt: skip
     shared = [{w for w in arms[a] if "=" in w and w.split("=")[0] not in stack} for a in ("vllm", "vexact")]
     assert shared[0] == shared[1]
     smoke = _dry_run(tmp_path)["vllm"]  # today's small pair, as before

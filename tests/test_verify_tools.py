@@ -279,7 +279,9 @@ def test_headline_refuses_a_model_with_one_arm_or_runs_of_different_configs(tmp_
 
 
 @pytest.mark.parametrize(
-    "gpu, models", [("h100", ("qwen3-1.7b", "qwen3-30b-a3b")), ("h200", ("qwen3-1.7b",))], ids=["h100", "h200"]
+    "gpu, models",
+    [("h100", ("qwen3-1.7b", "qwen3-30b-a3b")), ("h200", ("dense-1k", "qwen3-1.7b"))],
+    ids=["h100", "h200"],
 )
 def test_committed_rl_step_table_is_what_the_committed_runs_give(tmp_path, gpu, models):
     committed = ROOT / f"benchmarks/results/rl-step-{gpu}.md"
