@@ -94,12 +94,16 @@ class CudaGraphs:
         try:
             capture(*args)
         except Exception as e:  # an op that cannot be captured: run eagerly, loudly
-            self._graphs.clear()
-            self._draws.clear()
-            self._uncaptured.clear()
-            self._graph_pool = None
-            self.graph_error = f"{type(e).__name__}: {e}"
+            self._drop_graphs(f"{type(e).__name__}: {e}")
             log.warning("CUDA graph capture failed, steps run eagerly (padded): %s", self.graph_error)
+
+    def _drop_graphs(self, why: str) -> None:
+        """Forget every graph (steps then run padded and eagerly) and say ``why`` in ``graph_error``."""
+        self._graphs.clear()
+        self._draws.clear()
+        self._uncaptured.clear()
+        self._graph_pool = None
+        self.graph_error = why
 
     def _allocate_static(self) -> None:
         if self.graph_sizes:

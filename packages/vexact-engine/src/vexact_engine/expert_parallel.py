@@ -313,11 +313,7 @@ class _ExpertRunner(ModelRunner):
         if not self.exchange.any(failed):
             self.graph_error = error
         elif not failed:
-            self._graphs.clear()
-            self._draws.clear()
-            self._uncaptured.clear()
-            self._graph_pool = None
-            self.graph_error = "another rank's CUDA graph capture failed: steps run eagerly (padded) on every rank"
+            self._drop_graphs("another rank's CUDA graph capture failed: steps run eagerly (padded) on every rank")
             log.warning("%s", self.graph_error)
 
     @torch.no_grad()
