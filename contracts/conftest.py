@@ -1,10 +1,8 @@
 import pytest
 import torch
 
-from contracts.harness import skip_on_gpu
+from contracts.harness import GPU_NAMES, skip_on_gpu
 from vexact_models import default_checkpoint, load_model
-
-GPU_NAMES = {"h100": "H100", "h200": "H200", "b200": "B200"}
 
 
 @pytest.fixture(scope="session")

@@ -2,8 +2,8 @@
 prompts and seeds, stored with the sha256 of the tensors and the package versions that made them.
 
 One fixture per committed tiny checkpoint (vexact_models' ``TINY_CHECKPOINTS``): one per model family (``qwen3``,
-``qwen3_moe``, ``qwen2``, ``llama``, ``mistral``, ``deepseek_v3``, ``gpt_oss``; a family in ``harness.GPU_NOT_YET``
-is recorded on cpu only), then the variants whose shapes make
+``qwen3_moe``, ``qwen2``, ``llama``, ``mistral``, ``deepseek_v3``, ``gpt_oss``; not on a GPU target that
+``harness.GPU_NOT_YET`` names for the family), then the variants whose shapes make
 more of the promised orders change bits (``TINY_VARIANTS``: MoE routing top-4 with and without ``norm_topk_prob``,
 DeepSeek-V3 grouped top-6 with a shared expert, Qwen3 with heads of 64), under ``fixtures/<target>/<name>/``; on a GPU
 target with an attention implementation other than the default ``triton`` (``$VEXACT_ATTENTION``, see
@@ -34,7 +34,7 @@ import vexact_engine
 import vexact_kernels
 import vexact_models
 import vexact_trainer
-from contracts.harness import GPU_NOT_YET
+from contracts.harness import not_yet_reason
 from vexact_engine import LLM, EngineConfig, SamplingParams
 from vexact_kernels.attention import fa4_takes
 from vexact_models import TINY_CHECKPOINTS, default_checkpoint, load_config, load_model
@@ -187,7 +187,7 @@ if __name__ == "__main__":
     ap.add_argument("--family", choices=FAMILIES, help="a tiny checkpoint (default: every one)")
     args = ap.parse_args()
     for family in [args.family] if args.family else FAMILIES:
-        if args.target != "cpu" and family in GPU_NOT_YET:
-            print(f"not recorded: {family} on {args.target}: {GPU_NOT_YET[family]}")
+        if reason := not_yet_reason(family, args.target):
+            print(f"not recorded: {family} on {args.target}: {reason}")
             continue
         print(f"recorded {record(args.target, 'cpu' if args.target == 'cpu' else 'cuda', family)}")

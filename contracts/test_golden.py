@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from contracts import golden
-from contracts.harness import skip_on_gpu
+from contracts.harness import GPU_NOT_YET, not_yet_reason, skip_on_gpu
 
 
 @pytest.fixture(scope="module", params=golden.FAMILIES)
@@ -87,3 +87,13 @@ def test_fixture_dir_is_per_attention_impl(monkeypatch):
     assert golden.record_command("h200", "qwen3_moe").startswith("VEXACT_ATTENTION=fa4 python -m contracts.golden")
     monkeypatch.setattr(golden.vexact_kernels, "get_attention_impl", lambda: "triton")
     assert golden.fixture_dir("h100", "qwen3") == golden.FIXTURES / "h100" / "qwen3"
+
+
+def test_gpu_not_yet_is_per_target():
+    # a family left off one GPU target still runs on the others and always on cpu
+    for family, targets in GPU_NOT_YET.items():
+        for target in ("cpu", "h100", "h200", "b200"):
+            reason = not_yet_reason(family, target)
+            assert (reason is not None) == (target in targets), (family, target, reason)
+    assert not_yet_reason("gpt_oss", "h200") is None
+    assert not_yet_reason("qwen3", "h100") is None
