@@ -1,5 +1,8 @@
 """Trainer forward+backward throughput: invariant kernels vs the fast backend, on a Qwen3-1.7B-shaped model.
 
+``--forward-only`` times verl's ``old_log_prob`` pass instead: the forward and ``model.logprobs`` with the entropy,
+under ``torch.no_grad`` (model FLOPs: 2 x matmul weights x tokens + causal attention's forward).
+
 The trainer's real path: FSDP2 (world size 1 unless run under a larger torchrun; bf16 params, fp32 reduce, fp32
 master), a packed batch of mixed-length sequences, ``model.logprobs`` on every position, PPO-clip loss, backward.
 The optimizer step is not timed (it is elementwise and the same for both backends). Random weights (values do not
@@ -73,16 +76,25 @@ def fwd_bwd(model, actor: Actor, batch, mask, adv) -> None:
     model.zero_grad(set_to_none=True)
 
 
-def model_flops(model, seq_lens: list[int]) -> float:
+def fwd_only(model, actor: Actor, batch, mask, adv) -> None:
+    """verl's old_log_prob pass: logprobs and entropy of every position, no graph kept."""
+    with torch.no_grad():
+        actor.forward_packed(batch, 1.0, with_entropy=True)
+
+
+def model_flops(model, seq_lens: list[int], forward_only: bool = False) -> float:
     """FLOPs of one forward+backward: 6 x (matmul weights, lm_head included: logprobs on every position) x tokens,
     plus causal attention (QK^T and PV over half of each sequence's n^2 scores, backward 2.5x the forward, as in
-    benchmarks/attention.py). Norms, rotary and the elementwise ops are left out, as MFU conventions do."""
+    benchmarks/attention.py). Norms, rotary and the elementwise ops are left out, as MFU conventions do.
+    ``forward_only``: 2 x matmul weights x tokens plus the attention's forward."""
     cfg = model.config
     matmul = sum(p.numel() for n, p in model.named_parameters() if p.dim() == 2 and "embed_tokens" not in n)
     if cfg.tie_word_embeddings:
         matmul += cfg.vocab_size * cfg.hidden_size  # the tied head is a matmul too
     tokens = sum(seq_lens)
     attn_fwd = sum(2 * n * n * cfg.head_dim * cfg.num_attention_heads for n in seq_lens) * cfg.num_hidden_layers
+    if forward_only:
+        return 2 * matmul * tokens + attn_fwd
     return 6 * matmul * tokens + 3.5 * attn_fwd
 
 
@@ -102,7 +114,7 @@ def time_steps(fn, iters: int) -> list[float]:
     return out
 
 
-def profile_backends(model, actors, batch, mask, adv, steps: int, med: dict[str, float]) -> list[str]:
+def profile_backends(model, actors, batch, mask, adv, steps: int, med: dict[str, float], step=fwd_bwd) -> list[str]:
     """Per backend: the GPU kernels of ``steps`` profiled steps, beside the step time measured before."""
     import profiling  # benchmarks/profiling.py
     from torch.profiler import ProfilerActivity, profile
@@ -111,7 +123,7 @@ def profile_backends(model, actors, batch, mask, adv, steps: int, med: dict[str,
     for b, actor in actors.items():
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
             for _ in range(steps):
-                fwd_bwd(model, actor, batch, mask, adv)
+                step(model, actor, batch, mask, adv)
             _sync()
         out += [f"### {b}: {med[b] * 1e3:.1f} ms a step (timed above)", "", "```"]
         out += profiling.kernel_table(prof, steps, top=24) + ["```", ""]
@@ -134,6 +146,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="rounds alternating the backends")
     ap.add_argument("--activation-checkpointing", action="store_true")
     ap.add_argument("--out", default=None, help="write the markdown table here (rank 0)")
+    ap.add_argument(
+        "--forward-only", action="store_true",
+        help="time verl's old_log_prob pass (forward + logprobs with entropy, no_grad) instead of forward+backward",
+    )  # fmt: skip
     ap.add_argument(
         "--profile", type=int, default=0, metavar="STEPS",
         help="after timing, profile STEPS steps of each backend and print its GPU kernels per step (rank 0)",
@@ -162,35 +178,43 @@ def main() -> None:
     actors = {b: Actor(model, ActorConfig(backend=b)) for b in backends}
     times: dict[str, list[float]] = {b: [] for b in backends}
     peak: dict[str, float] = {}
+    step = fwd_only if args.forward_only else fwd_bwd
     for b in backends:
         if device == "cuda":
             torch.cuda.reset_peak_memory_stats()
-        time_steps(lambda b=b: fwd_bwd(model, actors[b], batch, mask, adv), args.warmup)
+        time_steps(lambda b=b: step(model, actors[b], batch, mask, adv), args.warmup)
         peak[b] = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else float("nan")
     for _ in range(args.rounds):
         for b in backends:
-            times[b] += time_steps(lambda b=b: fwd_bwd(model, actors[b], batch, mask, adv), args.iters)
+            times[b] += time_steps(lambda b=b: step(model, actors[b], batch, mask, adv), args.iters)
 
     ws = dist.get_world_size()
     med = {b: statistics.median(times[b]) for b in backends}
     tps = {b: tokens * ws / med[b] for b in backends}
-    flops = model_flops(model, list(batch.seq_lens))
+    flops = model_flops(model, list(batch.seq_lens), args.forward_only)
     peak_flops = hardware.matmul_peak(device) if device == "cuda" else float("nan")  # the MFU denominator
     mfu = {b: hardware.mfu(flops, med[b], peak_flops) for b in backends}
     ratio = tps["invariant"] / tps["fast"]
     cfg = model.config
     lines = [
-        f"# Trainer forward+backward, {torch.cuda.get_device_name() if device == 'cuda' else 'CPU'}, "
+        f"# Trainer {'forward only (old_log_prob)' if args.forward_only else 'forward+backward'}, "
+        f"{torch.cuda.get_device_name() if device == 'cuda' else 'CPU'}, "
         f"{datetime.date.today()}",
         f"torch {torch.__version__}, triton {__import__('triton').__version__}; world size {ws}",
         f"model: {args.shape}-shaped (hidden {cfg.hidden_size}, {cfg.num_hidden_layers} layers, vocab "
         f"{cfg.vocab_size}, tied {cfg.tie_word_embeddings}), FSDP2 bf16 params / fp32 reduce / fp32 master; "
         f"activation checkpointing {'on' if args.activation_checkpointing else 'off'}",
         f"batch per rank: {args.seqs} packed sequences, {tokens} tokens (lengths {min(batch.seq_lens)}.."
-        f"{max(batch.seq_lens)}); logprobs on every position, PPO-clip loss on the response part; "
-        f"median of {args.rounds} x {args.iters} steps",
+        f"{max(batch.seq_lens)}); "
+        + (
+            "logprobs and entropy on every position under no_grad; "
+            if args.forward_only
+            else "logprobs on every position, PPO-clip loss on the response part; "
+        )
+        + f"median of {args.rounds} x {args.iters} steps",
         "",
-        f"MFU: model FLOPs ({flops / 1e12:.1f} TFLOP per step and rank: 6 x matmul weights x tokens + causal "
+        f"MFU: model FLOPs ({flops / 1e12:.1f} TFLOP per step and rank: {2 if args.forward_only else 6} x matmul "
+        "weights x tokens + causal "
         f"attention) / step time / measured bf16 matmul peak ({peak_flops / 1e12:.0f} TFLOP/s, 8192^3 cuBLAS, same "
         "run). fast = plain PyTorch: cuBLAS linears, torch's causal SDPA with GQA per sequence (flash/cuDNN), chunked "
         "logprobs.",
@@ -201,7 +225,7 @@ def main() -> None:
     lines += [f"| {b} | {med[b] * 1e3:.1f} | {tps[b]:,.0f} | {mfu[b]:.1%} | {peak[b]:.1f} |" for b in backends]
     lines += ["", f"invariant / fast tokens/s: **{ratio:.2f}x** (goal >= 0.80x)"]
     if args.profile and device == "cuda":
-        lines += profile_backends(model, actors, batch, mask, adv, args.profile, med)
+        lines += profile_backends(model, actors, batch, mask, adv, args.profile, med, step)
     text = "\n".join(lines) + "\n"
     if dist.get_rank() == 0:
         print(text, flush=True)
