@@ -13,9 +13,11 @@ import pytest
 import torch
 from torch.distributed.tensor import DTensor
 
+import vexact_kernels as vk
 from vexact_models import default_checkpoint, load_model, random_model, tiny_qwen3_config
 from vexact_trainer import (
     Actor,
+    ActorConfig,
     RolloutBatch,
     Trainer,
     TrainerConfig,
@@ -81,16 +83,33 @@ def test_fsdp_forward_and_gradients_equal_the_unsharded_bf16_model(mesh, tied):
     assert ("lm_head.weight" in twin_grads) != tied  # tied: one parameter, named as the embedding
 
 
-def test_activation_checkpointing_changes_no_bit(mesh):
+@pytest.mark.parametrize("backend", ["invariant", "fast"])
+def test_activation_checkpointing_changes_no_bit(mesh, backend):
+    # the Actor sets the backend around the forward only: backward (and the checkpoint's recomputation in it) runs
+    # outside that block, so the recomputation must take the forward's kernels (recompute_on_forward_kernels); on
+    # the fast backend without it torch's checkpoint refused the invariant kernels' recomputed tensors
     grads = []
     for ac in (False, True):
         master, _ = _models()
         parallelize(master.requires_grad_(True), mesh, activation_checkpointing=ac)
-        lp, _ = Actor(master).forward_packed(pack(*_data(4, 2), VOCAB, 96))
+        lp, _ = Actor(master, ActorConfig(backend=backend)).forward_packed(pack(*_data(4, 2), VOCAB, 96))
         lp.sum().backward()
         grads.append({hf_name(n): p.grad.full_tensor() for n, p in master.named_parameters()})
     assert grads[0].keys() == grads[1].keys()
     assert all(torch.equal(grads[0][k], grads[1][k]) for k in grads[0])
+
+
+def test_checkpoint_recomputation_takes_the_forward_kernels():
+    # the recomputation context alone: a forward on "fast", backward on the default backend
+    from vexact_trainer import parallel
+
+    seen = []
+    ctx = {}
+    with vk.use_backend("fast"):
+        _, ctx["recompute"] = parallel.recompute_on_forward_kernels()
+    with ctx["recompute"]:
+        seen.append(vk.get_backend("linear"))
+    assert seen == ["fast"] and vk.get_backend("linear") == "invariant"
 
 
 def test_parallelize_refuses_bf16_master(mesh):

@@ -9,6 +9,7 @@ logprobs do not depend on the world size.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from datetime import timedelta
 
@@ -18,6 +19,8 @@ from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
+
+import vexact_kernels as vk
 
 # Methods other than forward that read the root's parameters (final norm, lm_head, tied embedding): FSDP must
 # unshard the root for them as it does for forward.
@@ -59,6 +62,22 @@ def _check_master_dtype(model: nn.Module) -> None:
         )
 
 
+def recompute_on_forward_kernels() -> tuple[contextlib.AbstractContextManager, contextlib.AbstractContextManager]:
+    """``context_fn`` of a checkpointed layer: the recomputation in backward runs on the kernels its forward ran on
+    (the backend of each op family and the fp32 matmul precision in effect at the forward), whatever is in effect
+    when backward runs. Without it a forward under ``vk.use_backend("fast")`` whose backward runs outside that block
+    is recomputed on the invariant kernels: other tensors, which torch's checkpoint refuses, or, where their shapes
+    happen to agree, gradients of a forward that never ran."""
+    backend, precision = vk.backend_map(), vk.get_fp32_matmul_precision()
+
+    @contextlib.contextmanager
+    def recompute():
+        with vk.use_backend(backend), vk.use_fp32_matmul_precision(precision):
+            yield
+
+    return contextlib.nullcontext(), recompute()
+
+
 def parallelize(
     model: nn.Module,
     mesh: DeviceMesh | None = None,
@@ -73,8 +92,8 @@ def parallelize(
     One FSDP group per decoder layer (all-gathered just before the layer runs) and one for the root (embedding,
     final norm, lm_head; tied embeddings stay one parameter). ``logits`` and ``logprobs`` are registered as FSDP
     forward methods so the root's parameters are unsharded for them too. ``activation_checkpointing`` recomputes
-    each decoder layer in backward; the invariant kernels are deterministic, so the recomputation is bitwise the
-    forward and the gradients do not change.
+    each decoder layer in backward, on the kernels its forward ran on (:func:`recompute_on_forward_kernels`); the
+    kernels are deterministic, so the recomputation is bitwise the forward and the gradients do not change.
     """
     if isinstance(model, FSDPModule):
         raise ValueError("model is already sharded with fully_shard")
@@ -85,7 +104,9 @@ def parallelize(
     layers = model.model.layers
     for i, layer in enumerate(layers):
         if activation_checkpointing:
-            layer = checkpoint_wrapper(layer, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+            layer = checkpoint_wrapper(
+                layer, checkpoint_impl=CheckpointImpl.NO_REENTRANT, context_fn=recompute_on_forward_kernels
+            )
             layers[i] = layer
         # Every layer (the last one too) reshards after forward: a forward with no backward (scoring under no_grad,
         # a skipped step) must not leave unsharded bf16 tensors registered as the module's parameters.
