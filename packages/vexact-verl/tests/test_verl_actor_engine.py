@@ -208,6 +208,24 @@ def test_train_batch_steps_the_optimizer(device):
     assert all(not torch.equal(before[n], after[n]) for n in before), "every tensor takes an AdamW step"
 
 
+def test_old_log_prob_time_is_logged_by_the_next_step(device):
+    """verl's old_log_prob (``infer_batch``) is timed on the engine's side, the whole call and its forwards, and the
+    next training step logs the sums once: what of verl's ``timing_s/old_log_prob`` is ours."""
+    engine = make_engine(forward_only=False)
+    with engine.eval_mode():
+        engine.infer_batch(verl_batch(1.0), loss_function=None)
+        engine.infer_batch(verl_batch(1.0), loss_function=None)
+    with engine.train_mode():
+        first = engine.train_batch(verl_batch(1.0), _sum_loss)["metrics"]
+        second = engine.train_batch(verl_batch(1.0), _sum_loss)["metrics"]
+    (whole,), (forward,), (micro,) = (first[k] for k in TIMING_KEYS)
+    assert 0 < forward <= whole and micro >= 2  # two calls, one micro-batch or more each
+    assert not [k for k in TIMING_KEYS if k in second]  # logged once, by the step after the old_log_prob
+
+
+TIMING_KEYS = ("vexact/timing_s/infer_batch", "vexact/timing_s/infer_forward", "vexact/infer_micro_batches")
+
+
 def test_checkpoint_round_trip(device, tmp_path):
     """verl's checkpoint save/load: a fresh engine that loads it continues training exactly as the saved one."""
     a = make_engine(forward_only=False)

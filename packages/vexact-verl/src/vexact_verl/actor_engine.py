@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import copy
 import random
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -105,6 +106,7 @@ class VexactEngineWithLMHead(FSDPEngineWithLMHead):
         self.keep_previous_version = keep
         self._held_versions: dict[int, tuple] = {}  # version -> host copy of this rank's parameter shards
         self._version_metrics: list[dict] = []  # from infer_batch, logged by the next train_batch
+        self._infer_timing: dict[str, float] = {}  # infer_batch's time since the last step, logged by the next one
         # off unless the config's vexact.tim_attribute_every >= 1
         self.tim_attribution = AttributionConfig.from_settings(settings, other_keys=(KEY_KEEP_PREVIOUS,))
         self._tim_step = 0  # training steps begun (verl's update_actor: one step, one or more train_batch calls)
@@ -197,18 +199,30 @@ class VexactEngineWithLMHead(FSDPEngineWithLMHead):
         self._tim_step_open = not tu.get_non_tensor_data(data=data, key="update_lr_scheduler", default=True)
         cfg = self.tim_attribution
         attr = self.tim_attribute(data) if first and cfg.every and self._tim_step % cfg.every == 0 else None
-        versions = []
-        if first:  # the version check of the old_log_prob before this step
+        versions, timing = [], {}
+        if first:  # the version check and the timing of the old_log_prob before this step
             versions, self._version_metrics = self._version_metrics, []
+            timing, self._infer_timing = self._infer_timing, {}
         outputs = super().train_batch(data, loss_function)
         if self.is_mp_src_rank_with_outputs():
-            for m in [attr or {}, *versions]:  # verl's layout: one value per micro-batch
+            for m in [attr or {}, timing, *versions]:  # verl's layout: one value per micro-batch
                 for k, v in m.items():
                     outputs["metrics"].setdefault(k, []).append(v)
         return outputs
 
     def infer_batch(self, data: TensorDict, loss_function=None):
+        # where verl's old_log_prob goes on this side: the whole call and its forwards (each micro-batch's forward
+        # and log-probs, to the end of its kernels), summed until the next training step logs them as
+        # vexact/timing_s/infer_batch and vexact/timing_s/infer_forward; the rest of verl's timing_s/old_log_prob
+        # is verl's own dispatch and collection
+        _sync_device()
+        start = time.perf_counter()
         outputs = super().infer_batch(data, loss_function)
+        _sync_device()
+        t = self._infer_timing
+        t["vexact/timing_s/infer_batch"] = t.get("vexact/timing_s/infer_batch", 0.0) + time.perf_counter() - start
+        t.setdefault("vexact/timing_s/infer_forward", 0.0)
+        t.setdefault("vexact/infer_micro_batches", 0.0)
         if not self.engine_config.forward_only and isinstance(outputs, dict) and "model_output" in outputs:
             metrics = self.check_versions(data, outputs["model_output"]["log_probs"])
             if metrics:
@@ -302,7 +316,15 @@ class VexactEngineWithLMHead(FSDPEngineWithLMHead):
 
     def forward_step(self, micro_batch: TensorDict, loss_function, forward_only):
         micro_batch = micro_batch.to(get_device_id())
+        start = time.perf_counter()
         model_output = self.vexact_model_output(micro_batch)
+        if forward_only:  # infer_batch's micro-batches (below, .item() waits for the kernels anyway)
+            _sync_device()
+            t = self._infer_timing
+            t["vexact/timing_s/infer_forward"] = (
+                t.get("vexact/timing_s/infer_forward", 0.0) + time.perf_counter() - start
+            )
+            t["vexact/infer_micro_batches"] = t.get("vexact/infer_micro_batches", 0.0) + 1
         if loss_function is not None:
             loss, metrics = loss_function(
                 model_output=model_output, data=micro_batch, dp_group=self.get_data_parallel_group()
@@ -365,6 +387,11 @@ class VexactEngineWithLMHead(FSDPEngineWithLMHead):
         finally:
             module.config = own_config
             del module.can_generate
+
+
+def _sync_device() -> None:
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
 
 
 def _nested_rows(mask: torch.Tensor) -> torch.Tensor:
