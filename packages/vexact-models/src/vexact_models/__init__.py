@@ -2,7 +2,7 @@
 
 from .attention_metadata import AttentionMetadata
 from .config import parse_dtype
-from .layers import (
+from .layers.moe import (
     RouterOutput,
     SparseMoeBlock,
     checkpoint_pieces,
@@ -22,26 +22,8 @@ from .loader import (
     load_weights,
     save_checkpoint,
 )
-from .models import (
-    MODEL_CLASSES,
-    DeepseekV3Config,
-    DeepseekV3ForCausalLM,
-    DenseConfig,
-    DenseForCausalLM,
-    GptOssConfig,
-    GptOssForCausalLM,
-    LlamaConfig,
-    LlamaForCausalLM,
-    MistralConfig,
-    MistralForCausalLM,
-    Qwen2Config,
-    Qwen2ForCausalLM,
-    Qwen3Config,
-    Qwen3ForCausalLM,
-    Qwen3MoeConfig,
-    Qwen3MoeForCausalLM,
-    YarnScaling,
-)
+from .models import *  # noqa: F403 (every family's config and model class, and the tables: models.__all__)
+from .models import __all__ as _MODELS_ALL
 from .mxfp4 import dequantize_mxfp4
 from .packing import PACK_ALIGN, PackedSlot, allocate_packed, pack_parameters, packed_buffers
 from .tiny import (
@@ -94,7 +76,6 @@ __all__ = [
     "GPT_OSS_SHAPES",
     "LLAMA_SHAPES",
     "MISTRAL_SHAPES",
-    "MODEL_CLASSES",
     "PACK_ALIGN",
     "QWEN2_SHAPES",
     "QWEN3_MOE_SHAPES",
@@ -102,33 +83,16 @@ __all__ = [
     "AttentionMetadata",
     "BucketPacker",
     "CheckpointError",
-    "DeepseekV3Config",
-    "DeepseekV3ForCausalLM",
-    "DenseConfig",
-    "DenseForCausalLM",
     "DirectWriter",
-    "GptOssConfig",
-    "GptOssForCausalLM",
-    "LlamaConfig",
-    "LlamaForCausalLM",
-    "MistralConfig",
-    "MistralForCausalLM",
     "NamedBuckets",
     "PackedBucket",
     "PackedSlot",
-    "Qwen2Config",
-    "Qwen2ForCausalLM",
-    "Qwen3Config",
-    "Qwen3ForCausalLM",
-    "Qwen3MoeConfig",
-    "Qwen3MoeForCausalLM",
     "RouterOutput",
     "SparseMoeBlock",
     "TensorSpec",
     "WeightSlot",
     "WeightSyncGroup",
     "WeightTable",
-    "YarnScaling",
     "__version__",
     "allocate_packed",
     "broadcast_weights",
@@ -171,4 +135,5 @@ __all__ = [
     "weight_dtype",
     "weight_table",
     "weight_targets",
+    *_MODELS_ALL,
 ]

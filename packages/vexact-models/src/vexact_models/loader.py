@@ -14,7 +14,7 @@ from torch import nn
 
 from .config import parse_dtype
 from .errors import CheckpointError, read_json_object
-from .layers import checkpoint_pieces, named_weights, stacked_experts
+from .layers.moe import checkpoint_pieces, named_weights, stacked_experts
 from .models import CONFIG_CLASSES, MODEL_CLASSES
 from .mxfp4 import dequantized_mxfp4
 

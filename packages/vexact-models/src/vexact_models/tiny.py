@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from .layers import named_weights
+from .layers.moe import named_weights
 from .loader import _reset_buffers, save_checkpoint
 from .models import (
     CONFIG_CLASSES,

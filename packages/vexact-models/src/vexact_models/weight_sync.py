@@ -52,7 +52,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .errors import CheckpointError
-from .layers import checkpoint_pieces, named_weights, stacked_experts, weight_dtype
+from .layers.moe import checkpoint_pieces, named_weights, stacked_experts, weight_dtype
 
 ALIGN = 256  # each piece starts on a 256-byte boundary: any dtype can view it, copies stay aligned
 

@@ -1,4 +1,6 @@
-"""Shared layers: small modules that call vexact-kernels ops. Model files only assemble them."""
+"""Shared layers: small modules that call vexact-kernels ops. Model files only assemble them.
+
+The MoE checkpoint and routing helpers (``named_weights``, ``record_router``, ...) are in :mod:`.moe`."""
 
 from .activation import SiluAndMul
 from .attention import Attention
@@ -6,18 +8,7 @@ from .embed_head import LMHead, VocabEmbedding
 from .layernorm import RMSNorm, add_rms_norm, rms_norm_pair
 from .linear import Linear, grouped_linear
 from .mla import MLAttention
-from .moe import (
-    DeepseekMoeBlock,
-    GptOssMoeBlock,
-    RouterOutput,
-    SparseMoeBlock,
-    checkpoint_pieces,
-    load_balancing_loss,
-    named_weights,
-    record_router,
-    stacked_experts,
-    weight_dtype,
-)
+from .moe import DeepseekMoeBlock, GptOssMoeBlock, SparseMoeBlock
 from .rotary import RotaryEmbedding
 
 __all__ = [
@@ -29,17 +20,10 @@ __all__ = [
     "MLAttention",
     "RMSNorm",
     "RotaryEmbedding",
-    "RouterOutput",
     "SiluAndMul",
     "SparseMoeBlock",
     "VocabEmbedding",
     "add_rms_norm",
-    "checkpoint_pieces",
     "grouped_linear",
-    "load_balancing_loss",
-    "named_weights",
-    "record_router",
-    "stacked_experts",
     "rms_norm_pair",
-    "weight_dtype",
 ]
