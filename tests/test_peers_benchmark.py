@@ -268,7 +268,8 @@ def test_block_size_reaches_every_vexact_engine(monkeypatch, capsys):
 
 def test_the_draw_in_graph_mode_runs_beside_invariant_and_is_checked_against_it(capsys):
     """``--modes invariant,invariant-draw``: both rows, and a line per batch limit saying whether their tokens and
-    logprobs are equal (on CPU no step runs padded, so the draw never leaves sample_rows: the smoke of the wiring)."""
+    logprobs are equal (on CPU no step runs padded, so the draw never leaves sample_rows_on_device: the smoke of the
+    wiring)."""
     argv = [*TINY, "--modes", "invariant,invariant-draw", "--grpo-prompts", "0"]
     assert throughput.main(argv) == 0
     out = capsys.readouterr().out

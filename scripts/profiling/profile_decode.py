@@ -4,12 +4,12 @@
                                      [--mixed 64:2048,256:1024] [--block-size 16] [--context 256]
                                      [--draw-in-graph]
 
-Prints, per batch size: the whole step (median wall ms), the decode graph replay alone (CUDA events), the sampling
-half (``sample_rows``: logits, seeded draw, fused logprobs, one host sync) alone, the remainder (scheduler, step
-tensors, Python); then, from a torch.profiler trace over a few steps, the number of GPU kernels per step and the
-kernels with the most GPU time (graph replays included: CUPTI records the kernels a graph launches), and the top
-host-side ops. ``--mixed B:P,...``: steps with prompt tokens instead (they run eagerly): B running requests decode
-while a new request's prompt chunk of P tokens prefills in the same step; the same kernel and host tables.
+Prints, per batch size: the whole step (median wall ms), the decode graph replay alone (CUDA events), the sampling half
+(``sample_rows_on_device`` read back: logits, seeded draw, fused logprobs, one host sync) alone, the remainder
+(scheduler, step tensors, Python); then, from a torch.profiler trace over a few steps, the number of GPU kernels per
+step and the kernels with the most GPU time (graph replays included: CUPTI records the kernels a graph launches), and
+the top host-side ops. ``--mixed B:P,...``: steps with prompt tokens instead (they run eagerly): B running requests
+decode while a new request's prompt chunk of P tokens prefills in the same step; the same kernel and host tables.
 ``--no-pack``: the engine with ``pack_weights=False`` (q/k/v and gate/up as separate matmuls).
 ``--draw-in-graph``: each batch size twice, ``EngineConfig.draw_in_graph`` off then on (the draw as a CUDA graph
 replayed after the decode graph; its replay alone is timed too), for an A/B in one process.
@@ -30,7 +30,7 @@ import profiling  # noqa: E402  (benchmarks/profiling.py: the decoding batch, th
 import throughput  # noqa: E402  (the benchmark's model builder: random bf16 weights drawn on the GPU)
 
 from vexact_engine import LLM, SamplingParams  # noqa: E402
-from vexact_engine.sampler import sample_rows  # noqa: E402
+from vexact_engine.sampler import rows_to_host, sample_rows_on_device  # noqa: E402
 
 
 def cuda_ms(fn, n: int = 30) -> float:
@@ -92,10 +92,10 @@ def profile_batch(
     seqs = llm.running_sequences()[:batch]  # the benchmark's sampling: temperature 1, no top-k / top-p
     hidden = out[: len(seqs)]
     sample = cuda_ms(
-        lambda: sample_rows(
+        lambda: rows_to_host(sample_rows_on_device(
             model, "invariant", hidden, [s.params for s in seqs], [s.seed for s in seqs],
             [len(s.output_token_ids) for s in seqs],
-        )
+        ))
     )  # fmt: skip
     drawn = cuda_ms(runner._draws[graph_batch][0].replay) if draw else None
     step = statistics.median(walls)
@@ -107,9 +107,9 @@ def profile_batch(
         f"  the replay from an idle GPU (synced wall): {idle:.3f} ms; host time in graph.replay(): "
         f"{statistics.median(launch):.3f} ms"
     )
-    print(f"  sample_rows alone (logits, draw, logprobs, host sync): {sample:.3f} ms")
+    print(f"  sampling alone (logits, draw, logprobs, host sync): {sample:.3f} ms")
     if draw:
-        print(f"  draw graph replay alone (what the step runs instead of sample_rows): {drawn:.3f} ms")
+        print(f"  draw graph replay alone (what the step runs instead of eager sampling): {drawn:.3f} ms")
     print(f"  the rest (scheduler, step tensors, Python): {step - replay - (drawn if draw else sample):.3f} ms")
     trace_steps(lambda k, engine=llm: engine.step(), 5)
     del llm

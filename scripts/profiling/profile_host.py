@@ -9,8 +9,9 @@ Prints, per batch size, the median and the least of ``--repeats`` means over ``-
 makes single means noisy; the least is the cleanest run). ``--chunk P``: steps with prompt tokens instead, each the
 batch's decode rows plus a new request's whole ``P``-token prompt (the request, of one output token, leaves in the
 same step; all of them are queued before the timing). ``--draw-in-graph``: decode steps with the sampler's own
-host work, its draw twice: eagerly (``sample_rows`` with ``model.sample`` a constant-time stub) and from the static
-buffers (``EngineConfig.draw_in_graph``, the draw graph's replay a stub); what a GPU would run is left out of both.
+host work, its draw twice: eagerly (``sample_rows_on_device`` with ``model.sample`` a constant-time stub) and from
+the static buffers (``EngineConfig.draw_in_graph``, the draw graph's replay a stub); what a GPU would run is left out
+of both.
 ``--async-decode``: the same with ``EngineConfig.async_decode`` (the host work of the one-step-ahead loop, which a GPU
 overlaps with the step before; on CPU the read-back waits for nothing).
 """

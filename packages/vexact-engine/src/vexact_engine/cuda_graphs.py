@@ -300,7 +300,7 @@ class CudaGraphs:
         self._draws[size] = (graph, out)
 
     def _draw(self, hidden: torch.Tensor, temps: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
-        # fp32 logprobs and token ids (< 2**53) are exact in float64: one transfer for both, as in sample_rows
+        # fp32 logprobs and token ids (< 2**53) are exact in float64: one transfer for both, as in sample_rows_on_device
         tokens, logprobs = self.model.sample(hidden, temps, seeds)
         return torch.stack([tokens.to(torch.float64), logprobs.to(torch.float64)])
 
@@ -439,8 +439,8 @@ class StaticStep:
 
 def draw_rows(batch: list[ScheduledSeq], size: int) -> tuple[np.ndarray, np.ndarray]:
     """The draw rows of a padded decode step of ``size`` rows: each sequence's seed for its next token
-    (:func:`~vexact_engine.sampler.token_seeds`) and its temperature as fp32 (what ``sample_rows`` passes), then pad
-    rows (seed 0, temperature 1)."""
+    (:func:`~vexact_engine.sampler.token_seeds`) and its temperature as fp32 (what ``sample_rows_on_device`` takes),
+    then pad rows (seed 0, temperature 1)."""
     seeds = np.zeros(size, dtype=np.int64)
     temps = np.ones(size, dtype=np.float32)
     if batch:

@@ -10,7 +10,7 @@ samples). Rank 0 is the driver: it owns the scheduler and the requests, like a o
 2. stage ``r`` takes the activations from stage ``r - 1`` (the first stage embeds the tokens), runs its layers on
    its own KV cache and sends the result on; activations travel as raw bytes (viewed as uint8), so nothing is
    rounded on the way;
-3. the last stage samples with the same :func:`~vexact_engine.sampler.sample_rows` as a one-device engine and
+3. the last stage samples with the same :func:`~vexact_engine.sampler.sample_rows_on_device` as a one-device engine and
    sends ``(tokens, logprobs)`` back to rank 0.
 
 Why this is bitwise equal to one device: a row's arithmetic never crosses a stage boundary. Each layer runs the same
@@ -44,7 +44,7 @@ from .in_flight import LaunchedStep
 from .llm import LLM
 from .loading import load_tokenizer
 from .model_runner import kv_cache_shapes
-from .sampler import sample_rows
+from .sampler import rows_to_host, sample_rows_on_device
 from .scheduler import ScheduledSeq
 from .step_inputs import step_lists, step_tensors
 
@@ -124,9 +124,12 @@ class _StageRunner:
             if not step["rows"]:
                 return [], []
             rows = torch.tensor(step["rows"], dtype=torch.int64, device=dev)
-            return sample_rows(
-                self.model, self.config.backend, x[rows], step["params"], step["seeds"], step["indices"], self.mismatch
-            )
+            return rows_to_host(
+                sample_rows_on_device(
+                    self.model, self.config.backend, x[rows], step["params"], step["seeds"], step["indices"],
+                    self.mismatch,
+                )
+            )  # fmt: skip
 
     # ---- driver side
     def run(self, batch: list[ScheduledSeq], blocks: BlockManager) -> list[tuple[ScheduledSeq, int, float]]:

@@ -151,20 +151,10 @@ def sample(
     return tokens, logp.gather(1, tokens[:, None]).squeeze(1)
 
 
-@torch.no_grad()
-def sample_rows(
-    model: torch.nn.Module,
-    backend: str,
-    hidden: torch.Tensor,
-    params: list[SamplingParams],
-    seeds: list[int],
-    indices: list[int],
-    mismatch: MismatchInjection | None = None,
-) -> tuple[list[int], list[float]]:
-    """Tokens and their logprobs for pre-norm ``hidden [S, H]`` rows (token ``indices[i]`` of a request seeded
-    ``seeds[i]``) on the host: :func:`sample_rows_on_device`, read back. Shared by the runner and the last pipeline
-    stage."""
-    both = sample_rows_on_device(model, backend, hidden, params, seeds, indices, mismatch).cpu()
+def rows_to_host(both: torch.Tensor) -> tuple[list[int], list[float]]:
+    """:func:`sample_rows_on_device`'s ``[2, S]`` rows read back: the tokens and their logprobs as host lists (one
+    transfer). The last pipeline stage samples this way, as a one-device engine does on the device."""
+    both = both.cpu()
     return [int(t) for t in both[0].tolist()], both[1].tolist()
 
 
