@@ -216,9 +216,7 @@ class VexactServer:
         cuda_visible_devices: str | None = None,
         gpu_uuid: str | None = None,
     ):
-        _see_devices(cuda_visible_devices)
-        self.gpu_uuid = gpu_uuid
-        self.settings = settings
+        _place(self, settings, cuda_visible_devices, gpu_uuid)
         self.rollout_mode = rollout_mode
         self.replica_rank = replica_rank
         self.node_rank = node_rank
@@ -668,10 +666,13 @@ class VexactServer:
         return dict(self.stats, **engine, **phase, in_flight=len(self._futures), device_bytes=device_bytes)
 
 
-def _see_devices(cuda_visible_devices: str | None) -> None:
-    """Set before CUDA initialises: a server or stage shares the GPU(s) of a trainer rank of its replica."""
+def _place(actor, settings: ServerSettings, cuda_visible_devices: str | None, gpu_uuid: str | None) -> None:
+    """A server's or stage's first step: see the GPU(s) of a trainer rank of its replica (set before CUDA
+    initialises), then keep its settings and the UUID of the GPU it builds its engine on."""
     if cuda_visible_devices:
         os.environ["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices
+    actor.gpu_uuid = gpu_uuid
+    actor.settings = settings
 
 
 def _worker_device(gpu_uuid: str | None) -> str:
@@ -733,9 +734,7 @@ class VexactStage:
     def __init__(
         self, settings: ServerSettings, rank: int, cuda_visible_devices: str | None = None, gpu_uuid: str | None = None
     ):
-        _see_devices(cuda_visible_devices)
-        self.gpu_uuid = gpu_uuid
-        self.settings = settings
+        _place(self, settings, cuda_visible_devices, gpu_uuid)
         self.rank = rank
         self.engine = None
         self._thread = None
