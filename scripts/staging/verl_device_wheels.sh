@@ -16,7 +16,8 @@
 # transformers 5.9.0's, and the modules verl's default trainer imports beyond those: TransferQueue, pyzmq, msgspec,
 # fastapi, uvicorn, cachetools; see packages/vexact-verl/pyproject.toml) that the GPU machine's image does not have, plus the two the image has at versions verl cannot use:
 # transformers (image: 5.17; verl 0.9.1 needs <5.11, we pin 5.9.0) and tokenizers (image: 0.23.2; transformers
-# 5.9.0 needs <=0.23.0). veomni 0.1.12 (model_engine=veomni, 1.9 MB) is installed like every wheel here, with no
+# 5.9.0 needs <=0.23.0). cupy-cuda13x (with cuda-pathfinder, which finds the image's CUDA 13 libraries) for verl's
+# nccl checkpoint engine, which separate_async uses to sync weights. veomni 0.1.12 (model_engine=veomni, 1.9 MB) is installed like every wheel here, with no
 # deps: its pins (datasets<=2.21, a CUDA torch via timm) are not what verl's path imports (requirements/veomni.txt).
 # Versions are the ones the CPU CI installs (requirements/test.txt, requirements/veomni.txt), so both run the same
 # code. The list was computed from the installed closure minus the image's package list (the comments of
@@ -44,6 +45,7 @@ WHEELS=(
   transferqueue==0.1.11 pyzmq==27.3.0 msgspec==0.22.0 fastapi==0.165.0 starlette==1.10.0 uvicorn==0.54.0
   cachetools==8.0.1
   veomni==0.1.12
+  cupy-cuda13x==14.2.0 cuda-pathfinder==1.9.1
 )
 # Published as a source archive only (omegaconf 2.3 needs antlr4 4.9.*): built here into a pure-Python wheel.
 SDIST_ONLY=(antlr4-python3-runtime==4.9.3)
@@ -101,6 +103,10 @@ print('verl', verl.__version__, 'ray', ray.__version__, 'transformers', transfor
   # model_engine=veomni (ENGINE=veomni in verl_gpu.sh): reported, not fatal, so the other runs do not depend on it
   PYTHONPATH=/tmp/site python3 -c "import veomni, verl.workers.engine.veomni; print('veomni', veomni.__version__)" \
     2>&1 | tail -1 || true
+  # verl's nccl checkpoint engine (separate_async: scripts/checks/async_gpu.sh) imports cupy and its NCCL binding,
+  # which finds libnccl in the image's nvidia packages: reported, not fatal
+  PYTHONPATH=/tmp/site python3 -c "import cupy, cupy.cuda.nccl, verl.checkpoint_engine.nccl_checkpoint_engine
+print('cupy', cupy.__version__, 'nccl', cupy.cuda.nccl.get_version())" 2>&1 | tail -1 || true
 }
 
 case "${1:-}" in
