@@ -148,18 +148,28 @@ def _env(site: str | None, batch_invariant: bool) -> dict:
 
 
 def run_vllm(
-    mode: str, ckpt: Path, prompts, max_tokens, seeds, batch_limit: int, args, workdir: Path, batch1: bool
+    mode: str,
+    ckpt: Path,
+    prompts,
+    max_tokens,
+    seeds,
+    batch_limit: int,
+    args,
+    workdir: Path,
+    batch1: bool,
+    parallel: dict | None = None,
 ) -> dict | str:
-    """One vLLM engine in a subprocess; returns its results, or a short reason why there are none."""
+    """One vLLM engine in a subprocess; returns its results, or a short reason why there are none. ``parallel``:
+    more ``vllm.LLM`` settings for several GPUs (``tensor_parallel_size``, ``enable_expert_parallel``)."""
     if mode not in ("vllm", "vllm-bi"):
         raise ValueError(f"mode must be 'vllm' or 'vllm-bi', got {mode!r}")
     spec = dict(
         ckpt=str(ckpt), prompts=prompts, max_tokens=max_tokens, seeds=seeds, max_num_seqs=batch_limit,
         max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.prompt_len[1] + args.gen_len[1],
         gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager,
-        decode_steps=args.decode_steps if batch1 else 0,
+        decode_steps=args.decode_steps if batch1 else 0, parallel=parallel or {},
     )  # fmt: skip
-    tag = f"{mode}-{batch_limit}"
+    tag = f"{mode}-{batch_limit}" + ("".join(f"-{k}{v}" for k, v in sorted((parallel or {}).items())))
     spec_path, out_path, log_path = (workdir / f"{tag}.{ext}" for ext in ("spec.json", "result.json", "log"))
     spec_path.write_text(json.dumps(spec))
     with open(log_path, "w") as log:
@@ -191,7 +201,7 @@ def _worker(spec_path: str, result_path: str) -> int:
         model=spec["ckpt"], skip_tokenizer_init=True, dtype="bfloat16", seed=0,
         max_num_seqs=spec["max_num_seqs"], max_num_batched_tokens=spec["max_num_batched_tokens"],
         max_model_len=spec["max_model_len"], gpu_memory_utilization=spec["gpu_memory_utilization"],
-        enforce_eager=spec["enforce_eager"],
+        enforce_eager=spec["enforce_eager"], **spec.get("parallel", {}),
     )  # fmt: skip
 
     def params(n: int, seed: int | None):
