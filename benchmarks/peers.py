@@ -81,7 +81,7 @@ SOURCE_FILE = "vexact-source.json"
 
 
 def save_hf_checkpoint(model, path: str | Path, source: dict | None = None) -> Path:
-    """Save ``model`` (any vexact_models family: qwen3, qwen3_moe, deepseek_v3, llama, qwen2, mistral) as an HF
+    """Save ``model`` (any vexact_models family: qwen3, qwen3_moe, deepseek_v3, llama, qwen2, mistral, gpt_oss) as an HF
     checkpoint directory vLLM and transformers can load (no tokenizer): ``config.json`` with the family's
     ``architectures`` and ``model_type``, and the weights under their published names (one tensor per expert).
 
