@@ -179,6 +179,14 @@ def test_write_meta_lists_every_setting_that_differs_from_verl_defaults_per_arm(
     d = write_meta.settings(" ".join(moe[3:]))[1]  # read against verl's VeOmni config
     assert d["actor_rollout_ref.actor.veomni.attn_implementation"] == {"value": "sdpa",
                                                                        "verl_default": "flash_attention_2"}  # fmt: skip
+    # gpt-oss: the sinks have no SDPA path in transformers, so the default actor runs eager where FA4 is not there
+    gptoss = _dry_run(tmp_path, PAIR="gptoss-1k")
+    d = write_meta.settings(" ".join(gptoss["vllm"][3:]))[1]
+    assert d["actor_rollout_ref.actor.veomni.attn_implementation"]["value"] == "eager"
+    assert d["actor_rollout_ref.actor.veomni.moe_implementation"]["value"] == "fused_triton"
+    assert "gpt-oss-20b-l4" in d["actor_rollout_ref.model.path"]["value"]
+    ours = write_meta.settings(" ".join(gptoss["vexact"][3:]))[1]
+    assert ours["actor_rollout_ref.actor.strategy"]["value"] == "vexact"
     # the meta itself: the shape first in its config, the effective budgets, the differences beside the stack
     cmd = arms["vexact"]
     env = {**os.environ, "ARM": "vexact", "NAME": "cpu-dense-1k-vexact", "RESULTS": str(tmp_path), "ATTN": "triton",

@@ -131,6 +131,10 @@ if [[ " ${ARMS[*]} " == *" vllm "* ]]; then
   CHOICE=$(PYTHONPATH="$PROBE_PATH${PYTHONPATH:+:$PYTHONPATH}" ACTOR_ATTN="$ACTOR_ATTN" \
     python3 examples/verify/actor_attention.py) || exit 2
   eval "$CHOICE"
+  # gpt-oss's learned sinks join every softmax: transformers' GptOss has no SDPA path for them, only eager (and FA4)
+  if [[ "$SHAPE" == gpt-oss* ]] && [ "$ACTOR_ATTN" = sdpa ]; then
+    ACTOR_ATTN=eager ACTOR_ATTN_WHY="$ACTOR_ATTN_WHY; gpt-oss's sinks: eager in place of sdpa"
+  fi
   [ "$ACTOR_ATTN" != flash_attention_4 ] || VLLM_PATH=$PROBE_PATH
   # the module verl imports in its workers (external_lib) for FA4 to take transformers' call; its folder in front
   [ -z "$ACTOR_ATTN_LIB" ] || VLLM_PATH=$PWD/examples/verify/fa4_shim:$VLLM_PATH

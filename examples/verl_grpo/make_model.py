@@ -10,7 +10,8 @@ examples/verl_grpo/run_grpo.sh``.
 
 ``--shape NAME`` takes the widths of a real model (its config.json: ``SHAPES`` below, from vexact-models' tables):
 ``qwen3-1.7b``, ``qwen3-8b``, ``qwen3-30b-a3b``, ``llama-3.1-8b``, ``r1-distill-qwen-1.5b``
-(DeepSeek-R1-Distill-Qwen-1.5B, a Qwen2) and ``moonlight-16b-a3b`` (a DeepSeek-V3), at ``--layers`` depth (default:
+(DeepSeek-R1-Distill-Qwen-1.5B, a Qwen2), ``moonlight-16b-a3b`` (a DeepSeek-V3) and ``gpt-oss-20b`` (bf16 experts;
+sliding and full layers alternate from the first), at ``--layers`` depth (default:
 the model's own), with a context of ``--context`` tokens (default 1024). ``--vocab byte`` (the default) keeps the byte
 vocabulary (272 ids: the GPU machines have no hub tokenizer); ``--vocab real`` keeps the model's own vocabulary size
 (151,936 for Qwen3) with ``full_vocab.py``'s tokenizer, which has a token for every id the random model can sample,
@@ -33,6 +34,7 @@ from pathlib import Path
 
 from vexact_models import (
     DEEPSEEK_V3_SHAPES,
+    GPT_OSS_SHAPES,
     LLAMA_SHAPES,
     QWEN2_SHAPES,
     QWEN3_MOE_SHAPES,
@@ -43,6 +45,7 @@ from vexact_models import (
     save_checkpoint,
     tiny_config,
     tiny_deepseek_v3_config,
+    tiny_gpt_oss_config,
     tiny_qwen3_config,
     tiny_qwen3_moe_config,
 )
@@ -124,6 +127,7 @@ SHAPES = {
     "r1-distill-qwen-1.5b": ("qwen2", {**QWEN2_SHAPES["qwen2.5-1.5b"], "rope_theta": 10_000.0,
                                        "tie_word_embeddings": False}),
     "moonlight-16b-a3b": ("deepseek_v3", DEEPSEEK_V3_SHAPES["moonlight-16b-a3b"]),
+    "gpt-oss-20b": ("gpt_oss", GPT_OSS_SHAPES["gpt-oss-20b"]),
 }  # fmt: skip
 
 
@@ -145,6 +149,9 @@ def _shaped(args):
     if family == "qwen3_moe":
         args.experts, args.top_k = shape["num_experts"], shape["num_experts_per_tok"]
         return tiny_qwen3_moe_config(**shape)
+    if family == "gpt_oss":
+        args.experts, args.top_k = shape["num_local_experts"], shape["num_experts_per_tok"]
+        return tiny_gpt_oss_config(**shape)
     return tiny_config(family, **shape)
 
 
