@@ -41,6 +41,7 @@ import torch
 import torch.distributed as dist
 
 from vexact_engine import LLM, ExpertParallelLLM, PipelineLLM
+from vexact_engine.pipeline import stage_layers
 from vexact_models import random_model
 
 MODES = ("one", "ep", "pp", "vllm")
@@ -114,6 +115,25 @@ def engine_kw(args, max_num_seqs: int) -> dict:
     return kw
 
 
+def pp_kv_blocks(args, model, limit: int, device: torch.device) -> int:
+    """KV pages every pipeline stage can hold (PipelineLLM needs one count for all): this stage's share of
+    ``--gpu-memory-utilization`` of the device, less its layers' weights and an activation reserve, over the bytes a
+    page takes in its layers; the smallest over the stages, and no more than ``limit`` sequences of the longest
+    length need."""
+    cfg = model.config
+    stage = stage_layers(cfg.num_hidden_layers, dist.get_world_size())[dist.get_rank()]
+    per_layer = sum(p.numel() * p.element_size() for p in model.model.layers[0].parameters())
+    shared = sum(p.numel() * p.element_size() for p in model.parameters()) - per_layer * cfg.num_hidden_layers
+    reserve = 2 * 2**30 + args.max_num_batched_tokens * cfg.hidden_size * 64  # activations of one step, generous
+    budget = args.gpu_memory_utilization * torch.cuda.get_device_properties(device).total_memory
+    budget -= per_layer * len(stage) + shared + reserve
+    page = args.block_size * len(stage) * peers.kv_bytes_per_token(cfg) // cfg.num_hidden_layers
+    need = limit * -(-(args.prompt_len[1] + args.gen_len[1]) // args.block_size)
+    blocks = torch.tensor([max(1, min(int(budget // page), need))], device=device)
+    dist.all_reduce(blocks, op=dist.ReduceOp.MIN)
+    return int(blocks)
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -163,7 +183,11 @@ def run_mode(mode: str, limit: int, args, prompts, params, device: torch.device)
             device, lambda: llm.generate([prompts[i] for i in mine], [params[i] for i in mine], use_tqdm=False)
         )
     elif mode == "pp":  # the driver times the run; the other stages serve it until it shuts down
-        llm = PipelineLLM(model=make_model(args, device), **engine_kw(args, limit))
+        model, kw = make_model(args, device), engine_kw(args, limit)
+        if "num_kv_blocks" not in kw:  # every stage must hold the same pages
+            kw["num_kv_blocks"] = pp_kv_blocks(args, model, limit, device)
+        llm = PipelineLLM(model=model, **kw)
+        model = None
         if llm.is_driver:
             llm.generate(prompts[:warm_n], warm, use_tqdm=False)
             tokens, wall = timed(device, lambda: llm.generate(prompts, params, use_tqdm=False))
