@@ -54,6 +54,16 @@ def _load_kv(K, V, k_rows, kvh, kin, offs_dk, offs_dv, stride_kt, stride_kh, str
 
 
 @triton.jit
+def _tile_span(TILE_X0, CU, tile, b, BLOCK: tl.constexpr):
+    """Tile ``tile``'s first key or query row ``x0`` (``TILE_X0``), its ``BLOCK`` positions from ``x0``, and its
+    sequence ``b``'s first token and length."""
+    x0 = tl.load(TILE_X0 + tile)
+    s0 = tl.load(CU + b)
+    n = tl.load(CU + b + 1) - s0
+    return x0, x0 + tl.arange(0, BLOCK), s0, n
+
+
+@triton.jit
 def _store_rows(P, rows, h, x, ok, offs_d, stride_t, stride_h, D: tl.constexpr):
     """``P[rows, h, :D] = x`` cast to ``P``'s type, where ``ok`` (``h`` as in :func:`_load_rows`)."""
     tl.store(
@@ -76,52 +86,17 @@ def _probs(q, k, lse, qk_scale, kpos, t, seen, window, BLOCK_M: tl.constexpr, BL
 
 @triton.jit
 def _attn_bwd_dkdv(
-    Q,
-    K,
-    V,
-    DO,
-    LSE,
-    DELTA,
-    DKO,
-    DVO,
-    TILE_SEQ,
-    TILE_K0,
-    CU,
-    num_seqs,
-    stride_qt,
-    stride_qh,
-    stride_kt,
-    stride_kh,
-    stride_vt,
-    stride_vh,
-    stride_dot,
-    stride_doh,
-    stride_lt,
-    stride_dkt,
-    stride_dkh,
-    stride_dvt,
-    stride_dvh,
-    qk_scale,
-    sm_scale,
-    window,
-    G: tl.constexpr,
-    DK: tl.constexpr,
-    DV: tl.constexpr,
-    BLOCK_DK: tl.constexpr,
-    BLOCK_DV: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    UPCAST: tl.constexpr,
-    WINDOW: tl.constexpr = False,
-):
+    Q, K, V, DO, LSE, DELTA, DKO, DVO, TILE_SEQ, TILE_K0, CU, num_seqs,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh, stride_lt,
+    stride_dkt, stride_dkh, stride_dvt, stride_dvh, qk_scale, sm_scale, window, G: tl.constexpr, DK: tl.constexpr,
+    DV: tl.constexpr, BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    UPCAST: tl.constexpr, WINDOW: tl.constexpr = False,
+):  # fmt: skip
+    """dK and dV of one KV tile: its keys' gradients over every query row (all ``G`` heads) that sees them, in order."""
     tile, kvh, b = _tile_seq(TILE_SEQ)
     if b >= num_seqs:
         return
-    k0 = tl.load(TILE_K0 + tile)
-    s0 = tl.load(CU + b)
-    n = tl.load(CU + b + 1) - s0
-
-    offs_n = k0 + tl.arange(0, BLOCK_N)
+    k0, offs_n, s0, n = _tile_span(TILE_K0, CU, tile, b, BLOCK_N)
     kin = offs_n < n
     offs_dk = tl.arange(0, BLOCK_DK)
     offs_dv = tl.arange(0, BLOCK_DV)
@@ -165,49 +140,17 @@ def _attn_bwd_dkdv(
 
 @triton.jit
 def _attn_bwd_dq(
-    Q,
-    K,
-    V,
-    DO,
-    LSE,
-    DELTA,
-    DQO,
-    TILE_SEQ,
-    TILE_ROW0,
-    CU,
-    num_seqs,
-    stride_qt,
-    stride_qh,
-    stride_kt,
-    stride_kh,
-    stride_vt,
-    stride_vh,
-    stride_dot,
-    stride_doh,
-    stride_lt,
-    stride_dqt,
-    stride_dqh,
-    qk_scale,
-    sm_scale,
-    window,
-    G: tl.constexpr,
-    DK: tl.constexpr,
-    DV: tl.constexpr,
-    BLOCK_DK: tl.constexpr,
-    BLOCK_DV: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    UPCAST: tl.constexpr,
+    Q, K, V, DO, LSE, DELTA, DQO, TILE_SEQ, TILE_ROW0, CU, num_seqs,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_dot, stride_doh, stride_lt,
+    stride_dqt, stride_dqh, qk_scale, sm_scale, window, G: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+    BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr,
     WINDOW: tl.constexpr = False,
-):
+):  # fmt: skip
+    """dQ of one query tile: its rows' gradients over every key tile they see, in order."""
     tile, kvh, b = _tile_seq(TILE_SEQ)
     if b >= num_seqs:
         return
-    row0 = tl.load(TILE_ROW0 + tile)
-    s0 = tl.load(CU + b)
-    n = tl.load(CU + b + 1) - s0
-
-    offs_m = row0 + tl.arange(0, BLOCK_M)
+    row0, offs_m, s0, n = _tile_span(TILE_ROW0, CU, tile, b, BLOCK_M)
     t = offs_m // G
     head = kvh * G + offs_m % G
     ok = t < n

@@ -65,6 +65,15 @@ SPLIT_PROGRAMS_MAX_TILES = (131, 48, 0)
 
 
 @triton.jit
+def end_split(total, acc, kt, k_tiles, SPLIT_TILES: tl.constexpr):
+    """After tile ``kt``: at a split's last tile (or the last of ``k_tiles``), ``acc`` added to ``total``, zeroed."""
+    if (kt % SPLIT_TILES == SPLIT_TILES - 1) or (kt == k_tiles - 1):
+        total += acc
+        acc = tl.zeros(acc.shape, dtype=tl.float32)
+    return total, acc
+
+
+@triton.jit
 def k_reduce(
     a_base, b_base, stride_ak, stride_bk, mask_a, mask_b, K, kt_lo, kt_hi,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_TILES: tl.constexpr,
@@ -91,9 +100,7 @@ def k_reduce(
             acc += tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], axis=1)
         else:
             acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
-        if (kt % SPLIT_TILES == SPLIT_TILES - 1) or (kt == k_tiles - 1):
-            total += acc
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        total, acc = end_split(total, acc, kt, k_tiles, SPLIT_TILES)
     return total
 
 

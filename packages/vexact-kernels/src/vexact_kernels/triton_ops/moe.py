@@ -41,7 +41,7 @@ import triton.language as tl
 from ..activation import SWIGLU_ALPHA, SWIGLU_LIMIT
 from . import cdiv
 from .activation import ACT_BLOCK, ACT_NUM_WARPS, _silu_and_mul_bwd_kernel, glu_bwd, glu_fwd, silu_and_mul_fwd
-from .matmul import BLOCK_K, SPLIT_TILES, input_precision, k_reduce
+from .matmul import BLOCK_K, SPLIT_TILES, end_split, input_precision, k_reduce
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages) of the grouped GEMMs, picked by T*k (never by an expert's count); speed
 # only: every one gives the same bits (tests/test_triton_moe.py, on the GPU). H100 sweep at the Qwen3-30B-A3B layer
@@ -157,9 +157,7 @@ def _grouped_wgrad_kernel(
             acc += tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], axis=1)
         else:
             acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
-        if (rt % SPLIT_TILES == SPLIT_TILES - 1) or (rt == r_tiles - 1):
-            total += acc
-            acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+        total, acc = end_split(total, acc, rt, r_tiles, SPLIT_TILES)
     w_ptrs = (
         dw_ptr + e.to(tl.int64) * stride_we + offs_n[:, None].to(tl.int64) * stride_wn
         + offs_k[None, :].to(tl.int64) * stride_wk
