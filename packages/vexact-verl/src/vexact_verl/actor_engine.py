@@ -28,6 +28,10 @@ group; the only thing the test replaces is verl's platform singleton (a CPU plat
 ``set_platform`` fills), because verl 0.9.1 has no CPU platform. The same tests' ``cuda`` variants (``-m gpu``) run the
 path on verl's CUDA platform.
 
+verl's ``old_log_prob`` is timed on this side: ``infer_batch`` and its micro-batches' forwards (synchronised), logged
+by the next training step as ``actor/vexact/timing_s/infer_batch``, ``actor/vexact/timing_s/infer_forward`` and
+``actor/vexact/infer_micro_batches``; the rest of verl's ``timing_s/old_log_prob`` is verl's dispatch and collection.
+
 ``train_batch`` also runs the TIM attribution by op family on a sample of the step's sequences when the engine
 config's ``vexact.tim_attribute_every`` asks for it (off by default; :class:`VexactFSDPEngineConfig`,
 :mod:`vexact_verl.tim`), adding ``tim_attr/*`` to the step's metrics without touching the step's numerics.
