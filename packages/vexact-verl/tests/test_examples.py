@@ -98,6 +98,9 @@ def test_make_model_shapes_take_the_published_widths():
         "moonlight-16b-a3b": dict(model_type="deepseek_v3", hidden_size=2048, n_routed_experts=64,
                                   num_experts_per_tok=6, n_shared_experts=2, kv_lora_rank=512, first_k_dense_replace=1,
                                   moe_intermediate_size=1408),
+        "gpt-oss-20b": dict(model_type="gpt_oss", hidden_size=2880, intermediate_size=2880, num_local_experts=32,
+                            num_experts_per_tok=4, num_attention_heads=64, num_key_value_heads=8, head_dim=64,
+                            sliding_window=128, tie_word_embeddings=False),
     }  # fmt: skip
     assert set(want) == set(make_model.SHAPES)
     for shape, fields in want.items():

@@ -223,7 +223,7 @@ def test_old_log_prob_time_is_logged_by_the_next_step(device):
     assert not [k for k in TIMING_KEYS if k in second]  # logged once, by the step after the old_log_prob
 
 
-TIMING_KEYS = ("vexact/timing_s/infer_batch", "vexact/timing_s/infer_forward", "vexact/infer_micro_batches")
+TIMING_KEYS = ("vexact/perf/infer_batch_s", "vexact/perf/infer_forward_s", "vexact/perf/infer_micro_batches")
 
 
 def test_checkpoint_round_trip(device, tmp_path):

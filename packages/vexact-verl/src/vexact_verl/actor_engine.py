@@ -29,8 +29,9 @@ group; the only thing the test replaces is verl's platform singleton (a CPU plat
 path on verl's CUDA platform.
 
 verl's ``old_log_prob`` is timed on this side: ``infer_batch`` and its micro-batches' forwards (synchronised), logged
-by the next training step as ``actor/vexact/timing_s/infer_batch``, ``actor/vexact/timing_s/infer_forward`` and
-``actor/vexact/infer_micro_batches``; the rest of verl's ``timing_s/old_log_prob`` is verl's dispatch and collection.
+by the next training step as ``actor/vexact/perf/infer_batch_s``, ``actor/vexact/perf/infer_forward_s`` and
+``actor/vexact/perf/infer_micro_batches``; the rest of verl's ``timing_s/old_log_prob`` is verl's dispatch and
+collection.
 
 ``train_batch`` also runs the TIM attribution by op family on a sample of the step's sequences when the engine
 config's ``vexact.tim_attribute_every`` asks for it (off by default; :class:`VexactFSDPEngineConfig`,
@@ -217,16 +218,16 @@ class VexactEngineWithLMHead(FSDPEngineWithLMHead):
     def infer_batch(self, data: TensorDict, loss_function=None):
         # where verl's old_log_prob goes on this side: the whole call and its forwards (each micro-batch's forward
         # and log-probs, to the end of its kernels), summed until the next training step logs them as
-        # vexact/timing_s/infer_batch and vexact/timing_s/infer_forward; the rest of verl's timing_s/old_log_prob
+        # vexact/perf/infer_batch_s and vexact/perf/infer_forward_s; the rest of verl's timing_s/old_log_prob
         # is verl's own dispatch and collection
         _sync_device()
         start = time.perf_counter()
         outputs = super().infer_batch(data, loss_function)
         _sync_device()
         t = self._infer_timing
-        t["vexact/timing_s/infer_batch"] = t.get("vexact/timing_s/infer_batch", 0.0) + time.perf_counter() - start
-        t.setdefault("vexact/timing_s/infer_forward", 0.0)
-        t.setdefault("vexact/infer_micro_batches", 0.0)
+        t["vexact/perf/infer_batch_s"] = t.get("vexact/perf/infer_batch_s", 0.0) + time.perf_counter() - start
+        t.setdefault("vexact/perf/infer_forward_s", 0.0)
+        t.setdefault("vexact/perf/infer_micro_batches", 0.0)
         if not self.engine_config.forward_only and isinstance(outputs, dict) and "model_output" in outputs:
             metrics = self.check_versions(data, outputs["model_output"]["log_probs"])
             if metrics:
@@ -325,10 +326,8 @@ class VexactEngineWithLMHead(FSDPEngineWithLMHead):
         if forward_only:  # infer_batch's micro-batches (below, .item() waits for the kernels anyway)
             _sync_device()
             t = self._infer_timing
-            t["vexact/timing_s/infer_forward"] = (
-                t.get("vexact/timing_s/infer_forward", 0.0) + time.perf_counter() - start
-            )
-            t["vexact/infer_micro_batches"] = t.get("vexact/infer_micro_batches", 0.0) + 1
+            t["vexact/perf/infer_forward_s"] = t.get("vexact/perf/infer_forward_s", 0.0) + time.perf_counter() - start
+            t["vexact/perf/infer_micro_batches"] = t.get("vexact/perf/infer_micro_batches", 0.0) + 1
         if loss_function is not None:
             loss, metrics = loss_function(
                 model_output=model_output, data=micro_batch, dp_group=self.get_data_parallel_group()
