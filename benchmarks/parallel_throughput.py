@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import gc
 import json
 import os
 import sys
@@ -40,12 +39,12 @@ import throughput  # benchmarks/throughput.py: the shapes, the workload, the run
 import torch
 import torch.distributed as dist
 
-from vexact_engine import LLM, ExpertParallelLLM, PipelineLLM
+from vexact_engine import LLM, ExpertParallelLLM, PipelineLLM, SamplingParams
 from vexact_engine.pipeline import stage_layers
-from vexact_models import random_model
 
 MODES = ("one", "ep", "pp", "vllm")
 GOALS = {"ep/one": 1.6, "ep/pp": 1.3, "ep/vllm": 1.0}
+RL = throughput.WORKLOADS["rl"]
 
 
 def arg_parser() -> argparse.ArgumentParser:
@@ -53,11 +52,14 @@ def arg_parser() -> argparse.ArgumentParser:
     ap.add_argument("--model", default="qwen3-30b-a3b", help=f"a MoE shape of throughput.py: {', '.join(_moe())}")
     ap.add_argument("--layers", type=int, default=None, help="decoder layers (default: the shape's own depth)")
     ap.add_argument("--modes", default="one,ep,pp,vllm", help=f"comma-separated from {','.join(MODES)}")
-    ap.add_argument("--num-prompts", type=int, default=512)
-    ap.add_argument("--prompt-len", type=int, nargs=2, default=[128, 512], metavar=("LO", "HI"))
-    ap.add_argument("--gen-len", type=int, nargs=2, default=[1024, 2048], metavar=("LO", "HI"))
-    ap.add_argument("--max-num-seqs", default="256,512", help="batch limits: sequences in flight in the replica")
-    ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    # the rl workload of throughput.py, with half its prompts (a run of four modes at two limits in one sitting)
+    ap.add_argument("--num-prompts", type=int, default=RL["num_prompts"] // 2)
+    ap.add_argument("--prompt-len", type=int, nargs=2, default=RL["prompt_len"], metavar=("LO", "HI"))
+    ap.add_argument("--gen-len", type=int, nargs=2, default=RL["gen_len"], metavar=("LO", "HI"))
+    ap.add_argument(
+        "--max-num-seqs", default=RL["max_num_seqs"], help="batch limits: sequences in flight in the replica"
+    )
+    ap.add_argument("--max-num-batched-tokens", type=int, default=RL["max_num_batched_tokens"])
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.85)
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--num-kv-blocks", type=int, default=None, help="KV pages per rank (CPU: required)")
@@ -96,12 +98,10 @@ def check_args(ap: argparse.ArgumentParser, args: argparse.Namespace, world: int
     return limits
 
 
-def make_model(args, device: torch.device):
-    """Random bf16 weights of the shape (the same seed on every rank, so every mode computes with the same model)."""
-    family, sizes = throughput.SHAPES[args.model]
-    over = {"torch_dtype": "bfloat16"} | ({} if args.layers is None else {"num_hidden_layers": args.layers})
-    cfg = throughput.CONFIGS[family](**{**sizes, **over})
-    return random_model(cfg, seed=args.seed, embed_std=0.02, device=device)
+def new_model(args):
+    """Random bf16 weights of the shape on this rank's device (the same seed on every rank: every mode computes with
+    the same model)."""
+    return throughput.make_model(args.model, args.layers, args.seed)
 
 
 def engine_kw(args, max_num_seqs: int) -> dict:
@@ -134,24 +134,12 @@ def pp_kv_blocks(args, model, limit: int, device: torch.device) -> int:
     return int(blocks)
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _free(device: torch.device) -> None:
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        torch.cuda.empty_cache()
-
-
-def timed(device: torch.device, run) -> tuple[int, float]:
+def timed(run) -> tuple[int, float]:
     """``run()``'s generated tokens and wall time on this rank."""
-    _sync(device)
+    throughput.sync()
     t = time.perf_counter()
     outs = run()
-    _sync(device)
+    throughput.sync()
     return sum(len(o.token_ids) for o in outs), time.perf_counter() - t
 
 
@@ -167,30 +155,30 @@ def run_mode(mode: str, limit: int, args, prompts, params, device: torch.device)
     """One VeXact mode at one batch limit on every rank: ``{"tokens", "wall", "tok_s"}``."""
     rank, world = dist.get_rank(), dist.get_world_size()
     warm_n = min(4, len(prompts))
-    warm = [throughput.SamplingParams(max_tokens=8, seed=1, ignore_eos=True)] * warm_n
+    warm = [SamplingParams(max_tokens=8, seed=1, ignore_eos=True)] * warm_n
     tokens, wall = 0, 0.0
     if mode == "one":  # the first rank alone; the others wait in the collective below
-        llm = LLM(model=make_model(args, device), **engine_kw(args, limit)) if rank == 0 else None
+        llm = LLM(model=new_model(args), **engine_kw(args, limit)) if rank == 0 else None
         if llm is not None:
             llm.generate(prompts[:warm_n], warm, use_tqdm=False)
-            tokens, wall = timed(device, lambda: llm.generate(prompts, params, use_tqdm=False))
+            tokens, wall = timed(lambda: llm.generate(prompts, params, use_tqdm=False))
     elif mode == "ep":  # every rank its share, stepping together (the exchange is collective)
-        llm = ExpertParallelLLM(model=make_model(args, device), **engine_kw(args, limit // world))
+        llm = ExpertParallelLLM(model=new_model(args), **engine_kw(args, limit // world))
         mine = list(range(rank, len(prompts), world))
         llm.generate([prompts[i] for i in mine[:warm_n]], warm[: len(mine[:warm_n])], use_tqdm=False)
         dist.barrier()
         tokens, wall = timed(
-            device, lambda: llm.generate([prompts[i] for i in mine], [params[i] for i in mine], use_tqdm=False)
+            lambda: llm.generate([prompts[i] for i in mine], [params[i] for i in mine], use_tqdm=False)
         )
     elif mode == "pp":  # the driver times the run; the other stages serve it until it shuts down
-        model, kw = make_model(args, device), engine_kw(args, limit)
+        model, kw = new_model(args), engine_kw(args, limit)
         if "num_kv_blocks" not in kw:  # every stage must hold the same pages
             kw["num_kv_blocks"] = pp_kv_blocks(args, model, limit, device)
         llm = PipelineLLM(model=model, **kw)
         model = None
         if llm.is_driver:
             llm.generate(prompts[:warm_n], warm, use_tqdm=False)
-            tokens, wall = timed(device, lambda: llm.generate(prompts, params, use_tqdm=False))
+            tokens, wall = timed(lambda: llm.generate(prompts, params, use_tqdm=False))
             llm.shutdown()
         else:
             llm.serve()
@@ -198,7 +186,7 @@ def run_mode(mode: str, limit: int, args, prompts, params, device: torch.device)
         raise ValueError(f"not a VeXact mode: {mode!r}")
     tokens, wall = combined(device, tokens, wall)
     llm = None  # the engine and its model go before the next mode builds its own
-    _free(device)
+    throughput.free_memory()
     want = sum(p.max_tokens for p in params)
     if tokens != want:
         raise RuntimeError(f"{mode} at limit {limit}: {tokens} tokens generated, the workload asks {want}")
@@ -210,13 +198,10 @@ def run_vllm(limit: int, args, prompts, params, workdir: Path, world: int) -> di
     VeXact engine has let its GPU go."""
     if args.device != "cuda":
         return "not run: vLLM needs CUDA"
-    device = torch.device("cuda", torch.cuda.current_device())
-    model = make_model(args, device)
-    family = throughput.SHAPES[args.model][0]
-    source = {"shape": args.model, "layers": args.layers, "seed": args.seed, "device": torch.cuda.get_device_name()}
-    ckpt = peers.save_hf_checkpoint(model, workdir / f"{family}-{args.model}", source)
+    model = new_model(args)
+    ckpt = throughput.save_checkpoint(model, args.model, args, workdir)
     del model
-    _free(device)
+    throughput.free_memory()
     shim = argparse.Namespace(**vars(args), decode_steps=0)
     seeds = [p.seed for p in params]
     return peers.run_vllm(
@@ -285,7 +270,7 @@ def main(argv=None) -> int:
     rank, world = dist.get_rank(), dist.get_world_size()
     limits = check_args(ap, args, world)
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-    throughput.DEV = device  # the shapes' helpers draw weights there
+    throughput.DEV = device  # throughput's helpers (weights, sync, free memory) work on this rank's device
     family = throughput.SHAPES[args.model][0]
     vocab = throughput.CONFIGS[family](**throughput.SHAPES[args.model][1]).vocab_size
     prompts, params = throughput.workload(args, vocab)
