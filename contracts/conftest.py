@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from contracts.harness import GPU_NAMES, skip_on_gpu
+from contracts.harness import gpu_target, skip_on_gpu
 from vexact_models import default_checkpoint, load_model
 
 
@@ -11,9 +11,8 @@ def target(request) -> str:
     if t != "cpu":
         if not torch.cuda.is_available():
             pytest.fail(f"contract target {t!r} needs a CUDA device; none is visible")
-        name = torch.cuda.get_device_name()
-        if GPU_NAMES[t] not in name:
-            pytest.fail(f"contract target {t!r} but the device is {name!r}")
+        if gpu_target() != t:
+            pytest.fail(f"contract target {t!r} but the device is {torch.cuda.get_device_name()!r}")
     return t
 
 

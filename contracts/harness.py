@@ -32,8 +32,6 @@ GPU_NAMES = {"h100": "H100", "h200": "H200", "b200": "B200"}
 
 def gpu_target() -> str | None:
     """The GPU target (``h100``, ``h200``, ``b200``) of the current CUDA device, ``None`` for any other device."""
-    import torch
-
     name = torch.cuda.get_device_name()
     return next((t for t, n in GPU_NAMES.items() if n in name), None)
 
