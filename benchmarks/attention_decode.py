@@ -238,8 +238,9 @@ def vexact_fns(inputs: dict, case: DecodeCase) -> dict:
 
 
 # Launch shapes of VeXact's Triton decode other than the one the op picks: (split_programs, (BLOCK_M, warps, stages)
-# or None for the constants). Each is timed and its output compared with the op's, torch.equal: a shape that keeps
-# the bits can become the op's launch for decode; one that does not is a different kernel.
+# or None for the constants, and optionally whether rows sum P in the one-warp order: None for the op's rule). Each is
+# timed and its output compared with the op's, torch.equal: a shape that keeps the bits can become the op's launch
+# for decode; one that does not is a different kernel.
 VARIANTS = {
     "split": (True, None),
     "one-pass": (False, None),
@@ -248,23 +249,30 @@ VARIANTS = {
     "m16": (False, (16, 1, 2)),
     "m16-s3": (False, (16, 1, 3)),
     "m16-split": (True, (16, 1, 2)),
+    "m16-w2": (False, (16, 2, 2)),
     "m16-w4": (False, (16, 4, 2)),
+    "m16-w4-s3": (False, (16, 4, 3)),
+    "m16-w4-split": (True, (16, 4, 2)),
+    "m16-w4-plain": (False, (16, 4, 2), False),
 }
 
 
 def variant_fns(inputs: dict, case: DecodeCase, names) -> dict:
-    """Builders of the Triton launch variants ``names`` (keys of ``VARIANTS``) of this case's decode call."""
+    """Builders of the Triton launch variants ``names`` (keys of ``VARIANTS``) of this case's decode call; each
+    builds its tile table outside the timed call, as the engine does once per step."""
     from vexact_kernels.triton_ops import attention as ta
 
     hq, hkv, d = case.heads
     q, kc, vc, bt, ctx, cu = (inputs[k] for k in ("q", "kc", "vc", "bt", "ctx", "cu"))
     kf, vf = kc.flatten(0, 1), vc.flatten(0, 1)
 
-    def make(split: bool, launch):
+    def make(split: bool, launch, one_warp_sum=None):
         def build():
             lay = ta.paged_layout(bt, ctx, cu, case.page, case.batch, hq, hkv, q.device)
+            block_m = launch[0] if launch else ta.BLOCK_M
+            tiles = ta._fwd_tiles(lay.n_q, hq // hkv, case.batch, block_m)
             return lambda: ta._fwd(q, kf, vf, lay.table, case.page, lay.q_start, lay.n_q, lay.ctx, d**-0.5, False,
-                                   None, split_programs=split, launch=launch)[0]  # fmt: skip
+                                   tiles, split_programs=split, launch=launch, one_warp_sum=one_warp_sum)[0]  # fmt: skip
 
         return build
 

@@ -332,6 +332,48 @@ def test_interpreted_decode_launch_equals_packed(monkeypatch):
     _check_decode_launch(ops, [150, 70, 3], 8, 2, (64, 64), 16, seed=3, device="cpu")
 
 
+if triton_available():
+    import triton
+    import triton.language as tl
+
+    from vexact_kernels.triton_ops.attention import _row_sum_one_warp
+
+    @triton.jit
+    def _row_sum_kernel(P, S, M: tl.constexpr):
+        rows, cols = tl.arange(0, M), tl.arange(0, 64)
+        p = tl.load(P + rows[:, None] * 64 + cols[None, :])
+        tl.store(S + rows, _row_sum_one_warp(p, M, 64))
+
+
+def _one_warp_order_sum(p: torch.Tensor) -> torch.Tensor:
+    """Each row's sum of ``p [M, 64]`` (fp32) as one warp's MMA layout adds it (read from the PTX of the one-warp
+    launch): lane ``q`` adds columns ``8n + 2q + c`` left to right in ``(n, c)`` order, then ``(s0 + s2) + (s1 + s3)``."""
+    out = torch.empty(p.shape[0], dtype=torch.float32)
+    for r in range(p.shape[0]):
+        s = []
+        for q in range(4):
+            acc = torch.tensor(0.0)
+            for n in range(8):
+                for c in range(2):
+                    acc = acc + p[r, 8 * n + 2 * q + c]
+            s.append(acc)
+        out[r] = (s[0] + s[2]) + (s[1] + s[3])
+    return out
+
+
+@interp
+def test_interpreted_row_sum_one_warp_adds_in_the_one_warp_order():
+    """``_row_sum_one_warp``'s reshapes and splits put each value where the one-warp order adds it: torch.equal with
+    that order done by hand, and (the check can fail) not with a plain left-to-right sum on the same rows."""
+    g = torch.Generator().manual_seed(0)
+    p = torch.rand(16, 64, generator=g) * torch.rand(16, 1, generator=g) * 4
+    out = torch.empty(16)
+    _row_sum_kernel[(1,)](p, out, M=16)
+    assert torch.equal(out, _one_warp_order_sum(p))
+    plain = torch.stack([sum((row[i] for i in range(64)), torch.tensor(0.0)) for row in p])
+    assert not torch.equal(out, plain)
+
+
 def test_write_kv_cache_matches_index_copy():
     if not (interpreting() or torch.cuda.is_available()):
         pytest.skip("needs a CUDA device or TRITON_INTERPRET=1")
@@ -433,17 +475,19 @@ def test_gpu_split_launch_equals_one_pass_and_packed(dims):
 @pytest.mark.parametrize(("hq", "hkv", "dims"), [(16, 8, (128, 128)), (32, 8, (128, 128)), (32, 4, (128, 128)),
                                                  (64, 4, (128, 128)), (16, 1, (192, 128))])  # fmt: skip
 def test_gpu_decode_launch_equals_packed(hq, hkv, dims):
-    """Decode at the RL shape's launch (16-row tiles, one warp; the GQA groups of Qwen3-1.7B / 8B / 30B-A3B, a group
-    of 16, an MLA head) == the packed training forward, torch.equal, over contexts past many splits. The check can
-    fail: 16-row tiles in four warps (the scores' columns split across warps) give other bits."""
+    """Decode at the RL shape's launch (16-row tiles in four warps; the GQA groups of Qwen3-1.7B / 8B / 30B-A3B, a
+    group of 16, an MLA head) == the packed training forward and == 16-row tiles in one warp, torch.equal, over
+    contexts past many splits. The check can fail: the four-warp launch with plain sums of P (added across warps)
+    gives other bits."""
     ops = _ops()
     rng = random.Random(hq + hkv)
     nseq = -(-ops.DECODE_MIN_PROGRAMS // hkv)
     lens = [rng.randint(1, 4100) if rng.random() < 0.125 else rng.randint(1, 1200) for _ in range(nseq)]
     args, out = _check_decode_launch(ops, lens, hq, hkv, dims, 16, seed=hq, device="cuda")
+    assert torch.equal(ops._fwd(*args, launch=(ops.DECODE_BLOCK_M, 1, ops.NUM_STAGES))[0], out)
     if (hq, hkv) == (16, 8):
-        four_warps = ops._fwd(*args, launch=(ops.DECODE_BLOCK_M, 4, ops.NUM_STAGES))[0]
-        assert not torch.equal(four_warps, out)
+        plain = ops._fwd(*args, launch=(ops.DECODE_BLOCK_M, 4, ops.NUM_STAGES), one_warp_sum=False)[0]
+        assert not torch.equal(plain, out)
 
 
 @pytest.mark.gpu

@@ -84,15 +84,16 @@ SPLIT_N = SPLIT_TILES * BLOCK_N
 SPLIT_BELOW_PROGRAMS = 256
 
 # Launch shape of a decode step (one query per sequence, a GQA group of at most DECODE_BLOCK_M heads) with at least
-# DECODE_MIN_PROGRAMS (sequence, KV head) programs: tiles of 16 rows in one warp instead of 64 rows in four. Per row
-# the same source, BLOCK_N, split boundaries and order, and the same per-thread layout of the scores (a warp owns 16
-# rows and all BLOCK_N columns in both, so every row sums its tile in the same order); a GPU test holds it to the
-# packed forward's bits. A 64-row tile holds 2-8 real rows at decode, and its 4 warps spend most of their time on the
-# padding; at batch 256-512 and contexts of 1k-4k this launch reads the KV cache at 0.74-0.85 of the copy bandwidth
-# against 0.65-0.74 (H200, benchmarks/results/attention-decode-h200.md). Below the threshold the 64-row launch is
-# as fast or faster (batch 64: 0.58 against 0.52).
+# DECODE_MIN_PROGRAMS (sequence, KV head) programs: tiles of 16 rows in four warps instead of 64 rows in four. A 64-row
+# tile holds 2-8 real rows at decode, and its warps spend most of their time on the padding. Per row the same source,
+# BLOCK_N, split boundaries and order: the four warps split the score tile's columns and P @ V's output columns (each
+# product still summed over the same keys in the same MMA chain), and each row's sum of P, which would otherwise be
+# added across warps in another order, is added in the one-warp order (``_row_sum_one_warp``); a GPU test holds the
+# launch to the packed forward's bits. One warp per 16-row tile gives the same bits with plain sums, but holds both
+# accumulators, the Q fragment and the load addresses in one warp's registers and spills (255 registers and 184
+# bytes of stack per thread at sm_90, against 194 and none in four warps: scripts/tuning/kernel_regs.py).
 DECODE_BLOCK_M = 16
-DECODE_NUM_WARPS = 1
+DECODE_NUM_WARPS = 4
 DECODE_MIN_PROGRAMS = 1024
 
 _PACKED_PAGE = 1 << 30  # "page size" of a packed batch: one page per sequence
@@ -176,6 +177,45 @@ def _split_start(fs, s_start, sink, BLOCK_M: tl.constexpr):
     return m, lsum
 
 
+@triton.jit
+def _halves(x, BLOCK_M: tl.constexpr, K: tl.constexpr):
+    """``x [BLOCK_M, 4, K]`` as its first and second halves along the last axis (data movement only)."""
+    x = tl.permute(tl.reshape(x, [BLOCK_M, 4, 2, K // 2]), [0, 1, 3, 2])
+    return tl.split(x)
+
+
+@triton.jit
+def _add4(s, x, BLOCK_M: tl.constexpr):
+    """``s + x[..., 0] + x[..., 1] + x[..., 2] + x[..., 3]``, left to right, for ``x [BLOCK_M, 4, 4]``."""
+    a, b = _halves(x, BLOCK_M, 4)
+    x0, x1 = tl.split(a)
+    x2, x3 = tl.split(b)
+    return (((s + x0) + x1) + x2) + x3
+
+
+@triton.jit
+def _row_sum_one_warp(p, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """``tl.sum(p, 1)`` for ``p [BLOCK_M, 64]`` in the order one warp's MMA layout sums it, whatever layout ``p`` is in.
+
+    A warp that owns all 64 columns of a row (the 16-row one-warp launch, the 64-row four-warp launch) holds them in
+    four lanes: lane ``q`` has columns ``8n + 2q + c`` (``n`` the 8-column MMA tile, ``c`` 0/1), adds its 16 values
+    left to right in ``(n, c)`` order, then the lanes combine by butterfly: ``(s0 + s2) + (s1 + s3)`` (Triton 3.6's
+    reduction, read from its PTX). Launches that spread a row over warps (16 rows in four warps) sum here in that same
+    order, with explicit adds; the reshapes and splits only move data, so the bits are the one-warp sum's."""
+    tl.static_assert(BLOCK_N == 64)
+    x = tl.permute(tl.reshape(p, [BLOCK_M, 8, 4, 2]), [0, 2, 1, 3])  # [m, q, n, c]
+    x = tl.reshape(x, [BLOCK_M, 4, 16])  # [m, q, 2n + c]: each lane's values in its order
+    lo, hi = _halves(x, BLOCK_M, 16)
+    x0, x1 = _halves(lo, BLOCK_M, 8)
+    x2, x3 = _halves(hi, BLOCK_M, 8)
+    s = tl.zeros([BLOCK_M, 4], tl.float32)  # 0 + x is x: the chain starts at the first value
+    s = _add4(_add4(_add4(_add4(s, x0, BLOCK_M), x1, BLOCK_M), x2, BLOCK_M), x3, BLOCK_M)
+    y = tl.permute(tl.reshape(s, [BLOCK_M, 2, 2]), [0, 2, 1])  # [m, q % 2, q // 2]
+    low, high = tl.split(y)  # lanes q and q + 2
+    y0, y1 = tl.split(low + high)
+    return y0 + y1
+
+
 @triton.jit(do_not_specialize=["page_size", "num_seqs", "part_stride", "window"])
 def _attn_fwd(
     Q,
@@ -223,6 +263,9 @@ def _attn_fwd(
     UPCAST: tl.constexpr,
     WINDOW: tl.constexpr = False,
     HAS_SINKS: tl.constexpr = False,
+    SAME_KV_OFFS: tl.constexpr = False,
+    OFFS_TY: tl.constexpr = tl.int64,
+    ONE_WARP_SUM: tl.constexpr = False,
 ):
     tile, kvh, b = _tile_seq(TILE_SEQ)
     if b >= num_seqs:
@@ -271,12 +314,12 @@ def _attn_fwd(
         if WINDOW:  # no key before the tile's window is read (a cache need hold nothing there)
             kin = kin & (kpos >= klo)
         page_row = tl.load(tb + kpos // page_size, mask=kin, other=0)
-        srow = (page_row + kpos % page_size).to(tl.int64)
-        k = tl.load(
-            k_base + srow[:, None] * stride_kn + offs_dk[None, :],
-            mask=kin[:, None] & (offs_dk[None, :] < DK),
-            other=0.0,
-        )
+        srow = (page_row + kpos % page_size).to(OFFS_TY)
+        k_off = srow[:, None] * stride_kn + offs_dk[None, :]
+        if BLOCK_DK == DK:
+            k = tl.load(k_base + k_off, mask=kin[:, None], other=0.0)
+        else:
+            k = tl.load(k_base + k_off, mask=kin[:, None] & (offs_dk[None, :] < DK), other=0.0)
         qk = _mma(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), UPCAST) * qk_scale
         qk = tl.where(kpos[None, :] <= qpos[:, None], qk, float("-inf"))
         if WINDOW:
@@ -301,13 +344,16 @@ def _attn_fwd(
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.math.exp2(m_i - m_use)
         p = tl.math.exp2(qk - m_use[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
+        if ONE_WARP_SUM:
+            l_i = l_i * alpha + _row_sum_one_warp(p, BLOCK_M, BLOCK_N)
+        else:
+            l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
-        v = tl.load(
-            v_base + srow[:, None] * stride_vn + offs_dv[None, :],
-            mask=kin[:, None] & (offs_dv[None, :] < DV),
-            other=0.0,
-        )
+        if SAME_KV_OFFS:  # V's rows sit where K's do (one offset tile for both: half the address registers)
+            v = tl.load(v_base + k_off, mask=kin[:, None], other=0.0)
+        else:
+            v_off = srow[:, None] * stride_vn + offs_dv[None, :]
+            v = tl.load(v_base + v_off, mask=kin[:, None] & (offs_dv[None, :] < DV), other=0.0)
         acc = _mma(p.to(v.dtype), v, acc, UPCAST)
         m_i = m_new
     if SPLIT_OUT:
@@ -525,6 +571,19 @@ def _tiles(rows_per_seq: torch.Tensor, block: int, rows_bound: int) -> tuple[tor
     return seq.to(torch.int32), row0.to(torch.int32), grid
 
 
+def _offsets(k_rows: torch.Tensor, v_rows: torch.Tensor) -> dict:
+    """Address forms of the forward's K/V loads (the same bits in every form): one offset tile for K and V where their
+    rows have one stride and their head dims one padded width; 32-bit offsets where every row of both fits."""
+    same = k_rows.stride(0) == v_rows.stride(0) and k_rows.shape[2] == v_rows.shape[2] == next_pow2(k_rows.shape[2])
+    small = max(k_rows.shape[0] * k_rows.stride(0), v_rows.shape[0] * v_rows.stride(0)) < 2**31
+    flags = {}
+    if same:
+        flags["SAME_KV_OFFS"] = True
+    if small:
+        flags["OFFS_TY"] = tl.int32
+    return flags
+
+
 def _fwd_tiles(n_q: torch.Tensor, g: int, total: int, block_m: int = BLOCK_M) -> tuple[torch.Tensor, torch.Tensor, int]:
     """The forward's tile table: ``n_q [B]`` queries per sequence, ``g`` query heads per KV head, ``total`` queries,
     in tiles of ``block_m`` rows (the launch's)."""
@@ -548,6 +607,7 @@ def _fwd(
     launch: tuple[int, int, int] | None = None,
     window: int | None = None,
     sinks: torch.Tensor | None = None,
+    one_warp_sum: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Launch the forward. k_rows/v_rows: [rows, Hkv, D] storage; table [B, W] int32 first storage row per page;
     ``tiles``: the tile table of these queries in tiles of the launch's rows (:func:`_fwd_tiles` for the
@@ -560,7 +620,10 @@ def _fwd(
     in every form. ``launch``: ``(block_m, num_warps, num_stages)`` in place of the constants, for benchmarks that
     measure other launch shapes (a GPU test must show a shape gives the constants' bits before anything uses it).
     ``window`` (keys ``> qpos - window``) and ``sinks [Hq]`` (a logit per head): see the module docstring; None: off,
-    the kernel compiled without them."""
+    the kernel compiled without them. ``one_warp_sum``: each row's sum of ``P`` in one warp's order
+    (:func:`_row_sum_one_warp`); default: where the launch spreads a row's columns over warps (more warps than
+    16-row MMA tiles), so that every launch gives the bits of the one-warp launch. False there is for the tests that
+    show the bits move without it."""
     total, hq, dk = q.shape
     hkv, dv = k_rows.shape[1], v_rows.shape[2]
     g = hq // hkv
@@ -573,6 +636,8 @@ def _fwd(
     if tiles is None:
         tiles = _fwd_tiles(n_q, g, total, block_m)
     tile_seq, tile_row0, grid = tiles
+    if one_warp_sum is None:  # the interpreter has no warps: its sums are numpy's in every launch
+        one_warp_sum = num_warps > block_m // 16 and not interpreting()
     n_splits = cdiv(min(table.shape[1] * page_size, _PACKED_PAGE), SPLIT_N)
     if split_programs is None:
         split_programs = n_splits > 1 and grid * hkv < SPLIT_BELOW_PROGRAMS and page_size < _PACKED_PAGE
@@ -642,6 +707,8 @@ def _fwd(
         STORE_LSE=want_lse,
         UPCAST=interpreting(),
         **features,
+        **_offsets(k_rows, v_rows),
+        **({"ONE_WARP_SUM": True} if one_warp_sum else {}),
         num_warps=num_warps,
         num_stages=num_stages,
     )
