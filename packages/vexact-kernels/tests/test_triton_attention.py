@@ -475,16 +475,17 @@ def test_gpu_split_launch_equals_one_pass_and_packed(dims):
 @pytest.mark.parametrize(("hq", "hkv", "dims"), [(16, 8, (128, 128)), (32, 8, (128, 128)), (32, 4, (128, 128)),
                                                  (64, 4, (128, 128)), (16, 1, (192, 128))])  # fmt: skip
 def test_gpu_decode_launch_equals_packed(hq, hkv, dims):
-    """Decode at the RL shape's launch (16-row tiles in four warps; the GQA groups of Qwen3-1.7B / 8B / 30B-A3B, a
-    group of 16, an MLA head) == the packed training forward and == 16-row tiles in one warp, torch.equal, over
-    contexts past many splits. The check can fail: the four-warp launch with plain sums of P (added across warps)
-    gives other bits."""
+    """Decode at the RL shape's launch (16-row tiles in two warps; the GQA groups of Qwen3-1.7B / 8B / 30B-A3B, a
+    group of 16, an MLA head) == the packed training forward and == 16-row tiles in one warp and in four, torch.equal,
+    over contexts past many splits. The check can fail: four warps with plain sums of P (added across warps) give
+    other bits."""
     ops = _ops()
     rng = random.Random(hq + hkv)
     nseq = -(-ops.DECODE_MIN_PROGRAMS // hkv)
     lens = [rng.randint(1, 4100) if rng.random() < 0.125 else rng.randint(1, 1200) for _ in range(nseq)]
     args, out = _check_decode_launch(ops, lens, hq, hkv, dims, 16, seed=hq, device="cuda")
-    assert torch.equal(ops._fwd(*args, launch=(ops.DECODE_BLOCK_M, 1, ops.NUM_STAGES))[0], out)
+    for warps in (1, 4):
+        assert torch.equal(ops._fwd(*args, launch=(ops.DECODE_BLOCK_M, warps, ops.NUM_STAGES))[0], out)
     if (hq, hkv) == (16, 8):
         plain = ops._fwd(*args, launch=(ops.DECODE_BLOCK_M, 4, ops.NUM_STAGES), one_warp_sum=False)[0]
         assert not torch.equal(plain, out)

@@ -84,16 +84,19 @@ SPLIT_N = SPLIT_TILES * BLOCK_N
 SPLIT_BELOW_PROGRAMS = 256
 
 # Launch shape of a decode step (one query per sequence, a GQA group of at most DECODE_BLOCK_M heads) with at least
-# DECODE_MIN_PROGRAMS (sequence, KV head) programs: tiles of 16 rows in four warps instead of 64 rows in four. A 64-row
+# DECODE_MIN_PROGRAMS (sequence, KV head) programs: tiles of 16 rows in two warps instead of 64 rows in four. A 64-row
 # tile holds 2-8 real rows at decode, and its warps spend most of their time on the padding. Per row the same source,
-# BLOCK_N, split boundaries and order: the four warps split the score tile's columns and P @ V's output columns (each
+# BLOCK_N, split boundaries and order: the warps split the score tile's columns and P @ V's output columns (each
 # product still summed over the same keys in the same MMA chain), and each row's sum of P, which would otherwise be
 # added across warps in another order, is added in the one-warp order (``_row_sum_one_warp``); a GPU test holds the
-# launch to the packed forward's bits. One warp per 16-row tile gives the same bits with plain sums, but holds both
-# accumulators, the Q fragment and the load addresses in one warp's registers and spills (255 registers and 184
-# bytes of stack per thread at sm_90, against 194 and none in four warps: scripts/tuning/kernel_regs.py).
+# launch to the packed forward's bits and to the one-warp launch's. One warp per 16-row tile holds both accumulators,
+# the Q fragment and the load addresses in one warp's registers and spills (255 registers and 184 bytes of stack per
+# thread at sm_90; two warps: 214 and none; scripts/tuning/kernel_regs.py). On an H200 at batch 256-512 and contexts
+# of 1k-8k (equal lengths) two warps read the KV cache at 0.93-1.01 of the copy bandwidth, one warp at 0.81-0.91,
+# four warps at 0.76-0.81 (the explicit sum's layout conversions cost more than the extra warps gain);
+# benchmarks/results/attention-decode-h200.md. Below the threshold the 64-row launch is as fast or faster.
 DECODE_BLOCK_M = 16
-DECODE_NUM_WARPS = 4
+DECODE_NUM_WARPS = 2
 DECODE_MIN_PROGRAMS = 1024
 
 _PACKED_PAGE = 1 << 30  # "page size" of a packed batch: one page per sequence
