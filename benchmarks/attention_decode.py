@@ -272,8 +272,8 @@ def variant_fns(inputs: dict, case: DecodeCase, names) -> dict:
             lay = ta.paged_layout(bt, ctx, cu, case.page, case.batch, hq, hkv, q.device)
             block_m = launch[0] if launch else ta.BLOCK_M
             tiles = ta._fwd_tiles(lay.n_q, hq // hkv, case.batch, block_m)
-            return lambda: ta._fwd(q, kf, vf, lay.table, case.page, lay.q_start, lay.n_q, lay.ctx, d**-0.5, False,
-                                   tiles, split_programs=split, launch=launch, one_warp_sum=one_warp_sum)[0]  # fmt: skip
+            args = (q, kf, vf, lay.table, case.page, lay.q_start, lay.n_q, lay.ctx, d**-0.5, False, tiles)
+            return lambda: ta._fwd(*args, split_programs=split, launch=launch, one_warp_sum=one_warp_sum)[0]
 
         return build
 

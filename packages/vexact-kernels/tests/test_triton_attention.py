@@ -347,7 +347,8 @@ if triton_available():
 
 def _one_warp_order_sum(p: torch.Tensor) -> torch.Tensor:
     """Each row's sum of ``p [M, 64]`` (fp32) as one warp's MMA layout adds it (read from the PTX of the one-warp
-    launch): lane ``q`` adds columns ``8n + 2q + c`` left to right in ``(n, c)`` order, then ``(s0 + s2) + (s1 + s3)``."""
+    launch): lane ``q`` adds columns ``8n + 2q + c`` left to right in ``(n, c)`` order, then
+    ``(s0 + s2) + (s1 + s3)``."""
     out = torch.empty(p.shape[0], dtype=torch.float32)
     for r in range(p.shape[0]):
         s = []

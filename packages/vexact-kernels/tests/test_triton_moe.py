@@ -198,6 +198,49 @@ def test_interpreted_only_the_needed_grads_and_empty_batch():
     assert moe.triton_fused_moe(x[:0], w13, w2, w[:0], ids[:0]).shape == (0, 32)
 
 
+def _plan_cases(device):
+    """Routings for the plan checks: uniform, skewed onto a few experts, and with pairs held elsewhere (id ``E``)."""
+    g = torch.Generator().manual_seed(7)
+    cases = []
+    for i, (t, k, e) in enumerate([(1, 8, 128), (3, 2, 4), (100, 6, 60), (256, 8, 128), (300, 4, 64), (1024, 8, 128)]):
+        ids = torch.randint(0, e if i % 2 else max(1, e // 8), (t, k), generator=g)
+        if i % 3 == 2:
+            ids = torch.where(torch.rand(t, k, generator=g) < 0.3, torch.full_like(ids, e), ids)
+        cases.append((ids.to(device), e))
+    return cases
+
+
+def _check_plan_kernels(device):
+    """The plan kernels' integers == torch's stable-sort plan (offsets, tok, inv, the tile schedule at two tile
+    heights), over every case; and the comparison can fail: a grouping that is not stable (pairs of an expert in
+    reverse order) gives another ``inv``."""
+    ops = _ops()
+    for ids, e in _plan_cases(device):
+        assert ids.numel() <= ops.PLAN_KERNEL_MAX_PAIRS
+        ref, dev = ops._Plan(ids, e, device_kernels=False), ops._Plan(ids, e, device_kernels=True)
+        for name in ("offsets", "tok", "inv"):
+            assert torch.equal(getattr(ref, name), getattr(dev, name)), name
+        for bm in (16, 64):
+            (n_ref, e_ref, f_ref), (n_dev, e_dev, f_dev) = ref.tiles(bm), dev.tiles(bm)
+            assert n_ref == n_dev and torch.equal(e_ref, e_dev) and torch.equal(f_ref, f_dev), bm
+    ids, e = _plan_cases(device)[3]
+    flat = ids.reshape(-1).cpu()
+    order = sorted(range(flat.numel()), key=lambda p: (int(flat[p]), -p))
+    unstable = torch.empty(flat.numel(), dtype=torch.int64)
+    unstable[torch.tensor(order)] = torch.arange(flat.numel())
+    assert not torch.equal(unstable, ops._Plan(ids, e, device_kernels=True).inv.cpu())
+
+
+@interp
+def test_interpreted_plan_kernels_equal_the_sorted_plan():
+    _check_plan_kernels("cpu")
+
+
+@pytest.mark.gpu
+def test_gpu_plan_kernels_equal_the_sorted_plan():
+    _check_plan_kernels("cuda")
+
+
 def test_bad_inputs_are_errors():
     moe = _ops()
     x, w13, w2 = torch.zeros(2, 8), torch.zeros(3, 6, 8), torch.zeros(3, 8, 3)

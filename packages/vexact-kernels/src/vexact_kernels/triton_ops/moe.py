@@ -4,9 +4,11 @@
 (gate rows ``[0, I)``, up rows ``[I, 2I)``), ``w_down [E, H, I]``. The same arithmetic as ``moe._fused_moe_reference``.
 
 Plan (all on the device, no host sync, so a decode step can be captured in a CUDA graph while its expert counts change
-from step to step): the pairs ``p = t * k + r`` are sorted stably by expert (a pair's sorted row), expert offsets
-come from ``searchsorted`` on the sorted ids, and a tile schedule (expert and first sorted row of each M tile) from a
-``cumsum`` of the per-expert tile counts. The grid has ``cdiv(T*k, BLOCK_M) + min(E, T*k)`` M tiles, a bound that
+from step to step): the pairs ``p = t * k + r`` are grouped stably by expert (a pair's sorted row: its expert's first
+row plus the number of earlier pairs of that expert), and a tile schedule (expert and first sorted row of each M tile)
+comes from a ``cumsum`` of the per-expert tile counts. Up to ``PLAN_KERNEL_MAX_PAIRS`` pairs four small Triton kernels
+build it (per-chunk histograms, a scan, per-chunk ranks, the schedule); above, torch's stable sort and
+``searchsorted``; the same integers. The grid has ``cdiv(T*k, BLOCK_M) + min(E, T*k)`` M tiles, a bound that
 depends on ``(T, k, E)`` alone; tiles past the last expert's return at once.
 
 Invariance: every pair row is reduced over K by ``matmul.k_reduce``, the loop ``matmul._matmul_kernel`` runs:
@@ -39,7 +41,7 @@ import triton
 import triton.language as tl
 
 from ..activation import SWIGLU_ALPHA, SWIGLU_LIMIT
-from . import cdiv
+from . import cdiv, next_pow2
 from .activation import ACT_BLOCK, ACT_NUM_WARPS, _silu_and_mul_bwd_kernel, glu_bwd, glu_fwd, silu_and_mul_fwd
 from .matmul import BLOCK_K, SPLIT_TILES, end_split, input_precision, k_reduce
 
@@ -205,26 +207,136 @@ def _combine_bwd_kernel(
         tl.store(dw_ptr + t * TOPK + r, tl.sum(acc, axis=0))
 
 
+# The plan of a launch with at most PLAN_KERNEL_MAX_PAIRS pairs (decode and small prefill steps) is built by four
+# Triton launches (a histogram per chunk of PLAN_CHUNK pairs, one scan, a rank per chunk, the tile schedule) instead of
+# torch's stable sort and about fifteen small torch ops; larger ones (prefill, training) keep torch's. The same
+# integers either way (tests/test_triton_moe.py holds them equal): a pair's sorted row is its expert's first row plus
+# the number of earlier pairs of that expert, which is what a stable sort gives. On an H200 the torch plan took about
+# 3 ms of a 31.5 ms Qwen3-30B-A3B decode step at batch 256 (48 layers; the sort alone 1.4 ms,
+# benchmarks/results/throughput-rl-h200.md).
+PLAN_CHUNK = 128
+PLAN_KERNEL_MAX_PAIRS = 64 * PLAN_CHUNK
+
+
+@triton.jit
+def _plan_onehot(IDS, chunk, P, EP: tl.constexpr, C: tl.constexpr):
+    """The chunk's pairs, whether each is real, and ``[C, EP]`` int32: pair i's expert column set (none for a row
+    past ``P``)."""
+    rows = chunk * C + tl.arange(0, C)
+    ok = rows < P
+    ids = tl.load(IDS + rows, mask=ok, other=EP)  # EP: no column
+    onehot = (ids[:, None] == tl.arange(0, EP)[None, :]).to(tl.int32)
+    return rows, ok, onehot
+
+
+@triton.jit
+def _plan_hist_kernel(IDS, HIST, P, EP: tl.constexpr, C: tl.constexpr):
+    """``HIST[chunk, e]``: the chunk's pairs of expert ``e``."""
+    chunk = tl.program_id(0)
+    _, _, onehot = _plan_onehot(IDS, chunk, P, EP, C)
+    tl.store(HIST + chunk * EP + tl.arange(0, EP), tl.sum(onehot, axis=0))
+
+
+@triton.jit
+def _plan_scan_kernel(HIST, BASE, COUNTS, OFFSETS, n_chunks, E, EP: tl.constexpr, NC: tl.constexpr):
+    """Per expert its count and first sorted row (``OFFSETS [E+1]``: the pairs of lower id), and ``BASE[chunk, e]``:
+    the sorted row of the chunk's first pair of expert ``e`` (its first row plus the earlier chunks' pairs of it)."""
+    ch = tl.arange(0, NC)
+    cols = tl.arange(0, EP)
+    h = tl.load(HIST + ch[:, None] * EP + cols[None, :], mask=ch[:, None] < n_chunks, other=0)
+    counts = tl.sum(h, axis=0)
+    offsets = tl.cumsum(counts, axis=0) - counts
+    tl.store(BASE + ch[:, None] * EP + cols[None, :], offsets[None, :] + tl.cumsum(h, axis=0) - h,
+             mask=ch[:, None] < n_chunks)  # fmt: skip
+    tl.store(COUNTS + cols, counts)
+    tl.store(OFFSETS + cols, offsets.to(tl.int64), mask=cols <= E)
+
+
+@triton.jit
+def _plan_rank_kernel(IDS, BASE, INV, TOK, P, K, EP: tl.constexpr, C: tl.constexpr):
+    """Each pair's sorted row (``INV``) and the token of each sorted row (``TOK``)."""
+    chunk = tl.program_id(0)
+    rows, ok, onehot = _plan_onehot(IDS, chunk, P, EP, C)
+    base = tl.load(BASE + chunk * EP + tl.arange(0, EP))
+    row = tl.sum(onehot * (tl.cumsum(onehot, axis=0) - 1 + base[None, :]), axis=1)
+    tl.store(INV + rows, row.to(tl.int64), mask=ok)
+    tl.store(TOK + row, (rows // K).to(tl.int64), mask=ok)
+
+
+@triton.jit
+def _plan_tiles_kernel(COUNTS, OFFSETS, EXPERT, FIRST, num_tiles, E, BLOCK_M: tl.constexpr, EP: tl.constexpr,
+                       TP: tl.constexpr):  # fmt: skip
+    """The tile schedule of :meth:`_Plan.tiles` for tiles of ``BLOCK_M`` rows: tile ``pid``'s expert (the number of
+    experts whose tiles end at or before it; ``E``: no work) and first sorted row."""
+    cols = tl.arange(0, EP)
+    real = cols < E
+    per = tl.where(real, (tl.load(COUNTS + cols) + BLOCK_M - 1) // BLOCK_M, 0)
+    end = tl.cumsum(per, axis=0)
+    offsets = tl.load(OFFSETS + cols, mask=cols <= E, other=0)
+    for t0 in range(0, num_tiles, TP):
+        pid = t0 + tl.arange(0, TP)
+        expert = tl.sum(((end[None, :] <= pid[:, None]) & real[None, :]).to(tl.int32), axis=1)
+        pick = cols[None, :] == tl.minimum(expert, E - 1)[:, None]
+        first = tl.sum(tl.where(pick, offsets[None, :], 0), axis=1)
+        start = tl.sum(tl.where(pick, (end - per)[None, :], 0), axis=1)
+        ok = pid < num_tiles
+        tl.store(EXPERT + pid, expert.to(tl.int64), mask=ok)
+        tl.store(FIRST + pid, first + (pid - start).to(tl.int64) * BLOCK_M, mask=ok)
+
+
 class _Plan:
     """Where each pair goes: ``tok [T*k]`` (sorted row -> token), ``inv [T*k]`` (pair -> sorted row), ``offsets
-    [E+1]`` (expert -> first sorted row); all on the device, computed without a host sync."""
+    [E+1]`` (expert -> first sorted row); all on the device, computed without a host sync. Ids may be ``E`` (pairs
+    held elsewhere: sorted after every expert's, in no tile). ``device_kernels``: build it with the plan kernels
+    (default: on CUDA, and under the interpreter, up to ``PLAN_KERNEL_MAX_PAIRS`` pairs); the same integers."""
 
-    def __init__(self, topk_ids: torch.Tensor, num_experts: int):
+    def __init__(self, topk_ids: torch.Tensor, num_experts: int, device_kernels: bool | None = None):
+        from . import interpreting
+
         t, k = topk_ids.shape
         flat = topk_ids.reshape(-1).to(torch.int64)
-        sorted_ids, order = torch.sort(flat, stable=True)  # pairs of an expert contiguous, in token order
         dev = flat.device
         self.num_experts, self.topk, self.pairs = num_experts, k, t * k
+        if device_kernels is None:
+            device_kernels = (dev.type == "cuda" or interpreting()) and 0 < self.pairs <= PLAN_KERNEL_MAX_PAIRS
+        self._counts = None
+        self._tiles: dict[int, tuple[int, torch.Tensor, torch.Tensor]] = {}
+        if device_kernels:
+            self._build_on_device(flat.contiguous(), k)
+            return
+        sorted_ids, order = torch.sort(flat, stable=True)  # pairs of an expert contiguous, in token order
         self.offsets = torch.searchsorted(sorted_ids, torch.arange(num_experts + 1, device=dev))
         self.tok = order // k
         self.inv = torch.empty_like(order).scatter_(0, order, torch.arange(t * k, device=dev))
-        self._tiles: dict[int, tuple[int, torch.Tensor, torch.Tensor]] = {}
+
+    def _build_on_device(self, flat: torch.Tensor, k: int) -> None:
+        e, p, dev = self.num_experts, self.pairs, flat.device
+        ep = next_pow2(e + 1)  # a column per expert and one for the ids held elsewhere
+        n_chunks = cdiv(p, PLAN_CHUNK)
+        hist = torch.empty(n_chunks, ep, dtype=torch.int32, device=dev)
+        base = torch.empty_like(hist)
+        self._counts = torch.empty(ep, dtype=torch.int32, device=dev)
+        self.offsets = torch.empty(e + 1, dtype=torch.int64, device=dev)
+        self.inv = torch.empty(p, dtype=torch.int64, device=dev)
+        self.tok = torch.empty(p, dtype=torch.int64, device=dev)
+        _plan_hist_kernel[(n_chunks,)](flat, hist, p, EP=ep, C=PLAN_CHUNK, num_warps=4)
+        _plan_scan_kernel[(1,)](hist, base, self._counts, self.offsets, n_chunks, e, EP=ep,
+                                NC=next_pow2(n_chunks), num_warps=8)  # fmt: skip
+        _plan_rank_kernel[(n_chunks,)](flat, base, self.inv, self.tok, p, k, EP=ep, C=PLAN_CHUNK, num_warps=8)
 
     def tiles(self, block_m: int) -> tuple[int, torch.Tensor, torch.Tensor]:
         """``(num_tiles, expert [num_tiles], first_row [num_tiles])``; ``expert == E`` marks a tile with no work."""
         if block_m not in self._tiles:
             e = self.num_experts
             num_tiles = cdiv(self.pairs, block_m) + min(e, self.pairs)  # a bound fixed by (T, k, E)
+            if self._counts is not None:
+                dev = self.offsets.device
+                expert = torch.empty(num_tiles, dtype=torch.int64, device=dev)
+                first_row = torch.empty_like(expert)
+                _plan_tiles_kernel[(1,)](self._counts, self.offsets, expert, first_row, num_tiles, e,
+                                         BLOCK_M=block_m, EP=self._counts.numel(), TP=32, num_warps=8)  # fmt: skip
+                self._tiles[block_m] = (num_tiles, expert, first_row)
+                return self._tiles[block_m]
             counts = self.offsets[1:] - self.offsets[:-1]
             per_expert = (counts + block_m - 1) // block_m
             end = torch.cumsum(per_expert, 0)
