@@ -241,6 +241,9 @@ def install_stand_in(arch: int, fused_combine: bool = False) -> None:
         return t.stride(-1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0
 
     mm._tma_ok = lambda a, b_t: arch >= 90 and aligned(a) and aligned(b_t)
+    from vexact_kernels.triton_ops import moe as mo
+
+    mo._plan_kernels_ok = lambda device, pairs: 0 < pairs <= mo.PLAN_KERNEL_MAX_PAIRS
     lp._cuda_major = lambda device: arch // 10
     mm._num_sms = lambda device: SM_COUNT
     if not hasattr(mm, "_gpu_tile_counters"):

@@ -284,6 +284,14 @@ def _plan_tiles_kernel(COUNTS, OFFSETS, EXPERT, FIRST, num_tiles, E, BLOCK_M: tl
         tl.store(FIRST + pid, first + (pid - start).to(tl.int64) * BLOCK_M, mask=ok)
 
 
+def _plan_kernels_ok(device: torch.device, pairs: int) -> bool:
+    """Whether :class:`_Plan` is built by the plan kernels: on CUDA (or under the interpreter), up to
+    ``PLAN_KERNEL_MAX_PAIRS`` pairs."""
+    from . import interpreting
+
+    return (device.type == "cuda" or interpreting()) and 0 < pairs <= PLAN_KERNEL_MAX_PAIRS
+
+
 class _Plan:
     """Where each pair goes: ``tok [T*k]`` (sorted row -> token), ``inv [T*k]`` (pair -> sorted row), ``offsets
     [E+1]`` (expert -> first sorted row); all on the device, computed without a host sync. Ids may be ``E`` (pairs
@@ -291,14 +299,12 @@ class _Plan:
     (default: on CUDA, and under the interpreter, up to ``PLAN_KERNEL_MAX_PAIRS`` pairs); the same integers."""
 
     def __init__(self, topk_ids: torch.Tensor, num_experts: int, device_kernels: bool | None = None):
-        from . import interpreting
-
         t, k = topk_ids.shape
         flat = topk_ids.reshape(-1).to(torch.int64)
         dev = flat.device
         self.num_experts, self.topk, self.pairs = num_experts, k, t * k
         if device_kernels is None:
-            device_kernels = (dev.type == "cuda" or interpreting()) and 0 < self.pairs <= PLAN_KERNEL_MAX_PAIRS
+            device_kernels = _plan_kernels_ok(dev, self.pairs)
         self._counts = None
         self._tiles: dict[int, tuple[int, torch.Tensor, torch.Tensor]] = {}
         if device_kernels:
