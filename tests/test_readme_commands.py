@@ -91,6 +91,8 @@ ELSEWHERE = {
     "python examples/data/prepare.py dapo_math --out data": "needs the hub; the hub path: tests/test_data_prepare.py",
     "MODEL_DIR=/models/Qwen3-1.7B DATA_DIR=data bash examples/recipes/qwen3_1.7b_grpo_gsm8k.sh "
     "trainer.total_epochs=3": "a GPU and a real checkpoint; every recipe with SMOKE=1 on CPU: tests/test_recipes.py",
+    "MODEL_DIR=/models/Qwen3-1.7B DATA_DIR=outputs/data bash examples/recipes/qwen3_1.7b_grpo_gsm8k.sh": "a GPU "
+    "and a real checkpoint; every recipe with SMOKE=1 on CPU: tests/test_recipes.py",
     "bash examples/verify/run_pair.sh outputs/verify": "a GPU with verl and vLLM; tests/test_verify_pair_config.py "
     "composes its arms on CPU",
     "bash examples/verify/run_pair.sh outputs/verify vexact fast": "a GPU with verl; tests/test_verify_pair_config.py "
