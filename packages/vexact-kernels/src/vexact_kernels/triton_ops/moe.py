@@ -335,21 +335,19 @@ class _Plan:
         if block_m not in self._tiles:
             e = self.num_experts
             num_tiles = cdiv(self.pairs, block_m) + min(e, self.pairs)  # a bound fixed by (T, k, E)
-            if self._counts is not None:
-                dev = self.offsets.device
-                expert = torch.empty(num_tiles, dtype=torch.int64, device=dev)
+            if self._counts is not None:  # built by the plan kernels
+                expert = torch.empty(num_tiles, dtype=torch.int64, device=self.offsets.device)
                 first_row = torch.empty_like(expert)
                 _plan_tiles_kernel[(1,)](self._counts, self.offsets, expert, first_row, num_tiles, e,
                                          BLOCK_M=block_m, EP=self._counts.numel(), TP=32, num_warps=8)  # fmt: skip
-                self._tiles[block_m] = (num_tiles, expert, first_row)
-                return self._tiles[block_m]
-            counts = self.offsets[1:] - self.offsets[:-1]
-            per_expert = (counts + block_m - 1) // block_m
-            end = torch.cumsum(per_expert, 0)
-            pid = torch.arange(num_tiles, device=end.device)
-            expert = torch.searchsorted(end, pid, right=True)
-            ec = expert.clamp(max=e - 1)
-            first_row = self.offsets[ec] + (pid - (end - per_expert)[ec]) * block_m
+            else:
+                counts = self.offsets[1:] - self.offsets[:-1]
+                per_expert = (counts + block_m - 1) // block_m
+                end = torch.cumsum(per_expert, 0)
+                pid = torch.arange(num_tiles, device=end.device)
+                expert = torch.searchsorted(end, pid, right=True)
+                ec = expert.clamp(max=e - 1)
+                first_row = self.offsets[ec] + (pid - (end - per_expert)[ec]) * block_m
             self._tiles[block_m] = (num_tiles, expert, first_row)
         return self._tiles[block_m]
 
