@@ -77,7 +77,7 @@ from .block_manager import BlockManager
 from .config import EngineConfig
 from .llm import LLM
 from .model_runner import ModelRunner
-from .pipeline import _answer, _engine_settings, _host_model, _require_group, _StageError
+from .pipeline import _answer, _apply_sleep_wake, _engine_settings, _host_model, _require_group, _StageError
 from .scheduler import ScheduledSeq
 
 log = logging.getLogger("vexact_engine")
@@ -554,18 +554,14 @@ class ExpertParallelLLM(LLM):
 
     def _apply(self, message: dict):
         op = message["op"]
-        if op == "sleep":
-            LLM.sleep(self, message["level"])
-        elif op == "wake_up":
-            LLM.wake_up(self)
-        elif op == "update_weights":  # this rank's part, already cut (_rank_part)
+        if op == "update_weights":  # this rank's part, already cut (_rank_part)
             return self._load_local(message["tensors"]), sorted(self._weights_pending)
         elif op == "abort":
             return LLM.abort_request(self, message["request_id"])
         elif op == "reset_prefix_cache":
             LLM.reset_prefix_cache(self)
         else:
-            raise ValueError(f"unknown expert-parallel control message {op!r}")
+            return _apply_sleep_wake(self, message, "expert-parallel")
         return [], sorted(self._weights_pending)
 
     def sleep(self, level: int = 1) -> None:

@@ -218,6 +218,20 @@ def _require_group(engine: str) -> None:
         raise RuntimeError(f"{engine} needs an initialised torch.distributed process group (e.g. torchrun)")
 
 
+def _apply_sleep_wake(llm: LLM, message: dict, engine: str) -> tuple[list, list[str]]:
+    """The control messages both multi-rank engines' ``_apply`` take alike: ``sleep`` or ``wake_up``, applied to this
+    rank's own part with the one-device logic; any other op is unknown to ``engine``. Answers ``_apply``'s answer for
+    an op that loads nothing: no names loaded, the names still pending."""
+    op = message["op"]
+    if op == "sleep":
+        LLM.sleep(llm, message["level"])
+    elif op == "wake_up":
+        LLM.wake_up(llm)
+    else:
+        raise ValueError(f"unknown {engine} control message {op!r}")
+    return [], sorted(llm._weights_pending)
+
+
 def _host_model(engine: str, model_path: str | Path | None, tokenizer, config: EngineConfig):
     """The whole model loaded on the host (each rank then cuts out its part before moving it to its device) and its
     tokenizer, unless one was given."""
@@ -295,11 +309,7 @@ class PipelineLLM(LLM):
     # own layers (and the embedding, norm and head every stage holds)
     def _apply(self, message: dict):
         op = message["op"]
-        if op == "sleep":
-            LLM.sleep(self, message["level"])
-        elif op == "wake_up":
-            LLM.wake_up(self)
-        elif op == "update_weights":
+        if op == "update_weights":
             loaded = LLM.update_weights(self, [(n, t) for n, t in message["tensors"] if n in self._own_names])
             return loaded, sorted(self._weights_pending)
         elif op == "join_weight_sync":
@@ -316,7 +326,7 @@ class PipelineLLM(LLM):
             loaded = receive_weights(self._sync_group, load)
             return loaded, sorted(self._weights_pending)
         else:
-            raise ValueError(f"unknown pipeline control message {op!r}")
+            return _apply_sleep_wake(self, message, "pipeline")
         return [], sorted(self._weights_pending)
 
     def _drive(self, message: dict) -> list:
