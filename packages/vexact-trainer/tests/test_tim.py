@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from vexact_trainer import BadRolloutError, Rescored, Rollout, load_rollouts, rollouts_to_jsonl, tim_metrics
+from vexact_trainer import BadRolloutError, Rescored, Rollout, k3_kl, load_rollouts, rollouts_to_jsonl, tim_metrics
 from vexact_trainer.tim import compare, write_report
 
 DATA = Path(__file__).parent / "data"
@@ -55,6 +55,35 @@ def test_identical_logprobs_are_exact_zero_and_one_ulp_is_not():
     y = [torch.nextafter(x[0], torch.zeros(2))]  # one fp32 ulp towards 0
     s = tim_metrics(x, y)
     assert not s["exact"] and s["tokens_differ"] == 2
+
+
+def test_per_sequence_statistics_equal_a_mask_per_sequence_bitwise():
+    # each sequence's statistics read its slice of the concatenation: the same values, to the bit, as selecting its
+    # tokens with a mask over all of them; uneven lengths and an empty sequence included
+    g = torch.Generator().manual_seed(0)
+    lens = [1000, 0, 3, 257, 1, 64, 999]
+    eng = [-5 * torch.rand(n, generator=g) for n in lens]
+    tr = [
+        x + 1e-3 * torch.randn(n, generator=g) * (torch.rand(n, generator=g) < 0.3)
+        for n, x in zip(lens, eng, strict=True)
+    ]
+    s = tim_metrics(eng, tr, worst=len(lens))
+    a = torch.cat(eng).double()
+    b = torch.cat(tr).double()
+    seq = torch.repeat_interleave(torch.arange(len(lens)), torch.tensor(lens))
+    d = b - a
+    rows = {r["index"]: r for r in s["worst_sequences"]}
+    for i, n in enumerate(lens):
+        sel = seq == i
+        assert rows[i]["tokens"] == n and rows[i]["tokens_differ"] == int((a != b)[sel].sum())
+        if n:
+            assert rows[i]["max_abs_delta"] == float(d.abs()[sel].max())
+            assert rows[i]["mean_abs_delta"] == float(d.abs()[sel].mean())
+            assert rows[i]["k3_kl"] == float(k3_kl(d)[sel].mean())
+            assert rows[i]["log_ppl_diff"] == float((a - b)[sel].mean())
+    seq_means = [(a - b)[seq == i].mean() for i, n in enumerate(lens) if n]
+    assert s["log_ppl_diff_seq_mean"] == float(torch.stack(seq_means).mean())
+    assert s["sequences_differ"] == sum(bool((a != b)[seq == i].any()) for i in range(len(lens)))
 
 
 def test_greedy_flips_from_engine_rank_and_trainer_top1():

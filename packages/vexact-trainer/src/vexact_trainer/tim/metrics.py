@@ -3,6 +3,7 @@ probability, worst sequences, greedy flips."""
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import torch
@@ -71,8 +72,12 @@ def tim_metrics(
     d = b - a
     absd = d.abs()
     k3 = k3_kl(d)
+    diff = a - b
     lens = [len(x.reshape(-1)) for x in engine_logprobs]
-    seq = torch.repeat_interleave(torch.arange(len(lens)), torch.tensor(lens))
+    # a sequence's tokens are one contiguous run of the concatenation: per-sequence statistics read its slice (the
+    # same elements in the same order as a mask `seq == s`), O(tokens) in all; a mask per sequence is O(sequences x
+    # tokens: 1.7 s for 512 x 1024 tokens on one CPU thread, inside verl's old_log_prob timer (vexact_verl.tim)
+    spans = [slice(e - n, e) for n, e in zip(lens, itertools.accumulate(lens), strict=True)]
     pos = torch.cat([torch.arange(n) for n in lens]).double()
     n = len(a)
     q = torch.tensor([0.5, 0.9, 0.99, 0.999], dtype=torch.float64)
@@ -82,21 +87,21 @@ def tim_metrics(
         "tokens": n,
         "tokens_differ": int(differ.sum()),
         "fraction_differ": float(differ.double().mean()) if n else 0.0,
-        "sequences_differ": int(sum(bool(differ[seq == s].any()) for s in range(len(lens)))),
+        "sequences_differ": int(sum(bool(differ[sp].any()) for sp in spans)),
         "exact": not bool(differ.any()),
         "abs_delta": {
             "mean": float(absd.mean()) if n else 0.0,
             "max": float(absd.max()) if n else 0.0,
             **{f"p{p}": float(v) for p, v in zip(("50", "90", "99", "99.9"), quant.tolist(), strict=True)},
         },
-        "k1_kl": float((a - b).mean()) if n else 0.0,
+        "k1_kl": float(diff.mean()) if n else 0.0,
         "k3_kl": float(k3.mean()) if n else 0.0,
         "chi2": float(torch.expm1(d).square().mean()) if n else 0.0,
         "log_ppl_engine": float((-a).mean()) if n else 0.0,
         "log_ppl_trainer": float((-b).mean()) if n else 0.0,
-        "log_ppl_diff": float((a - b).mean()) if n else 0.0,
+        "log_ppl_diff": float(diff.mean()) if n else 0.0,
         "log_ppl_diff_seq_mean": float(
-            torch.stack([(a - b)[seq == s].mean() for s in range(len(lens)) if lens[s]]).mean()
+            torch.stack([diff[sp].mean() for sp, m in zip(spans, lens, strict=True) if m]).mean()
         )
         if n
         else 0.0,
@@ -104,8 +109,7 @@ def tim_metrics(
         "by_probability": _bucket_rows(a.exp(), PROB_BUCKETS, a, b, differ),
     }
     per_seq = []
-    for s in range(len(lens)):
-        sel = seq == s
+    for s, sel in enumerate(spans):
         per_seq.append(
             {
                 "index": s,
@@ -115,7 +119,7 @@ def tim_metrics(
                 "max_abs_delta": float(absd[sel].max()) if lens[s] else 0.0,
                 "mean_abs_delta": float(absd[sel].mean()) if lens[s] else 0.0,
                 "k3_kl": float(k3[sel].mean()) if lens[s] else 0.0,
-                "log_ppl_diff": float((a - b)[sel].mean()) if lens[s] else 0.0,
+                "log_ppl_diff": float(diff[sel].mean()) if lens[s] else 0.0,
             }
         )
     per_seq.sort(key=lambda r: (-r["max_abs_delta"], -r["k3_kl"], r["index"]))
