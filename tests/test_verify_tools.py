@@ -163,7 +163,8 @@ def test_compare_timing_means_after_warmup_and_ratio_to_vllm(tmp_path, capsys):
     "stem,arms,exact",
     [("h200x2-2gpu-lr3e-6", ("invariant", "fast"), "invariant"), ("h100-qwen3-1.7b", ("vllm", "vexact"), "vexact"),
      ("h100-qwen3-30b-a3b", ("vllm", "vexact"), "vexact"), ("h200-qwen3-1.7b", ("vllm", "vexact"), "vexact"),
-     ("h200-dense-1k", ("vllm", "vexact"), "vexact")],
+     ("h200-dense-1k", ("vllm", "vexact"), "vexact"), ("h200-dense-4k", ("vllm", "vexact"), "vexact"),
+     ("h200-moe-1k", ("vllm", "vexact"), "vexact")],
 )  # fmt: skip
 def test_compare_runs_as_a_script_on_the_committed_pairs(tmp_path, stem, arms, exact):
     res = ROOT / "examples/verify/results"
@@ -280,7 +281,7 @@ def test_headline_refuses_a_model_with_one_arm_or_runs_of_different_configs(tmp_
 
 @pytest.mark.parametrize(
     "gpu, models",
-    [("h100", ("qwen3-1.7b", "qwen3-30b-a3b")), ("h200", ("dense-1k", "qwen3-1.7b"))],
+    [("h100", ("qwen3-1.7b", "qwen3-30b-a3b")), ("h200", ("dense-1k", "dense-4k", "moe-1k", "qwen3-1.7b"))],
     ids=["h100", "h200"],
 )
 def test_committed_rl_step_table_is_what_the_committed_runs_give(tmp_path, gpu, models):

@@ -59,7 +59,7 @@
 #   LOGPROB_MAX_TOKENS (the token budgets), ACTOR_ATTN (FA4 where it runs, else sdpa), FUSED_KERNELS (1: the dense
 #   vllm arm's log-probs through verl's fused kernel in tuned pairs, 0: verl's default path), PYTHONPATH_FA4 (above), TAG
 #   (file prefix: the GPU, e.g. h100), MODEL_DIR (where the checkpoint is written), DATA (the dataset folder), COMMIT
-#   (recorded in the metas)
+#   or VEXACT_COMMIT (recorded in the metas; git's HEAD where neither is set)
 #   SHARED_HOST=1: other Ray jobs run on this host (each on its own GPUs, CUDA_VISIBLE_DEVICES): no `ray stop` between
 #   arms (it would stop theirs too); set RAY_ADDRESS=local as well, so each arm starts its own Ray cluster
 #   PYTHONPATH_VLLM / PYTHONPATH_VEXACT: put in front of PYTHONPATH for the vllm arm / the vexact and fast arms, where

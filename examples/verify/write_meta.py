@@ -49,8 +49,11 @@ def _gpu() -> str:
 
 
 def _commit() -> str:
-    if os.environ.get("COMMIT"):
-        return os.environ["COMMIT"]
+    """``$COMMIT`` or ``$VEXACT_COMMIT`` where set (a copy of the tree without its git directory, as the
+    benchmarks take it), else git's short HEAD."""
+    for key in ("COMMIT", "VEXACT_COMMIT"):
+        if os.environ.get(key):
+            return os.environ[key]
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
         return out.stdout.strip()
