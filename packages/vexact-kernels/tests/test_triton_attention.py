@@ -304,17 +304,23 @@ def test_decode_launch_is_chosen_from_sizes_alone():
     assert ops.decode_launch(big - 1, big - 1, 2, 8) is None  # too few programs: the constants' launch
     assert ops.decode_launch(big + 1, big, 2, 8) is None  # a prefill chunk in the step
     assert ops.decode_launch(4 * big, 4 * big, 32, 1) is None  # a GQA group wider than the decode tile
+    small = (ops.DECODE_BLOCK_M, ops.DECODE_SPLIT_NUM_WARPS, ops.NUM_STAGES)  # so few programs that the step runs split
+    assert ops.decode_launch(1, 1, 2, 8) == small and ops.decode_launch(16, 16, 8, 4) == small
+    assert ops.decode_launch(ops.DECODE_SPLIT_MAX_SEQS + 1, ops.DECODE_SPLIT_MAX_SEQS + 1, 16, 1) is None
+    assert ops.decode_launch(ops.SPLIT_BELOW_PROGRAMS // 8, ops.SPLIT_BELOW_PROGRAMS // 8, 2, 8) is None
+    assert ops.decode_launch(5, 4, 2, 8) is None  # a prefill chunk in the step
 
 
-def _check_decode_launch(ops, lens, hq, hkv, dims, page, seed, device):
+def _check_decode_launch(ops, lens, hq, hkv, dims, page, seed, device, warps=None):
     """A decode step (the last token of each sequence) at the decode launch == the packed (training) forward's rows
-    and == the constants' launch, output and LSE, torch.equal; the layout must have picked the decode launch."""
+    and == the constants' launch, output and LSE, torch.equal; the layout must have picked the decode launch (16-row
+    tiles in ``warps``, default ``DECODE_NUM_WARPS``)."""
     paged, (q, k, v, cu), rows = _paged_decode_inputs(
         lens, [1] * len(lens), hq, hkv, dims[0], page, seed=seed, device=device, dv=dims[1]
     )
     qd, kc, vc, bt, ctx, cuq = paged
     lay = ops.paged_layout(bt, ctx, cuq, page, qd.shape[0], hq, hkv, qd.device)
-    assert lay.launch == (ops.DECODE_BLOCK_M, ops.DECODE_NUM_WARPS, ops.NUM_STAGES)
+    assert lay.launch == (ops.DECODE_BLOCK_M, warps or ops.DECODE_NUM_WARPS, ops.NUM_STAGES)
     out = ops.attention_paged(*paged, 0.125, layout=lay)
     assert torch.equal(out, _packed(q, k, v, cu, scale=0.125)[torch.tensor(rows, device=device)])
     args = (qd, kc.flatten(0, 1), vc.flatten(0, 1), lay.table, page, lay.q_start, lay.n_q, lay.ctx, 0.125, True)
@@ -330,6 +336,13 @@ def test_interpreted_decode_launch_equals_packed(monkeypatch):
     monkeypatch.setattr(ops, "DECODE_MIN_PROGRAMS", 4)
     monkeypatch.setattr(ops, "SPLIT_N", 64)
     _check_decode_launch(ops, [150, 70, 3], 8, 2, (64, 64), 16, seed=3, device="cpu")
+
+
+@interp
+def test_interpreted_small_decode_launch_equals_packed(monkeypatch):
+    ops = _ops()
+    monkeypatch.setattr(ops, "SPLIT_N", 64)  # contexts past several key splits: the split form
+    _check_decode_launch(ops, [150, 70, 3], 8, 2, (64, 64), 16, seed=4, device="cpu", warps=ops.DECODE_SPLIT_NUM_WARPS)
 
 
 if triton_available():
@@ -490,6 +503,17 @@ def test_gpu_decode_launch_equals_packed(hq, hkv, dims):
     if (hq, hkv) == (16, 8):
         plain = ops._fwd(*args, launch=(ops.DECODE_BLOCK_M, 4, ops.NUM_STAGES), one_warp_sum=False)[0]
         assert not torch.equal(plain, out)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("hq", "hkv", "nseq"), [(16, 8, 1), (32, 8, 4), (32, 4, 16)])
+def test_gpu_small_decode_launch_equals_packed(hq, hkv, nseq):
+    """Decode at a small batch (the split form, 16-row tiles in DECODE_SPLIT_NUM_WARPS warps) == the packed training
+    forward and == the 64-row launch, torch.equal, over contexts past many key splits."""
+    ops = _ops()
+    rng = random.Random(nseq)
+    lens = [rng.randint(1, 9000) for _ in range(nseq)]
+    _check_decode_launch(ops, lens, hq, hkv, (128, 128), 16, seed=nseq, device="cuda", warps=ops.DECODE_SPLIT_NUM_WARPS)
 
 
 @pytest.mark.gpu

@@ -98,6 +98,14 @@ SPLIT_BELOW_PROGRAMS = 256
 DECODE_BLOCK_M = 16
 DECODE_NUM_WARPS = 2
 DECODE_MIN_PROGRAMS = 1024
+# A decode step with fewer than SPLIT_BELOW_PROGRAMS (sequence, KV head) programs runs in the split form (a program
+# per key split); there the same 16-row tiles in four warps (each row's sum of P in the one-warp order, as above) take
+# 0.77-0.98 of the 64-row split launch's time at batch 1-16 and contexts of 1k-8k on the 1.7B, 8B and 30B-A3B layouts
+# (H200, `benchmarks/attention.py --decode-only --variants m16-w4-split`, attention-decode-h200.md), with the same bits
+# in every cell. Taken up to DECODE_SPLIT_MAX_SEQS sequences, the batches measured (an MLA layer, one KV head, runs
+# split up to 255 sequences: unmeasured there); between the thresholds the 64-row launch stays.
+DECODE_SPLIT_NUM_WARPS = 4
+DECODE_SPLIT_MAX_SEQS = 16
 
 _PACKED_PAGE = 1 << 30  # "page size" of a packed batch: one page per sequence
 _LOG2E = 1.4426950408889634
@@ -777,11 +785,17 @@ class PagedLayout:
 
 
 def decode_launch(num_tokens: int, num_seqs: int, g: int, num_kv_heads: int) -> tuple[int, int, int] | None:
-    """The launch shape of a paged step, from its sizes alone: the decode shape (``DECODE_BLOCK_M`` rows, one warp)
-    for a decode step (one query per sequence) of a GQA group that fits it and enough programs to fill the GPU; else
-    None (the constants)."""
-    if num_tokens == num_seqs and g <= DECODE_BLOCK_M and num_seqs * num_kv_heads >= DECODE_MIN_PROGRAMS:
+    """The launch shape of a paged step, from its sizes alone: for a decode step (one query per sequence) of a GQA
+    group that fits ``DECODE_BLOCK_M`` rows, 16-row tiles in ``DECODE_NUM_WARPS`` warps with enough programs to fill
+    the GPU, in ``DECODE_SPLIT_NUM_WARPS`` warps with so few that the step runs split (up to ``DECODE_SPLIT_MAX_SEQS``
+    sequences); else None (the constants)."""
+    if num_tokens != num_seqs or g > DECODE_BLOCK_M:
+        return None
+    programs = num_seqs * num_kv_heads
+    if programs >= DECODE_MIN_PROGRAMS:
         return DECODE_BLOCK_M, DECODE_NUM_WARPS, NUM_STAGES
+    if programs < SPLIT_BELOW_PROGRAMS and num_seqs <= DECODE_SPLIT_MAX_SEQS:
+        return DECODE_BLOCK_M, DECODE_SPLIT_NUM_WARPS, NUM_STAGES
     return None
 
 
