@@ -214,8 +214,11 @@ def _combine_bwd_kernel(
 # the number of earlier pairs of that expert, which is what a stable sort gives. On an H200 the torch plan took about
 # 3 ms of a 31.5 ms Qwen3-30B-A3B decode step at batch 256 (48 layers; the sort alone 1.4 ms,
 # benchmarks/results/throughput-rl-h200.md).
+# On an H200 at a82f62f the four took 1.71 ms of the 30.0 ms step; the tile schedule, then one program walking its
+# tiles 32 at a time, 1.13 ms of it: it now runs a program per PLAN_TILES_PER_PROGRAM tiles.
 PLAN_CHUNK = 128
 PLAN_KERNEL_MAX_PAIRS = 64 * PLAN_CHUNK
+PLAN_TILES_PER_PROGRAM = 32
 
 
 @triton.jit
@@ -267,21 +270,21 @@ def _plan_rank_kernel(IDS, BASE, INV, TOK, P, K, EP: tl.constexpr, C: tl.constex
 def _plan_tiles_kernel(COUNTS, OFFSETS, EXPERT, FIRST, num_tiles, E, BLOCK_M: tl.constexpr, EP: tl.constexpr,
                        TP: tl.constexpr):  # fmt: skip
     """The tile schedule of :meth:`_Plan.tiles` for tiles of ``BLOCK_M`` rows: tile ``pid``'s expert (the number of
-    experts whose tiles end at or before it; ``E``: no work) and first sorted row."""
+    experts whose tiles end at or before it; ``E``: no work) and first sorted row. A program per ``TP`` tiles, each
+    taking the experts' tile counts and their running sum itself (integers: the same values in every program)."""
     cols = tl.arange(0, EP)
     real = cols < E
     per = tl.where(real, (tl.load(COUNTS + cols) + BLOCK_M - 1) // BLOCK_M, 0)
     end = tl.cumsum(per, axis=0)
     offsets = tl.load(OFFSETS + cols, mask=cols <= E, other=0)
-    for t0 in range(0, num_tiles, TP):
-        pid = t0 + tl.arange(0, TP)
-        expert = tl.sum(((end[None, :] <= pid[:, None]) & real[None, :]).to(tl.int32), axis=1)
-        pick = cols[None, :] == tl.minimum(expert, E - 1)[:, None]
-        first = tl.sum(tl.where(pick, offsets[None, :], 0), axis=1)
-        start = tl.sum(tl.where(pick, (end - per)[None, :], 0), axis=1)
-        ok = pid < num_tiles
-        tl.store(EXPERT + pid, expert.to(tl.int64), mask=ok)
-        tl.store(FIRST + pid, first + (pid - start).to(tl.int64) * BLOCK_M, mask=ok)
+    pid = tl.program_id(0) * TP + tl.arange(0, TP)
+    expert = tl.sum(((end[None, :] <= pid[:, None]) & real[None, :]).to(tl.int32), axis=1)
+    pick = cols[None, :] == tl.minimum(expert, E - 1)[:, None]
+    first = tl.sum(tl.where(pick, offsets[None, :], 0), axis=1)
+    start = tl.sum(tl.where(pick, (end - per)[None, :], 0), axis=1)
+    ok = pid < num_tiles
+    tl.store(EXPERT + pid, expert.to(tl.int64), mask=ok)
+    tl.store(FIRST + pid, first + (pid - start).to(tl.int64) * BLOCK_M, mask=ok)
 
 
 def _plan_kernels_ok(device: torch.device, pairs: int) -> bool:
@@ -338,8 +341,10 @@ class _Plan:
             if self._counts is not None:  # built by the plan kernels
                 expert = torch.empty(num_tiles, dtype=torch.int64, device=self.offsets.device)
                 first_row = torch.empty_like(expert)
-                _plan_tiles_kernel[(1,)](self._counts, self.offsets, expert, first_row, num_tiles, e,
-                                         BLOCK_M=block_m, EP=self._counts.numel(), TP=32, num_warps=8)  # fmt: skip
+                _plan_tiles_kernel[(cdiv(num_tiles, PLAN_TILES_PER_PROGRAM),)](
+                    self._counts, self.offsets, expert, first_row, num_tiles, e,
+                    BLOCK_M=block_m, EP=self._counts.numel(), TP=PLAN_TILES_PER_PROGRAM, num_warps=4,
+                )  # fmt: skip
             else:
                 counts = self.offsets[1:] - self.offsets[:-1]
                 per_expert = (counts + block_m - 1) // block_m
