@@ -222,7 +222,8 @@ def test_gpu_every_config_gives_the_same_bits():
         outs.append(mm.matmul(a, w, out_dtype=torch.float32, config=(128, 128, 8, 4, True)))  # warp-specialized
         bf16 = [mm.matmul(a, w, config=cfg) for cfg, _ in mm.TMA_PICKS]  # the bf16-output TMA tiles the picker uses
         assert all(torch.equal(o, mm.matmul(a, w, config=mm.CONFIGS[0])) for o in bf16), (m, k, n)
-        for cfg in ((16, 32, 4, 6), (16, 64, 4, 4), (64, 64, 4, 6)):  # a program per K split, then the combine
+        for cfg in ((16, 32, 4, 6), (16, 64, 4, 4), (64, 64, 4, 6), (64, 64, 4, 4, False), (64, 128, 4, 4, False)):
+            # a program per K split, then the combine (5 values: the tiles read through TMA)
             for fused in (False, True):  # a combine kernel, or the last split program of each tile
                 outs.append(
                     mm.matmul(a, w, out_dtype=torch.float32, config=cfg, split_programs=True, fused_combine=fused)

@@ -120,6 +120,33 @@ def _epilogue(
 
 
 @triton.jit
+def _split_out(
+    total, c_ptr, bias_ptr, part_ptr, count_ptr, tile, split, num_splits, offs_m, offs_n, M, N, stride_cm, stride_cn,
+    HAS_BIAS: tl.constexpr, ACCUMULATE: tl.constexpr, COMBINE: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """A split program's end: its fp32 partial ``total`` to ``part_ptr[split, M, N]``; ``COMBINE``: the tile's split
+    program that finishes last (an atomic count in ``count_ptr[tile]``, reset to 0 after) adds the tile's partials as
+    ``_combine_kernel`` does, in split order, and writes ``c``."""
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    mn = tl.cast(M, tl.int64) * N
+    parts = part_ptr + offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
+    tl.store(parts + split * mn, total, mask=mask)
+    if COMBINE:
+        # Every thread's partial store comes before the count's release (the CUTLASS semaphore pattern); the
+        # acquire and the barrier that hands the count to every thread come before the loads, which bypass L1.
+        tl.debug_barrier()
+        done = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel", scope="gpu")
+        if done == num_splits - 1:
+            # ``_combine_kernel``'s adds, element by element: 0 + p_0 + p_1 + ... in split order
+            total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for s in range(num_splits):
+                total += tl.load(parts + s * mn, mask=mask, other=0.0, cache_modifier=".cg")
+            _epilogue(total, c_ptr, bias_ptr, offs_m, offs_n, M, N, stride_cm, stride_cn, HAS_BIAS, ACCUMULATE)
+            tl.store(count_ptr + tile, 0)  # no program of this launch counts this tile again
+
+
+@triton.jit
 def _matmul_kernel(
     a_ptr, b_ptr, c_ptr, bias_ptr, part_ptr, count_ptr,
     M, N, K,
@@ -161,23 +188,10 @@ def _matmul_kernel(
         BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_TILES, INTERPRET, INPUT_PRECISION,
     )  # fmt: skip
     if SPLIT_OUT:
-        mn = tl.cast(M, tl.int64) * N
-        parts = part_ptr + offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
-        tl.store(parts + split * mn, total, mask=mask_m & mask_n)
-        if COMBINE:
-            # Every thread's partial store comes before the count's release (the CUTLASS semaphore pattern); the
-            # acquire and the barrier that hands the count to every thread come before the loads, which bypass L1.
-            tl.debug_barrier()
-            done = tl.atomic_add(count_ptr + pid, 1, sem="acq_rel", scope="gpu")
-            if done == tl.num_programs(1) - 1:
-                # ``_combine_kernel``'s adds, element by element: 0 + p_0 + p_1 + ... in split order
-                total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-                for s in range(tl.num_programs(1)):
-                    total += tl.load(parts + s * mn, mask=mask_m & mask_n, other=0.0, cache_modifier=".cg")
-                _epilogue(
-                    total, c_ptr, bias_ptr, offs_m, offs_n, M, N, stride_cm, stride_cn, HAS_BIAS, ACCUMULATE
-                )  # fmt: skip
-                tl.store(count_ptr + pid, 0)  # no program of this launch counts this tile again
+        _split_out(
+            total, c_ptr, bias_ptr, part_ptr, count_ptr, pid, split, tl.num_programs(1), offs_m, offs_n, M, N,
+            stride_cm, stride_cn, HAS_BIAS, ACCUMULATE, COMBINE, BLOCK_M, BLOCK_N,
+        )  # fmt: skip
     else:
         _epilogue(total, c_ptr, bias_ptr, offs_m, offs_n, M, N, stride_cm, stride_cn, HAS_BIAS, ACCUMULATE)
 
@@ -249,6 +263,44 @@ def _matmul_tma_kernel(
                 total += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
             c_ptrs = c_ptr + offs_m[:, None].to(tl.int64) * stride_cm + offs_n[None, :] * stride_cn
             tl.store(c_ptrs, total.to(c_ptr.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+
+@triton.jit
+def _matmul_tma_split_kernel(
+    a_desc, b_desc, c_ptr, bias_ptr, part_ptr, count_ptr,
+    M, N, K, stride_cm, stride_cn,
+    HAS_BIAS: tl.constexpr, COMBINE: tl.constexpr, ACCUMULATE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    SPLIT_TILES: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """``_matmul_kernel``'s split programs (one per output tile and K split, ``program_id(1)`` the split) with the
+    tiles read through TMA descriptors of row-major operands: the split's K tiles in order into an fp32 partial that
+    starts at zero, added to a zero total (as ``k_reduce`` ends a split), then ``_split_out``."""
+    pid = tl.program_id(0)
+    split = tl.program_id(1)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    group = GROUP_M * num_pid_n
+    first_m = (pid // group) * GROUP_M
+    size_m = tl.minimum(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % group) % size_m
+    pid_n = (pid % group) // size_m
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    kt_lo = split * SPLIT_TILES
+    kt_hi = tl.minimum(kt_lo + SPLIT_TILES, k_tiles)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kt in range(kt_lo, kt_hi):  # out-of-bounds reads are zero, like the masks
+        a = a_desc.load([pid_m * BLOCK_M, kt * BLOCK_K])
+        b = b_desc.load([pid_n * BLOCK_N, kt * BLOCK_K])
+        acc = tl.dot(a, b.T, acc, input_precision=INPUT_PRECISION)
+    total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    total += acc
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    _split_out(
+        total, c_ptr, bias_ptr, part_ptr, count_ptr, pid, split, tl.num_programs(1), offs_m, offs_n, M, N,
+        stride_cm, stride_cn, HAS_BIAS, ACCUMULATE, COMBINE, BLOCK_M, BLOCK_N,
+    )  # fmt: skip
 
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages, warp_specialize) of the persistent TMA variant, used for M >= TMA_MIN_M.
@@ -341,6 +393,33 @@ def _launch_tma(a, b_t, c, bias, cfg, accumulate: bool = False) -> None:
     )  # fmt: skip
 
 
+def _launch_tma_split(a, b_t, c, bias, cfg, num_splits: int, accumulate: bool, fused_combine: bool | None) -> None:
+    """``_matmul_tma_split_kernel`` over row-major ``a`` / ``b_t``: a program per output tile and K split, then the
+    fused combine (or ``_combine_kernel`` where no counter slot takes the launch, or ``fused_combine=False``)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    bm, bn, warps, stages, _ = cfg
+    m, n, k = a.shape[0], b_t.shape[0], a.shape[1]
+    tiles = cdiv(m, bm) * cdiv(n, bn)
+    counts = _tile_counters(a.device, tiles) if fused_combine is not False else None
+    if counts is None and fused_combine:
+        raise RuntimeError(f"matmul: fused_combine=True, but no tile-count slot takes {tiles} tiles here")
+    part = torch.empty(num_splits, m, n, dtype=torch.float32, device=a.device)
+    _matmul_tma_split_kernel[(tiles, num_splits)](
+        TensorDescriptor.from_tensor(a, [bm, BLOCK_K]), TensorDescriptor.from_tensor(b_t, [bn, BLOCK_K]),
+        c, bias if bias is not None else c, part, counts if counts is not None else c,
+        m, n, k, c.stride(0), c.stride(1),
+        HAS_BIAS=bias is not None, COMBINE=counts is not None, ACCUMULATE=accumulate,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=BLOCK_K, GROUP_M=GROUP_M, SPLIT_TILES=SPLIT_TILES,
+        INPUT_PRECISION=input_precision(a.dtype), num_warps=warps, num_stages=stages,
+    )  # fmt: skip
+    if counts is None:
+        _combine_kernel[(cdiv(m * n, 1024),)](
+            part, c, bias if bias is not None else c, m, n, num_splits, c.stride(0), c.stride(1),
+            HAS_BIAS=bias is not None, ACCUMULATE=accumulate, BLOCK=1024, num_warps=4,
+        )  # fmt: skip
+
+
 def input_precision(dtype: torch.dtype) -> str:
     """The ``tl.dot`` input precision for operands of ``dtype``: for fp32 the one in force
     (``vexact_kernels.get_fp32_matmul_precision()``, default ``ieee``); for 16-bit operands Triton's default ``tf32``,
@@ -411,7 +490,9 @@ def matmul(
     """``a [M, K] @ b_t[N, K].T (+ bias [N])`` -> ``[M, N]``; any strides.
 
     ``config`` overrides the tile choice: 4 values for the pointer kernel, 5 for the persistent TMA kernel (fp32
-    operands: the pointer kernel with ``FP32_CONFIGS`` unless ``config`` says otherwise).
+    operands: the pointer kernel with ``FP32_CONFIGS`` unless ``config`` says otherwise); 5 values with
+    ``split_programs=True`` and row-major operands: ``_matmul_tma_split_kernel`` (a program per tile and K split,
+    read through TMA; no default pick takes it yet: ``scripts/tuning/tune_kernels.py --parts mid`` times it).
     ``split_programs`` overrides whether K splits run as separate programs plus a combine (default: when the output
     has few tiles). ``fused_combine`` (split programs only): whether the last split program of each tile adds the
     partials (one launch) or a combine kernel does (two launches); default: fused where a counter slot is free (see
@@ -448,7 +529,14 @@ def matmul(
     want_tma = (
         config is None and m >= TMA_MIN_M and split_programs is not True or config is not None and len(config) == 5
     )
-    if want_tma and _tma_ok(a, b_t) and (config is not None or not fp32):
+    tma_split = (
+        split_programs is True and config is not None and len(config) == 5 and num_splits > 1 and _tma_ok(a, b_t)
+        and _tma_layout(a) == _tma_layout(b_t) == "rows"
+    )  # fmt: skip
+    if tma_split:
+        _launch_tma_split(a, b_t, c, bias, config, num_splits, acc_in, fused_combine)
+        return c
+    if want_tma and _tma_ok(a, b_t) and (config is not None or not fp32) and split_programs is not True:
         if config is None:
             sms = _num_sms(a.device)
             config = TMA_CONFIG_FP32_OUT if c.element_size() == 4 else tma_config(m, n, sms)
