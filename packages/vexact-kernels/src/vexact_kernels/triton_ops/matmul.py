@@ -120,6 +120,17 @@ def _epilogue(
 
 
 @triton.jit
+def _grouped_tile(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """``(pid_m, pid_n)`` of output tile ``pid``, tiles taken ``GROUP_M`` rows of tiles at a time (L2 reuse)."""
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    group = GROUP_M * num_pid_n
+    first_m = (pid // group) * GROUP_M
+    size_m = tl.minimum(num_pid_m - first_m, GROUP_M)
+    return first_m + (pid % group) % size_m, (pid % group) // size_m
+
+
+@triton.jit
 def _split_out(
     total, c_ptr, bias_ptr, part_ptr, count_ptr, tile, split, num_splits, offs_m, offs_n, M, N, stride_cm, stride_cn,
     HAS_BIAS: tl.constexpr, ACCUMULATE: tl.constexpr, COMBINE: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -161,13 +172,7 @@ def _matmul_kernel(
     program that finishes last (an atomic count in ``count_ptr[tile]``, reset to 0 after) adds the tile's partials as
     ``_combine_kernel`` does, in split order, and writes ``c``. ``ACCUMULATE``: ``c = c + result`` (fp32 ``c``)."""
     pid = tl.program_id(0)
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    group = GROUP_M * num_pid_n
-    first_m = (pid // group) * GROUP_M
-    size_m = tl.minimum(num_pid_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % group) % size_m
-    pid_n = (pid % group) // size_m
+    pid_m, pid_n = _grouped_tile(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -278,13 +283,7 @@ def _matmul_tma_split_kernel(
     starts at zero, added to a zero total (as ``k_reduce`` ends a split), then ``_split_out``."""
     pid = tl.program_id(0)
     split = tl.program_id(1)
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    group = GROUP_M * num_pid_n
-    first_m = (pid // group) * GROUP_M
-    size_m = tl.minimum(num_pid_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % group) % size_m
-    pid_n = (pid % group) // size_m
+    pid_m, pid_n = _grouped_tile(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
     k_tiles = tl.cdiv(K, BLOCK_K)
     kt_lo = split * SPLIT_TILES
     kt_hi = tl.minimum(kt_lo + SPLIT_TILES, k_tiles)
