@@ -59,7 +59,9 @@ class GenPhase:
     """Where one generation phase of a replica goes (from the server being ready to its next sleep): time to the
     first request, time inside ``engine.step`` (the engine's own work, host and device), time after the last answer,
     and the requests, steps and tokens. The rest of the phase's wall time is the server waiting on its callers (verl's
-    agent loop, transport) between steps."""
+    agent loop, transport) between steps. Occupancy, where the engine tells it (:func:`engine_occupancy`): the most
+    sequences running at once, the KV cache's capacity in tokens and the preemptions in the phase (fewer sequences in
+    flight than the batch limit with preemptions means the cache bounds the batch)."""
 
     start: float = field(default_factory=time.monotonic)
     first: float | None = None
@@ -68,6 +70,10 @@ class GenPhase:
     steps: int = 0
     tokens: int = 0
     engine_s: float = 0.0
+    peak_running: int = 0
+    kv_tokens: int | None = None
+    preemptions_at_start: int | None = None
+    preemptions: int = 0
 
     def summary(self, end: float) -> dict[str, float]:
         first = self.first if self.first is not None else end
@@ -83,7 +89,32 @@ class GenPhase:
             "requests": self.requests,
             "steps": self.steps,
             "tokens": self.tokens,
+            "peak_running": self.peak_running,
+            "kv_tokens": self.kv_tokens,
+            "preemptions": self.preemptions,
         }
+
+    def observe(self, engine) -> None:
+        """After a step: the running count, the KV capacity and the preemptions since the phase's first step."""
+        running, kv_tokens, preemptions = engine_occupancy(engine)
+        if running is not None:
+            self.peak_running = max(self.peak_running, running)
+        if kv_tokens is not None:
+            self.kv_tokens = kv_tokens
+        if preemptions is not None:
+            if self.preemptions_at_start is None:
+                self.preemptions_at_start = preemptions
+            self.preemptions = preemptions - self.preemptions_at_start
+
+
+def engine_occupancy(engine) -> tuple[int | None, int | None, int | None]:
+    """``(sequences running, KV cache tokens, preemptions since construction)`` of a one-GPU engine
+    (:class:`vexact_engine.LLMEngine`); None for what an engine does not expose (the multi-rank replicas)."""
+    sched, blocks = getattr(engine, "scheduler", None), getattr(engine, "blocks", None)
+    running = len(sched.running) if sched is not None and hasattr(sched, "running") else None
+    kv = blocks.num_blocks * blocks.block_size if blocks is not None and hasattr(blocks, "num_blocks") else None
+    preempt = getattr(sched, "num_preemptions", None) if sched is not None else None
+    return running, kv, preempt
 
 
 @dataclass
@@ -395,9 +426,12 @@ class VexactServer:
                 try:
                     self.stats["max_in_flight"] = max(self.stats["max_in_flight"], len(self._in_engine))
                     t0 = time.monotonic()
+                    if self._phase.preemptions_at_start is None:  # the count before the phase's first step
+                        self._phase.observe(engine)
                     finished = await asyncio.to_thread(engine.step)
                     self._phase.engine_s += time.monotonic() - t0
                     self._phase.steps += 1
+                    self._phase.observe(engine)
                     self.stats["steps"] += 1
                 except Exception as e:  # fail the requests in flight rather than hang their callers
                     log.exception("engine step failed")
@@ -505,10 +539,10 @@ class VexactServer:
             log.info(
                 "vexact replica %d, generation phase: %.2f s from ready to sleep; first request after %.2f s, "
                 "last answer %.2f s later, then %.2f s to sleep; engine steps %.2f s (%.0f%% of first request to last "
-                "answer); %d requests, %d steps, %d tokens",
+                "answer); %d requests, %d steps, %d tokens; at most %d running, KV cache %s tokens, %d preemptions",
                 self.replica_rank, p["wall_s"], p["to_first_request_s"], p["first_to_last_answer_s"],
                 p["after_last_answer_s"], p["engine_s"], 100 * p["engine_share"], p["requests"], p["steps"],
-                p["tokens"],
+                p["tokens"], p["peak_running"], p["kv_tokens"], p["preemptions"],
             )  # fmt: skip
             path = os.environ.get(GEN_PHASE_LOG_ENV)
             if path:  # one JSON line a phase, for a run's own record (examples/verify/run_pair.sh sets it)
