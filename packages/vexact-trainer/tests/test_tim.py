@@ -12,7 +12,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from vexact_trainer import BadRolloutError, Rescored, Rollout, k3_kl, load_rollouts, rollouts_to_jsonl, tim_metrics
+from vexact_trainer import (
+    BadRolloutError,
+    Rescored,
+    Rollout,
+    k3_kl,
+    load_rollouts,
+    rollouts_to_jsonl,
+    tim_metrics,
+    tim_token_metrics,
+)
 from vexact_trainer.tim import compare, write_report
 
 DATA = Path(__file__).parent / "data"
@@ -84,6 +93,25 @@ def test_per_sequence_statistics_equal_a_mask_per_sequence_bitwise():
     seq_means = [(a - b)[seq == i].mean() for i, n in enumerate(lens) if n]
     assert s["log_ppl_diff_seq_mean"] == float(torch.stack(seq_means).mean())
     assert s["sequences_differ"] == sum(bool((a != b)[seq == i].any()) for i in range(len(lens)))
+
+
+def test_token_metrics_are_tim_metrics_token_keys_bitwise():
+    # verl's per-step tim/* read the token-level keys alone (vexact_verl.tim): the same values, to the bit, as the
+    # whole summary's, on the concatenation of the sequences; equal inputs give exactly 0
+    g = torch.Generator().manual_seed(1)
+    lens = [1000, 0, 3, 257, 1, 64, 999]
+    eng = [-5 * torch.rand(n, generator=g) for n in lens]
+    tr = [x + 1e-3 * torch.randn(len(x), generator=g) * (torch.rand(len(x), generator=g) < 0.3) for x in eng]
+    for engine, trainer in ((eng, tr), (eng, eng)):
+        full = tim_metrics(engine, trainer, worst=0)
+        tok = tim_token_metrics(torch.cat(engine), torch.cat(trainer))
+        assert list(tok) == [k for k in full if k in tok] and list(tok["abs_delta"]) == ["mean", "max"]
+        pairs = [(tok[k], full[k]) for k in tok if k != "abs_delta"]
+        pairs += [(tok["abs_delta"][k], full["abs_delta"][k]) for k in ("mean", "max")]
+        assert all(v == w and type(v) is type(w) for v, w in pairs)
+    assert tim_token_metrics(torch.cat(eng), torch.cat(eng))["k3_kl"] == 0.0
+    with pytest.raises(ValueError, match="engine has"):
+        tim_token_metrics(torch.zeros(2), torch.zeros(3))
 
 
 def test_greedy_flips_from_engine_rank_and_trainer_top1():

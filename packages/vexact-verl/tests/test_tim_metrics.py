@@ -28,6 +28,28 @@ def test_tim_step_metrics_hand_computed():
         tim_step_metrics(rollout, actor[:, :2], mask)
 
 
+def test_tim_step_metrics_equal_tim_metrics_of_each_row_bitwise():
+    # one masked select over the batch against the tokens of each row as a tensor of its own, through the whole of
+    # vexact_trainer.tim_metrics: every value equal to the bit; rows of uneven length, an empty row, holes in the mask
+    # (a tool-interleaved response), bf16 rollout logprobs
+    from vexact_trainer import tim_metrics
+
+    g = torch.Generator().manual_seed(0)
+    rollout = -5 * torch.rand(64, 300, generator=g)
+    actor = rollout + 1e-3 * torch.randn(64, 300, generator=g) * (torch.rand(64, 300, generator=g) < 0.3)
+    mask = (torch.arange(300) < torch.randint(0, 301, (64, 1), generator=g)).long()
+    mask[0] = 0
+    mask[::7] *= (torch.rand(mask[::7].shape, generator=g) < 0.5).long()
+    for r, a in ((rollout, actor), (rollout, rollout.clone()), (rollout.bfloat16(), actor)):
+        rows = [i for i in range(64) if mask[i].any()]
+        s = tim_metrics([r[i].float()[mask[i].bool()] for i in rows], [a[i][mask[i].bool()] for i in rows], worst=0)
+        want = {f"tim/{k}": s[k] for k in ("fraction_differ", "k1_kl", "k3_kl", "chi2", "log_ppl_diff")}
+        want.update({"tim/abs_delta_mean": s["abs_delta"]["mean"], "tim/abs_delta_max": s["abs_delta"]["max"]})
+        want["tim/tokens_differ"] = s["tokens_differ"]
+        got = tim_step_metrics(r, a, mask)
+        assert got == want and all(type(got[k]) is type(want[k]) for k in want)
+
+
 def test_verl_debug_metrics_carry_tim_metrics():
     protocol = pytest.importorskip("verl.protocol")
     from verl.utils.debug import metrics as verl_metrics

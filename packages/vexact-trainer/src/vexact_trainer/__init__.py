@@ -25,6 +25,7 @@ from .tim import (
     rollouts_from_outputs,
     rollouts_to_jsonl,
     tim_metrics,
+    tim_token_metrics,
     write_report,
 )
 from .trainer import RolloutBatch, StepMetrics, Trainer, TrainerConfig
@@ -78,5 +79,6 @@ __all__ = [
     "sync_weights",
     "sync_weights_broadcast",
     "tim_metrics",
+    "tim_token_metrics",
     "write_report",
 ]

@@ -1,4 +1,5 @@
-"""TIM metrics in verl's logger: the summary of :func:`vexact_trainer.tim_metrics` on each step's batch.
+"""TIM metrics in verl's logger: the token-level summary of :func:`vexact_trainer.tim_metrics`
+(:func:`vexact_trainer.tim_token_metrics`) on each step's batch.
 
 verl's trainer logs ``training/rollout_probs_diff_*`` from ``verl.utils.debug.metrics.calculate_debug_metrics(batch)``
 when the batch holds ``rollout_log_probs`` (the rollout's) beside ``old_log_probs`` (the actor's recomputation); it
@@ -30,7 +31,7 @@ KEYS = ("fraction_differ", "k1_kl", "k3_kl", "chi2", "log_ppl_diff")
 
 def tim_step_metrics(rollout_log_probs: torch.Tensor, old_log_probs: torch.Tensor, response_mask: torch.Tensor) -> dict:
     """``tim/*`` metrics of one batch: ``[B, R]`` rollout and actor logprobs, ``[B, R]`` mask of response tokens."""
-    from vexact_trainer import tim_metrics
+    from vexact_trainer import tim_token_metrics
 
     if rollout_log_probs.shape != old_log_probs.shape or response_mask.shape != old_log_probs.shape:
         raise ValueError(
@@ -38,12 +39,15 @@ def tim_step_metrics(rollout_log_probs: torch.Tensor, old_log_probs: torch.Tenso
             f"response_mask {tuple(response_mask.shape)} must have one shape"
         )
     mask = response_mask.bool().cpu()
-    keep = [i for i in range(mask.shape[0]) if mask[i].any()]
-    if not keep:
+    if not mask.any():
         return {}
-    eng = [rollout_log_probs[i].detach().float().cpu()[mask[i]] for i in keep]
-    tr = [old_log_probs[i].detach().float().cpu()[mask[i]] for i in keep]
-    s = tim_metrics(eng, tr, worst=0)
+    # verl calls this on the driver inside its old_log_prob timer. One masked select of the whole batch lists each
+    # row's response tokens in row order (the concatenation of the rows), and only the token-level statistics are
+    # computed: 0.016 s for 512 x 1024 tokens on one CPU thread; a tensor per row and the whole of tim_metrics
+    # (quantiles, buckets, per-sequence rows) take 0.16 s (0.80 s for 512 x 4096), with the same values
+    eng = rollout_log_probs.detach().float().cpu()[mask]
+    tr = old_log_probs.detach().float().cpu()[mask]
+    s = tim_token_metrics(eng, tr)
     out = {f"tim/{k}": s[k] for k in KEYS}
     out["tim/abs_delta_mean"] = s["abs_delta"]["mean"]
     out["tim/abs_delta_max"] = s["abs_delta"]["max"]

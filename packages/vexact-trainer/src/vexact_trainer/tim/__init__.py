@@ -20,7 +20,7 @@ KL(engine || trainer) and ``mean((exp(d) - 1)^2)`` estimates the chi-square dive
 Two logprobs "differ" when their fp32 values are not bitwise equal.
 """
 
-from .metrics import POSITION_BUCKETS, POSITION_EDGES, PROB_BUCKETS, PROB_EDGES, compare, tim_metrics
+from .metrics import POSITION_BUCKETS, POSITION_EDGES, PROB_BUCKETS, PROB_EDGES, compare, tim_metrics, tim_token_metrics
 from .report import Report, write_report
 from .rescore import Rescored, rescore
 from .rollouts import (
@@ -60,5 +60,6 @@ __all__ = [
     "rollouts_from_outputs",
     "rollouts_to_jsonl",
     "tim_metrics",
+    "tim_token_metrics",
     "write_report",
 ]

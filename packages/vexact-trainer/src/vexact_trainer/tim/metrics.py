@@ -36,6 +36,44 @@ def _bucket_rows(key: torch.Tensor, bounds: list[tuple[float, float, bool]], a, 
     return rows
 
 
+def tim_token_metrics(engine_logprobs: torch.Tensor, trainer_logprobs: torch.Tensor) -> dict:
+    """The token-level statistics of :func:`tim_metrics` (``tokens``, ``tokens_differ``, ``fraction_differ``,
+    ``abs_delta`` mean and max, ``k1_kl``, ``k3_kl``, ``chi2``, ``log_ppl_*``) of two flat ``[T]`` logprob tensors,
+    the sequences' tokens concatenated; the same values, bit for bit, without the quantiles, buckets and per-sequence
+    rows, so about a tenth of its time (verl's per-step ``tim/*``, ``vexact_verl.tim``, inside verl's old_log_prob
+    timer: 0.016 s for 512 x 1024 tokens on one CPU thread, against 0.16 s through :func:`tim_metrics`)."""
+    a32, b32 = engine_logprobs.float().cpu().reshape(-1), trainer_logprobs.float().cpu().reshape(-1)
+    if a32.shape != b32.shape:
+        raise ValueError(f"engine has {tuple(a32.shape)} logprobs, trainer {tuple(b32.shape)}")
+    return _token_metrics(a32, b32)[0]
+
+
+def _token_metrics(a32: torch.Tensor, b32: torch.Tensor) -> tuple[dict, dict]:
+    """(the token-level summary, the float64 tensors it was computed from: ``a``, ``b``, ``differ``, ``d`` = b - a,
+    ``absd``, ``k3``, ``diff`` = a - b), so that :func:`tim_metrics` reuses them for its buckets and rows."""
+    differ = a32 != b32
+    a, b = a32.double(), b32.double()
+    d = b - a
+    absd = d.abs()
+    k3 = k3_kl(d)
+    diff = a - b
+    n = len(a)
+    summary = {
+        "tokens": n,
+        "tokens_differ": int(differ.sum()),
+        "fraction_differ": float(differ.double().mean()) if n else 0.0,
+        "exact": not bool(differ.any()),
+        "abs_delta": {"mean": float(absd.mean()) if n else 0.0, "max": float(absd.max()) if n else 0.0},
+        "k1_kl": float(diff.mean()) if n else 0.0,
+        "k3_kl": float(k3.mean()) if n else 0.0,
+        "chi2": float(torch.expm1(d).square().mean()) if n else 0.0,
+        "log_ppl_engine": float((-a).mean()) if n else 0.0,
+        "log_ppl_trainer": float((-b).mean()) if n else 0.0,
+        "log_ppl_diff": float(diff.mean()) if n else 0.0,
+    }
+    return summary, {"a": a, "b": b, "differ": differ, "d": d, "absd": absd, "k3": k3, "diff": diff}
+
+
 POSITION_BUCKETS = [(lo, hi, False) for lo, hi in zip(POSITION_EDGES, POSITION_EDGES[1:] + (math.inf,), strict=True)]
 PROB_BUCKETS = [(lo, hi, hi == 1.0) for lo, hi in zip(PROB_EDGES, PROB_EDGES[1:], strict=False)]
 
@@ -67,12 +105,8 @@ def tim_metrics(
             raise ValueError(f"{rows[i]}: engine has {tuple(x.shape)} logprobs, trainer {tuple(y.shape)}")
     a32 = torch.cat([x.float().cpu().reshape(-1) for x in engine_logprobs])
     b32 = torch.cat([y.float().cpu().reshape(-1) for y in trainer_logprobs])
-    differ = a32 != b32
-    a, b = a32.double(), b32.double()
-    d = b - a
-    absd = d.abs()
-    k3 = k3_kl(d)
-    diff = a - b
+    tokens, t = _token_metrics(a32, b32)
+    a, b, differ, absd, k3, diff = t["a"], t["b"], t["differ"], t["absd"], t["k3"], t["diff"]
     lens = [len(x.reshape(-1)) for x in engine_logprobs]
     # a sequence's tokens are one contiguous run of the concatenation: per-sequence statistics read its slice (the
     # same elements in the same order as a mask `seq == s`), O(tokens) in all; a mask per sequence is O(sequences x
@@ -85,21 +119,15 @@ def tim_metrics(
     summary = {
         "sequences": len(lens),
         "tokens": n,
-        "tokens_differ": int(differ.sum()),
-        "fraction_differ": float(differ.double().mean()) if n else 0.0,
+        "tokens_differ": tokens["tokens_differ"],
+        "fraction_differ": tokens["fraction_differ"],
         "sequences_differ": int(sum(bool(differ[sp].any()) for sp in spans)),
-        "exact": not bool(differ.any()),
+        "exact": tokens["exact"],
         "abs_delta": {
-            "mean": float(absd.mean()) if n else 0.0,
-            "max": float(absd.max()) if n else 0.0,
+            **tokens["abs_delta"],
             **{f"p{p}": float(v) for p, v in zip(("50", "90", "99", "99.9"), quant.tolist(), strict=True)},
         },
-        "k1_kl": float(diff.mean()) if n else 0.0,
-        "k3_kl": float(k3.mean()) if n else 0.0,
-        "chi2": float(torch.expm1(d).square().mean()) if n else 0.0,
-        "log_ppl_engine": float((-a).mean()) if n else 0.0,
-        "log_ppl_trainer": float((-b).mean()) if n else 0.0,
-        "log_ppl_diff": float(diff.mean()) if n else 0.0,
+        **{k: tokens[k] for k in ("k1_kl", "k3_kl", "chi2", "log_ppl_engine", "log_ppl_trainer", "log_ppl_diff")},
         "log_ppl_diff_seq_mean": float(
             torch.stack([diff[sp].mean() for sp, m in zip(spans, lens, strict=True) if m]).mean()
         )
