@@ -115,6 +115,9 @@ ELSEWHERE = {
     "python benchmarks/rl_step.py outputs/verify/h200-dense-4k-vllm.jsonl outputs/verify/h200-dense-4k-vexact.jsonl "
     "--out outputs/verify/rl-step-h200-dense-4k.md": "reads the GPU runs above; tests/test_verify_tools.py runs "
     "rl_step.py on synthetic and committed runs",
+    "python examples/verify/gen_profile.py outputs/verify/h200-dense-4k-vllm.jsonl "
+    "outputs/verify/h200-dense-4k-vexact.jsonl --out outputs/verify/gen-h200-dense-4k.md": "reads the GPU runs "
+    "above; tests/test_gen_profile.py runs gen_profile.py on synthetic and committed runs",
     "python examples/verl_grpo/make_dataset.py --out outputs/verl_grpo/arith": "packages/vexact-verl/tests/"
     "test_examples.py",
     "python examples/verl_grpo/make_model.py --out outputs/verl_grpo/qwen3-random": "packages/vexact-verl/tests/"

@@ -60,6 +60,11 @@
 #   vllm arm's log-probs through verl's fused kernel in tuned pairs, 0: verl's default path), PYTHONPATH_FA4 (above), TAG
 #   (file prefix: the GPU, e.g. h100), MODEL_DIR (where the checkpoint is written), DATA (the dataset folder), COMMIT
 #   or VEXACT_COMMIT (recorded in the metas; git's HEAD where neither is set)
+#   GEN_STATS=1 (default 0): the vllm arm logs vLLM's engine stats: `actor_rollout_ref.rollout.disable_log_stats=False`
+#   in its command (verl's default is True; the meta lists it among the settings that differ) and
+#   VLLM_LOGGING_LEVEL=INFO in its environment (verl's Ray runtime env sets WARN unless the launching shell sets it), so
+#   vLLM's stats lines (running and waiting requests, throughput, KV cache usage, every ~10 s) and its KV cache size
+#   reach the arm's .log, where examples/verify/gen_profile.py reads them; the vexact arms record .phases.jsonl always
 #   SHARED_HOST=1: other Ray jobs run on this host (each on its own GPUs, CUDA_VISIBLE_DEVICES): no `ray stop` between
 #   arms (it would stop theirs too); set RAY_ADDRESS=local as well, so each arm starts its own Ray cluster
 #   PYTHONPATH_VLLM / PYTHONPATH_VEXACT: put in front of PYTHONPATH for the vllm arm / the vexact and fast arms, where
@@ -69,8 +74,9 @@
 # tokens in every arm: equal work for the timing (benchmarks/rl_step.py reads the same files). Outputs, per arm:
 # RESULTS_DIR/<TAG>-<STEM>-<ARM>.jsonl (STEM: smoke's model, e.g. qwen3-1.7b, else the pair's name; verl's file
 # logger: one record a step), .meta.json (the run's config, stack, the settings that differ from verl's defaults, GPU,
-# commit, command, peak GPU memory sampled by nvidia-smi), .log (its first line: the actor attention, why, and the
-# folders in front of PYTHONPATH) and, for the vexact and fast arms, .phases.jsonl
+# commit, command, peak GPU memory sampled by nvidia-smi), .log (its first line: the actor attention, why, the
+# folders in front of PYTHONPATH and the variables set for the arm alone; with GEN_STATS=1, vLLM's stats lines on the
+# vllm arm) and, for the vexact and fast arms, .phases.jsonl
 # (each replica's generation phases: time inside engine steps against the phase's wall time, vexact_verl.server
 # GenPhase); with two or more arms compare.py then writes
 # <TAG>-<STEM>.png over the arms that exited 0 (one arm a call: run compare.py on the files afterwards, as this
@@ -94,6 +100,8 @@ ACTOR_ATTN=${ACTOR_ATTN:-}  # empty: actor_attention.py picks FA4 where it runs 
 ACTOR_ATTN_LIB=""  # actor_attention.py's: the module verl imports in the vllm arm's workers for FA4, if any
 FUSED_KERNELS=${FUSED_KERNELS:-1}  # the dense vllm arm's log-probs through verl's fused kernel (tuned pairs); 0: off
 case "$FUSED_KERNELS" in 0 | 1) ;; *) echo "FUSED_KERNELS must be 0 or 1, got '$FUSED_KERNELS'" >&2; exit 2 ;; esac
+GEN_STATS=${GEN_STATS:-0}  # 1: vLLM's engine stats in the vllm arm's log (gen_profile.py reads them)
+case "$GEN_STATS" in 0 | 1) ;; *) echo "GEN_STATS must be 0 or 1, got '$GEN_STATS'" >&2; exit 2 ;; esac
 PYTHONPATH_FA4=${PYTHONPATH_FA4-$(bash scripts/staging/rl_stack_wheels.sh path fa4)}
 TAG=${TAG:-$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | grep -oiE 'h100|h200|b200|a100' \
   | tr 'A-Z' 'a-z' || true)}
@@ -144,7 +152,7 @@ write_meta() {  # $1: the arm's exit code, empty while it has not finished; the 
   # the versions recorded are the ones the arm ran
   ARM="$arm" NAME="$NAME" RESULTS="$RESULTS" ATTN="$ATTN" ATTN_WHY="$WHY" ACTOR="$ACTOR" MOE="$MOE" SHAPE="$SHAPE" \
   LAYERS="$LAYERS" PAIR="$PAIR" STEM="$STEM" VOCAB_SIZE="$PAIR_VOCAB_SIZE" RC="$1" CMDLINE="${CMD[*]}" \
-  PYTHONPATH="$ARM_PATH${PYTHONPATH:+:$PYTHONPATH}" python3 examples/verify/write_meta.py
+  PYTHONPATH="$ARM_PATH${PYTHONPATH:+:$PYTHONPATH}" env "${ARM_ENV[@]}" python3 examples/verify/write_meta.py
 }
 
 # the settings every arm shares (compare.py refuses runs whose `config` differ)
@@ -186,6 +194,7 @@ COMMON+=(
 PASSED=() FAILED=()
 for arm in "${ARMS[@]}"; do
   NAME="$TAG-$STEM-$arm"
+  ARM_ENV=()  # variables set for this arm's process alone (GEN_STATS=1: vLLM's logging level)
   case "$arm" in
     vllm)
       ENTRY=verl.trainer.main_ppo
@@ -211,6 +220,10 @@ for arm in "${ARMS[@]}"; do
         fi
       fi
       [ -z "$ACTOR_ATTN_LIB" ] || ARGS+=(actor_rollout_ref.model.external_lib="$ACTOR_ATTN_LIB")
+      if [ "$GEN_STATS" = 1 ]; then
+        ARGS+=(actor_rollout_ref.rollout.disable_log_stats=False)
+        ARM_ENV=(VLLM_LOGGING_LEVEL=INFO)
+      fi
       ;;
     vexact | fast)
       ENTRY=vexact_verl.main_ppo
@@ -232,6 +245,7 @@ for arm in "${ARMS[@]}"; do
   CMD=(python3 -m "$ENTRY" "${COMMON[@]}" "${ARGS[@]}" trainer.experiment_name="$NAME"
        trainer.default_local_dir="outputs/verify/checkpoints/$NAME" hydra.run.dir="outputs/verify/hydra/$NAME")
   NOTE="== $NAME: actor attention $ATTN ($WHY); PYTHONPATH in front: ${ARM_PATH:-(none)}"
+  [ ${#ARM_ENV[@]} = 0 ] || NOTE="$NOTE; environment: ${ARM_ENV[*]}"
   if [ "$DRY_RUN" = 1 ]; then
     echo "$NOTE" >&2
     printf '%s\0' "$arm" "${CMD[@]}"; printf '\n'
@@ -251,7 +265,8 @@ for arm in "${ARMS[@]}"; do
   START=$(date +%s)
   rc=0
   echo "$NOTE" > "$RESULTS/$NAME.log"
-  PYTHONPATH="$ARM_PATH${PYTHONPATH:+:$PYTHONPATH}" "${CMD[@]}" >> "$RESULTS/$NAME.log" 2>&1 || rc=$?
+  PYTHONPATH="$ARM_PATH${PYTHONPATH:+:$PYTHONPATH}" env "${ARM_ENV[@]}" "${CMD[@]}" >> "$RESULTS/$NAME.log" 2>&1 \
+    || rc=$?
   kill "$SMI" 2> /dev/null || true
   # a stack's Ray cluster and rollout processes must be gone before the next arm measures memory and time; where
   # other Ray jobs share the host (SHARED_HOST=1), only the arm's own driver ends, whose exit stops its local cluster

@@ -206,7 +206,8 @@ def main() -> None:
             for d in ("verl", "vllm", "ray", "torch", "transformers", "veomni", "vexact-kernels", "vexact-verl")
         },
     }
-    stack["env"] = {k: env[k] for k in ("VLLM_USE_FLASHINFER_SAMPLER",) if k in env}
+    # VLLM_LOGGING_LEVEL: run_pair.sh's GEN_STATS=1 sets INFO on the vllm arm, for vLLM's stats lines in its log
+    stack["env"] = {k: env[k] for k in ("VLLM_USE_FLASHINFER_SAMPLER", "VLLM_LOGGING_LEVEL") if k in env}
     if env["ARM"] != "vllm":
         stack["rollout_backend"] = "fast" if env["ARM"] == "fast" else "invariant"
     log = results / f"{name}.jsonl"
