@@ -190,13 +190,22 @@ def test_a_rank_receives_the_shared_weights_and_its_own_experts_only():
     assert torch.equal(cut, stacked[4:]) and cut.untyped_storage().nbytes() == stacked[4:].numel() * 4
 
 
-def test_expert_parallel_needs_a_process_group():
+@pytest.fixture
+def no_process_group():
+    """No default process group: an earlier test of this worker may have left the single-process one that
+    ``vexact_trainer.init_distributed`` makes (it keeps it for the process, as a notebook would)."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    yield
+
+
+def test_expert_parallel_needs_a_process_group(no_process_group):
     assert not dist.is_initialized()
     with pytest.raises(RuntimeError, match="process group"):
         ExpertParallelLLM(model=load_model(default_checkpoint("qwen3_moe")), num_kv_blocks=8)
 
 
-def test_expert_parallel_refuses_a_size_that_does_not_divide_the_experts(monkeypatch):
+def test_expert_parallel_refuses_a_size_that_does_not_divide_the_experts(monkeypatch, no_process_group):
     """The replica itself, on a one-rank gloo group that says it has 3 ranks: refused before any expert is cut."""
     import os
 
