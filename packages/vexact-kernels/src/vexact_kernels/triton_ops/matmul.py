@@ -392,6 +392,29 @@ def _launch_tma(a, b_t, c, bias, cfg, accumulate: bool = False) -> None:
     )  # fmt: skip
 
 
+def _split_counts(device: torch.device, tiles: int, fused_combine: bool | None) -> torch.Tensor | None:
+    """The tile counts of a split launch's fused combine, or None (the combine kernel folds the partials);
+    ``fused_combine=True`` where no counter slot takes the launch raises ``RuntimeError``."""
+    if fused_combine is False:
+        return None
+    counts = _tile_counters(device, tiles)
+    if counts is None and fused_combine:
+        raise RuntimeError(
+            f"matmul: fused_combine=True, but {tiles} output tiles need a counter slot of this stream "
+            f"(at most {COMBINE_SLOT_TILES} tiles, {COMBINE_SLOTS} streams per device, not first made in capture)"
+        )
+    return counts
+
+
+def _combine_partials(part, c, bias, num_splits: int, accumulate: bool) -> None:
+    """``_combine_kernel`` over a split launch's fp32 partials ``part [num_splits, M, N]`` into ``c``."""
+    m, n = c.shape
+    _combine_kernel[(cdiv(m * n, 1024),)](
+        part, c, bias if bias is not None else c, m, n, num_splits, c.stride(0), c.stride(1),
+        HAS_BIAS=bias is not None, ACCUMULATE=accumulate, BLOCK=1024, num_warps=4,
+    )  # fmt: skip
+
+
 def _launch_tma_split(a, b_t, c, bias, cfg, num_splits: int, accumulate: bool, fused_combine: bool | None) -> None:
     """``_matmul_tma_split_kernel`` over row-major ``a`` / ``b_t``: a program per output tile and K split, then the
     fused combine (or ``_combine_kernel`` where no counter slot takes the launch, or ``fused_combine=False``)."""
@@ -400,9 +423,7 @@ def _launch_tma_split(a, b_t, c, bias, cfg, num_splits: int, accumulate: bool, f
     bm, bn, warps, stages, _ = cfg
     m, n, k = a.shape[0], b_t.shape[0], a.shape[1]
     tiles = cdiv(m, bm) * cdiv(n, bn)
-    counts = _tile_counters(a.device, tiles) if fused_combine is not False else None
-    if counts is None and fused_combine:
-        raise RuntimeError(f"matmul: fused_combine=True, but no tile-count slot takes {tiles} tiles here")
+    counts = _split_counts(a.device, tiles, fused_combine)
     part = torch.empty(num_splits, m, n, dtype=torch.float32, device=a.device)
     _matmul_tma_split_kernel[(tiles, num_splits)](
         TensorDescriptor.from_tensor(a, [bm, BLOCK_K]), TensorDescriptor.from_tensor(b_t, [bn, BLOCK_K]),
@@ -413,10 +434,7 @@ def _launch_tma_split(a, b_t, c, bias, cfg, num_splits: int, accumulate: bool, f
         INPUT_PRECISION=input_precision(a.dtype), num_warps=warps, num_stages=stages,
     )  # fmt: skip
     if counts is None:
-        _combine_kernel[(cdiv(m * n, 1024),)](
-            part, c, bias if bias is not None else c, m, n, num_splits, c.stride(0), c.stride(1),
-            HAS_BIAS=bias is not None, ACCUMULATE=accumulate, BLOCK=1024, num_warps=4,
-        )  # fmt: skip
+        _combine_partials(part, c, bias, num_splits, accumulate)
 
 
 def input_precision(dtype: torch.dtype) -> str:
@@ -555,14 +573,7 @@ def matmul(
     if split_programs is None:
         split_programs = num_splits > 1 and tiles <= max_tiles
     split_programs = split_programs and num_splits > 1
-    counts = None
-    if split_programs and fused_combine is not False:
-        counts = _tile_counters(a.device, tiles)
-        if counts is None and fused_combine:
-            raise RuntimeError(
-                f"matmul: fused_combine=True, but {tiles} output tiles need a counter slot of this stream "
-                f"(at most {COMBINE_SLOT_TILES} tiles, {COMBINE_SLOTS} streams per device, not first made in capture)"
-            )
+    counts = _split_counts(a.device, tiles, fused_combine) if split_programs else None
     part = torch.empty(num_splits, m, n, dtype=torch.float32, device=a.device) if split_programs else c
     _matmul_kernel[(tiles, num_splits if split_programs else 1)](
         a, b_t, c, bias if bias is not None else c, part, counts if counts is not None else c,
@@ -575,11 +586,7 @@ def matmul(
         num_warps=warps, num_stages=stages,
     )  # fmt: skip
     if split_programs and counts is None:
-        block = 1024
-        _combine_kernel[(cdiv(m * n, block),)](
-            part, c, bias if bias is not None else c, m, n, num_splits, c.stride(0), c.stride(1),
-            HAS_BIAS=bias is not None, ACCUMULATE=acc_in, BLOCK=block, num_warps=4,
-        )  # fmt: skip
+        _combine_partials(part, c, bias, num_splits, acc_in)
     return c
 
 
