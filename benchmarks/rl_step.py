@@ -36,6 +36,7 @@ from runs import (  # noqa: E402
     fmt_float,
     meta_path,
     read_run,
+    write_report,
 )
 
 EXACT_ARM = "vexact"
@@ -192,11 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     except RunError as e:
         print(f"rl_step.py: {e}", file=sys.stderr)
         return 2
-    print(text)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text)
-        print(f"wrote {args.out}")
+    write_report(text, args.out)
     return 0
 
 

@@ -30,7 +30,6 @@ arm's section. The Markdown is printed, and written to ``--out`` as well.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import shlex
 import sys
@@ -38,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from runs import RESPONSE_LEN, Run, RunError, fmt_float, read_run  # noqa: E402
+from runs import RESPONSE_LEN, Run, RunError, fmt_float, jsonl_records, read_run, write_report  # noqa: E402
 
 GEN = "timing_s/gen"
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -111,13 +110,7 @@ def summarize_stats(lines: list[dict[str, float]]) -> dict[str, float | None]:
 
 def read_phases(path: Path) -> list[dict]:
     phases = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise RunError(f"{path}:{n}: not JSON ({e.msg})") from None
+    for n, rec in jsonl_records(path):
         missing = [k for k in ("wall_s", "engine_s", "tokens") if not isinstance(rec, dict) or k not in rec]
         if missing:
             raise RunError(f"{path}:{n}: a GenPhase line lacks {missing}")
@@ -284,11 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     except RunError as e:
         print(f"gen_profile.py: {e}", file=sys.stderr)
         return 2
-    print(text)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text)
-        print(f"wrote {args.out}")
+    write_report(text, args.out)
     return 0
 
 

@@ -85,19 +85,34 @@ def arm_from_name(path: Path) -> str:
     return arm
 
 
+def jsonl_records(path: Path):
+    """``(line number, record)`` of each non-blank line of a JSONL file; a line that is not JSON raises
+    :class:`RunError` naming ``path:line``."""
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            yield n, json.loads(line)
+        except json.JSONDecodeError as e:
+            raise RunError(f"{path}:{n}: not JSON ({e.msg})") from None
+
+
+def write_report(text: str, out: Path | None) -> None:
+    """Print a report, and write it to ``out`` as well where given (its folder made)."""
+    print(text)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
+        print(f"wrote {out}")
+
+
 def read_run(path: Path | str) -> Run:
     """One run: its JSONL records (merged per step, as verl may log a step in several records) and its meta."""
     path = Path(path)
     if not path.is_file():
         raise RunError(f"{path}: no such file")
     data: dict[int, dict[str, float]] = {}
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise RunError(f"{path}:{n}: not JSON ({e.msg})") from None
+    for n, rec in jsonl_records(path):
         if not isinstance(rec, dict) or "step" not in rec or "data" not in rec:
             got = sorted(rec) if isinstance(rec, dict) else type(rec).__name__
             raise RunError(f"{path}:{n}: expected verl file-logger records with 'step' and 'data', got {got}")

@@ -14,27 +14,39 @@ from vexact_models import default_checkpoint
 pytest.importorskip("verl", reason="verl is not installed: pip install 'vexact-verl[verl]'")
 
 
-def test_a_generation_phase_is_accounted_for_at_sleep(caplog, monkeypatch, tmp_path):
-    from vexact_verl.server import GenPhase, ServerSettings, VexactServer
+def _phase_of_three_requests(num_kv_blocks: int, max_model_len: int, prompt_length: int, caplog=None):
+    """``(server, outputs, stats)``: a CPU server with a cache of ``num_kv_blocks`` pages of 4 tokens answers three
+    requests of 6 tokens, is put to sleep (logged at INFO into ``caplog`` where given), its stats read, and woken."""
+    from vexact_verl.server import ServerSettings, VexactServer
 
-    monkeypatch.setenv("VEXACT_GEN_PHASE_LOG", str(tmp_path / "phases.jsonl"))
-    engine = {"device": "cpu", "num_kv_blocks": 32, "block_size": 4}
+    engine = {"device": "cpu", "num_kv_blocks": num_kv_blocks, "block_size": 4}
     settings = ServerSettings(
-        model_path=str(default_checkpoint()), max_model_len=48, prompt_length=16, response_length=8, engine=engine
-    )
+        model_path=str(default_checkpoint()), max_model_len=max_model_len, prompt_length=prompt_length,
+        response_length=8, engine=engine,
+    )  # fmt: skip
     server = VexactServer(settings)
     sampling = {"temperature": 1.0, "max_tokens": 6, "seed": 1, "ignore_eos": True}
 
     async def scenario():
         await server.launch_server()
         outs = await asyncio.gather(*(server.generate([257, 10 + i], dict(sampling), f"r{i}") for i in range(3)))
-        with caplog.at_level(logging.INFO, logger="vexact_verl"):
+        if caplog is None:
             await server.sleep()
+        else:
+            with caplog.at_level(logging.INFO, logger="vexact_verl"):
+                await server.sleep()
         stats = await server.get_stats()
         await server.wake_up()
         return outs, stats
 
-    outs, stats = asyncio.run(scenario())
+    return (server, *asyncio.run(scenario()))
+
+
+def test_a_generation_phase_is_accounted_for_at_sleep(caplog, monkeypatch, tmp_path):
+    from vexact_verl.server import GenPhase
+
+    monkeypatch.setenv("VEXACT_GEN_PHASE_LOG", str(tmp_path / "phases.jsonl"))
+    server, outs, stats = _phase_of_three_requests(num_kv_blocks=32, max_model_len=48, prompt_length=16, caplog=caplog)
     assert sum(len(o.token_ids) for o in outs) == 18
     assert stats["phase_requests"] == 3 and stats["phase_tokens"] == 18
     assert stats["phase_steps"] >= 6 and stats["phase_steps"] == stats["steps"]
@@ -55,22 +67,7 @@ def test_a_generation_phase_is_accounted_for_at_sleep(caplog, monkeypatch, tmp_p
 def test_a_phase_names_the_preemptions_of_a_small_cache(tmp_path):
     """A cache too small for the requests' growth (3 prompts fit its 4 pages, their responses do not): the phase
     counts the preemptions and its KV capacity."""
-    from vexact_verl.server import ServerSettings, VexactServer
-
-    engine = {"device": "cpu", "num_kv_blocks": 4, "block_size": 4}
-    settings = ServerSettings(
-        model_path=str(default_checkpoint()), max_model_len=16, prompt_length=4, response_length=8, engine=engine
-    )
-    server = VexactServer(settings)
-    sampling = {"temperature": 1.0, "max_tokens": 6, "seed": 1, "ignore_eos": True}
-
-    async def scenario():
-        await server.launch_server()
-        outs = await asyncio.gather(*(server.generate([257, 10 + i], dict(sampling), f"r{i}") for i in range(3)))
-        await server.sleep()
-        return outs, await server.get_stats()
-
-    outs, stats = asyncio.run(scenario())
+    _, outs, stats = _phase_of_three_requests(num_kv_blocks=4, max_model_len=16, prompt_length=4)
     assert [len(o.token_ids) for o in outs] == [6, 6, 6]
     assert stats["phase_kv_tokens"] == 16 and stats["phase_preemptions"] > 0, stats
     assert 1 <= stats["phase_peak_running"] <= 3, stats

@@ -388,6 +388,7 @@ class VexactServer:
                     self._phase.requests += 1
                     if self._phase.first is None:
                         self._phase.first = time.monotonic()
+                        self._phase.observe(self.engine)  # the counts before the phase's first step
                     version = self.global_steps
                 self._work.set()
                 break
@@ -426,8 +427,6 @@ class VexactServer:
                 try:
                     self.stats["max_in_flight"] = max(self.stats["max_in_flight"], len(self._in_engine))
                     t0 = time.monotonic()
-                    if self._phase.preemptions_at_start is None:  # the count before the phase's first step
-                        self._phase.observe(engine)
                     finished = await asyncio.to_thread(engine.step)
                     self._phase.engine_s += time.monotonic() - t0
                     self._phase.steps += 1
