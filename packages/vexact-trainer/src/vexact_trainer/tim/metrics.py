@@ -49,8 +49,8 @@ def tim_token_metrics(engine_logprobs: torch.Tensor, trainer_logprobs: torch.Ten
 
 
 def _token_metrics(a32: torch.Tensor, b32: torch.Tensor) -> tuple[dict, dict]:
-    """(the token-level summary, the float64 tensors it was computed from: ``a``, ``b``, ``differ``, ``d`` = b - a,
-    ``absd``, ``k3``, ``diff`` = a - b), so that :func:`tim_metrics` reuses them for its buckets and rows."""
+    """(the token-level summary, the tensors it was computed from that :func:`tim_metrics` reuses for its buckets
+    and rows: float64 ``a``, ``b``, ``absd`` = |b - a|, ``k3``, ``diff`` = a - b, and the bool ``differ``)."""
     differ = a32 != b32
     a, b = a32.double(), b32.double()
     d = b - a
@@ -71,7 +71,7 @@ def _token_metrics(a32: torch.Tensor, b32: torch.Tensor) -> tuple[dict, dict]:
         "log_ppl_trainer": float((-b).mean()) if n else 0.0,
         "log_ppl_diff": float(diff.mean()) if n else 0.0,
     }
-    return summary, {"a": a, "b": b, "differ": differ, "d": d, "absd": absd, "k3": k3, "diff": diff}
+    return summary, {"a": a, "b": b, "differ": differ, "absd": absd, "k3": k3, "diff": diff}
 
 
 POSITION_BUCKETS = [(lo, hi, False) for lo, hi in zip(POSITION_EDGES, POSITION_EDGES[1:] + (math.inf,), strict=True)]
