@@ -21,7 +21,8 @@ top-k/top-p, a seed per request) and CUDA graphs on:
   runs this one; an engine without that field refuses the mode before any model is built); ``invariant-sync``: with
   it off (the engine's default on CUDA is on, so ``invariant`` is the one-step-ahead loop where the field exists);
   ``invariant-joint``: with ``EngineConfig.split_mixed_steps`` off (a step with decode rows and prompt chunks runs
-  as one launch, the default before the split);
+  as one launch, the default before the split); ``invariant-untuned``: with ``EngineConfig.tune_linears`` off (the
+  linear's form by shape, not timed on the GPU at start-up; the same bits);
 - decode step time at batch 1 of each engine against the bound ``weight bytes a step reads / copy bandwidth``
   (``peers.decode_weight_bytes``: an MoE step reads k of E routed experts; bandwidth of a device-to-device copy
   measured in the same run, bytes read + written); goal for VeXact <= 1.3x.
@@ -193,6 +194,8 @@ def engine_settings(mode: str) -> tuple[str, dict]:
         return "invariant", {"async_decode": on}
     if mode == "invariant-joint":
         return "invariant", {"split_mixed_steps": False}
+    if mode == "invariant-untuned":
+        return "invariant", {"tune_linears": False}
     return mode, {}
 
 
@@ -255,7 +258,7 @@ def engine_throughput(
     res = dict(
         tokens=tokens, wall=wall, tok_s=tokens / wall, preemptions=llm.num_preemptions,
         kv_pages=llm.blocks.num_blocks, graphs=llm.runner.num_graphs, capture_s=llm.runner.capture_seconds,
-        graph_draws=llm.runner.num_graph_draws, steps=steps, **stats,
+        graph_draws=llm.runner.num_graph_draws, steps=steps, **stats, linear_picks=linear_picks(llm.runner),
         outputs=outs if keep_outputs else None,
     )  # fmt: skip
     # the wrapper and the runner hold each other, a cycle only a gc pass frees: without this, each engine's KV cache
@@ -269,6 +272,18 @@ def engine_throughput(
     del llm, outs, timed_launch
     free_memory()
     return res
+
+
+def linear_picks(runner) -> dict:
+    """The linear's forms the engine timed at start-up (``EngineConfig.tune_linears``): ``{"M N K": form}`` for
+    every projection shape timed (``default``: the pick by shape stood), printed with each form's time."""
+    picks = {}
+    for (m, n, k, _), res in sorted(getattr(runner, "linear_tuning", {}).items(), key=lambda kv: kv[0][:3]):
+        picks[f"{m} {n} {k}"] = res["pick"] or "default"
+        times = ", ".join(f"{name} {ms * 1e3:.1f}" for name, ms in sorted(res["ms"].items(), key=lambda kv: kv[1]))
+        print(f"  linear M={m} N={n} K={k}: {res['pick'] or 'default'} (us per matmul: {times})"
+              + (f"; other bits: {res['differ']}" if res["differ"] else ""), flush=True)  # fmt: skip
+    return picks
 
 
 def profile_batch(llm, limit: int, args, steps: int) -> tuple[int, int]:
@@ -472,7 +487,8 @@ def hf_throughput(model, prompts, args) -> dict:
 # VeXact's own backends (fa4: FlashAttention 4 attention; draw: EngineConfig.draw_in_graph on; async:
 # EngineConfig.async_decode on, the next step scheduled while the GPU runs this one)
 ENGINE_MODES = (
-    "invariant", "invariant-fa4", "invariant-draw", "invariant-async", "invariant-sync", "invariant-joint", "fast"
+    "invariant", "invariant-fa4", "invariant-draw", "invariant-async", "invariant-sync", "invariant-joint",
+    "invariant-untuned", "fast",
 )  # fmt: skip
 PEER_MODES = ("vllm", "vllm-bi")  # vLLM default, vLLM with VLLM_BATCH_INVARIANT=1
 MODE_NAMES = {
@@ -481,6 +497,7 @@ MODE_NAMES = {
     "invariant-async": "VeXact invariant, async decode",
     "invariant-sync": "VeXact invariant, synchronous loop",
     "invariant-joint": "VeXact invariant, mixed steps in one launch",
+    "invariant-untuned": "VeXact invariant, linear forms by shape (not timed)",
     "fast": "VeXact fast (mismatch baseline)", "vllm": "vLLM default",
     "vllm-bi": "vLLM VLLM_BATCH_INVARIANT=1", "hf": "HF generate",
 }  # fmt: skip
@@ -693,6 +710,11 @@ def peer_section(
             graphs = f"{r.get('graphs', '-')} ({r.get('capture_s', 0.0):.1f} s)"
             if r.get("graph_draws"):
                 graphs += f"; {r['graph_draws']} steps drew in a graph"
+            picked = {shape: form for shape, form in (r.get("linear_picks") or {}).items() if form != "default"}
+            if r.get("linear_picks"):
+                graphs += (f"; linear forms timed at {len(r['linear_picks'])} shapes, off the default at "
+                           f"{len(picked)}" + (f" ({', '.join(f'{k}: {v}' for k, v in picked.items())})"
+                                               if picked else ""))  # fmt: skip
             lines.append(f"| {limit} | {MODE_NAMES[mode]} | {nd} | {td / max(nd, 1) * 1e3:.2f} | {nm} | "
                          f"{tm / max(nm, 1) * 1e3:.2f} | {tm / r['wall']:.2f} | {graphs} |")  # fmt: skip
     step_bytes = peers.decode_weight_bytes(model)

@@ -12,6 +12,7 @@ import os
 import pickle
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -208,6 +209,7 @@ def test_invariant_async_passes_async_decode_to_the_engine(monkeypatch, tmp_path
     assert throughput.engine_settings("invariant-async") == ("invariant", {"async_decode": True})
     assert throughput.engine_settings("invariant-sync") == ("invariant", {"async_decode": False})
     assert throughput.engine_settings("invariant-joint") == ("invariant", {"split_mixed_steps": False})
+    assert throughput.engine_settings("invariant-untuned") == ("invariant", {"tune_linears": False})
     made = []
 
     class Recording(throughput.LLM):
@@ -254,3 +256,17 @@ def test_rl_bench_gpu_refuses_bad_settings(tmp_path, env, message):
     out = subprocess.run(["bash", "scripts/checks/rl_bench_gpu.sh", "1.7b", str(tmp_path)], cwd=ROOT,
                          capture_output=True, text=True, env=base | env, timeout=60)  # fmt: skip
     assert out.returncode == 2 and message in out.stderr, out.stderr
+
+
+def test_linear_picks_lists_every_timed_shape(capsys):
+    """The engine's timed linear forms as the results file names them (a stand-in runner), and its log lines."""
+    bf16 = torch.bfloat16
+    runner = types.SimpleNamespace(linear_tuning={
+        (256, 2048, 2048, bf16): dict(ms={"default": 0.02, "ts64x64": 0.015}, differ=[], pick="ts64x64"),
+        (256, 4096, 2048, bf16): dict(ms={"default": 0.03, "t64x64": 0.031}, differ=["s64x64"], pick=None),
+    })  # fmt: skip
+    assert throughput.linear_picks(runner) == {"256 2048 2048": "ts64x64", "256 4096 2048": "default"}
+    out = capsys.readouterr().out
+    assert "linear M=256 N=2048 K=2048: ts64x64 (us per matmul: ts64x64 15.0, default 20.0)" in out
+    assert "other bits: ['s64x64']" in out
+    assert throughput.linear_picks(types.SimpleNamespace()) == {}

@@ -94,6 +94,12 @@ class EngineConfig:
     changes no token and no logprob; it keeps a step that admits one prompt from running its hundreds of decode rows
     through the prompt path (64-row attention tiles, the eager draw). Only where decode steps run padded (CUDA graphs,
     or an explicit ``cuda_graph_batch_sizes`` on CPU); off: one launch for the whole step.
+
+    ``tune_linears`` (default on): before the first capture of each decode graph of at least
+    ``TUNE_MIN_M`` (256) rows, the engine times the invariant linear's forms at that graph's projection shapes on
+    this GPU, with the model's own weights, and the graph runs the fastest (``vexact_kernels.tune_linears``; a few
+    seconds at start-up). Every form gives the same bits (a form whose output differs from the default's on this GPU
+    is never picked), so the same tokens and logprobs either way; off: the default pick by shape.
     """
 
     max_num_seqs: int = 64
@@ -117,6 +123,7 @@ class EngineConfig:
     draw_in_graph: bool | None = None
     async_decode: bool | None = None
     split_mixed_steps: bool = True
+    tune_linears: bool = True
 
     def __post_init__(self) -> None:
         vk.check_backend(self.backend, "backend")  # a name, or "fast:<op>,..." for per-op-family fast kernels
@@ -132,7 +139,7 @@ class EngineConfig:
             raise ValueError(
                 f"EngineConfig.graph_recapture must be one of {GRAPH_RECAPTURE}, got {self.graph_recapture!r}"
             )
-        for name in ("pack_weights", "split_mixed_steps"):
+        for name in ("pack_weights", "split_mixed_steps", "tune_linears"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"EngineConfig.{name} must be True or False, got {getattr(self, name)!r}")
         if self.async_decode is None:

@@ -85,6 +85,11 @@ class CudaGraphs:
         self.capture_seconds = 0.0  # time spent capturing graphs since the last allocate (start-up or wake_up)
         self.captures = 0  # captures of the graphs so far (start-up, then one per wake_up)
         self.captured_at_steps = 0  # graphs captured at their first step (lazy re-capture), since the last allocate
+        # the linear's form per projection shape, timed before the first capture of each decode size it covers
+        # (EngineConfig.tune_linears; speed only), the timings behind them, and the sizes timed
+        self.linear_picks: dict = {}
+        self.linear_tuning: dict = {}
+        self._linears_tuned: set[int] = set()
 
     @property
     def num_graphs(self) -> int:
@@ -264,25 +269,51 @@ class CudaGraphs:
         with vk.use_backend(self.config.backend), torch.no_grad():
             self._warm_layout(static, tokens, seqs)
             ids, pos, meta = static.args(tokens, seqs)
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for _ in range(warmups):
-                    warm = self.model(ids, pos, meta, self.kv_caches)
-            torch.cuda.current_stream().wait_stream(side)
-            if key[0] == "prompt" and self._prompt_out is None:  # as many rows as the largest token count
-                rows = max(self.token_sizes)
-                self._prompt_out = torch.empty((rows, *warm.shape[1:]), dtype=warm.dtype, device=self.device)
-            del warm
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._graph_pool):
-                out = self.model(ids, pos, meta, self.kv_caches)
-                if key[0] == "prompt":
-                    self._prompt_out[:tokens].copy_(out)
-                    out = self._prompt_out[:tokens]
-            self._graphs[key] = (graph, out)
-            if key[0] == "decode" and self.draw_in_graph:
-                self._capture_draw(tokens, static, graph, out, warmups, side)
+            if key[0] == "decode":
+                self._tune_linears(tokens, ids, pos, meta)
+            with vk.linear_picks(self.linear_picks):
+                self._capture_graph(key, ids, pos, meta, static, tokens, warmups)
+
+    def _tune_linears(self, tokens: int, ids, pos, meta) -> None:
+        """Before a decode size's first capture (``EngineConfig.tune_linears``, at least ``TUNE_MIN_M`` rows): one
+        eager pad-only step notes its matmuls, whose forms are then timed on this GPU (``vk.tune_linears``); the
+        picks join ``linear_picks``, which the captures run under."""
+        if not self.config.tune_linears or tokens < vk.LINEAR_TUNE_MIN_M or tokens in self._linears_tuned:
+            return
+        start = time.perf_counter()
+        with vk.record_linears() as calls:
+            self.model(ids, pos, meta, self.kv_caches)
+        picks, report = vk.tune_linears(calls)
+        self.linear_picks.update(picks)
+        self.linear_tuning.update(report)
+        self._linears_tuned.add(tokens)
+        log.info(
+            "decode size %d: the linear's forms timed at %d shapes in %.1f s; picked %s",
+            tokens, len(report), time.perf_counter() - start,
+            {key[1:3]: report[key]["pick"] for key in picks} or "the default everywhere",
+        )  # fmt: skip
+
+    def _capture_graph(self, key, ids, pos, meta, static: StaticStep, tokens: int, warmups: int) -> None:
+        """The warm-ups and the capture of one graph (in ``_capture``'s backend, without autograd)."""
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(warmups):
+                warm = self.model(ids, pos, meta, self.kv_caches)
+        torch.cuda.current_stream().wait_stream(side)
+        if key[0] == "prompt" and self._prompt_out is None:  # as many rows as the largest token count
+            rows = max(self.token_sizes)
+            self._prompt_out = torch.empty((rows, *warm.shape[1:]), dtype=warm.dtype, device=self.device)
+        del warm
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._graph_pool):
+            out = self.model(ids, pos, meta, self.kv_caches)
+            if key[0] == "prompt":
+                self._prompt_out[:tokens].copy_(out)
+                out = self._prompt_out[:tokens]
+        self._graphs[key] = (graph, out)
+        if key[0] == "decode" and self.draw_in_graph:
+            self._capture_draw(tokens, static, graph, out, warmups, side)
 
     def _capture_draw(self, size: int, static: StaticStep, decode, hidden: torch.Tensor, warmups: int, side) -> None:
         """The draw graph of decode size ``size``: the fused draw of the decode graph's ``hidden`` rows with the

@@ -26,7 +26,7 @@ from ._ranges import record_range, tensor_range
 from .activation import clamped_swiglu, silu_and_mul
 from .aten_mode import disable_invariant_mode, enable_invariant_mode, invariant_mode
 from .attention import ATTN_BLOCK_N, attention_packed, attention_paged, paged_attention_layout, write_kv_cache
-from .linear import LINEAR_BLOCK_K, linear
+from .linear import LINEAR_BLOCK_K, LINEAR_TUNE_MIN_M, linear, linear_picks, record_linears, tune_linears
 from .logprobs import (
     compute_logits,
     entropy_from_logprobs,
@@ -47,6 +47,7 @@ __all__ = [
     "FP32_MATMUL_PRECISIONS",
     "OPS",
     "LINEAR_BLOCK_K",
+    "LINEAR_TUNE_MIN_M",
     "__version__",
     "add_rms_norm",
     "apply_rotary",
@@ -67,17 +68,20 @@ __all__ = [
     "gumbel_uniform",
     "invariant_mode",
     "linear",
+    "linear_picks",
     "log_softmax",
     "moe_combine",
     "moe_expert_outputs",
     "moe_route",
     "moe_route_grouped",
+    "record_linears",
     "record_range",
     "logprobs_from_hidden",
     "paged_attention_layout",
     "portable_math",
     "rms_norm",
     "rms_norm_pair",
+    "tune_linears",
     "rope_cos_sin",
     "sample_from_hidden",
     "tensor_range",

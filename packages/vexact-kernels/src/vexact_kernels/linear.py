@@ -6,9 +6,15 @@ other rows in the batch and any row chunking. fp32 accumulation: the K dimension
 fp32. The ``fast`` backend is ``torch.nn.functional.linear`` in the input dtype, as HF and vLLM run it (bf16 in,
 bf16 out, also for logits), kept as the mismatch baseline (measured on torch 2.13 CPU: its fp32 row 0 differs
 between M = 1 and M >= 2).
+
+On CUDA the invariant kernel has several forms (tiles, K splits as programs of their own) that give the same bits;
+which runs is a speed choice, by shape, or timed on the running GPU: :func:`record_linears`, :func:`tune_linears` and
+:func:`linear_picks` (``triton_ops/matmul_tuning.py``; the engine's ``EngineConfig.tune_linears``).
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 import torch.nn.functional as F
@@ -18,6 +24,9 @@ from ._reduce import tree_sum
 from .triton_ops import use_triton
 
 LINEAR_BLOCK_K = 32
+# The least rows of a matmul whose form is timed per shape (``triton_ops.matmul.TUNE_MIN_M``; below it the
+# pointer kernel's pick by shape stands).
+LINEAR_TUNE_MIN_M = 256
 # Rows per step of the CPU reference; bounds the [rows, BLOCK_K, N] product buffer. Does not affect numerics.
 _ROW_BUDGET = 1 << 22
 
@@ -67,3 +76,30 @@ def linear(
     if bias is not None:
         y = y + bias.float()
     return y.to(out_dtype).reshape(*lead, weight.shape[0])
+
+
+def record_linears():
+    """Context manager yielding a list: the CUDA matmuls of ``linear`` run within that a per-shape pick could take,
+    as ``(M, N, K, dtype, weight)`` (``triton_ops.matmul_tuning.record_linears``)."""
+    from .triton_ops import matmul_tuning
+
+    return matmul_tuning.record_linears()
+
+
+def tune_linears(calls: list) -> tuple[dict, dict]:
+    """``(picks, report)``: the fastest form of each recorded shape on this GPU, timed over the recorded weights
+    (``triton_ops.matmul_tuning.tune_linears``); ``{}, {}`` for no calls."""
+    if not calls:
+        return {}, {}
+    from .triton_ops import matmul_tuning
+
+    return matmul_tuning.tune_linears(calls)
+
+
+def linear_picks(picks: dict | None):
+    """Context manager: within, CUDA matmuls of a shape in ``picks`` run its picked form (the same bits)."""
+    if not picks:
+        return contextlib.nullcontext()
+    from .triton_ops import matmul_tuning
+
+    return matmul_tuning.linear_picks(picks)

@@ -33,6 +33,7 @@ tokens in the same fixed splits) and dW is rounded once, in the epilogue.
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import threading
 
@@ -526,6 +527,10 @@ def matmul(
     m, k = a.shape
     n = b_t.shape[0]
     acc_in = accumulate_into is not None
+    if config is None and split_programs is None and fused_combine is None and not acc_in:
+        kw = _picked_form(a, b_t, m, n, k)
+        if kw is not None:
+            return matmul(a, b_t, bias, out_dtype, **kw)
     if acc_in:
         if accumulate_into.dtype != torch.float32 or tuple(accumulate_into.shape) != (m, n):
             raise ValueError(
@@ -588,6 +593,31 @@ def matmul(
     if split_programs and counts is None:
         _combine_partials(part, c, bias, num_splits, acc_in)
     return c
+
+
+# Forms picked per shape on the running GPU (``matmul_tuning.py``; speed only). While a picks dict is active
+# (``matmul_tuning.linear_picks``), a call that leaves the form to the default (no ``config``, ``split_programs``,
+# ``fused_combine`` or ``accumulate_into``) with 16-bit row-major operands TMA can read, whose
+# ``(M, N, K, dtype)`` has a pick, runs that form; every other call takes the default pick above. While a recorder is
+# active (``matmul_tuning.record_linears``), the same calls at ``M >= TUNE_MIN_M`` are noted with their weight.
+TUNE_MIN_M = TMA_MIN_M
+_active_picks: contextvars.ContextVar[dict | None] = contextvars.ContextVar("vexact_matmul_picks", default=None)
+_recorder: contextvars.ContextVar[list | None] = contextvars.ContextVar("vexact_matmul_recorder", default=None)
+
+
+def _picked_form(a: torch.Tensor, b_t: torch.Tensor, m: int, n: int, k: int) -> dict | None:
+    """The picked form's ``matmul`` keywords for this call, or None (the default pick); notes the call while a
+    recorder is active."""
+    picks, rec = _active_picks.get(), _recorder.get()
+    if picks is None and rec is None:
+        return None
+    if a.dtype not in (torch.bfloat16, torch.float16) or not _tma_ok(a, b_t):
+        return None
+    if _tma_layout(a) != "rows" or _tma_layout(b_t) != "rows":
+        return None
+    if rec is not None and m >= TUNE_MIN_M:
+        rec.append((m, n, k, a.dtype, b_t))
+    return None if picks is None else picks.get((m, n, k, a.dtype))
 
 
 class LinearFunction(torch.autograd.Function):
