@@ -21,7 +21,7 @@ Columns: ours (the invariant Triton kernel, ``triton_ops/attention.py``), FA4 (F
 Usage: ``PYTHONPATH=<packages' src dirs>:. python benchmarks/attention.py [--out FILE] [--quick] [--page 16]
 [--heads 32:8] [--decode-batches 1,4,16,64,256] [--decode-contexts 1024,4096,16384] [--prefill 4x4096,...]`` (the
 first tables meant to take under 4 minutes on an H100, the RL decode table at most ``--decode-budget-s`` more, 270 s
-by default; the FA4 and SDPA columns are written against their APIs and not yet run on a GPU).
+by default; the FA4 columns stay empty where flash-attn-4 is not installed, the ``[fa4]`` extra of vexact-kernels).
 ``--decode-only [--rl-layouts 1.7b,8b,30b-a3b] [--rl-batches ...] [--rl-contexts ...] [--vllm-site DIR]``: the RL
 decode table alone. ``--heads 16:8`` is Qwen3-1.7B's attention; ``--page 128`` is FA4's tile_n at head_dim 128 (its
 TMA paged path; it sets the RL decode table's pages too).

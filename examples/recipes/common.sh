@@ -92,7 +92,7 @@ launch() {
     "$@"
 }
 
-# the vexact rollout (invariant kernels) and verl's actor in invariant mode: engine and trainer logprobs bitwise equal
+# the vexact rollout (invariant kernels) and the invariant actor (`actor.strategy=vexact`): engine and trainer logprobs bitwise equal
 VEXACT=(
   actor_rollout_ref.rollout.name=vexact
   actor_rollout_ref.actor.strategy=vexact

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ARMS = ("vllm", "vexact", "fast")
-# the older pairs name the vexact rollout backend's invariant mode, with the vexact actor in both runs
+# the invariant-vs-fast pairs name the rollout backend (invariant kernels), with the invariant actor in both runs
 LEGACY_ARMS = ("invariant",)
 DEFAULT_ARM = "vllm"
 META_KEYS = ("arm", "model", "gpu", "date", "commit", "command", "config", "stack", "peak_gpu_mem_mib")

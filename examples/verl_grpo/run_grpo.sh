@@ -8,8 +8,8 @@
 # data/qwen3-random` writes a random-weights byte-level Qwen3 with a chat template; MODEL=data/qwen3-random.
 #
 # The only vexact-specific settings are `actor_rollout_ref.rollout.name=vexact`, the rollout backend
-# (`BACKEND=invariant`, the default, or `fast` for the mismatch baseline) and, for zero mismatch, the actor's
-# invariant mode: pass `actor_rollout_ref.actor.strategy=vexact` (without it verl's stock HF actor recomputes the
+# (`BACKEND=invariant`, the default, or `fast` for the mismatch baseline) and, for zero mismatch, the
+# invariant actor: pass `actor_rollout_ref.actor.strategy=vexact` (without it verl's stock HF actor recomputes the
 # logprobs and a small mismatch remains). Everything else is stock verl GRPO. LR (default 1e-6, for a real
 # checkpoint), STEPS, RUN_DIR, NAME, GPU_MEM are environment variables. No GPU: VERL_PLATFORM=cpu, see
 # packages/vexact-verl/README.md ("verl on CPU").

@@ -1,4 +1,4 @@
-"""The actor-side forward of the invariant mode on verl's packed layout == the vexact trainer, bitwise."""
+"""The invariant actor's forward on verl's packed layout == the vexact trainer, bitwise."""
 
 from __future__ import annotations
 

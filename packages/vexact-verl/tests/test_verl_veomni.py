@@ -1,4 +1,4 @@
-"""``model_engine=veomni`` in invariant mode: verl's VeOmni configs select the vexact engine (``vexact_veomni``).
+"""``model_engine=veomni`` with the invariant actor: verl's VeOmni configs select the vexact engine (``vexact_veomni``).
 
 Real here: verl 0.9.1's Hydra tree with ``model_engine=veomni``, its ``VeOmniEngineConfig`` / ``VeOmniOptimizerConfig``,
 ``EngineRegistry``, the engine's ``initialize`` (FSDP2, VeOmni's optimizer and LR scheduler, VeOmni's parallel state),

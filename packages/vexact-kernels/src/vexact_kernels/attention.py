@@ -294,8 +294,9 @@ def _fast_decode(q, k_cache, v_cache, tables, ctx, scale: float) -> torch.Tensor
 
 
 def _fast_paged(q, k_cache, v_cache, tables, ctx, cu, scale: float) -> torch.Tensor:
-    """``fast`` backend paged attention for a mixed step: the one-query sequences (decode) in one batched call,
-    each longer chunk (prefill) in its own causal SDPA call over its gathered keys. Reads the layout on the host."""
+    """``fast`` backend paged attention for a step of prompt chunks and decode rows: the one-query sequences (decode)
+    in one batched call, each longer chunk (prefill) in its own causal SDPA call over its gathered keys. Reads the
+    layout on the host."""
     n_q = (cu[1:] - cu[:-1]).tolist()
     ctx_host = ctx.tolist()
     starts = cu[:-1].tolist()

@@ -9,23 +9,23 @@ SM90 refuses a split anyway), ``pack_gqa`` fixed by the head counts alone. The p
 ``cu_seqlens`` for q and k; the paged path gives it the engine's cache as it is (``[num_blocks, page_size, Hkv, D]``
 is FA4's paged layout), the block table as ``page_table`` and ``context_lens`` as ``seqused_k``, so query ``i`` of
 sequence ``b`` sits at ``context_lens[b] - n_q[b] + i`` (causal attention aligned to the bottom right), as in the
-Triton and CPU paths. A probe of ``flash_attn_varlen_func`` itself on an H100 (issue #15; flash-attn-4 4.0.0b36,
+Triton and CPU paths. A probe of ``flash_attn_varlen_func`` itself on an H100 (flash-attn-4 4.0.0b36,
 nvidia-cutlass-dsl 4.8.1, GQA 32/8, hd128) measured: a sequence alone == its rows of a packed batch == a chunked
 prefill == a paged decode, bitwise, for pages of 16 to 256 tokens; the backward (``deterministic=True``) bitwise run
 to run. The bits differ from the Triton kernel's (other tiles, other exp), so trainer and engine must run the same
 implementation, and golden fixtures are per implementation.
 
-Status (first GPU run, H100, flash-attn-4 4.0.0b36; ``scripts/checks/gpu_checks.sh h100 fa4-probe fa4-kernels fa4-golden
+Checked on an H100 (flash-attn-4 4.0.0b36; ``scripts/checks/gpu_checks.sh h100 fa4-probe fa4-kernels fa4-golden
 fa4-contracts fa4-bench``): every check of the probe bitwise (alone == packed == chunked == paged for pages of 16 to
 256, CUDA-graph replay == eager, deterministic backward run to run); this package's FA4 GPU tests pass; the contract
-suite under ``VEXACT_ATTENTION=fa4`` passed 121 tests (h100-fa4 golden fixtures recorded for every family). K and V
+suite under ``VEXACT_ATTENTION=fa4`` passes, 121 tests (h100-fa4 golden fixtures recorded for every family). K and V
 head sizes that differ (MLA: 192 / 128) stay on the Triton kernels (``attention._fa4_takes``): FA4's SM90 paged
 kernel refuses them ("Paged KV does not support irregular head dim"). The default where it is installed (``auto``):
 on an H200 its contracts pass and the engine and trainer run faster with it.
 
 Heads under ``attention.FA4_MIN_HEAD_DIM`` (32) run the Triton kernels too: FA4's backward at head_dim
-16 is wrong (H100: dq max error 2.2 against an fp32 reference, the Triton kernel's 1.0e-2; 32, 64 and 128 agree), found
-when the tiny Qwen3-MoE's world-size-2 step-0 grad norm came out 6.5% off world size 1 under FA4 only (2x H200). The
+16 is wrong (H100: dq max error 2.2 against an fp32 reference, the Triton kernel's 1.0e-2; 32, 64 and 128 agree); under
+FA4 it puts the tiny Qwen3-MoE's world-size-2 step-0 grad norm 6.5% off world size 1 (2x H200). The
 families' tiny checkpoints have heads of 16, so their golden fixtures under ``fa4`` are the Triton ones; the tiny
 ``qwen3_hd64`` (heads of 64) runs FA4 and has golden fixtures of its own (``fixtures/<target>-fa4``). FA4 is also
 covered by this package's GPU tests (heads of 32-128) and by the contracts that run real shapes (FSDP: Qwen3-0.6B).

@@ -1,4 +1,4 @@
-"""The actor side of the invariant mode: verl's packed micro-batch scored by the shared vexact model.
+"""The invariant actor's forward: verl's packed micro-batch scored by the shared vexact model.
 
 :func:`packed_log_probs` is the forward the ``vexact`` model-engine backend for verl
 (``actor_rollout_ref.actor.strategy=vexact``, :class:`vexact_verl.actor_engine.VexactEngineWithLMHead`, a subclass of

@@ -1,4 +1,4 @@
-"""The actor's invariant mode: ``actor_rollout_ref.actor.strategy=vexact`` (and the ref's) in verl 0.9.1.
+"""The invariant actor: ``actor_rollout_ref.actor.strategy=vexact`` (and the ref's) in verl 0.9.1.
 
 verl builds the actor's and the ref's model engines with ``EngineRegistry.new(model_type, backend=actor.strategy)``
 (``verl/workers/engine_workers.py``). :func:`register_engine` adds ``backend="vexact"`` for ``language_model``:

@@ -6,7 +6,7 @@ driver's environment on a local cluster) registers it too, also where this packa
 installed (an installed package does the same through its ``verl.plugins`` entry point). Then it calls verl's
 ``main()``: all of verl's Hydra config and overrides apply unchanged, e.g.
 ``actor_rollout_ref.rollout.name=vexact +actor_rollout_ref.rollout.engine_kwargs.vexact.backend=invariant``, and
-``actor_rollout_ref.actor.strategy=vexact`` for the actor's invariant mode (the ref follows; see
+``actor_rollout_ref.actor.strategy=vexact`` for the invariant actor (the ref follows; see
 :mod:`vexact_verl.actor_engine`).
 """
 

@@ -7,7 +7,7 @@ verl 0.9.1 looks a rollout backend up in two tables, in every process that needs
 - ``_ROLLOUT_REGISTRY`` (``verl/workers/rollout/base.py``): ``(name, mode)`` -> ServerAdapter, used inside each
   trainer / checkpoint-engine worker (Ray actors in their own processes).
 
-The actor's invariant mode adds a third table, ``EngineRegistry`` (``verl/workers/engine/base.py``): backend ->
+The invariant actor adds a third table, ``EngineRegistry`` (``verl/workers/engine/base.py``): backend ->
 model engine, used inside each trainer worker to build the actor and ref engines (see :mod:`vexact_verl.actor_engine`).
 Reproducible runs add a fourth, ``_agent_loop_registry`` (``verl/experimental/agent_loop/agent_loop.py``): agent-loop
 name -> class, used inside each agent-loop worker (``vexact_single_turn_agent``, see :mod:`vexact_verl.agent_loop`).

@@ -116,11 +116,11 @@ def behavior_check(
 
     ``behavior_log_probs[i]``: response i's logprobs from the rollout (``[R_i]``); ``token_versions[i]``: their
     versions; ``score(v)``: the trainer's logprobs of every response with the weights of version ``v`` (a list of
-    ``[R_i]``). Returns ``vexact/behavior/k3`` (mean over tokens of ``r - 1 - log r``, ``r = p_trainer/p_rollout``,
-    in float64: exactly 0.0 iff no token differs), ``vexact/behavior/tokens_differ`` (fp32 bitwise) and
-    ``vexact/behavior/abs_delta_max``. With ``held`` (the versions whose weights the trainer still has) tokens of
-    other versions are left out: ``vexact/behavior/tokens_checked`` / ``tokens_unchecked`` count both kinds, and
-    ``score`` is asked for held versions only.
+    ``[R_i]``). Returns ``vexact/behavior/k3`` (mean over tokens of :func:`vexact_trainer.k3_kl`, ``r - 1 - log r``
+    with ``r = p_trainer/p_rollout``, in float64: exactly 0.0 iff no token differs), ``vexact/behavior/tokens_differ``
+    (fp32 bitwise) and ``vexact/behavior/abs_delta_max``. With ``held`` (the versions whose weights the trainer
+    still has) tokens of other versions are left out: ``vexact/behavior/tokens_checked`` / ``tokens_unchecked`` count
+    both kinds, and ``score`` is asked for held versions only.
     """
     if len(behavior_log_probs) != len(token_versions):
         raise ValueError(f"{len(behavior_log_probs)} responses' logprobs for {len(token_versions)} version lists")
@@ -150,7 +150,9 @@ def behavior_check(
         return counts
     beh, tgt = beh[checked], tgt[checked]
     log_ratio = tgt.double() - beh.double()
-    k3 = (torch.exp(log_ratio) - 1 - log_ratio).mean().item()
+    from vexact_trainer import k3_kl  # the trainer's estimator, imported where the actor calls this
+
+    k3 = k3_kl(log_ratio).mean().item()
     return {
         "vexact/behavior/k3": k3,
         "vexact/behavior/tokens_differ": float((tgt != beh).sum().item()),
