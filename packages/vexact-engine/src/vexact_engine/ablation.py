@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .sampler import token_seed
+from .seeds import token_seed
 
 LM_HEAD_DTYPES = ("float32", "bfloat16", "float16")
 NOISE_SALT = 0x7E5A  # the logit noise of a token is drawn from a stream apart from its sampling draw
