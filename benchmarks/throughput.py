@@ -22,7 +22,8 @@ top-k/top-p, a seed per request) and CUDA graphs on:
   it off (the engine's default on CUDA is on, so ``invariant`` is the one-step-ahead loop where the field exists);
   ``invariant-joint``: with ``EngineConfig.split_mixed_steps`` off (a step with decode rows and prompt chunks runs
   as one launch, the default before the split); ``invariant-untuned``: with ``EngineConfig.tune_linears`` off (the
-  linear's form by shape, not timed on the GPU at start-up; the same bits);
+  linear's form by shape, not timed on the GPU at start-up; the same bits); ``invariant-2s``: with
+  ``EngineConfig.decode_streams=2`` (decode graphs of 128 rows and up as two half-batch forwards on two streams);
 - decode step time at batch 1 of each engine against the bound ``weight bytes a step reads / copy bandwidth``
   (``peers.decode_weight_bytes``: an MoE step reads k of E routed experts; bandwidth of a device-to-device copy
   measured in the same run, bytes read + written); goal for VeXact <= 1.3x.
@@ -196,6 +197,8 @@ def engine_settings(mode: str) -> tuple[str, dict]:
         return "invariant", {"split_mixed_steps": False}
     if mode == "invariant-untuned":
         return "invariant", {"tune_linears": False}
+    if mode == "invariant-2s":
+        return "invariant", {"decode_streams": 2}
     return mode, {}
 
 
@@ -488,7 +491,7 @@ def hf_throughput(model, prompts, args) -> dict:
 # EngineConfig.async_decode on, the next step scheduled while the GPU runs this one)
 ENGINE_MODES = (
     "invariant", "invariant-fa4", "invariant-draw", "invariant-async", "invariant-sync", "invariant-joint",
-    "invariant-untuned", "fast",
+    "invariant-untuned", "invariant-2s", "fast",
 )  # fmt: skip
 PEER_MODES = ("vllm", "vllm-bi")  # vLLM default, vLLM with VLLM_BATCH_INVARIANT=1
 MODE_NAMES = {
@@ -498,6 +501,7 @@ MODE_NAMES = {
     "invariant-sync": "VeXact invariant, synchronous loop",
     "invariant-joint": "VeXact invariant, mixed steps in one launch",
     "invariant-untuned": "VeXact invariant, linear forms by shape (not timed)",
+    "invariant-2s": "VeXact invariant, decode as two half batches on two streams",
     "fast": "VeXact fast (mismatch baseline)", "vllm": "vLLM default",
     "vllm-bi": "vLLM VLLM_BATCH_INVARIANT=1", "hf": "HF generate",
 }  # fmt: skip

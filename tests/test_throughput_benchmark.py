@@ -210,6 +210,7 @@ def test_invariant_async_passes_async_decode_to_the_engine(monkeypatch, tmp_path
     assert throughput.engine_settings("invariant-sync") == ("invariant", {"async_decode": False})
     assert throughput.engine_settings("invariant-joint") == ("invariant", {"split_mixed_steps": False})
     assert throughput.engine_settings("invariant-untuned") == ("invariant", {"tune_linears": False})
+    assert throughput.engine_settings("invariant-2s") == ("invariant", {"decode_streams": 2})
     made = []
 
     class Recording(throughput.LLM):

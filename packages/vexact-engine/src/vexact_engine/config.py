@@ -100,6 +100,14 @@ class EngineConfig:
     this GPU, with the model's own weights, and the graph runs the fastest (``vexact_kernels.tune_linears``; a few
     seconds at start-up). Every form gives the same bits (a form whose output differs from the default's on this GPU
     is never picked), so the same tokens and logprobs either way; off: the default pick by shape.
+
+    ``decode_streams`` (1 or 2, default 1): with 2, each decode graph of at least ``DECODE_STREAMS_MIN_ROWS`` (128)
+    rows runs its forward as two forwards of half the rows on two CUDA streams, forked and joined inside the graph,
+    so that one half's paged attention (bound by memory) can overlap the other half's projections (bound by the
+    tensor cores at these sizes). Every kernel is row-invariant, so the same tokens and logprobs either way
+    (``benchmarks/nano_overlap.py`` times the forms). Eager padded steps (CPU, or graphs off) run the two halves
+    one after the other. Not in an ``ExpertParallelLLM`` or a ``PipelineLLM`` (one stream: their collectives run
+    in lockstep).
     """
 
     max_num_seqs: int = 64
@@ -124,6 +132,7 @@ class EngineConfig:
     async_decode: bool | None = None
     split_mixed_steps: bool = True
     tune_linears: bool = True
+    decode_streams: int = 1
 
     def __post_init__(self) -> None:
         vk.check_backend(self.backend, "backend")  # a name, or "fast:<op>,..." for per-op-family fast kernels
@@ -139,6 +148,8 @@ class EngineConfig:
             raise ValueError(
                 f"EngineConfig.graph_recapture must be one of {GRAPH_RECAPTURE}, got {self.graph_recapture!r}"
             )
+        if self.decode_streams not in (1, 2) or isinstance(self.decode_streams, bool):
+            raise ValueError(f"EngineConfig.decode_streams must be 1 or 2, got {self.decode_streams!r}")
         for name in ("pack_weights", "split_mixed_steps", "tune_linears"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"EngineConfig.{name} must be True or False, got {getattr(self, name)!r}")

@@ -44,6 +44,8 @@ log = logging.getLogger("vexact_engine")
 # re-capture (every wake_up, the KV cache at new addresses) finds both done, and one run primes the new side stream.
 WARMUPS_FIRST_CAPTURE = 2
 WARMUPS_RECAPTURE = 1
+# EngineConfig.decode_streams = 2: decode steps of at least this many rows run as two half-batch forwards
+DECODE_STREAMS_MIN_ROWS = 128
 
 
 class CudaGraphs:
@@ -90,6 +92,7 @@ class CudaGraphs:
         self.linear_picks: dict = {}
         self.linear_tuning: dict = {}
         self._linears_tuned: set[int] = set()
+        self._half_stream: torch.cuda.Stream | None = None  # the second half's stream (EngineConfig.decode_streams)
 
     @property
     def num_graphs(self) -> int:
@@ -216,7 +219,33 @@ class CudaGraphs:
         if graph is not None:
             graph[0].replay()
             return graph[1]
-        return self.model(*static.args(tokens, seqs), self.kv_caches)
+        return self._step_forward(key, *static.args(tokens, seqs))
+
+    def _step_forward(self, key: tuple[str, int], ids, pos, meta: AttentionMetadata) -> torch.Tensor:
+        """A padded step's forward (its hidden rows): a decode step of at least ``DECODE_STREAMS_MIN_ROWS`` rows
+        with ``EngineConfig.decode_streams = 2`` as two forwards of half the rows (on two streams while a CUDA graph
+        is captured, else one after the other), every other step as one forward."""
+        rows = ids.shape[0]
+        if key[0] != "decode" or self.config.decode_streams == 1 or rows < DECODE_STREAMS_MIN_ROWS:
+            return self.model(ids, pos, meta, self.kv_caches)
+        half = rows // 2
+        cu = meta.cu_seqlens  # a decode step's: 0, 1, ..., rows (one token a sequence), so its head serves both halves
+        parts = [
+            (ids[s], pos[s], AttentionMetadata(cu_seqlens=c, slot_mapping=meta.slot_mapping[s],
+                                               block_tables=meta.block_tables[s], context_lens=meta.context_lens[s]))
+            for s, c in ((slice(0, half), cu[: half + 1]), (slice(half, rows), cu[: rows - half + 1]))
+        ]  # fmt: skip
+        if self.device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
+            return torch.cat([self.model(*part, self.kv_caches) for part in parts])
+        if self._half_stream is None:
+            self._half_stream = torch.cuda.Stream(self.device)
+        main, side = torch.cuda.current_stream(self.device), self._half_stream
+        side.wait_stream(main)
+        first = self.model(*parts[0], self.kv_caches)
+        with torch.cuda.stream(side):
+            second = self.model(*parts[1], self.kv_caches)
+        main.wait_stream(side)
+        return torch.cat([first, second])
 
     def _warm_layout(self, static: StaticStep, tokens: int, seqs: int) -> None:
         """A valid step of pad tokens only (no KV written) for a warm-up and capture: the tokens split evenly over
@@ -284,7 +313,7 @@ class CudaGraphs:
         self._linears_tuned.add(tokens)
         try:
             with vk.record_linears() as calls:
-                self.model(ids, pos, meta, self.kv_caches)
+                self._step_forward(("decode", tokens), ids, pos, meta)
             picks, report = vk.tune_linears(calls)
         except Exception as e:  # speed only: the default pick serves every shape
             log.warning("decode size %d: timing the linear's forms failed (%s: %s); the default pick stays", tokens,
@@ -304,7 +333,7 @@ class CudaGraphs:
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(warmups):
-                warm = self.model(ids, pos, meta, self.kv_caches)
+                warm = self._step_forward(key, ids, pos, meta)
         torch.cuda.current_stream().wait_stream(side)
         if key[0] == "prompt" and self._prompt_out is None:  # as many rows as the largest token count
             rows = max(self.token_sizes)
@@ -312,7 +341,7 @@ class CudaGraphs:
         del warm
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._graph_pool):
-            out = self.model(ids, pos, meta, self.kv_caches)
+            out = self._step_forward(key, ids, pos, meta)
             if key[0] == "prompt":
                 self._prompt_out[:tokens].copy_(out)
                 out = self._prompt_out[:tokens]

@@ -388,6 +388,7 @@ class ExpertParallelLLM(LLM):
         config = dataclasses.replace(
             config,
             async_decode=False,
+            decode_streams=1,
             draw_in_graph=False,
             split_mixed_steps=False,
             cuda_graph_token_sizes=(),

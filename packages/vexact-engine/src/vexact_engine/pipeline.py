@@ -266,6 +266,10 @@ class PipelineLLM(LLM):
             config = dataclasses.replace(config, async_decode=False)
         if config.async_decode:
             raise ValueError("PipelineLLM does not run EngineConfig.async_decode=True (its stages step in lockstep)")
+        if config.decode_streams != 1:
+            raise ValueError(
+                f"PipelineLLM runs one decode stream, got EngineConfig.decode_streams={config.decode_streams}"
+            )
         _require_group("PipelineLLM")
         if config.num_kv_blocks is None and config.kv_cache_bytes is None:
             raise ValueError("PipelineLLM needs num_kv_blocks or kv_cache_bytes: every stage must hold the same pages")
