@@ -162,6 +162,50 @@ def test_results_file_from_made_up_numbers():
     assert sum(ln.startswith("| engine | batch |") for ln in lines) == 1  # no profile at 512: no table
 
 
+def test_vllm_profile_rows_share_the_table_with_vexacts():
+    """A vLLM profile (``peers.decode_profile``'s dict, top kernels as JSON gives them back: lists) is a row of the
+    same table, with its costliest kernels and the note on how its rows were measured; a failed one is a cell saying
+    why; a table without vLLM rows has no such note."""
+    ours = dict(
+        batch=256, context=1088, steps=20, step_ms=12.0, kernel_ms=11.8, host_gap_ms=0.2,
+        buckets={"attention": 8.0, "GEMM": 2.5, "sampler/logprobs": 0.7, "norm/rotary/activation": 0.5, "other": 0.1},
+        top_kernels=[("_attn_fwd", 8.0, "attention")],
+    )  # fmt: skip
+    theirs = dict(
+        batch=256, context=1088, steps=20, step_ms=10.5, kernel_ms=9.8, host_gap_ms=0.7, fill_steps=36,
+        async_scheduling=True, version="0.24.0", batch_invariant=False,
+        buckets={"attention": 7.0, "GEMM": 2.0, "MoE": 0.0, "sampler/logprobs": 0.4, "norm/rotary/activation": 0.3,
+                 "other": 0.1},
+        top_kernels=[["void cutlass::device_kernel<flash::enable_sm90_or_later<flash::FlashAttnFwdSm90<>>>", 7.0,
+                      "attention"], ["nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT", 1.5, "GEMM"]],
+    )  # fmt: skip
+    failed = "failed (rc 1): RuntimeError: the batch changed during the measured steps (log /tmp/x.log)"
+    profiles = {"invariant": ours, "vllm": theirs, "vllm-bi": failed}
+    rows = {m: _row(10000.0) for m in profiles}
+    meta = dict(date="2026-11-28", gpu="NVIDIA H200", commit="abc1234", command="python benchmarks/throughput.py",
+                mode_names=throughput.MODE_NAMES)  # fmt: skip
+    section = dict(model="qwen3 1.7b-shaped, 28 layers", rows={256: rows}, profiles={256: profiles})
+    lines = throughput_report.results_markdown(meta, [section]).splitlines()
+    table = [[c.strip() for c in ln.strip("|").split("|")] for ln in lines if ln.startswith("| vLLM") and "(" in ln]
+    assert table[0] == ["vLLM default", "256", "1088", "10.50", "9.80", "7.00 (67%)", "2.00 (19%)", "0.00 (0%)",
+                        "0.40 (4%)", "0.30 (3%)", "0.10 (1%)", "0.70 (7%)"]  # fmt: skip
+    assert table[1] == ["vLLM VLLM_BATCH_INVARIANT=1", failed] + ["-"] * (4 + len(profiling.BUCKETS))
+    assert (
+        "- vLLM default, costliest kernels (ms per step): `flash::FlashAttnFwdSm90` 7.00 (attention); "
+        "`nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT` 1.50 (GEMM)" in lines
+    )
+    note = next(ln for ln in lines if ln.startswith("vLLM's rows:"))
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING=0" in note and "lm_head is a cuBLAS GEMM" in note
+    assert note.endswith("Async scheduling: vLLM default: on.")
+    del profiles["vllm"], profiles["vllm-bi"]
+    assert "vLLM's rows:" not in throughput_report.results_markdown(meta, [section])
+    label = throughput_report.kernel_label
+    assert label("void at::native::(anonymous namespace)::cunn_SoftMaxForward<8, float, float, float>(float*)") == (
+        "at::native::cunn_SoftMaxForward"
+    )
+    assert label("_attn_fwd") == "_attn_fwd" and label("Memcpy DtoH (Device -> Pinned)") == "Memcpy DtoH"
+
+
 def test_kernel_buckets_by_name():
     names = {
         "_attn_fwd": "attention", "_attn_combine": "attention", "_write_kv": "attention",
