@@ -10,6 +10,18 @@ GPU memory, its EngineCore process and its environment (``VLLM_BATCH_INVARIANT``
 same weights: the parent saves the random model as an HF checkpoint directory (``config.json`` + safetensors, no
 tokenizer) and vLLM reads it.
 
+Where vLLM's decode step goes (``throughput.py --profile-steps``): a spec with ``profile`` runs :func:`decode_profile`
+in a subprocess of its own, apart from the timed run (which keeps vLLM's default engine core process). It sets
+``VLLM_ENABLE_V1_MULTIPROCESSING=0`` before vLLM is imported, so the engine core steps in this process and
+torch.profiler sees its kernels (CUDA graph replays included); builds ``vllm.LLM`` with the timed worker's settings;
+queues the spec's prompts (``LLM.enqueue``: final outputs only, as ``LLM.generate`` asks); steps ``llm.llm_engine``
+until every request runs and has drawn two tokens; then, as VeXact's profile does (``profiling.decode_step_wall`` and
+``decode_step_kernels``), the mean wall time of the next steps, then kernel time by kind over as many steps under
+torch.profiler. With vLLM's async scheduling a ``step()`` launches one batch and returns the one before it, so the
+mean over the steps is still one batch a step. The wall time is of the in-process engine core: the output processing
+that the default engine overlaps with the core's step in another process runs between steps here (with final outputs
+only and no detokenizing, a loop over the batch's requests).
+
 Roofline: a decode step must read every weight once and the KV of every position its sequences attend. For a run of
 requests with prompt lengths ``p_i`` and output lengths ``g_i`` at batch limit ``B`` the least it can read is
 ``ceil(sum g_i / B) * weight_bytes + sum_i sum_{t<g_i} (p_i + t) * kv_bytes_per_token`` (every step full; prefill
@@ -158,9 +170,12 @@ def run_vllm(
     workdir: Path,
     batch1: bool,
     parallel: dict | None = None,
+    profile: dict | None = None,
 ) -> dict | str:
     """One vLLM engine in a subprocess; returns its results, or a short reason why there are none. ``parallel``:
-    more ``vllm.LLM`` settings for several GPUs (``tensor_parallel_size``, ``enable_expert_parallel``)."""
+    more ``vllm.LLM`` settings for several GPUs (``tensor_parallel_size``, ``enable_expert_parallel``). ``profile``:
+    ``{"batch": B, "context": C, "steps": S}``, where the decode step goes (:func:`decode_profile`) in place of the
+    timed run; ``prompts``, ``max_tokens`` and ``seeds`` are then the profiled batch's requests."""
     if mode not in ("vllm", "vllm-bi"):
         raise ValueError(f"mode must be 'vllm' or 'vllm-bi', got {mode!r}")
     spec = dict(
@@ -169,7 +184,10 @@ def run_vllm(
         gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager,
         decode_steps=args.decode_steps if batch1 else 0, parallel=parallel or {},
     )  # fmt: skip
+    if profile:
+        spec["profile"] = profile
     tag = f"{mode}-{batch_limit}" + ("".join(f"-{k}{v}" for k, v in sorted((parallel or {}).items())))
+    tag += "-profile" if profile else ""
     spec_path, out_path, log_path = (workdir / f"{tag}.{ext}" for ext in ("spec.json", "result.json", "log"))
     spec_path.write_text(json.dumps(spec))
     with open(log_path, "w") as log:
@@ -193,10 +211,13 @@ def run_vllm(
 
 
 def _worker(spec_path: str, result_path: str) -> int:
-    """Runs inside the subprocess: build the vLLM engine, time the workload (and batch-1 decode), write JSON."""
+    """Runs inside the subprocess: build the vLLM engine, time the workload (and batch-1 decode), or with ``profile``
+    in the spec profile its decode step (:func:`decode_profile`); write JSON."""
+    spec = json.loads(Path(spec_path).read_text())
+    if "profile" in spec:  # read when vLLM builds its engine: the engine core in this process, under torch.profiler
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from vllm import LLM, SamplingParams
 
-    spec = json.loads(Path(spec_path).read_text())
     llm = LLM(
         model=spec["ckpt"], skip_tokenizer_init=True, dtype="bfloat16", seed=0,
         max_num_seqs=spec["max_num_seqs"], max_num_batched_tokens=spec["max_num_batched_tokens"],
@@ -213,6 +234,10 @@ def _worker(spec_path: str, result_path: str) -> int:
         return llm.generate([{"prompt_token_ids": p} for p in prompts], ps, use_tqdm=False)
 
     prompts, max_tokens, seeds = spec["prompts"], spec["max_tokens"], spec["seeds"]
+    if "profile" in spec:
+        requests = [params(n, s) for n, s in zip(max_tokens, seeds, strict=True)]
+        res = decode_profile(llm, [{"prompt_token_ids": p} for p in prompts], requests, spec["profile"])
+        return _write_result(res, result_path)
     gen(prompts[:4], [params(8, 1)] * min(4, len(prompts)))  # warm up
     _sync()
     t = time.perf_counter()
@@ -225,12 +250,78 @@ def _worker(spec_path: str, result_path: str) -> int:
     res = dict(tokens=tokens, wall=wall, tok_s=tokens / wall)
     if spec["decode_steps"]:
         res["step_s"] = batch1_step(lambda n: gen([list(range(1, 129))], [params(n, 0)]), spec["decode_steps"])
+    return _write_result(res, result_path)
+
+
+def _write_result(res: dict, result_path: str) -> int:
     import vllm
 
     res["version"] = vllm.__version__
     res["batch_invariant"] = os.environ.get("VLLM_BATCH_INVARIANT", "0") == "1"
     Path(result_path).write_text(json.dumps(res))
     return 0
+
+
+def _scheduler(llm):
+    """The scheduler of an engine whose core steps in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: vLLM's
+    ``InprocClient`` holds the ``EngineCore``)."""
+    core = getattr(llm.llm_engine.engine_core, "engine_core", None)
+    if core is None:
+        # short: the table cell keeps the last 160 characters of the error line
+        raise RuntimeError(
+            f"vLLM's engine core is not in this process ({type(llm.llm_engine.engine_core).__name__}): "
+            "VLLM_ENABLE_V1_MULTIPROCESSING=0 not taken"
+        )
+    return core.scheduler
+
+
+def _batch_state(sched) -> tuple[int, int, int, int]:
+    """Running and waiting requests, the fewest tokens a running one has drawn and the fewest it has left."""
+    running = list(sched.running)
+    drawn = min((r.num_output_tokens for r in running), default=0)
+    left = min((r.max_tokens - r.num_output_tokens for r in running), default=0)
+    return len(running), len(sched.waiting), drawn, left
+
+
+def decode_profile(llm, prompts, params, profile: dict) -> dict:
+    """Where a decode step of the vLLM engine ``llm`` goes (module docstring): ``prompts`` (``profile["batch"]``
+    token-id prompts of ``profile["context"]`` tokens) queued with ``params``, stepped until every one runs and has
+    drawn two tokens; then ``profile["steps"]`` steps' mean wall ms (``step_ms``) and kernel time by kind over as many
+    more under torch.profiler, as ``profiling.decode_step_kernels`` gives it, and the host gap (``host_gap_ms``).
+    Raises where the batch is not whole for the measured steps (a request preempted, waiting or finished)."""
+    import profiling  # benchmarks/profiling.py: this script's folder is on sys.path
+
+    steps, batch = profile["steps"], profile["batch"]
+    if len(prompts) != batch:
+        raise ValueError(f"the profile asks for a batch of {batch} and got {len(prompts)} prompts")
+    sched, engine = _scheduler(llm), llm.llm_engine
+    llm.enqueue(prompts, params, use_tqdm=False)
+    fill = 0
+    while True:
+        running, waiting, drawn, left = _batch_state(sched)
+        if running == batch and not waiting and drawn >= 2:
+            break
+        if not engine.has_unfinished_requests():
+            raise RuntimeError(f"the requests finished before all {batch} were decoding")
+        engine.step()
+        fill += 1
+    # each measurement steps once first, and an async step may have scheduled one more draw than it returned
+    need = 2 * (steps + 1) + 1
+    if left < need:
+        raise RuntimeError(f"after {fill} steps to fill the batch a request has {left} tokens left; the profile "
+                           f"needs {need}: raise its max_tokens")  # fmt: skip
+    preempted = sum(getattr(r, "num_preemptions", 0) for r in sched.running)
+    wall = profiling.decode_step_wall(engine, steps)
+    kernels = profiling.decode_step_kernels(engine, steps)
+    running, waiting, _, _ = _batch_state(sched)
+    after = sum(getattr(r, "num_preemptions", 0) for r in sched.running)
+    if (running, waiting, after) != (batch, 0, preempted):
+        raise RuntimeError(f"the batch changed during the measured steps: {running} running and {waiting} waiting "
+                           f"of {batch}, preemptions {preempted} -> {after}")  # fmt: skip
+    sched_cfg = getattr(getattr(engine, "vllm_config", None), "scheduler_config", None)
+    shape = dict(batch=batch, context=profile["context"], steps=steps, step_ms=wall)
+    return dict(shape, **kernels, host_gap_ms=wall - kernels["kernel_ms"], fill_steps=fill,
+                async_scheduling=getattr(sched_cfg, "async_scheduling", None))  # fmt: skip
 
 
 def _sync() -> None:

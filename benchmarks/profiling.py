@@ -13,16 +13,32 @@ import torch
 
 # Kinds of GPU kernel, by name; the first pattern that matches a (lower-cased) kernel name wins, the rest is "other".
 # Names: vexact_kernels' Triton kernels (``_attn_fwd``, ``_matmul_kernel``, ``_grouped_mm_kernel``, ...), FA4's CuTe
-# DSL kernels (``kernel_cutlass_kernel_flash_attncute...``), cuBLAS (``nvjet_*``, ``*gemm*``) and torch's own.
-# FA4's names hold "cutlass" too, so attention is matched before GEMM. ``_combine_kernel`` is matmul.py's split-K sum
-# and also moe.py's expert combine: it counts as GEMM, which moves that kernel out of MoE for MoE models.
+# DSL kernels (``kernel_cutlass_kernel_flash_attncute...``), cuBLAS (``nvjet_*``, ``*gemm*``, ``gemv*``) and torch's
+# own. FA4's names hold "cutlass" too, so attention is matched before GEMM. ``_combine_kernel`` is matmul.py's split-K
+# sum and also moe.py's expert combine: it counts as GEMM, which moves that kernel out of MoE for MoE models.
+# vLLM's (``benchmarks/peers.py``'s profile): FA3 (``flash::FlashAttnFwdSm90``, ``FlashAttnFwdCombine``,
+# ``prepare_varlen_num_blocks_kernel``), ``reshape_and_cache_flash_kernel``, its CUDA ops (``rms_norm_kernel``,
+# ``fused_add_rms_norm_kernel``, ``rotary_embedding_kernel``, ``act_and_mul_kernel``, MoE routing ``topkGating*``),
+# Inductor's fusions of the same layers where vLLM compiles them (``triton_red_fused_..._rsqrt_0``: an RMSNorm;
+# ``..._silu_...``), the batch-invariant mode's Triton kernels (``matmul_kernel_persistent``, ``bmm_kernel``,
+# ``_log_softmax_kernel``, ``_rms_norm_kernel``), the Triton attention's ``reduce_segments``, and the sampler's torch
+# kernels: softmax (``cunn_SoftMaxForward``, ``softmax_warp_forward``), the exponential draw
+# (``distribution_elementwise_grid_stride_kernel``) and the argmax (``reduce_kernel<..., ArgMaxOps>``), or its Triton
+# kernels (``_temperature_kernel``, ``_gumbel_sample_kernel``, ``_topk_topp_kernel``, ``_min_p_kernel``,
+# ``_penalties_kernel``). Kernels named for an elementwise functor only (the sampler's division by the temperature and
+# by the draw, dtype copies) or for an Inductor fusion whose ops say no kind (a rotary without rsqrt) are "other".
+# vLLM's lm_head is a cuBLAS GEMM (GEMM), VeXact's runs inside its logprobs kernel (sampler/logprobs): the two
+# engines' rows differ there by construction, and no kernel name tells the lm_head's GEMM from the others.
 BUCKETS = ("attention", "GEMM", "MoE", "sampler/logprobs", "norm/rotary/activation", "other")
 BUCKET_PATTERNS = (
-    ("MoE", r"grouped_mm|grouped_wgrad|_route_kernel|grouped_route|moe|expert"),
-    ("sampler/logprobs", r"logprob|gumbel|log_softmax|sampl|argmax"),
-    ("attention", r"attn|attention|flash|fmha|sdpa|_write_kv|paged|reshape_and_cache"),
-    ("norm/rotary/activation", r"rms_norm|layer_norm|layernorm|rotary|rope|silu|gelu|act_and_mul|swiglu"),
-    ("GEMM", r"matmul|gemm|nvjet|cublas|cutlass|xmma|_combine_kernel|splitk"),
+    ("MoE", r"grouped_mm|grouped_wgrad|_route_kernel|grouped_route|topkgating|moe|expert"),
+    (
+        "sampler/logprobs",
+        r"logprob|gumbel|softmax|sampl|argmax|temperature|distribution_elementwise|exponential|topk_topp|_min_p_|penalt",
+    ),
+    ("attention", r"attn|attention|flash|fmha|sdpa|_write_kv|paged|reshape_and_cache|reduce_segments"),
+    ("norm/rotary/activation", r"rms_norm|layer_norm|layernorm|rsqrt|rotary|rope|silu|gelu|act_and_mul|swiglu"),
+    ("GEMM", r"matmul|gemm|gemv|bmm_kernel|nvjet|cublas|cutlass|xmma|_combine_kernel|splitk"),
 )
 _COMPILED = tuple((bucket, re.compile(pattern)) for bucket, pattern in BUCKET_PATTERNS)
 
@@ -133,10 +149,13 @@ def decode_step_wall(llm, steps: int) -> float:
 def decode_step_kernels(llm, steps: int, top: int = 8) -> dict:
     """GPU kernel time of the engine's next ``steps`` decode steps under ``torch.profiler`` (one step first), in ms
     per step: ``kernel_ms`` in all, ``buckets`` by kind (:func:`bucket_kernel_times`) and the ``top`` costliest
-    kernels as (name, ms, bucket). The engine must hold a decoding batch with ``steps + 1`` tokens left to draw."""
+    kernels as (name, ms, bucket). The engine must hold a decoding batch with ``steps + 1`` tokens left to draw. The
+    device is synced after the first step, so that an engine whose step returns before its kernels end (vLLM's async
+    scheduling, VeXact's ``async_decode``) leaves none of that step's kernels in the profile."""
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
     llm.step()
+    _sync()
     kernels = kernel_times(profile_run(lambda k: llm.step(), steps))
     buckets = {b: us / steps / 1e3 for b, us in bucket_kernel_times(kernels).items()}
     best = sorted(kernels.items(), key=lambda kv: -kv[1])[:top]

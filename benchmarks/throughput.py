@@ -41,7 +41,9 @@ Then a GRPO-shaped row (VeXact's own engine): ``--grpo-prompts`` prompts of ``--
 after each VeXact engine's timed run, the mean wall time of N decode steps on that engine; once every timed run of the
 model is done (torch.profiler leaves CUPTI set up in the process), a new engine's kernel time over N steps under
 torch.profiler by kind (attention, GEMM, MoE, sampler/logprobs, norm/rotary/activation, other) and the host gap, in the
-results file. A VeXact run that raises leaves its cells saying so, the other runs go on, and the exit status is 1.
+results file; then the same row for each vLLM mode that ran, at the batch, context and prompts of VeXact's profile at
+that limit, from a vLLM engine in a subprocess of its own (``peers.decode_profile``; ``--no-peer-profile`` leaves it
+out). A VeXact run that raises leaves its cells saying so, the other runs go on, and the exit status is 1.
 
 Workload: ``--num-prompts`` random prompts of ``--prompt-len LO HI`` tokens, each generating a length drawn from
 ``--gen-len LO HI`` (ignore_eos, so lengths are exact), at each ``--max-num-seqs``. HF generate runs one left-padded
@@ -293,11 +295,17 @@ def profile_batch(llm, limit: int, args, steps: int) -> tuple[int, int]:
     """The batch and context of ``--profile-steps``: ``limit`` requests (fewer where the KV cache cannot hold them
     all) whose prompts are as long as the workload's mean context halfway through a generation (mean prompt + half
     the mean generation), so each decode step attends about what the timed run's steps attended."""
-    (lo, hi), (glo, ghi) = args.prompt_len, args.gen_len
-    context = (lo + hi) // 2 + (glo + ghi) // 4
-    context = max(1, min(context, llm.max_model_len - profile_draws(limit, context, args, steps)))
+    context = profile_context(limit, llm.max_model_len, args, steps)
     pages = -(-(context + profile_draws(limit, context, args, steps)) // llm.blocks.block_size)
     return max(1, min(limit, llm.blocks.num_blocks // pages)), context
+
+
+def profile_context(batch: int, max_model_len: int, args, steps: int) -> int:
+    """The profiled requests' prompt length (:func:`profile_batch`): mean prompt + half the mean generation, short
+    enough that the draws of :func:`profile_draws` fit in ``max_model_len``."""
+    (lo, hi), (glo, ghi) = args.prompt_len, args.gen_len
+    context = (lo + hi) // 2 + (glo + ghi) // 4
+    return max(1, min(context, max_model_len - profile_draws(batch, context, args, steps)))
 
 
 def profile_draws(batch: int, context: int, args, steps: int) -> int:
@@ -309,12 +317,18 @@ def profile_draws(batch: int, context: int, args, steps: int) -> int:
 
 def fill_profile_batch(llm, batch: int, context: int, args, steps: int) -> None:
     """``batch`` requests of ``context`` random prompt tokens (the same in every engine of the run), all decoding."""
-    g = torch.Generator().manual_seed(args.seed + 2)
-    prompts = [torch.randint(0, llm.vocab_size, (context,), generator=g).tolist() for _ in range(batch)]
+    prompts = profile_prompts(batch, context, llm.vocab_size, args)
     draws = profile_draws(batch, context, args, steps)
     params = [SamplingParams(temperature=1.0, top_p=1.0, max_tokens=draws, seed=i, ignore_eos=True)
               for i in range(batch)]  # fmt: skip
     profiling.fill_decode_batch(llm, prompts, params)
+
+
+def profile_prompts(batch: int, context: int, vocab: int, args) -> list[list[int]]:
+    """The profiled batch's prompts: ``batch`` of ``context`` random token ids, drawn as :func:`workload` draws its
+    own (from ``--seed`` + 2: the same in every engine of the run, VeXact's and vLLM's)."""
+    g = torch.Generator().manual_seed(args.seed + 2)
+    return [torch.randint(0, vocab, (context,), generator=g).tolist() for _ in range(batch)]
 
 
 def decode_wall(llm, limit: int, args, steps: int) -> dict:
@@ -335,6 +349,31 @@ def decode_kernels(model, mode: str, limit: int, args, wall: dict) -> dict:
     del llm
     free_memory()
     return dict(wall, **kernels, host_gap_ms=wall["step_ms"] - kernels["kernel_ms"])
+
+
+def peer_profile_shape(results: dict, limit: int, modes, args) -> tuple[int, int]:
+    """The batch and context of a vLLM profile at batch limit ``limit``: those of VeXact's profile at that limit (the
+    first VeXact mode's ``decode_wall``), or without one the limit and :func:`profile_context`."""
+    for mode in (m for m in modes if m in ENGINE_MODES):
+        wall = results.get((limit, mode))
+        if isinstance(wall, dict) and isinstance(wall.get("decode_wall"), dict):
+            return wall["decode_wall"]["batch"], wall["decode_wall"]["context"]
+    return limit, profile_context(limit, args.prompt_len[1] + args.gen_len[1], args, args.profile_steps)
+
+
+def peer_profile(
+    mode: str, ckpt: Path, limit: int, batch: int, context: int, vocab: int, args, workdir: Path
+) -> dict | str:
+    """Where a decode step of vLLM ``mode`` goes at ``batch`` requests of ``context`` prompt tokens (VeXact's
+    prompts, a seed per request as VeXact's profile gives them), in a subprocess of its own
+    (``peers.decode_profile``): the result as :func:`decode_kernels` gives VeXact's, or why there is none."""
+    steps = args.profile_steps
+    # drawn while the batch fills, then two measurements of steps + 1 steps each
+    draws = min(profile_draws(batch, context, args, 2 * steps + 3), args.prompt_len[1] + args.gen_len[1] - context)
+    prompts = profile_prompts(batch, context, vocab, args)
+    profile = dict(batch=batch, context=context, steps=steps)
+    return peers.run_vllm(mode, ckpt, prompts, [draws] * batch, list(range(batch)), limit, args, workdir, False,
+                          profile=profile)  # fmt: skip
 
 
 def grpo_workload(args, vocab: int):
@@ -751,6 +790,22 @@ def peer_section(
         for limit in batch_limits:
             profiles[limit] = {m: step_profile(model, shape, m, limit, args, results[(limit, m)])
                                for m in modes if m in ENGINE_MODES}  # fmt: skip
+    if args.profile_steps and vllm_runs and not args.no_peer_profile:
+        if DEV.type == "cuda":  # the weights wait on the host, as for the timed vLLM runs
+            model.to("cpu")
+            free_memory()
+        for limit, mode in ((limit, m) for limit in batch_limits for m in modes if m in PEER_MODES):
+            r = results[(limit, mode)]
+            if not isinstance(r, dict):  # no timed run: its reason
+                profiles[limit][mode] = r
+                continue
+            batch, context = peer_profile_shape(results, limit, modes, args)
+            print_free_memory(f"{mode} (profile)", limit)
+            try:
+                profiles[limit][mode] = peer_profile(mode, ckpt, limit, batch, context, cfg.vocab_size, args, workdir)
+            except Exception as e:
+                profiles[limit][mode] = failed(e)
+        model.to(DEV)
     if summary is not None:
         rows = {limit: {m: report_row(results[(limit, m)], m, fraction, limit) for m in modes if m != "hf"}
                 for limit in batch_limits}  # fmt: skip
@@ -838,7 +893,14 @@ def arg_parser() -> argparse.ArgumentParser:
         default=0,
         help="where VeXact's decode step goes: this many decode steps at the batch limit and the workload's mean "
         "context timed after each VeXact run, then as many profiled (torch.profiler) after every timed run: kernel "
-        "time by kind and the host gap, in --results-md",
+        "time by kind and the host gap, in --results-md; then the same for each vLLM mode that ran, at the same batch "
+        "and context",
+    )
+    ap.add_argument(
+        "--no-peer-profile",
+        action="store_true",
+        help="with --profile-steps, profile VeXact's decode step only, not vLLM's (each vLLM profile starts an engine "
+        "of its own: about a minute per mode and batch limit)",
     )
     ap.add_argument("--note", action="append", default=[], help="a line for the results file's header (repeatable)")
     ap.add_argument("--device", default="cuda", help="cuda; cpu only to smoke-test the script with --models tiny")

@@ -1,10 +1,11 @@
 """The results file of ``benchmarks/throughput.py --results-md PATH`` (``throughput-rl-<gpu>.md``): date, GPU, commit
 and the exact command, then per model and batch limit a table of every mode (output tok/s, ratio to vLLM default
 and to vLLM batch-invariant, roofline fraction, decode-only step ms) and, with ``--profile-steps``, where VeXact's
-decode step goes. Plain data in, markdown out: no torch, no engine."""
+and vLLM's decode step goes. Plain data in, markdown out: no torch, no engine."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 
 from profiling import BUCKETS
@@ -44,6 +45,17 @@ def results_table(rows: Mapping[str, Mapping | str], names: Mapping[str, str]) -
     return lines
 
 
+def kernel_label(name: str, width: int = 60) -> str:
+    """A kernel's name for the costliest-kernels line, cut to ``width``: a demangled CUDA name without its return
+    type, anonymous namespaces, CUTLASS's and FA3's launch wrappers, template arguments and parameters
+    (``void cutlass::device_kernel<flash::enable_sm90_or_later<flash::FlashAttnFwdSm90<...> > >(...)`` ->
+    ``flash::FlashAttnFwdSm90``); a Triton kernel's name as it is."""
+    label = name.removeprefix("void ").replace("(anonymous namespace)::", "")
+    for wrapper in ("cutlass::device_kernel<", "flash::enable_sm90_or_later<"):
+        label = label.removeprefix(wrapper)
+    return re.split(r"[<(]", label, maxsplit=1)[0].strip()[:width]
+
+
 def profile_table(profiles: Mapping[str, Mapping | str], names: Mapping[str, str]) -> list[str]:
     """Where each profiled mode's decode step goes: ms per step by kernel kind and the host gap, each with its share
     of the step's wall time, then the mode's costliest kernels."""
@@ -68,9 +80,27 @@ def profile_table(profiles: Mapping[str, Mapping | str], names: Mapping[str, str
             f"{cell(p['host_gap_ms'])} |"
         )
         if p.get("top_kernels"):
-            kernels = "; ".join(f"`{k[:60]}` {ms:.2f} ({bucket})" for k, ms, bucket in p["top_kernels"])
+            kernels = "; ".join(f"`{kernel_label(k)}` {ms:.2f} ({bucket})" for k, ms, bucket in p["top_kernels"])
             tops.append(f"- {name}, costliest kernels (ms per step): {kernels}")
     return lines + ([""] + tops if tops else [])
+
+
+def _peer_profile_note(profiles: Mapping[str, Mapping | str], names: Mapping[str, str]) -> list[str]:
+    """The sentence on the vLLM rows of a profile table, where it has any (``benchmarks/peers.py``)."""
+    peers = [m for m in REFERENCES if m in profiles]
+    if not peers:
+        return []
+    sched = {m: profiles[m].get("async_scheduling") for m in peers if isinstance(profiles[m], Mapping)}
+    said = "; ".join(f"{names.get(m, m)}: {'on' if on else 'off' if on is False else 'not known'}"
+                     for m, on in sched.items())  # fmt: skip
+    return [
+        "",
+        "vLLM's rows: a vLLM engine of its own after the timed runs, its engine core in the profiling process "
+        "(VLLM_ENABLE_V1_MULTIPROCESSING=0), at the same batch, context and prompts; the wall time of the steps, then "
+        "as many under torch.profiler. Its output processing runs between steps there, where the timed run's engine "
+        "overlaps it with the step in another process. vLLM's lm_head is a cuBLAS GEMM (GEMM column); VeXact's runs "
+        "inside its logprobs kernel (sampler/logprobs column)." + (f" Async scheduling: {said}." if said else ""),
+    ]
 
 
 def results_markdown(meta: Mapping, sections: Sequence[Mapping]) -> str:
@@ -81,8 +111,8 @@ def results_markdown(meta: Mapping, sections: Sequence[Mapping]) -> str:
     ``rows`` ({batch limit: {mode: row}}, a row being ``tok_s``, ``roofline``, ``decode_ms``, ``wall``,
     ``preemptions`` or a string saying why there are no numbers) and optional ``profiles`` ({batch limit: {mode:
     profile}}, a profile being ``batch``, ``context``, ``steps``, ``step_ms``, ``kernel_ms``, ``host_gap_ms``,
-    ``buckets`` ({bucket: ms}) and ``top_kernels`` ([(name, ms, bucket)]) as ``throughput.decode_kernels`` gives
-    them, or a string)."""
+    ``buckets`` ({bucket: ms}) and ``top_kernels`` ([(name, ms, bucket)]) as ``throughput.decode_kernels`` and
+    ``peers.decode_profile`` give them, or a string; a vLLM one may add ``async_scheduling``)."""
     names = meta.get("mode_names", {})
     lines = [
         f"# {meta.get('title', 'Engine throughput against vLLM')} ({meta['gpu']})",
@@ -114,6 +144,7 @@ def results_markdown(meta: Mapping, sections: Sequence[Mapping]) -> str:
                     "kind over as many steps of a new engine under torch.profiler (CUDA graph replays included) once "
                     "every timed run of the model is done, in ms per step (share of the step's wall time); host gap = "
                     "step wall time - kernel time (the GPU waiting on the host).",
+                    *_peer_profile_note(profiles, names),
                     "",
                     *profile_table(profiles, names),
                     "",

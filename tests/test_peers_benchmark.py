@@ -17,6 +17,7 @@ from vexact_models import QWEN3_SHAPES, tiny_qwen3_config
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import peers  # noqa: E402
+import profiling  # noqa: E402
 import throughput  # noqa: E402
 
 TINY = ["--device", "cpu", "--models", "tiny", "--layers", "2", "--num-prompts", "3", "--prompt-len", "4", "9",
@@ -24,14 +25,35 @@ TINY = ["--device", "cpu", "--models", "tiny", "--layers", "2", "--num-prompts",
         "--enforce-eager"]  # fmt: skip
 
 # a stand-in for vLLM 0.26's offline API: checks the checkpoint directory (transformers loads it in the test above)
-# and returns ignore_eos-length outputs; it records the prompts it got to compare with the engine's workload
+# and returns ignore_eos-length outputs; it records the prompts it got to compare with the engine's workload. For the
+# decode-step profile: LLM.enqueue and an llm_engine whose step() starts two waiting requests and has each running one
+# draw a token; its scheduler is reachable only where the engine core would run in-process, as in vLLM (InprocClient)
 FAKE_VLLM = textwrap.dedent("""
     import json, os, pathlib, types
     __version__ = "0.0-fake"
+    IN_PROCESS = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0"  # vLLM reads it when it builds its engine
     class SamplingParams:
         def __init__(self, **kw):
             assert kw["ignore_eos"] and kw["detokenize"] is False and kw["temperature"] == 1.0, kw
-            self.max_tokens = kw["max_tokens"]
+            self.max_tokens, self.seed = kw["max_tokens"], kw["seed"]
+    class _Request:
+        def __init__(self, max_tokens):
+            self.max_tokens, self.num_output_tokens, self.num_preemptions = max_tokens, 0, 0
+    class _Engine:
+        def __init__(self):
+            self.sched = types.SimpleNamespace(running=[], waiting=[])
+            core = types.SimpleNamespace(scheduler=self.sched)
+            self.engine_core = types.SimpleNamespace(engine_core=core) if IN_PROCESS else types.SimpleNamespace()
+            self.vllm_config = types.SimpleNamespace(scheduler_config=types.SimpleNamespace(async_scheduling=True))
+        def has_unfinished_requests(self):
+            return bool(self.sched.running or self.sched.waiting)
+        def step(self):
+            s = self.sched
+            for r in s.running:
+                r.num_output_tokens += 1
+            s.running = [r for r in s.running if r.num_output_tokens < r.max_tokens] + s.waiting[:2]
+            del s.waiting[:2]
+            return []
     class LLM:
         def __init__(self, model, skip_tokenizer_init, dtype, **kw):
             assert skip_tokenizer_init and dtype == "bfloat16"
@@ -42,11 +64,18 @@ FAKE_VLLM = textwrap.dedent("""
                     "deepseek_v3": "DeepseekV3ForCausalLM"}[cfg["model_type"]]
             assert cfg["architectures"] == [arch] and cfg["torch_dtype"] == "bfloat16", cfg
             assert (self.dir / "model.safetensors").exists()
+            self.llm_engine = _Engine()
         def generate(self, prompts, params, use_tqdm):
+            assert not IN_PROCESS, "the timed run keeps vLLM's engine core process"
             with open(self.dir / f"seen-{os.getpid()}.jsonl", "a") as f:
                 f.write(json.dumps([p["prompt_token_ids"] for p in prompts]) + "\\n")
             return [types.SimpleNamespace(outputs=[types.SimpleNamespace(token_ids=[0] * p.max_tokens)])
                     for p in params]
+        def enqueue(self, prompts, params, use_tqdm):
+            if os.environ.get("FAKE_VLLM_FAIL_BI") and os.environ["VLLM_BATCH_INVARIANT"] == "1":
+                raise RuntimeError("no queue in this build")
+            assert len(prompts) == len(params)
+            self.llm_engine.sched.waiting += [_Request(p.max_tokens) for p in params]
 """)
 
 
@@ -184,6 +213,78 @@ def test_vllm_workers_get_the_same_workload_and_their_mode(tmp_path, capsys):
     for f in seen:
         calls = [json.loads(line) for line in f.read_text().splitlines()]
         assert calls[1] == prompts  # calls[0] is the warm-up, the rest batch-1 decode
+
+
+def _fake_site(tmp_path: Path) -> Path:
+    site = tmp_path / "site"
+    (site / "vllm").mkdir(parents=True)
+    (site / "vllm" / "__init__.py").write_text(FAKE_VLLM)
+    return site
+
+
+def _profile_rows(text: str) -> dict[str, list[str]]:
+    """The profile table's rows by engine name: its cells."""
+    head = text.index("| engine | batch | context |")
+    rows = [ln for ln in text[head:].split("\n\n")[0].splitlines()[2:]]
+    return {cells[0]: cells for cells in ([c.strip() for c in ln.strip("|").split("|")] for ln in rows)}
+
+
+def test_vllm_profile_runs_in_process_at_vexacts_batch_and_context(tmp_path, capsys):
+    """--profile-steps with vLLM: after the timed runs, a worker of its own per vLLM mode (the spec's ``profile``)
+    gets VeXact's profile batch, context and prompts, steps an in-process engine core (the stand-in's scheduler is
+    reachable only with VLLM_ENABLE_V1_MULTIPROCESSING=0, and its timed generate refuses that setting) until the batch
+    decodes, and its row joins VeXact's in the results file's profile table."""
+    work, out = tmp_path / "work", tmp_path / "r.md"
+    argv = [*TINY, "--modes", "invariant,vllm", "--max-num-seqs", "2", "--profile-steps", "2", "--grpo-prompts", "0",
+            "--vllm-site", str(_fake_site(tmp_path)), "--ckpt-dir", str(work), "--results-md", str(out)]  # fmt: skip
+    assert throughput.main(argv) == 0
+    capsys.readouterr()
+    text = out.read_text()
+    rows = _profile_rows(text)
+    ours, theirs = rows["VeXact invariant"], rows["vLLM default"]
+    assert theirs[1:3] == ours[1:3] == ["2", "3"], rows  # the same batch and context
+    assert theirs[4] == "0.00", theirs  # no CUDA kernels on CPU
+    assert "vLLM's rows: a vLLM engine of its own" in text and "Async scheduling: vLLM default: on." in text
+    spec = json.loads((work / "vllm-2-profile.spec.json").read_text())
+    assert spec["profile"] == {"batch": 2, "context": 3, "steps": 2} and spec["max_num_seqs"] == 2
+    args = throughput.parse_args(argv)
+    vocab = tiny_qwen3_config().vocab_size
+    assert spec["prompts"] == throughput.profile_prompts(2, 3, vocab, args)  # VeXact's profiled prompts
+    assert spec["seeds"] == [0, 1] and spec["max_tokens"] == [11, 11]  # max_model_len 14 - context 3
+    res = json.loads((work / "vllm-2-profile.result.json").read_text())
+    assert res["fill_steps"] == 3 and res["async_scheduling"] is True and res["batch_invariant"] is False
+    assert list(res["buckets"]) == list(profiling.BUCKETS) and res["kernel_ms"] == 0.0
+    assert res["host_gap_ms"] == res["step_ms"] > 0 and theirs[3] == f"{res['step_ms']:.2f}"
+    # the timed spec has no profile, and the profile's own worker did not generate
+    assert "profile" not in json.loads((work / "vllm-2.spec.json").read_text())
+    assert len(list((work / "qwen3-tiny").glob("seen-*.jsonl"))) == 1
+
+
+def test_a_vllm_profile_that_fails_leaves_a_cell_saying_why(tmp_path, monkeypatch, capsys):
+    """One vLLM mode's profile worker raises: its cell says why, the other mode's row stands (without a VeXact
+    profile: at the batch limit and the workload's context), the timed rows are whole, and the exit status is 1 as for
+    any run that failed; --no-peer-profile starts no profile worker."""
+    monkeypatch.setenv("FAKE_VLLM_FAIL_BI", "1")
+    site, work, out = _fake_site(tmp_path), tmp_path / "work", tmp_path / "r.md"
+    argv = [*TINY, "--modes", "vllm,vllm-bi", "--max-num-seqs", "2", "--profile-steps", "2", "--grpo-prompts", "0",
+            "--vllm-site", str(site), "--ckpt-dir", str(work), "--results-md", str(out)]  # fmt: skip
+    assert throughput.main(argv) == 1
+    assert "profile of vllm-bi (2): failed (rc 1): RuntimeError: no queue in this build" in capsys.readouterr().err
+    text = out.read_text()
+    rows = _profile_rows(text)
+    assert rows["vLLM default"][1:3] == ["2", "3"], rows
+    failed = rows["vLLM VLLM_BATCH_INVARIANT=1"]
+    assert failed[1].startswith("failed (rc 1): RuntimeError: no queue in this build (log "), failed
+    assert failed[2:] == ["-"] * (4 + len(profiling.BUCKETS)), failed
+    timed = [ln for ln in text.splitlines() if ln.startswith("| vLLM") and "tok/s" not in ln]
+    assert len(timed) == 2 + 2 and all(float(ln.split("|")[2]) > 0 for ln in timed[:2]), timed
+
+    out.unlink()
+    assert throughput.main([*argv, "--no-peer-profile"]) == 0
+    assert "| engine | batch | context |" not in out.read_text()
+    spec_times = {f.name: f.stat().st_mtime_ns for f in work.glob("*-profile.spec.json")}
+    assert throughput.main([*argv, "--no-peer-profile"]) == 0
+    assert {f.name: f.stat().st_mtime_ns for f in work.glob("*-profile.spec.json")} == spec_times
 
 
 def test_moonlight_family_rows_have_peer_columns(capsys):

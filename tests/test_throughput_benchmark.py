@@ -163,6 +163,50 @@ def test_results_file_from_made_up_numbers():
     assert sum(ln.startswith("| engine | batch |") for ln in lines) == 1  # no profile at 512: no table
 
 
+def test_vllm_profile_rows_share_the_table_with_vexacts():
+    """A vLLM profile (``peers.decode_profile``'s dict, top kernels as JSON gives them back: lists) is a row of the
+    same table, with its costliest kernels and the note on how its rows were measured; a failed one is a cell saying
+    why; a table without vLLM rows has no such note."""
+    ours = dict(
+        batch=256, context=1088, steps=20, step_ms=12.0, kernel_ms=11.8, host_gap_ms=0.2,
+        buckets={"attention": 8.0, "GEMM": 2.5, "sampler/logprobs": 0.7, "norm/rotary/activation": 0.5, "other": 0.1},
+        top_kernels=[("_attn_fwd", 8.0, "attention")],
+    )  # fmt: skip
+    theirs = dict(
+        batch=256, context=1088, steps=20, step_ms=10.5, kernel_ms=9.8, host_gap_ms=0.7, fill_steps=36,
+        async_scheduling=True, version="0.24.0", batch_invariant=False,
+        buckets={"attention": 7.0, "GEMM": 2.0, "MoE": 0.0, "sampler/logprobs": 0.4, "norm/rotary/activation": 0.3,
+                 "other": 0.1},
+        top_kernels=[["void cutlass::device_kernel<flash::enable_sm90_or_later<flash::FlashAttnFwdSm90<>>>", 7.0,
+                      "attention"], ["nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT", 1.5, "GEMM"]],
+    )  # fmt: skip
+    failed = "failed (rc 1): RuntimeError: the batch changed during the measured steps (log /tmp/x.log)"
+    profiles = {"invariant": ours, "vllm": theirs, "vllm-bi": failed}
+    rows = {m: _row(10000.0) for m in profiles}
+    meta = dict(date="2026-11-28", gpu="NVIDIA H200", commit="abc1234", command="python benchmarks/throughput.py",
+                mode_names=throughput.MODE_NAMES)  # fmt: skip
+    section = dict(model="qwen3 1.7b-shaped, 28 layers", rows={256: rows}, profiles={256: profiles})
+    lines = throughput_report.results_markdown(meta, [section]).splitlines()
+    table = [[c.strip() for c in ln.strip("|").split("|")] for ln in lines if ln.startswith("| vLLM") and "(" in ln]
+    assert table[0] == ["vLLM default", "256", "1088", "10.50", "9.80", "7.00 (67%)", "2.00 (19%)", "0.00 (0%)",
+                        "0.40 (4%)", "0.30 (3%)", "0.10 (1%)", "0.70 (7%)"]  # fmt: skip
+    assert table[1] == ["vLLM VLLM_BATCH_INVARIANT=1", failed] + ["-"] * (4 + len(profiling.BUCKETS))
+    assert (
+        "- vLLM default, costliest kernels (ms per step): `flash::FlashAttnFwdSm90` 7.00 (attention); "
+        "`nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT` 1.50 (GEMM)" in lines
+    )
+    note = next(ln for ln in lines if ln.startswith("vLLM's rows:"))
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING=0" in note and "lm_head is a cuBLAS GEMM" in note
+    assert note.endswith("Async scheduling: vLLM default: on.")
+    del profiles["vllm"], profiles["vllm-bi"]
+    assert "vLLM's rows:" not in throughput_report.results_markdown(meta, [section])
+    label = throughput_report.kernel_label
+    assert label("void at::native::(anonymous namespace)::cunn_SoftMaxForward<8, float, float, float>(float*)") == (
+        "at::native::cunn_SoftMaxForward"
+    )
+    assert label("_attn_fwd") == "_attn_fwd" and label("Memcpy DtoH (Device -> Pinned)") == "Memcpy DtoH"
+
+
 def test_kernel_buckets_by_name():
     names = {
         "_attn_fwd": "attention", "_attn_combine": "attention", "_write_kv": "attention",
@@ -186,6 +230,56 @@ def test_kernel_buckets_by_name():
         "other": 10.0,
     }  # fmt: skip
     assert list(profiling.bucket_kernel_times({})) == list(profiling.BUCKETS)
+
+
+def test_vllm_kernel_names_land_in_their_kind():
+    """vLLM 0.24's decode-step kernels, named as the profiler records them (demangled, template arguments shortened):
+    FA3 (vllm-project/flash-attention hopper/), vLLM's csrc/ kernels, Inductor's fusions, the batch-invariant mode's and
+    the sampler's Triton kernels, and the V1 sampler's torch kernels (softmax, exponential draw, argmax)."""
+    names = {
+        "void cutlass::device_kernel<flash::enable_sm90_or_later<flash::FlashAttnFwdSm90<"
+        "flash::CollectiveMainloopFwdSm90<2, cute::tuple<cute::C<1>, cute::C<1>, cute::C<1> >, "
+        "cute::tuple<cute::C<128>, cute::C<176>, cute::C<128> >, "
+        "128, cutlass::bfloat16_t, float, cutlass::arch::Sm90>, flash::CollectiveEpilogueFwd<>, "
+        "flash::VarlenDynamicPersistentTileScheduler<128, 176, 256, 128, false, true> > > >(...)": "attention",
+        "void cutlass::device_kernel<flash::FlashAttnFwdCombine<cute::tuple<cute::C<8>, cute::C<128> >, 7, 256, 1, "
+        "false, true, cutlass::bfloat16_t, float, cutlass::arch::Sm90> >(...)": "attention",
+        "void flash::prepare_varlen_num_blocks_kernel<1, true>(int, int, int, int const*, int const*)": "attention",
+        "void vllm::reshape_and_cache_flash_kernel<__nv_bfloat16, __nv_bfloat16, (vllm::Fp8KVCacheDataType)0>(...)":
+            "attention",
+        "kernel_unified_attention_2d": "attention", "reduce_segments": "attention",
+        "void vllm::rms_norm_kernel<c10::BFloat16, 8, 1024>(...)": "norm/rotary/activation",
+        "void vllm::fused_add_rms_norm_kernel<c10::BFloat16, 8>(...)": "norm/rotary/activation",
+        "void vllm::rotary_embedding_kernel<c10::BFloat16, true>(...)": "norm/rotary/activation",
+        "void vllm::act_and_mul_kernel<c10::BFloat16, &vllm::silu_kernel<c10::BFloat16>, true>(...)":
+            "norm/rotary/activation",
+        "triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_0": "norm/rotary/activation",
+        "triton_poi_fused_mul_silu_slice_1": "norm/rotary/activation", "_rms_norm_kernel": "norm/rotary/activation",
+        "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT": "GEMM", "matmul_kernel_persistent": "GEMM",
+        "bmm_kernel": "GEMM",
+        "void gemv2T_kernel_val<int, int, __nv_bfloat16, __nv_bfloat16, float, 128, 16, 4, 4>(...)": "GEMM",
+        "void vllm::moe::topkGatingSoftmax<8, 128, 4, 16, int>(...)": "MoE",
+        "void vllm::moe::topkGating<8, 128, 4, 16, 32, int, __nv_bfloat16, (vllm::moe::ScoringFunc)0>(...)": "MoE",
+        "fused_moe_kernel": "MoE", "void vllm::moe::count_and_sort_expert_tokens_kernel<int>(...)": "MoE",
+        "void at::native::(anonymous namespace)::cunn_SoftMaxForward<8, float, float, float, "
+        "at::native::(anonymous namespace)::SoftMaxForwardEpilogue>(float*, float const*, int)": "sampler/logprobs",
+        "void (anonymous namespace)::softmax_warp_forward<float, float, float, 10, false, false>(...)":
+            "sampler/logprobs",
+        "void at::native::(anonymous namespace)::distribution_elementwise_grid_stride_kernel<float, 4, "
+        "at::native::templates::cuda::exponential_kernel<at::CUDAGeneratorImpl*>(at::TensorIteratorBase&, double, "
+        "at::CUDAGeneratorImpl*)::{lambda()#1}::operator()() const::{lambda()#2}::operator()() const::"
+        "{lambda(curandStatePhilox4_32_10*)#2}>(...)": "sampler/logprobs",
+        "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::ArgMaxOps<float>, "
+        "unsigned int, long, 4, 4> >(...)": "sampler/logprobs",
+        "_log_softmax_kernel": "sampler/logprobs", "_temperature_kernel": "sampler/logprobs",
+        "_gumbel_sample_kernel": "sampler/logprobs", "_topk_topp_kernel": "sampler/logprobs",
+        "_min_p_kernel": "sampler/logprobs", "_penalties_kernel": "sampler/logprobs",
+        # named for the functor only (the sampler's division by the temperature): not a kind the name tells
+        "void at::native::vectorized_elementwise_kernel<4, at::native::BinaryFunctor<float, float, float, "
+        "at::native::binary_internal::DivFunctor<float> > >(...)": "other",
+        "triton_poi_fused_embedding_0": "other",
+    }  # fmt: skip
+    assert {n: profiling.kernel_bucket(n) for n in names} == names
 
 
 def test_invariant_async_is_refused_naming_the_field_where_engine_config_lacks_it(monkeypatch, capsys):
