@@ -125,7 +125,7 @@ def test_tune_linears_groups_calls_by_shape_and_streams_enough_weights(as_if_tma
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", [256, 320, 512])
+@pytest.mark.parametrize("m", [128, 256, 320, 512])
 def test_gpu_every_timed_form_gives_the_default_bits(m):
     """Each form ``tune_linears`` may pick, at decode sizes over the Qwen3-1.7B / 8B projection shapes (and a bias):
     the default pick's output, bitwise."""

@@ -96,7 +96,7 @@ class EngineConfig:
     or an explicit ``cuda_graph_batch_sizes`` on CPU); off: one launch for the whole step.
 
     ``tune_linears`` (default on): before the first capture of each decode graph of at least
-    ``TUNE_MIN_M`` (256) rows, the engine times the invariant linear's forms at that graph's projection shapes on
+    ``LINEAR_TUNE_MIN_M`` (128) rows, the engine times the invariant linear's forms at that graph's projection shapes on
     this GPU, with the model's own weights, and the graph runs the fastest (``vexact_kernels.tune_linears``; a few
     seconds at start-up). Every form gives the same bits (a form whose output differs from the default's on this GPU
     is never picked), so the same tokens and logprobs either way; off: the default pick by shape.

@@ -304,9 +304,9 @@ class CudaGraphs:
                 self._capture_graph(key, ids, pos, meta, static, tokens, warmups)
 
     def _tune_linears(self, tokens: int, ids, pos, meta) -> None:
-        """Before a decode size's first capture (``EngineConfig.tune_linears``, at least ``TUNE_MIN_M`` rows): one
-        eager pad-only step notes its matmuls, whose forms are then timed on this GPU (``vk.tune_linears``); the
-        picks join ``linear_picks``, which the captures run under."""
+        """Before a decode size's first capture (``EngineConfig.tune_linears``, at least ``LINEAR_TUNE_MIN_M``
+        rows): one eager pad-only step notes its matmuls, whose forms are then timed on this GPU
+        (``vk.tune_linears``); the picks join ``linear_picks``, which the captures run under."""
         if not self.config.tune_linears or tokens < vk.LINEAR_TUNE_MIN_M or tokens in self._linears_tuned:
             return
         start = time.perf_counter()

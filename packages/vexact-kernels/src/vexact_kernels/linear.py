@@ -26,7 +26,7 @@ from .triton_ops import use_triton
 LINEAR_BLOCK_K = 32
 # The least rows of a matmul whose form is timed per shape (``triton_ops.matmul.TUNE_MIN_M``; below it the
 # pointer kernel's pick by shape stands).
-LINEAR_TUNE_MIN_M = 256
+LINEAR_TUNE_MIN_M = 128
 # Rows per step of the CPU reference; bounds the [rows, BLOCK_K, N] product buffer. Does not affect numerics.
 _ROW_BUDGET = 1 << 22
 

@@ -600,7 +600,7 @@ def matmul(
 # ``fused_combine`` or ``accumulate_into``) with 16-bit row-major operands TMA can read, whose
 # ``(M, N, K, dtype)`` has a pick, runs that form; every other call takes the default pick above. While a recorder is
 # active (``matmul_tuning.record_linears``), the same calls at ``M >= TUNE_MIN_M`` are noted with their weight.
-TUNE_MIN_M = TMA_MIN_M
+TUNE_MIN_M = 128  # below it the pointer kernel's small-M picks stand (CONFIGS, SPLIT_PROGRAMS_MAX_TILES)
 _active_picks: contextvars.ContextVar[dict | None] = contextvars.ContextVar("vexact_matmul_picks", default=None)
 _recorder: contextvars.ContextVar[list | None] = contextvars.ContextVar("vexact_matmul_recorder", default=None)
 
