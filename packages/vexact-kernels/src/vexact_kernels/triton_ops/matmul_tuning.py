@@ -35,7 +35,16 @@ log = logging.getLogger(__name__)
 
 # The forms timed (name: ``matmul`` keywords). 5-value configs: the persistent TMA kernel, or with
 # ``split_programs=True`` a program per output tile and K split read through TMA; 4 values: the pointer kernel.
+# The deeper pipelines (``s8``: 8 stages of 64-deep K tiles in flight, ``s6``, ``s5``) are what decode sizes need: at
+# M = 128-256 a GPU holds about one tile per SM, and only a deep pipeline keeps its weight stream busy. On an H200,
+# cold weights (benchmarks/results/tune-decode-gemm-h200.txt): Qwen3-1.7B down_proj at M = 256 took 0.44 of
+# cuBLAS's speed with the default pick and 0.72 with ``t64x64s8``; 8B o_proj 0.72 -> 1.00 with ``t64x128s8``.
 TUNE_FORMS: dict[str, dict] = {
+    "t64x64s8": dict(config=(64, 64, 4, 8, False)),
+    "t64x128s8": dict(config=(64, 128, 4, 8, False)),
+    "t128x64s8": dict(config=(128, 64, 4, 8, False)),
+    "t128x128s6": dict(config=(128, 128, 8, 6, False)),
+    "t64x256s5": dict(config=(64, 256, 4, 5, False)),
     "t64x64": dict(config=(64, 64, 4, 4, False)),
     "t64x128": dict(config=mm.TMA_CONFIG_NARROW),
     "t128x128ws": dict(config=mm.TMA_CONFIG_MID),
