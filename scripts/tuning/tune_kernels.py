@@ -10,6 +10,8 @@ agree:    every matmul variant (pointer tiles, one program per K split + combine
 small:    M <= 64 tile / split choices vs cuBLAS (CUDA-graph timing, like benchmarks/kernels.py).
 large:    M >= 1024 tile choices vs cuBLAS.
 mid:      M = 256 .. 4096 over the grouped projections (q/k/v, gate/up as one matmul), every tile form.
+decode:   M = 128 and 256 over the grouped projections with cold weights, the TMA tiles at every pipeline depth (what
+          ``matmul_tuning.TUNE_FORMS`` holds).
 logprobs: fused logprobs forward at small T for each LOGPROBS_SPLIT_TILES (a numerics constant: the sweep picks it
           once, then it is fixed), and the fused forward+backward vs torch at one training shape.
 wgrad:    the MoE backward's grouped dW tiles (``moe.WGRAD_CONFIG``: BLOCK_N, BLOCK_K, warps, stages; speed only, the
@@ -207,6 +209,49 @@ def cold() -> None:
         print(f"  {c:10s} geomean {geo:.3f} min {min(rs):.2f}")
 
 
+# ``decode``: the forms of the decode sweep (pipeline depth at M = 128-256), by name: (BLOCK_M, BLOCK_N, warps, stages)
+DECODE_TILES = (
+    (64, 64, 4, 4), (64, 64, 4, 6), (64, 64, 4, 8), (64, 64, 4, 10), (64, 64, 4, 12), (64, 64, 4, 14),
+    (64, 128, 4, 4), (64, 128, 4, 6), (64, 128, 4, 8), (64, 128, 4, 10), (64, 128, 8, 8),
+    (128, 64, 4, 6), (128, 64, 4, 8), (128, 64, 4, 10), (128, 64, 8, 8),
+    (128, 128, 8, 4), (128, 128, 8, 5), (128, 128, 8, 6), (128, 128, 8, 7), (64, 256, 4, 4), (64, 256, 4, 5),
+)  # fmt: skip
+
+
+def decode() -> None:
+    """M = 128 and 256 (decode steps, whole or as two-stream halves) over the grouped projections, weights streamed
+    from HBM (copies rotated past 160 MiB), each form against cuBLAS: the persistent TMA tiles at every pipeline depth
+    of DECODE_TILES, two TMA split forms, the default pick; the best seven per row, ``!`` where a form's output is not
+    the default's (``torch.equal``). ``matmul_tuning.TUNE_FORMS`` holds what won here."""
+    from vexact_kernels.triton_ops.matmul_tuning import _graph_ms
+
+    cands = {f"t{bm}x{bn}w{w}s{st}": dict(config=(bm, bn, w, st, False)) for bm, bn, w, st in DECODE_TILES}
+    cands["t128x128wss6"] = dict(config=(128, 128, 8, 6, True))
+    for bn in (64, 128):
+        cands[f"ts64x{bn}s8"] = dict(config=(64, bn, 4, 8, False), split_programs=True)
+    cands["default"] = {}
+    print("\ndecode M, cold weights: ratio cuBLAS_time / invariant_time, best seven")
+    for name, n, k in GROUPED_SHAPES:
+        copies = max(1, -(-160 * 2**20 // (n * k * 2)))
+        ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
+        for m in (128, 256):
+            a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            ref = mm.matmul(a, ws[0])
+            t_ref = _graph_ms(lambda a=a, ws=ws: [torch.nn.functional.linear(a, w) for w in ws], 5) / copies
+            row = []
+            for c, kw in cands.items():
+                try:
+                    same = torch.equal(mm.matmul(a, ws[0], **kw), ref)
+                    t = _graph_ms(lambda a=a, kw=kw, ws=ws: [mm.matmul(a, w, **kw) for w in ws], 5) / copies
+                    row.append((t_ref / t, c, same))
+                except Exception as e:  # noqa: BLE001 - a form that does not compile is reported, not fatal
+                    row.append((0.0, f"{c}:{type(e).__name__}", False))
+            default = next(r for r, c, _ in row if c == "default")
+            row.sort(reverse=True)
+            best = " ".join(f"{c}={r:.2f}{'' if same else '!'}" for r, c, same in row[:7])
+            print(f"{name:14s} M={m:3d} cuBLAS {t_ref * 1e3:6.1f} us | {best} | default={default:.2f}", flush=True)
+
+
 def logprobs() -> None:
     h, v = 2048, 151936
     head = torch.randn(v, h, device="cuda", dtype=torch.bfloat16) * 0.02
@@ -299,7 +344,7 @@ def main() -> None:
     print(torch.cuda.get_device_name(), torch.__version__, triton.__version__)
     for part in args.parts.split(","):
         parts = {"agree": agree, "small": small, "large": large, "mid": mid, "logprobs": logprobs, "cold": cold,
-                 "wgrad": wgrad}  # fmt: skip
+                 "wgrad": wgrad, "decode": decode}  # fmt: skip
         parts[part]()
 
 
