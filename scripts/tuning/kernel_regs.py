@@ -200,8 +200,15 @@ def scenarios(arch: int):
         yield "linear", f"qkv M={m}", linear(m, (HQ + 2 * HKV) * D, H)
         yield "linear", f"gate_up M={m}", linear(m, 2 * INTER, H)
         yield "linear", f"down M={m}", linear(m, H, INTER)
-    yield "linear", "down M=256, TMA split programs 64x64", lambda: mm.matmul(
-        torch.empty(256, INTER, **bf), torch.empty(H, INTER, **bf), config=(64, 64, 4, 4, False), split_programs=True
+    yield (
+        "linear",
+        "down M=256, TMA split programs 64x64",
+        lambda: mm.matmul(
+            torch.empty(256, INTER, **bf),
+            torch.empty(H, INTER, **bf),
+            config=(64, 64, 4, 4, False),
+            split_programs=True,
+        ),
     )
     yield "attention", "decode batch 1 ctx 4096", paged(1, 4096, 1)
     yield "attention", "decode batch 256 ctx 512", paged(256, 512, 1)
