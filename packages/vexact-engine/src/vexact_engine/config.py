@@ -95,19 +95,22 @@ class EngineConfig:
     through the prompt path (64-row attention tiles, the eager draw). Only where decode steps run padded (CUDA graphs,
     or an explicit ``cuda_graph_batch_sizes`` on CPU); off: one launch for the whole step.
 
-    ``tune_linears`` (default on): before the first capture of each decode graph of at least
-    ``LINEAR_TUNE_MIN_M`` (128) rows, the engine times the invariant linear's forms at that graph's projection shapes on
-    this GPU, with the model's own weights, and the graph runs the fastest (``vexact_kernels.tune_linears``; a few
-    seconds at start-up). Every form gives the same bits (a form whose output differs from the default's on this GPU
-    is never picked), so the same tokens and logprobs either way; off: the default pick by shape.
+    ``tune_linears`` (default on): before the first capture of each decode graph of at least ``LINEAR_TUNE_MIN_M`` (128)
+    rows, the engine times the invariant linear's forms at that graph's projection shapes on this GPU, with the
+    model's own weights, and the graph runs the fastest (``vexact_kernels.tune_linears``; 4-16 s at start-up on an
+    H200 for the Qwen3-1.7B / 8B shapes; their decode-only step 3.8% / 5.2% shorter,
+    ``benchmarks/results/throughput-rl-h200.md``). Every form gives the same bits (a form whose output differs from
+    the default's on this GPU is never picked), so the same tokens and logprobs either way; off: the default pick by
+    shape.
 
-    ``decode_streams`` (1 or 2, default 1): with 2, each decode graph of at least ``DECODE_STREAMS_MIN_ROWS`` (128)
-    rows runs its forward as two forwards of half the rows on two CUDA streams, forked and joined inside the graph,
-    so that one half's paged attention (bound by memory) can overlap the other half's projections (bound by the
-    tensor cores at these sizes). Every kernel is row-invariant, so the same tokens and logprobs either way
-    (``benchmarks/nano_overlap.py`` times the forms). Eager padded steps (CPU, or graphs off) run the two halves
-    one after the other. Not in an ``ExpertParallelLLM`` or a ``PipelineLLM`` (one stream: their collectives run
-    in lockstep).
+    ``decode_streams`` (1 or 2, default 1): with 2, each decode graph of at least ``DECODE_STREAMS_MIN_ROWS`` (128) rows
+    runs its forward as two forwards of half the rows on two CUDA streams, forked and joined inside the graph, so
+    that one half's paged attention (bound by memory) can overlap the other half's projections (bound by the tensor
+    cores at these sizes). Every kernel is row-invariant, so the same tokens and logprobs either way
+    (``benchmarks/nano_overlap.py`` times the forms). Each half runs its projections at half the rows: on an H200
+    +0.7-2.6% tok/s for the Qwen3-1.7B shape, -9% for 8B (``benchmarks/results/decode-streams-h200.md``). Eager
+    padded steps (CPU, or graphs off) run the two halves one after the other. Not in an ``ExpertParallelLLM`` or a
+    ``PipelineLLM`` (one stream: their collectives run in lockstep).
     """
 
     max_num_seqs: int = 64
