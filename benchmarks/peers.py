@@ -171,8 +171,10 @@ def run_vllm(
     batch1: bool,
     parallel: dict | None = None,
     profile: dict | None = None,
+    round_tag: str = "",
 ) -> dict | str:
-    """One vLLM engine in a subprocess; returns its results, or a short reason why there are none. ``parallel``:
+    """One vLLM engine in a subprocess; returns its results, or a short reason why there are none. ``round_tag``:
+    appended to the worker's file names (``throughput.py --rounds``: one set of files a round). ``parallel``:
     more ``vllm.LLM`` settings for several GPUs (``tensor_parallel_size``, ``enable_expert_parallel``). ``profile``:
     ``{"batch": B, "context": C, "steps": S}``, where the decode step goes (:func:`decode_profile`) in place of the
     timed run; ``prompts``, ``max_tokens`` and ``seeds`` are then the profiled batch's requests."""
@@ -187,7 +189,7 @@ def run_vllm(
     if profile:
         spec["profile"] = profile
     tag = f"{mode}-{batch_limit}" + ("".join(f"-{k}{v}" for k, v in sorted((parallel or {}).items())))
-    tag += "-profile" if profile else ""
+    tag += ("-profile" if profile else "") + (f"-{round_tag}" if round_tag else "")
     spec_path, out_path, log_path = (workdir / f"{tag}.{ext}" for ext in ("spec.json", "result.json", "log"))
     spec_path.write_text(json.dumps(spec))
     with open(log_path, "w") as log:

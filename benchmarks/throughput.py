@@ -44,6 +44,9 @@ torch.profiler by kind (attention, GEMM, MoE, sampler/logprobs, norm/rotary/acti
 results file; then the same row for each vLLM mode that ran, at the batch, context and prompts of VeXact's profile at
 that limit, from a vLLM engine in a subprocess of its own (``peers.decode_profile``; ``--no-peer-profile`` leaves it
 out). A VeXact run that raises leaves its cells saying so, the other runs go on, and the exit status is 1.
+``--rounds N``: the whole sequence of runs N times over, each a new engine and each vLLM run a new process; a row's
+tok/s is its median round's, with the rounds' range (vLLM's own tok/s moved by up to 10% between runs of the same
+workload on an H200, ``benchmarks/results/throughput-rl-h200.md``).
 
 Workload: ``--num-prompts`` random prompts of ``--prompt-len LO HI`` tokens, each generating a length drawn from
 ``--gen-len LO HI`` (ignore_eos, so lengths are exact), at each ``--max-num-seqs``. HF generate runs one left-padded
@@ -582,11 +585,34 @@ def print_free_memory(mode: str, limit: int) -> None:
         print(f"starting {mode} at batch limit {limit}: {free / GIB:.1f} of {total / GIB:.1f} GiB free", flush=True)
 
 
-def run_engine(model, shape: str, mode: str, limit: int, prompts, params, args, keep_outputs: bool = False) -> dict:
+def run_engine(
+    model, shape: str, mode: str, limit: int, prompts, params, args, keep_outputs: bool = False, profile: bool = True
+) -> dict:
+    """One VeXact engine's timed run (``profile``: then its decode steps' wall time for ``--profile-steps``)."""
     print_free_memory(mode, limit)
     if mode == "invariant-fa4":
         return in_fa4_process("throughput", shape, args, limit, prompts, params)
-    return engine_throughput(model, mode, limit, prompts, params, args, keep_outputs, profile=args.profile_steps)
+    steps = args.profile_steps if profile else 0
+    return engine_throughput(model, mode, limit, prompts, params, args, keep_outputs, profile=steps)
+
+
+def median_round(rounds: list) -> dict | str:
+    """One (batch limit, mode)'s result over ``--rounds``: the round of median tok/s (the lower middle of an even
+    count), with ``tok_s_range`` (the least and most tok/s of the rounds) and ``rounds`` (how many gave numbers), the
+    other rounds' profile and outputs dropped; a single round as it is; the first failure where no round gave
+    numbers."""
+    ok = [r for r in rounds if isinstance(r, dict)]
+    if len(rounds) == 1 or not ok:
+        return rounds[0] if len(rounds) == 1 or not rounds else next(r for r in rounds if not isinstance(r, dict))
+    ranked = sorted(ok, key=lambda r: r["tok_s"])
+    mid = dict(ranked[(len(ranked) - 1) // 2])
+    last = ok[-1]  # the profile's wall time and the kept outputs come from the last round
+    for key in ("decode_wall", "outputs"):
+        if key in last:
+            mid[key] = last[key]
+    mid["tok_s_range"] = (ranked[0]["tok_s"], ranked[-1]["tok_s"])
+    mid["rounds"] = len(ok)
+    return mid
 
 
 def decode_step(model, shape: str, mode: str, args) -> float:
@@ -652,38 +678,51 @@ def peer_section(
     step_s: dict[str, float | str] = {}
     # vLLM first: its start refuses to run when less than gpu_memory_utilization of the GPU is free, and on an
     # 80 GB H100 what this process had held for VeXact's engines left it 9 GiB (the first H100 peer table's failure)
-    runs = [(limit, m) for m in modes if m in PEER_MODES for limit in batch_limits]
-    runs += [(limit, m) for limit in batch_limits for m in modes if m in ENGINE_MODES]
+    one_round = [(limit, m) for m in modes if m in PEER_MODES for limit in batch_limits]
+    one_round += [(limit, m) for limit in batch_limits for m in modes if m in ENGINE_MODES]
+    # --rounds: the whole sequence again, each run a new engine (a new vLLM process), so that a slow or fast process
+    # shows as a spread instead of a ratio
+    rounds = max(1, args.rounds)
+    runs = [(r, limit, m) for r in range(rounds) for limit, m in one_round]
+    per_round: dict[tuple[int, str], list] = {}
     # the model's weights wait on the host while vLLM runs: a full-depth MoE (Qwen3-30B-A3B: 57 GiB of bf16) held
     # here would leave vLLM less than gpu_memory_utilization of the GPU
-    offloaded = bool(vllm_runs) and DEV.type == "cuda"
-    if offloaded:
-        model.to("cpu")
-        free_memory()
+    offload = bool(vllm_runs) and DEV.type == "cuda"
+    on_host = False
     # with both, the draw in the graph is checked against the eager draw: the same tokens and logprobs
     ab = {"invariant", "invariant-draw"} <= set(modes)
-    for limit, mode in runs:
+    for rnd, limit, mode in runs:
+        last = rnd == rounds - 1
+        if rounds > 1:
+            print(f"round {rnd + 1} of {rounds}: {mode} at batch limit {limit}", flush=True)
         if mode in ENGINE_MODES:
-            if offloaded:
+            if on_host:
                 model.to(DEV)
-                offloaded = False
-            keep = ab and mode in ("invariant", "invariant-draw")
+                on_host = False
+            keep = ab and last and mode in ("invariant", "invariant-draw")
             try:
-                results[(limit, mode)] = run_engine(model, shape, mode, limit, prompts, params, args, keep)
+                r = run_engine(model, shape, mode, limit, prompts, params, args, keep, profile=last)
             except Exception as e:
-                results[(limit, mode)] = failed(e)
+                r = failed(e)
+            per_round.setdefault((limit, mode), []).append(r)
             free_memory()
             continue
         if not vllm_ver:
-            results[(limit, mode)] = peers.NOT_INSTALLED
+            per_round.setdefault((limit, mode), []).append(peers.NOT_INSTALLED)
             continue
-        batch1 = limit == batch_limits[0]  # time batch-1 decode in the first engine of each vLLM mode
+        if offload and not on_host:
+            model.to("cpu")
+            on_host = True
+            free_memory()
+        batch1 = limit == batch_limits[0] and rnd == 0  # batch-1 decode: the first engine of each vLLM mode
         print_free_memory(mode, limit)
-        r = peers.run_vllm(mode, ckpt, prompts, max_tokens, seeds, limit, args, workdir, batch1)
-        results[(limit, mode)] = r
+        r = peers.run_vllm(mode, ckpt, prompts, max_tokens, seeds, limit, args, workdir, batch1,
+                           round_tag=f"round{rnd + 1}" if rounds > 1 else "")  # fmt: skip
+        per_round.setdefault((limit, mode), []).append(r)
         if batch1:
             step_s[mode] = r.get("step_s", "-") if isinstance(r, dict) else r
-    if offloaded:  # no VeXact engine ran: back for HF generate, the batch-1 steps and the GRPO rows
+    results.update({key: median_round(rs) for key, rs in per_round.items()})
+    if on_host:  # the last run was vLLM's: back for HF generate, the batch-1 steps and the GRPO rows
         model.to(DEV)
     hf = hf_throughput(model, prompts, args) if "hf" in modes else None
 
@@ -707,7 +746,7 @@ def peer_section(
                 lines.append(f"| {limit} | {MODE_NAMES[mode]} | {r} | - | - | - | - |")
                 continue
             ratio = f"{r['tok_s'] / ref['tok_s']:.2f}" if isinstance(ref, dict) and mode != "fast" else "-"
-            lines.append(f"| {limit} | {MODE_NAMES[mode]} | {r['tok_s']:.0f} | {ratio} | {fraction(r, limit):.2f} "
+            lines.append(f"| {limit} | {MODE_NAMES[mode]} | {tok_s_cell(r)} | {ratio} | {fraction(r, limit):.2f} "
                          f"| {r['wall']:.1f} | {r['tokens']} |")  # fmt: skip
     if hf:
         n = hf["gen_len"]
@@ -817,11 +856,19 @@ def peer_section(
     return lines
 
 
+def tok_s_cell(r: dict) -> str:
+    """A run's tok/s for a table: with ``--rounds``, the median round's and the rounds' range."""
+    lo_hi = r.get("tok_s_range")
+    return f"{r['tok_s']:.0f}" + (f" ({lo_hi[0]:.0f}-{lo_hi[1]:.0f})" if lo_hi else "")
+
+
 def report_row(r: dict | str, mode: str, fraction, limit: int) -> dict | str:
     """One row of the results file (``throughput_report``) from a run's results, or the reason it has none."""
     if not isinstance(r, dict):
         return r
     row = dict(tok_s=r["tok_s"], roofline=fraction(r, limit), wall=r["wall"], preemptions=r.get("preemptions", "-"))
+    if r.get("tok_s_range"):
+        row["tok_s_range"] = tuple(r["tok_s_range"])
     if "steps" in r:
         n, t = r["steps"]["decode"]
         row["decode_ms"] = t / n * 1e3 if n else None
@@ -865,6 +912,11 @@ def arg_parser() -> argparse.ArgumentParser:
     ap.add_argument("--grpo-only", action="store_true", help="only the GRPO-shaped row")
     ap.add_argument("--hf-static-cache", action="store_true", help="HF generate with a static cache (compiled)")
     ap.add_argument("--decode-steps", type=int, default=64, help="decode steps timed at batch 1")
+    ap.add_argument(
+        "--rounds", type=int, default=1,
+        help="run every engine and vLLM mode this many times, in turn (each a new engine, vLLM a new process); each "
+        "row reports the median round's tok/s and the rounds' range, ratios divide medians",
+    )  # fmt: skip
     ap.add_argument("--enforce-eager", action="store_true", help="engines without CUDA graphs")
     ap.add_argument(
         "--block-size",
@@ -965,6 +1017,12 @@ def results_meta(args, argv, gpu: str, vllm_ver: str | None, bw: float, batch_li
             "--profile-steps with several models: a later model's timed runs follow an earlier one's torch.profiler "
             "runs in this process (CUPTI left set up); one model a run keeps them apart"
         )
+    if args.rounds > 1:
+        notes.append(
+            f"{args.rounds} rounds: every mode ran {args.rounds} times in turn, each a new engine (vLLM a new "
+            "process); a row's tok/s is its median round's, with the rounds' least and most in brackets; ratios "
+            "divide medians"
+        )
     notes.append(
         f"torch {torch.__version__}, vLLM {vllm_ver or peers.NOT_INSTALLED}; VeXact's attention: "
         f"`{vk.get_attention_impl()}`; device-to-device copy bandwidth (read + write) {bw / 1e9:.0f} GB/s"
@@ -997,6 +1055,8 @@ def main(argv=None) -> int:
         ap.error(f"--modes: unknown {bad}; allowed: {','.join(MODE_NAMES)}")
     if args.profile_steps < 0:
         ap.error(f"--profile-steps: decode steps to profile must be >= 0, got {args.profile_steps}")
+    if args.rounds < 1:
+        ap.error(f"--rounds: runs of each mode must be >= 1, got {args.rounds}")
     for mode in modes:
         try:
             engine_settings(mode)

@@ -38,8 +38,10 @@ def results_table(rows: Mapping[str, Mapping | str], names: Mapping[str, str]) -
             lines.append(f"| {name} | {row} | - | - | - | - | - | - |")
             continue
         ratios = " | ".join("-" if row.get("baseline") else _ratio(row, ref) for ref in refs)
+        spread = row.get("tok_s_range")
+        tok_s = f"{row['tok_s']:.0f}" + (f" ({spread[0]:.0f}-{spread[1]:.0f})" if spread else "")
         lines.append(
-            f"| {name} | {row['tok_s']:.0f} | {ratios} | {_num(row.get('roofline'), '.2f')} | "
+            f"| {name} | {tok_s} | {ratios} | {_num(row.get('roofline'), '.2f')} | "
             f"{_num(row.get('decode_ms'), '.2f')} | {_num(row.get('wall'), '.1f')} | {row.get('preemptions', '-')} |"
         )
     return lines
@@ -108,11 +110,12 @@ def results_markdown(meta: Mapping, sections: Sequence[Mapping]) -> str:
 
     ``meta``: ``date``, ``gpu``, ``commit``, ``command`` (strings), optional ``workload`` (a sentence), ``notes``
     (lines), ``mode_names`` (mode -> name in the tables). ``sections``: one per model, each ``model`` (heading),
-    ``rows`` ({batch limit: {mode: row}}, a row being ``tok_s``, ``roofline``, ``decode_ms``, ``wall``,
-    ``preemptions`` or a string saying why there are no numbers) and optional ``profiles`` ({batch limit: {mode:
-    profile}}, a profile being ``batch``, ``context``, ``steps``, ``step_ms``, ``kernel_ms``, ``host_gap_ms``,
-    ``buckets`` ({bucket: ms}) and ``top_kernels`` ([(name, ms, bucket)]) as ``throughput.decode_kernels`` and
-    ``peers.decode_profile`` give them, or a string; a vLLM one may add ``async_scheduling``)."""
+    ``rows`` ({batch limit: {mode: row}}, a row being ``tok_s`` (optional ``tok_s_range``: the least and most over
+    ``--rounds``), ``roofline``, ``decode_ms``, ``wall``, ``preemptions`` or a string saying why there are no
+    numbers) and optional ``profiles`` ({batch limit: {mode: profile}}, a profile being ``batch``, ``context``,
+    ``steps``, ``step_ms``, ``kernel_ms``, ``host_gap_ms``, ``buckets`` ({bucket: ms}) and ``top_kernels`` ([(name,
+    ms, bucket)]) as ``throughput.decode_kernels`` and ``peers.decode_profile`` give them, or a string; a vLLM one
+    may add ``async_scheduling``)."""
     names = meta.get("mode_names", {})
     lines = [
         f"# {meta.get('title', 'Engine throughput against vLLM')} ({meta['gpu']})",

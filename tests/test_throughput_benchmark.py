@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import pickle
+import re
 import subprocess
 import sys
 import types
@@ -365,3 +366,39 @@ def test_linear_picks_lists_every_timed_shape(capsys):
     assert "linear M=256 N=2048 K=2048: ts64x64 (us per matmul: ts64x64 15.0, default 20.0)" in out
     assert "other bits: ['s64x64']" in out
     assert throughput.linear_picks(types.SimpleNamespace()) == {}
+
+
+def test_median_round_keeps_the_middle_run_and_the_spread():
+    rows = [dict(tok_s=t, wall=1.0 / t, decode_wall=f"w{t}") for t in (30.0, 10.0, 20.0)]
+    mid = throughput.median_round(rows)
+    assert mid["tok_s"] == 20.0 and mid["tok_s_range"] == (10.0, 30.0) and mid["rounds"] == 3
+    assert mid["decode_wall"] == "w20.0"  # the last round's profile timing
+    assert throughput.median_round(rows[:2])["tok_s"] == 10.0  # the lower middle of an even count
+    assert throughput.median_round(["failed: X", rows[0]])["tok_s_range"] == (30.0, 30.0)
+    assert throughput.median_round(["failed: X", "failed: Y"]) == "failed: X"
+    assert throughput.median_round([rows[1]]) is rows[1]
+    assert throughput.tok_s_cell(mid) == "20 (10-30)" and throughput.tok_s_cell(rows[0]) == "30"
+
+
+def test_rounds_run_every_mode_again_and_report_the_spread(monkeypatch, tmp_path, capsys):
+    """--rounds 2 on the tiny model: two timed engines, one profile (the last round's), the spread in the results."""
+    made = []
+    real = throughput.engine_throughput
+
+    def counting(model, mode, limit, prompts, params, args, keep=False, profile=0, **kw):
+        made.append(profile)
+        return real(model, mode, limit, prompts, params, args, keep, profile=profile, **kw)
+
+    monkeypatch.setattr(throughput, "engine_throughput", counting)
+    out = tmp_path / "r.md"
+    argv = [*TINY, "--modes", "invariant", "--grpo-prompts", "0", "--rounds", "2", "--profile-steps", "1",
+            "--results-md", str(out)]  # fmt: skip
+    assert throughput.main(argv) == 0
+    assert made == [0, 1], made  # round 1 without the profile's timing, round 2 with it
+    text = out.read_text()
+    assert "2 rounds: every mode ran 2 times in turn" in text
+    row = next(ln for ln in text.splitlines() if ln.startswith("| VeXact invariant |"))
+    assert re.search(r"\| \d+ \(\d+-\d+\) \|", row), row
+    assert "round 2 of 2: invariant at batch limit 2" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        throughput.main([*TINY, "--rounds", "0"])
