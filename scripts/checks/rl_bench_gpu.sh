@@ -99,8 +99,13 @@ sys.exit(0 if 'async_decode' in {f.name for f in dataclasses.fields(EngineConfig
 fi
 [ ${#prompts[@]} -gt 0 ] && notes+=(--note "RL_NUM_PROMPTS=$RL_NUM_PROMPTS: the $WORKLOAD workload with \
 $RL_NUM_PROMPTS prompts, so that one model's run stays near 15 minutes on an H100")
-notes+=(--note "run by scripts/checks/rl_bench_gpu.sh on GPU $CUDA_VISIBLE_DEVICES of the host; other GPUs of the \
-host may run another benchmark at the same time")
+host_gpus=$(nvidia-smi -L 2> /dev/null | grep -c '^GPU')
+if [ "${host_gpus:-0}" -gt 1 ]; then
+  notes+=(--note "run by scripts/checks/rl_bench_gpu.sh on GPU $CUDA_VISIBLE_DEVICES of a $host_gpus-GPU host; the \
+host's other GPUs may run another benchmark at the same time")
+else
+  notes+=(--note "run by scripts/checks/rl_bench_gpu.sh on a one-GPU machine")
+fi
 
 base=$RESULTS/throughput-$WORKLOAD-$GPU-$MODEL
 ckpt=${RL_CKPT_DIR:-/tmp/rl-bench-peers}/$MODEL
