@@ -112,6 +112,7 @@ def test_tune_shape_picks_only_a_clearly_faster_form_with_the_default_bits(as_if
 
 def test_tune_linears_groups_calls_by_shape_and_streams_enough_weights(as_if_tma, monkeypatch):
     _, mt = _mods()
+    monkeypatch.setattr(mt, "_TIMED", {})
     seen = {}
     monkeypatch.setattr(mt, "tune_shape", lambda m, ws, forms: seen.setdefault(m, ws) and dict(ms={}, differ=[],
                         pick="t64x64" if m == 8 else None))  # fmt: skip
@@ -170,3 +171,19 @@ def test_gpu_tuned_picks_in_a_graph_keep_the_bits():
         graph.replay()
         torch.cuda.synchronize()
         assert all(torch.equal(o, r) for o, r in zip(outs, ref, strict=True))
+
+
+def test_a_shape_timed_once_in_a_process_is_not_timed_again(as_if_tma, monkeypatch):
+    _, mt = _mods()
+    monkeypatch.setattr(mt, "_TIMED", {})
+    timed = []
+    monkeypatch.setattr(mt, "tune_shape", lambda m, ws, forms: timed.append(m) or dict(ms={}, differ=[], pick="t64x64"))
+    w = torch.zeros(16, 32, dtype=torch.bfloat16)
+    first = vk.tune_linears([(8, 16, 32, torch.bfloat16, w)])
+    again = vk.tune_linears([(8, 16, 32, torch.bfloat16, torch.ones(16, 32, dtype=torch.bfloat16)),
+                             (12, 16, 32, torch.bfloat16, w)])  # fmt: skip
+    assert timed == [8, 12]  # M = 8 timed once; M = 12 is new
+    assert first[0] == {(8, 16, 32, torch.bfloat16): mt.TUNE_FORMS["t64x64"]}
+    assert again[0][(8, 16, 32, torch.bfloat16)] == mt.TUNE_FORMS["t64x64"] and len(again[1]) == 2
+    mt.tune_linears([(8, 16, 32, torch.bfloat16, w)], forms={"t64x64": mt.TUNE_FORMS["t64x64"]})
+    assert timed == [8, 12, 8]  # other forms: timed again

@@ -63,6 +63,10 @@ TUNE_REPLAYS = 5
 # of an H100 / H200, so the weights stream from memory as in a step), at least one. More adds time and memory (each
 # form's outputs and K-split partials, per weight, live until its timing ends), not information.
 TUNE_STREAM_BYTES = 128 << 20
+# Results of :func:`tune_shape` this process has, by (device, M, N, K, dtype, form names): a second engine of the same
+# shapes (a benchmark's next mode, a test's next engine) reuses them instead of timing again (speed only: any weights
+# of a shape take the same time).
+_TIMED: dict[tuple, dict] = {}
 
 
 @contextlib.contextmanager
@@ -135,16 +139,22 @@ def tune_linears(calls: list, forms: dict[str, dict] | None = None) -> tuple[dic
     """``(picks, report)`` from the calls :func:`record_linears` noted: for each ``(M, N, K, dtype)`` among them,
     :func:`tune_shape` over its distinct weights (the first that hold :data:`TUNE_STREAM_BYTES`); ``picks`` maps
     the shapes whose pick is not the default to their ``matmul`` keywords (:func:`linear_picks` takes it),
-    ``report`` every shape to its :func:`tune_shape` result."""
+    ``report`` every shape to its :func:`tune_shape` result. A shape this process timed before on the same device
+    with the same forms is not timed again (:data:`_TIMED`)."""
     forms = TUNE_FORMS if forms is None else forms
     by_shape: dict[tuple, dict[int, torch.Tensor]] = {}
     for m, n, k, dtype, w in calls:
         ws = by_shape.setdefault((m, n, k, dtype), {})
         if sum(t.numel() * t.element_size() for t in ws.values()) < TUNE_STREAM_BYTES:
             ws.setdefault(w.data_ptr(), w)
-    picks, report = {}, {}
+    picks, report, timed = {}, {}, False
     for key, ws in by_shape.items():
-        res = tune_shape(key[0], list(ws.values()), forms)
+        first = next(iter(ws.values()))
+        seen = (first.device, *key, tuple(sorted(forms)))
+        res = _TIMED.get(seen)
+        if res is None:  # a shape this process has not timed on this device with these forms
+            res = _TIMED[seen] = tune_shape(key[0], list(ws.values()), forms)
+            timed = True
         report[key] = res
         if res["differ"]:
             log.warning(
@@ -153,6 +163,6 @@ def tune_linears(calls: list, forms: dict[str, dict] | None = None) -> tuple[dic
             )  # fmt: skip
         if res["pick"] is not None:
             picks[key] = dict(forms[res["pick"]])
-    if by_shape:
+    if timed:
         torch.cuda.empty_cache()  # the timing graphs' outputs and partials: back to the device for the caller's pool
     return picks, report
