@@ -12,6 +12,8 @@ large:    M >= 1024 tile choices vs cuBLAS.
 mid:      M = 256 .. 4096 over the grouped projections (q/k/v, gate/up as one matmul), every tile form.
 decode:   M = 128 and 256 over the grouped projections with cold weights, the TMA tiles at every pipeline depth (what
           ``matmul_tuning.TUNE_FORMS`` holds).
+draw:     the fused draw (lm_head + logprobs + Gumbel-max) at T = 64-512, its split kernel's stages and warps varied,
+          each setting's tokens and logprobs against the default's.
 logprobs: fused logprobs forward at small T for each LOGPROBS_SPLIT_TILES (a numerics constant: the sweep picks it
           once, then it is fixed), and the fused forward+backward vs torch at one training shape.
 wgrad:    the MoE backward's grouped dW tiles (``moe.WGRAD_CONFIG``: BLOCK_N, BLOCK_K, warps, stages; speed only, the
@@ -252,6 +254,48 @@ def decode() -> None:
             print(f"{name:14s} M={m:3d} cuBLAS {t_ref * 1e3:6.1f} us | {best} | default={default:.2f}", flush=True)
 
 
+def draw() -> None:
+    """The fused draw (lm_head, logprobs and Gumbel-max in one pass: ``sample.triton_sample_logprobs``) at decode sizes
+    with the pipeline depth and warps of its split kernel varied (``LOGPROBS_NUM_STAGES``, ``LOGPROBS_NUM_WARPS``),
+    against the default and against cuBLAS's lm_head GEMM alone; ``!`` where a setting's tokens or logprobs are not
+    the default's (``torch.equal``). At M = 128-256 the linear's tiles gained 20-40% from 4 to 8 stages
+    (``--parts decode``); the split kernel runs 3. A setting whose bits equal the default's can become the default
+    (speed only); one whose bits differ is a numerics change."""
+    from vexact_kernels.triton_ops import sample as spk
+    from vexact_kernels.triton_ops.matmul_tuning import _graph_ms
+
+    v = 151936
+    stages0, warps0 = lpk.LOGPROBS_NUM_STAGES, lpk.LOGPROBS_NUM_WARPS
+    settings = [(st, w) for w in (4, 8) for st in (2, 3, 4, 5, 6)]
+    print("\nfused draw: ratio default_time / setting_time (stages s, warps w), cuBLAS lm_head alone as a bound")
+    for h in (2048, 4096):
+        head = torch.randn(v, h, device="cuda", dtype=torch.bfloat16) * 0.02
+        for t in (64, 128, 256, 512):
+            x = torch.randn(t, h, device="cuda", dtype=torch.bfloat16)
+            temps = torch.ones(t, device="cuda")
+            seeds = torch.arange(t, device="cuda", dtype=torch.int64)
+
+            def run(x=x, head=head, temps=temps, seeds=seeds):
+                return spk.triton_sample_logprobs(x, head, temps, seeds)
+
+            ref_tok, ref_lp = run()
+            t_def = _graph_ms(run, 10)
+            t_gemm = _graph_ms(lambda x=x, head=head: torch.nn.functional.linear(x, head), 10)
+            cells = []
+            for st, w in settings:
+                lpk.LOGPROBS_NUM_STAGES, lpk.LOGPROBS_NUM_WARPS = st, w
+                try:
+                    tok, lp = run()
+                    same = torch.equal(tok, ref_tok) and torch.equal(lp, ref_lp)
+                    cells.append(f"s{st}w{w}={t_def / _graph_ms(run, 10):.2f}{'' if same else '!'}")
+                except Exception as e:  # noqa: BLE001 - a setting that does not compile is reported, not fatal
+                    cells.append(f"s{st}w{w}:{type(e).__name__}")
+                finally:
+                    lpk.LOGPROBS_NUM_STAGES, lpk.LOGPROBS_NUM_WARPS = stages0, warps0
+            print(f"H={h} T={t:4d} default {t_def * 1e3:7.1f} us (cuBLAS lm_head {t_gemm * 1e3:6.1f} us) | "
+                  + " ".join(cells), flush=True)  # fmt: skip
+
+
 def logprobs() -> None:
     h, v = 2048, 151936
     head = torch.randn(v, h, device="cuda", dtype=torch.bfloat16) * 0.02
@@ -344,7 +388,7 @@ def main() -> None:
     print(torch.cuda.get_device_name(), torch.__version__, triton.__version__)
     for part in args.parts.split(","):
         parts = {"agree": agree, "small": small, "large": large, "mid": mid, "logprobs": logprobs, "cold": cold,
-                 "wgrad": wgrad, "decode": decode}  # fmt: skip
+                 "wgrad": wgrad, "decode": decode, "draw": draw}  # fmt: skip
         parts[part]()
 
 
