@@ -106,24 +106,6 @@ def forms(model, kv, rows, delays_us: list[int], device: torch.device) -> dict:
     return out
 
 
-def time_graph(run, replays: int) -> tuple[float, torch.Tensor]:
-    """``(ms per replay, output)`` of ``run`` captured as one CUDA graph (after two eager runs)."""
-    run()
-    run()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = run()
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / replays, out
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", default="1.7b", choices=[s for s, (f, _) in throughput.SHAPES.items() if f == "qwen3"])
@@ -148,7 +130,9 @@ def main(argv=None) -> int:
             for name, run in runs.items():
                 print(f"{name}: rows equal full's: {torch.equal(run(), ref)}")
             return 0
-        results = {name: time_graph(run, args.replays) for name, run in runs.items()}
+        from vexact_kernels.triton_ops.matmul_tuning import graph_time  # (ms per replay, output) of a CUDA graph
+
+        results = {name: graph_time(run, args.replays, warmups=2) for name, run in runs.items()}
     base, ref = results["full"]
     print("\n| form | ms per step | / full | rows == full's |\n| --- | --- | --- | --- |")
     for name, (ms, out) in results.items():

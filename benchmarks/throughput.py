@@ -602,8 +602,10 @@ def median_round(rounds: list) -> dict | str:
     other rounds' profile and outputs dropped; a single round as it is; the first failure where no round gave
     numbers."""
     ok = [r for r in rounds if isinstance(r, dict)]
-    if len(rounds) == 1 or not ok:
-        return rounds[0] if len(rounds) == 1 or not rounds else next(r for r in rounds if not isinstance(r, dict))
+    if len(rounds) == 1:
+        return rounds[0]
+    if not ok:
+        return next(r for r in rounds if not isinstance(r, dict))
     ranked = sorted(ok, key=lambda r: r["tok_s"])
     mid = dict(ranked[(len(ranked) - 1) // 2])
     last = ok[-1]  # the profile's wall time and the kept outputs come from the last round

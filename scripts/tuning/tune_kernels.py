@@ -225,7 +225,7 @@ def decode() -> None:
     from HBM (copies rotated past 160 MiB), each form against cuBLAS: the persistent TMA tiles at every pipeline depth
     of DECODE_TILES, two TMA split forms, the default pick; the best seven per row, ``!`` where a form's output is not
     the default's (``torch.equal``). ``matmul_tuning.TUNE_FORMS`` holds what won here."""
-    from vexact_kernels.triton_ops.matmul_tuning import _graph_ms
+    from vexact_kernels.triton_ops.matmul_tuning import graph_time
 
     cands = {f"t{bm}x{bn}w{w}s{st}": dict(config=(bm, bn, w, st, False)) for bm, bn, w, st in DECODE_TILES}
     cands["t128x128wss6"] = dict(config=(128, 128, 8, 6, True))
@@ -239,12 +239,12 @@ def decode() -> None:
         for m in (128, 256):
             a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             ref = mm.matmul(a, ws[0])
-            t_ref = _graph_ms(lambda a=a, ws=ws: [torch.nn.functional.linear(a, w) for w in ws], 5) / copies
+            t_ref = graph_time(lambda a=a, ws=ws: [torch.nn.functional.linear(a, w) for w in ws], 5)[0] / copies
             row = []
             for c, kw in cands.items():
                 try:
                     same = torch.equal(mm.matmul(a, ws[0], **kw), ref)
-                    t = _graph_ms(lambda a=a, kw=kw, ws=ws: [mm.matmul(a, w, **kw) for w in ws], 5) / copies
+                    t = graph_time(lambda a=a, kw=kw, ws=ws: [mm.matmul(a, w, **kw) for w in ws], 5)[0] / copies
                     row.append((t_ref / t, c, same))
                 except Exception as e:  # noqa: BLE001 - a form that does not compile is reported, not fatal
                     row.append((0.0, f"{c}:{type(e).__name__}", False))
@@ -262,7 +262,7 @@ def draw() -> None:
     (``--parts decode``); the split kernel runs 3. A setting whose bits equal the default's can become the default
     (speed only); one whose bits differ is a numerics change."""
     from vexact_kernels.triton_ops import sample as spk
-    from vexact_kernels.triton_ops.matmul_tuning import _graph_ms
+    from vexact_kernels.triton_ops.matmul_tuning import graph_time
 
     v = 151936
     stages0, warps0 = lpk.LOGPROBS_NUM_STAGES, lpk.LOGPROBS_NUM_WARPS
@@ -279,15 +279,15 @@ def draw() -> None:
                 return spk.triton_sample_logprobs(x, head, temps, seeds)
 
             ref_tok, ref_lp = run()
-            t_def = _graph_ms(run, 10)
-            t_gemm = _graph_ms(lambda x=x, head=head: torch.nn.functional.linear(x, head), 10)
+            t_def = graph_time(run, 10)[0]
+            t_gemm = graph_time(lambda x=x, head=head: torch.nn.functional.linear(x, head), 10)[0]
             cells = []
             for st, w in settings:
                 lpk.LOGPROBS_NUM_STAGES, lpk.LOGPROBS_NUM_WARPS = st, w
                 try:
                     tok, lp = run()
                     same = torch.equal(tok, ref_tok) and torch.equal(lp, ref_lp)
-                    cells.append(f"s{st}w{w}={t_def / _graph_ms(run, 10):.2f}{'' if same else '!'}")
+                    cells.append(f"s{st}w{w}={t_def / graph_time(run, 10)[0]:.2f}{'' if same else '!'}")
                 except Exception as e:  # noqa: BLE001 - a setting that does not compile is reported, not fatal
                     cells.append(f"s{st}w{w}:{type(e).__name__}")
                 finally:

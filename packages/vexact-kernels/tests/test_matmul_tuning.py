@@ -71,14 +71,14 @@ def test_a_pick_routes_its_shape_to_its_form(as_if_tma, monkeypatch):
 
 
 def _fake_times(monkeypatch, mt, times: dict):
-    """``_graph_ms`` returning ``times[form]`` (per weight) by the keywords each form is run with."""
+    """``graph_time`` returning ``times[form]`` (per weight) by the keywords each form is run with."""
     by_kw = {repr(sorted(kw.items())): name for name, kw in {"default": {}, **mt.TUNE_FORMS}.items()}
 
     def fake(run, replays):
         kw = run.__defaults__[0]
-        return times[by_kw[repr(sorted(kw.items()))]] * len(fake.weights)
+        return times[by_kw[repr(sorted(kw.items()))]] * len(fake.weights), None
 
-    monkeypatch.setattr(mt, "_graph_ms", fake)
+    monkeypatch.setattr(mt, "graph_time", fake)
     return fake
 
 

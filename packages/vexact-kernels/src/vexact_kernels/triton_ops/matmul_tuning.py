@@ -92,13 +92,16 @@ def linear_picks(picks: dict | None) -> Iterator[None]:
         mm._active_picks.reset(token)
 
 
-def _graph_ms(run, replays: int) -> float:
-    """Mean ms of one replay of a CUDA graph of ``run()`` (run once eagerly first: compiles, counter slots)."""
-    run()
+def graph_time(run, replays: int, warmups: int = 1):
+    """``(mean ms of one replay, output)`` of ``run()`` captured as one CUDA graph, after ``warmups`` eager runs
+    (they compile the kernels and make what a first launch makes, such as the fused combine's counter slots); the
+    output is the captured run's, valid after a replay."""
+    for _ in range(warmups):
+        run()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        run()
+        out = run()
     graph.replay()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
@@ -106,7 +109,7 @@ def _graph_ms(run, replays: int) -> float:
         graph.replay()
     end.record()
     end.synchronize()
-    return start.elapsed_time(end) / replays
+    return start.elapsed_time(end) / replays, out
 
 
 def tune_shape(m: int, weights: list[torch.Tensor], forms: dict[str, dict] | None = None) -> dict:
@@ -126,7 +129,7 @@ def tune_shape(m: int, weights: list[torch.Tensor], forms: dict[str, dict] | Non
                 if not torch.equal(mm.matmul(a, w0, **kw), ref):
                     differ.append(name)
                     continue
-                ms[name] = _graph_ms(lambda kw=kw: [mm.matmul(a, w, **kw) for w in weights], TUNE_REPLAYS)
+                ms[name] = graph_time(lambda kw=kw: [mm.matmul(a, w, **kw) for w in weights], TUNE_REPLAYS)[0]
             except Exception as e:  # noqa: BLE001 - a form this GPU or Triton cannot run is left out, not fatal
                 log.debug("matmul form %s at M=%d %s: %s: %s", name, m, tuple(w0.shape), type(e).__name__, e)
     ms = {name: t / len(weights) for name, t in ms.items()}
