@@ -12,6 +12,7 @@ large:    M >= 1024 tile choices vs cuBLAS.
 mid:      M = 256 .. 4096 over the grouped projections (q/k/v, gate/up as one matmul), every tile form.
 decode:   M = 128 and 256 over the grouped projections with cold weights, the TMA tiles at every pipeline depth (what
           ``matmul_tuning.TUNE_FORMS`` holds).
+decode-small: M = 1-96 the same way, the pointer kernel's split programs and the TMA split forms at deeper pipelines.
 draw:     the fused draw (lm_head + logprobs + Gumbel-max) at T = 64-512, its split kernel's stages and warps varied,
           each setting's tokens and logprobs against the default's.
 logprobs: fused logprobs forward at small T for each LOGPROBS_SPLIT_TILES (a numerics constant: the sweep picks it
@@ -225,18 +226,43 @@ def decode() -> None:
     from HBM (copies rotated past 160 MiB), each form against cuBLAS: the persistent TMA tiles at every pipeline depth
     of DECODE_TILES, two TMA split forms, the default pick; the best seven per row, ``!`` where a form's output is not
     the default's (``torch.equal``). ``matmul_tuning.TUNE_FORMS`` holds what won here."""
-    from vexact_kernels.triton_ops.matmul_tuning import graph_time
-
     cands = {f"t{bm}x{bn}w{w}s{st}": dict(config=(bm, bn, w, st, False)) for bm, bn, w, st in DECODE_TILES}
     cands["t128x128wss6"] = dict(config=(128, 128, 8, 6, True))
     for bn in (64, 128):
         cands[f"ts64x{bn}s8"] = dict(config=(64, bn, 4, 8, False), split_programs=True)
-    cands["default"] = {}
-    print("\ndecode M, cold weights: ratio cuBLAS_time / invariant_time, best seven")
+    _decode_sweep("decode M", (128, 256), cands)
+
+
+# ``decode-small``: forms for decode steps below 128 rows (the tail of an RL rollout, where requests finish and the
+# batch shrinks): the pointer kernel's split programs with deeper pipelines and wider tiles, and the TMA split forms.
+DECODE_SMALL_FORMS = {
+    **{f"p{bm}x{bn}w{w}s{st}": dict(config=(bm, bn, w, st), split_programs=True)
+       for bm, bn, w, st in ((16, 32, 4, 8), (16, 64, 4, 6), (16, 64, 4, 8), (16, 128, 4, 4), (16, 128, 4, 6),
+                             (32, 64, 4, 6), (32, 128, 4, 4), (64, 64, 4, 8), (64, 128, 4, 4))},
+    "p16x32w4s6 whole": dict(config=(16, 32, 4, 6), split_programs=False),
+    **{f"ts64x{bn}s{st}": dict(config=(64, bn, 4, st, False), split_programs=True)
+       for bn, st in ((64, 6), (64, 8), (64, 10), (128, 6), (128, 8))},
+    "t64x64s8": dict(config=(64, 64, 4, 8, False)),
+    "t64x128s8": dict(config=(64, 128, 4, 8, False)),
+}  # fmt: skip
+
+
+def decode_small() -> None:
+    """M = 1-96 over the grouped projections, cold weights, :data:`DECODE_SMALL_FORMS` against cuBLAS and the default
+    pick (the pointer kernel's small-M configs): whether timing forms below ``matmul.TUNE_MIN_M`` would pay."""
+    _decode_sweep("decode-small M", (1, 16, 32, 64, 96), DECODE_SMALL_FORMS)
+
+
+def _decode_sweep(title: str, ms: tuple[int, ...], cands: dict) -> None:
+    """Each of ``cands`` and the default pick at each M of ``ms`` over GROUPED_SHAPES, cold weights, against cuBLAS."""
+    from vexact_kernels.triton_ops.matmul_tuning import graph_time
+
+    cands = {**cands, "default": {}}
+    print(f"\n{title}, cold weights: ratio cuBLAS_time / invariant_time, best seven")
     for name, n, k in GROUPED_SHAPES:
         copies = max(1, -(-160 * 2**20 // (n * k * 2)))
         ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
-        for m in (128, 256):
+        for m in ms:
             a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             ref = mm.matmul(a, ws[0])
             t_ref = graph_time(lambda a=a, ws=ws: [torch.nn.functional.linear(a, w) for w in ws], 5)[0] / copies
@@ -388,7 +414,7 @@ def main() -> None:
     print(torch.cuda.get_device_name(), torch.__version__, triton.__version__)
     for part in args.parts.split(","):
         parts = {"agree": agree, "small": small, "large": large, "mid": mid, "logprobs": logprobs, "cold": cold,
-                 "wgrad": wgrad, "decode": decode, "draw": draw}  # fmt: skip
+                 "wgrad": wgrad, "decode": decode, "decode-small": decode_small, "draw": draw}  # fmt: skip
         parts[part]()
 
 
