@@ -45,6 +45,13 @@ def cuda_ms(fn, n: int = 30) -> float:
     return start.elapsed_time(end) / n
 
 
+def fill_draws(batch: int, context: int, prompt_budget: int) -> int:
+    """Tokens the first request may draw while ``batch`` prompts of ``context`` tokens prefill at ``prompt_budget``
+    prompt tokens a step (the running rows take the rest of the step's budget), with a margin: a request must not
+    finish (nor outgrow its KV pages) before the last one decodes."""
+    return -(-batch * context // max(1, prompt_budget)) + 16
+
+
 def kv_pages(seqs: int, tokens_each: int, page: int) -> int:
     """KV pages of ``page`` tokens for ``seqs`` sequences of up to ``tokens_each`` tokens each."""
     return seqs * -(-tokens_each // page)
@@ -60,12 +67,15 @@ def profile_batch(
     context: int = 256,
     draw: bool = False,
 ) -> None:
-    # a request: a ``context``-token prompt and the steps below (~50 tokens), within 128 more
-    pages = max(4096 // page, kv_pages(batch, context + 128, page))
-    llm = LLM(model=model, device="cuda", max_num_seqs=max(8, batch), max_num_batched_tokens=max(512, 2 * batch),
+    # a request: a ``context``-token prompt, the tokens it draws while the later prompts prefill, the steps below
+    budget = max(2048, 2 * batch)
+    draws = fill_draws(batch, context, budget - batch) + 64
+    pages = max(4096 // page, kv_pages(batch, context + draws, page))
+    llm = LLM(model=model, device="cuda", max_num_seqs=max(8, batch), max_num_batched_tokens=budget,
               num_kv_blocks=pages, block_size=page, pack_weights=pack, draw_in_graph=draw)  # fmt: skip
     prompts = [[1 + (i * 7 + j) % 1000 for j in range(context)] for i in range(batch)]
-    params = [SamplingParams(max_tokens=400, temperature=1.0, top_p=1.0, seed=i, ignore_eos=True) for i in range(batch)]
+    params = [SamplingParams(max_tokens=draws, temperature=1.0, top_p=1.0, seed=i, ignore_eos=True)
+              for i in range(batch)]  # fmt: skip
     profiling.fill_decode_batch(llm, prompts, params)  # prefill every request; graphs were captured at construction
     llm.step()
     walls = []
@@ -144,11 +154,12 @@ def profile_mixed(
 ) -> None:
     """Steps with prompt tokens: ``batch`` requests decode while one new request's ``prompt``-token chunk prefills;
     as CUDA graphs padded to a token count (``graphs``, the default) or eagerly."""
-    pages = max(4096 // page, kv_pages(batch + 12, context + 128, page) + kv_pages(12, prompt, page))
+    draws = fill_draws(batch, context, prompt) + 64
+    pages = max(4096 // page, kv_pages(batch + 12, context + draws, page) + kv_pages(12, prompt, page))
     llm = LLM(model=model, device="cuda", max_num_seqs=batch + 1, max_num_batched_tokens=batch + prompt,
               num_kv_blocks=pages, block_size=page, pack_weights=pack,
               cuda_graph_token_sizes=None if graphs else ())  # fmt: skip
-    sp = dict(max_tokens=300, temperature=1.0, top_p=1.0, ignore_eos=True)
+    sp = dict(max_tokens=draws, temperature=1.0, top_p=1.0, ignore_eos=True)
     vocab = min(997, model.config.vocab_size - 3)
     prompts = [[1 + (i * 7 + j) % vocab for j in range(context)] for i in range(batch)]
     profiling.fill_decode_batch(llm, prompts, [SamplingParams(seed=i, **sp) for i in range(batch)])

@@ -282,16 +282,15 @@ def _decode_sweep(title: str, ms: tuple[int, ...], cands: dict) -> None:
 
 def draw() -> None:
     """The fused draw (lm_head, logprobs and Gumbel-max in one pass: ``sample.triton_sample_logprobs``) at decode sizes
-    with the pipeline depth and warps of its split kernel varied (``LOGPROBS_NUM_STAGES``, ``LOGPROBS_NUM_WARPS``),
-    against the default and against cuBLAS's lm_head GEMM alone; ``!`` where a setting's tokens or logprobs are not
-    the default's (``torch.equal``). At M = 128-256 the linear's tiles gained 20-40% from 4 to 8 stages
-    (``--parts decode``); the split kernel runs 3. A setting whose bits equal the default's can become the default
-    (speed only); one whose bits differ is a numerics change."""
+    with the pipeline depth and warps of its split kernel varied (``LOGPROBS_DRAW_NUM_STAGES``,
+    ``LOGPROBS_NUM_WARPS``), against the default and against cuBLAS's lm_head GEMM alone; ``!`` where a setting's
+    tokens or logprobs are not the default's (``torch.equal``). A setting whose bits equal the default's can become
+    the default (speed only); one whose bits differ is a numerics change."""
     from vexact_kernels.triton_ops import sample as spk
     from vexact_kernels.triton_ops.matmul_tuning import graph_time
 
     v = 151936
-    stages0, warps0 = lpk.LOGPROBS_NUM_STAGES, lpk.LOGPROBS_NUM_WARPS
+    stages0, warps0 = lpk.LOGPROBS_DRAW_NUM_STAGES, lpk.LOGPROBS_NUM_WARPS
     settings = [(st, w) for w in (4, 8) for st in (2, 3, 4, 5, 6)]
     print("\nfused draw: ratio default_time / setting_time (stages s, warps w), cuBLAS lm_head alone as a bound")
     for h in (2048, 4096):
@@ -309,7 +308,7 @@ def draw() -> None:
             t_gemm = graph_time(lambda x=x, head=head: torch.nn.functional.linear(x, head), 10)[0]
             cells = []
             for st, w in settings:
-                lpk.LOGPROBS_NUM_STAGES, lpk.LOGPROBS_NUM_WARPS = st, w
+                lpk.LOGPROBS_DRAW_NUM_STAGES, lpk.LOGPROBS_NUM_WARPS = st, w
                 try:
                     tok, lp = run()
                     same = torch.equal(tok, ref_tok) and torch.equal(lp, ref_lp)
@@ -317,7 +316,7 @@ def draw() -> None:
                 except Exception as e:  # noqa: BLE001 - a setting that does not compile is reported, not fatal
                     cells.append(f"s{st}w{w}:{type(e).__name__}")
                 finally:
-                    lpk.LOGPROBS_NUM_STAGES, lpk.LOGPROBS_NUM_WARPS = stages0, warps0
+                    lpk.LOGPROBS_DRAW_NUM_STAGES, lpk.LOGPROBS_NUM_WARPS = stages0, warps0
             print(f"H={h} T={t:4d} default {t_def * 1e3:7.1f} us (cuBLAS lm_head {t_gemm * 1e3:6.1f} us) | "
                   + " ".join(cells), flush=True)  # fmt: skip
 

@@ -50,6 +50,11 @@ LOGPROBS_BLOCK_K = 64
 LOGPROBS_SPLIT_TILES = 8
 LOGPROBS_NUM_WARPS = 4
 LOGPROBS_NUM_STAGES = 3
+# The split kernel's pipeline depth in its sampling form (the engine's fused draw; speed only: stages change no bit, the
+# warps above do). H200 sweep (``scripts/tuning/tune_kernels.py --parts draw``, vocabulary 151,936, H = 2048 / 4096,
+# T = 64-512): 4 stages took 0.85-0.93 of 3 stages' time, with the same tokens and logprobs at every shape; 5 and 6
+# were slower than 4.
+LOGPROBS_DRAW_NUM_STAGES = 4
 # Rows per program of the split fold (elementwise per row: speed only).
 LOGPROBS_COMBINE_ROWS = 128
 # Tokens per backward step: bounds the [chunk, V] logits-gradient buffer and fixes the order of the d W sum.
@@ -382,7 +387,7 @@ def _fwd(normed, weight, targets, temps, seeds):
         BLOCK_T=LOGPROBS_BLOCK_T, BLOCK_V=LOGPROBS_VOCAB_BLOCK, BLOCK_K=LOGPROBS_BLOCK_K,
         SPLIT_TILES=LOGPROBS_SPLIT_TILES, PREC=mm.input_precision(normed.dtype), INTERPRET=interpreting(),
         SAMPLE=sample, NOISE_MAX=GUMBEL_NOISE_MAX, DRAW_ROWS=draw_rows, TMA=tma, SKIP=_skip_ok(normed.device),
-        num_warps=LOGPROBS_NUM_WARPS, num_stages=LOGPROBS_NUM_STAGES,
+        num_warps=LOGPROBS_NUM_WARPS, num_stages=LOGPROBS_DRAW_NUM_STAGES if sample else LOGPROBS_NUM_STAGES,
     )  # fmt: skip
     _logprobs_fwd_combine_kernel[(cdiv(t, LOGPROBS_COMBINE_ROWS),)](
         pm, ps, pe, pz, lp, ent, mx, log_s, pb, pi, tokens if sample else lp, t, n_splits,
