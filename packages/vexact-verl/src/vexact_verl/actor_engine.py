@@ -31,7 +31,7 @@ path on verl's CUDA platform.
 verl's ``old_log_prob`` is timed on this side: ``infer_batch`` and its micro-batches' forwards (synchronised), logged
 by the next training step as ``actor/vexact/perf/infer_batch_s``, ``actor/vexact/perf/infer_forward_s`` and
 ``actor/vexact/perf/infer_micro_batches``; the rest of verl's ``timing_s/old_log_prob`` is verl's dispatch and
-collection.
+collection (``benchmarks/old_log_prob.py`` times it phase by phase on CPU, for this engine and verl's own).
 
 ``train_batch`` also runs the TIM attribution by op family on a sample of the step's sequences when the engine
 config's ``vexact.tim_attribute_every`` asks for it (off by default; :class:`VexactFSDPEngineConfig`,
