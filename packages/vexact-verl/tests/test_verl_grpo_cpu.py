@@ -51,8 +51,11 @@ def run_grpo(inputs: Path, backend: str, subprocess_env, *overrides: str) -> lis
     cmd = ["bash", str(ROOT / "examples/verl_grpo/run_grpo.sh"),
            "+ray_kwargs.ray_init.num_gpus=1", "+ray_kwargs.ray_init.num_cpus=16",
            "+ray_kwargs.ray_init.include_dashboard=False",
-           "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
-           "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8", "actor_rollout_ref.actor.strategy=vexact",
+           # 4 prompts x 2 samples of up to 16 tokens: the checks need a real update and tokens to compare, not
+           # volume (run_grpo.sh's 4 samples of up to 64 tokens on 8 prompts: ~10 s more per step on 2 cores)
+           "data.train_batch_size=4", "actor_rollout_ref.rollout.n=2", "data.max_response_length=16",
+           "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+           "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8", "actor_rollout_ref.actor.strategy=vexact",
            "reward.num_workers=1", "actor_rollout_ref.rollout.agent.num_workers=1",
            "transfer_queue.backend.SimpleStorage.num_data_storage_units=1", "data.dataloader_num_workers=0",
            f"reward.custom_reward_function.path={ROOT / 'examples/verl_grpo/reward.py'}", *overrides]  # fmt: skip
