@@ -25,6 +25,8 @@ from pathlib import Path
 
 import torch
 
+import vexact_kernels as vk
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import profiling  # noqa: E402  (benchmarks/profiling.py: the decoding batch, the profile, the kernel table)
 import throughput  # noqa: E402  (the benchmark's model builder: random bf16 weights drawn on the GPU)
@@ -208,17 +210,21 @@ def main() -> None:
     model = throughput.make_model(args.shape, args.layers)
     layers = model.config.num_hidden_layers
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    attn = vk.get_attention_impl()  # $VEXACT_ATTENTION; auto: FA4 where it is installed, which decodes slower
     if args.mixed:
         for pair in args.mixed.split(","):
             b, p = (int(x) for x in pair.split(":"))
             for graphs in (False, True):
-                label = f"{args.shape}-shaped, {layers} layers, pages of {args.block_size}, contexts {args.context}+"
+                label = (
+                    f"{args.shape}-shaped, {layers} layers, {attn} attention, pages of {args.block_size}, "
+                    f"contexts {args.context}+"
+                )
                 profile_mixed(model, b, p, label, not args.no_pack, graphs, args.block_size, args.context)
         return
     for batch in (int(b) for b in args.batch.split(",")):
         label = (
-            f"{args.shape}-shaped, {layers} layers, weights {'unpacked' if args.no_pack else 'packed'}, pages of "
-            f"{args.block_size}, contexts {args.context}+"
+            f"{args.shape}-shaped, {layers} layers, weights {'unpacked' if args.no_pack else 'packed'}, {attn} "
+            f"attention, pages of {args.block_size}, contexts {args.context}+"
         )
         for draw in (False, True) if args.draw_in_graph else (False,):
             profile_batch(model, batch, weight_bytes, label, not args.no_pack, args.block_size, args.context, draw)
