@@ -748,7 +748,8 @@ def peer_section(
                 lines.append(f"| {limit} | {MODE_NAMES[mode]} | {r} | - | - | - | - |")
                 continue
             ratio = f"{r['tok_s'] / ref['tok_s']:.2f}" if isinstance(ref, dict) and mode != "fast" else "-"
-            lines.append(f"| {limit} | {MODE_NAMES[mode]} | {tok_s_cell(r)} | {ratio} | {fraction(r, limit):.2f} "
+            tok_s = throughput_report.tok_s_cell(r)
+            lines.append(f"| {limit} | {MODE_NAMES[mode]} | {tok_s} | {ratio} | {fraction(r, limit):.2f} "
                          f"| {r['wall']:.1f} | {r['tokens']} |")  # fmt: skip
     if hf:
         n = hf["gen_len"]
@@ -856,12 +857,6 @@ def peer_section(
         model_name = f"{SHAPES[shape][0]} {shape}-shaped, {cfg.num_hidden_layers} layers"
         summary.append(dict(model=model_name, rows=rows, profiles=profiles, failed=bad))
     return lines
-
-
-def tok_s_cell(r: dict) -> str:
-    """A run's tok/s for a table: with ``--rounds``, the median round's and the rounds' range."""
-    lo_hi = r.get("tok_s_range")
-    return f"{r['tok_s']:.0f}" + (f" ({lo_hi[0]:.0f}-{lo_hi[1]:.0f})" if lo_hi else "")
 
 
 def report_row(r: dict | str, mode: str, fraction, limit: int) -> dict | str:

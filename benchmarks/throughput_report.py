@@ -38,13 +38,17 @@ def results_table(rows: Mapping[str, Mapping | str], names: Mapping[str, str]) -
             lines.append(f"| {name} | {row} | - | - | - | - | - | - |")
             continue
         ratios = " | ".join("-" if row.get("baseline") else _ratio(row, ref) for ref in refs)
-        spread = row.get("tok_s_range")
-        tok_s = f"{row['tok_s']:.0f}" + (f" ({spread[0]:.0f}-{spread[1]:.0f})" if spread else "")
         lines.append(
-            f"| {name} | {tok_s} | {ratios} | {_num(row.get('roofline'), '.2f')} | "
+            f"| {name} | {tok_s_cell(row)} | {ratios} | {_num(row.get('roofline'), '.2f')} | "
             f"{_num(row.get('decode_ms'), '.2f')} | {_num(row.get('wall'), '.1f')} | {row.get('preemptions', '-')} |"
         )
     return lines
+
+
+def tok_s_cell(row: Mapping) -> str:
+    """A run's tok/s for a table: with ``--rounds``, the median round's and the rounds' range (``tok_s_range``)."""
+    spread = row.get("tok_s_range")
+    return f"{row['tok_s']:.0f}" + (f" ({spread[0]:.0f}-{spread[1]:.0f})" if spread else "")
 
 
 def kernel_label(name: str, width: int = 60) -> str:
