@@ -140,6 +140,11 @@ def vllm_version(site: str | None) -> str | None:
     return r.stdout.strip().splitlines()[-1] if r.returncode == 0 and r.stdout.strip() else None
 
 
+# a vLLM general plugin that lets vLLM 0.24.0 load bf16 gpt-oss checkpoints (its module's docstring says why); it
+# changes nothing for the other families or on a vLLM that loads them already
+VLLM_PLUGIN = Path(__file__).resolve().parents[1] / "examples" / "verify" / "vllm_plugin"
+
+
 def _env(site: str | None, batch_invariant: bool) -> dict:
     env = dict(os.environ)
     # FA4's site (scripts/staging/fa4_device_wheels.sh) carries apache-tvm-ffi in another version than vLLM's:
@@ -148,6 +153,7 @@ def _env(site: str | None, batch_invariant: bool) -> dict:
     env["PYTHONPATH"] = os.pathsep.join(parts)
     if site:
         env["PYTHONPATH"] = site + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["PYTHONPATH"] = str(VLLM_PLUGIN) + (os.pathsep + env["PYTHONPATH"] if env["PYTHONPATH"] else "")
     env["VLLM_BATCH_INVARIANT"] = "1" if batch_invariant else "0"
     # FlashInfer is not carried (scripts/staging/vllm_device_wheels.sh); vLLM 0.26 imports it when it builds its sampler
     # unless its top-k/top-p sampler is switched off. The workload samples with neither top-k nor top-p, so that

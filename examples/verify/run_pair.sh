@@ -9,6 +9,8 @@
 #   dense-4k         the same with 4096-token responses
 #   dense8b-1k       Qwen3-8B shape (36 layers), 512 x 1024, FSDP over NGPUS=2 GPUs
 #   moe-1k           Qwen3-30B-A3B widths at LAYERS depth (default 4), 512 x 1024
+#   gptoss-1k        gpt-oss-20b widths at 4 layers, byte vocabulary, 512 x 1024 (the vllm arm: VeOmni's eager MoE and
+#                    the vLLM plugin of examples/verify/vllm_plugin, which vLLM 0.24.0 needs for bf16 gpt-oss weights)
 # Arms (same model, data, seeds, learning rate, steps, batch, mini-batch, lengths and token budgets in each):
 # - vllm:   verl's default stack as users run it: `rollout.name=vllm` (vLLM 0.24.0, the version verl 0.9.1's `vllm`
 #           extra pins) and verl's stock actor: its FSDP engine on the transformers model for dense; for MoE its
@@ -146,11 +148,20 @@ if [[ " ${ARMS[*]} " == *" vllm "* ]]; then
   [ "$ACTOR_ATTN" != flash_attention_4 ] || VLLM_PATH=$PROBE_PATH
   # the module verl imports in its workers (external_lib) for FA4 to take transformers' call; its folder in front
   [ -z "$ACTOR_ATTN_LIB" ] || VLLM_PATH=$PWD/examples/verify/fa4_shim:$VLLM_PATH
+  # vLLM 0.24.0 loads no bf16 gpt-oss weights, from a checkpoint or from verl's weight sync; the vLLM plugin in this
+  # folder maps the experts' names (examples/verify/vllm_plugin/vexact_vllm_plugin.py says why)
+  [[ "$SHAPE" != gpt-oss* ]] || VLLM_PATH=$PWD/examples/verify/vllm_plugin:$VLLM_PATH
 fi
+# the vllm arm's MoE in VeOmni: its grouped-GEMM kernel, except for gpt-oss, which VeOmni 0.1.12 runs only as `eager`
+# or `quack` (fused_triton: KeyError "Unknown kernel 'triton' for op='moe_experts', variant='gpt_oss'", seen on an
+# H200); quack's CuTe kernels are not staged with this stack
+MOE_IMPL=fused_triton
+[[ "$SHAPE" != gpt-oss* ]] || MOE_IMPL=eager
 
 write_meta() {  # $1: the arm's exit code, empty while it has not finished; the arm's own folders on the path, so
   # the versions recorded are the ones the arm ran
-  ARM="$arm" NAME="$NAME" RESULTS="$RESULTS" ATTN="$ATTN" ATTN_WHY="$WHY" ACTOR="$ACTOR" MOE="$MOE" SHAPE="$SHAPE" \
+  ARM="$arm" NAME="$NAME" RESULTS="$RESULTS" ATTN="$ATTN" ATTN_WHY="$WHY" ACTOR="$ACTOR" MOE="$MOE" MOE_IMPL="$MOE_IMPL" \
+  SHAPE="$SHAPE" \
   LAYERS="$LAYERS" PAIR="$PAIR" STEM="$STEM" VOCAB_SIZE="$PAIR_VOCAB_SIZE" RC="$1" CMDLINE="${CMD[*]}" \
   PYTHONPATH="$ARM_PATH${PYTHONPATH:+:$PYTHONPATH}" env "${ARM_ENV[@]}" python3 examples/verify/write_meta.py
 }
@@ -200,9 +211,9 @@ for arm in "${ARMS[@]}"; do
       ENTRY=verl.trainer.main_ppo
       ARGS=(actor_rollout_ref.rollout.name=vllm)
       if [ "$MOE" = 1 ]; then
-        ATTN=$ACTOR_ATTN ACTOR="verl VeOmni engine (fused_triton MoE)"
+        ATTN=$ACTOR_ATTN ACTOR="verl VeOmni engine ($MOE_IMPL MoE)"
         ARGS+=(model_engine=veomni actor_rollout_ref.actor.veomni.attn_implementation="$ACTOR_ATTN"
-               actor_rollout_ref.actor.veomni.moe_implementation=fused_triton
+               actor_rollout_ref.actor.veomni.moe_implementation="$MOE_IMPL"
                actor_rollout_ref.actor.veomni.init_device=cuda actor_rollout_ref.ref.veomni.init_device=cuda)
         # on one GPU VeOmni applies no FSDP, so no mixed precision: its fp32 weights reach the fused_triton MoE,
         # which takes bf16/fp16 only (AssertionError: torch.float32, seen on an H100); bf16 weights there

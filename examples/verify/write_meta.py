@@ -200,7 +200,10 @@ def main() -> None:
         "actor": env["ACTOR"],
         "attention": env["ATTN"],
         "attention_why": env.get("ATTN_WHY"),  # run_pair.sh: why this attention (FA4, or why not)
-        "moe": ("VeOmni fused_triton" if env["ARM"] == "vllm" else "vexact fused MoE") if moe else None,
+        # run_pair.sh's MOE_IMPL: VeOmni's MoE kernel on the vllm arm (fused_triton; eager for gpt-oss)
+        "moe": (f"VeOmni {env.get('MOE_IMPL', 'fused_triton')}" if env["ARM"] == "vllm" else "vexact fused MoE")
+        if moe
+        else None,
         "versions": {
             d: _version(d)
             for d in ("verl", "vllm", "ray", "torch", "transformers", "veomni", "vexact-kernels", "vexact-verl")
