@@ -185,7 +185,8 @@ def test_write_meta_lists_every_setting_that_differs_from_verl_defaults_per_arm(
     assert d["actor_rollout_ref.actor.veomni.attn_implementation"]["value"] == "eager"
     # VeOmni has no fused_triton kernel for gpt-oss's experts: eager
     assert d["actor_rollout_ref.actor.veomni.moe_implementation"]["value"] == "eager"
-    assert "gpt-oss-20b-l4" in d["actor_rollout_ref.model.path"]["value"]
+    # its checkpoint holds a prompt and a whole response (128 + 1024 tokens): context 2048
+    assert d["actor_rollout_ref.model.path"]["value"].endswith("gpt-oss-20b-l4-c2048")
     ours = write_meta.settings(" ".join(gptoss["vexact"][3:]))[1]
     assert ours["actor_rollout_ref.actor.strategy"]["value"] == "vexact"
     # the meta itself: the shape first in its config, the effective budgets, the differences beside the stack

@@ -108,10 +108,14 @@ PYTHONPATH_FA4=${PYTHONPATH_FA4-$(bash scripts/staging/rl_stack_wheels.sh path f
 TAG=${TAG:-$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | grep -oiE 'h100|h200|b200|a100' \
   | tr 'A-Z' 'a-z' || true)}
 TAG=${TAG:-gpu}
-MODEL_ARGS=(--shape "$SHAPE" --layers "$LAYERS")
+# the checkpoint's context holds a whole prompt and response (the engines cap max_model_len at it); the byte
+# vocabulary's models were written at 1024 before, and keep that folder name there
+MODEL_ARGS=(--shape "$SHAPE" --layers "$LAYERS" --context "$PAIR_CONTEXT")
 if [ "$PAIR_VOCAB" = real ]; then
-  MODEL_ARGS+=(--vocab real --context "$PAIR_CONTEXT")
+  MODEL_ARGS+=(--vocab real)
   MODEL_DIR=${MODEL_DIR:-outputs/models/$SHAPE-l$LAYERS-real-c$PAIR_CONTEXT}
+elif [ "$PAIR_CONTEXT" != 1024 ]; then
+  MODEL_DIR=${MODEL_DIR:-outputs/models/$SHAPE-l$LAYERS-c$PAIR_CONTEXT}
 fi
 MODEL_DIR=${MODEL_DIR:-outputs/models/$SHAPE-l$LAYERS}
 DATA=${DATA:-outputs/data/arith}
