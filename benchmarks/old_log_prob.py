@@ -3,14 +3,15 @@
     PYTHONPATH=$(ls -d packages/*/src | paste -sd:) python benchmarks/old_log_prob.py --seqs 512 --response 1024
 
 Drives the path of one ``old_log_prob`` in verl 0.9.1's synchronous trainer on a world-size-1 gloo group with a CPU
-platform, the engines built for real (as ``tests/test_verl_actor_engine.py`` builds them) on a tiny Qwen3 checkpoint:
-the driver's ``RayPPOTrainer._compute_old_log_prob`` (DataProto to TensorDict, ``left_right_2_no_padding``), the
-batch shipped to the worker (a pickle round trip, as Ray's object store), the worker's ``TrainingWorker.infer_batch``
-(the engine's ``infer_batch``: micro-batches, ``forward_step``, ``postprocess_batch_func``; ``_postprocess_output``,
-``.cpu()``), the output shipped back and concatenated (``concat_tensordict``), then the rest of the driver's timer:
-``no_padding_2_padding`` of log-probs and entropy, ``agg_loss`` of the entropy, ``DataProto.union`` and
-``calculate_debug_metrics`` (with the vexact TIM summary installed). Each phase is timed by ``time.perf_counter`` and
-printed per token; the forwards (the engine's ``forward_step``) are timed apart, so "outside the forward" is the rest.
+platform, the engines built for real (``vexact_verl.engine_builder.build_actor_engine``, as the tests build them) on
+a tiny Qwen3 checkpoint: the driver's ``RayPPOTrainer._compute_old_log_prob`` (DataProto to TensorDict,
+``left_right_2_no_padding``), the batch shipped to the worker (a pickle round trip, as Ray's object store), the
+worker's ``TrainingWorker.infer_batch`` (the engine's ``infer_batch``: micro-batches, ``forward_step``,
+``postprocess_batch_func``; ``_postprocess_output``, ``.cpu()``), the output shipped back and concatenated
+(``concat_tensordict``), then the rest of the driver's timer: ``no_padding_2_padding`` of log-probs and entropy,
+``agg_loss`` of the entropy, ``DataProto.union`` and ``calculate_debug_metrics`` (with the vexact TIM summary
+installed). Each phase is timed by ``time.perf_counter`` and printed per token; the forwards (the engine's
+``forward_step``) are timed apart, so "outside the forward" is the rest.
 """
 
 from __future__ import annotations
@@ -57,32 +58,6 @@ def setup_cpu_verl() -> None:
     torch.cpu.max_memory_allocated = torch.cpu.max_memory_reserved = lambda *a: 0
     init_distributed("cpu")
     register_engine()
-
-
-def make_engine(kind: str, path: Path, max_token_len: int):
-    """verl's engine for ``actor.strategy=vexact`` or verl's own ``FSDPEngineWithLMHead`` (``fsdp``, HF model with
-    SDPA attention: verl's default flash-attention does not run on CPU), as the actor: fp32 master weights, bf16
-    compute, dynamic batch size."""
-    from verl.trainer.config import CheckpointConfig
-    from verl.workers.config import FSDPEngineConfig, FSDPOptimizerConfig, HFModelConfig
-    from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
-
-    from vexact_verl.actor_engine import VexactEngineWithLMHead, VexactFSDPEngineConfig
-
-    override = {"attn_implementation": "sdpa"} if kind == "fsdp" else {}
-    model_config = HFModelConfig(path=str(path), enable_gradient_checkpointing=True, override_config=override)
-    model_config.model_type = "language_model"
-    config_cls = VexactFSDPEngineConfig if kind == "vexact" else FSDPEngineConfig
-    engine_config = config_cls(
-        forward_only=False, use_torch_compile=False, use_dynamic_bsz=True, infer_max_token_len_per_gpu=max_token_len
-    )
-    object.__setattr__(engine_config, "strategy", "vexact" if kind == "vexact" else "fsdp2")
-    object.__setattr__(engine_config, "use_remove_padding", True)  # TrainingWorker copies it from the model config
-    cls = VexactEngineWithLMHead if kind == "vexact" else FSDPEngineWithLMHead
-    optim = FSDPOptimizerConfig(lr=1e-3, total_training_steps=10)
-    engine = cls(model_config, engine_config, optim, CheckpointConfig())
-    engine.initialize()
-    return engine
 
 
 def rollout_batch(seqs: int, max_prompt: int, response: int, vocab: int, seed: int = 0):
@@ -238,8 +213,14 @@ def fake_worker(engine):
 
 
 def run(kind: str, args, path: Path) -> Clock:
-    """``args.repeats`` old_log_prob passes of engine ``kind`` after a small warm-up one, timed."""
-    engine = make_engine(kind, path, args.max_token_len)
+    """``args.repeats`` old_log_prob passes of engine ``kind`` after a small warm-up one, timed. The engine is the
+    actor (fp32 master weights, bf16 compute) with verl's dynamic batch size; ``fsdp`` is verl's FSDP2 engine."""
+    from vexact_verl.engine_builder import build_actor_engine
+
+    strategy = "vexact" if kind == "vexact" else "fsdp2"
+    engine = build_actor_engine(
+        strategy, path=path, use_dynamic_bsz=True, infer_max_token_len_per_gpu=args.max_token_len
+    )
     worker = fake_worker(engine)
     batch = rollout_batch(args.seqs, args.prompt, args.response, args.vocab)
     old_log_prob(engine, rollout_batch(8, args.prompt, 16, args.vocab), Clock(), worker)  # warm-up

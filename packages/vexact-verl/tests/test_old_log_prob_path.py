@@ -27,6 +27,8 @@ pytest.importorskip("verl", reason="verl is not installed: pip install 'vexact-v
 from verl.utils import tensordict_utils as tu  # noqa: E402
 from verl_batches import packed_batch  # noqa: E402
 
+from vexact_verl.engine_builder import build_actor_engine  # noqa: E402
+
 
 class OpCount(TorchDispatchMode):
     """Counts aten ops while ``counting`` is set."""
@@ -76,29 +78,6 @@ PROMPTS = [[257, 72, 101], [257, 49, 43, 49, 61, 50], [257, 10], [257, 120, 61]]
 RESPONSES = [[50, 51, 52, 256], [33], [97, 98, 99, 100, 101], [55, 56]]
 
 
-def _engine(kind: str):
-    """The actor engine verl builds for ``strategy=vexact``, or verl's own FSDP2 engine on the same checkpoint (the
-    transformers model on SDPA: flash-attention does not run on CPU), as verl's actor (which scores old_log_prob)."""
-    from verl.trainer.config import CheckpointConfig
-    from verl.workers.config import FSDPEngineConfig, FSDPOptimizerConfig, HFModelConfig
-    from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
-
-    from vexact_models import default_checkpoint
-    from vexact_verl.actor_engine import VexactEngineWithLMHead
-
-    override = {"attn_implementation": "sdpa"} if kind == "fsdp2" else {}
-    model_config = HFModelConfig(path=str(default_checkpoint()), override_config=override)
-    model_config.model_type = "language_model"
-    engine_config = FSDPEngineConfig(forward_only=False, use_torch_compile=False)
-    object.__setattr__(engine_config, "strategy", kind)
-    object.__setattr__(engine_config, "use_remove_padding", True)
-    cls = VexactEngineWithLMHead if kind == "vexact" else FSDPEngineWithLMHead
-    optim = FSDPOptimizerConfig(lr=1e-3, total_training_steps=1)
-    engine = cls(model_config, engine_config, optim, CheckpointConfig())
-    engine.initialize()
-    return engine
-
-
 def _path_ops(engine, copies: int) -> tuple[int, dict, torch.Tensor]:
     """aten ops of ``infer_batch`` (one micro-batch) and the driver's ``no_padding_2_padding`` of its log-probs and
     entropy for ``copies`` x the four test sequences, the model's forward and log-probs not counted; the engine's
@@ -142,7 +121,9 @@ def _verl_layout_only(micro_batch, loss_function, forward_only):
 def test_vexact_engine_adds_no_op_per_sequence_beyond_verls_engine(verl_device):
     if verl_device != "cpu":
         pytest.skip("counts the CPU path; the cuda variant runs the same code")
-    vexact, fsdp = _engine("vexact"), _engine("fsdp2")
+    # the actor engine verl builds for strategy=vexact and verl's own FSDP2 engine on the same checkpoint, as verl's
+    # actor (which scores old_log_prob)
+    vexact, fsdp = build_actor_engine("vexact"), build_actor_engine("fsdp2")
     (v1, out, lp1), (v2, _, lp2) = _path_ops(vexact, 1), _path_ops(vexact, 3)
     (f1, _, _), (f2, _, _) = _path_ops(fsdp, 1), _path_ops(fsdp, 3)
     vexact.forward_step = _verl_layout_only

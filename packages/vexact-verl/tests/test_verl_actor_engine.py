@@ -40,6 +40,7 @@ from vexact_models import (  # noqa: E402
 )
 from vexact_trainer import Actor, init_distributed  # noqa: E402
 from vexact_verl.actor_engine import VexactEngineWithLMHead, VexactFSDPEngineConfig  # noqa: E402
+from vexact_verl.engine_builder import build_actor_engine  # noqa: E402
 from vexact_verl.registration import is_engine_registered  # noqa: E402
 from vexact_verl.tim import ATTR_KEYS, AttributionConfig  # noqa: E402
 
@@ -54,27 +55,6 @@ def device(verl_device):
 
 
 FAMILIES = ["qwen3", "qwen3_moe", "llama", "deepseek_v3"]  # default_checkpoint families (Llama: tied head)
-
-
-def make_engine(
-    forward_only: bool, checkpoint_config: CheckpointConfig | None = None, family: str = "qwen3", **engine_kw
-):
-    path = default_checkpoint(family)
-    model_config = HFModelConfig(path=str(path), enable_gradient_checkpointing=not forward_only)
-    model_config.model_type = "language_model"  # what verl's TrainingWorker sets before EngineRegistry.new
-    engine_config = VexactFSDPEngineConfig(forward_only=forward_only, use_torch_compile=False, **engine_kw)
-    object.__setattr__(engine_config, "strategy", "vexact")  # as FSDPActorConfig.__post_init__ copies actor.strategy
-    optim = FSDPOptimizerConfig(lr=1e-3, total_training_steps=10)
-    engine = EngineRegistry.new(
-        model_type="language_model",
-        backend=engine_config.strategy,
-        model_config=model_config,
-        engine_config=engine_config,
-        optimizer_config=optim,
-        checkpoint_config=checkpoint_config or CheckpointConfig(),
-    )
-    engine.initialize()
-    return engine
 
 
 def verl_batch(temperature) -> TensorDict:
@@ -102,7 +82,7 @@ def trainer_log_probs(temperature, device, family: str = "qwen3"):
 @pytest.mark.parametrize("temperature", [0.7, torch.tensor(TEMPS)], ids=["scalar", "per_sample"])
 def test_verl_engine_logprobs_equal_trainer(device, temperature, forward_only, family):
     assert is_engine_registered()
-    engine = make_engine(forward_only=forward_only, family=family)
+    engine = build_actor_engine(forward_only=forward_only, family=family)
     assert type(engine) is VexactEngineWithLMHead
     lp, ent = verl_log_probs(engine, temperature)
     want = trainer_log_probs(temperature, device, family)
@@ -112,7 +92,7 @@ def test_verl_engine_logprobs_equal_trainer(device, temperature, forward_only, f
 
 
 def test_fast_kernels_fail_the_same_check(device):
-    engine = make_engine(forward_only=True)
+    engine = build_actor_engine(forward_only=True)
     engine.kernel_backend = "fast"
     lp, _ = verl_log_probs(engine, 1.0)
     want = trainer_log_probs(1.0, device)
@@ -124,7 +104,7 @@ def test_weight_export_keeps_hf_names(device, family):
     """verl's per-tensor export carries the checkpoint's names: the module's HF names, and for an MoE layer the
     stacked experts (``mlp.experts.gate_up_proj [E, 2I, H]``, transformers' layout) split one tensor per expert and
     projection by verl's own ``unfuse_moe_params``, as the rollout's ``update_weights`` receives them."""
-    engine = make_engine(forward_only=False, family=family)
+    engine = build_actor_engine(forward_only=False, family=family)
     params, peft = engine.get_per_tensor_param()
     got = dict(params)
     want = dict(iter_checkpoint(default_checkpoint(family)))
@@ -139,9 +119,16 @@ def test_weight_export_keeps_hf_names(device, family):
 
 def test_refusals_name_the_setting(device):
     with pytest.raises(NotImplementedError, match="ulysses_sequence_parallel_size"):
-        make_engine(forward_only=True, ulysses_sequence_parallel_size=2)
+        build_actor_engine(forward_only=True, ulysses_sequence_parallel_size=2)
     with pytest.raises(ValueError, match="param_dtype=torch.float16"):
-        make_engine(forward_only=True, mixed_precision={"param_dtype": "fp16"})
+        build_actor_engine(forward_only=True, mixed_precision={"param_dtype": "fp16"})
+
+
+def test_build_actor_engine_refuses_by_name():
+    with pytest.raises(ValueError, match=r"strategy 'fsdp' is not built here; allowed: \['vexact', 'fsdp2'\]"):
+        build_actor_engine("fsdp")
+    with pytest.raises(ValueError, match="a checkpoint path or a family, not both"):
+        build_actor_engine(path=default_checkpoint(), family="qwen3")
 
 
 def _response_rows(seq_lens: list[int]) -> torch.Tensor:
@@ -167,7 +154,7 @@ def test_training_gradients_equal_trainer(device, family):
         loss = -model_output["log_probs"].values()[rows].sum()
         return loss, {}
 
-    engine = make_engine(forward_only=False, family=family)
+    engine = build_actor_engine(forward_only=False, family=family)
     data = verl_batch(1.0)
     tu.assign_non_tensor(data, micro_batch_size_per_gpu=len(PROMPTS))  # one micro-batch: no accumulation order
     with engine.train_mode(zero_grad_on_exit=False):
@@ -199,7 +186,7 @@ def _sum_loss(model_output, data, dp_group=None):
 def test_train_batch_steps_the_optimizer(device):
     """verl's ``train_batch`` (zero grad, micro-batches, FSDP2 grad clipping, AdamW step) moves the weights that the
     per-tensor export then carries."""
-    engine = make_engine(forward_only=False)
+    engine = build_actor_engine(forward_only=False)
     before = {n: t.clone() for n, t in engine.get_per_tensor_param()[0]}
     with engine.train_mode():
         out = engine.train_batch(verl_batch(1.0), _sum_loss)
@@ -211,7 +198,7 @@ def test_train_batch_steps_the_optimizer(device):
 def test_old_log_prob_time_is_logged_by_the_next_step(device):
     """verl's old_log_prob (``infer_batch``) is timed on the engine's side, the whole call and its forwards, and the
     next training step logs the sums once: what of verl's ``timing_s/old_log_prob`` is ours."""
-    engine = make_engine(forward_only=False)
+    engine = build_actor_engine(forward_only=False)
     with engine.eval_mode():
         engine.infer_batch(verl_batch(1.0), loss_function=None)
         engine.infer_batch(verl_batch(1.0), loss_function=None)
@@ -228,13 +215,13 @@ TIMING_KEYS = ("vexact/perf/infer_batch_s", "vexact/perf/infer_forward_s", "vexa
 
 def test_checkpoint_round_trip(device, tmp_path):
     """verl's checkpoint save/load: a fresh engine that loads it continues training exactly as the saved one."""
-    a = make_engine(forward_only=False)
+    a = build_actor_engine(forward_only=False)
     with a.train_mode():
         a.train_batch(verl_batch(1.0), _sum_loss)
     a.save_checkpoint(str(tmp_path), global_step=1)
     assert (tmp_path / "huggingface" / "config.json").is_file()
     assert a.module.config is not None and not hasattr(a.module, "can_generate")  # the model's own config is back
-    b = make_engine(forward_only=False)
+    b = build_actor_engine(forward_only=False)
     b.load_checkpoint(str(tmp_path))
     for engine in (a, b):
         with engine.train_mode():
@@ -250,7 +237,9 @@ def test_hf_model_checkpoint_holds_the_trained_weights(device, tmp_path, family)
     from transformers import AutoModelForCausalLM
 
     contents = ["model", "optimizer", "extra", "hf_model"]
-    engine = make_engine(False, CheckpointConfig(save_contents=contents, load_contents=contents), family=family)
+    engine = build_actor_engine(
+        checkpoint_config=CheckpointConfig(save_contents=contents, load_contents=contents), family=family
+    )
     with engine.train_mode():
         engine.train_batch(verl_batch(1.0), _sum_loss)
     engine.save_checkpoint(str(tmp_path), global_step=1)
@@ -291,10 +280,10 @@ def test_vexact_settings_are_hydra_keys_of_the_actor_engine_config(device, actor
     )
     assert isinstance(actor.engine, VexactFSDPEngineConfig) and actor.engine.strategy == "vexact"
     assert AttributionConfig.from_settings(actor.engine.vexact) == AttributionConfig(10, 4, ("linear", "attention"))
-    engine = make_engine(forward_only=False, vexact={"tim_attribute_every": 10})
+    engine = build_actor_engine(forward_only=False, vexact={"tim_attribute_every": 10})
     assert engine.tim_attribution == AttributionConfig(every=10)
     with pytest.raises(ValueError, match=r"unknown key\(s\) \['tim_every'\]; allowed: .*'keep_previous_version'"):
-        make_engine(forward_only=False, vexact={"tim_every": 10})
+        build_actor_engine(forward_only=False, vexact={"tim_every": 10})
 
 
 def test_a_veomni_engine_config_is_refused_by_name(device):
@@ -333,12 +322,12 @@ def test_tim_attribution_is_off_by_default_and_leaves_the_step_unchanged(device)
     a sample of the step's sequences with one op family on ``fast`` at a time; the step itself (loss, its logprobs,
     gradient norm, the weights it writes) is bitwise the step without attribution, and all-invariant gives exactly
     zero."""
-    off = make_engine(forward_only=False)
+    off = build_actor_engine(forward_only=False)
     assert off.tim_attribution.every == 0
     m_off, lp_off, g_off, w_off = _step(off)
     assert not [k for k in m_off["metrics"] if k.startswith("tim_attr/")]
 
-    on = make_engine(forward_only=False, vexact={"tim_attribute_every": 1, "tim_attribute_samples": 3})
+    on = build_actor_engine(forward_only=False, vexact={"tim_attribute_every": 1, "tim_attribute_samples": 3})
     data = verl_batch(torch.tensor(TEMPS))
     control = on.tim_attribute(data, ["invariant"])  # before the step: the same weights as the step's attribution
     m_on, lp_on, g_on, w_on = _step(on)
@@ -346,7 +335,7 @@ def test_tim_attribution_is_off_by_default_and_leaves_the_step_unchanged(device)
     assert g_off and sorted(g_on) == sorted(g_off) and all(torch.equal(g_on[n], g_off[n]) for n in g_off)
     assert m_on["loss"] == m_off["loss"] and m_on["metrics"]["grad_norm"] == m_off["metrics"]["grad_norm"]
     assert sorted(w_on) == sorted(w_off) and all(torch.equal(w_on[n], w_off[n]) for n in w_off)
-    leak = make_engine(forward_only=False)  # what a fast kernel left set by the attribution would do: caught
+    leak = build_actor_engine(forward_only=False)  # what a fast kernel left set by the attribution would do: caught
     leak.kernel_backend = "fast"
     assert not torch.equal(_step(leak)[1], lp_off)
 
@@ -365,7 +354,7 @@ def test_tim_attribution_is_off_by_default_and_leaves_the_step_unchanged(device)
 def test_tim_attribution_runs_every_nth_step_once_per_step(device):
     """A step is verl's ``update_actor``: ``train_batch`` per mini-batch, the last flagged ``update_lr_scheduler``;
     the attribution runs on the first mini-batch of every N-th step only."""
-    engine = make_engine(forward_only=False)
+    engine = build_actor_engine(forward_only=False)
     engine.tim_attribution = AttributionConfig(every=2, samples=1, ops=("rotary",))
     logged = []
     for last in (False, True, False, True, True):  # steps 1 (two mini-batches), 2 (two), 3 (one)
@@ -393,7 +382,7 @@ def test_old_log_prob_checks_each_token_at_its_version(device):
     0.0, and a token labelled with the wrong version fails the check."""
     from vexact_verl import versions
 
-    engine = make_engine(forward_only=False, vexact={"keep_previous_version": True})
+    engine = build_actor_engine(forward_only=False, vexact={"keep_previous_version": True})
     versions.publish_version(0)
     lp0 = verl_log_probs(engine, 1.0)[0]
     v0 = [[0] * len(r) for r in RESPONSES]
