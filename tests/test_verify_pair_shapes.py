@@ -109,6 +109,16 @@ def test_run_pair_passes_the_pair_and_verl_tuning_to_both_arms(tmp_path):
     assert r.returncode == 2 and "layers is -1" in r.stderr
 
 
+def test_run_pair_builds_the_veomni_actor_where_veomni_takes_it(tmp_path):
+    """VeOmni 0.1.12 builds the model on an accelerator without FSDP (one GPU) and on ``meta`` under FSDP2 (verl's
+    default), refusing the other (torch_parallelize.build_parallelize_model / parallelize_model_fsdp2)."""
+    for ngpus, where in (("1", "cuda"), ("2", None)):
+        cmd = _dry_run(tmp_path, PAIR="moe-1k", NGPUS=ngpus)["vllm"]
+        for role in ("actor", "ref"):
+            got = [w.split("=", 1)[1] for w in cmd if w.startswith(f"actor_rollout_ref.{role}.veomni.init_device=")]
+            assert got == ([where] if where else []), (ngpus, role, got)
+
+
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
     from transformers import AutoTokenizer

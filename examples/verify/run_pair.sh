@@ -217,8 +217,12 @@ for arm in "${ARMS[@]}"; do
       if [ "$MOE" = 1 ]; then
         ATTN=$ACTOR_ATTN ACTOR="verl VeOmni engine ($MOE_IMPL MoE)"
         ARGS+=(model_engine=veomni actor_rollout_ref.actor.veomni.attn_implementation="$ACTOR_ATTN"
-               actor_rollout_ref.actor.veomni.moe_implementation="$MOE_IMPL"
-               actor_rollout_ref.actor.veomni.init_device=cuda actor_rollout_ref.ref.veomni.init_device=cuda)
+               actor_rollout_ref.actor.veomni.moe_implementation="$MOE_IMPL")
+        # where VeOmni builds the model: on one GPU (no FSDP) only on an accelerator (ValueError "Only FSDP
+        # training supports `init_device=meta`"), under FSDP2 only on meta, verl's default (AssertionError "Please
+        # use init_device: meta for FSDP2")
+        [ "$NGPUS" != 1 ] \
+          || ARGS+=(actor_rollout_ref.actor.veomni.init_device=cuda actor_rollout_ref.ref.veomni.init_device=cuda)
         # on one GPU VeOmni applies no FSDP, so no mixed precision: its fp32 weights reach the fused_triton MoE,
         # which takes bf16/fp16 only (AssertionError: torch.float32, seen on an H100); bf16 weights there
         if [ "$NGPUS" = 1 ]; then
