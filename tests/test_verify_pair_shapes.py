@@ -195,6 +195,9 @@ def test_write_meta_lists_every_setting_that_differs_from_verl_defaults_per_arm(
     assert d["actor_rollout_ref.actor.veomni.attn_implementation"]["value"] == "eager"
     # VeOmni has no fused_triton kernel for gpt-oss's experts: eager
     assert d["actor_rollout_ref.actor.veomni.moe_implementation"]["value"] == "eager"
+    # its eager MoE takes fp32 weights: verl's mixed_precision=true stays, fused_triton's bf16 weights are not needed
+    assert "actor_rollout_ref.actor.veomni.mixed_precision" not in d
+    assert write_meta.settings(" ".join(moe[3:]))[1]["actor_rollout_ref.actor.veomni.mixed_precision"]["value"] is False
     # its checkpoint holds a prompt and a whole response (128 + 1024 tokens): context 2048
     assert d["actor_rollout_ref.model.path"]["value"].endswith("gpt-oss-20b-l4-c2048")
     ours = write_meta.settings(" ".join(gptoss["vexact"][3:]))[1]

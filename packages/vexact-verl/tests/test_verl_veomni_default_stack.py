@@ -2,9 +2,10 @@
 
 examples/verify/run_pair.sh runs that arm's actor as verl 0.9.1's own ``VeOmniEngineWithLMHead``
 (``model_engine=veomni``) on one GPU with ``moe_implementation=eager`` (VeOmni 0.1.12 has no Triton kernel for
-gpt-oss's experts), ``mixed_precision=False`` (one GPU: no FSDP, bf16 weights) and eager attention where FA4 does not
-run (transformers' GptOss has no SDPA path for the sinks). These tests build that engine as verl's worker builds it
-and run verl's ``infer_batch`` and ``train_batch`` through VeOmni's gpt-oss model.
+gpt-oss's experts), verl's ``mixed_precision=true`` (one GPU: no FSDP, so fp32 weights under verl's bf16 autocast) and
+eager attention where FA4 does not run (transformers' GptOss has no SDPA path for the sinks). These tests build that
+engine as verl's worker builds it, with bf16 weights (``mixed_precision=False``, the MoE arm's setting for
+fused_triton) and fp32 weights, and run verl's ``infer_batch`` and ``train_batch`` through VeOmni's gpt-oss model.
 
 CPU stand-ins, as in ``test_verl_actor_engine.py`` (a CPU platform on a gloo world-size-1 group), plus two for this
 engine: verl registers it for ``cuda`` and ``npu`` only, so it is built by its class; and VeOmni at world size 1
@@ -50,7 +51,7 @@ def device(verl_device, monkeypatch):
     return verl_device
 
 
-def stock_engine(device: str, *, mixed_precision: bool = False, lr: float = 1e-2):
+def stock_engine(device: str, *, mixed_precision: bool, lr: float = 1e-2):
     """verl's ``VeOmniEngineWithLMHead`` for the tiny gpt-oss with the vllm arm's settings, ``initialize()``d."""
     model_config = HFModelConfig(path=str(default_checkpoint("gpt_oss")), enable_gradient_checkpointing=True)
     model_config.model_type = "language_model"  # what verl's TrainingWorker sets before EngineRegistry.new
@@ -91,12 +92,13 @@ def train_step(engine) -> tuple[dict, dict[str, torch.Tensor]]:
     return out["metrics"], before
 
 
-def test_stock_veomni_engine_scores_and_trains_gpt_oss_with_eager_moe_and_attention(device):
-    engine = stock_engine(device)
+@pytest.mark.parametrize("mixed_precision", [True, False])
+def test_stock_veomni_engine_scores_and_trains_gpt_oss_with_eager_moe_and_attention(device, mixed_precision):
+    engine = stock_engine(device, mixed_precision=mixed_precision)
     module = engine.module
     assert type(module).__module__.startswith("veomni.models.transformers.gpt_oss")  # VeOmni's gpt-oss, not ours
     assert module.config._attn_implementation == "eager"
-    assert {p.dtype for p in module.parameters()} == {torch.bfloat16}  # mixed_precision=False: no fp32 copy
+    assert {p.dtype for p in module.parameters()} == {torch.float32 if mixed_precision else torch.bfloat16}
     lp = log_probs(engine)
     assert lp.shape == (len(PROMPTS), max(map(len, RESPONSES)))
     assert all(torch.isfinite(lp[i, : len(r)]).all() and (lp[i, : len(r)] < 0).all() for i, r in enumerate(RESPONSES))
@@ -108,9 +110,10 @@ def test_stock_veomni_engine_scores_and_trains_gpt_oss_with_eager_moe_and_attent
 
 
 def test_bf16_weights_drop_most_adamw_steps_at_the_pairs_learning_rate(device):
-    """run_pair.sh's LR (3e-6) on the arm's one-GPU setting: AdamW moves each element by about the learning rate, and
-    on bf16 weights a step below half a unit in the last place rounds away (bf16 keeps 8 significant bits, so an
-    element moves only where |w| < ~1e-3). With fp32 weights (``mixed_precision=True``) every element moves."""
+    """run_pair.sh's LR (3e-6) on one GPU: AdamW moves each element by about the learning rate, and on bf16 weights
+    (``mixed_precision=False``) a step below half a unit in the last place rounds away (bf16 keeps 8 significant bits,
+    so an element moves only where |w| < ~1e-3). With fp32 weights (``mixed_precision=True``) every element moves:
+    why run_pair.sh keeps verl's mixed precision for the eager MoE."""
     fractions = {}
     for mixed_precision in (False, True):
         engine = stock_engine(device, mixed_precision=mixed_precision, lr=3e-6)
