@@ -109,6 +109,16 @@ def test_run_pair_passes_the_pair_and_verl_tuning_to_both_arms(tmp_path):
     assert r.returncode == 2 and "layers is -1" in r.stderr
 
 
+def test_run_pair_builds_the_veomni_actor_where_veomni_takes_it(tmp_path):
+    """VeOmni 0.1.12 builds the model on an accelerator without FSDP (one GPU) and on ``meta`` under FSDP2 (verl's
+    default), refusing the other (torch_parallelize.build_parallelize_model / parallelize_model_fsdp2)."""
+    for ngpus, where in (("1", "cuda"), ("2", None)):
+        cmd = _dry_run(tmp_path, PAIR="moe-1k", NGPUS=ngpus)["vllm"]
+        for role in ("actor", "ref"):
+            got = [w.split("=", 1)[1] for w in cmd if w.startswith(f"actor_rollout_ref.{role}.veomni.init_device=")]
+            assert got == ([where] if where else []), (ngpus, role, got)
+
+
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
     from transformers import AutoTokenizer
@@ -185,6 +195,9 @@ def test_write_meta_lists_every_setting_that_differs_from_verl_defaults_per_arm(
     assert d["actor_rollout_ref.actor.veomni.attn_implementation"]["value"] == "eager"
     # VeOmni has no fused_triton kernel for gpt-oss's experts: eager
     assert d["actor_rollout_ref.actor.veomni.moe_implementation"]["value"] == "eager"
+    # its eager MoE takes fp32 weights: verl's mixed_precision=true stays, fused_triton's bf16 weights are not needed
+    assert "actor_rollout_ref.actor.veomni.mixed_precision" not in d
+    assert write_meta.settings(" ".join(moe[3:]))[1]["actor_rollout_ref.actor.veomni.mixed_precision"]["value"] is False
     # its checkpoint holds a prompt and a whole response (128 + 1024 tokens): context 2048
     assert d["actor_rollout_ref.model.path"]["value"].endswith("gpt-oss-20b-l4-c2048")
     ours = write_meta.settings(" ".join(gptoss["vexact"][3:]))[1]
