@@ -189,8 +189,16 @@ def test_write_meta_lists_every_setting_that_differs_from_verl_defaults_per_arm(
     d = write_meta.settings(" ".join(moe[3:]))[1]  # read against verl's VeOmni config
     assert d["actor_rollout_ref.actor.veomni.attn_implementation"] == {"value": "sdpa",
                                                                        "verl_default": "flash_attention_2"}  # fmt: skip
-    # gpt-oss: the sinks have no SDPA path in transformers, so the default actor runs eager where FA4 is not there
-    gptoss = _dry_run(tmp_path, PAIR="gptoss-1k")
+    # gpt-oss: the sinks have no SDPA path in transformers, and its eager attention mixes a packed row's sequences:
+    # without FA4 the arm is refused, naming the way out; ACTOR_ATTN=eager runs it anyway
+    refused = subprocess.run(
+        ["bash", "examples/verify/run_pair.sh", str(tmp_path), "vllm", "vexact"], cwd=ROOT, capture_output=True,
+        text=True, env={**os.environ, "DRY_RUN": "1", "TAG": "cpu", "PAIR": "gptoss-1k", "PYTHONPATH_FA4": ""},
+    )  # fmt: skip
+    assert refused.returncode == 2 and not refused.stdout, refused
+    assert "needs FlashAttention 4" in refused.stderr and "ACTOR_ATTN=eager" in refused.stderr, refused.stderr
+    assert "transformers#39997" in refused.stderr
+    gptoss = _dry_run(tmp_path, PAIR="gptoss-1k", ACTOR_ATTN="eager")
     d = write_meta.settings(" ".join(gptoss["vllm"][3:]))[1]
     assert d["actor_rollout_ref.actor.veomni.attn_implementation"]["value"] == "eager"
     # VeOmni has no fused_triton kernel for gpt-oss's experts: eager

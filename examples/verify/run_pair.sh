@@ -145,9 +145,16 @@ if [[ " ${ARMS[*]} " == *" vllm "* ]]; then
   CHOICE=$(PYTHONPATH="$PROBE_PATH${PYTHONPATH:+:$PYTHONPATH}" ACTOR_ATTN="$ACTOR_ATTN" \
     python3 examples/verify/actor_attention.py) || exit 2
   eval "$CHOICE"
-  # gpt-oss's learned sinks join every softmax: transformers' GptOss has no SDPA path for them, only eager (and FA4)
+  # gpt-oss's learned sinks join every softmax: transformers' GptOss runs them on FA4 or eager only, and eager is no
+  # baseline for a packed row: its mask is built without position_ids, so each sequence of a micro-batch attends to
+  # the ones before it (huggingface/transformers#39997; packages/vexact-verl/tests/test_verl_veomni_default_stack.py),
+  # and its token x token scores of a 16k-token micro-batch take tens of GB. FA4 or nothing, unless ACTOR_ATTN=eager
   if [[ "$SHAPE" == gpt-oss* ]] && [ "$ACTOR_ATTN" = sdpa ]; then
-    ACTOR_ATTN=eager ACTOR_ATTN_WHY="$ACTOR_ATTN_WHY; gpt-oss's sinks: eager in place of sdpa"
+    echo "the gpt-oss vllm arm needs FlashAttention 4 for its actor (${ACTOR_ATTN_WHY}): transformers has no SDPA" \
+      "path for gpt-oss's sinks, and its eager attention mixes the packed sequences of a micro-batch" \
+      "(huggingface/transformers#39997). Stage FA4 (scripts/staging/fa4_device_wheels.sh) and set PYTHONPATH_FA4," \
+      "or set ACTOR_ATTN=eager to run eager anyway" >&2
+    exit 2
   fi
   [ "$ACTOR_ATTN" != flash_attention_4 ] || VLLM_PATH=$PROBE_PATH
   # the module verl imports in its workers (external_lib) for FA4 to take transformers' call; its folder in front
