@@ -3,8 +3,9 @@
 examples/verify/run_pair.sh runs that arm's actor as verl 0.9.1's own ``VeOmniEngineWithLMHead``
 (``model_engine=veomni``) on one GPU with ``moe_implementation=eager`` (VeOmni 0.1.12 has no Triton kernel for
 gpt-oss's experts), verl's ``mixed_precision=true`` (one GPU: no FSDP, so fp32 weights under verl's bf16 autocast) and
-eager attention where FA4 does not run (transformers' GptOss has no SDPA path for the sinks). These tests build that
-engine as verl's worker builds it, with bf16 weights (``mixed_precision=False``, the MoE arm's setting for
+FA4 attention; eager attention (transformers' GptOss has no SDPA path for the sinks) only with ``ACTOR_ATTN=eager``,
+since it mixes a packed row's sequences (the last test), and run_pair.sh refuses the arm otherwise. These tests build
+that engine as verl's worker builds it, with bf16 weights (``mixed_precision=False``, the MoE arm's setting for
 fused_triton) and fp32 weights, and run verl's ``infer_batch`` and ``train_batch`` through VeOmni's gpt-oss model.
 
 CPU stand-ins, as in ``test_verl_actor_engine.py`` (a CPU platform on a gloo world-size-1 group), plus two for this
