@@ -105,7 +105,7 @@ def _engine_equals_trainer(model, workload) -> None:
     assert logprob_mismatches(outs, trainer_logprobs(model, outs, params)) == []
 
 
-@pytest.mark.slow
+@pytest.mark.slow(minutes=1.5)
 @_examples(EXAMPLES)
 @given(workloads())
 def test_engine_equals_trainer(tiny_model, workload):
