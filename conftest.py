@@ -43,31 +43,16 @@ def pytest_configure(config):
     import torch
 
     torch.set_num_threads(1)
-    # xdist hands each worker a quarter of its share up front, in collection order (so all the slow tests sorted
-    # first would go to one worker), then more as tests finish; two at a time spreads the slow ones over the workers
-    if getattr(config.option, "maxschedchunk", "no xdist") is None:
-        config.option.maxschedchunk = 2
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``slow`` run first, and a test marked ``gpu`` needs CUDA: where there is none it is skipped,
-    visibly, with that reason (one rule for every package, instead of a ``skipif`` beside each ``gpu`` mark).
-
-    Slow first, the longest first (``slow(minutes=N)``: about N minutes on CI's two cores): xdist hands the tests
-    out in this order, so the verl end-to-end jobs start at once on both workers instead of whenever their file
-    comes up; one of them started last is the suite's tail (seen: the resume test alone on one core for the last 6
-    minutes)."""
+    """A test marked ``gpu`` needs CUDA: where there is none it is skipped, visibly, with that reason (one rule for
+    every package, instead of a ``skipif`` beside each ``gpu`` mark)."""
     import torch
 
-    items.sort(key=_run_order)  # stable: the rest keep their order
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")
     for item in items:
         if item.get_closest_marker("gpu") is not None:
             item.add_marker(skip)
-
-
-def _run_order(item) -> tuple[int, float]:
-    slow = item.get_closest_marker("slow")
-    return (0, -float(slow.kwargs.get("minutes", 0))) if slow is not None else (1, 0.0)

@@ -105,14 +105,12 @@ def _engine_equals_trainer(model, workload) -> None:
     assert logprob_mismatches(outs, trainer_logprobs(model, outs, params)) == []
 
 
-@pytest.mark.slow(minutes=1.5)
 @_examples(EXAMPLES)
 @given(workloads())
 def test_engine_equals_trainer(tiny_model, workload):
     _engine_equals_trainer(tiny_model, workload)
 
 
-@pytest.mark.slow
 @_examples(MOE_EXAMPLES)
 @given(workloads())
 def test_moe_engine_equals_trainer(tiny_moe_model, workload):

@@ -112,7 +112,7 @@ def tiny_model(family: str, out: Path) -> Path:
 
 def _runs():
     for name in RUNS:
-        marks = [pytest.mark.slow(minutes=2)] + ([] if name in DEFAULT_SUITE else [only_with_all])
+        marks = [pytest.mark.slow] + ([] if name in DEFAULT_SUITE else [only_with_all])
         yield pytest.param(name, id=name, marks=marks)
 
 

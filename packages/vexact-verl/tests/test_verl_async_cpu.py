@@ -194,7 +194,6 @@ def check_step(trainer, step: int, finished: dict) -> tuple[dict, dict]:
     return dict(exact, **staleness_metrics(step, versions)), current
 
 
-@pytest.mark.slow
 def test_separate_async_through_verls_checkpoint_engine_keeps_every_token_exact(placement, backend):
     mgr, trainer, *_ = placement
     seen = []

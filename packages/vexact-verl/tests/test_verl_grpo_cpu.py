@@ -26,7 +26,7 @@ import pytest
 pytest.importorskip("verl", reason="verl is not installed: pip install 'vexact-verl[verl]'")
 pytest.importorskip("ray", reason="ray is not installed: pip install 'vexact-verl[verl]'")
 
-pytestmark = pytest.mark.slow(minutes=4)
+pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[3]
 STEPS = 2
