@@ -150,10 +150,7 @@ def _env(site: str | None, batch_invariant: bool) -> dict:
     # FA4's site (scripts/staging/fa4_device_wheels.sh) carries apache-tvm-ffi in another version than vLLM's:
     # off vLLM's path
     parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and "fa4site" not in p]
-    env["PYTHONPATH"] = os.pathsep.join(parts)
-    if site:
-        env["PYTHONPATH"] = site + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env["PYTHONPATH"] = str(VLLM_PLUGIN) + (os.pathsep + env["PYTHONPATH"] if env["PYTHONPATH"] else "")
+    env["PYTHONPATH"] = os.pathsep.join([str(VLLM_PLUGIN), *([site] if site else []), *parts])
     env["VLLM_BATCH_INVARIANT"] = "1" if batch_invariant else "0"
     # FlashInfer is not carried (scripts/staging/vllm_device_wheels.sh); vLLM 0.26 imports it when it builds its sampler
     # unless its top-k/top-p sampler is switched off. The workload samples with neither top-k nor top-p, so that

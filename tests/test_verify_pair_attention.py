@@ -354,6 +354,7 @@ def test_vllm_meta_names_the_attention_and_every_setting_that_differs_from_verl_
     meta = json.loads((results / f"cpu-{pair}-vllm.meta.json").read_text())
     assert meta["stack"]["attention"] == "flash_attention_4"
     assert meta["stack"]["attention_why"].startswith(want_why), meta["stack"]
+    assert meta["stack"]["moe"] == ("VeOmni fused_triton" if pair == "moe-1k" else None)  # as the command sets it
     differs = meta["differs_from_verl_defaults"]
     # verl's defaults from its own Hydra composition (not the YAML write_meta reads): with the arm's engine group
     words = dict(w.lstrip("+").split("=", 1) for w in cmd[3:] if "=" in w and not w.startswith("hydra."))

@@ -171,8 +171,7 @@ MOE_IMPL=fused_triton
 
 write_meta() {  # $1: the arm's exit code, empty while it has not finished; the arm's own folders on the path, so
   # the versions recorded are the ones the arm ran
-  ARM="$arm" NAME="$NAME" RESULTS="$RESULTS" ATTN="$ATTN" ATTN_WHY="$WHY" ACTOR="$ACTOR" MOE="$MOE" MOE_IMPL="$MOE_IMPL" \
-  SHAPE="$SHAPE" \
+  ARM="$arm" NAME="$NAME" RESULTS="$RESULTS" ATTN="$ATTN" ATTN_WHY="$WHY" ACTOR="$ACTOR" MOE="$MOE" SHAPE="$SHAPE" \
   LAYERS="$LAYERS" PAIR="$PAIR" STEM="$STEM" VOCAB_SIZE="$PAIR_VOCAB_SIZE" RC="$1" CMDLINE="${CMD[*]}" \
   PYTHONPATH="$ARM_PATH${PYTHONPATH:+:$PYTHONPATH}" env "${ARM_ENV[@]}" python3 examples/verify/write_meta.py
 }

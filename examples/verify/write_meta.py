@@ -155,6 +155,9 @@ def _select(cfg, key: str) -> Any:
     return OmegaConf.to_container(v, resolve=True) if OmegaConf.is_config(v) else v
 
 
+VEOMNI_MOE = "actor_rollout_ref.actor.veomni.moe_implementation"
+
+
 def settings(cmdline: str) -> tuple[dict[str, Any], dict[str, dict[str, Any]] | None]:
     """The arm's effective settings (its overrides applied to verl's defaults: ``key -> value``, a key verl lacks
     absent) and the overrides that differ from verl's defaults (None where verl's config cannot be read)."""
@@ -200,10 +203,8 @@ def main() -> None:
         "actor": env["ACTOR"],
         "attention": env["ATTN"],
         "attention_why": env.get("ATTN_WHY"),  # run_pair.sh: why this attention (FA4, or why not)
-        # run_pair.sh's MOE_IMPL: VeOmni's MoE kernel on the vllm arm (fused_triton; eager for gpt-oss)
-        "moe": (f"VeOmni {env.get('MOE_IMPL', 'fused_triton')}" if env["ARM"] == "vllm" else "vexact fused MoE")
-        if moe
-        else None,
+        # the vllm arm's VeOmni MoE kernel as its command sets it (fused_triton; eager for gpt-oss)
+        "moe": (f"VeOmni {ov.get(VEOMNI_MOE)}" if env["ARM"] == "vllm" else "vexact fused MoE") if moe else None,
         "versions": {
             d: _version(d)
             for d in ("verl", "vllm", "ray", "torch", "transformers", "veomni", "vexact-kernels", "vexact-verl")
