@@ -203,3 +203,85 @@ def test_gpu_public_ops_take_the_gpt_oss_options():
     torch.testing.assert_close(tw.double(), torch.softmax(top, dim=-1), atol=1e-6, rtol=1e-6)
     one_w, one_ids = vk.moe_route(logits[7:8], 4, topk_before_softmax=True)
     assert torch.equal(one_w[0], tw[7]) and torch.equal(one_ids[0], tids[7])
+
+
+def _route_logits(device="cpu"):
+    """Router logits for the top-k-then-softmax kernel: gpt-oss-20b's 32 experts and 120b's 128, a width that is not
+    a power of two; ties (runs of equal values, +-0.0), a wide spread (terms whose exp is tiny) and a NaN row."""
+    g = torch.Generator().manual_seed(11)
+    rows = {e: torch.randn(24, e, generator=g) * 3 for e in (32, 128, 20)}
+    for x in rows.values():
+        x[0] = 0.0
+        x[1, ::3] = 1.5
+        x[2, :4] = torch.tensor([-0.0, 0.0, -0.0, 0.0])
+        x[2, 4:] = -1.0
+        x[3] *= 40.0
+        x[4, 5] = float("nan")
+    return {e: x.to(device) for e, x in rows.items()}
+
+
+def _route_kernel(logits, k):
+    from vexact_kernels.moe import _topk_softmax_weights
+    from vexact_kernels.triton_ops.moe_route import triton_moe_route_topk_first
+
+    return triton_moe_route_topk_first(logits, k, _topk_softmax_weights)
+
+
+def _route_torch(logits, k):
+    """The invariant backend's torch ops on CUDA (``moe._route_topk_softmax``), here on any device."""
+    from vexact_kernels.moe import _topk_softmax_weights
+
+    ids = torch.sort(logits.detach().float(), dim=-1, descending=True, stable=True).indices[:, :k]
+    return _topk_softmax_weights(logits, ids), ids
+
+
+@interp
+@pytest.mark.parametrize("k", [1, 3, 4])
+def test_interpreted_route_topk_first_kernel(k):
+    """The kernel's ids are the stable sort's first k (ties and NaN as torch orders them), its weights the softmax
+    over those k (numpy's exp here, so close, not equal), a row's result the same alone as in the batch, and its
+    router gradient the torch expression's, bit for bit."""
+    for e, logits in _route_logits().items():
+        w, ids = _route_kernel(logits, k)
+        want_w, want_ids = _route_torch(logits, k)
+        assert torch.equal(ids, want_ids), e
+        ok = ~torch.isnan(logits).any(dim=1)
+        torch.testing.assert_close(w[ok], want_w[ok], atol=1e-6, rtol=1e-6)
+        for r in (0, 3, 17):
+            one_w, one_ids = _route_kernel(logits[r : r + 1], k)
+            assert torch.equal(one_ids[0], ids[r]) and torch.equal(one_w[0], w[r])
+        leaf = logits[ok].clone().requires_grad_()
+        gw = torch.randn(int(ok.sum()), k, generator=torch.Generator().manual_seed(e))
+        (_route_kernel(leaf, k)[0] * gw).sum().backward()
+        ref = logits[ok].clone().requires_grad_()
+        (_route_torch(ref, k)[0] * gw).sum().backward()
+        assert torch.equal(leaf.grad, ref.grad), e
+    assert _route_kernel(torch.empty(0, 32), 4)[1].shape == (0, 4)
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_route_topk_first_kernel_gives_the_torch_ops_bits(monkeypatch):
+    """What ``moe.ROUTE_TOPK_FIRST_KERNEL`` needs before it is turned on: on CUDA the kernel's weights and ids are
+    the torch ops' bit for bit (libdevice's expf against torch's exp, ``div_rn`` against torch's division), for
+    finite logits, and the router gradient is theirs; ``vk.moe_route`` takes the kernel when the switch is on."""
+    from vexact_kernels import moe
+
+    for e, logits in _route_logits("cuda").items():
+        ok = ~torch.isnan(logits).any(dim=1)
+        big = torch.randn(4096, e, device="cuda", generator=torch.Generator("cuda").manual_seed(e)) * 4
+        for x in (logits[ok], big, big.bfloat16().float()):
+            for k in (1, 3, 4):
+                w, ids = _route_kernel(x, k)
+                want_w, want_ids = _route_torch(x, k)
+                assert torch.equal(ids, want_ids), (e, k)
+                assert torch.equal(w, want_w), (e, k, (w - want_w).abs().max().item())
+    x = big.requires_grad_()
+    monkeypatch.setattr(moe, "ROUTE_TOPK_FIRST_KERNEL", True)
+    w, ids = vk.moe_route(x, 4, topk_before_softmax=True)
+    gw = torch.randn_like(w)
+    (g_kernel,) = torch.autograd.grad((w * gw).sum(), x)
+    monkeypatch.setattr(moe, "ROUTE_TOPK_FIRST_KERNEL", False)
+    w2, ids2 = vk.moe_route(x, 4, topk_before_softmax=True)
+    (g_torch,) = torch.autograd.grad((w2 * gw).sum(), x)
+    assert torch.equal(ids, ids2) and torch.equal(w, w2) and torch.equal(g_kernel, g_torch)

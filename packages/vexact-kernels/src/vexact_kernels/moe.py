@@ -90,19 +90,36 @@ def moe_route(
     return _routed(w, ids, router_logits)
 
 
+# gpt-oss's routing on CUDA in one Triton program per token (``triton_ops.moe_route._route_topk_first_kernel``)
+# instead of the torch ops below (about ten launches a layer). Off until the GPU test
+# ``test_gpu_route_topk_first_kernel_gives_the_torch_ops_bits`` has shown the same bits on a GPU: on, with the same
+# bits, no fixture moves.
+ROUTE_TOPK_FIRST_KERNEL = False
+
+
+def _topk_softmax_weights(router_logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """The weights of the chosen ``ids [T, k]``: a softmax over their logits (the max, ``exp``, the k terms added in
+    rank order, one division), differentiable in ``router_logits``."""
+    top = router_logits.float().gather(1, ids)
+    e = torch.exp(top - top.detach().amax(dim=-1, keepdim=True))
+    total = e[:, 0]
+    for r in range(1, ids.shape[1]):  # rank order, whatever the batch
+        total = total + e[:, r]
+    return e / total.unsqueeze(-1)
+
+
 def _route_topk_softmax(router_logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
     if get_backend("moe") == "fast":  # transformers' GptOssTopKRouter: torch.topk, softmax in the logits' dtype
         top, ids = torch.topk(router_logits, top_k, dim=-1)
         return _routed(F.softmax(top, dim=1, dtype=top.dtype).float(), ids, router_logits)
     if router_logits.is_cuda:
-        logits = router_logits.float()
-        ids = torch.sort(logits.detach(), dim=-1, descending=True, stable=True).indices[:, :top_k]
-        top = logits.gather(1, ids)
-        e = torch.exp(top - top.detach().amax(dim=-1, keepdim=True))
-        total = e[:, 0]
-        for r in range(1, top_k):  # rank order, whatever the batch
-            total = total + e[:, r]
-        return _routed(e / total.unsqueeze(-1), ids, router_logits)
+        if ROUTE_TOPK_FIRST_KERNEL and use_triton(router_logits):
+            from .triton_ops.moe_route import triton_moe_route_topk_first
+
+            w, ids = triton_moe_route_topk_first(router_logits, top_k, _topk_softmax_weights)
+            return _routed(w, ids, router_logits)
+        ids = torch.sort(router_logits.detach().float(), dim=-1, descending=True, stable=True).indices[:, :top_k]
+        return _routed(_topk_softmax_weights(router_logits, ids), ids, router_logits)
     invariant_device_check("moe_route", router_logits)
     logits = router_logits.float()
     ids = torch.sort(logits.detach(), dim=-1, descending=True, stable=True).indices[:, :top_k]

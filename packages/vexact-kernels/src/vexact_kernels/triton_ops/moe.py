@@ -106,9 +106,10 @@ def _grouped_mm_kernel(
         a_base, b_base, stride_ak, stride_bk, mask_a, mask_n, K, 0, tl.cdiv(K, BLOCK_K),
         BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_TILES, INTERPRET, INPUT_PRECISION,
     )  # fmt: skip
-    if HAS_BIAS:  # the expert's fp32 bias, added to the fp32 result before the one cast (off: the code without it)
+    if HAS_BIAS:  # the expert's bias widened to fp32 (exact), added to the fp32 result before the one cast (off: the
+        # code without it)
         bias = tl.load(bias_ptr + e.to(tl.int64) * stride_bias + offs_n[None, :], mask=mask_n, other=0.0)
-        total = total + bias
+        total = total + bias.to(tl.float32)
     c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :].to(tl.int64) * stride_cn
     tl.store(c_ptrs, total.to(c_ptr.dtype.element_ty), mask=mask_a & mask_n)
 
@@ -409,11 +410,13 @@ def _combine(y, w, plan: _Plan, t: int, out_dtype) -> torch.Tensor:
 
 
 class Extras:
-    """gpt-oss's expert options: fp32 contiguous biases (or None), interleaved gate/up, the clamped SwiGLU."""
+    """gpt-oss's expert options: contiguous biases (or None) in their own dtype, interleaved gate/up, the clamped
+    SwiGLU. The grouped GEMM widens a bias to fp32 as it loads it (exact from bf16: the same values a cast gives), so
+    no cast kernel runs per call (two a layer before: 48 launches in a decode step of gpt-oss-20b)."""
 
     def __init__(self, b_gate_up=None, b_down=None, interleaved=False, activation="silu"):
-        self.b_gate_up = None if b_gate_up is None else b_gate_up.float().contiguous()
-        self.b_down = None if b_down is None else b_down.float().contiguous()
+        self.b_gate_up = None if b_gate_up is None else b_gate_up.contiguous()
+        self.b_down = None if b_down is None else b_down.contiguous()
         self.interleaved, self.clamped = interleaved, activation == "clamped_swiglu"
 
 

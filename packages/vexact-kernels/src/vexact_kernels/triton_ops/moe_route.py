@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 from .._reduce import renormalized_topk
 from . import next_pow2
@@ -87,6 +88,82 @@ class _Route(torch.autograd.Function):
 
 def triton_moe_route(logits: torch.Tensor, top_k: int, norm: bool) -> tuple[torch.Tensor, torch.Tensor]:
     return _Route.apply(logits, top_k, norm)
+
+
+# gpt-oss's routing (``moe_route(topk_before_softmax=True)``): the top-k of the logits, then a softmax over those k.
+# On CUDA the invariant backend computes it with torch ops (``moe._route_topk_softmax``: a stable descending sort,
+# a gather, the max, ``exp``, the k terms added in rank order, one division), about ten launches a layer. This kernel
+# does the same steps in one program per token and is meant to give the same bits: the k rounds of "largest logit,
+# lowest index among equals" are the stable sort's first k, the max is exact, ``exp`` is libdevice's ``expf`` (what
+# torch's CUDA ``exp`` runs for fp32), the sum is in rank order and the division is IEEE (``div_rn``). Under the
+# interpreter ``exp`` is numpy's. Used where ``moe.ROUTE_TOPK_FIRST_KERNEL`` is on; the GPU test compares it with the
+# torch ops bit for bit.
+
+
+@triton.jit
+def _route_topk_first_kernel(
+    logits_ptr, w_ptr, ids_ptr, E, stride_t,
+    K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, INTERPRET: tl.constexpr,
+):  # fmt: skip
+    t = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK_E)
+    x = tl.load(logits_ptr + t * stride_t + offs, mask=offs < E, other=float("-inf")).to(tl.float32)
+    taken = offs >= E  # padding lanes are never chosen
+    ranks = tl.arange(0, BLOCK_K)
+    top = tl.full([BLOCK_K], float("-inf"), dtype=tl.float32)
+    ids = tl.zeros([BLOCK_K], dtype=tl.int64)
+    for r in tl.static_range(K):
+        free = ~taken
+        nan = free & (x != x)  # torch's descending sort puts NaN first
+        cand = tl.where(free & (x == x), x, float("-inf"))
+        best = tl.max(cand, axis=0)
+        idx = tl.min(tl.where(free & (cand == best), offs, BLOCK_E), axis=0)
+        idx = tl.where(tl.max(nan.to(tl.int32), axis=0) > 0, tl.min(tl.where(nan, offs, BLOCK_E), axis=0), idx)
+        hit = offs == idx
+        top = tl.where(ranks == r, tl.max(tl.where(hit, x, float("-inf")), axis=0), top)  # the logit, its sign of 0
+        ids = tl.where(ranks == r, idx.to(tl.int64), ids)
+        taken = taken | hit
+    d = top - tl.max(tl.where(ranks < K, top, float("-inf")), axis=0)
+    if INTERPRET:
+        e = tl.exp(d)
+    else:
+        e = libdevice.exp(d)
+    total = tl.max(tl.where(ranks == 0, e, float("-inf")), axis=0)
+    for r in tl.static_range(1, K):
+        total = total + tl.max(tl.where(ranks == r, e, float("-inf")), axis=0)
+    tl.store(w_ptr + t * K + ranks, tl.div_rn(e, total), mask=ranks < K)
+    tl.store(ids_ptr + t * K + ranks, ids, mask=ranks < K)
+
+
+class _RouteTopkFirst(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits, top_k, route_torch):
+        from . import interpreting
+
+        t, e = logits.shape
+        w = torch.empty(t, top_k, dtype=torch.float32, device=logits.device)
+        ids = torch.empty(t, top_k, dtype=torch.int64, device=logits.device)
+        if t:
+            lg = logits if logits.stride(-1) == 1 else logits.contiguous()
+            block = next_pow2(e)
+            _route_topk_first_kernel[(t,)](
+                lg, w, ids, e, lg.stride(0), K=top_k, BLOCK_E=block, BLOCK_K=next_pow2(top_k),
+                INTERPRET=interpreting(), num_warps=4 if block >= 512 else 1,
+            )  # fmt: skip
+        ctx.save_for_backward(logits, ids)
+        ctx.route_torch = route_torch
+        ctx.mark_non_differentiable(ids)
+        return w, ids
+
+    @staticmethod
+    def backward(ctx, grad_w, _grad_ids):
+        return _logits_grad(ctx.route_torch, ctx, grad_w), None, None
+
+
+def triton_moe_route_topk_first(logits: torch.Tensor, top_k: int, route_torch) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(weights [T, k] fp32, ids [T, k])``; ``route_torch(logits, ids)``: the weights as the torch expression the
+    backward differentiates (the torch path's own, so the router gradient is that path's)."""
+    return _RouteTopkFirst.apply(logits, top_k, route_torch)
 
 
 # DeepSeek-V3 grouped routing (``moe_route_grouped``): one program per token over its row seen as
