@@ -8,7 +8,7 @@ head_dim, MLA ranks, intermediate, experts, vocabulary, biases, rope scaling) is
 its real size; only the depth is cut. ``-k`` picks shapes by name (``-k "llama or qwen2.5 or mistral"``,
 ``-k moonlight``).
 
-Run on the GPU machine: ``python -m pytest -q -p no:xdist contracts/test_engine_gpu.py --target h100 -s``
+Run on the GPU machine: ``python -m pytest -q -n 0 contracts/test_engine_gpu.py --target h100 -s``
 (``-s`` shows the memory figures of the sleep/wake cycles; ``VEXACT_SLEEP_CYCLES`` sets their number, default 100).
 """
 

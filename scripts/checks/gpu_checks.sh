@@ -69,9 +69,10 @@ WORKERS=${WORKERS:-4}
 # The attention implementation is `auto` by default (FA4 where it is installed): the checks and fixtures without the
 # fa4- prefix are the Triton kernel's, so they pin it unless the caller chose; the fa4-* steps set fa4
 export VEXACT_ATTENTION=${VEXACT_ATTENTION:-triton}
+# -n 0, not -p no:xdist: one process, and xdist still reads the --dist of the root pyproject's addopts
 if [ "$WORKERS" -gt 0 ]; then PYTEST=(python3 -m pytest -q -rs --durations=10 -n "$WORKERS")
-else PYTEST=(python3 -m pytest -q -rs --durations=10 -p no:xdist); fi
-SERIAL=(python3 -m pytest -q -rs -p no:xdist)
+else PYTEST=(python3 -m pytest -q -rs --durations=10 -n 0); fi
+SERIAL=(python3 -m pytest -q -rs -n 0)
 # vLLM's folders: scripts/staging/vllm_device_wheels.sh installs vLLM and every package it needs in /tmp/vllmsite;
 # scripts/staging/rl_stack_wheels.sh keeps one copy of the packages verl and vLLM share (pydantic, pyzmq, msgspec,
 # transformers, ...) in verl's /tmp/site, so vLLM needs that folder behind its own

@@ -5,7 +5,7 @@
 - :class:`vexact_verl.replay.OrderedReplayBuffer` lists a step's trajectories in dataloader order whatever order they
   finished in, and refuses a batch with a failed group.
 
-The end-to-end check (two runs, and a resumed run, bitwise) is ``test_verl_resume_cpu.py``.
+The end-to-end check (two runs, and a resumed run, bitwise) is ``test_verl_grpo_cpu.py``.
 """
 
 from __future__ import annotations
