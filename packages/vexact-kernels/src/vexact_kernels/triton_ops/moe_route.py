@@ -64,18 +64,27 @@ def _route_torch(logits: torch.Tensor, ids: torch.Tensor, norm: bool) -> torch.T
     return w / w.sum(dim=-1, keepdim=True) if norm else w
 
 
+def _launch_per_token(logits: torch.Tensor, top_k: int, launch) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(w [T, k] fp32, ids [T, k])`` filled by ``launch(logits_rows, w, ids, E, BLOCK_E, num_warps)``, a program
+    per token over its row of ``next_pow2(E)`` lanes (no launch for no token)."""
+    t, e = logits.shape
+    w = torch.empty(t, top_k, dtype=torch.float32, device=logits.device)
+    ids = torch.empty(t, top_k, dtype=torch.int64, device=logits.device)
+    if t:
+        block = next_pow2(e)
+        launch(logits if logits.stride(-1) == 1 else logits.contiguous(), w, ids, e, block, 4 if block >= 512 else 1)
+    return w, ids
+
+
 class _Route(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, top_k, norm):
-        t, e = logits.shape
-        w = torch.empty(t, top_k, dtype=torch.float32, device=logits.device)
-        ids = torch.empty(t, top_k, dtype=torch.int64, device=logits.device)
-        if t:
-            lg = logits if logits.stride(-1) == 1 else logits.contiguous()
-            block = next_pow2(e)
-            _route_kernel[(t,)](
-                lg, w, ids, e, lg.stride(0), K=top_k, NORM=norm, BLOCK_E=block, num_warps=4 if block >= 512 else 1
+        def launch(lg, w, ids, e, block, warps):
+            _route_kernel[(lg.shape[0],)](
+                lg, w, ids, e, lg.stride(0), K=top_k, NORM=norm, BLOCK_E=block, num_warps=warps
             )
+
+        w, ids = _launch_per_token(logits, top_k, launch)
         ctx.save_for_backward(logits, ids)
         ctx.norm = norm
         ctx.mark_non_differentiable(ids)
@@ -140,16 +149,13 @@ class _RouteTopkFirst(torch.autograd.Function):
     def forward(ctx, logits, top_k, route_torch):
         from . import interpreting
 
-        t, e = logits.shape
-        w = torch.empty(t, top_k, dtype=torch.float32, device=logits.device)
-        ids = torch.empty(t, top_k, dtype=torch.int64, device=logits.device)
-        if t:
-            lg = logits if logits.stride(-1) == 1 else logits.contiguous()
-            block = next_pow2(e)
-            _route_topk_first_kernel[(t,)](
+        def launch(lg, w, ids, e, block, warps):
+            _route_topk_first_kernel[(lg.shape[0],)](
                 lg, w, ids, e, lg.stride(0), K=top_k, BLOCK_E=block, BLOCK_K=next_pow2(top_k),
-                INTERPRET=interpreting(), num_warps=4 if block >= 512 else 1,
+                INTERPRET=interpreting(), num_warps=warps,
             )  # fmt: skip
+
+        w, ids = _launch_per_token(logits, top_k, launch)
         ctx.save_for_backward(logits, ids)
         ctx.route_torch = route_torch
         ctx.mark_non_differentiable(ids)
