@@ -229,9 +229,9 @@ def _route_kernel(logits, k):
 
 def _route_torch(logits, k):
     """The invariant backend's torch ops on CUDA (``moe._route_topk_softmax``), here on any device."""
-    from vexact_kernels.moe import _topk_softmax_weights
+    from vexact_kernels.moe import _top_ids, _topk_softmax_weights
 
-    ids = torch.sort(logits.detach().float(), dim=-1, descending=True, stable=True).indices[:, :k]
+    ids = _top_ids(logits.float(), k)
     return _topk_softmax_weights(logits, ids), ids
 
 

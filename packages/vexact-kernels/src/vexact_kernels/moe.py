@@ -51,6 +51,12 @@ def _check_route_args(router_logits: torch.Tensor, top_k: int) -> None:
         raise ValueError(f"moe_route: top_k must be in [1, num_experts={e}]; got {top_k!r}")
 
 
+def _top_ids(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """``[T, k]``: each row's k largest scores' indices, largest first, ties to the lower index (a stable descending
+    sort, so the same ids whatever rows share the batch)."""
+    return torch.sort(scores.detach(), dim=-1, descending=True, stable=True).indices[:, :k]
+
+
 def moe_route(
     router_logits: torch.Tensor, top_k: int, norm_topk_prob: bool = True, *, topk_before_softmax: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -80,7 +86,7 @@ def moe_route(
         return _routed(*triton_moe_route(router_logits, top_k, norm_topk_prob), router_logits)
     invariant_device_check("moe_route", router_logits)
     probs = pm.softmax(router_logits.float())
-    ids = torch.sort(probs.detach(), dim=-1, descending=True, stable=True).indices[:, :top_k]
+    ids = _top_ids(probs, top_k)
     w = probs.gather(1, ids)
     if norm_topk_prob:
         total = w[:, 0]
@@ -118,11 +124,11 @@ def _route_topk_softmax(router_logits: torch.Tensor, top_k: int) -> tuple[torch.
 
             w, ids = triton_moe_route_topk_first(router_logits, top_k, _topk_softmax_weights)
             return _routed(w, ids, router_logits)
-        ids = torch.sort(router_logits.detach().float(), dim=-1, descending=True, stable=True).indices[:, :top_k]
+        ids = _top_ids(router_logits.float(), top_k)
         return _routed(_topk_softmax_weights(router_logits, ids), ids, router_logits)
     invariant_device_check("moe_route", router_logits)
     logits = router_logits.float()
-    ids = torch.sort(logits.detach(), dim=-1, descending=True, stable=True).indices[:, :top_k]
+    ids = _top_ids(logits, top_k)
     return _routed(pm.softmax(logits.gather(1, ids)), ids, router_logits)
 
 
@@ -262,10 +268,10 @@ def moe_route_grouped(
         grouped = choice.view(t, n_group, e // n_group)
         top2 = torch.sort(grouped, dim=-1, descending=True, stable=True).values
         group_scores = top2[..., 0] + top2[..., 1]
-        keep = torch.sort(group_scores, dim=-1, descending=True, stable=True).indices[:, :topk_group]
+        keep = _top_ids(group_scores, topk_group)
         group_mask = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, keep, True)
         choice = choice.masked_fill(~group_mask.repeat_interleave(e // n_group, dim=1), float("-inf"))
-    ids = torch.sort(choice, dim=-1, descending=True, stable=True).indices[:, :top_k]
+    ids = _top_ids(choice, top_k)
     return _routed(_grouped_weights(scores, ids, norm_topk_prob, float(routed_scaling_factor)), ids, router_logits)
 
 
