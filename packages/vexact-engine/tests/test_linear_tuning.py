@@ -17,6 +17,15 @@ def test_tune_linears_is_a_bool():
         EngineConfig(tune_linears="yes")
 
 
+def test_tune_linears_min_rows_is_a_positive_integer_or_none():
+    assert EngineConfig().tune_linears_min_rows is None
+    assert EngineConfig(tune_linears_min_rows=1).tune_linears_min_rows == 1
+    for bad in (0, -8, True, 2.0):
+        with pytest.raises(ValueError, match=rf"EngineConfig.tune_linears_min_rows must be a positive integer, got "
+                                             rf"{bad!r}"):  # fmt: skip
+            EngineConfig(tune_linears_min_rows=bad)
+
+
 def test_cpu_engine_times_nothing():
     eng = LLM(model=random_model(tiny_qwen3_config(), seed=1), num_kv_blocks=64)
     eng.generate([[1, 2, 3]], SamplingParams(max_tokens=2, ignore_eos=True), use_tqdm=False)
@@ -46,9 +55,16 @@ def test_gpu_tuned_engine_gives_the_default_picks_bits_and_the_trainers():
     assert runner.graph_error is None and runner.num_padded_steps > 0
     shapes = {key[:3] for key in runner.linear_tuning}
     assert {(256, 1024 + 2 * 512, 1024), (256, 1024, 1024), (256, 2 * 3072, 1024), (256, 1024, 3072)} <= shapes
+    assert not any(key[0] == 8 for key in runner.linear_tuning)  # below LINEAR_TUNE_MIN_M: the pick by shape
     assert not any(r["differ"] for r in runner.linear_tuning.values())
     for a, b in zip(outs, ref, strict=True):
         assert a.token_ids == b.token_ids and torch.equal(a.logprobs, b.logprobs), a.request_id
+    # every decode graph timed, the 8-row one (the few requests left at a rollout's end) too: the same bits
+    every = LLM(model=model, tune_linears_min_rows=1, **kw)
+    for a, b in zip(every.generate(prompts, params, use_tqdm=False), ref, strict=True):
+        assert a.token_ids == b.token_ids and torch.equal(a.logprobs, b.logprobs), a.request_id
+    assert {(8, 1024, 1024), (8, 1024, 3072)} <= {key[:3] for key in every.runner.linear_tuning}
+    assert not any(r["differ"] for r in every.runner.linear_tuning.values())
     scored = Actor(model).compute_log_probs(prompts, [o.token_ids for o in outs], 1.0)
     for o, lp in zip(outs, scored.logprobs, strict=True):
         assert torch.equal(o.logprobs, lp.cpu())

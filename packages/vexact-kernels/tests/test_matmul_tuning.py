@@ -52,6 +52,23 @@ def test_record_notes_default_form_calls_only(as_if_tma):
     assert len(calls) == 1  # nothing noted outside the block
 
 
+def test_record_with_its_own_least_m_notes_smaller_calls(as_if_tma):
+    mm = as_if_tma
+    a = torch.randn(6, 32).bfloat16()
+    w = torch.randn(16, 32).bfloat16()
+    with vk.record_linears(1) as calls:
+        mm.matmul(a, w)
+        mm.matmul(a[:1], w)
+    assert [c[0] for c in calls] == [6, 1]
+    with vk.record_linears(7) as calls:
+        mm.matmul(a, w)
+    assert calls == []
+    for bad in (0, 1.5, None.__class__):
+        with pytest.raises(ValueError, match="min_m must be an int >= 1"):
+            with vk.record_linears(bad):
+                pass
+
+
 def test_a_pick_routes_its_shape_to_its_form(as_if_tma, monkeypatch):
     mm = as_if_tma
     g = torch.Generator().manual_seed(1)
@@ -126,7 +143,7 @@ def test_tune_linears_groups_calls_by_shape_and_streams_enough_weights(as_if_tma
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", [128, 256, 320, 512])
+@pytest.mark.parametrize("m", [1, 8, 24, 64, 128, 256, 320, 512])
 def test_gpu_every_timed_form_gives_the_default_bits(m):
     """Each form ``tune_linears`` may pick, at decode sizes over the Qwen3-1.7B / 8B projection shapes (and a bias):
     the default pick's output, bitwise."""

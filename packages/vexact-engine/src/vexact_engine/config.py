@@ -101,7 +101,8 @@ class EngineConfig:
     H200 for the Qwen3-1.7B / 8B shapes; their decode-only step 3.8% / 5.2% shorter,
     ``benchmarks/results/throughput-rl-h200.md``). Every form gives the same bits (a form whose output differs from
     the default's on this GPU is never picked), so the same tokens and logprobs either way; off: the default pick by
-    shape.
+    shape. ``tune_linears_min_rows`` (default None: ``LINEAR_TUNE_MIN_M``): the smallest decode graph so timed
+    (1: every one, the few-row graphs of a rollout's tail too).
 
     ``decode_streams`` (1 or 2, default 1): with 2, each decode graph of at least ``DECODE_STREAMS_MIN_ROWS`` (128) rows
     runs its forward as two forwards of half the rows on two CUDA streams, forked and joined inside the graph, so
@@ -135,6 +136,7 @@ class EngineConfig:
     async_decode: bool | None = None
     split_mixed_steps: bool = True
     tune_linears: bool = True
+    tune_linears_min_rows: int | None = None
     decode_streams: int = 1
 
     def __post_init__(self) -> None:
@@ -143,7 +145,7 @@ class EngineConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"EngineConfig.{name} must be a positive integer, got {value!r}")
-        for name in ("num_kv_blocks", "kv_cache_bytes"):
+        for name in ("num_kv_blocks", "kv_cache_bytes", "tune_linears_min_rows"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"EngineConfig.{name} must be a positive integer, got {value!r}")

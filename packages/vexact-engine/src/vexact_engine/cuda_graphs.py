@@ -304,15 +304,17 @@ class CudaGraphs:
                 self._capture_graph(key, ids, pos, meta, static, tokens, warmups)
 
     def _tune_linears(self, tokens: int, ids, pos, meta) -> None:
-        """Before a decode size's first capture (``EngineConfig.tune_linears``, at least ``LINEAR_TUNE_MIN_M``
-        rows): one eager pad-only step notes its matmuls, whose forms are then timed on this GPU
-        (``vk.tune_linears``); the picks join ``linear_picks``, which the captures run under."""
-        if not self.config.tune_linears or tokens < vk.LINEAR_TUNE_MIN_M or tokens in self._linears_tuned:
+        """Before a decode size's first capture (``EngineConfig.tune_linears``, at least
+        ``EngineConfig.tune_linears_min_rows`` rows, by default ``LINEAR_TUNE_MIN_M``): one eager pad-only step notes
+        its matmuls, whose forms are then timed on this GPU (``vk.tune_linears``); the picks join ``linear_picks``,
+        which the captures run under."""
+        least = self.config.tune_linears_min_rows or vk.LINEAR_TUNE_MIN_M
+        if not self.config.tune_linears or tokens < least or tokens in self._linears_tuned:
             return
         start = time.perf_counter()
         self._linears_tuned.add(tokens)
         try:
-            with vk.record_linears() as calls:
+            with vk.record_linears(least) as calls:
                 self._step_forward(("decode", tokens), ids, pos, meta)
             picks, report = vk.tune_linears(calls)
         except Exception as e:  # speed only: the default pick serves every shape

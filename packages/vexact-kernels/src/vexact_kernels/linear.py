@@ -78,12 +78,13 @@ def linear(
     return y.to(out_dtype).reshape(*lead, weight.shape[0])
 
 
-def record_linears():
+def record_linears(min_m: int | None = None):
     """Context manager yielding a list: the CUDA matmuls of ``linear`` run within that a per-shape pick could take,
-    as ``(M, N, K, dtype, weight)`` (``triton_ops.matmul_tuning.record_linears``)."""
+    as ``(M, N, K, dtype, weight)``, those of at least ``min_m`` rows (default ``LINEAR_TUNE_MIN_M``)
+    (``triton_ops.matmul_tuning.record_linears``)."""
     from .triton_ops import matmul_tuning
 
-    return matmul_tuning.record_linears()
+    return matmul_tuning.record_linears(min_m)
 
 
 def tune_linears(calls: list) -> tuple[dict, dict]:

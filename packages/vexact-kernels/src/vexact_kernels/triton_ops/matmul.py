@@ -599,10 +599,12 @@ def matmul(
 # (``matmul_tuning.linear_picks``), a call that leaves the form to the default (no ``config``, ``split_programs``,
 # ``fused_combine`` or ``accumulate_into``) with 16-bit row-major operands TMA can read, whose
 # ``(M, N, K, dtype)`` has a pick, runs that form; every other call takes the default pick above. While a recorder is
-# active (``matmul_tuning.record_linears``), the same calls at ``M >= TUNE_MIN_M`` are noted with their weight.
-TUNE_MIN_M = 128  # below it the pointer kernel's small-M picks stand (CONFIGS, SPLIT_PROGRAMS_MAX_TILES)
+# active (``matmul_tuning.record_linears``), the same calls at ``M >= TUNE_MIN_M`` (or the recorder's own least M)
+# are noted with their weight.
+TUNE_MIN_M = 128  # by default, below it the pointer kernel's small-M picks stand (CONFIGS, SPLIT_PROGRAMS_MAX_TILES)
 _active_picks: contextvars.ContextVar[dict | None] = contextvars.ContextVar("vexact_matmul_picks", default=None)
-_recorder: contextvars.ContextVar[list | None] = contextvars.ContextVar("vexact_matmul_recorder", default=None)
+# the recorder: (the list the calls go to, the least M noted)
+_recorder: contextvars.ContextVar[tuple | None] = contextvars.ContextVar("vexact_matmul_recorder", default=None)
 
 
 def _picked_form(a: torch.Tensor, b_t: torch.Tensor, m: int, n: int, k: int) -> dict | None:
@@ -615,8 +617,8 @@ def _picked_form(a: torch.Tensor, b_t: torch.Tensor, m: int, n: int, k: int) -> 
         return None
     if _tma_layout(a) != "rows" or _tma_layout(b_t) != "rows":
         return None
-    if rec is not None and m >= TUNE_MIN_M:
-        rec.append((m, n, k, a.dtype, b_t))
+    if rec is not None and m >= rec[1]:
+        rec[0].append((m, n, k, a.dtype, b_t))
     return None if picks is None else picks.get((m, n, k, a.dtype))
 
 

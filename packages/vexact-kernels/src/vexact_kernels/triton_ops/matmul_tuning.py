@@ -70,11 +70,14 @@ _TIMED: dict[tuple, dict] = {}
 
 
 @contextlib.contextmanager
-def record_linears() -> Iterator[list]:
-    """Within: the matmuls a pick could take (16-bit, row-major operands TMA can read, ``M >= matmul.TUNE_MIN_M``,
-    the form left to the default) are noted as ``(M, N, K, dtype, weight)`` in the yielded list; they run as usual."""
+def record_linears(min_m: int | None = None) -> Iterator[list]:
+    """Within: the matmuls a pick could take (16-bit, row-major operands TMA can read, ``M >= min_m``, by default
+    ``matmul.TUNE_MIN_M``, the form left to the default) are noted as ``(M, N, K, dtype, weight)`` in the yielded
+    list; they run as usual."""
+    if min_m is not None and (not isinstance(min_m, int) or min_m < 1):
+        raise ValueError(f"record_linears: min_m must be an int >= 1, got {min_m!r}")
     calls: list = []
-    token = mm._recorder.set(calls)
+    token = mm._recorder.set((calls, mm.TUNE_MIN_M if min_m is None else min_m))
     try:
         yield calls
     finally:
