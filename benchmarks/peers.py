@@ -8,7 +8,9 @@ Written against vLLM 0.26.0's offline API (``vllm.LLM``, ``SamplingParams``, tok
 Each vLLM mode and batch limit runs in its own subprocess (``python benchmarks/peers.py --worker SPEC.json``) so its
 GPU memory, its EngineCore process and its environment (``VLLM_BATCH_INVARIANT``) end with it. Both engines load the
 same weights: the parent saves the random model as an HF checkpoint directory (``config.json`` + safetensors, no
-tokenizer) and vLLM reads it.
+tokenizer) and vLLM reads it. Each timed run's steps (requests and prompt tokens a step, and its time) come from the
+step log of the plugin in ``examples/verify/vllm_plugin`` (``VEXACT_VLLM_STEP_LOG``), which the engine core process
+writes (:func:`read_step_log`), for ``throughput.py``'s table of steps by batch size.
 
 Where vLLM's decode step goes (``throughput.py --profile-steps``): a spec with ``profile`` runs :func:`decode_profile`
 in a subprocess of its own, apart from the timed run (which keeps vLLM's default engine core process). It sets
@@ -45,6 +47,8 @@ import time
 from pathlib import Path
 
 NOT_INSTALLED = "not installed"
+# the plugin's step log (examples/verify/vllm_plugin/vexact_vllm_plugin.py): set for each timed vLLM run
+STEP_LOG = "VEXACT_VLLM_STEP_LOG"
 
 
 def kv_bytes_per_token(cfg) -> int:
@@ -194,13 +198,17 @@ def run_vllm(
     tag = f"{mode}-{batch_limit}" + ("".join(f"-{k}{v}" for k, v in sorted((parallel or {}).items())))
     tag += ("-profile" if profile else "") + (f"-{round_tag}" if round_tag else "")
     spec_path, out_path, log_path = (workdir / f"{tag}.{ext}" for ext in ("spec.json", "result.json", "log"))
+    steps_path = workdir / f"{tag}.steps"
     spec_path.write_text(json.dumps(spec))
+    env = _env(args.vllm_site, mode == "vllm-bi")
+    if not profile:  # the timed run's steps, from the plugin's step log in vLLM's engine core process
+        steps_path.unlink(missing_ok=True)
+        env[STEP_LOG] = str(steps_path)
     with open(log_path, "w") as log:
         try:
             r = subprocess.run(
                 [sys.executable, __file__, "--worker", str(spec_path), "--result", str(out_path)],
-                env=_env(args.vllm_site, mode == "vllm-bi"), stdout=log, stderr=subprocess.STDOUT,
-                timeout=args.vllm_timeout,
+                env=env, stdout=log, stderr=subprocess.STDOUT, timeout=args.vllm_timeout,
             )  # fmt: skip
         except subprocess.TimeoutExpired:
             return f"timed out after {args.vllm_timeout} s (log {log_path})"
@@ -212,7 +220,27 @@ def run_vllm(
     res = json.loads(out_path.read_text())
     if res.get("batch_invariant") != (mode == "vllm-bi"):
         return f"VLLM_BATCH_INVARIANT was {res.get('batch_invariant')} in the {mode} worker (log {log_path})"
+    if "window" in res and steps_path.exists():
+        res["timeline"] = read_step_log(steps_path, *res["window"])
     return res
+
+
+def read_step_log(path: Path, start: float, end: float) -> list[list]:
+    """The timed run's steps from a step log of the plugin (``examples/verify/vllm_plugin``: ``TIME ROWS
+    PROMPT_TOKENS`` a line, each ``schedule`` call): ``[rows, prompt_tokens, seconds]`` for each step scheduled
+    within ``[start, end]`` (``time.perf_counter()``, one clock for every process of the machine), a step's seconds
+    up to the next step's schedule call (the last one's up to ``end``). With vLLM's async scheduling a step is
+    scheduled while the one before it runs, so in a steady run the intervals are the GPU's steps."""
+    entries = []
+    for line in path.read_text().splitlines():
+        parts = line.split()
+        if len(parts) == 3:
+            t, rows, prompt = float(parts[0]), int(parts[1]), int(parts[2])
+            if start <= t <= end:
+                entries.append((t, rows, prompt))
+    entries.sort()
+    ends = [t for t, _, _ in entries[1:]] + [end]
+    return [[rows, prompt, e - t] for (t, rows, prompt), e in zip(entries, ends, strict=True)]
 
 
 def _worker(spec_path: str, result_path: str) -> int:
@@ -252,7 +280,7 @@ def _worker(spec_path: str, result_path: str) -> int:
     tokens = sum(len(o.outputs[0].token_ids) for o in outs)
     if tokens != sum(max_tokens):
         raise RuntimeError(f"vLLM returned {tokens} tokens, asked for {sum(max_tokens)} (ignore_eos)")
-    res = dict(tokens=tokens, wall=wall, tok_s=tokens / wall)
+    res = dict(tokens=tokens, wall=wall, tok_s=tokens / wall, window=[t, t + wall])
     if spec["decode_steps"]:
         res["step_s"] = batch1_step(lambda n: gen([list(range(1, 129))], [params(n, 0)]), spec["decode_steps"])
     return _write_result(res, result_path)

@@ -24,6 +24,10 @@ top-k/top-p, a seed per request) and CUDA graphs on:
   as one launch, the default before the split); ``invariant-untuned``: with ``EngineConfig.tune_linears`` off (the
   linear's form by shape, not timed on the GPU at start-up; the same bits); ``invariant-2s``: with
   ``EngineConfig.decode_streams=2`` (decode graphs of 128 rows and up as two half-batch forwards on two streams);
+  ``invariant-fine``: decode graphs every 8 rows to 32, 16 to 64, then every 32 (``FINE_GRAPH_SIZES``; the default
+  sizes are powers of two to 256, so a step of 129 rows runs at 256); ``invariant-fine-tuned``: the same with the
+  linear's forms timed at every decode graph (``EngineConfig.tune_linears_min_rows=1``; the default times 128 rows
+  and up);
 - decode step time at batch 1 of each engine against the bound ``weight bytes a step reads / copy bandwidth``
   (``peers.decode_weight_bytes``: an MoE step reads k of E routed experts; bandwidth of a device-to-device copy
   measured in the same run, bytes read + written); goal for VeXact <= 1.3x.
@@ -70,6 +74,7 @@ import dataclasses
 import datetime
 import functools
 import gc
+import json
 import multiprocessing
 import os
 import shlex
@@ -204,7 +209,15 @@ def engine_settings(mode: str) -> tuple[str, dict]:
         return "invariant", {"tune_linears": False}
     if mode == "invariant-2s":
         return "invariant", {"decode_streams": 2}
+    if mode in ("invariant-fine", "invariant-fine-tuned"):
+        extra = {"cuda_graph_batch_sizes": FINE_GRAPH_SIZES}
+        return "invariant", extra | ({"tune_linears_min_rows": 1} if mode == "invariant-fine-tuned" else {})
     return mode, {}
+
+
+# invariant-fine: decode graphs every 8 rows to 32, then 16 to 64, then 32: a step pads to the next size, so the
+# default's powers of two (1, 2, 4, ..., 128, 256) run a batch of 129 at 256 rows (vLLM captures every 8 rows)
+FINE_GRAPH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, *range(96, 1025, 32))
 
 
 def make_engine(model, mode: str, max_num_seqs: int, args, **kw) -> LLM:
@@ -240,17 +253,21 @@ def engine_throughput(
     # async_decode one launch later, so either way the periods add up to the run's stepping time
     steps = {"decode": [0, 0.0], "mixed": [0, 0.0]}
     last: list = [None, None]  # the previous launch's time and kind
+    timeline: list[list] = []  # [rows, prompt tokens, seconds] a step (step_buckets)
 
     def close_step(now: float) -> None:
         if last[0] is not None:
             steps[last[1]][0] += 1
             steps[last[1]][1] += now - last[0]
+            timeline[-1][2] = now - last[0]
 
     def timed_launch(batch, *rest, _launch=llm.runner.launch, **kw):  # what else the engine's loop passes goes through
         now = time.perf_counter()
         close_step(now)
         out = _launch(batch, *rest, **kw)
-        last[0], last[1] = now, "decode" if all(it.num_new_tokens == 1 for it in batch) else "mixed"
+        prompt = sum(it.num_new_tokens for it in batch if it.num_new_tokens > 1)
+        last[0], last[1] = now, "mixed" if prompt else "decode"
+        timeline.append([len(batch), prompt, 0.0])
         return out
 
     llm.runner.launch = timed_launch
@@ -266,7 +283,8 @@ def engine_throughput(
     res = dict(
         tokens=tokens, wall=wall, tok_s=tokens / wall, preemptions=llm.num_preemptions,
         kv_pages=llm.blocks.num_blocks, graphs=llm.runner.num_graphs, capture_s=llm.runner.capture_seconds,
-        graph_draws=llm.runner.num_graph_draws, steps=steps, **stats, linear_picks=linear_picks(llm.runner),
+        graph_draws=llm.runner.num_graph_draws, steps=steps, timeline=timeline, **stats,
+        linear_picks=linear_picks(llm.runner),
         outputs=outs if keep_outputs else None,
     )  # fmt: skip
     # the wrapper and the runner hold each other, a cycle only a gc pass frees: without this, each engine's KV cache
@@ -533,7 +551,7 @@ def hf_throughput(model, prompts, args) -> dict:
 # EngineConfig.async_decode on, the next step scheduled while the GPU runs this one)
 ENGINE_MODES = (
     "invariant", "invariant-fa4", "invariant-draw", "invariant-async", "invariant-sync", "invariant-joint",
-    "invariant-untuned", "invariant-2s", "fast",
+    "invariant-untuned", "invariant-2s", "invariant-fine", "invariant-fine-tuned", "fast",
 )  # fmt: skip
 PEER_MODES = ("vllm", "vllm-bi")  # vLLM default, vLLM with VLLM_BATCH_INVARIANT=1
 MODE_NAMES = {
@@ -544,6 +562,8 @@ MODE_NAMES = {
     "invariant-joint": "VeXact invariant, mixed steps in one launch",
     "invariant-untuned": "VeXact invariant, linear forms by shape (not timed)",
     "invariant-2s": "VeXact invariant, decode as two half batches on two streams",
+    "invariant-fine": "VeXact invariant, decode graphs every 8-32 rows",
+    "invariant-fine-tuned": "VeXact invariant, decode graphs every 8-32 rows, forms timed at every one",
     "fast": "VeXact fast (mismatch baseline)", "vllm": "vLLM default",
     "vllm-bi": "vLLM VLLM_BATCH_INVARIANT=1", "hf": "HF generate",
 }  # fmt: skip
@@ -802,6 +822,15 @@ def peer_section(
                                                if picked else ""))  # fmt: skip
             lines.append(f"| {limit} | {MODE_NAMES[mode]} | {nd} | {td / max(nd, 1) * 1e3:.2f} | {nm} | "
                          f"{tm / max(nm, 1) * 1e3:.2f} | {tm / r['wall']:.2f} | {graphs} |")  # fmt: skip
+    for limit in batch_limits:
+        lines += steps_by_batch_lines(results, limit, modes)
+    timelines = {f"{limit} {m}": r["timeline"] for (limit, m), r in results.items()
+                 if isinstance(r, dict) and r.get("timeline")}  # fmt: skip
+    if timelines and args.out:  # each step's [rows, prompt tokens, seconds], for a plot of the runs side by side
+        path = Path(args.out).with_name(f"{Path(args.out).stem}-steps-{shape}.json")
+        path.write_text(json.dumps(timelines))
+        lines += ["", f"Every step of these runs: `{path.name}` (by \"batch limit mode\": [requests, prompt tokens, "
+                  "seconds] a step)."]  # fmt: skip
     step_bytes = peers.decode_weight_bytes(model)
     bound = step_bytes / bw
     lines += ["", f"Decode step at batch 1 (host work included); bound = weight bytes one step reads "
@@ -856,6 +885,71 @@ def peer_section(
                 if str(p).startswith("failed") and isinstance(results[(limit, mode)], dict)]  # fmt: skip
         model_name = f"{SHAPES[shape][0]} {shape}-shaped, {cfg.num_hidden_layers} layers"
         summary.append(dict(model=model_name, rows=rows, profiles=profiles, failed=bad))
+    return lines
+
+
+def batch_ranges(limit: int) -> list[tuple[int, int]]:
+    """Ranges of requests a step runs, for the table of steps by batch size: the full batch, then quarters of the
+    batch limit down to a sixteenth, then below, and one request alone."""
+    edges = [limit, limit, 3 * limit // 4, limit // 2, limit // 4, limit // 16, 2, 1]
+    out = [(limit, limit)] if limit > 1 else []
+    for lo, hi in zip(edges[2:], edges[1:-1], strict=True):
+        lo, hi = max(lo, 2), min(hi - 1, limit - 1)  # hi: below the range above
+        if lo <= hi and (lo, hi) not in out:
+            out.append((lo, hi))
+    out.append((1, 1))
+    return out
+
+
+def step_buckets(timeline: list, limit: int) -> dict[tuple[str, tuple[int, int]], list]:
+    """A run's steps (``[rows, prompt tokens, seconds]`` each) by kind (``"decode"``: no prompt tokens; ``"prompt"``:
+    with prompt tokens) and range of rows (:func:`batch_ranges`; past the limit: in the full batch's range; a step of
+    no rows: ``(0, 0)``): ``[steps, seconds]`` each."""
+    ranges = batch_ranges(limit)
+    out: dict[tuple[str, tuple[int, int]], list] = {}
+    for rows, prompt, sec in timeline:
+        rng = (0, 0) if rows < 1 else next((r for r in ranges if r[0] <= min(rows, limit) <= r[1]), ranges[0])
+        cell = out.setdefault(("prompt" if prompt else "decode", rng), [0, 0.0])
+        cell[0] += 1
+        cell[1] += sec
+    return out
+
+
+def steps_by_batch_lines(results: dict, limit: int, modes) -> list[str]:
+    """The table of each engine's timed steps by kind and batch size at one batch limit (VeXact: from its launches;
+    vLLM: from the plugin's step log, ``peers.read_step_log``), with the seconds the first VeXact mode spends there
+    beyond vLLM default; [] where no run has a timeline."""
+    runs = {m: results[(limit, m)] for m in modes if m != "hf" and (limit, m) in results}
+    runs = {m: r for m, r in runs.items() if isinstance(r, dict) and r.get("timeline")}
+    if not runs:
+        return []
+    buckets = {m: step_buckets(r["timeline"], limit) for m, r in runs.items()}
+    ours = next((m for m in runs if m in ENGINE_MODES), None)
+    diff = ours is not None and "vllm" in runs
+    keys = sorted({k for b in buckets.values() for k in b}, key=lambda k: (k[0] != "decode", -k[1][1]))
+    head = ["steps", "requests a step", *(MODE_NAMES[m] for m in runs)]
+    if diff:
+        head.append(f"{MODE_NAMES[ours]} - vLLM default, s")
+    lines = ["", f"Steps by batch size at batch limit {limit}: steps, mean ms a step, seconds in all (a step's time is "
+             "from its launch, or for vLLM its schedule call, to the next one's, host work included); \"with prompt "
+             "tokens\": the step runs prompt chunks, with or without decode rows.", "",
+             "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]  # fmt: skip
+    for kind, (lo, hi) in keys:
+        cells = ["decode only" if kind == "decode" else "with prompt tokens", str(lo) if lo == hi else f"{lo}-{hi}"]
+        for m in runs:
+            n, sec = buckets[m].get((kind, (lo, hi)), [0, 0.0])
+            cells.append(f"{n} x {sec / n * 1e3:.2f} ms = {sec:.2f} s" if n else "-")
+        if diff:
+            a, b = (buckets[m].get((kind, (lo, hi)), [0, 0.0])[1] for m in (ours, "vllm"))
+            cells.append(f"{a - b:+.2f}")
+        lines.append("| " + " | ".join(cells) + " |")
+    totals = ["all", "-"]
+    for m in runs:
+        n, sec = len(runs[m]["timeline"]), sum(x[2] for x in runs[m]["timeline"])
+        totals.append(f"{n} steps, {sec:.2f} s of {runs[m]['wall']:.2f} s wall")
+    if diff:
+        totals.append(f"{sum(x[2] for x in runs[ours]['timeline']) - sum(x[2] for x in runs['vllm']['timeline']):+.2f}")
+    lines.append("| " + " | ".join(totals) + " |")
     return lines
 
 

@@ -69,6 +69,12 @@ FAKE_VLLM = textwrap.dedent("""
             assert not IN_PROCESS, "the timed run keeps vLLM's engine core process"
             with open(self.dir / f"seen-{os.getpid()}.jsonl", "a") as f:
                 f.write(json.dumps([p["prompt_token_ids"] for p in prompts]) + "\\n")
+            if os.environ.get("VEXACT_VLLM_STEP_LOG"):  # the plugin's step log: a line a step, as the engine core
+                import time
+                with open(os.environ["VEXACT_VLLM_STEP_LOG"], "a") as f:
+                    for i in range(max(p.max_tokens for p in params)):
+                        rows = sum(p.max_tokens > i for p in params)
+                        f.write(f"{time.perf_counter():.6f} {rows} {7 * rows if i == 0 else 0}\\n")
             return [types.SimpleNamespace(outputs=[types.SimpleNamespace(token_ids=[0] * p.max_tokens)])
                     for p in params]
         def enqueue(self, prompts, params, use_tqdm):
@@ -213,6 +219,18 @@ def test_vllm_workers_get_the_same_workload_and_their_mode(tmp_path, capsys):
     for f in seen:
         calls = [json.loads(line) for line in f.read_text().splitlines()]
         assert calls[1] == prompts  # calls[0] is the warm-up, the rest batch-1 decode
+    # each timed run's steps from the step log: the warm-up's and the batch-1 calls' steps are outside its window
+    head = out.index("Steps by batch size at batch limit 2")
+    table = out[head:].split("\n\n")[1].splitlines()
+    assert table[0] == "| steps | requests a step | vLLM default | vLLM VLLM_BATCH_INVARIANT=1 |", table
+    rows = {tuple(c.strip() for c in ln.strip("|").split("|")[:2]): ln for ln in table[2:]}
+    max_tokens = [p.max_tokens for p in throughput.workload(spec, tiny_qwen3_config().vocab_size)[1]]
+    batches = [min(sum(n > i for n in max_tokens), 2) for i in range(1, max(max_tokens))]  # the fake's decode steps
+    want = {("with prompt tokens", "2"), ("all", "-")} | {("decode only", str(b)) for b in batches}
+    assert set(rows) == want, rows
+    assert rows[("with prompt tokens", "2")].count("| 1 x ") == 2, rows  # its first step, in both modes
+    assert rows[("decode only", "2")].count(f"| {batches.count(2)} x ") == 2, rows
+    assert rows[("all", "-")].count(f"| {max(max_tokens)} steps, ") == 2, rows
 
 
 def _fake_site(tmp_path: Path) -> Path:
@@ -295,7 +313,8 @@ def test_moonlight_family_rows_have_peer_columns(capsys):
     assert throughput.main(argv) == 0
     out = capsys.readouterr().out
     assert "## deepseek_v3 tiny-deepseek-shaped" in out and "Qwen3 shapes only" not in out
-    table = [ln for ln in out.splitlines() if ln.startswith("| ") and "---" not in ln and "engine |" not in ln]
+    table = [ln for ln in out.splitlines() if ln.startswith("| ") and "---" not in ln and "engine |" not in ln
+             and "requests a step |" not in ln]  # fmt: skip
     # 2 backends x (2 batch limits + the batch-1 step + the 2 batch limits' step-time split)
     assert sum("VeXact" in ln for ln in table) == 10
     head = out.index("| batch limit | engine | decode-only steps")

@@ -8,6 +8,7 @@ sizes, ``--models gpt-oss-20b``, the family's path on the tiny config). The GPU 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import pickle
 import re
@@ -402,3 +403,58 @@ def test_rounds_run_every_mode_again_and_report_the_spread(monkeypatch, tmp_path
     assert "round 2 of 2: invariant at batch limit 2" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         throughput.main([*TINY, "--rounds", "0"])
+
+
+def test_batch_ranges_cover_every_batch_size_once():
+    assert throughput.batch_ranges(256) == [(256, 256), (192, 255), (128, 191), (64, 127), (16, 63), (2, 15), (1, 1)]
+    for limit in (1, 2, 3, 8, 17, 256, 512):
+        ranges = throughput.batch_ranges(limit)
+        covered = sorted(b for lo, hi in ranges for b in range(lo, hi + 1))
+        assert covered == list(range(1, limit + 1)), (limit, ranges)
+
+
+def test_steps_by_batch_size_from_made_up_timelines():
+    ours = [[256, 0, 0.010]] * 4 + [[256, 300, 0.014], [100, 0, 0.006], [1, 0, 0.002]]
+    vllm = [[256, 0, 0.009]] * 4 + [[256, 300, 0.011], [100, 0, 0.005], [1, 0, 0.002], [0, 0, 0.002]]
+    results = {(256, "invariant"): dict(timeline=ours, wall=0.070), (256, "vllm"): dict(timeline=vllm, wall=0.062)}
+    buckets = throughput.step_buckets(ours, 256)
+    assert buckets[("decode", (256, 256))] == [4, pytest.approx(0.040)]
+    assert buckets[("prompt", (256, 256))] == [1, pytest.approx(0.014)]
+    assert buckets[("decode", (64, 127))] == [1, pytest.approx(0.006)]
+    lines = throughput.steps_by_batch_lines(results, 256, ["invariant", "vllm"])
+    table = [[c.strip() for c in ln.strip("|").split("|")] for ln in lines[5:]]
+    kinds = [["decode only", "256"], ["decode only", "64-127"], ["decode only", "1"], ["decode only", "0"],
+             ["with prompt tokens", "256"], ["all", "-"]]  # fmt: skip
+    assert [row[:2] for row in table] == kinds
+    assert table[0][2:] == ["4 x 10.00 ms = 0.04 s", "4 x 9.00 ms = 0.04 s", "+0.00"]
+    assert table[4][2:] == ["1 x 14.00 ms = 0.01 s", "1 x 11.00 ms = 0.01 s", "+0.00"]
+    assert table[3][2:] == ["-", "1 x 2.00 ms = 0.00 s", "-0.00"]
+    assert table[5][2:] == ["7 steps, 0.06 s of 0.07 s wall", "8 steps, 0.06 s of 0.06 s wall", "+0.01"]
+    assert throughput.steps_by_batch_lines({(256, "vllm"): "failed"}, 256, ["vllm"]) == []
+
+
+def test_a_tiny_run_tells_its_steps_by_batch_size(tmp_path, capsys):
+    out = tmp_path / "full.md"
+    assert throughput.main([*TINY, "--modes", "invariant", "--grpo-prompts", "0", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    table = text[text.index("Steps by batch size at batch limit 2") :].split("\n\n")[1].splitlines()
+    split = text[text.index("| batch limit | engine | decode-only steps") :].split("\n\n")[0].splitlines()[2]
+    decode, mixed = int(split.split("|")[3]), int(split.split("|")[5])
+    total = table[-1].split("|")[3].strip()
+    assert total.startswith(f"{decode + mixed} steps, "), (total, split)
+    steps = json.loads((tmp_path / "full-steps-tiny.json").read_text())["2 invariant"]
+    assert len(steps) == decode + mixed and sum(s[1] > 0 for s in steps) == mixed
+    assert all(1 <= s[0] <= 2 and s[2] > 0 for s in steps), steps
+
+
+def test_the_fine_graph_modes_pass_their_sizes_and_the_least_tuned_rows():
+    assert throughput.engine_settings("invariant-fine") == (
+        "invariant",
+        {"cuda_graph_batch_sizes": throughput.FINE_GRAPH_SIZES},
+    )
+    backend, extra = throughput.engine_settings("invariant-fine-tuned")
+    assert backend == "invariant" and extra["tune_linears_min_rows"] == 1
+    sizes = throughput.FINE_GRAPH_SIZES
+    assert list(sizes) == sorted(set(sizes)) and {1, 8, 24, 64, 96, 128, 160, 256, 512} <= set(sizes)
+    cfg = throughput.EngineConfig(max_num_seqs=40, **extra)
+    assert cfg.tune_linears_min_rows == 1 and cfg.graph_batch_sizes(on_cuda=True) == [1, 2, 4, 8, 16, 24, 32, 40]

@@ -193,3 +193,58 @@ def test_run_pair_puts_the_plugin_on_the_gpt_oss_vllm_arm(tmp_path, pair, plugin
     assert (str(PLUGIN) in front) == plugin, note
     if plugin:
         assert front.index(str(PLUGIN)) < front.index("/v")  # before vLLM's folder
+
+
+@pytest.fixture
+def fake_scheduler(monkeypatch):
+    """``vllm.v1.core.sched.scheduler.Scheduler`` (and ``async_scheduler.AsyncScheduler``, which inherits
+    ``schedule`` as vLLM's does) whose ``schedule`` returns the token counts it was built with, as a
+    ``SchedulerOutput``'s ``num_scheduled_tokens``."""
+    names = ["vllm", "vllm.v1", "vllm.v1.core", "vllm.v1.core.sched", "vllm.v1.core.sched.scheduler",
+             "vllm.v1.core.sched.async_scheduler"]  # fmt: skip
+    mods = [types.ModuleType(n) for n in names]
+    for name, mod in zip(names, mods, strict=True):
+        monkeypatch.setitem(sys.modules, name, mod)
+        if "." in name:
+            setattr(sys.modules[name.rsplit(".", 1)[0]], name.rsplit(".", 1)[1], mod)
+
+    class Scheduler:
+        def __init__(self, steps):
+            self.steps = list(steps)
+
+        def schedule(self):
+            return types.SimpleNamespace(num_scheduled_tokens=self.steps.pop(0))
+
+    class AsyncScheduler(Scheduler):
+        pass
+
+    mods[4].Scheduler, mods[5].AsyncScheduler = Scheduler, AsyncScheduler
+    return Scheduler, AsyncScheduler
+
+
+def test_the_step_log_writes_a_line_per_schedule_call(fake_scheduler, monkeypatch, tmp_path):
+    scheduler, async_scheduler = fake_scheduler
+    plugin = _plugin()
+    log = tmp_path / "steps.log"
+    monkeypatch.setenv(plugin.STEP_LOG, str(log))
+    plugin.register_step_log()
+    plugin.register_step_log()  # called again in the same process: one wrapper
+    assert scheduler.schedule.__wrapped__.__name__ == "schedule"
+    assert not hasattr(scheduler.schedule.__wrapped__, "__wrapped__")
+    steps = [{"a": 1, "b": 1, "c": 300}, {"a": 1, "b": 1, "c": 1}, {}]
+    sched = async_scheduler(steps)
+    outs = [sched.schedule() for _ in range(3)]
+    assert [o.num_scheduled_tokens for o in outs] == [{"a": 1, "b": 1, "c": 300}, {"a": 1, "b": 1, "c": 1}, {}]
+    lines = [ln.split() for ln in log.read_text().splitlines()]  # line-buffered: there before the process ends
+    assert [(int(r), int(p)) for _, r, p in lines] == [(3, 300), (3, 0), (0, 0)]
+    times = [float(t) for t, _, _ in lines]
+    assert times == sorted(times)
+
+
+def test_without_the_step_log_variable_schedule_is_left_alone(fake_scheduler, monkeypatch):
+    scheduler, _ = fake_scheduler
+    plugin = _plugin()
+    monkeypatch.delenv(plugin.STEP_LOG, raising=False)
+    original = scheduler.schedule
+    plugin.register_step_log()
+    assert scheduler.schedule is original

@@ -13,11 +13,19 @@ once the folder is on ``PYTHONPATH``; vLLM calls every ``vllm.general_plugins`` 
 that loader so that an expert weight's name that is not a parameter of the model, and whose ``routed_experts.``
 form is, takes that form. Names are all it changes: each tensor reaches vLLM's own loading code as it came. On a
 vLLM that already finds the names (or has no such loader) it changes nothing.
+
+``register_step_log`` (a second entry point) serves ``benchmarks/throughput.py``'s step timeline: where
+``VEXACT_VLLM_STEP_LOG`` names a file, each call of the v1 scheduler's ``schedule`` appends one line to it, ``TIME
+ROWS PROMPT_TOKENS`` (``time.perf_counter()``, the requests the step runs, the tokens of its rows that run more than
+one token: prompt chunks). It runs in the engine core's process; the file is line-buffered, so the lines are there
+however that process ends. Unset, it patches nothing.
 """
 
 from __future__ import annotations
 
 import functools
+import os
+import time
 from collections.abc import Iterable, Iterator
 
 import torch
@@ -25,6 +33,8 @@ import torch
 EXPERTS = ".mlp.experts."
 ROUTED = ".mlp.experts.routed_experts."
 PATCHED = "_vexact_routed_names"
+STEP_LOG = "VEXACT_VLLM_STEP_LOG"
+LOGGED = "_vexact_step_log"
 
 
 def routed_name(name: str, params: set[str] | frozenset[str]) -> str:
@@ -70,3 +80,50 @@ def register() -> None:
     load = getattr(model, "_load_weights_other", None)
     if load is not None:
         model._load_weights_other = with_routed_names(load)
+
+
+def step_line(scheduler_output) -> str:
+    """One ``schedule`` result as a step-log line (module docstring), time taken now."""
+    tokens = getattr(scheduler_output, "num_scheduled_tokens", None) or {}
+    prompt = sum(n for n in tokens.values() if n > 1)
+    return f"{time.perf_counter():.6f} {len(tokens)} {prompt}\n"
+
+
+def with_step_log(schedule, path: str):
+    """``Scheduler.schedule`` that appends each step's line to ``path`` (opened at the first step, line-buffered)."""
+    if getattr(schedule, LOGGED, False):
+        return schedule
+    out: list = []
+
+    @functools.wraps(schedule)
+    def wrapped(self, *args, **kwargs):
+        res = schedule(self, *args, **kwargs)
+        if not out:
+            out.append(open(path, "a", buffering=1))  # noqa: SIM115 - open for the process's life
+        out[0].write(step_line(res))
+        return res
+
+    setattr(wrapped, LOGGED, True)
+    return wrapped
+
+
+def register_step_log() -> None:
+    """vLLM's plugin hook: with ``VEXACT_VLLM_STEP_LOG`` set, log each step of the v1 scheduler (and of any scheduler
+    class of vLLM's that defines its own ``schedule``)."""
+    path = os.environ.get(STEP_LOG)
+    if not path:
+        return
+    try:
+        from vllm.v1.core.sched import scheduler
+    except ImportError:
+        return
+    classes = [scheduler.Scheduler]
+    try:
+        from vllm.v1.core.sched import async_scheduler
+
+        classes.append(async_scheduler.AsyncScheduler)
+    except ImportError:
+        pass
+    for cls in classes:
+        if "schedule" in vars(cls):
+            cls.schedule = with_step_log(vars(cls)["schedule"], path)
