@@ -262,7 +262,7 @@ def test_interpreted_route_topk_first_kernel(k):
 @pytest.mark.gpu
 @gpu
 def test_gpu_route_topk_first_kernel_gives_the_torch_ops_bits(monkeypatch):
-    """What ``moe.ROUTE_TOPK_FIRST_KERNEL`` needs before it is turned on: on CUDA the kernel's weights and ids are
+    """What ``moe.ROUTE_TOPK_FIRST_KERNEL`` (on by default) stands on: on CUDA the kernel's weights and ids are
     the torch ops' bit for bit (libdevice's expf against torch's exp, ``div_rn`` against torch's division), for
     finite logits, and the router gradient is theirs; ``vk.moe_route`` takes the kernel when the switch is on."""
     from vexact_kernels import moe

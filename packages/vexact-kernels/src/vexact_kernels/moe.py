@@ -97,10 +97,10 @@ def moe_route(
 
 
 # gpt-oss's routing on CUDA in one Triton program per token (``triton_ops.moe_route._route_topk_first_kernel``)
-# instead of the torch ops below (about ten launches a layer). Off until the GPU test
-# ``test_gpu_route_topk_first_kernel_gives_the_torch_ops_bits`` has shown the same bits on a GPU: on, with the same
-# bits, no fixture moves.
-ROUTE_TOPK_FIRST_KERNEL = False
+# instead of the torch ops below (about ten launches a layer). The same bits as those ops: on an H200 the GPU test
+# ``test_gpu_route_topk_first_kernel_gives_the_torch_ops_bits`` passes and the gpt_oss golden fixture is recorded with
+# the same tensors with the kernel on and off. False: the torch ops (for an A/B).
+ROUTE_TOPK_FIRST_KERNEL = True
 
 
 def _topk_softmax_weights(router_logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
