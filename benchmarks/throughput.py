@@ -902,16 +902,17 @@ def batch_ranges(limit: int) -> list[tuple[int, int]]:
 
 
 def step_buckets(timeline: list, limit: int) -> dict[tuple[str, tuple[int, int]], list]:
-    """A run's steps (``[rows, prompt tokens, seconds]`` each) by kind (``"decode"``: no prompt tokens; ``"prompt"``:
-    with prompt tokens) and range of rows (:func:`batch_ranges`; past the limit: in the full batch's range; a step of
-    no rows: ``(0, 0)``): ``[steps, seconds]`` each."""
+    """A run's steps (``[rows, prompt tokens, seconds]`` each) by kind (``"all"``: every step; ``"decode"``: no
+    prompt tokens; ``"prompt"``: with prompt tokens) and range of rows (:func:`batch_ranges`; past the limit: in the
+    full batch's range; a step of no rows: ``(0, 0)``): ``[steps, seconds]`` each."""
     ranges = batch_ranges(limit)
     out: dict[tuple[str, tuple[int, int]], list] = {}
     for rows, prompt, sec in timeline:
         rng = (0, 0) if rows < 1 else next((r for r in ranges if r[0] <= min(rows, limit) <= r[1]), ranges[0])
-        cell = out.setdefault(("prompt" if prompt else "decode", rng), [0, 0.0])
-        cell[0] += 1
-        cell[1] += sec
+        for kind in ("all", "prompt" if prompt else "decode"):
+            cell = out.setdefault((kind, rng), [0, 0.0])
+            cell[0] += 1
+            cell[1] += sec
     return out
 
 
@@ -926,16 +927,20 @@ def steps_by_batch_lines(results: dict, limit: int, modes) -> list[str]:
     buckets = {m: step_buckets(r["timeline"], limit) for m, r in runs.items()}
     ours = next((m for m in runs if m in ENGINE_MODES), None)
     diff = ours is not None and "vllm" in runs
-    keys = sorted({k for b in buckets.values() for k in b}, key=lambda k: (k[0] != "decode", -k[1][1]))
+    order = {"all": 0, "decode": 1, "prompt": 2}
+    keys = sorted({k for b in buckets.values() for k in b}, key=lambda k: (order[k[0]], -k[1][1]))
     head = ["steps", "requests a step", *(MODE_NAMES[m] for m in runs)]
     if diff:
         head.append(f"{MODE_NAMES[ours]} - vLLM default, s")
     lines = ["", f"Steps by batch size at batch limit {limit}: steps, mean ms a step, seconds in all (a step's time is "
              "from its launch, or for vLLM its schedule call, to the next one's, host work included); \"with prompt "
-             "tokens\": the step runs prompt chunks, with or without decode rows.", "",
+             "tokens\": the step runs prompt chunks, with or without decode rows. Both engines launch a step before "
+             "the one before it is done (VeXact's async_decode, vLLM's async scheduling), so time a step leaves to the "
+             "GPU shows in the step after it: compare the engines by the rows of all steps.", "",
              "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]  # fmt: skip
     for kind, (lo, hi) in keys:
-        cells = ["decode only" if kind == "decode" else "with prompt tokens", str(lo) if lo == hi else f"{lo}-{hi}"]
+        name = {"all": "all steps", "decode": "decode only", "prompt": "with prompt tokens"}[kind]
+        cells = [name, str(lo) if lo == hi else f"{lo}-{hi}"]
         for m in runs:
             n, sec = buckets[m].get((kind, (lo, hi)), [0, 0.0])
             cells.append(f"{n} x {sec / n * 1e3:.2f} ms = {sec:.2f} s" if n else "-")
@@ -943,7 +948,7 @@ def steps_by_batch_lines(results: dict, limit: int, modes) -> list[str]:
             a, b = (buckets[m].get((kind, (lo, hi)), [0, 0.0])[1] for m in (ours, "vllm"))
             cells.append(f"{a - b:+.2f}")
         lines.append("| " + " | ".join(cells) + " |")
-    totals = ["all", "-"]
+    totals = ["whole run", "-"]
     for m in runs:
         n, sec = len(runs[m]["timeline"]), sum(x[2] for x in runs[m]["timeline"])
         totals.append(f"{n} steps, {sec:.2f} s of {runs[m]['wall']:.2f} s wall")

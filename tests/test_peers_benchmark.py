@@ -226,11 +226,13 @@ def test_vllm_workers_get_the_same_workload_and_their_mode(tmp_path, capsys):
     rows = {tuple(c.strip() for c in ln.strip("|").split("|")[:2]): ln for ln in table[2:]}
     max_tokens = [p.max_tokens for p in throughput.workload(spec, tiny_qwen3_config().vocab_size)[1]]
     batches = [min(sum(n > i for n in max_tokens), 2) for i in range(1, max(max_tokens))]  # the fake's decode steps
-    want = {("with prompt tokens", "2"), ("all", "-")} | {("decode only", str(b)) for b in batches}
+    want = {("with prompt tokens", "2"), ("whole run", "-"), ("all steps", "2")}
+    want |= {(kind, str(b)) for b in batches for kind in ("decode only", "all steps")}
     assert set(rows) == want, rows
     assert rows[("with prompt tokens", "2")].count("| 1 x ") == 2, rows  # its first step, in both modes
     assert rows[("decode only", "2")].count(f"| {batches.count(2)} x ") == 2, rows
-    assert rows[("all", "-")].count(f"| {max(max_tokens)} steps, ") == 2, rows
+    assert rows[("all steps", "2")].count(f"| {batches.count(2) + 1} x ") == 2, rows
+    assert rows[("whole run", "-")].count(f"| {max(max_tokens)} steps, ") == 2, rows
 
 
 def _fake_site(tmp_path: Path) -> Path:

@@ -421,15 +421,18 @@ def test_steps_by_batch_size_from_made_up_timelines():
     assert buckets[("decode", (256, 256))] == [4, pytest.approx(0.040)]
     assert buckets[("prompt", (256, 256))] == [1, pytest.approx(0.014)]
     assert buckets[("decode", (64, 127))] == [1, pytest.approx(0.006)]
+    assert buckets[("all", (256, 256))] == [5, pytest.approx(0.054)]
     lines = throughput.steps_by_batch_lines(results, 256, ["invariant", "vllm"])
     table = [[c.strip() for c in ln.strip("|").split("|")] for ln in lines[5:]]
-    kinds = [["decode only", "256"], ["decode only", "64-127"], ["decode only", "1"], ["decode only", "0"],
-             ["with prompt tokens", "256"], ["all", "-"]]  # fmt: skip
+    kinds = [["all steps", "256"], ["all steps", "64-127"], ["all steps", "1"], ["all steps", "0"],
+             ["decode only", "256"], ["decode only", "64-127"], ["decode only", "1"], ["decode only", "0"],
+             ["with prompt tokens", "256"], ["whole run", "-"]]  # fmt: skip
     assert [row[:2] for row in table] == kinds
-    assert table[0][2:] == ["4 x 10.00 ms = 0.04 s", "4 x 9.00 ms = 0.04 s", "+0.00"]
-    assert table[4][2:] == ["1 x 14.00 ms = 0.01 s", "1 x 11.00 ms = 0.01 s", "+0.00"]
-    assert table[3][2:] == ["-", "1 x 2.00 ms = 0.00 s", "-0.00"]
-    assert table[5][2:] == ["7 steps, 0.06 s of 0.07 s wall", "8 steps, 0.06 s of 0.06 s wall", "+0.01"]
+    assert table[0][2:] == ["5 x 10.80 ms = 0.05 s", "5 x 9.40 ms = 0.05 s", "+0.01"]
+    assert table[4][2:] == ["4 x 10.00 ms = 0.04 s", "4 x 9.00 ms = 0.04 s", "+0.00"]
+    assert table[8][2:] == ["1 x 14.00 ms = 0.01 s", "1 x 11.00 ms = 0.01 s", "+0.00"]
+    assert table[7][2:] == ["-", "1 x 2.00 ms = 0.00 s", "-0.00"]
+    assert table[9][2:] == ["7 steps, 0.06 s of 0.07 s wall", "8 steps, 0.06 s of 0.06 s wall", "+0.01"]
     assert throughput.steps_by_batch_lines({(256, "vllm"): "failed"}, 256, ["vllm"]) == []
 
 
@@ -458,3 +461,21 @@ def test_the_fine_graph_modes_pass_their_sizes_and_the_least_tuned_rows():
     assert list(sizes) == sorted(set(sizes)) and {1, 8, 24, 64, 96, 128, 160, 256, 512} <= set(sizes)
     cfg = throughput.EngineConfig(max_num_seqs=40, **extra)
     assert cfg.tune_linears_min_rows == 1 and cfg.graph_batch_sizes(on_cuda=True) == [1, 2, 4, 8, 16, 24, 32, 40]
+
+
+def test_plot_steps_draws_the_runs_and_names_a_missing_one(tmp_path):
+    import plot_steps
+
+    steps = {"256 invariant": [[256, 300, 0.05]] + [[256, 0, 0.01]] * 5 + [[3, 0, 0.004]],
+             "256 vllm": [[256, 300, 0.04]] + [[256, 0, 0.009]] * 5 + [[3, 0, 0.003]]}  # fmt: skip
+    src = tmp_path / "steps.json"
+    src.write_text(json.dumps(steps))
+    s = plot_steps.series(steps["256 invariant"], window=2)
+    assert s["rows"] == [256] * 6 + [3] and s["t"][-1] == pytest.approx(0.104)
+    assert s["ms"][1] == pytest.approx(30.0) and s["ms_decode"][1] == pytest.approx(10.0)
+    assert s["ms_decode"][0] != s["ms_decode"][0]  # NaN: no decode-only step in the window yet
+    out = tmp_path / "steps.png"
+    assert plot_steps.main([str(src), "--out", str(out), "--window", "2"]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(SystemExit, match="no run '512 vllm'"):
+        plot_steps.main([str(src), "--out", str(out), "--runs", "256 vllm,512 vllm"])
