@@ -323,10 +323,18 @@ def profile_batch(llm, limit: int, args, steps: int) -> tuple[int, int]:
 
 def profile_context(batch: int, max_model_len: int, args, steps: int) -> int:
     """The profiled requests' prompt length (:func:`profile_batch`): mean prompt + half the mean generation, short
-    enough that the draws of :func:`profile_draws` fit in ``max_model_len``."""
+    enough that the draws of :func:`profile_draws` fit in ``max_model_len`` for vLLM's profile at the same shape too
+    (:func:`peer_profile`: two measurements of ``steps + 1`` steps after the fill; with a generation of 128 tokens
+    and prompts of 1024, vLLM's profile at batch 256 ran out of tokens at the context VeXact's alone would take)."""
     (lo, hi), (glo, ghi) = args.prompt_len, args.gen_len
     context = (lo + hi) // 2 + (glo + ghi) // 4
-    return max(1, min(context, max_model_len - profile_draws(batch, context, args, steps)))
+    return max(1, min(context, max_model_len - profile_draws(batch, context, args, peer_profile_steps(steps))))
+
+
+def peer_profile_steps(steps: int) -> int:
+    """Steps a request of vLLM's profile draws after the fill: two measurements of ``steps + 1`` steps, and one more
+    an async step may have scheduled (``peers.decode_profile``)."""
+    return 2 * steps + 3
 
 
 def profile_draws(batch: int, context: int, args, steps: int) -> int:
@@ -390,7 +398,8 @@ def peer_profile(
     (``peers.decode_profile``): the result as :func:`decode_kernels` gives VeXact's, or why there is none."""
     steps = args.profile_steps
     # drawn while the batch fills, then two measurements of steps + 1 steps each
-    draws = min(profile_draws(batch, context, args, 2 * steps + 3), args.prompt_len[1] + args.gen_len[1] - context)
+    draws = min(profile_draws(batch, context, args, peer_profile_steps(steps)),
+                args.prompt_len[1] + args.gen_len[1] - context)  # fmt: skip
     prompts = profile_prompts(batch, context, vocab, args)
     profile = dict(batch=batch, context=context, steps=steps)
     return peers.run_vllm(mode, ckpt, prompts, [draws] * batch, list(range(batch)), limit, args, workdir, False,

@@ -479,3 +479,15 @@ def test_plot_steps_draws_the_runs_and_names_a_missing_one(tmp_path):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(SystemExit, match="no run '512 vllm'"):
         plot_steps.main([str(src), "--out", str(out), "--runs", "256 vllm,512 vllm"])
+
+
+def test_the_profiled_context_leaves_vllms_profile_its_draws():
+    """Prompts of 1024 and 128 generated tokens (the batch sweep): vLLM's profile at batch 256 fills the batch, then
+    measures twice; the context VeXact's profile takes leaves room for all of it. The rl workload keeps its mean."""
+    sweep = types.SimpleNamespace(prompt_len=[1024, 1024], gen_len=[128, 128], max_num_batched_tokens=8192)
+    for batch in (32, 128, 256):
+        ctx = throughput.profile_context(batch, 1152, sweep, 20)
+        need = throughput.profile_draws(batch, ctx, sweep, throughput.peer_profile_steps(20))
+        assert ctx + need <= 1152 and ctx > 1024, (batch, ctx, need)
+    rl = types.SimpleNamespace(prompt_len=[128, 512], gen_len=[1024, 2048], max_num_batched_tokens=8192)
+    assert throughput.profile_context(256, 2560, rl, 20) == 320 + 768
