@@ -192,6 +192,7 @@ def run_vllm(
         max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.prompt_len[1] + args.gen_len[1],
         gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager,
         decode_steps=args.decode_steps if batch1 else 0, parallel=parallel or {},
+        logprobs=0 if getattr(args, "vllm_logprobs", "sampled") == "sampled" else None,
     )  # fmt: skip
     if profile:
         spec["profile"] = profile
@@ -260,8 +261,9 @@ def _worker(spec_path: str, result_path: str) -> int:
 
     def params(n: int, seed: int | None):
         return SamplingParams(
-            temperature=1.0, top_p=1.0, top_k=0, max_tokens=n, seed=seed, ignore_eos=True, detokenize=False
-        )
+            temperature=1.0, top_p=1.0, top_k=0, max_tokens=n, seed=seed, ignore_eos=True, detokenize=False,
+            logprobs=spec.get("logprobs"),
+        )  # fmt: skip
 
     def gen(prompts, ps):
         return llm.generate([{"prompt_token_ids": p} for p in prompts], ps, use_tqdm=False)
@@ -280,7 +282,11 @@ def _worker(spec_path: str, result_path: str) -> int:
     tokens = sum(len(o.outputs[0].token_ids) for o in outs)
     if tokens != sum(max_tokens):
         raise RuntimeError(f"vLLM returned {tokens} tokens, asked for {sum(max_tokens)} (ignore_eos)")
-    res = dict(tokens=tokens, wall=wall, tok_s=tokens / wall, window=[t, t + wall])
+    if spec.get("logprobs") is not None:  # each drawn token's logprob came back: vLLM computed them
+        got = sum(len(o.outputs[0].logprobs or []) for o in outs)
+        if got != tokens:
+            raise RuntimeError(f"vLLM returned logprobs for {got} of {tokens} tokens (logprobs={spec['logprobs']})")
+    res = dict(tokens=tokens, wall=wall, tok_s=tokens / wall, window=[t, t + wall], logprobs=spec.get("logprobs"))
     if spec["decode_steps"]:
         res["step_s"] = batch1_step(lambda n: gen([list(range(1, 129))], [params(n, 0)]), spec["decode_steps"])
     return _write_result(res, result_path)

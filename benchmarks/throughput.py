@@ -35,7 +35,9 @@ vLLM (0.24.0, from ``scripts/staging/vllm_device_wheels.sh``; ``--vllm-site /tmp
 from an HF checkpoint directory the run writes (``--ckpt-dir``: config.json with the family's architecture, the weights
 under their published names; it needs the model's bf16 size free on disk; ``--ckpt-only`` writes it ahead, and a
 later run on the same machine with the same shape, layers and seed reuses it), one subprocess per mode and batch limit,
-while this process keeps the model's weights on the host; without vLLM its cells say "not installed". First run on a
+while this process keeps the model's weights on the host; without vLLM its cells say "not installed". vLLM returns
+each drawn token's logprob (``SamplingParams(logprobs=0)``, as verl's vLLM rollout asks: RL needs them, and VeXact
+always computes them); ``--vllm-logprobs none`` drops them (vLLM then skips its log-softmax over the vocabulary). First run on a
 GPU: ``benchmarks/results/throughput-h200.md`` (``--quick``).
 Then a GRPO-shaped row (VeXact's own engine): ``--grpo-prompts`` prompts of ``--grpo-prompt-len LO HI`` tokens, each
   sampled ``--grpo-n`` times (n requests share a prompt, distinct seeds), with prefix caching on and off: output
@@ -1032,6 +1034,14 @@ def arg_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--vllm-site", help="directory holding vLLM (scripts/staging/vllm_device_wheels.sh: /tmp/vllmsite)")
     ap.add_argument("--vllm-timeout", type=int, default=300, help="seconds for one vLLM subprocess")
+    ap.add_argument(
+        "--vllm-logprobs",
+        choices=("sampled", "none"),
+        default="sampled",
+        help="what vLLM returns beside each token: 'sampled' (default) its logprob (SamplingParams(logprobs=0), as "
+        "verl's vLLM rollout asks and as VeXact always gives), 'none' no logprobs (vLLM then skips the log-softmax "
+        "over the vocabulary)",
+    )
     ap.add_argument("--ckpt-dir", help="where the HF checkpoint for vLLM and the worker logs go (default: a temp dir)")
     ap.add_argument("--ckpt-only", action="store_true",
                     help="only write each --models shape's HF checkpoint into --ckpt-dir and exit (no vLLM needed); a "
@@ -1062,6 +1072,13 @@ def arg_parser() -> argparse.ArgumentParser:
     ap.add_argument("--note", action="append", default=[], help="a line for the results file's header (repeatable)")
     ap.add_argument("--device", default="cuda", help="cuda; cpu only to smoke-test the script with --models tiny")
     return ap
+
+
+def vllm_logprobs_words(args) -> str:
+    """What the results say vLLM returned beside each token (``--vllm-logprobs``)."""
+    if args.vllm_logprobs == "sampled":
+        return "vLLM returns each drawn token's logprob (logprobs=0, as verl's vLLM rollout asks; VeXact always does)"
+    return "vLLM returns no logprobs (VeXact still computes each drawn token's)"
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -1143,7 +1160,7 @@ def results_meta(args, argv, gpu: str, vllm_ver: str | None, bw: float, batch_li
             f"{args.max_num_batched_tokens} tokens per step, CUDA graphs {'off' if args.enforce_eager else 'on'}, "
             f"VeXact's KV pages of {args.block_size} tokens, random bf16 weights, {args.layers or 'all'} layers; "
             "vLLM loads the same weights from an HF checkpoint, one subprocess per mode and batch limit, "
-            f"gpu_memory_utilization {args.gpu_memory_utilization}."
+            f"gpu_memory_utilization {args.gpu_memory_utilization}; {vllm_logprobs_words(args)}."
         ),
     )  # fmt: skip
 
@@ -1204,7 +1221,8 @@ def main(argv=None) -> int:
         f"{'off' if args.enforce_eager else 'on'}, VeXact's KV pages of {args.block_size} tokens; the same prompts, "
         "lengths and seeds in every engine. vLLM loads "
         f"the same weights from an HF checkpoint directory (skip_tokenizer_init, token-id prompts), one subprocess "
-        f"per mode and batch limit, gpu_memory_utilization {args.gpu_memory_utilization}. HF generate: one "
+        f"per mode and batch limit, gpu_memory_utilization {args.gpu_memory_utilization}; "
+        f"{vllm_logprobs_words(args)}. HF generate: one "
         f"left-padded batch of {args.hf_prompts} of the same prompts, {args.hf_new_tokens} new tokens each, sdpa "
         f"attention (eager for gpt-oss), bf16, {'static cache (compiled)' if args.hf_static_cache else 'eager'}. "
         f"Random weights, {args.layers or 'all'} layers. Roofline fraction: least bytes the run must "

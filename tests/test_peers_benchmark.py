@@ -35,7 +35,7 @@ FAKE_VLLM = textwrap.dedent("""
     class SamplingParams:
         def __init__(self, **kw):
             assert kw["ignore_eos"] and kw["detokenize"] is False and kw["temperature"] == 1.0, kw
-            self.max_tokens, self.seed = kw["max_tokens"], kw["seed"]
+            self.max_tokens, self.seed, self.logprobs = kw["max_tokens"], kw["seed"], kw["logprobs"]
     class _Request:
         def __init__(self, max_tokens):
             self.max_tokens, self.num_output_tokens, self.num_preemptions = max_tokens, 0, 0
@@ -75,7 +75,10 @@ FAKE_VLLM = textwrap.dedent("""
                     for i in range(max(p.max_tokens for p in params)):
                         rows = sum(p.max_tokens > i for p in params)
                         f.write(f"{time.perf_counter():.6f} {rows} {7 * rows if i == 0 else 0}\\n")
-            return [types.SimpleNamespace(outputs=[types.SimpleNamespace(token_ids=[0] * p.max_tokens)])
+            drop = os.environ.get("FAKE_VLLM_NO_LOGPROBS") == "1"  # a build that ignores logprobs=
+            return [types.SimpleNamespace(outputs=[types.SimpleNamespace(
+                        token_ids=[0] * p.max_tokens,
+                        logprobs=None if p.logprobs is None or drop else [{0: -1.0}] * p.max_tokens)])
                     for p in params]
         def enqueue(self, prompts, params, use_tqdm):
             if os.environ.get("FAKE_VLLM_FAIL_BI") and os.environ["VLLM_BATCH_INVARIANT"] == "1":
@@ -398,3 +401,24 @@ def test_the_draw_in_graph_mode_runs_beside_invariant_and_is_checked_against_it(
     out = capsys.readouterr().out
     assert sum(ln.startswith("| 2 | VeXact invariant, draw in the decode graph |") for ln in out.splitlines()) == 2
     assert out.count("logprobs (torch.equal, every request): yes") == 2
+
+
+@pytest.mark.parametrize("flag, want", [(None, 0), ("none", None)])
+def test_vllm_returns_the_drawn_tokens_logprobs_unless_told_not_to(tmp_path, capsys, monkeypatch, flag, want):
+    """As verl's vLLM rollout asks (logprobs=0) by default: the spec carries it, the worker checks that each token's
+    logprob came back (a build that drops them fails the cell, naming the count), and the results say so."""
+    work = tmp_path / "work"
+    argv = [*TINY, "--modes", "vllm", "--max-num-seqs", "2", "--vllm-site", str(_fake_site(tmp_path)),
+            "--ckpt-dir", str(work), *(["--vllm-logprobs", flag] if flag else [])]  # fmt: skip
+    assert throughput.main(argv) == 0
+    out = capsys.readouterr().out
+    assert json.loads((work / "vllm-2.spec.json").read_text())["logprobs"] == want
+    assert json.loads((work / "vllm-2.result.json").read_text())["logprobs"] == want
+    words = "each drawn token's logprob (logprobs=0" if want == 0 else "vLLM returns no logprobs"
+    assert words in out
+    if want is None:
+        return
+    monkeypatch.setenv("FAKE_VLLM_NO_LOGPROBS", "1")
+    assert throughput.main(argv) == 1  # a failed cell: exit status 1
+    out = capsys.readouterr().out
+    assert "vLLM returned logprobs for 0 of" in out, out
