@@ -57,6 +57,24 @@ def _logits_grad(route_torch, ctx, grad_w: torch.Tensor, *args) -> torch.Tensor:
     return g.to(logits.dtype)
 
 
+class _KernelRoute(torch.autograd.Function):
+    """Routing by a kernel, differentiated through torch ops: the forward runs ``route(logits)`` (a launch: weights
+    ``[T, k]`` fp32 and ids ``[T, k]``); the backward is :func:`_logits_grad` through ``route_torch(logits, ids,
+    *args)``, the same weights as a differentiable torch expression. The ids take no gradient."""
+
+    @staticmethod
+    def forward(ctx, logits, route, route_torch, args):
+        w, ids = route(logits)
+        ctx.save_for_backward(logits, ids)
+        ctx.route_torch, ctx.args = route_torch, args
+        ctx.mark_non_differentiable(ids)
+        return w, ids
+
+    @staticmethod
+    def backward(ctx, grad_w, _grad_ids):
+        return _logits_grad(ctx.route_torch, ctx, grad_w, *ctx.args), None, None, None
+
+
 def _route_torch(logits: torch.Tensor, ids: torch.Tensor, norm: bool) -> torch.Tensor:
     """The same weights as a differentiable torch expression (for the backward only)."""
     probs = torch.softmax(logits.float(), dim=-1)
@@ -76,27 +94,11 @@ def _launch_per_token(logits: torch.Tensor, top_k: int, launch) -> tuple[torch.T
     return w, ids
 
 
-class _Route(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, logits, top_k, norm):
-        def launch(lg, w, ids, e, block, warps):
-            _route_kernel[(lg.shape[0],)](
-                lg, w, ids, e, lg.stride(0), K=top_k, NORM=norm, BLOCK_E=block, num_warps=warps
-            )
-
-        w, ids = _launch_per_token(logits, top_k, launch)
-        ctx.save_for_backward(logits, ids)
-        ctx.norm = norm
-        ctx.mark_non_differentiable(ids)
-        return w, ids
-
-    @staticmethod
-    def backward(ctx, grad_w, _grad_ids):
-        return _logits_grad(_route_torch, ctx, grad_w, ctx.norm), None, None
-
-
 def triton_moe_route(logits: torch.Tensor, top_k: int, norm: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    return _Route.apply(logits, top_k, norm)
+    def launch(lg, w, ids, e, block, warps):
+        _route_kernel[(lg.shape[0],)](lg, w, ids, e, lg.stride(0), K=top_k, NORM=norm, BLOCK_E=block, num_warps=warps)
+
+    return _KernelRoute.apply(logits, lambda lg: _launch_per_token(lg, top_k, launch), _route_torch, (norm,))
 
 
 # gpt-oss's routing (``moe_route(topk_before_softmax=True)``): the top-k of the logits, then a softmax over those k.
@@ -144,32 +146,18 @@ def _route_topk_first_kernel(
     tl.store(ids_ptr + t * K + ranks, ids, mask=ranks < K)
 
 
-class _RouteTopkFirst(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, logits, top_k, route_torch):
-        from . import interpreting
-
-        def launch(lg, w, ids, e, block, warps):
-            _route_topk_first_kernel[(lg.shape[0],)](
-                lg, w, ids, e, lg.stride(0), K=top_k, BLOCK_E=block, BLOCK_K=next_pow2(top_k),
-                INTERPRET=interpreting(), num_warps=warps,
-            )  # fmt: skip
-
-        w, ids = _launch_per_token(logits, top_k, launch)
-        ctx.save_for_backward(logits, ids)
-        ctx.route_torch = route_torch
-        ctx.mark_non_differentiable(ids)
-        return w, ids
-
-    @staticmethod
-    def backward(ctx, grad_w, _grad_ids):
-        return _logits_grad(ctx.route_torch, ctx, grad_w), None, None
-
-
 def triton_moe_route_topk_first(logits: torch.Tensor, top_k: int, route_torch) -> tuple[torch.Tensor, torch.Tensor]:
     """``(weights [T, k] fp32, ids [T, k])``; ``route_torch(logits, ids)``: the weights as the torch expression the
     backward differentiates (the torch path's own, so the router gradient is that path's)."""
-    return _RouteTopkFirst.apply(logits, top_k, route_torch)
+    from . import interpreting
+
+    def launch(lg, w, ids, e, block, warps):
+        _route_topk_first_kernel[(lg.shape[0],)](
+            lg, w, ids, e, lg.stride(0), K=top_k, BLOCK_E=block, BLOCK_K=next_pow2(top_k),
+            INTERPRET=interpreting(), num_warps=warps,
+        )  # fmt: skip
+
+    return _KernelRoute.apply(logits, lambda lg: _launch_per_token(lg, top_k, launch), route_torch, ())
 
 
 # DeepSeek-V3 grouped routing (``moe_route_grouped``): one program per token over its row seen as
@@ -246,9 +234,10 @@ def _grouped_route_torch(logits, ids, norm, scale, scoring_func) -> torch.Tensor
     return renormalized_topk(scores.gather(1, ids), norm, scale)
 
 
-class _GroupedRoute(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, logits, bias, top_k, n_group, topk_group, norm, scale, scoring_func):
+def triton_moe_route_grouped(
+    logits, top_k, bias, n_group, topk_group, norm, scale, scoring_func
+) -> tuple[torch.Tensor, torch.Tensor]:
+    def route(logits):
         t, e = logits.shape
         w = torch.empty(t, top_k, dtype=torch.float32, device=logits.device)
         ids = torch.empty(t, top_k, dtype=torch.int64, device=logits.device)
@@ -264,17 +253,7 @@ class _GroupedRoute(torch.autograd.Function):
                 BLOCK_G=block_g, BLOCK_S=block_s, BLOCK_K=next_pow2(top_k),
                 num_warps=4 if block_g * block_s >= 512 else 1,
             )  # fmt: skip
-        ctx.save_for_backward(logits, ids)
-        ctx.args = (norm, scale, scoring_func)
-        ctx.mark_non_differentiable(ids)
         return w, ids
 
-    @staticmethod
-    def backward(ctx, grad_w, _grad_ids):
-        return _logits_grad(_grouped_route_torch, ctx, grad_w, *ctx.args), None, None, None, None, None, None, None
-
-
-def triton_moe_route_grouped(
-    logits, top_k, bias, n_group, topk_group, norm, scale, scoring_func
-) -> tuple[torch.Tensor, torch.Tensor]:
-    return _GroupedRoute.apply(logits, bias, top_k, n_group, topk_group, norm, scale, scoring_func)
+    # the bias (a buffer of the checkpoint's, not trained) takes no gradient, as before
+    return _KernelRoute.apply(logits, route, _grouped_route_torch, (norm, scale, scoring_func))
