@@ -35,7 +35,7 @@ from .logprobs import (
 )
 from .moe import fused_moe, moe_combine, moe_expert_outputs, moe_route, moe_route_grouped
 from .rms_norm import add_rms_norm, rms_norm, rms_norm_pair
-from .rotary import apply_rotary, apply_rotary_qk, rope_cos_sin
+from .rotary import apply_rotary, apply_rotary_qk, rms_norm_rotary_qk, rope_cos_sin
 from .sample import gumbel_uniform, sample_from_hidden
 
 __version__ = "0.5.0"
@@ -81,6 +81,7 @@ __all__ = [
     "portable_math",
     "rms_norm",
     "rms_norm_pair",
+    "rms_norm_rotary_qk",
     "tune_linears",
     "rope_cos_sin",
     "sample_from_hidden",

@@ -72,3 +72,50 @@ def apply_rotary_qk(
         _check_positions(positions, cos)
         return triton_apply_rotary_pair(q, k, positions, cos, sin)
     return apply_rotary(q, positions, cos, sin), apply_rotary(k, positions, cos, sin)
+
+
+# On the invariant backend's CUDA path, a layer's q/k norms and the rotation after them in one launch (speed only: the
+# same bits as the two launches, held by the GPU test test_gpu_norm_rotary_qk_is_the_two_launches_bitwise). False:
+# two launches (rms_norm_pair, apply_rotary_qk), for an A/B.
+FUSE_NORM_ROTARY = True
+
+
+def rms_norm_rotary_qk(
+    q: torch.Tensor,
+    wq: torch.Tensor,
+    k: torch.Tensor,
+    wk: torch.Tensor,
+    eps: float,
+    positions: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``apply_rotary_qk(*rms_norm_pair(q, wq, k, wk, eps), positions, cos, sin)``, bitwise: a Qwen3 attention's q/k
+    norms and rotary. ``q [T, Hq, D]``, ``k [T, Hk, D]``. On the ``invariant`` backend's CUDA path, without autograd
+    recording, in one launch (``FUSE_NORM_ROTARY``); otherwise the two ops."""
+    from .rms_norm import _check, rms_norm_pair
+
+    fused = (
+        FUSE_NORM_ROTARY
+        and get_backend("rms_norm") == "invariant"
+        and get_backend("rotary") == "invariant"
+        and use_triton(q, wq, k, wk, positions, cos, sin)
+        and not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, wq, k, wk)))
+        and q.dim() == k.dim() == 3
+        and q.shape[-1] == k.shape[-1]
+        and q.dtype == k.dtype
+        and wq.dtype == wk.dtype
+        and q.stride(-1) == k.stride(-1) == 1
+    )
+    if not fused:
+        qn, kn = rms_norm_pair(q, wq, k, wk, eps)
+        return apply_rotary_qk(qn, kn, positions, cos, sin)
+    from .triton_ops.rms_norm import qk_norm_rotary_fwd
+    from .triton_ops.rotary import _check_args
+
+    _check(q, wq)
+    _check(k, wk)
+    _check_args(q, positions, cos, sin)
+    _check_args(k, positions, cos, sin)
+    _check_positions(positions, cos)
+    return qk_norm_rotary_fwd(q, wq, k, wk, eps, positions, cos, sin)

@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from . import cdiv, next_pow2
+from .rotary import _rotate_row
 
 # Numerics-affecting launch parameters: fixed for every shape (the sum-of-squares tree depends on them).
 RMS_BLOCK = 1024
@@ -98,6 +99,32 @@ def _rms_norm_fwd_pair_kernel(
         row2 = row - m1
         y_row = y2_ptr + row2.to(tl.int64) * H
         _rms_norm_row(_strided_row(x2_ptr, row2, n2, s2t, s2h), w2_ptr, y_row, rstd2_ptr + row2, H, eps, BLOCK)
+
+
+@triton.jit(do_not_specialize=["m1", "n1", "n2", "h1", "h2"])
+def _qk_norm_rotary_kernel(
+    x1_ptr, w1_ptr, y1_ptr, o1_ptr, m1, n1, s1t, s1h, h1,
+    x2_ptr, w2_ptr, y2_ptr, o2_ptr, n2, s2t, s2h, h2,
+    rstd_ptr, pos_ptr, cos_ptr, sin_ptr, stride_tab, H, half, eps,
+    BLOCK: tl.constexpr, HALF: tl.constexpr, INTERPRET: tl.constexpr,
+):  # fmt: skip
+    """:func:`_rms_norm_fwd_pair_kernel`'s rows (the same row code: ``y1``, ``y2``), then each normalised row read back
+    and rotated at its token's position into ``o1`` / ``o2`` (``_rotate_row``: the rotary kernels' arithmetic).
+    ``h1`` / ``h2``: heads per token of q and k (row ``r`` of q is token ``r // h1``)."""
+    row = tl.program_id(0)
+    if row < m1:
+        y_row = y1_ptr + row.to(tl.int64) * H
+        _rms_norm_row(_strided_row(x1_ptr, row, n1, s1t, s1h), w1_ptr, y_row, rstd_ptr + row, H, eps, BLOCK)
+        o_row = o1_ptr + row.to(tl.int64) * H
+        tok = (row // h1).to(tl.int64)
+    else:
+        row2 = row - m1
+        y_row = y2_ptr + row2.to(tl.int64) * H
+        _rms_norm_row(_strided_row(x2_ptr, row2, n2, s2t, s2h), w2_ptr, y_row, rstd_ptr + row, H, eps, BLOCK)
+        o_row = o2_ptr + row2.to(tl.int64) * H
+        tok = (row2 // h2).to(tl.int64)
+    tl.debug_barrier()  # the row's y, stored by all of the program's threads, is read back by all of them
+    _rotate_row(y_row, o_row, pos_ptr, cos_ptr, sin_ptr, tok, half, stride_tab, HALF, INTERPRET)
 
 
 @triton.jit
@@ -266,6 +293,34 @@ def rms_norm_fwd_pair(
             BLOCK=RMS_BLOCK, num_warps=RMS_NUM_WARPS,
         )  # fmt: skip
     return y1, y2
+
+
+def qk_norm_rotary_fwd(
+    q: torch.Tensor, wq: torch.Tensor, k: torch.Tensor, wk: torch.Tensor, eps: float,
+    positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """``rotary(rms_norm(q, wq)), rotary(rms_norm(k, wk))`` for ``q [T, Hq, D]`` and ``k [T, Hk, D]`` (one dtype, any
+    strides with a contiguous last dim) in one launch, bitwise what :func:`rms_norm_fwd_pair` and
+    ``rotary.rotary_pair_launch`` give in two; outputs contiguous in q's dtype."""
+    from . import interpreting
+
+    (x1, n1, s1t, s1h), (x2, n2, s2t, s2h) = strided_rows(q), strided_rows(k)
+    wq, wk = aligned_rows(wq), aligned_rows(wk)
+    t, hq, h = q.shape
+    hk = k.shape[1]
+    m1, m2 = t * hq, t * hk
+    dev = q.device
+    y1, o1 = (torch.empty(t, hq, h, dtype=q.dtype, device=dev) for _ in range(2))
+    y2, o2 = (torch.empty(t, hk, h, dtype=q.dtype, device=dev) for _ in range(2))
+    rstd = torch.empty(m1 + m2, dtype=torch.float32, device=dev)
+    cos, sin, positions = cos.contiguous(), sin.contiguous(), positions.contiguous()
+    if m1 + m2:
+        _qk_norm_rotary_kernel[(m1 + m2,)](
+            x1, wq, y1, o1, m1, n1, s1t, s1h, hq, x2, wk, y2, o2, n2, s2t, s2h, hk,
+            rstd, positions, cos, sin, cos.stride(0), h, h // 2, eps,
+            BLOCK=RMS_BLOCK, HALF=next_pow2(h // 2), INTERPRET=interpreting(), num_warps=RMS_NUM_WARPS,
+        )  # fmt: skip
+    return o1, o2
 
 
 def add_rms_norm_fwd(

@@ -5,7 +5,7 @@ The MoE checkpoint and routing helpers (``named_weights``, ``record_router``, ..
 from .activation import SiluAndMul
 from .attention import Attention
 from .embed_head import LMHead, VocabEmbedding
-from .layernorm import RMSNorm, add_rms_norm, rms_norm_pair
+from .layernorm import RMSNorm, add_rms_norm, qk_norm_rotary, rms_norm_pair
 from .linear import Linear, grouped_linear
 from .mla import MLAttention
 from .moe import DeepseekMoeBlock, GptOssMoeBlock, SparseMoeBlock
@@ -25,5 +25,6 @@ __all__ = [
     "VocabEmbedding",
     "add_rms_norm",
     "grouped_linear",
+    "qk_norm_rotary",
     "rms_norm_pair",
 ]

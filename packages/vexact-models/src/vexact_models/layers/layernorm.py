@@ -39,3 +39,12 @@ def add_rms_norm(norm: RMSNorm, x: torch.Tensor, residual: torch.Tensor | None) 
         s = residual + x  # the stream first, as the blocks have always added (the same bits either way)
         return s, norm(s)
     return vk.add_rms_norm(x, residual, norm.weight, norm.eps)
+
+
+def qk_norm_rotary(norm_q: RMSNorm, q: torch.Tensor, norm_k: RMSNorm, k: torch.Tensor, rotary: nn.Module, positions):
+    """``rotary(positions, norm_q(q), norm_k(k))``, bitwise: a Qwen3 attention's q/k norms and rotary, in one kernel
+    launch where the kernels allow it (``vexact_kernels.rms_norm_rotary_qk``). Through the modules themselves where
+    one has hooks of its own, the eps differ or autograd records."""
+    if _hooked(norm_q, norm_k, rotary) or norm_q.eps != norm_k.eps or torch.is_grad_enabled():
+        return rotary(positions, *rms_norm_pair(norm_q, q, norm_k, k))
+    return vk.rms_norm_rotary_qk(q, norm_q.weight, k, norm_k.weight, norm_q.eps, positions, rotary.cos, rotary.sin)

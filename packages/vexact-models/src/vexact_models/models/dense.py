@@ -46,7 +46,7 @@ from ..layers import (
     VocabEmbedding,
     add_rms_norm,
     grouped_linear,
-    rms_norm_pair,
+    qk_norm_rotary,
 )
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
@@ -305,9 +305,10 @@ class DenseAttention(nn.Module):
         q = q.view(t, self.num_heads, self.head_dim)  # [T, Hq, D]
         k = k.view(t, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
         v = v.view(t, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            q, k = rms_norm_pair(self.q_norm, q, self.k_norm, k)  # one launch for both on CUDA
-        q, k = self.rotary(positions, q, k)
+        if self.q_norm is not None:  # the norms and the rotation in one launch on CUDA
+            q, k = qk_norm_rotary(self.q_norm, q, self.k_norm, k, self.rotary, positions)
+        else:
+            q, k = self.rotary(positions, q, k)
         o = self.attn(q, k, v, meta, kv_cache, sinks=self.sinks)  # [T, Hq, D]
         return self.o_proj(o.reshape(t, self.num_heads * self.head_dim))
 
