@@ -37,8 +37,8 @@ under their published names; it needs the model's bf16 size free on disk; ``--ck
 later run on the same machine with the same shape, layers and seed reuses it), one subprocess per mode and batch limit,
 while this process keeps the model's weights on the host; without vLLM its cells say "not installed". vLLM returns
 each drawn token's logprob (``SamplingParams(logprobs=0)``, as verl's vLLM rollout asks: RL needs them, and VeXact
-always computes them); ``--vllm-logprobs none`` drops them (vLLM then skips its log-softmax over the vocabulary). First run on a
-GPU: ``benchmarks/results/throughput-h200.md`` (``--quick``).
+always computes them); ``--vllm-logprobs none`` drops them (vLLM then skips its log-softmax over the vocabulary).
+First run on a GPU: ``benchmarks/results/throughput-h200.md`` (``--quick``).
 Then a GRPO-shaped row (VeXact's own engine): ``--grpo-prompts`` prompts of ``--grpo-prompt-len LO HI`` tokens, each
   sampled ``--grpo-n`` times (n requests share a prompt, distinct seeds), with prefix caching on and off: output
   tokens/s, the prompt tokens served from the cache (hit rate), and whether on and off gave the same tokens and
