@@ -469,8 +469,9 @@ def test_verl_fsdp_model_path_hands_the_packed_row_to_fa4_varlen(tmp_path, how):
 
 STUB_PYTHON = """#!/usr/bin/env bash
 # python3 for run_pair.sh on CPU: the verl runs log one step (the meta written at their start kept aside) and exit
-# with STUB_RC_<arm> (0 by default), vLLM "imports", compare.py writes its arguments to STUB_COMPARE, everything else
-# is the real interpreter
+# with STUB_RC_<arm> (0 by default), vLLM "imports", the vexact arms' attention query answers triton (vexact_kernels'
+# answer on a CPU machine; importing it takes seconds), compare.py writes its arguments to STUB_COMPARE, everything
+# else is the real interpreter
 if [ "$1" = -m ] && { [ "$2" = verl.trainer.main_ppo ] || [ "$2" = vexact_verl.main_ppo ]; }; then
   cp "${VERL_FILE_LOGGER_PATH%.jsonl}.meta.json" "${VERL_FILE_LOGGER_PATH%.jsonl}.meta-at-start.json"
   echo '{"step": 1, "data": {"rollout_corr/k3_kl": 0.001}}' > "$VERL_FILE_LOGGER_PATH"
@@ -480,17 +481,21 @@ if [ "$1" = -m ] && { [ "$2" = verl.trainer.main_ppo ] || [ "$2" = vexact_verl.m
   exit "${!rc:-0}"
 fi
 [ "$1" = -c ] && [ "$2" = "import vllm" ] && exit 0
+[ "$1" = -c ] && [ "$2" = "import vexact_kernels as vk; print(vk.get_attention_impl())" ] && { echo triton; exit 0; }
 [ "$1" = examples/verify/compare.py ] && { shift; echo "$*" > "$STUB_COMPARE"; exit 0; }
 exec {python} "$@"
 """
 
 
 def _stub_run(tmp_path: Path, *arms: str, **env: str) -> tuple[subprocess.CompletedProcess, Path]:
-    """run_pair.sh end to end with the stub python3 (dense-1k, tag cpu); the results folder."""
+    """run_pair.sh end to end with the stub python3 and sleep (dense-1k, tag cpu); the results folder."""
     stub = tmp_path / "bin"
     stub.mkdir()
     (stub / "python3").write_text(STUB_PYTHON.replace("{python}", sys.executable))
-    (stub / "python3").chmod(0o755)
+    # run_pair.sh sleeps 3 s after each arm for its Ray cluster and vLLM processes to exit; the stub arms start none
+    (stub / "sleep").write_text("#!/usr/bin/env bash\nexit 0\n")
+    for exe in ("python3", "sleep"):
+        (stub / exe).chmod(0o755)
     model, data = tmp_path / "model", tmp_path / "data"
     model.mkdir(), data.mkdir()
     (model / "config.json").write_text("{}")
