@@ -27,6 +27,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SHIM = ROOT / "examples/verify/fa4_shim"
 HAS_VERL = importlib.util.find_spec("verl") is not None
+# verl.utils.import_utils (import_external_libs: how verl's workers import actor_rollout_ref.model.external_lib)
+VERL_IMPORT_UTILS = Path(importlib.util.find_spec("verl").origin).parent / "utils/import_utils.py" if HAS_VERL else None
 
 # flash-attn-4 4.0.0b36's flash_attn.cute.flash_attn_varlen_func parameters, in order (transformers inspects them to
 # decide which keywords it passes: max_seqlen_q/k, deterministic, softcap, window_size, learnable_sink)
@@ -248,15 +250,36 @@ def test_the_shim_hands_fa4_ints_and_keeps_its_signature(tmp_path):
     assert seen == [(1079, 7, True), (5, None, False)] and type(seen[0][0]) is int, seen
     with pytest.raises(ValueError, match=r"max_seqlen_q: expected one length, got a tensor of shape \(2,\)"):
         wrapped(1, 2, 3, max_seqlen_q=torch.tensor([3, 4]))
-    # imported as verl imports an external_lib: flash_attn.cute's function replaced in place; without FA4, a clear error
+    # imported as verl imports an external_lib: without FA4, a clear error; with it, flash_attn.cute's function
+    # replaced in place. One interpreter for both: FA4's folder joins the path after the failed import, which leaves
+    # nothing in sys.modules. verl's hook is its import_utils.py loaded as a file: that module needs only the standard
+    # library, and verl's package import (seconds: tensordict, transformers, its engines) adds nothing the shim uses;
+    # the packed-row tests below import the shim through it after importing verl
     fa4 = _fake_fa4_site(tmp_path / "fa4site")
-    code = ("from verl.utils.import_utils import import_external_libs; import_external_libs('fa4_varlen_ints'); "
-            "import flash_attn.cute as c; print(c.flash_attn_varlen_func._vexact_int_seqlens)")  # fmt: skip
+    code = textwrap.dedent(f"""
+        import importlib, importlib.util, sys
+        spec = importlib.util.spec_from_file_location("verl_import_utils", {str(VERL_IMPORT_UTILS)!r})
+        verl_import_utils = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(verl_import_utils)
+        import_external_libs = verl_import_utils.import_external_libs
+        try:
+            import_external_libs("fa4_varlen_ints")
+            print("without FA4: imported")
+        except Exception as e:
+            print(f"without FA4: {{type(e).__name__}}: {{e}}")
+        sys.path.insert(sys.path.index({str(SHIM)!r}) + 1, {str(fa4)!r})
+        importlib.invalidate_caches()
+        import_external_libs("fa4_varlen_ints")
+        import flash_attn.cute as c
+        print("with FA4:", c.flash_attn_varlen_func._vexact_int_seqlens)
+    """)
     if HAS_VERL:
-        for path, want in ((f"{SHIM}:{fa4}", "True"), (str(SHIM), "fa4_varlen_ints: flash_attn.cute (flash-attn-4)")):
-            env = {**os.environ, "PYTHONPATH": f"{path}:{os.environ.get('PYTHONPATH', '')}"}
-            r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
-            assert want in r.stdout + r.stderr, r.stdout + r.stderr[-2000:]
+        env = {**os.environ, "PYTHONPATH": f"{SHIM}:{os.environ.get('PYTHONPATH', '')}"}
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+        out = r.stdout + r.stderr[-2000:]
+        assert r.returncode == 0, out
+        assert "without FA4: ImportError: fa4_varlen_ints: flash_attn.cute (flash-attn-4) does not import" in out, out
+        assert "with FA4: True" in r.stdout, out
 
 
 def _dry_run(tmp_path: Path, *arms: str, **env: str) -> tuple[dict[str, list[str]], str]:
