@@ -105,14 +105,27 @@ def _vllm_site(site: Path) -> Path:
     return site
 
 
-INTS_SITECUSTOMIZE = '''
+# transformers as it would be if its packed-row call passed flash_attn_varlen_func Python ints for max_seqlen (the
+# module's own calls look the name up as they run, and nothing else in transformers or verl imports it)
+PASS_INTS = """
+def pass_ints(module):
+    prepare = module.prepare_fa_kwargs_from_position_ids
+
+    def with_ints(position_ids):
+        cu_seqlens, (max_q, max_k) = prepare(position_ids)
+        return cu_seqlens, (int(max_q), int(max_k))
+
+    module.prepare_fa_kwargs_from_position_ids = with_ints
+"""
+
+INTS_SITECUSTOMIZE = f'''
 """transformers as it would be if its packed-row call passed flash_attn_varlen_func Python ints for max_seqlen:
 prepare_fa_kwargs_from_position_ids patched as its module loads (an interpreter that never imports it stays fast)."""
 import importlib.util
 import sys
 
 MODULE = "transformers.modeling_flash_attention_utils"
-
+{PASS_INTS}
 
 class PatchOnImport:
     def find_spec(self, name, path=None, target=None):
@@ -124,13 +137,7 @@ class PatchOnImport:
 
         def exec_module(module):
             run(module)
-            prepare = module.prepare_fa_kwargs_from_position_ids
-
-            def with_ints(position_ids):
-                cu_seqlens, (max_q, max_k) = prepare(position_ids)
-                return cu_seqlens, (int(max_q), int(max_k))
-
-            module.prepare_fa_kwargs_from_position_ids = with_ints
+            pass_ints(module)
 
         spec.loader.exec_module = exec_module
         return spec
@@ -410,37 +417,67 @@ def test_vllm_meta_names_the_attention_and_every_setting_that_differs_from_verl_
 
 
 RUN_PACKED = """
+import os
+import sys
+import traceback
+
 import torch
 
 torch.cuda.is_available = lambda: True  # transformers' FA4 gate asks for CUDA; the stand-in runs on CPU
 torch.cuda.get_device_capability = lambda *a, **k: (9, 0)  # an H100 / H200
-{prelude}
 import flash_attn.cute as fake
 from transformers import AutoConfig, AutoModelForCausalLM, Qwen3Config
 from verl.models.transformers.monkey_patch import apply_monkey_patch
 
-torch.manual_seed(0)
-path = "{path}"
-cfg = Qwen3Config(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, head_dim=16, max_position_embeddings=64, tie_word_embeddings=False)
-AutoModelForCausalLM.from_config(cfg).save_pretrained(path)
-# verl's FSDP engine: the attention from override_config into AutoConfig, the model in fp32, then its patches
-hf = AutoConfig.from_pretrained(path, attn_implementation="flash_attention_4")
-model = AutoModelForCausalLM.from_pretrained(path, config=hf, torch_dtype=torch.float32)
-assert model.config._attn_implementation == "flash_attention_4", model.config._attn_implementation
-apply_monkey_patch(model=model, use_remove_padding=True, ulysses_sp_size=1)
-ref = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32, attn_implementation="eager")
+# case -> what runs before the model is built (verl's worker imports its external_lib after verl, before the model)
+CASES = {cases}
 
-lengths = [5, 7, 4]
-ids = [torch.randint(0, 97, (n,)) for n in lengths]
-packed = torch.cat(ids)[None]  # verl's remove-padding row: [1, total]
-pos = torch.cat([torch.arange(n) for n in lengths])[None]
-logits = model(input_ids=packed, attention_mask=None, position_ids=pos, use_cache=False).logits[0]
-logits.float().logsumexp(-1).sum().backward()
-want = torch.cat([ref(input_ids=x[None], use_cache=False).logits[0] for x in ids])
-calls = fake.CALLS
-print("RESULT", {{"max_diff": (logits - want).abs().max().item(), "calls": len(calls), "first": calls[0],
-                  "grad": all(p.grad is not None for p in model.parameters() if p.requires_grad)}})
+
+def run(path, prelude):
+    exec(prelude)
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64,
+                      tie_word_embeddings=False)
+    AutoModelForCausalLM.from_config(cfg).save_pretrained(path)
+    # verl's FSDP engine: the attention from override_config into AutoConfig, the model in fp32, then its patches
+    hf = AutoConfig.from_pretrained(path, attn_implementation="flash_attention_4")
+    model = AutoModelForCausalLM.from_pretrained(path, config=hf, torch_dtype=torch.float32)
+    assert model.config._attn_implementation == "flash_attention_4", model.config._attn_implementation
+    apply_monkey_patch(model=model, use_remove_padding=True, ulysses_sp_size=1)
+    ref = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32, attn_implementation="eager")
+
+    lengths = [5, 7, 4]
+    ids = [torch.randint(0, 97, (n,)) for n in lengths]
+    packed = torch.cat(ids)[None]  # verl's remove-padding row: [1, total]
+    pos = torch.cat([torch.arange(n) for n in lengths])[None]
+    logits = model(input_ids=packed, attention_mask=None, position_ids=pos, use_cache=False).logits[0]
+    logits.float().logsumexp(-1).sum().backward()
+    want = torch.cat([ref(input_ids=x[None], use_cache=False).logits[0] for x in ids])
+    calls = fake.CALLS
+    print("RESULT", {{"max_diff": (logits - want).abs().max().item(), "calls": len(calls), "first": calls[0],
+                      "grad": all(p.grad is not None for p in model.parameters() if p.requires_grad)}})
+
+
+# each case in a child forked after the imports above (most of the interpreter's time): its own model folder,
+# output files (CASE.out, CASE.err) and exit status
+for name, prelude in CASES.items():
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        for fd, ext in ((1, "out"), (2, "err")):
+            os.dup2(os.open(f"{{name}}.{{ext}}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+        rc = 0
+        try:
+            run(os.path.abspath(f"model-{{name}}"), prelude)
+        except BaseException:
+            traceback.print_exc()
+            rc = 1
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(rc)
+    print("CASE", name, os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
 """
 
 
@@ -448,37 +485,53 @@ print("RESULT", {{"max_diff": (logits - want).abs().max().item(), "calls": len(c
 IMPORT_SHIM = "from verl.utils.import_utils import import_external_libs; import_external_libs('fa4_varlen_ints')"
 
 
-def _run_packed(tmp_path: Path, *front: Path, prelude: str = "") -> subprocess.CompletedProcess:
+def _run_packed(tmp_path: Path, cases: dict[str, str], *front: Path) -> dict[str, tuple[int, str, str]]:
+    """RUN_PACKED's cases (name -> prelude) in one interpreter, with ``front`` and the FA4 stand-in on its path:
+    name -> (exit status, stdout, stderr) of the case's child."""
     fa4 = _fake_fa4_site(tmp_path / "fa4site")
     script = tmp_path / "packed.py"
-    script.write_text(textwrap.dedent(RUN_PACKED.format(path=tmp_path / "model", prelude=prelude)))
+    script.write_text(RUN_PACKED.format(cases=repr(cases)))
     path = ":".join(str(p) for p in (*front, fa4))
-    return subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": f"{path}:{os.environ.get('PYTHONPATH', '')}"})  # fmt: skip
+    r = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": f"{path}:{os.environ.get('PYTHONPATH', '')}"})  # fmt: skip
+    rcs = {w[1]: int(w[2]) for w in (ln.split() for ln in r.stdout.splitlines()) if len(w) == 3 and w[0] == "CASE"}
+    assert r.returncode == 0 and set(rcs) == set(cases), r.stdout[-3000:] + r.stderr[-3000:]
+    return {name: (rc, (tmp_path / f"{name}.out").read_text(), (tmp_path / f"{name}.err").read_text())
+            for name, rc in rcs.items()}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def packed_runs(tmp_path_factory) -> dict[str, tuple[int, str, str]]:
+    """verl's FSDP model path on a packed row through the FA4 stand-in, each case in a child of one interpreter
+    (importing verl takes seconds): ``plain`` (this transformers alone), ``shim`` (the shim imported through verl's
+    hook) and ``ints`` (a transformers that passes ints: ``PASS_INTS`` on its module, as ``_ints_site`` applies it)."""
+    cases = {"plain": "", "shim": IMPORT_SHIM,
+             "ints": PASS_INTS + "import transformers.modeling_flash_attention_utils as m; pass_ints(m)"}  # fmt: skip
+    return _run_packed(tmp_path_factory.mktemp("packed"), cases, SHIM)
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("verify_pair_packed")
 @pytest.mark.skipif(not HAS_VERL, reason="runs verl's remove-padding patch; verl is not installed")
-def test_verl_fsdp_model_path_fails_in_fa4_varlen_on_a_tensor_max_seqlen(tmp_path):
+def test_verl_fsdp_model_path_fails_in_fa4_varlen_on_a_tensor_max_seqlen(packed_runs):
     import transformers
 
     if _load_actor_attention().max_seqlen_problem("4.0.0b36") is None:
         pytest.skip(f"transformers {transformers.__version__} passes ints")
-    r = _run_packed(tmp_path)  # the first forward, as on the H200
-    assert r.returncode != 0 and "RESULT " not in r.stdout, r.stdout[-3000:]
-    assert "ValueError: Expected IntTuple, whose leaves are integers, but got 7" in r.stderr, r.stderr[-3000:]
+    rc, out, err = packed_runs["plain"]  # the first forward, as on the H200
+    assert rc != 0 and "RESULT " not in out, out[-3000:]
+    assert "ValueError: Expected IntTuple, whose leaves are integers, but got 7" in err, err[-3000:]
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("verify_pair_packed")
 @pytest.mark.skipif(not HAS_VERL, reason="runs verl's remove-padding patch; verl is not installed")
 @pytest.mark.parametrize("how", ["shim", "ints"])
-def test_verl_fsdp_model_path_hands_the_packed_row_to_fa4_varlen(tmp_path, how):
-    if how == "shim":  # this transformers, the shim imported through verl's hook
-        r = _run_packed(tmp_path, SHIM, prelude=IMPORT_SHIM)
-    else:  # a transformers that passes ints
-        r = _run_packed(tmp_path, _ints_site(tmp_path / "ints"))
-    line = next((ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")), None)
-    assert line is not None, r.stdout[-3000:] + r.stderr[-3000:]
+def test_verl_fsdp_model_path_hands_the_packed_row_to_fa4_varlen(packed_runs, how):
+    # shim: this transformers, the shim imported through verl's hook; ints: a transformers that passes ints
+    _, out, err = packed_runs[how]
+    line = next((ln for ln in out.splitlines() if ln.startswith("RESULT ")), None)
+    assert line is not None, out[-3000:] + err[-3000:]
     got = eval(line.removeprefix("RESULT "))  # a dict literal printed by the script above
     assert got["calls"] == 2, got  # one varlen call per layer, forward
     first = got["first"]
