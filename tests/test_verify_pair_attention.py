@@ -13,6 +13,7 @@ ints (``_ints_site``), where no shim is named."""
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import os
@@ -299,28 +300,49 @@ def _dry_run(tmp_path: Path, *arms: str, **env: str) -> tuple[dict[str, list[str
     return arms_, r.stderr
 
 
-def _fa4_env(tmp_path: Path, how: str, fa4: Path) -> tuple[dict[str, str], str, str]:
+def _fa4_env(how: str, fa4: Path, ints: Path) -> tuple[dict[str, str], str, str]:
     """The environment that puts the vllm arm on FA4, the reason it prints, and the shim verl imports (empty where
     none is needed): ``forced`` by ACTOR_ATTN with this transformers, ``shim`` chosen with this transformers, or
-    chosen on a transformers patched to pass ints (``ints``)."""
+    chosen on a transformers patched to pass ints (``ints``, the ``_ints_site`` folder)."""
     lib = "fa4_varlen_ints" if _load_actor_attention().max_seqlen_problem("4.0.0b36") else ""
     if how == "forced":
         return {"ACTOR_ATTN": "flash_attention_4"}, "set by ACTOR_ATTN", lib
     if how == "shim":
         return {}, f"FA4: flash-attn-4 4.0.0b36 from {fa4}", lib
-    ints = _ints_site(tmp_path / "ints")
     return {"PYTHONPATH": f"{ints}:{os.environ.get('PYTHONPATH', '')}"}, f"FA4: flash-attn-4 4.0.0b36 from {fa4}", ""
 
 
+@pytest.fixture(scope="module")
+def sites(tmp_path_factory) -> tuple[Path, Path, Path]:
+    """FA4's folder, vLLM's and the ints patch's, one of each for the dry runs the tests below share."""
+    root = tmp_path_factory.mktemp("sites")
+    return _fake_fa4_site(root / "fa4site"), _vllm_site(root / "vllmsite"), _ints_site(root / "ints")
+
+
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory):
+    """``_dry_run`` once per arguments: a run that two tests read (each its own aspect) starts once. Every dry run
+    with FA4 on the path asks actor_attention.py, which imports torch and transformers: seconds each."""
+    runs = {}
+
+    def run(*arms: str, **env: str) -> tuple[dict[str, list[str]], str]:
+        key = (arms, tuple(sorted(env.items())))
+        if key not in runs:
+            runs[key] = _dry_run(tmp_path_factory.mktemp("dry"), *arms, **env)
+        return runs[key]
+
+    return run
+
+
+@pytest.mark.xdist_group("verify_pair_dry_runs")
 @pytest.mark.parametrize("how", ["forced", "shim", "ints"])
 @pytest.mark.parametrize("pair", ["dense-1k", "moe-1k"])
-def test_run_pair_puts_fa4_and_its_folders_on_the_vllm_arm(tmp_path, pair, how):
-    fa4, vllm = _fake_fa4_site(tmp_path / "fa4site"), _vllm_site(tmp_path / "vllmsite")
+def test_run_pair_puts_fa4_and_its_folders_on_the_vllm_arm(sites, dry_run, pair, how):
+    fa4, vllm, ints = sites
     key = ("actor_rollout_ref.actor.veomni.attn_implementation" if pair == "moe-1k"
            else "+actor_rollout_ref.model.override_config.attn_implementation")  # fmt: skip
-    env, why, lib = _fa4_env(tmp_path, how, fa4)
-    arms, err = _dry_run(tmp_path, "vllm", "vexact", PAIR=pair, PYTHONPATH_FA4=str(fa4), PYTHONPATH_VLLM=str(vllm),
-                         **env)  # fmt: skip
+    env, why, lib = _fa4_env(how, fa4, ints)
+    arms, err = dry_run("vllm", "vexact", PAIR=pair, PYTHONPATH_FA4=str(fa4), PYTHONPATH_VLLM=str(vllm), **env)
     assert f"{key}=flash_attention_4" in arms["vllm"]
     # the shim where this transformers needs it: verl imports it in every worker, its folder first on the path
     assert [w for w in arms["vllm"] if "external_lib" in w] == ([f"actor_rollout_ref.model.external_lib={lib}"]
@@ -332,11 +354,11 @@ def test_run_pair_puts_fa4_and_its_folders_on_the_vllm_arm(tmp_path, pair, how):
     assert note.endswith(f"PYTHONPATH in front: {front}{fa4}:{vllm}"), note  # FA4's apache-tvm-ffi before vLLM's
     # no FA4 folder: SDPA, the reason in the note, vLLM's folder alone in front
     env.pop("ACTOR_ATTN", None)
-    arms, err = _dry_run(tmp_path, "vllm", PAIR=pair, PYTHONPATH_FA4="", PYTHONPATH_VLLM=str(vllm), **env)
+    arms, err = dry_run("vllm", PAIR=pair, PYTHONPATH_FA4="", PYTHONPATH_VLLM=str(vllm), **env)
     assert f"{key}=sdpa" in arms["vllm"]
     note = next(ln for ln in err.splitlines() if ln.startswith(f"== cpu-{pair}-vllm: "))
     assert "actor attention sdpa (SDPA: FA4 is not usable here (" in note and note.endswith(f"front: {vllm}"), note
-    arms, _ = _dry_run(tmp_path, "vllm", PAIR=pair, ACTOR_ATTN="eager", PYTHONPATH_FA4=str(fa4), **env)
+    arms, _ = dry_run("vllm", PAIR=pair, ACTOR_ATTN="eager", PYTHONPATH_FA4=str(fa4), **env)
     assert f"{key}=eager" in arms["vllm"]
 
 
@@ -355,27 +377,35 @@ def test_dense_tuned_vllm_arm_takes_verls_fused_log_prob_kernel(tmp_path, pair):
     assert r.returncode == 2 and "FUSED_KERNELS must be 0 or 1, got 'yes'" in r.stderr, r.stderr
 
 
-def _compose(overrides: list[str]):
+@functools.cache
+def _compose(overrides: tuple[str, ...]):
+    """verl's ppo_trainer config as Hydra composes it with ``overrides`` (cached: the tests only read it)."""
     from hydra import compose, initialize_config_dir
-    from verl.trainer import main_ppo
 
-    config_dir = str(Path(main_ppo.__file__).parent / "config")
+    # verl's trainer/config folder, found without importing verl (seconds; Hydra reads only the folder's YAML)
+    config_dir = str(Path(importlib.util.find_spec("verl").origin).parent / "trainer" / "config")
     with initialize_config_dir(config_dir=config_dir, version_base=None):
         return compose(config_name="ppo_trainer", overrides=[o for o in overrides if not o.startswith("hydra.")])
 
 
+@pytest.mark.xdist_group("verify_pair_dry_runs")
 @pytest.mark.skipif(not HAS_VERL, reason="reads verl's Hydra config; verl is not installed")
 @pytest.mark.parametrize("how", ["forced", "shim", "ints"])
 @pytest.mark.parametrize("pair", ["dense-4k", "moe-1k"])
-def test_vllm_meta_names_the_attention_and_every_setting_that_differs_from_verl_defaults(tmp_path, pair, how):
+def test_vllm_meta_names_the_attention_and_every_setting_that_differs_from_verl_defaults(
+    tmp_path, sites, dry_run, pair, how
+):
     from omegaconf import OmegaConf
 
-    fa4, vllm = _fake_fa4_site(tmp_path / "fa4site"), _vllm_site(tmp_path / "vllmsite")
-    fa4_env, want_why, _ = _fa4_env(tmp_path, how, fa4)
-    arms, err = _dry_run(tmp_path, "vllm", PAIR=pair, PYTHONPATH_FA4=str(fa4), PYTHONPATH_VLLM=str(vllm), **fa4_env)
+    fa4, vllm, ints = sites
+    fa4_env, want_why, _ = _fa4_env(how, fa4, ints)
+    # the dry run of the test above where it has the pair (moe-1k): the vllm arm's command is the same with vexact's
+    arms, err = dry_run("vllm", "vexact", PAIR=pair, PYTHONPATH_FA4=str(fa4), PYTHONPATH_VLLM=str(vllm), **fa4_env)
     cmd = arms["vllm"]
-    why = next(ln for ln in err.splitlines() if ln.startswith("== ")).split(" (", 1)[1].rsplit("); PYTHONPATH", 1)[0]
+    note = next(ln for ln in err.splitlines() if ln.startswith(f"== cpu-{pair}-vllm: "))
+    why = note.split(" (", 1)[1].rsplit("); PYTHONPATH", 1)[0]
     results = tmp_path / "results"
+    results.mkdir()
     env = {**os.environ, "ARM": "vllm", "NAME": f"cpu-{pair}-vllm", "RESULTS": str(results),
            "ATTN": "flash_attention_4", "ATTN_WHY": why, "ACTOR": "verl FSDP engine", "MOE": str(int(pair == "moe-1k")),
            "SHAPE": "qwen3-1.7b", "LAYERS": "28", "PAIR": pair, "VOCAB_SIZE": "151936", "RC": "0",
@@ -388,9 +418,9 @@ def test_vllm_meta_names_the_attention_and_every_setting_that_differs_from_verl_
     differs = meta["differs_from_verl_defaults"]
     # verl's defaults from its own Hydra composition (not the YAML write_meta reads): with the arm's engine group
     words = dict(w.lstrip("+").split("=", 1) for w in cmd[3:] if "=" in w and not w.startswith("hydra."))
-    stock = _compose([])
-    base = _compose([f"model_engine={words['model_engine']}"]) if "model_engine" in words else stock
-    arm = _compose(cmd[3:])
+    stock = _compose(())
+    base = _compose((f"model_engine={words['model_engine']}",)) if "model_engine" in words else stock
+    arm = _compose(tuple(cmd[3:]))
     for key in words:
         default = OmegaConf.select(stock if key == "model_engine" else base, key, default="<absent>")
         default = OmegaConf.to_container(default) if OmegaConf.is_config(default) else default
@@ -588,7 +618,7 @@ def _stub_run(tmp_path: Path, *arms: str, **env: str) -> tuple[subprocess.Comple
 @pytest.mark.skipif(not HAS_VERL, reason="write_meta reads verl's reference config; verl is not installed")
 def test_run_pair_writes_the_meta_as_an_arm_starts_and_ends_with_its_attention(tmp_path):
     fa4, vllm = _fake_fa4_site(tmp_path / "fa4site"), _vllm_site(tmp_path / "vllmsite")
-    env, why, _ = _fa4_env(tmp_path, "ints", fa4)
+    env, why, _ = _fa4_env("ints", fa4, _ints_site(tmp_path / "ints"))
     r, results = _stub_run(tmp_path, "vllm", PYTHONPATH_FA4=str(fa4), PYTHONPATH_VLLM=str(vllm), STUB_RC_vllm="143",
                            **env)  # fmt: skip
     assert r.returncode == 1, r.stdout + r.stderr  # the arm failed
