@@ -180,32 +180,54 @@ def test_probe_finds_that_transformers_passes_fa4_a_tensor_max_seqlen():
     assert "Expected IntTuple, whose leaves are integers, but got 1079" in problem, problem
 
 
-def _choose(path: str, **env: str) -> dict[str, str]:
+# actor_attention.py run as a script once per ACTOR_ATTN value given, in one interpreter; "--" after each run's lines
+CHOOSE_EACH = """
+import os
+import runpy
+import sys
+
+for requested in sys.argv[1:]:
+    os.environ["ACTOR_ATTN"] = requested
+    try:
+        runpy.run_path("examples/verify/actor_attention.py", run_name="__main__")
+    except SystemExit as e:
+        if e.code:
+            raise
+    print("--", flush=True)
+"""
+
+
+def _choose(path: str, *requested: str) -> list[dict[str, str]]:
+    """actor_attention.py's lines (as a dict) with ``path`` in front of PYTHONPATH, for each ACTOR_ATTN in
+    ``requested`` (none: empty). The values share one interpreter (the choice imports torch and transformers: seconds),
+    each run of the script on a path where the same imports give the same answers."""
     out = subprocess.run(
-        [sys.executable, "examples/verify/actor_attention.py"], cwd=ROOT, capture_output=True, text=True, check=True,
-        env={**os.environ, "PYTHONPATH": f"{path}:{os.environ.get('PYTHONPATH', '')}", "ACTOR_ATTN": "", **env},
+        [sys.executable, "-c", CHOOSE_EACH, *(requested or ("",))], cwd=ROOT, capture_output=True, text=True,
+        check=True, env={**os.environ, "PYTHONPATH": f"{path}:{os.environ.get('PYTHONPATH', '')}"},
     ).stdout  # fmt: skip
-    return dict(shlex.split(line)[0].split("=", 1) for line in out.splitlines())
+    runs = out.split("--\n")
+    assert runs[-1] == "" and len(runs) == len(requested or ("",)) + 1, out
+    return [dict(shlex.split(line)[0].split("=", 1) for line in run.splitlines()) for run in runs[:-1]]
 
 
 def test_fa4_only_from_its_distribution_with_every_requirement_met(tmp_path):
     fa4, vllm = _fake_fa4_site(tmp_path / "fa4site"), _vllm_site(tmp_path / "vllmsite")
     ints = _ints_site(tmp_path / "ints")  # a transformers that passes ints, as FA4's varlen call needs
-    got = _choose(f"{ints}:{fa4}:{vllm}")
+    (got,) = _choose(f"{ints}:{fa4}:{vllm}")
     assert got["ACTOR_ATTN"] == "flash_attention_4" and got["ACTOR_ATTN_LIB"] == "", got  # no shim needed
     assert got["ACTOR_ATTN_WHY"].startswith(f"FA4: flash-attn-4 4.0.0b36 from {fa4}"), got
     # vLLM's folder first: its apache-tvm-ffi 0.1.9 is the one imported, below what flash-attn-4 needs
-    got = _choose(f"{ints}:{vllm}:{fa4}")
+    (got,) = _choose(f"{ints}:{vllm}:{fa4}")
     assert got["ACTOR_ATTN"] == "sdpa"
     assert "needs apache-tvm-ffi<0.2,>=0.1.11; the path has 0.1.9 from " + str(vllm) in got["ACTOR_ATTN_WHY"], got
     # the package without its dist-info (transformers' is_flash_attn_4_available reads the distribution's name)
     bare = _fake_fa4_site(tmp_path / "bare", with_dist_info=False)
-    got = _choose(f"{ints}:{bare}:{vllm}")
+    (got,) = _choose(f"{ints}:{bare}:{vllm}")
     assert got["ACTOR_ATTN"] == "sdpa" and "no distribution provides flash_attn" in got["ACTOR_ATTN_WHY"], got
-    got = _choose(f"{ints}:{vllm}")
+    (got,) = _choose(f"{ints}:{vllm}")
     assert got["ACTOR_ATTN"] == "sdpa", got
     kept = {"ACTOR_ATTN": "eager", "ACTOR_ATTN_WHY": "set by ACTOR_ATTN", "ACTOR_ATTN_LIB": ""}
-    assert _choose(f"{vllm}:{fa4}", ACTOR_ATTN="eager") == kept
+    assert _choose(f"{vllm}:{fa4}", "eager") == [kept]
 
 
 def test_fa4_with_int_lengths_where_transformers_passes_fa4_a_tensor_max_seqlen(tmp_path):
@@ -214,24 +236,25 @@ def test_fa4_with_int_lengths_where_transformers_passes_fa4_a_tensor_max_seqlen(
     fa4, vllm = _fake_fa4_site(tmp_path / "fa4site"), _vllm_site(tmp_path / "vllmsite")
     if _load_actor_attention().max_seqlen_problem("4.0.0b36") is None:
         pytest.skip(f"transformers {transformers.__version__} passes ints")
-    got = _choose(f"{fa4}:{vllm}")  # everything FA4 needs is there; transformers' call needs the shim
+    # everything FA4 needs is there; transformers' call needs the shim. Chosen, then forced
+    got, forced = _choose(f"{fa4}:{vllm}", "", "flash_attention_4")
     assert got["ACTOR_ATTN"] == "flash_attention_4" and got["ACTOR_ATTN_LIB"] == "fa4_varlen_ints", got
     why = got["ACTOR_ATTN_WHY"]
     assert why.startswith(f"FA4: flash-attn-4 4.0.0b36 from {fa4}"), why
     assert "; fa4_varlen_ints turns max_seqlen_q/max_seqlen_k into ints (transformers " in why, why
     assert "flash-attn-4 4.0.0b36 takes Python ints only" in why and "but got 1079" in why, why
     # forced: FA4 as asked, with the shim and its reason
-    got = _choose(f"{fa4}:{vllm}", ACTOR_ATTN="flash_attention_4")
-    assert got["ACTOR_ATTN"] == "flash_attention_4" and got["ACTOR_ATTN_LIB"] == "fa4_varlen_ints", got
-    assert got["ACTOR_ATTN_WHY"].startswith("set by ACTOR_ATTN; fa4_varlen_ints turns max_seqlen_q"), got
+    assert forced["ACTOR_ATTN"] == "flash_attention_4" and forced["ACTOR_ATTN_LIB"] == "fa4_varlen_ints", forced
+    assert forced["ACTOR_ATTN_WHY"].startswith("set by ACTOR_ATTN; fa4_varlen_ints turns max_seqlen_q"), forced
     ints = _ints_site(tmp_path / "ints")
-    forced = _choose(f"{ints}:{fa4}:{vllm}", ACTOR_ATTN="flash_attention_4")
-    assert forced == {"ACTOR_ATTN": "flash_attention_4", "ACTOR_ATTN_WHY": "set by ACTOR_ATTN", "ACTOR_ATTN_LIB": ""}
+    forced = _choose(f"{ints}:{fa4}:{vllm}", "flash_attention_4")
+    assert forced == [{"ACTOR_ATTN": "flash_attention_4", "ACTOR_ATTN_WHY": "set by ACTOR_ATTN", "ACTOR_ATTN_LIB": ""}]
     # what stops FA4 altogether still gives SDPA, and a forced FA4 names it
-    got = _choose(f"{vllm}:{fa4}")
+    got, forced = _choose(f"{vllm}:{fa4}", "", "flash_attention_4")
     assert got["ACTOR_ATTN"] == "sdpa" and got["ACTOR_ATTN_LIB"] == "", got
-    got = _choose(f"{vllm}:{fa4}", ACTOR_ATTN="flash_attention_4")
-    assert got["ACTOR_ATTN_WHY"].startswith("set by ACTOR_ATTN; FA4 is not usable here (flash-attn-4 4.0.0b36 needs")
+    assert forced["ACTOR_ATTN_WHY"].startswith(
+        "set by ACTOR_ATTN; FA4 is not usable here (flash-attn-4 4.0.0b36 needs"
+    ), forced
 
 
 def test_the_shim_hands_fa4_ints_and_keeps_its_signature(tmp_path):
