@@ -238,9 +238,11 @@ def vexact_fns(inputs: dict, case: DecodeCase) -> dict:
 
 
 # Launch shapes of VeXact's Triton decode other than the one the op picks: (split_programs, (BLOCK_M, warps, stages)
-# or None for the constants, and optionally whether rows sum P in the one-warp order: None for the op's rule). Each is
-# timed and its output compared with the op's, torch.equal: a shape that keeps the bits can become the op's launch
-# for decode; one that does not is a different kernel.
+# or None for the constants, and optionally options of the launch: ``one_warp_sum`` (whether rows sum P in the one-warp
+# order; default the op's rule), ``longest_first`` (the tile table longest context first) and ``heads_first`` (the
+# grid as (KV heads, tiles)): the launch orders of DECODE_LONGEST_FIRST / DECODE_HEADS_FIRST). Each is timed and its
+# output compared with the op's, torch.equal: a shape that keeps the bits can become the op's launch for decode; one
+# that does not is a different kernel.
 VARIANTS = {
     "split": (True, None),
     "one-pass": (False, None),
@@ -254,7 +256,12 @@ VARIANTS = {
     "m16-w4": (False, (16, 4, 2)),
     "m16-w4-s3": (False, (16, 4, 3)),
     "m16-w4-split": (True, (16, 4, 2)),
-    "m16-w4-plain": (False, (16, 4, 2), False),
+    "m16-w4-plain": (False, (16, 4, 2), {"one_warp_sum": False}),
+    "m16-w2-lf": (False, (16, 2, 2), {"longest_first": True}),
+    "m16-w2-hf": (False, (16, 2, 2), {"heads_first": True}),
+    "m16-w2-lf-hf": (False, (16, 2, 2), {"longest_first": True, "heads_first": True}),
+    "lf": (False, None, {"longest_first": True}),
+    "lf-hf": (False, None, {"longest_first": True, "heads_first": True}),
 }
 
 
@@ -267,13 +274,18 @@ def variant_fns(inputs: dict, case: DecodeCase, names) -> dict:
     q, kc, vc, bt, ctx, cu = (inputs[k] for k in ("q", "kc", "vc", "bt", "ctx", "cu"))
     kf, vf = kc.flatten(0, 1), vc.flatten(0, 1)
 
-    def make(split: bool, launch, one_warp_sum=None):
+    def make(split: bool, launch, options=None):
+        options = dict(options or {})
+        longest = options.pop("longest_first", False)
+
         def build():
             lay = ta.paged_layout(bt, ctx, cu, case.page, case.batch, hq, hkv, q.device)
             block_m = launch[0] if launch else ta.BLOCK_M
             tiles = ta._fwd_tiles(lay.n_q, hq // hkv, case.batch, block_m)
+            if longest:
+                tiles = ta.longest_first(tiles, lay.ctx)
             args = (q, kf, vf, lay.table, case.page, lay.q_start, lay.n_q, lay.ctx, d**-0.5, False, tiles)
-            return lambda: ta._fwd(*args, split_programs=split, launch=launch, one_warp_sum=one_warp_sum)[0]
+            return lambda: ta._fwd(*args, split_programs=split, launch=launch, **options)[0]
 
         return build
 

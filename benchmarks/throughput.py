@@ -27,7 +27,9 @@ top-k/top-p, a seed per request) and CUDA graphs on:
   ``invariant-fine``: decode graphs every 8 rows to 32, 16 to 64, then every 32 (``FINE_GRAPH_SIZES``; the default
   sizes are powers of two to 256, so a step of 129 rows runs at 256); ``invariant-fine-tuned``: the same with the
   linear's forms timed at every decode graph (``EngineConfig.tune_linears_min_rows=1``; the default times 128 rows
-  and up);
+  and up); ``invariant-lf`` / ``invariant-hf`` / ``invariant-lf-hf``: the Triton decode attention launched longest
+  context first / with the grid's KV heads first / both (``DECODE_LONGEST_FIRST`` / ``DECODE_HEADS_FIRST`` of
+  ``vexact_kernels.triton_ops.attention`` on for that engine: launch order only, the same bits);
 - decode step time at batch 1 of each engine against the bound ``weight bytes a step reads / copy bandwidth``
   (``peers.decode_weight_bytes``: an MoE step reads k of E routed experts; bandwidth of a device-to-device copy
   measured in the same run, bytes read + written); goal for VeXact <= 1.3x.
@@ -72,6 +74,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import dataclasses
 import datetime
 import functools
@@ -214,7 +217,26 @@ def engine_settings(mode: str) -> tuple[str, dict]:
     if mode in ("invariant-fine", "invariant-fine-tuned"):
         extra = {"cuda_graph_batch_sizes": FINE_GRAPH_SIZES}
         return "invariant", extra | ({"tune_linears_min_rows": 1} if mode == "invariant-fine-tuned" else {})
+    if mode in LAUNCH_ORDER_MODES:
+        return "invariant", {}
     return mode, {}
+
+
+@contextlib.contextmanager
+def launch_order(mode: str):
+    """The decode attention's launch-order constants of ``mode`` (``LAUNCH_ORDER_MODES``) on while its engine is built
+    and runs (its CUDA graphs capture the order), restored after; nothing for the other modes."""
+    from vexact_kernels.triton_ops import attention as ta
+
+    names = LAUNCH_ORDER_MODES.get(mode, ())
+    saved = {name: getattr(ta, name) for name in names}
+    for name in names:
+        setattr(ta, name, True)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(ta, name, value)
 
 
 # invariant-fine: decode graphs every 8 rows to 32, then 16 to 64, then 32: a step pads to the next size, so the
@@ -562,8 +584,15 @@ def hf_throughput(model, prompts, args) -> dict:
 # EngineConfig.async_decode on, the next step scheduled while the GPU runs this one)
 ENGINE_MODES = (
     "invariant", "invariant-fa4", "invariant-draw", "invariant-async", "invariant-sync", "invariant-joint",
-    "invariant-untuned", "invariant-2s", "invariant-fine", "invariant-fine-tuned", "fast",
+    "invariant-untuned", "invariant-2s", "invariant-fine", "invariant-fine-tuned", "invariant-lf", "invariant-hf",
+    "invariant-lf-hf", "fast",
 )  # fmt: skip
+# the launch-order modes: the constants of vexact_kernels.triton_ops.attention each turns on for its engine
+LAUNCH_ORDER_MODES = {
+    "invariant-lf": ("DECODE_LONGEST_FIRST",),
+    "invariant-hf": ("DECODE_HEADS_FIRST",),
+    "invariant-lf-hf": ("DECODE_LONGEST_FIRST", "DECODE_HEADS_FIRST"),
+}
 PEER_MODES = ("vllm", "vllm-bi")  # vLLM default, vLLM with VLLM_BATCH_INVARIANT=1
 MODE_NAMES = {
     "invariant": "VeXact invariant", "invariant-fa4": "VeXact invariant, FA4 attention",
@@ -575,6 +604,9 @@ MODE_NAMES = {
     "invariant-2s": "VeXact invariant, decode as two half batches on two streams",
     "invariant-fine": "VeXact invariant, decode graphs every 8-32 rows",
     "invariant-fine-tuned": "VeXact invariant, decode graphs every 8-32 rows, forms timed at every one",
+    "invariant-lf": "VeXact invariant, decode attention longest context first",
+    "invariant-hf": "VeXact invariant, decode attention KV heads first",
+    "invariant-lf-hf": "VeXact invariant, decode attention longest first, KV heads first",
     "fast": "VeXact fast (mismatch baseline)", "vllm": "vLLM default",
     "vllm-bi": "vLLM VLLM_BATCH_INVARIANT=1", "hf": "HF generate",
 }  # fmt: skip
@@ -624,7 +656,8 @@ def run_engine(
     if mode == "invariant-fa4":
         return in_fa4_process("throughput", shape, args, limit, prompts, params)
     steps = args.profile_steps if profile else 0
-    return engine_throughput(model, mode, limit, prompts, params, args, keep_outputs, profile=steps)
+    with launch_order(mode):
+        return engine_throughput(model, mode, limit, prompts, params, args, keep_outputs, profile=steps)
 
 
 def median_round(rounds: list) -> dict | str:
@@ -651,7 +684,8 @@ def median_round(rounds: list) -> dict | str:
 def decode_step(model, shape: str, mode: str, args) -> float:
     if mode == "invariant-fa4":
         return in_fa4_process("decode", shape, args)
-    return decode_step_time(model, mode, args)
+    with launch_order(mode):
+        return decode_step_time(model, mode, args)
 
 
 def step_profile(model, shape: str, mode: str, limit: int, args, r) -> dict | str:
@@ -662,7 +696,8 @@ def step_profile(model, shape: str, mode: str, limit: int, args, r) -> dict | st
     try:
         if mode == "invariant-fa4":
             return in_fa4_process("profile", shape, args, limit, wall)
-        return decode_kernels(model, mode, limit, args, wall)
+        with launch_order(mode):
+            return decode_kernels(model, mode, limit, args, wall)
     except Exception as e:
         return failed(e)
     finally:

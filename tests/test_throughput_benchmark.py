@@ -463,6 +463,23 @@ def test_the_fine_graph_modes_pass_their_sizes_and_the_least_tuned_rows():
     assert cfg.tune_linears_min_rows == 1 and cfg.graph_batch_sizes(on_cuda=True) == [1, 2, 4, 8, 16, 24, 32, 40]
 
 
+def test_the_launch_order_modes_set_the_attention_constants_for_their_engine_only():
+    from vexact_kernels.triton_ops import attention as ta
+
+    before = (ta.DECODE_LONGEST_FIRST, ta.DECODE_HEADS_FIRST)
+    seen = {}
+    for mode in ("invariant", "invariant-lf", "invariant-hf", "invariant-lf-hf"):
+        assert throughput.engine_settings(mode) == ("invariant", {}) and mode in throughput.MODE_NAMES
+        with throughput.launch_order(mode):
+            seen[mode] = (ta.DECODE_LONGEST_FIRST, ta.DECODE_HEADS_FIRST)
+        assert (ta.DECODE_LONGEST_FIRST, ta.DECODE_HEADS_FIRST) == before
+    assert seen == {"invariant": before, "invariant-lf": (True, before[1]), "invariant-hf": (before[0], True),
+                    "invariant-lf-hf": (True, True)}  # fmt: skip
+    with pytest.raises(RuntimeError), throughput.launch_order("invariant-lf-hf"):
+        raise RuntimeError("an engine that fails restores them too")
+    assert (ta.DECODE_LONGEST_FIRST, ta.DECODE_HEADS_FIRST) == before
+
+
 def test_plot_steps_draws_the_runs_and_names_a_missing_one(tmp_path):
     import plot_steps
 

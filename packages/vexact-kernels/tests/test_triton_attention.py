@@ -311,10 +311,11 @@ def test_decode_launch_is_chosen_from_sizes_alone():
     assert ops.decode_launch(5, 4, 2, 8) is None  # a prefill chunk in the step
 
 
-def _check_decode_launch(ops, lens, hq, hkv, dims, page, seed, device, warps=None):
+def _check_decode_launch(ops, lens, hq, hkv, dims, page, seed, device, warps=None, orders=False):
     """A decode step (the last token of each sequence) at the decode launch == the packed (training) forward's rows
     and == the constants' launch, output and LSE, torch.equal; the layout must have picked the decode launch (16-row
-    tiles in ``warps``, default ``DECODE_NUM_WARPS``)."""
+    tiles in ``warps``, default ``DECODE_NUM_WARPS``). ``orders``: and the launch orders of
+    :func:`_check_launch_orders` give its bits."""
     paged, (q, k, v, cu), rows = _paged_decode_inputs(
         lens, [1] * len(lens), hq, hkv, dims[0], page, seed=seed, device=device, dv=dims[1]
     )
@@ -327,7 +328,21 @@ def _check_decode_launch(ops, lens, hq, hkv, dims, page, seed, device, warps=Non
     for split in (False, True):
         dec, const = ops._fwd(*args, split_programs=split, launch=lay.launch), ops._fwd(*args, split_programs=split)
         assert torch.equal(dec[0], out) and torch.equal(dec[0], const[0]) and torch.equal(dec[1], const[1])
+        if orders:
+            _check_launch_orders(ops, args, lay, dec, split)
     return args, out
+
+
+def _check_launch_orders(ops, args, lay, ref, split):
+    """The decode step's launch orders (longest context first, KV heads first, both) == the slot order's launch
+    ``ref`` (output and LSE, torch.equal): the same programs, started in another order."""
+    lf = ops.longest_first(lay.tiles, lay.ctx)
+    real = lf[0][lf[0] < lay.ctx.numel()].long()
+    assert sorted(real.tolist()) == list(range(lay.ctx.numel()))  # every sequence's tile, once
+    assert bool((lay.ctx[real][:-1] >= lay.ctx[real][1:]).all())  # longest first
+    for tiles, heads_first in ((lf, False), (lay.tiles, True), (lf, True)):
+        got = ops._fwd(*args, tiles, split_programs=split, launch=lay.launch, heads_first=heads_first)
+        assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
 
 
 @interp
@@ -336,6 +351,28 @@ def test_interpreted_decode_launch_equals_packed(monkeypatch):
     monkeypatch.setattr(ops, "DECODE_MIN_PROGRAMS", 4)
     monkeypatch.setattr(ops, "SPLIT_N", 64)
     _check_decode_launch(ops, [150, 70, 3], 8, 2, (64, 64), 16, seed=3, device="cpu")
+
+
+@interp
+def test_interpreted_decode_launch_orders_keep_bits(monkeypatch):
+    """Longest first, KV heads first and both give the slot order's bits (one pass and split); the layout takes them
+    from the constants at a decode step only, and a tile table that loses a tile is caught."""
+    ops = _ops()
+    monkeypatch.setattr(ops, "DECODE_MIN_PROGRAMS", 4)
+    monkeypatch.setattr(ops, "SPLIT_N", 64)
+    lens = [70, 150, 3, 129]
+    args, out = _check_decode_launch(ops, lens, 8, 2, (64, 64), 16, seed=5, device="cpu", orders=True)
+    paged, _, _ = _paged_decode_inputs(lens, [1] * 4, 8, 2, 64, 16, seed=5, device="cpu")
+    monkeypatch.setattr(ops, "DECODE_LONGEST_FIRST", True)
+    monkeypatch.setattr(ops, "DECODE_HEADS_FIRST", True)
+    lay = ops.paged_layout(*paged[3:], 16, 4, 8, 2, "cpu")
+    assert lay.heads_first and lay.tiles[0][:4].tolist() == [1, 3, 0, 2]  # contexts 150, 129, 70, 3
+    assert torch.equal(ops.attention_paged(*paged, 0.125, layout=lay), out)
+    prefill = ops.paged_layout(paged[3], paged[4], torch.tensor([0, 1, 2, 3, 5]), 16, 5, 8, 2, "cpu")
+    assert not prefill.heads_first and prefill.tiles[0][:4].tolist() == [0, 1, 2, 3]  # a prefill chunk: slot order
+    seq, row0, grid = lay.tiles
+    lost = (torch.cat([seq[:1], seq[:-1]]), row0, grid)  # the first tile twice, the last one lost
+    assert not torch.equal(ops._fwd(*args, lost, launch=lay.launch, heads_first=True)[0], out)
 
 
 @interp
@@ -497,7 +534,7 @@ def test_gpu_decode_launch_equals_packed(hq, hkv, dims):
     rng = random.Random(hq + hkv)
     nseq = -(-ops.DECODE_MIN_PROGRAMS // hkv)
     lens = [rng.randint(1, 4100) if rng.random() < 0.125 else rng.randint(1, 1200) for _ in range(nseq)]
-    args, out = _check_decode_launch(ops, lens, hq, hkv, dims, 16, seed=hq, device="cuda")
+    args, out = _check_decode_launch(ops, lens, hq, hkv, dims, 16, seed=hq, device="cuda", orders=True)
     for warps in (1, 4):
         assert torch.equal(ops._fwd(*args, launch=(ops.DECODE_BLOCK_M, warps, ops.NUM_STAGES))[0], out)
     if (hq, hkv) == (16, 8):
@@ -513,7 +550,8 @@ def test_gpu_small_decode_launch_equals_packed(hq, hkv, nseq):
     ops = _ops()
     rng = random.Random(nseq)
     lens = [rng.randint(1, 9000) for _ in range(nseq)]
-    _check_decode_launch(ops, lens, hq, hkv, (128, 128), 16, seed=nseq, device="cuda", warps=ops.DECODE_SPLIT_NUM_WARPS)
+    _check_decode_launch(ops, lens, hq, hkv, (128, 128), 16, seed=nseq, device="cuda", warps=ops.DECODE_SPLIT_NUM_WARPS,
+                         orders=True)  # fmt: skip
 
 
 @pytest.mark.gpu

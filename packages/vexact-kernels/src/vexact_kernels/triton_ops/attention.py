@@ -106,6 +106,16 @@ DECODE_MIN_PROGRAMS = 1024
 # split up to 255 sequences: unmeasured there); between the thresholds the 64-row launch stays.
 DECODE_SPLIT_NUM_WARPS = 4
 DECODE_SPLIT_MAX_SEQS = 16
+# Launch order of a decode step's programs (launch form only: a program's output does not depend on when it runs, so
+# every order gives the same bits). DECODE_LONGEST_FIRST: the tile table sorted by context length, longest first,
+# so that the longest sequences start in the first wave and the short ones fill the last (at mixed lengths one
+# program walks its sequence's keys alone, and the launch ends with its longest program). DECODE_HEADS_FIRST: the
+# grid is (KV heads, tiles) instead of (tiles, KV heads), so a sequence's KV heads are neighbours in launch order and
+# read the same pages at about the same time. Both off until an H200 A/B shows them faster
+# (`benchmarks/attention.py --variants`, `benchmarks/throughput.py --modes invariant,invariant-lf-hf`).
+DECODE_LONGEST_FIRST = False
+DECODE_HEADS_FIRST = False
+MAX_GRID_Y = 65535  # CUDA's limit on a grid's second dimension: a heads-first launch puts the tiles there
 
 _PACKED_PAGE = 1 << 30  # "page size" of a packed batch: one page per sequence
 _LOG2E = 1.4426950408889634
@@ -137,11 +147,18 @@ def _load_rows(P, rows, h, ok, offs_d, stride_t, stride_h, D: tl.constexpr):
 
 
 @triton.jit
-def _tile_seq(TILE_SEQ):
-    """This program's tile, KV head and the tile's sequence (``>= num_seqs``: a padding tile of the grid)."""
-    tile = tl.program_id(0)
-    kvh = tl.program_id(1)
-    return tile, kvh, tl.load(TILE_SEQ + tile)
+def _tile_seq(TILE_SEQ, HEADS_FIRST: tl.constexpr):
+    """This program's tile, KV head and the tile's sequence (``>= num_seqs``: a padding tile of the grid), and the
+    number of KV heads in the grid. ``HEADS_FIRST``: the grid is (KV heads, tiles), else (tiles, KV heads)."""
+    if HEADS_FIRST:
+        kvh = tl.program_id(0)
+        tile = tl.program_id(1)
+        n_kvh = tl.num_programs(0)
+    else:
+        tile = tl.program_id(0)
+        kvh = tl.program_id(1)
+        n_kvh = tl.num_programs(1)
+    return tile, kvh, n_kvh, tl.load(TILE_SEQ + tile)
 
 
 @triton.jit
@@ -277,8 +294,9 @@ def _attn_fwd(
     SAME_KV_OFFS: tl.constexpr = False,
     OFFS_TY: tl.constexpr = tl.int64,
     ONE_WARP_SUM: tl.constexpr = False,
+    HEADS_FIRST: tl.constexpr = False,
 ):
-    tile, kvh, b = _tile_seq(TILE_SEQ)
+    tile, kvh, n_kvh, b = _tile_seq(TILE_SEQ, HEADS_FIRST)
     if b >= num_seqs:
         return
     t, head, row_ok, qpos, hi, q_start = _tile_rows(tile, kvh, b, TILE_ROW0, SEQ_QSTART, SEQ_NQ, SEQ_CTX, G, BLOCK_M)
@@ -384,7 +402,7 @@ def _attn_fwd(
                 # matmul's fused combine: partial stores, then the count's release; the acquire, then loads that
                 # bypass L1). The count is reset for the next launch.
                 tl.debug_barrier()
-                count = COUNT + tile * tl.num_programs(1) + kvh
+                count = COUNT + tile * n_kvh + kvh
                 done = tl.atomic_add(count, 1, sem="acq_rel", scope="gpu")
                 if done == n_splits - 1:
                     m_run, l_run, acc_run = _fold_parts(
@@ -512,7 +530,7 @@ def _attn_combine(
 ):
     """The split launch's second half: each row folds its splits' partials in split order with :func:`_fold`, as the
     one-program forward does in registers, and writes the output. Same tile table as the forward."""
-    tile, kvh, b = _tile_seq(TILE_SEQ)
+    tile, kvh, _, b = _tile_seq(TILE_SEQ, False)
     if b >= num_seqs:
         return
     t, head, row_ok, qpos, hi, q_start = _tile_rows(tile, kvh, b, TILE_ROW0, SEQ_QSTART, SEQ_NQ, SEQ_CTX, G, BLOCK_M)
@@ -582,6 +600,19 @@ def _tiles(rows_per_seq: torch.Tensor, block: int, rows_bound: int) -> tuple[tor
     return seq.to(torch.int32), row0.to(torch.int32), grid
 
 
+TileTable = tuple[torch.Tensor, torch.Tensor, int]  # tile -> sequence, tile -> first row, number of tiles
+
+
+def longest_first(tiles: TileTable, ctx: torch.Tensor) -> TileTable:
+    """A tile table in launch order longest context first (the grid's padding tiles last); the same tiles, so the
+    same bits (``DECODE_LONGEST_FIRST``). No host sync: a sort of one key per tile."""
+    seq, row0, grid = tiles
+    nseq = ctx.numel()
+    key = torch.where(seq < nseq, ctx[seq.clamp(max=max(nseq - 1, 0)).long()].to(torch.int64), -1)
+    order = torch.argsort(key, descending=True, stable=True)
+    return seq[order].contiguous(), row0[order].contiguous(), grid
+
+
 def _offsets(k_rows: torch.Tensor, v_rows: torch.Tensor) -> dict:
     """Address forms of the forward's K/V loads (the same bits in every form): one offset tile for K and V where their
     rows have one stride and their head dims one padded width; 32-bit offsets where every row of both fits."""
@@ -619,6 +650,7 @@ def _fwd(
     window: int | None = None,
     sinks: torch.Tensor | None = None,
     one_warp_sum: bool | None = None,
+    heads_first: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Launch the forward. k_rows/v_rows: [rows, Hkv, D] storage; table [B, W] int32 first storage row per page;
     ``tiles``: the tile table of these queries in tiles of the launch's rows (:func:`_fwd_tiles` for the
@@ -634,7 +666,8 @@ def _fwd(
     the kernel compiled without them. ``one_warp_sum``: each row's sum of ``P`` in one warp's order
     (:func:`_row_sum_one_warp`); default: where the launch spreads a row's columns over warps (more warps than
     16-row MMA tiles), so that every launch gives the bits of the one-warp launch. False there is for the tests that
-    show the bits move without it."""
+    show the bits move without it. ``heads_first``: the grid as (KV heads, tiles) (``DECODE_HEADS_FIRST``; launch
+    order only, the same bits)."""
     total, hq, dk = q.shape
     hkv, dv = k_rows.shape[1], v_rows.shape[2]
     g = hq // hkv
@@ -673,7 +706,9 @@ def _fwd(
         counts = _tile_counters(q.device, grid * hkv)
         if counts is None and fused_combine:
             raise RuntimeError(f"attention: fused_combine=True, but no tile-count slot takes {grid * hkv} tiles here")
-    _attn_fwd[(grid, hkv, n_splits)](
+    if heads_first and grid > MAX_GRID_Y:
+        raise ValueError(f"attention: a heads-first launch takes at most {MAX_GRID_Y} tiles; this one has {grid}")
+    _attn_fwd[(hkv, grid, n_splits) if heads_first else (grid, hkv, n_splits)](
         q,
         k_rows,
         v_rows,
@@ -720,6 +755,7 @@ def _fwd(
         **features,
         **_offsets(k_rows, v_rows),
         **({"ONE_WARP_SUM": True} if one_warp_sum else {}),
+        **({"HEADS_FIRST": True} if heads_first else {}),
         num_warps=num_warps,
         num_stages=num_stages,
     )
@@ -782,6 +818,7 @@ class PagedLayout:
     ctx: torch.Tensor  # [B] int32
     tiles: tuple[torch.Tensor, torch.Tensor, int] | None  # None when the step has no query or no sequence
     launch: tuple[int, int, int] | None = None  # (block_m, warps, stages) of a decode step; None: the constants
+    heads_first: bool = False  # the grid as (KV heads, tiles): DECODE_HEADS_FIRST at a decode step
 
 
 def decode_launch(num_tokens: int, num_seqs: int, g: int, num_kv_heads: int) -> tuple[int, int, int] | None:
@@ -821,10 +858,15 @@ def paged_layout(
     launch = decode_launch(num_tokens, n_q.numel(), g, num_kv_heads)
     block_m = launch[0] if launch else BLOCK_M
     tiles = _fwd_tiles(n_q, g, num_tokens, block_m) if num_tokens and n_q.numel() else None
+    decode = tiles is not None and num_tokens == n_q.numel()  # one query per sequence
+    if decode and DECODE_LONGEST_FIRST:
+        tiles = longest_first(tiles, ctx)
+    heads_first = decode and DECODE_HEADS_FIRST and tiles[2] <= MAX_GRID_Y
     q_start = cu[:-1].contiguous()
     return PagedLayout(
-        block_tables, context_lens, cu_seqlens_q, page_size, g, num_tokens, q_start, n_q, table, ctx, tiles, launch
-    )
+        block_tables, context_lens, cu_seqlens_q, page_size, g, num_tokens, q_start, n_q, table, ctx, tiles, launch,
+        heads_first,
+    )  # fmt: skip
 
 
 def attention_paged(
@@ -885,6 +927,7 @@ def attention_paged(
         launch=layout.launch,
         window=window,
         sinks=sinks,
+        heads_first=layout.heads_first,
     )
     return out
 
@@ -935,6 +978,7 @@ __all__ = [
     "PagedLayout",
     "attention_paged",
     "decode_launch",
+    "longest_first",
     "paged_layout",
     "write_kv_cache",
 ]
