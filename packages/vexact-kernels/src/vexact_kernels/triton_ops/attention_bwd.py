@@ -93,7 +93,7 @@ def _attn_bwd_dkdv(
     UPCAST: tl.constexpr, WINDOW: tl.constexpr = False,
 ):  # fmt: skip
     """dK and dV of one KV tile: its keys' gradients over every query row (all ``G`` heads) that sees them, in order."""
-    tile, kvh, b = _tile_seq(TILE_SEQ)
+    tile, kvh, _, b = _tile_seq(TILE_SEQ, False)
     if b >= num_seqs:
         return
     k0, offs_n, s0, n = _tile_span(TILE_K0, CU, tile, b, BLOCK_N)
@@ -147,7 +147,7 @@ def _attn_bwd_dq(
     WINDOW: tl.constexpr = False,
 ):  # fmt: skip
     """dQ of one query tile: its rows' gradients over every key tile they see, in order."""
-    tile, kvh, b = _tile_seq(TILE_SEQ)
+    tile, kvh, _, b = _tile_seq(TILE_SEQ, False)
     if b >= num_seqs:
         return
     row0, offs_m, s0, n = _tile_span(TILE_ROW0, CU, tile, b, BLOCK_M)
