@@ -27,9 +27,10 @@ top-k/top-p, a seed per request) and CUDA graphs on:
   ``invariant-fine``: decode graphs every 8 rows to 32, 16 to 64, then every 32 (``FINE_GRAPH_SIZES``; the default
   sizes are powers of two to 256, so a step of 129 rows runs at 256); ``invariant-fine-tuned``: the same with the
   linear's forms timed at every decode graph (``EngineConfig.tune_linears_min_rows=1``; the default times 128 rows
-  and up); ``invariant-lf`` / ``invariant-hf`` / ``invariant-lf-hf``: the Triton decode attention launched longest
-  context first / with the grid's KV heads first / both (``DECODE_LONGEST_FIRST`` / ``DECODE_HEADS_FIRST`` of
-  ``vexact_kernels.triton_ops.attention`` on for that engine: launch order only, the same bits);
+  and up); ``invariant-slot`` / ``invariant-lf`` / ``invariant-hf``: the Triton decode attention launched in slot
+  order / longest context first alone / with the grid's KV heads first alone, where the default does both
+  (``DECODE_LONGEST_FIRST`` / ``DECODE_HEADS_FIRST`` of ``vexact_kernels.triton_ops.attention`` set for that engine:
+  launch order only, the same bits);
 - decode step time at batch 1 of each engine against the bound ``weight bytes a step reads / copy bandwidth``
   (``peers.decode_weight_bytes``: an MoE step reads k of E routed experts; bandwidth of a device-to-device copy
   measured in the same run, bytes read + written); goal for VeXact <= 1.3x.
@@ -224,14 +225,14 @@ def engine_settings(mode: str) -> tuple[str, dict]:
 
 @contextlib.contextmanager
 def launch_order(mode: str):
-    """The decode attention's launch-order constants of ``mode`` (``LAUNCH_ORDER_MODES``) on while its engine is built
+    """The decode attention's launch-order constants of ``mode`` (``LAUNCH_ORDER_MODES``) set while its engine is built
     and runs (its CUDA graphs capture the order), restored after; nothing for the other modes."""
     from vexact_kernels.triton_ops import attention as ta
 
-    names = LAUNCH_ORDER_MODES.get(mode, ())
-    saved = {name: getattr(ta, name) for name in names}
-    for name in names:
-        setattr(ta, name, True)
+    values = LAUNCH_ORDER_MODES.get(mode, {})
+    saved = {name: getattr(ta, name) for name in values}
+    for name, value in values.items():
+        setattr(ta, name, value)
     try:
         yield
     finally:
@@ -584,14 +585,14 @@ def hf_throughput(model, prompts, args) -> dict:
 # EngineConfig.async_decode on, the next step scheduled while the GPU runs this one)
 ENGINE_MODES = (
     "invariant", "invariant-fa4", "invariant-draw", "invariant-async", "invariant-sync", "invariant-joint",
-    "invariant-untuned", "invariant-2s", "invariant-fine", "invariant-fine-tuned", "invariant-lf", "invariant-hf",
-    "invariant-lf-hf", "fast",
+    "invariant-untuned", "invariant-2s", "invariant-fine", "invariant-fine-tuned", "invariant-slot", "invariant-lf",
+    "invariant-hf", "fast",
 )  # fmt: skip
-# the launch-order modes: the constants of vexact_kernels.triton_ops.attention each turns on for its engine
+# the launch-order modes: the constants of vexact_kernels.triton_ops.attention each sets for its engine
 LAUNCH_ORDER_MODES = {
-    "invariant-lf": ("DECODE_LONGEST_FIRST",),
-    "invariant-hf": ("DECODE_HEADS_FIRST",),
-    "invariant-lf-hf": ("DECODE_LONGEST_FIRST", "DECODE_HEADS_FIRST"),
+    "invariant-slot": {"DECODE_LONGEST_FIRST": False, "DECODE_HEADS_FIRST": False},
+    "invariant-lf": {"DECODE_LONGEST_FIRST": True, "DECODE_HEADS_FIRST": False},
+    "invariant-hf": {"DECODE_LONGEST_FIRST": False, "DECODE_HEADS_FIRST": True},
 }
 PEER_MODES = ("vllm", "vllm-bi")  # vLLM default, vLLM with VLLM_BATCH_INVARIANT=1
 MODE_NAMES = {
@@ -604,9 +605,9 @@ MODE_NAMES = {
     "invariant-2s": "VeXact invariant, decode as two half batches on two streams",
     "invariant-fine": "VeXact invariant, decode graphs every 8-32 rows",
     "invariant-fine-tuned": "VeXact invariant, decode graphs every 8-32 rows, forms timed at every one",
-    "invariant-lf": "VeXact invariant, decode attention longest context first",
-    "invariant-hf": "VeXact invariant, decode attention KV heads first",
-    "invariant-lf-hf": "VeXact invariant, decode attention longest first, KV heads first",
+    "invariant-slot": "VeXact invariant, decode attention in slot order",
+    "invariant-lf": "VeXact invariant, decode attention longest context first only",
+    "invariant-hf": "VeXact invariant, decode attention KV heads first only",
     "fast": "VeXact fast (mismatch baseline)", "vllm": "vLLM default",
     "vllm-bi": "vLLM VLLM_BATCH_INVARIANT=1", "hf": "HF generate",
 }  # fmt: skip

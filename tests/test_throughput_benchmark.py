@@ -468,14 +468,14 @@ def test_the_launch_order_modes_set_the_attention_constants_for_their_engine_onl
 
     before = (ta.DECODE_LONGEST_FIRST, ta.DECODE_HEADS_FIRST)
     seen = {}
-    for mode in ("invariant", "invariant-lf", "invariant-hf", "invariant-lf-hf"):
+    for mode in ("invariant", "invariant-slot", "invariant-lf", "invariant-hf"):
         assert throughput.engine_settings(mode) == ("invariant", {}) and mode in throughput.MODE_NAMES
         with throughput.launch_order(mode):
             seen[mode] = (ta.DECODE_LONGEST_FIRST, ta.DECODE_HEADS_FIRST)
         assert (ta.DECODE_LONGEST_FIRST, ta.DECODE_HEADS_FIRST) == before
-    assert seen == {"invariant": before, "invariant-lf": (True, before[1]), "invariant-hf": (before[0], True),
-                    "invariant-lf-hf": (True, True)}  # fmt: skip
-    with pytest.raises(RuntimeError), throughput.launch_order("invariant-lf-hf"):
+    assert seen == {"invariant": before, "invariant-slot": (False, False), "invariant-lf": (True, False),
+                    "invariant-hf": (False, True)}  # fmt: skip
+    with pytest.raises(RuntimeError), throughput.launch_order("invariant-slot"):
         raise RuntimeError("an engine that fails restores them too")
     assert (ta.DECODE_LONGEST_FIRST, ta.DECODE_HEADS_FIRST) == before
 

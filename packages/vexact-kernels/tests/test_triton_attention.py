@@ -336,11 +336,13 @@ def _check_decode_launch(ops, lens, hq, hkv, dims, page, seed, device, warps=Non
 def _check_launch_orders(ops, args, lay, ref, split):
     """The decode step's launch orders (longest context first, KV heads first, both) == the slot order's launch
     ``ref`` (output and LSE, torch.equal): the same programs, started in another order."""
-    lf = ops.longest_first(lay.tiles, lay.ctx)
+    q = args[0]
+    slot = ops._fwd_tiles(lay.n_q, lay.g, q.shape[0], lay.launch[0])  # the slot order ``ref`` was launched in
+    lf = ops.longest_first(slot, lay.ctx)
     real = lf[0][lf[0] < lay.ctx.numel()].long()
     assert sorted(real.tolist()) == list(range(lay.ctx.numel()))  # every sequence's tile, once
     assert bool((lay.ctx[real][:-1] >= lay.ctx[real][1:]).all())  # longest first
-    for tiles, heads_first in ((lf, False), (lay.tiles, True), (lf, True)):
+    for tiles, heads_first in ((lf, False), (slot, True), (lf, True)):
         got = ops._fwd(*args, tiles, split_programs=split, launch=lay.launch, heads_first=heads_first)
         assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
 
@@ -359,14 +361,23 @@ def test_interpreted_decode_launch_orders_keep_bits(monkeypatch):
     from the constants at a decode step only, and a tile table that loses a tile is caught."""
     ops = _ops()
     monkeypatch.setattr(ops, "DECODE_MIN_PROGRAMS", 4)
+    monkeypatch.setattr(ops, "SPLIT_BELOW_PROGRAMS", 4)
     monkeypatch.setattr(ops, "SPLIT_N", 64)
     lens = [70, 150, 3, 129]
     args, out = _check_decode_launch(ops, lens, 8, 2, (64, 64), 16, seed=5, device="cpu", orders=True)
     paged, _, _ = _paged_decode_inputs(lens, [1] * 4, 8, 2, 64, 16, seed=5, device="cpu")
-    monkeypatch.setattr(ops, "DECODE_LONGEST_FIRST", True)
-    monkeypatch.setattr(ops, "DECODE_HEADS_FIRST", True)
     lay = ops.paged_layout(*paged[3:], 16, 4, 8, 2, "cpu")
     assert lay.heads_first and lay.tiles[0][:4].tolist() == [1, 3, 0, 2]  # contexts 150, 129, 70, 3
+    for name in ("DECODE_LONGEST_FIRST", "DECODE_HEADS_FIRST"):
+        monkeypatch.setattr(ops, name, False)
+    off = ops.paged_layout(*paged[3:], 16, 4, 8, 2, "cpu")
+    assert not off.heads_first and off.tiles[0][:4].tolist() == [0, 1, 2, 3]
+    monkeypatch.setattr(ops, "DECODE_LONGEST_FIRST", True)
+    monkeypatch.setattr(ops, "DECODE_HEADS_FIRST", True)
+    monkeypatch.setattr(ops, "SPLIT_BELOW_PROGRAMS", 9)  # 4 sequences x 2 KV heads: the split form's slot order
+    few = ops.paged_layout(*paged[3:], 16, 4, 8, 2, "cpu")
+    assert not few.heads_first and few.tiles[0][:4].tolist() == [0, 1, 2, 3]
+    monkeypatch.setattr(ops, "SPLIT_BELOW_PROGRAMS", 4)
     assert torch.equal(ops.attention_paged(*paged, 0.125, layout=lay), out)
     prefill = ops.paged_layout(paged[3], paged[4], torch.tensor([0, 1, 2, 3, 5]), 16, 5, 8, 2, "cpu")
     assert not prefill.heads_first and prefill.tiles[0][:4].tolist() == [0, 1, 2, 3]  # a prefill chunk: slot order

@@ -94,10 +94,12 @@ SPLIT_BELOW_PROGRAMS = 256
 # thread at sm_90; two warps: 214 and none; scripts/tuning/kernel_regs.py). On an H200 at batch 256-512 and contexts
 # of 1k-8k (equal lengths) two warps read the KV cache at 0.93-1.01 of the copy bandwidth, one warp at 0.81-0.91,
 # four warps at 0.76-0.81 (the explicit sum's layout conversions cost more than the extra warps gain);
-# benchmarks/results/attention-decode-h200.md. Below the threshold the 64-row launch is as fast or faster.
+# benchmarks/results/attention-decode-h200.md. From 512 programs with the heads-first order below (1.7B / 8B layouts
+# at 64 sequences, 30B-A3B at 128) the 16-row launch takes 0.85-0.90 of the 64-row launch's time at contexts of 1k and
+# 4k, equal or mixed; at 256 programs (30B-A3B at 64 sequences) 1.1-1.2x (attention-decode-h200.md, launch orders).
 DECODE_BLOCK_M = 16
 DECODE_NUM_WARPS = 2
-DECODE_MIN_PROGRAMS = 1024
+DECODE_MIN_PROGRAMS = 512
 # A decode step with fewer than SPLIT_BELOW_PROGRAMS (sequence, KV head) programs runs in the split form (a program
 # per key split); there the same 16-row tiles in four warps (each row's sum of P in the one-warp order, as above) take
 # 0.77-0.98 of the 64-row split launch's time at batch 1-16 and contexts of 1k-8k on the 1.7B, 8B and 30B-A3B layouts
@@ -111,10 +113,14 @@ DECODE_SPLIT_MAX_SEQS = 16
 # so that the longest sequences start in the first wave and the short ones fill the last (at mixed lengths one
 # program walks its sequence's keys alone, and the launch ends with its longest program). DECODE_HEADS_FIRST: the
 # grid is (KV heads, tiles) instead of (tiles, KV heads), so a sequence's KV heads are neighbours in launch order and
-# read the same pages at about the same time. Both off until an H200 A/B shows them faster
-# (`benchmarks/attention.py --variants`, `benchmarks/throughput.py --modes invariant,invariant-lf-hf`).
-DECODE_LONGEST_FIRST = False
-DECODE_HEADS_FIRST = False
+# read the same pages at about the same time. Both at decode steps of at least SPLIT_BELOW_PROGRAMS programs (the
+# split form's few programs are left in slot order: unmeasured there). On an H200 (attention-decode-h200.md, launch
+# orders; the same bits in every cell): the 16-row launch at 1024 programs of a GQA group of 4-8 (8B at 128
+# sequences, 30B-A3B at 256) 0.79-0.89 of the copy bandwidth in slot order, 0.96-1.00 heads first; at mixed lengths
+# [ctx/2, ctx] both orders together 0.90-1.03 against 0.81-0.96. In the engine (throughput-rl-h200.md, same run): the
+# 1.7B rl workload 39.6 s against 41.5 s, the 8B one 36.7 s against 37.4 s.
+DECODE_LONGEST_FIRST = True
+DECODE_HEADS_FIRST = True
 MAX_GRID_Y = 65535  # CUDA's limit on a grid's second dimension: a heads-first launch puts the tiles there
 
 _PACKED_PAGE = 1 << 30  # "page size" of a packed batch: one page per sequence
@@ -858,7 +864,8 @@ def paged_layout(
     launch = decode_launch(num_tokens, n_q.numel(), g, num_kv_heads)
     block_m = launch[0] if launch else BLOCK_M
     tiles = _fwd_tiles(n_q, g, num_tokens, block_m) if num_tokens and n_q.numel() else None
-    decode = tiles is not None and num_tokens == n_q.numel()  # one query per sequence
+    # one query per sequence, enough programs for the launch order to matter
+    decode = tiles is not None and num_tokens == n_q.numel() and num_tokens * num_kv_heads >= SPLIT_BELOW_PROGRAMS
     if decode and DECODE_LONGEST_FIRST:
         tiles = longest_first(tiles, ctx)
     heads_first = decode and DECODE_HEADS_FIRST and tiles[2] <= MAX_GRID_Y
