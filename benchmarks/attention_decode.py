@@ -262,6 +262,9 @@ VARIANTS = {
     "m16-w2-lf-hf": (False, (16, 2, 2), {"longest_first": True, "heads_first": True}),
     "lf": (False, None, {"longest_first": True}),
     "lf-hf": (False, None, {"longest_first": True, "heads_first": True}),
+    "m16-w4-split-lf-hf": (True, (16, 4, 2), {"longest_first": True, "heads_first": True}),
+    "split-lf-hf": (True, None, {"longest_first": True, "heads_first": True}),
+    "m16-w2-split-lf-hf": (True, (16, 2, 2), {"longest_first": True, "heads_first": True}),
 }
 
 
