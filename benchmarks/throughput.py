@@ -996,11 +996,11 @@ def steps_by_batch_lines(results: dict, limit: int, modes) -> list[str]:
             cells.append(f"{a - b:+.2f}")
         lines.append("| " + " | ".join(cells) + " |")
     totals = ["whole run", "-"]
+    seconds = {m: sum(x[2] for x in r["timeline"]) for m, r in runs.items()}
     for m in runs:
-        n, sec = len(runs[m]["timeline"]), sum(x[2] for x in runs[m]["timeline"])
-        totals.append(f"{n} steps, {sec:.2f} s of {runs[m]['wall']:.2f} s wall")
+        totals.append(f"{len(runs[m]['timeline'])} steps, {seconds[m]:.2f} s of {runs[m]['wall']:.2f} s wall")
     if diff:
-        totals.append(f"{sum(x[2] for x in runs[ours]['timeline']) - sum(x[2] for x in runs['vllm']['timeline']):+.2f}")
+        totals.append(f"{seconds[ours] - seconds['vllm']:+.2f}")
     lines.append("| " + " | ".join(totals) + " |")
     return lines
 

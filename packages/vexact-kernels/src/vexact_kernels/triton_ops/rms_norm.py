@@ -273,20 +273,26 @@ def strided_rows(x: torch.Tensor) -> tuple[torch.Tensor, int, int, int]:
     return aligned_rows(x.reshape(-1, h)), 1, h, h
 
 
+def _pair_operands(x1: torch.Tensor, w1: torch.Tensor, x2: torch.Tensor, w2: torch.Tensor) -> tuple:
+    """What a launch over two inputs' rows (the norm pair, the q/k norm with rotary) passes for them: each input's
+    :func:`strided_rows`, the aligned weights, the row counts ``m1, m2`` and the fp32 ``rstd [m1 + m2]`` the kernel
+    writes (as the single-input kernel writes it)."""
+    h = x1.shape[-1]
+    m1, m2 = x1.numel() // h, x2.numel() // h
+    rstd = torch.empty(m1 + m2, dtype=torch.float32, device=x1.device)
+    return strided_rows(x1), strided_rows(x2), aligned_rows(w1), aligned_rows(w2), m1, m2, rstd
+
+
 def rms_norm_fwd_pair(
     x1: torch.Tensor, w1: torch.Tensor, x2: torch.Tensor, w2: torch.Tensor, eps: float, out_dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``rms_norm_fwd(x1.reshape(-1, H), w1)[0], rms_norm_fwd(x2.reshape(-1, H), w2)[0]`` (one hidden size ``H``, any
     leading shapes) in one launch, bitwise the same; inputs read through their strides (:func:`strided_rows`, no
     copy of a q or k view), outputs ``[rows, H]`` contiguous."""
-    (x1, n1, s1t, s1h), (x2, n2, s2t, s2h) = strided_rows(x1), strided_rows(x2)
-    w1, w2 = aligned_rows(w1), aligned_rows(w2)
     h = x1.shape[-1]
-    m1, m2 = x1.numel() // h, x2.numel() // h
-    dev = x1.device
-    y1 = torch.empty(m1, h, dtype=out_dtype, device=dev)
-    y2 = torch.empty(m2, h, dtype=out_dtype, device=dev)
-    rstd = torch.empty(m1 + m2, dtype=torch.float32, device=dev)  # written, as the single kernel writes it
+    (x1, n1, s1t, s1h), (x2, n2, s2t, s2h), w1, w2, m1, m2, rstd = _pair_operands(x1, w1, x2, w2)
+    y1 = torch.empty(m1, h, dtype=out_dtype, device=x1.device)
+    y2 = torch.empty(m2, h, dtype=out_dtype, device=x1.device)
     if m1 + m2:
         _rms_norm_fwd_pair_kernel[(m1 + m2,)](
             x1, w1, y1, rstd, m1, n1, s1t, s1h, x2, w2, y2, rstd[m1:], n2, s2t, s2h, h, eps,
@@ -304,15 +310,11 @@ def qk_norm_rotary_fwd(
     ``rotary.rotary_pair_launch`` give in two; outputs contiguous in q's dtype."""
     from . import interpreting
 
-    (x1, n1, s1t, s1h), (x2, n2, s2t, s2h) = strided_rows(q), strided_rows(k)
-    wq, wk = aligned_rows(wq), aligned_rows(wk)
     t, hq, h = q.shape
     hk = k.shape[1]
-    m1, m2 = t * hq, t * hk
-    dev = q.device
-    y1, o1 = (torch.empty(t, hq, h, dtype=q.dtype, device=dev) for _ in range(2))
-    y2, o2 = (torch.empty(t, hk, h, dtype=q.dtype, device=dev) for _ in range(2))
-    rstd = torch.empty(m1 + m2, dtype=torch.float32, device=dev)
+    (x1, n1, s1t, s1h), (x2, n2, s2t, s2h), wq, wk, m1, m2, rstd = _pair_operands(q, wq, k, wk)
+    y1, o1 = (torch.empty(t, hq, h, dtype=q.dtype, device=q.device) for _ in range(2))
+    y2, o2 = (torch.empty(t, hk, h, dtype=q.dtype, device=q.device) for _ in range(2))
     cos, sin, positions = cos.contiguous(), sin.contiguous(), positions.contiguous()
     if m1 + m2:
         _qk_norm_rotary_kernel[(m1 + m2,)](
