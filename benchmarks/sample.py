@@ -1,11 +1,12 @@
 """Fused draw benchmark (GPU): the sampling form of the fused logprobs kernel against the scoring form on the same
 rows, the draw a user would write, and the lm_head read bound, measured side by side in one run.
 
-    PYTHONPATH=... python benchmarks/sample.py [--out FILE.md] [--rows 1,16,64,256] [--peak-scale 16]
+    PYTHONPATH=... python benchmarks/sample.py [--out FILE.md] [--rows 1,16,64,256] [--peak-scale 16] [--hidden 2048]
 
-V = 151936, H = 2048 (Qwen3-1.7B's lm_head), bf16, T rows. Bound: the lm_head's bytes over the device's copy
-bandwidth (``hardware.copy_bandwidth``: a 2 GiB ``copy_``, bytes read + written, measured here): the least time of
-any method that reads the lm_head once. Every time is a median (microseconds) with its ratio to the bound.
+V = 151936, H = 2048 (Qwen3-1.7B's lm_head; ``--hidden 4096``: Qwen3-8B's), bf16, T rows. Bound: the lm_head's bytes
+over the device's copy bandwidth (``hardware.copy_bandwidth``: a 2 GiB ``copy_``, bytes read + written, measured
+here): the least time of any method that reads the lm_head once. Every time is a median (microseconds) with its ratio
+to the bound.
 
 Device time (CUDA-graph replay, triton.testing.do_bench_cudagraph: no launch overhead or host sync, as in the
 engine's captured decode step; each callable starts from the pre-norm hidden states):
@@ -19,6 +20,8 @@ engine's captured decode step; each callable starts from the pre-norm hidden sta
   included (checked: the same tokens and logprob bits);
 - draw, no skip: the draw with ``GUMBEL_NOISE_MAX = inf``, every tile's noise read (checked: the same tokens and
   bits);
+- draw, two-phase / scoring, two-phase: at T <= 64, ``LOGPROBS_SCRATCH_MAX_ROWS = 64``: one program per logits tile
+  into an fp32 scratch, then the split kernel reads its tiles from there (checked: the same tokens and bits);
 - scoring: ``vk.rms_norm`` then the fused scoring form (``triton_logprobs``) of the drawn tokens; and with pointer
   tiles;
 - torch, the draw a user would pick: ``vk.rms_norm``, cuBLAS lm_head (``F.linear``), ``torch.softmax`` in fp32,
@@ -93,26 +96,30 @@ def skip_shares(hidden, norm_w, head, temps, seeds) -> tuple[float, float]:
     return float(rule.float().mean()), float(shared.float().mean())
 
 
-def bench(lines: list[str], rows: tuple[int, ...], peak_scale: float) -> None:
-    bound_us = VOCAB * HIDDEN * 2 / hardware.copy_bandwidth("cuda") * 1e6
+def bench(lines: list[str], rows: tuple[int, ...], peak_scale: float, hidden_size: int = HIDDEN) -> None:
+    bound_us = VOCAB * hidden_size * 2 / hardware.copy_bandwidth("cuda") * 1e6
     g = torch.Generator(device="cuda").manual_seed(0)
-    head = (torch.randn(VOCAB, HIDDEN, device="cuda", generator=g) / HIDDEN**0.5).to(torch.bfloat16)
-    norm_w = (1.0 + 0.1 * torch.randn(HIDDEN, device="cuda", generator=g)).to(torch.bfloat16)
+    head = (torch.randn(VOCAB, hidden_size, device="cuda", generator=g) / hidden_size**0.5).to(torch.bfloat16)
+    norm_w = (1.0 + 0.1 * torch.randn(hidden_size, device="cuda", generator=g)).to(torch.bfloat16)
     cell = lambda us: f"{us:.0f} ({us / bound_us:.2f}x)"  # noqa: E731
 
     def checked(us: dict, key: str, same: str = "") -> str:
-        """A variant's cell, marked DIFFERS where its tokens or logprobs are not the draw's bits."""
+        """A variant's cell, marked DIFFERS where its tokens or logprobs are not the draw's bits; "-" where the
+        variant does not apply at this T."""
+        if key not in us:
+            return "-"
         return f"{cell(us[key])} {same if us[key + ' same'] else 'DIFFERS'}".rstrip()
 
     lines += [
-        f"lm_head {VOCAB} x {HIDDEN} bf16: {VOCAB * HIDDEN * 2 / 2**20:.0f} MiB; bound {bound_us:.1f} us at the "
-        "measured copy bandwidth. Cells: median us (ratio to the bound).",
+        f"lm_head {VOCAB} x {hidden_size} bf16: {VOCAB * hidden_size * 2 / 2**20:.0f} MiB; bound {bound_us:.1f} us at "
+        "the measured copy bandwidth. Cells: median us (ratio to the bound).",
         "",
         "### Device time (CUDA-graph replay)",
         "",
-        "| logits | T | draw | draw, pointer tiles | draw, 64-row noise | draw, no skip | scoring "
-        "| scoring, pointer tiles | torch, eager (F.linear, softmax, multinomial) | skipped | at most |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| logits | T | draw | draw, pointer tiles | draw, 64-row noise | draw, no skip | draw, two-phase | scoring "
+        "| scoring, pointer tiles | scoring, two-phase | torch, eager (F.linear, softmax, multinomial) | skipped "
+        "| at most |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     eager = [
         "",
@@ -124,15 +131,16 @@ def bench(lines: list[str], rows: tuple[int, ...], peak_scale: float) -> None:
     for name, scale in (("random", 1.0), (f"peaked (norm x {peak_scale:g})", peak_scale)):
         nw = (norm_w.float() * scale).to(torch.bfloat16)
         for t in rows:
-            hidden = torch.randn(t, HIDDEN, device="cuda", generator=g).to(torch.bfloat16)
+            hidden = torch.randn(t, hidden_size, device="cuda", generator=g).to(torch.bfloat16)
             temps = torch.full((t,), 0.9, device="cuda")
             seeds = torch.randint(0, 2**62, (t,), device="cuda", generator=g)
             us = measure(hidden, nw, head, temps, seeds)
             rule, shared = skip_shares(hidden, nw, head, temps, seeds)
             lines.append(
                 f"| {name} | {t} | {cell(us['draw'])} | {checked(us, 'draw, pointer tiles')} "
-                f"| {checked(us, 'draw, 64-row noise')} | {checked(us, 'draw, no skip')} | {cell(us['scoring'])} "
-                f"| {checked(us, 'scoring, pointer tiles')} | {cell(us['torch'])} | {100 * rule:.1f}% "
+                f"| {checked(us, 'draw, 64-row noise')} | {checked(us, 'draw, no skip')} "
+                f"| {checked(us, 'draw, two-phase')} | {cell(us['scoring'])} | {checked(us, 'scoring, pointer tiles')} "
+                f"| {checked(us, 'scoring, two-phase')} | {cell(us['torch'])} | {100 * rule:.1f}% "
                 f"| {100 * shared:.1f}% |"
             )
             eager.append(f"| {name} | {t} | {cell(us['api draw'])} | {cell(us['api scoring'])} |")
@@ -178,6 +186,9 @@ def measure(hidden, norm_w, head, temps, seeds) -> dict:
     variant("draw, 64-row noise", draw, (tokens, lp), SAMPLE_DRAW_ROWS=())
     variant("draw, no skip", draw, (tokens, lp), GUMBEL_NOISE_MAX=float("inf"))  # every tile's noise
     variant("scoring, pointer tiles", lambda: score()[:1], (lp_score,), LOGPROBS_TMA=False)
+    if hidden.shape[0] <= ops.LOGPROBS_BLOCK_T:
+        variant("draw, two-phase", draw, (tokens, lp), LOGPROBS_SCRATCH_MAX_ROWS=ops.LOGPROBS_BLOCK_T)
+        variant("scoring, two-phase", lambda: score()[:1], (lp_score,), LOGPROBS_SCRATCH_MAX_ROWS=ops.LOGPROBS_BLOCK_T)
     us["scoring"], us["torch"] = _graph_us(score), _eager_us(torch_draw)
     host_temps = temps.cpu()  # as the engine passes them
     us["api draw"] = _eager_us(lambda: vk.sample_from_hidden(hidden, norm_w, EPS, head, host_temps, seeds))
@@ -190,7 +201,10 @@ def main() -> int:
     ap.add_argument("--out", default=None, help="also write the markdown table to this file")
     ap.add_argument("--rows", default=",".join(map(str, ROWS)), help="row counts T, comma-separated")
     ap.add_argument("--peak-scale", type=float, default=16.0, help="final norm weight scale of the peaked row set")
+    ap.add_argument("--hidden", type=int, default=HIDDEN, help="the lm_head's hidden size (2048: 1.7B, 4096: 8B)")
     args = ap.parse_args()
+    if args.hidden < 1:
+        ap.error(f"--hidden must be positive, got {args.hidden}")
     if not torch.cuda.is_available():
         print("benchmarks/sample.py needs a CUDA device", file=sys.stderr)
         return 2
@@ -208,7 +222,7 @@ def main() -> int:
     ]
     print("\n".join(lines), flush=True)
     with vk.use_backend("invariant"):
-        bench(lines, rows, args.peak_scale)
+        bench(lines, rows, args.peak_scale, args.hidden)
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:

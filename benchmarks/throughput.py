@@ -30,7 +30,8 @@ top-k/top-p, a seed per request) and CUDA graphs on:
   and up); ``invariant-slot`` / ``invariant-lf`` / ``invariant-hf``: the Triton decode attention launched in slot
   order / longest context first alone / with the grid's KV heads first alone, where the default does both
   (``DECODE_LONGEST_FIRST`` / ``DECODE_HEADS_FIRST`` of ``vexact_kernels.triton_ops.attention`` set for that engine:
-  launch order only, the same bits);
+  launch order only, the same bits); ``invariant-lm2``: the fused lm_head, logprobs and draw in their two-phase form
+  at up to 64 rows (``LOGPROBS_SCRATCH_MAX_ROWS = 64`` of ``vexact_kernels.triton_ops.logprobs``: the same bits);
 - decode step time at batch 1 of each engine against the bound ``weight bytes a step reads / copy bandwidth``
   (``peers.decode_weight_bytes``: an MoE step reads k of E routed experts; bandwidth of a device-to-device copy
   measured in the same run, bytes read + written); goal for VeXact <= 1.3x.
@@ -218,26 +219,30 @@ def engine_settings(mode: str) -> tuple[str, dict]:
     if mode in ("invariant-fine", "invariant-fine-tuned"):
         extra = {"cuda_graph_batch_sizes": FINE_GRAPH_SIZES}
         return "invariant", extra | ({"tune_linears_min_rows": 1} if mode == "invariant-fine-tuned" else {})
-    if mode in LAUNCH_ORDER_MODES:
+    if mode in KERNEL_MODES:
         return "invariant", {}
     return mode, {}
 
 
 @contextlib.contextmanager
-def launch_order(mode: str):
-    """The decode attention's launch-order constants of ``mode`` (``LAUNCH_ORDER_MODES``) set while its engine is built
-    and runs (its CUDA graphs capture the order), restored after; nothing for the other modes."""
-    from vexact_kernels.triton_ops import attention as ta
+def kernel_settings(mode: str):
+    """The kernel constants of ``mode`` (``KERNEL_MODES``: ``"<module of vexact_kernels.triton_ops>.<NAME>"``) set
+    while its engine is built and runs (its CUDA graphs capture what they pick), restored after; nothing for the other
+    modes."""
+    import importlib
 
-    values = LAUNCH_ORDER_MODES.get(mode, {})
-    saved = {name: getattr(ta, name) for name in values}
-    for name, value in values.items():
-        setattr(ta, name, value)
+    settings = []
+    for key, value in KERNEL_MODES.get(mode, {}).items():
+        module, name = key.rsplit(".", 1)
+        settings.append((importlib.import_module(f"vexact_kernels.triton_ops.{module}"), name, value))
+    saved = [(mod, name, getattr(mod, name)) for mod, name, _ in settings]
+    for mod, name, value in settings:
+        setattr(mod, name, value)
     try:
         yield
     finally:
-        for name, value in saved.items():
-            setattr(ta, name, value)
+        for mod, name, value in saved:
+            setattr(mod, name, value)
 
 
 # invariant-fine: decode graphs every 8 rows to 32, then 16 to 64, then 32: a step pads to the next size, so the
@@ -586,13 +591,14 @@ def hf_throughput(model, prompts, args) -> dict:
 ENGINE_MODES = (
     "invariant", "invariant-fa4", "invariant-draw", "invariant-async", "invariant-sync", "invariant-joint",
     "invariant-untuned", "invariant-2s", "invariant-fine", "invariant-fine-tuned", "invariant-slot", "invariant-lf",
-    "invariant-hf", "fast",
+    "invariant-hf", "invariant-lm2", "fast",
 )  # fmt: skip
-# the launch-order modes: the constants of vexact_kernels.triton_ops.attention each sets for its engine
-LAUNCH_ORDER_MODES = {
-    "invariant-slot": {"DECODE_LONGEST_FIRST": False, "DECODE_HEADS_FIRST": False},
-    "invariant-lf": {"DECODE_LONGEST_FIRST": True, "DECODE_HEADS_FIRST": False},
-    "invariant-hf": {"DECODE_LONGEST_FIRST": False, "DECODE_HEADS_FIRST": True},
+# the kernel-setting modes: the constants of vexact_kernels.triton_ops modules (speed only) each sets for its engine
+KERNEL_MODES = {
+    "invariant-slot": {"attention.DECODE_LONGEST_FIRST": False, "attention.DECODE_HEADS_FIRST": False},
+    "invariant-lf": {"attention.DECODE_LONGEST_FIRST": True, "attention.DECODE_HEADS_FIRST": False},
+    "invariant-hf": {"attention.DECODE_LONGEST_FIRST": False, "attention.DECODE_HEADS_FIRST": True},
+    "invariant-lm2": {"logprobs.LOGPROBS_SCRATCH_MAX_ROWS": 64},
 }
 PEER_MODES = ("vllm", "vllm-bi")  # vLLM default, vLLM with VLLM_BATCH_INVARIANT=1
 MODE_NAMES = {
@@ -608,6 +614,7 @@ MODE_NAMES = {
     "invariant-slot": "VeXact invariant, decode attention in slot order",
     "invariant-lf": "VeXact invariant, decode attention longest context first only",
     "invariant-hf": "VeXact invariant, decode attention KV heads first only",
+    "invariant-lm2": "VeXact invariant, two-phase lm_head + draw at up to 64 rows",
     "fast": "VeXact fast (mismatch baseline)", "vllm": "vLLM default",
     "vllm-bi": "vLLM VLLM_BATCH_INVARIANT=1", "hf": "HF generate",
 }  # fmt: skip
@@ -657,7 +664,7 @@ def run_engine(
     if mode == "invariant-fa4":
         return in_fa4_process("throughput", shape, args, limit, prompts, params)
     steps = args.profile_steps if profile else 0
-    with launch_order(mode):
+    with kernel_settings(mode):
         return engine_throughput(model, mode, limit, prompts, params, args, keep_outputs, profile=steps)
 
 
@@ -685,7 +692,7 @@ def median_round(rounds: list) -> dict | str:
 def decode_step(model, shape: str, mode: str, args) -> float:
     if mode == "invariant-fa4":
         return in_fa4_process("decode", shape, args)
-    with launch_order(mode):
+    with kernel_settings(mode):
         return decode_step_time(model, mode, args)
 
 
@@ -697,7 +704,7 @@ def step_profile(model, shape: str, mode: str, limit: int, args, r) -> dict | st
     try:
         if mode == "invariant-fa4":
             return in_fa4_process("profile", shape, args, limit, wall)
-        with launch_order(mode):
+        with kernel_settings(mode):
             return decode_kernels(model, mode, limit, args, wall)
     except Exception as e:
         return failed(e)

@@ -463,21 +463,26 @@ def test_the_fine_graph_modes_pass_their_sizes_and_the_least_tuned_rows():
     assert cfg.tune_linears_min_rows == 1 and cfg.graph_batch_sizes(on_cuda=True) == [1, 2, 4, 8, 16, 24, 32, 40]
 
 
-def test_the_launch_order_modes_set_the_attention_constants_for_their_engine_only():
+def test_the_kernel_modes_set_their_constants_for_their_engine_only():
     from vexact_kernels.triton_ops import attention as ta
+    from vexact_kernels.triton_ops import logprobs as lo
 
-    before = (ta.DECODE_LONGEST_FIRST, ta.DECODE_HEADS_FIRST)
+    def now():
+        return ta.DECODE_LONGEST_FIRST, ta.DECODE_HEADS_FIRST, lo.LOGPROBS_SCRATCH_MAX_ROWS
+
+    before = now()
     seen = {}
-    for mode in ("invariant", "invariant-slot", "invariant-lf", "invariant-hf"):
+    for mode in ("invariant", "invariant-slot", "invariant-lf", "invariant-hf", "invariant-lm2"):
         assert throughput.engine_settings(mode) == ("invariant", {}) and mode in throughput.MODE_NAMES
-        with throughput.launch_order(mode):
-            seen[mode] = (ta.DECODE_LONGEST_FIRST, ta.DECODE_HEADS_FIRST)
-        assert (ta.DECODE_LONGEST_FIRST, ta.DECODE_HEADS_FIRST) == before
-    assert seen == {"invariant": before, "invariant-slot": (False, False), "invariant-lf": (True, False),
-                    "invariant-hf": (False, True)}  # fmt: skip
-    with pytest.raises(RuntimeError), throughput.launch_order("invariant-slot"):
+        with throughput.kernel_settings(mode):
+            seen[mode] = now()
+        assert now() == before
+    assert seen == {"invariant": before, "invariant-slot": (False, False, before[2]),
+                    "invariant-lf": (True, False, before[2]), "invariant-hf": (False, True, before[2]),
+                    "invariant-lm2": (*before[:2], 64)}  # fmt: skip
+    with pytest.raises(RuntimeError), throughput.kernel_settings("invariant-slot"):
         raise RuntimeError("an engine that fails restores them too")
-    assert (ta.DECODE_LONGEST_FIRST, ta.DECODE_HEADS_FIRST) == before
+    assert now() == before
 
 
 def test_plot_steps_draws_the_runs_and_names_a_missing_one(tmp_path):
