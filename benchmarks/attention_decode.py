@@ -265,6 +265,9 @@ VARIANTS = {
     "m16-w4-split-lf-hf": (True, (16, 4, 2), {"longest_first": True, "heads_first": True}),
     "split-lf-hf": (True, None, {"longest_first": True, "heads_first": True}),
     "m16-w2-split-lf-hf": (True, (16, 2, 2), {"longest_first": True, "heads_first": True}),
+    "m16-w4-split-s3": (True, (16, 4, 3)),
+    "m16-w4-split-s4": (True, (16, 4, 4)),
+    "m16-w2-split-s4": (True, (16, 2, 4)),
 }
 
 
