@@ -88,3 +88,75 @@ def test_gpu_norm_rotary_qk_is_the_two_launches_bitwise(t, hq, hk, monkeypatch):
         monkeypatch.setattr(rotary, "FUSE_NORM_ROTARY", False)
         off = vk.rms_norm_rotary_qk(q, wq, k, wk, EPS, positions, cos, sin)
     assert torch.equal(on[0], off[0]) and torch.equal(on[1], off[1]) and torch.equal(on[0], q1)
+
+
+def _kv_write_case(t, hq, hk, d, device, seed):
+    """The inputs, the grouped output's v view, empty paged caches of 3 pages of 4 and a slot per token (one of them
+    -1: a padding row, skipped)."""
+    args = _inputs(t, hq, hk, d, device, seed=seed)
+    q = args[0]
+    wide = torch.randn(t, hk + 1, d, generator=torch.Generator().manual_seed(seed)).to(q.dtype).to(device)
+    v = wide[:, 1:]  # a strided view, as the grouped q/k/v output gives v
+    caches = [torch.full((3, 4, hk, d), 7.0, dtype=q.dtype, device=device) for _ in range(2)]
+    slots = torch.randperm(12, generator=torch.Generator().manual_seed(seed))[:t]
+    slots[t // 2] = -1
+    return args, v, caches, slots.to(device)
+
+
+def _written(args, v, caches, slots, fused: bool, monkeypatch):
+    """``rms_norm_rotary_qk(..., kv_write=...)``'s outputs and the caches after it, with ``FUSE_KV_WRITE`` on/off."""
+    k_cache, v_cache = (c.clone() for c in caches)
+    monkeypatch.setattr(rotary, "FUSE_KV_WRITE", fused)
+    with torch.no_grad():
+        q, k = vk.rms_norm_rotary_qk(*args[:4], EPS, *args[4:], kv_write=(v, k_cache, v_cache, slots))
+    return q, k, k_cache, v_cache
+
+
+@interp
+@pytest.mark.parametrize("t, hq, hk, d", [(1, 2, 1, 16), (5, 4, 2, 32)])
+def test_interpreted_cache_write_in_the_launch_is_write_kv_cache(t, hq, hk, d, monkeypatch):
+    """``FUSE_KV_WRITE``: the rotated k and the v rows stored in the paged caches by the norm + rotary launch are
+    ``write_kv_cache``'s stores after it, bitwise (a padding row's slot -1 untouched), and q / k as before; a launch
+    that stores k at the wrong head is caught."""
+    from vexact_kernels import attention as att
+
+    monkeypatch.setattr(rotary, "use_triton", lambda *a: True)  # the kernels' path on CPU tensors, interpreted
+    monkeypatch.setattr(att, "use_triton", lambda *a: True)
+    case = _kv_write_case(t, hq, hk, d, "cpu", seed=t + d)
+    fused = _written(*case, True, monkeypatch)
+    apart = _written(*case, False, monkeypatch)
+    for a, b in zip(fused, apart, strict=True):
+        assert torch.equal(a, b)
+    assert torch.equal(fused[0], _fused(*case[0])[0])
+    if t > 1:  # one row is padding: the others were written
+        assert not torch.equal(fused[2], case[2][0]) and not torch.equal(fused[3], case[2][1])
+    from vexact_kernels.triton_ops import rms_norm as rn
+
+    real = rn._qk_norm_rotary_kernel
+
+    class OtherHead:  # k rows stored one head stride further: another head's place (or past the row)
+        def __getitem__(self, grid):
+            def launch(*a, **kw):
+                a = list(a)
+                a[34] = a[34] + 1 if a[34] != a[33] else a[34]  # stride_kch
+                return real[grid](*a, **kw)
+
+            return launch
+
+    monkeypatch.setattr(rn, "_qk_norm_rotary_kernel", OtherHead())
+    if hk > 1:
+        assert not torch.equal(_written(*case, True, monkeypatch)[2], apart[2])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("t", [1, 7])
+@pytest.mark.parametrize("hq, hk", [(16, 8), (32, 4)])
+def test_gpu_cache_write_in_the_launch_is_write_kv_cache(t, hq, hk, monkeypatch):
+    """On the GPU at head_dim 128 (the 1.7B and 30B-A3B layouts): the caches after the fused launch are the caches
+    after the norm + rotary launch and ``write_kv_cache``, bitwise, and q / k the same."""
+    case = _kv_write_case(t, hq, hk, 128, "cuda", seed=t + hq)
+    fused = _written(*case, True, monkeypatch)
+    apart = _written(*case, False, monkeypatch)
+    for a, b in zip(fused, apart, strict=True):
+        assert torch.equal(a, b)

@@ -79,6 +79,10 @@ def apply_rotary_qk(
 # every golden fixture records with the same tensors, and the 1.7B shape's batch-1 decode step takes 2.08-2.10 ms
 # against 2.12 with two launches). False: two launches (rms_norm_pair, apply_rotary_qk), for an A/B.
 FUSE_NORM_ROTARY = True
+# With FUSE_NORM_ROTARY, a paged step's cache write (``kv_write``) in the same launch: each rotated k row and each v row
+# stored at its token's slot, as ``write_kv_cache`` stores them (speed only: one launch fewer per layer). Off until a
+# GPU test and an A/B; off, the write is ``write_kv_cache``'s own launch.
+FUSE_KV_WRITE = False
 
 
 def rms_norm_rotary_qk(
@@ -90,10 +94,15 @@ def rms_norm_rotary_qk(
     positions: torch.Tensor,
     cos: torch.Tensor,
     sin: torch.Tensor,
+    kv_write: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``apply_rotary_qk(*rms_norm_pair(q, wq, k, wk, eps), positions, cos, sin)``, bitwise: a Qwen3 attention's q/k
     norms and rotary. ``q [T, Hq, D]``, ``k [T, Hk, D]``. On the ``invariant`` backend's CUDA path, without autograd
-    recording, in one launch (``FUSE_NORM_ROTARY``); otherwise the two ops."""
+    recording, in one launch (``FUSE_NORM_ROTARY``); otherwise the two ops. ``kv_write``: ``(v, k_cache, v_cache,
+    slot_mapping)``: then the rotated k and ``v`` are stored in the paged caches as well, as
+    ``attention.write_kv_cache(k, v, k_cache, v_cache, slot_mapping)`` stores them (in the same launch with
+    ``FUSE_KV_WRITE``)."""
+    from .attention import write_kv_cache
     from .rms_norm import _check, rms_norm_pair
 
     fused = (
@@ -109,8 +118,10 @@ def rms_norm_rotary_qk(
         and q.stride(-1) == k.stride(-1) == 1
     )
     if not fused:
-        qn, kn = rms_norm_pair(q, wq, k, wk, eps)
-        return apply_rotary_qk(qn, kn, positions, cos, sin)
+        qr, kr = apply_rotary_qk(*rms_norm_pair(q, wq, k, wk, eps), positions, cos, sin)
+        if kv_write is not None:
+            write_kv_cache(kr, *kv_write)
+        return qr, kr
     from .triton_ops.rms_norm import qk_norm_rotary_fwd
     from .triton_ops.rotary import _check_args
 
@@ -119,4 +130,26 @@ def rms_norm_rotary_qk(
     _check_args(q, positions, cos, sin)
     _check_args(k, positions, cos, sin)
     _check_positions(positions, cos)
-    return qk_norm_rotary_fwd(q, wq, k, wk, eps, positions, cos, sin)
+    if kv_write is not None and not (FUSE_KV_WRITE and _fusable_write(k, *kv_write)):
+        qr, kr = qk_norm_rotary_fwd(q, wq, k, wk, eps, positions, cos, sin)
+        write_kv_cache(kr, *kv_write)
+        return qr, kr
+    return qk_norm_rotary_fwd(q, wq, k, wk, eps, positions, cos, sin, kv_write)
+
+
+def _fusable_write(k, v, k_cache, v_cache, slot_mapping) -> bool:
+    """Whether the fused launch can store this write as ``write_kv_cache`` would: one dtype for k, v and both caches,
+    v ``[T, Hk, D]`` like k with a contiguous last dim, caches ``[blocks, page, Hk, D]`` with contiguous pages, and
+    ``slot_mapping`` one slot per token, on the ``invariant`` attention backend. Otherwise ``write_kv_cache`` runs (and
+    names what it refuses)."""
+    return (
+        get_backend("attention") == "invariant"
+        and v.shape == k.shape
+        and v.stride(-1) == 1
+        and k_cache.dtype == v_cache.dtype == v.dtype == k.dtype
+        and k_cache.dim() == v_cache.dim() == 4
+        and k_cache.shape[2:] == v_cache.shape[2:] == k.shape[1:]
+        and all(c.stride(-1) == 1 and c.stride(0) == c.shape[1] * c.stride(1) for c in (k_cache, v_cache))
+        and slot_mapping.numel() == k.shape[0]
+        and slot_mapping.device == k.device
+    )

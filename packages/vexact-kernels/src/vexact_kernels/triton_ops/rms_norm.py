@@ -101,17 +101,22 @@ def _rms_norm_fwd_pair_kernel(
         _rms_norm_row(_strided_row(x2_ptr, row2, n2, s2t, s2h), w2_ptr, y_row, rstd2_ptr + row2, H, eps, BLOCK)
 
 
-@triton.jit(do_not_specialize=["m1", "n1", "n2", "h1", "h2"])
-def _qk_norm_rotary_kernel(
-    x1_ptr, w1_ptr, y1_ptr, o1_ptr, m1, n1, s1t, s1h, h1,
-    x2_ptr, w2_ptr, y2_ptr, o2_ptr, n2, s2t, s2h, h2,
-    rstd_ptr, pos_ptr, cos_ptr, sin_ptr, stride_tab, H, half, eps,
-    BLOCK: tl.constexpr, HALF: tl.constexpr, INTERPRET: tl.constexpr,
+@triton.jit
+def _copy_row(src, dst, H, BLOCK: tl.constexpr):
+    """``H`` contiguous elements from ``src`` to ``dst`` (one dtype: a copy, no rounding)."""
+    for start in range(0, H, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        tl.store(dst + cols, tl.load(src + cols, mask=cols < H), mask=cols < H)
+
+
+@triton.jit
+def _qk_row(
+    row, x1_ptr, w1_ptr, y1_ptr, o1_ptr, m1, n1, s1t, s1h, h1, x2_ptr, w2_ptr, y2_ptr, o2_ptr, n2, s2t, s2h, h2,
+    rstd_ptr, pos_ptr, cos_ptr, sin_ptr, stride_tab, H, half, eps, slot_ptr, kc_ptr, stride_kcs, stride_kch,
+    BLOCK: tl.constexpr, HALF: tl.constexpr, INTERPRET: tl.constexpr, WRITE_KV: tl.constexpr,
 ):  # fmt: skip
-    """:func:`_rms_norm_fwd_pair_kernel`'s rows (the same row code: ``y1``, ``y2``), then each normalised row read back
-    and rotated at its token's position into ``o1`` / ``o2`` (``_rotate_row``: the rotary kernels' arithmetic).
-    ``h1`` / ``h2``: heads per token of q and k (row ``r`` of q is token ``r // h1``)."""
-    row = tl.program_id(0)
+    """Row ``row`` of q (``< m1``) or k: normalised, rotated; a k row also copied to its token's cache slot
+    (``WRITE_KV``; slots < 0 skipped)."""
     if row < m1:
         y_row = y1_ptr + row.to(tl.int64) * H
         _rms_norm_row(_strided_row(x1_ptr, row, n1, s1t, s1h), w1_ptr, y_row, rstd_ptr + row, H, eps, BLOCK)
@@ -125,6 +130,49 @@ def _qk_norm_rotary_kernel(
         tok = (row2 // h2).to(tl.int64)
     tl.debug_barrier()  # the row's y, stored by all of the program's threads, is read back by all of them
     _rotate_row(y_row, o_row, pos_ptr, cos_ptr, sin_ptr, tok, half, stride_tab, HALF, INTERPRET)
+    if WRITE_KV:
+        if row >= m1:
+            slot = tl.load(slot_ptr + tok)
+            if slot >= 0:
+                tl.debug_barrier()  # the rotated row, stored by all of the program's threads, is read back
+                head = ((row - m1) % h2).to(tl.int64)
+                _copy_row(o_row, kc_ptr + slot * stride_kcs + head * stride_kch, H, BLOCK)
+
+
+@triton.jit(do_not_specialize=["m1", "n1", "n2", "h1", "h2", "m2", "n3"])
+def _qk_norm_rotary_kernel(
+    x1_ptr, w1_ptr, y1_ptr, o1_ptr, m1, n1, s1t, s1h, h1,
+    x2_ptr, w2_ptr, y2_ptr, o2_ptr, n2, s2t, s2h, h2,
+    rstd_ptr, pos_ptr, cos_ptr, sin_ptr, stride_tab, H, half, eps,
+    m2, x3_ptr, n3, s3t, s3h, slot_ptr, kc_ptr, vc_ptr, stride_kcs, stride_kch, stride_vcs, stride_vch,
+    BLOCK: tl.constexpr, HALF: tl.constexpr, INTERPRET: tl.constexpr, WRITE_KV: tl.constexpr = False,
+):  # fmt: skip
+    """:func:`_rms_norm_fwd_pair_kernel`'s rows (the same row code: ``y1``, ``y2``), then each normalised row read back
+    and rotated at its token's position into ``o1`` / ``o2`` (``_rotate_row``: the rotary kernels' arithmetic).
+    ``h1`` / ``h2``: heads per token of q and k (row ``r`` of q is token ``r // h1``). ``WRITE_KV``: the paged cache
+    write as well (``write_kv_cache``'s stores: token ``t``'s rows to flat slot ``slot[t]``, slots < 0 skipped): each
+    rotated k row to ``kc``, and programs ``m1 + m2 ..`` copy the rows of ``x3`` (v, ``[T, h2, H]``, read through
+    :func:`_strided_row`'s ``n3, s3t, s3h``) to ``vc``."""
+    row = tl.program_id(0)
+    if WRITE_KV:
+        if row >= m1 + m2:  # a v row: copied to its token's cache slot
+            row3 = row - m1 - m2  # v's rows: token row3 // h2, head row3 % h2 (read through x3's strides)
+            slot = tl.load(slot_ptr + (row3 // h2).to(tl.int64))
+            if slot >= 0:
+                dst = vc_ptr + slot * stride_vcs + (row3 % h2).to(tl.int64) * stride_vch
+                _copy_row(_strided_row(x3_ptr, row3, n3, s3t, s3h), dst, H, BLOCK)
+        else:
+            _qk_row(
+                row, x1_ptr, w1_ptr, y1_ptr, o1_ptr, m1, n1, s1t, s1h, h1, x2_ptr, w2_ptr, y2_ptr, o2_ptr, n2, s2t,
+                s2h, h2, rstd_ptr, pos_ptr, cos_ptr, sin_ptr, stride_tab, H, half, eps, slot_ptr, kc_ptr, stride_kcs,
+                stride_kch, BLOCK, HALF, INTERPRET, True,
+            )  # fmt: skip
+    else:
+        _qk_row(
+            row, x1_ptr, w1_ptr, y1_ptr, o1_ptr, m1, n1, s1t, s1h, h1, x2_ptr, w2_ptr, y2_ptr, o2_ptr, n2, s2t, s2h,
+            h2, rstd_ptr, pos_ptr, cos_ptr, sin_ptr, stride_tab, H, half, eps, slot_ptr, kc_ptr, stride_kcs,
+            stride_kch, BLOCK, HALF, INTERPRET, False,
+        )  # fmt: skip
 
 
 @triton.jit
@@ -303,11 +351,13 @@ def rms_norm_fwd_pair(
 
 def qk_norm_rotary_fwd(
     q: torch.Tensor, wq: torch.Tensor, k: torch.Tensor, wk: torch.Tensor, eps: float,
-    positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+    positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_write: tuple | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """``rotary(rms_norm(q, wq)), rotary(rms_norm(k, wk))`` for ``q [T, Hq, D]`` and ``k [T, Hk, D]`` (one dtype, any
     strides with a contiguous last dim) in one launch, bitwise what :func:`rms_norm_fwd_pair` and
-    ``rotary.rotary_pair_launch`` give in two; outputs contiguous in q's dtype."""
+    ``rotary.rotary_pair_launch`` give in two; outputs contiguous in q's dtype. ``kv_write``: ``(v [T, Hk, D], k_cache,
+    v_cache [blocks, page, Hk, D], slot_mapping [T])``: the same launch also stores the rotated k and v in the caches
+    as ``attention.write_kv_cache`` stores them (the caller checks the caches' dtype and layout)."""
     from . import interpreting
 
     t, hq, h = q.shape
@@ -316,11 +366,20 @@ def qk_norm_rotary_fwd(
     y1, o1 = (torch.empty(t, hq, h, dtype=q.dtype, device=q.device) for _ in range(2))
     y2, o2 = (torch.empty(t, hk, h, dtype=q.dtype, device=q.device) for _ in range(2))
     cos, sin, positions = cos.contiguous(), sin.contiguous(), positions.contiguous()
+    m3, x3, n3, s3t, s3h, slots, kc, vc = 0, x2, 1, 0, 0, positions, x2, x2
+    if kv_write is not None:
+        v, k_cache, v_cache, slot_mapping = kv_write
+        x3, n3, s3t, s3h = strided_rows(v)
+        m3 = t * hk
+        slots = slot_mapping.to(device=q.device, dtype=torch.int64).contiguous()
+        kc, vc = k_cache.flatten(0, 1), v_cache.flatten(0, 1)  # views: the caches have contiguous pages
     if m1 + m2:
-        _qk_norm_rotary_kernel[(m1 + m2,)](
+        _qk_norm_rotary_kernel[(m1 + m2 + m3,)](
             x1, wq, y1, o1, m1, n1, s1t, s1h, hq, x2, wk, y2, o2, n2, s2t, s2h, hk,
             rstd, positions, cos, sin, cos.stride(0), h, h // 2, eps,
-            BLOCK=RMS_BLOCK, HALF=next_pow2(h // 2), INTERPRET=interpreting(), num_warps=RMS_NUM_WARPS,
+            m2, x3, n3, s3t, s3h, slots, kc, vc, kc.stride(0), kc.stride(1), vc.stride(0), vc.stride(1),
+            BLOCK=RMS_BLOCK, HALF=next_pow2(h // 2), INTERPRET=interpreting(),
+            **({"WRITE_KV": True} if kv_write is not None else {}), num_warps=RMS_NUM_WARPS,
         )  # fmt: skip
     return o1, o2
 

@@ -33,8 +33,10 @@ class Attention(nn.Module):
         meta: AttentionMetadata,
         kv_cache: tuple[torch.Tensor, torch.Tensor] | None = None,
         sinks: torch.Tensor | None = None,
+        kv_written: bool = False,
     ) -> torch.Tensor:
-        """``sinks [Hq]``: the layer's attention-sink logits (gpt-oss), None for none."""
+        """``sinks [Hq]``: the layer's attention-sink logits (gpt-oss), None for none. ``kv_written``: the caller has
+        stored this step's k and v in the paged cache already (``vk.rms_norm_rotary_qk(kv_write=...)``)."""
         extra = {}
         if self.window is not None or sinks is not None:  # the plain call otherwise, as every other family makes it
             extra = dict(window=self.window, sinks=sinks)
@@ -43,7 +45,8 @@ class Attention(nn.Module):
         if kv_cache is None:
             raise ValueError("paged attention metadata given but no KV cache for this layer")
         k_cache, v_cache = kv_cache
-        vk.write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
+        if not kv_written:
+            vk.write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
         paged = (q, k_cache, v_cache, meta.block_tables, meta.context_lens, meta.cu_seqlens)
         # built by the step's first layer, then shared: the same for every layer of the same shapes
         key = ("attention_paged", q.shape, k_cache.shape, v_cache.shape, q.device, vk.get_backend("attention"))

@@ -41,10 +41,19 @@ def add_rms_norm(norm: RMSNorm, x: torch.Tensor, residual: torch.Tensor | None) 
     return vk.add_rms_norm(x, residual, norm.weight, norm.eps)
 
 
-def qk_norm_rotary(norm_q: RMSNorm, q: torch.Tensor, norm_k: RMSNorm, k: torch.Tensor, rotary: nn.Module, positions):
+def qk_norm_rotary(
+    norm_q: RMSNorm, q: torch.Tensor, norm_k: RMSNorm, k: torch.Tensor, rotary: nn.Module, positions, kv_write=None
+):
     """``rotary(positions, norm_q(q), norm_k(k))``, bitwise: a Qwen3 attention's q/k norms and rotary, in one kernel
     launch where the kernels allow it (``vexact_kernels.rms_norm_rotary_qk``). Through the modules themselves where
-    one has hooks of its own, the eps differ or autograd records."""
+    one has hooks of its own, the eps differ or autograd records. ``kv_write``: ``(v, k_cache, v_cache,
+    slot_mapping)``: the rotated k and ``v`` stored in the paged caches as well (``vk.write_kv_cache``; in the same
+    launch where the kernels allow it)."""
     if _hooked(norm_q, norm_k, rotary) or norm_q.eps != norm_k.eps or torch.is_grad_enabled():
-        return rotary(positions, *rms_norm_pair(norm_q, q, norm_k, k))
-    return vk.rms_norm_rotary_qk(q, norm_q.weight, k, norm_k.weight, norm_q.eps, positions, rotary.cos, rotary.sin)
+        q, k = rotary(positions, *rms_norm_pair(norm_q, q, norm_k, k))
+        if kv_write is not None:
+            vk.write_kv_cache(k, *kv_write)
+        return q, k
+    return vk.rms_norm_rotary_qk(
+        q, norm_q.weight, k, norm_k.weight, norm_q.eps, positions, rotary.cos, rotary.sin, kv_write=kv_write
+    )

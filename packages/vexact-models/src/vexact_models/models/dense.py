@@ -305,11 +305,14 @@ class DenseAttention(nn.Module):
         q = q.view(t, self.num_heads, self.head_dim)  # [T, Hq, D]
         k = k.view(t, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
         v = v.view(t, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:  # the norms and the rotation in one launch on CUDA
-            q, k = qk_norm_rotary(self.q_norm, q, self.k_norm, k, self.rotary, positions)
+        written = False
+        if self.q_norm is not None:  # the norms and the rotation in one launch on CUDA, the paged cache write in it
+            kv_write = (v, *kv_cache, meta.slot_mapping) if meta.paged and kv_cache is not None else None
+            q, k = qk_norm_rotary(self.q_norm, q, self.k_norm, k, self.rotary, positions, kv_write)
+            written = kv_write is not None
         else:
             q, k = self.rotary(positions, q, k)
-        o = self.attn(q, k, v, meta, kv_cache, sinks=self.sinks)  # [T, Hq, D]
+        o = self.attn(q, k, v, meta, kv_cache, sinks=self.sinks, kv_written=written)  # [T, Hq, D]
         return self.o_proj(o.reshape(t, self.num_heads * self.head_dim))
 
 
