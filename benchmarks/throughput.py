@@ -32,6 +32,8 @@ top-k/top-p, a seed per request) and CUDA graphs on:
   (``DECODE_LONGEST_FIRST`` / ``DECODE_HEADS_FIRST`` of ``vexact_kernels.triton_ops.attention`` set for that engine:
   launch order only, the same bits); ``invariant-lm2``: the fused lm_head, logprobs and draw in their two-phase form
   at up to 64 rows (``LOGPROBS_SCRATCH_MAX_ROWS = 64`` of ``vexact_kernels.triton_ops.logprobs``: the same bits);
+  ``invariant-kvw``: a Qwen3 attention's KV cache write in its q/k norm + rotary launch (``FUSE_KV_WRITE`` of
+  ``vexact_kernels.rotary``: the same stores);
 - decode step time at batch 1 of each engine against the bound ``weight bytes a step reads / copy bandwidth``
   (``peers.decode_weight_bytes``: an MoE step reads k of E routed experts; bandwidth of a device-to-device copy
   measured in the same run, bytes read + written); goal for VeXact <= 1.3x.
@@ -226,15 +228,14 @@ def engine_settings(mode: str) -> tuple[str, dict]:
 
 @contextlib.contextmanager
 def kernel_settings(mode: str):
-    """The kernel constants of ``mode`` (``KERNEL_MODES``: ``"<module of vexact_kernels.triton_ops>.<NAME>"``) set
-    while its engine is built and runs (its CUDA graphs capture what they pick), restored after; nothing for the other
-    modes."""
+    """The kernel constants of ``mode`` (``KERNEL_MODES``: ``"<module of vexact_kernels>.<NAME>"``) set while its
+    engine is built and runs (its CUDA graphs capture what they pick), restored after; nothing for the other modes."""
     import importlib
 
     settings = []
     for key, value in KERNEL_MODES.get(mode, {}).items():
         module, name = key.rsplit(".", 1)
-        settings.append((importlib.import_module(f"vexact_kernels.triton_ops.{module}"), name, value))
+        settings.append((importlib.import_module(f"vexact_kernels.{module}"), name, value))
     saved = [(mod, name, getattr(mod, name)) for mod, name, _ in settings]
     for mod, name, value in settings:
         setattr(mod, name, value)
@@ -591,15 +592,19 @@ def hf_throughput(model, prompts, args) -> dict:
 ENGINE_MODES = (
     "invariant", "invariant-fa4", "invariant-draw", "invariant-async", "invariant-sync", "invariant-joint",
     "invariant-untuned", "invariant-2s", "invariant-fine", "invariant-fine-tuned", "invariant-slot", "invariant-lf",
-    "invariant-hf", "invariant-lm2", "fast",
+    "invariant-hf", "invariant-lm2", "invariant-kvw", "fast",
 )  # fmt: skip
-# the kernel-setting modes: the constants of vexact_kernels.triton_ops modules (speed only) each sets for its engine
+# the kernel-setting modes: constants of vexact_kernels' modules (speed only) each sets for its engine
 KERNEL_MODES = {
-    "invariant-slot": {"attention.DECODE_LONGEST_FIRST": False, "attention.DECODE_HEADS_FIRST": False},
-    "invariant-lf": {"attention.DECODE_LONGEST_FIRST": True, "attention.DECODE_HEADS_FIRST": False},
-    "invariant-hf": {"attention.DECODE_LONGEST_FIRST": False, "attention.DECODE_HEADS_FIRST": True},
-    "invariant-lm2": {"logprobs.LOGPROBS_SCRATCH_MAX_ROWS": 64},
-}
+    "invariant-slot": {"triton_ops.attention.DECODE_LONGEST_FIRST": False,
+                       "triton_ops.attention.DECODE_HEADS_FIRST": False},
+    "invariant-lf": {"triton_ops.attention.DECODE_LONGEST_FIRST": True,
+                     "triton_ops.attention.DECODE_HEADS_FIRST": False},
+    "invariant-hf": {"triton_ops.attention.DECODE_LONGEST_FIRST": False,
+                     "triton_ops.attention.DECODE_HEADS_FIRST": True},
+    "invariant-lm2": {"triton_ops.logprobs.LOGPROBS_SCRATCH_MAX_ROWS": 64},
+    "invariant-kvw": {"rotary.FUSE_KV_WRITE": True},
+}  # fmt: skip
 PEER_MODES = ("vllm", "vllm-bi")  # vLLM default, vLLM with VLLM_BATCH_INVARIANT=1
 MODE_NAMES = {
     "invariant": "VeXact invariant", "invariant-fa4": "VeXact invariant, FA4 attention",
@@ -615,6 +620,7 @@ MODE_NAMES = {
     "invariant-lf": "VeXact invariant, decode attention longest context first only",
     "invariant-hf": "VeXact invariant, decode attention KV heads first only",
     "invariant-lm2": "VeXact invariant, two-phase lm_head + draw at up to 64 rows",
+    "invariant-kvw": "VeXact invariant, KV cache write in the q/k norm + rotary launch",
     "fast": "VeXact fast (mismatch baseline)", "vllm": "vLLM default",
     "vllm-bi": "vLLM VLLM_BATCH_INVARIANT=1", "hf": "HF generate",
 }  # fmt: skip

@@ -464,22 +464,23 @@ def test_the_fine_graph_modes_pass_their_sizes_and_the_least_tuned_rows():
 
 
 def test_the_kernel_modes_set_their_constants_for_their_engine_only():
+    from vexact_kernels import rotary
     from vexact_kernels.triton_ops import attention as ta
     from vexact_kernels.triton_ops import logprobs as lo
 
     def now():
-        return ta.DECODE_LONGEST_FIRST, ta.DECODE_HEADS_FIRST, lo.LOGPROBS_SCRATCH_MAX_ROWS
+        return ta.DECODE_LONGEST_FIRST, ta.DECODE_HEADS_FIRST, lo.LOGPROBS_SCRATCH_MAX_ROWS, rotary.FUSE_KV_WRITE
 
     before = now()
     seen = {}
-    for mode in ("invariant", "invariant-slot", "invariant-lf", "invariant-hf", "invariant-lm2"):
+    for mode in ("invariant", "invariant-slot", "invariant-lf", "invariant-hf", "invariant-lm2", "invariant-kvw"):
         assert throughput.engine_settings(mode) == ("invariant", {}) and mode in throughput.MODE_NAMES
         with throughput.kernel_settings(mode):
             seen[mode] = now()
         assert now() == before
-    assert seen == {"invariant": before, "invariant-slot": (False, False, before[2]),
-                    "invariant-lf": (True, False, before[2]), "invariant-hf": (False, True, before[2]),
-                    "invariant-lm2": (*before[:2], 64)}  # fmt: skip
+    assert seen == {"invariant": before, "invariant-slot": (False, False, *before[2:]),
+                    "invariant-lf": (True, False, *before[2:]), "invariant-hf": (False, True, *before[2:]),
+                    "invariant-lm2": (*before[:2], 64, before[3]), "invariant-kvw": (*before[:3], True)}  # fmt: skip
     with pytest.raises(RuntimeError), throughput.kernel_settings("invariant-slot"):
         raise RuntimeError("an engine that fails restores them too")
     assert now() == before
