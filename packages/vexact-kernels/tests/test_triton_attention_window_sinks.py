@@ -155,6 +155,11 @@ def _split_forms(fwd, q, k, v, lens, n_q, page, window, sinks, launch=None):
     ]
     for o, lse in forms[1:]:
         assert torch.equal(o, forms[0][0]) and torch.equal(lse, forms[0][1])
+    if all(n == 1 for n in n_q):  # a decode step: longest first with KV heads first gives the slot order's bits
+        slot = fwd._fwd_tiles(lay.n_q, q.shape[1] // k.shape[1], len(rows), launch[0] if launch else fwd.BLOCK_M)
+        for split in (True, False):
+            o, lse = fwd._fwd(*args, fwd.longest_first(slot, lay.ctx), split_programs=split, heads_first=True, **ws)
+            assert torch.equal(o, forms[0][0]) and torch.equal(lse, forms[0][1])
     return forms[0][0], rows
 
 
