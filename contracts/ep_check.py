@@ -303,6 +303,29 @@ def forward_at_start(forget: bool = False) -> dict | None:
     return None if rank else {"ranks": got}
 
 
+def batch(cases: list[dict]) -> dict | None:
+    """Each of ``cases`` in turn in this process group (a case: the keyword arguments of :func:`run`, or of the entry
+    its ``entry`` names), a perturbation undone after its case, so that one set of ranks serves many checks without
+    paying each one's process start-up (``contracts/test_expert_parallel.py``). Rank 0 returns the summaries in
+    order. ``own_size`` aborts the ranks: it runs alone."""
+    if any(c.get("perturb") == "own_size" for c in cases):
+        raise ValueError("the perturbation 'own_size' aborts the ranks: run it alone, not in a batch")
+    patched = (ep, "_combine_home"), (ep._ExpertRunner, "_fill_decode"), (ep._Exchange, "begin_step")
+    saved = [getattr(owner, name) for owner, name in patched]
+    summaries = []
+    for case in cases:
+        kwargs = dict(case)
+        try:
+            summaries.append(ENTRIES[kwargs.pop("entry", "run")](**kwargs))
+        finally:
+            for (owner, name), value in zip(patched, saved, strict=True):
+                setattr(owner, name, value)
+    return None if dist.get_rank() else {"summaries": summaries}
+
+
+ENTRIES = {"run": run, "capture_failure": capture_failure, "forward_at_start": forward_at_start, "batch": batch}
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -313,8 +336,7 @@ def _spawned(rank: int, world: int, port: int, out: str, kwargs: dict) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    entry = kwargs.pop("entry", "run")  # run, or capture_failure
-    summary = {"run": run, "capture_failure": capture_failure, "forward_at_start": forward_at_start}[entry](**kwargs)
+    summary = ENTRIES[kwargs.pop("entry", "run")](**kwargs)  # run, or another of ENTRIES
     if rank == 0:
         with open(out, "w") as f:
             json.dump(summary, f)

@@ -4,10 +4,15 @@ padded to the size of the largest rank's decode rows, a rank with no request joi
 with a combine in arrival order, with a pad mark that covers a real row, and with a rank padding to its own size.
 
 The checks live in ``contracts/ep_check.py`` (also the torchrun entry point for GPUs: ``scripts/checks/ep_gpu.sh``
-runs them with NCCL on a host with two or more GPUs); here they run in gloo processes on CPU.
+runs them with NCCL on a host with two or more GPUs); here they run in gloo processes on CPU: the selected cases of a
+world size in one set of spawned ranks, one case after the other (``ep_check.batch``: a rank spends about 2.5 s on its
+imports, most of a small case's time), each test asserting on its own case's summary.
 """
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import pytest
 import torch.distributed as dist
@@ -22,6 +27,58 @@ from vexact_models import default_checkpoint, load_model
 def cpu_only(device):
     if device != "cpu":
         pytest.skip("gloo processes on CPU; on GPUs the same checks run with NCCL: bash scripts/checks/ep_gpu.sh")
+
+
+# the spawned cases, one set of ranks per world size: xdist keeps them in one worker, which spawns each set once
+SPAWNED = pytest.mark.xdist_group("expert_parallel_gloo")
+PAD_ROWS = dict(checkpoint="qwen3_moe", graphs=True, perturb="pad_rows")
+ARRIVAL = dict(checkpoint="qwen3_moe_top8", perturb="arrival", long=True)
+CAPTURE_FAILURE = dict(entry="capture_failure")
+FORWARD_AT_START = dict(entry="forward_at_start")
+FORWARD_AT_START_FORGET = dict(entry="forward_at_start", forget=True)
+
+
+def _cases(item: pytest.Item) -> list[tuple[int, dict]]:
+    """The (world, ep_check keyword arguments) cases a test of this module asks ``ep_summary`` for."""
+    params = item.callspec.params if hasattr(item, "callspec") else {}
+    name = getattr(item, "originalname", item.name)
+    if name == "test_expert_parallel_equals_one_device_and_trainer":
+        return [(params["world"], dict(checkpoint=params["checkpoint"], **params["extra"]))]
+    if name == "test_padded_decode_steps_equal_one_device_and_trainer":
+        return [(params["world"], dict(checkpoint=params["checkpoint"], graphs=True, **params["extra"]))]
+    return {
+        "test_padded_steps_contract_fails_when_the_pad_mark_covers_a_real_row": [(2, PAD_ROWS)],
+        "test_a_capture_that_fails_on_one_rank_drops_every_ranks_graphs": [(2, CAPTURE_FAILURE)],
+        "test_every_rank_runs_the_kv_sizing_forward_at_start": [(2, FORWARD_AT_START), (2, FORWARD_AT_START_FORGET)],
+        "test_expert_parallel_contract_fails_with_a_combine_in_arrival_order": [(2, ARRIVAL)],
+    }.get(name, [])
+
+
+def _key(kwargs: dict) -> str:
+    return json.dumps(kwargs, sort_keys=True)
+
+
+@pytest.fixture(scope="module")
+def ep_summary(request, tmp_path_factory):
+    """``ep_summary(world, kwargs)``: rank 0's summary of ``ep_check`` run with ``kwargs`` over ``world`` gloo ranks.
+    The first call for a world spawns its ranks once for every case of that world among the selected tests of this
+    module (``ep_check.batch``); a case outside the batch spawns ranks of its own."""
+    here = Path(__file__).resolve()
+    done: dict[tuple[int, str], dict] = {}
+
+    def summary(world: int, kwargs: dict) -> dict:
+        if (world, _key(kwargs)) not in done:
+            cases = [c for item in request.session.items if Path(item.path).resolve() == here for w, c in _cases(item)
+                     if w == world and (w, _key(c)) not in done]  # fmt: skip
+            if (world, _key(kwargs)) not in {(world, _key(c)) for c in cases}:
+                cases = [kwargs]
+            unique = list({_key(c): c for c in cases}.values())
+            out = str(tmp_path_factory.mktemp("ep") / "ep.json")
+            got = ep_check.spawn(world, out, entry="batch", cases=unique)["summaries"]
+            done.update({(world, _key(c)): s for c, s in zip(unique, got, strict=True)})
+        return done[(world, _key(kwargs))]
+
+    return summary
 
 
 def _assert_ok(summary: dict) -> None:
@@ -42,11 +99,12 @@ def _assert_ok(summary: dict) -> None:
         pytest.param("qwen3_moe_top8", 4, {}, marks=pytest.mark.slow),
     ],
 )
-def test_expert_parallel_equals_one_device_and_trainer(cpu_only, tmp_path, checkpoint, world, extra):
+@SPAWNED
+def test_expert_parallel_equals_one_device_and_trainer(cpu_only, ep_summary, checkpoint, world, extra):
     """Every token and logprob of each rank's requests == one device's == the trainer's; with ``weights``, also
     after sleep(2), wake and an update_weights to other weights (each rank keeping its own experts); ``driven``: rank
     0 takes the whole workload, the weight lifecycle and two aborts, and spreads the requests over the ranks."""
-    _assert_ok(ep_check.spawn(world, str(tmp_path / "ep.json"), checkpoint=checkpoint, **extra))
+    _assert_ok(ep_summary(world, dict(checkpoint=checkpoint, **extra)))
 
 
 @pytest.mark.parametrize(
@@ -62,23 +120,25 @@ def test_expert_parallel_equals_one_device_and_trainer(cpu_only, tmp_path, check
         pytest.param("deepseek_v3", 4, dict(idle_rank=True, weights=True), marks=pytest.mark.slow),
     ],
 )
-def test_padded_decode_steps_equal_one_device_and_trainer(cpu_only, tmp_path, checkpoint, world, extra):
+@SPAWNED
+def test_padded_decode_steps_equal_one_device_and_trainer(cpu_only, ep_summary, checkpoint, world, extra):
     """Decode steps padded to the sizes 2 and 3 (``cuda_graph_batch_sizes``; CUDA graphs on a GPU, the same static
     buffers run eagerly here), every rank to the size of the largest rank's decode rows: every token and logprob ==
     one device's (eager) == the trainer's, with ranks of different decode batch sizes; ``idle_rank``: the last rank
     has no request and joins every padded step with pad rows only; ``weights``: also after sleep(2), wake and
     update_weights."""
-    summary = ep_check.spawn(world, str(tmp_path / "ep.json"), checkpoint=checkpoint, graphs=True, **extra)
+    summary = ep_summary(world, dict(checkpoint=checkpoint, graphs=True, **extra))
     _assert_ok(summary)
     assert [c["check"] for c in summary["checks"]][-1] == "padded steps", summary["checks"]
     if extra.get("idle_rank"):
         assert summary["padded"][-1]["idle_padded_steps"] > 0, summary["padded"]
 
 
-def test_padded_steps_contract_fails_when_the_pad_mark_covers_a_real_row(cpu_only, tmp_path):
+@SPAWNED
+def test_padded_steps_contract_fails_when_the_pad_mark_covers_a_real_row(cpu_only, ep_summary):
     """A padded step's pad mark one row early: the last real row of each rank's step goes to no expert, and the check
     sees it (the same workload as the passing case above)."""
-    summary = ep_check.spawn(2, str(tmp_path / "ep.json"), checkpoint="qwen3_moe", graphs=True, perturb="pad_rows")
+    summary = ep_summary(2, PAD_ROWS)
     one_device = summary["checks"][0]
     assert one_device["check"] == "ep == one device" and not one_device["ok"], summary["checks"]
 
@@ -93,10 +153,11 @@ def test_padded_steps_fail_when_a_rank_pads_to_its_own_size(cpu_only, tmp_path):
         ep_check.spawn(2, str(tmp_path / "ep.json"), checkpoint="qwen3_moe", graphs=True, perturb="own_size")
 
 
-def test_a_capture_that_fails_on_one_rank_drops_every_ranks_graphs(cpu_only, tmp_path):
+@SPAWNED
+def test_a_capture_that_fails_on_one_rank_drops_every_ranks_graphs(cpu_only, ep_summary):
     """A capture that succeeds everywhere keeps the graphs; one that fails on rank 1 only leaves no rank with graphs
     or graphs to capture lazily (whose warm-up collectives the failed rank would not join)."""
-    states = ep_check.spawn(2, str(tmp_path / "ep.json"), entry="capture_failure")["states"]
+    states = ep_summary(2, CAPTURE_FAILURE)["states"]
     for rank, (kept, dropped) in enumerate(states):
         assert kept == dict(graphs=1, uncaptured=1, error=None), (rank, kept)
         assert dropped["graphs"] == 0 and dropped["uncaptured"] == 0 and dropped["error"], (rank, dropped)
@@ -138,21 +199,23 @@ def test_cuda_graph_decode_over_nccl_equals_one_gpu_and_trainer(checkpoint, flag
     assert all(p["graphs"] > 0 and p["graph_error"] is None for p in summary["padded"]), summary["padded"]
 
 
-def test_every_rank_runs_the_kv_sizing_forward_at_start(cpu_only, tmp_path):
+@SPAWNED
+def test_every_rank_runs_the_kv_sizing_forward_at_start(cpu_only, ep_summary):
     """On CUDA without num_kv_blocks / kv_cache_bytes the engine runs the model once on max_num_batched_tokens tokens
     at start-up to size its KV cache; every rank does so together, and the sparse layers' exchange must already be
     agreed for it. Seen failing with the agreement dropped (as the replica had it before)."""
-    got = ep_check.spawn(2, str(tmp_path / "ep.json"), entry="forward_at_start")["ranks"]
+    got = ep_summary(2, FORWARD_AT_START)["ranks"]
     assert [(r["ok"], r["rows"]) for r in got] == [(True, ep_check.ENGINE["max_num_batched_tokens"])] * 2, got
-    got = ep_check.spawn(2, str(tmp_path / "ep.json"), entry="forward_at_start", forget=True)["ranks"]
+    got = ep_summary(2, FORWARD_AT_START_FORGET)["ranks"]
     assert not any(r["ok"] for r in got), got
     assert all("tokens in a sparse layer but the step's exchange holds 0 rows" in r["error"] for r in got), got
 
 
-def test_expert_parallel_contract_fails_with_a_combine_in_arrival_order(cpu_only, tmp_path):
+@SPAWNED
+def test_expert_parallel_contract_fails_with_a_combine_in_arrival_order(cpu_only, ep_summary):
     """Each token's expert rows added as an all-to-all delivers them (by rank, then expert) instead of in its own
     top-k order: the same workload and checkpoint as the passing top-8 case above, and the check sees it."""
-    summary = ep_check.spawn(2, str(tmp_path / "ep.json"), checkpoint="qwen3_moe_top8", perturb="arrival", long=True)
+    summary = ep_summary(2, ARRIVAL)
     one_device = summary["checks"][0]
     assert one_device["check"] == "ep == one device" and not one_device["ok"], summary["checks"]
 
