@@ -116,8 +116,9 @@ DECODE_SPLIT_MAX_SEQS = 16
 # read the same pages at about the same time. Both at decode steps of at least SPLIT_BELOW_PROGRAMS programs (the
 # split form's few programs are left in slot order: unmeasured there). On an H200 (attention-decode-h200.md, launch
 # orders; the same bits in every cell): the 16-row launch at 1024 programs of a GQA group of 4-8 (8B at 128
-# sequences, 30B-A3B at 256) 0.79-0.89 of the copy bandwidth in slot order, 0.96-1.00 heads first; at mixed lengths
-# [ctx/2, ctx] both orders together 0.90-1.03 against 0.81-0.96. In the engine (throughput-rl-h200.md, same run): the
+# sequences, 30B-A3B at 256), equal lengths of 1k and 4k keys, 0.73-0.79 of the copy bandwidth in slot order,
+# 0.89-1.00 heads first; at mixed lengths [ctx/2, ctx] from 1024 programs both orders together 0.83-1.03 against
+# 0.72-0.96. In the engine (throughput-rl-h200.md, same run): the
 # 1.7B rl workload 39.6 s against 41.5 s, the 8B one 36.7 s against 37.4 s.
 DECODE_LONGEST_FIRST = True
 DECODE_HEADS_FIRST = True
