@@ -31,7 +31,7 @@ _UNIT = r"(?:%|x|ms|us|s|GB/s|TB/s|TFLOP/s|kernels)"
 _ALLOWED = re.compile(
     r"@?nox\.session\b|\bnox\.Session\b|\bnox\s+sessions?\b|\bsessions?\s+\(nox\)|nox -s\b"
     r"|scope\s*=\s*[\"']session[\"']|\bsession\.(?:run|install|posargs|env|notify|log|error|skip|chdir|python|name)\b"
-    r"|\bnox\.options\.sessions\b|\(session\b",
+    r"|\bnox\.options\.sessions\b|\(session\b|\brequest\.session\.items\b",  # the last: pytest's collected tests
 )
 
 # Each: (name, what it flags, whether CHANGELOG.md may use it).
@@ -105,6 +105,7 @@ def test_patterns_catch_narration():
         "def contracts(session, target):",
         '    session.install("-r", "requirements/test.txt")',
         '@pytest.fixture(scope="session")',
+        "cases = [c for item in request.session.items if item.path == here]",
         "## nox sessions",
         "`nox -s tests` (CPU suite)",
         "async def release(self):  # verl's release of the KV cache",
