@@ -19,7 +19,7 @@ from pathlib import Path
 NAMES = {
     "invariant": "VeXact invariant", "vllm": "vLLM default", "vllm-bi": "vLLM batch-invariant",
     "invariant-slot": "VeXact invariant, decode attention in slot order",
-    # the name a3582c3's runs recorded for the decode attention's launch orders (the default from d38c6e9)
+    # the name a3582c3's runs recorded for the decode attention's launch orders (the default from fcfa16e)
     "invariant-lf-hf": "VeXact invariant, longest first + KV heads first",
 }  # fmt: skip
 
