@@ -117,24 +117,23 @@ def rms_norm_rotary_qk(
         and wq.dtype == wk.dtype
         and q.stride(-1) == k.stride(-1) == 1
     )
+    in_launch = False  # the cache write in the norm + rotary launch
     if not fused:
         qr, kr = apply_rotary_qk(*rms_norm_pair(q, wq, k, wk, eps), positions, cos, sin)
-        if kv_write is not None:
-            write_kv_cache(kr, *kv_write)
-        return qr, kr
-    from .triton_ops.rms_norm import qk_norm_rotary_fwd
-    from .triton_ops.rotary import _check_args
+    else:
+        from .triton_ops.rms_norm import qk_norm_rotary_fwd
+        from .triton_ops.rotary import _check_args
 
-    _check(q, wq)
-    _check(k, wk)
-    _check_args(q, positions, cos, sin)
-    _check_args(k, positions, cos, sin)
-    _check_positions(positions, cos)
-    if kv_write is not None and not (FUSE_KV_WRITE and _fusable_write(k, *kv_write)):
-        qr, kr = qk_norm_rotary_fwd(q, wq, k, wk, eps, positions, cos, sin)
+        _check(q, wq)
+        _check(k, wk)
+        _check_args(q, positions, cos, sin)
+        _check_args(k, positions, cos, sin)
+        _check_positions(positions, cos)
+        in_launch = kv_write is not None and FUSE_KV_WRITE and _fusable_write(k, *kv_write)
+        qr, kr = qk_norm_rotary_fwd(q, wq, k, wk, eps, positions, cos, sin, kv_write if in_launch else None)
+    if kv_write is not None and not in_launch:
         write_kv_cache(kr, *kv_write)
-        return qr, kr
-    return qk_norm_rotary_fwd(q, wq, k, wk, eps, positions, cos, sin, kv_write)
+    return qr, kr
 
 
 def _fusable_write(k, v, k_cache, v_cache, slot_mapping) -> bool:
