@@ -67,44 +67,6 @@ def test_interpreted_fused_matches_float64(split_tiles, monkeypatch):
     assert none is None and torch.equal(lp_only, lp)
 
 
-def _two_phase_outputs(ops, monkeypatch, hidden, head, targets, temps, seeds, rows):
-    """The fused forward's outputs, scoring and draw, at each row count of ``rows``: one pass, then two-phase."""
-    out = {}
-    for max_rows in (0, ops.LOGPROBS_BLOCK_T):
-        monkeypatch.setattr(ops, "LOGPROBS_SCRATCH_MAX_ROWS", max_rows)
-        for t in rows:
-            score = ops._fwd(hidden[:t], head, targets[:t], temps[:t], None)[:4]
-            draw = ops._fwd(hidden[:t], head, None, temps[:t], seeds[:t])
-            out[(max_rows, t)] = (*score, draw[0], draw[4])
-    return out
-
-
-@interp
-def test_interpreted_two_phase_form_gives_the_one_pass_bits(monkeypatch):
-    """``LOGPROBS_SCRATCH_MAX_ROWS``: the logits tiles computed ahead into a scratch and read back by the split kernel
-    give the one-pass logprobs, entropies, row maxima, log-sums and draws bit for bit (a V with a partial last tile
-    and several splits); a scratch the split kernel reads one column off is caught."""
-    ops = _ops()
-    monkeypatch.setattr(ops, "LOGPROBS_SPLIT_TILES", 2)
-    hidden, _, head, targets, temps = _problem(70, 48, 600, seed=3)
-    seeds = torch.randint(0, 2**62, (70,), generator=torch.Generator().manual_seed(4))
-    out = _two_phase_outputs(ops, monkeypatch, hidden, head, targets, temps, seeds, (1, 5, 64, 70))
-    for t in (1, 5, 64, 70):
-        for a, b in zip(out[(0, t)], out[(ops.LOGPROBS_BLOCK_T, t)], strict=True):
-            assert torch.equal(a, b), t
-    real = ops._logits_scratch_kernel
-
-    class Shifted:  # stores each tile one column to the right: the split kernel then reads other logits
-        def __getitem__(self, grid):
-            def launch(h, w, out, *args, **kw):
-                return real[grid](h, w, out[:, 1:], *args, **kw)
-
-            return launch
-
-    monkeypatch.setattr(ops, "_logits_scratch_kernel", Shifted())
-    assert not torch.equal(ops._fwd(hidden[:5], head, targets[:5], temps[:5], None)[0], out[(0, 5)][0])
-
-
 @interp
 def test_interpreted_fused_matches_unfused_log_softmax():
     ops = _ops()
@@ -349,23 +311,6 @@ def test_gpu_tma_tiles_give_the_bits_of_pointer_tiles(monkeypatch):
     for key, got in tma.items():
         for a, b in zip(got, pointers[key], strict=True):
             assert torch.equal(a, b), key
-
-
-@pytest.mark.gpu
-def test_gpu_two_phase_form_gives_the_one_pass_bits(monkeypatch):
-    """The two-phase form (``LOGPROBS_SCRATCH_MAX_ROWS``) at the real vocabulary: the one-pass kernel's logprobs,
-    entropies, row maxima, log-sums and draws bit for bit at 1-64 rows, on random and on peaked rows (the draw's tile
-    skip)."""
-    ops = _ops()
-    hidden, norm_w, head, targets, temps = _gpu_problem(64, seed=21)
-    hidden[::3] *= 16
-    normed = vk.rms_norm(hidden, norm_w, EPS)
-    seeds = torch.randint(0, 2**62, (64,), generator=torch.Generator().manual_seed(22)).cuda()
-    with vk.use_backend("invariant"):
-        out = _two_phase_outputs(ops, monkeypatch, normed, head, targets, temps.cuda(), seeds, (1, 2, 16, 17, 64))
-    for t in (1, 2, 16, 17, 64):
-        for a, b in zip(out[(0, t)], out[(ops.LOGPROBS_BLOCK_T, t)], strict=True):
-            assert torch.equal(a, b), t
 
 
 @pytest.mark.gpu

@@ -57,14 +57,6 @@ LOGPROBS_NUM_STAGES = 3
 LOGPROBS_DRAW_NUM_STAGES = 4
 # Rows per program of the split fold (elementwise per row: speed only).
 LOGPROBS_COMBINE_ROWS = 128
-# Two-phase form for at most this many rows (one row block; 0: off). The split kernel's programs are one per vocabulary
-# split (149 at V = 151,936) and each reads its split's lm_head rows alone: on 132 SMs some SMs run two of them, and
-# the launch ends with them. In the two-phase form one program per logits tile (1,187 at that V) computes the tile by
-# the same ``_logits_tile`` MMAs (same blocks, warps and K order) into an fp32 scratch of one row block, and the split
-# kernel reads its tiles from there instead of computing them: every other step is the same code on the same fp32
-# values, so the same bits (an interpreted test and a GPU test compare every output). Speed only; off until a GPU A/B
-# (``benchmarks/sample.py``'s "two-phase" columns, ``benchmarks/throughput.py --modes invariant,invariant-lm2``).
-LOGPROBS_SCRATCH_MAX_ROWS = 0
 # Tokens per backward step: bounds the [chunk, V] logits-gradient buffer and fixes the order of the d W sum.
 LOGPROBS_BWD_CHUNK = 4096
 # The logits-gradient kernel's tile (speed only): a logit is the same MMA sequence over H whatever rows and columns
@@ -129,31 +121,12 @@ def _logits_tile(
     return acc
 
 
-@triton.jit
-def _logits_scratch_kernel(
-    h, w, out, T, V, H, STRIDE,
-    BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, PREC: tl.constexpr, INTERPRET: tl.constexpr,
-    TMA: tl.constexpr,
-):  # fmt: skip
-    """The two-phase form's first half: logits tile ``program_id(1)`` of the first row block (``T <= BLOCK_T``), as
-    ``_logprobs_fwd_split_kernel`` computes it (before the temperature), stored in fp32 to ``out [BLOCK_T, STRIDE]``
-    (every row of the block, padding rows included; the columns ``< V``)."""
-    col0 = tl.program_id(1) * BLOCK_V
-    rows, rmask = _span(0, T, BLOCK_T)
-    cols, cmask = _span(col0, V, BLOCK_V)
-    acc = tl.zeros([BLOCK_T, BLOCK_V], dtype=tl.float32)
-    acc = _logits_tile(h, w, rows, rmask, cols, cmask, 0, col0, H, acc, BLOCK_K, PREC, INTERPRET, TMA)
-    offs = tl.arange(0, BLOCK_T).to(tl.int64)[:, None] * STRIDE + cols[None, :]
-    tl.store(out + offs, acc, mask=cmask[None, :])
-
-
-@triton.jit(do_not_specialize=["T", "NOISE_STRIDE", "SCRATCH_STRIDE"])
+@triton.jit(do_not_specialize=["T", "NOISE_STRIDE"])
 def _logprobs_fwd_split_kernel(
-    h, w, tgt_ptr, temp_ptr, m_ptr, s_ptr, e_ptr, zt_ptr, noise, best_ptr, idx_ptr, scratch, T, V, H, NOISE_STRIDE,
-    SCRATCH_STRIDE,
+    h, w, tgt_ptr, temp_ptr, m_ptr, s_ptr, e_ptr, zt_ptr, noise, best_ptr, idx_ptr, T, V, H, NOISE_STRIDE,
     BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_TILES: tl.constexpr,
     PREC: tl.constexpr, INTERPRET: tl.constexpr, SAMPLE: tl.constexpr, NOISE_MAX: tl.constexpr,
-    DRAW_ROWS: tl.constexpr, TMA: tl.constexpr, SKIP: tl.constexpr, SCRATCH: tl.constexpr = False,
+    DRAW_ROWS: tl.constexpr, TMA: tl.constexpr, SKIP: tl.constexpr,
 ):  # fmt: skip
     """``SAMPLE``: no targets; each row draws its token (Gumbel-max: the first index among equal scores ``z + noise``,
     the noise ``[T, V]`` drawn ahead by ``_gumbel_noise_kernel``) and ``zt`` is the drawn token's logit: the
@@ -167,8 +140,7 @@ def _logprobs_fwd_split_kernel(
     exactly (a max against -inf), so every value is the same bits as with ``DRAW_ROWS = BLOCK_T``: only the padding
     rows' draw is not computed. ``TMA``: ``h``, ``w`` (and ``noise``) are tensor descriptors (``_logits_tile``,
     ``tile_noise``), else pointers. ``SKIP`` (``SAMPLE``): the tile skip above; without it every tile is drawn (the
-    same tokens). ``SCRATCH`` (one row block): the logits tiles are read from ``scratch`` (``_logits_scratch_kernel``)
-    instead of computed here."""
+    same tokens)."""
     split = tl.program_id(1)
     row0 = tl.program_id(0) * BLOCK_T
     rows, rmask = _span(row0, T, BLOCK_T)
@@ -187,12 +159,8 @@ def _logprobs_fwd_split_kernel(
     for tile in range(0, SPLIT_TILES):
         col0 = (split * SPLIT_TILES + tile) * BLOCK_V
         cols, cmask = _span(col0, V, BLOCK_V)
-        if SCRATCH:
-            offs = tl.arange(0, BLOCK_T).to(tl.int64)[:, None] * SCRATCH_STRIDE + cols[None, :]
-            acc = tl.load(scratch + offs, mask=cmask[None, :], other=0.0)
-        else:
-            acc = tl.zeros([BLOCK_T, BLOCK_V], dtype=tl.float32)
-            acc = _logits_tile(h, w, rows, rmask, cols, cmask, row0, col0, H, acc, BLOCK_K, PREC, INTERPRET, TMA)
+        acc = tl.zeros([BLOCK_T, BLOCK_V], dtype=tl.float32)
+        acc = _logits_tile(h, w, rows, rmask, cols, cmask, row0, col0, H, acc, BLOCK_K, PREC, INTERPRET, TMA)
         z = tl.where(cmask[None, :], tl.div_rn(acc, temp[:, None]), float("-inf"))
         zmax = tl.max(z, axis=1)
         m_new = tl.maximum(m, zmax)
@@ -414,23 +382,11 @@ def _fwd(normed, weight, targets, temps, seeds):
             from triton.tools.tensor_descriptor import TensorDescriptor
 
             noise = TensorDescriptor.from_tensor(noise[:, :v], [draw_rows, LOGPROBS_VOCAB_BLOCK])
-    prec = mm.input_precision(normed.dtype)
-    scratch, scratch_stride = pm, 0
-    if t <= min(LOGPROBS_SCRATCH_MAX_ROWS, LOGPROBS_BLOCK_T):  # the two-phase form (LOGPROBS_SCRATCH_MAX_ROWS)
-        scratch_stride = cdiv(v, 4) * 4
-        scratch = torch.empty(LOGPROBS_BLOCK_T, scratch_stride, **f32)
-        _logits_scratch_kernel[(1, cdiv(v, LOGPROBS_VOCAB_BLOCK))](
-            h_arg, w_arg, scratch, t, v, h, scratch_stride,
-            BLOCK_T=LOGPROBS_BLOCK_T, BLOCK_V=LOGPROBS_VOCAB_BLOCK, BLOCK_K=LOGPROBS_BLOCK_K, PREC=prec,
-            INTERPRET=interpreting(), TMA=tma, num_warps=LOGPROBS_NUM_WARPS, num_stages=LOGPROBS_NUM_STAGES,
-        )  # fmt: skip
     _logprobs_fwd_split_kernel[(cdiv(t, LOGPROBS_BLOCK_T), n_splits)](
-        h_arg, w_arg, targets if not sample else seeds, temps, pm, ps, pe, pz, noise, pb, pi, scratch, t, v, h, stride,
-        scratch_stride,
+        h_arg, w_arg, targets if not sample else seeds, temps, pm, ps, pe, pz, noise, pb, pi, t, v, h, stride,
         BLOCK_T=LOGPROBS_BLOCK_T, BLOCK_V=LOGPROBS_VOCAB_BLOCK, BLOCK_K=LOGPROBS_BLOCK_K,
-        SPLIT_TILES=LOGPROBS_SPLIT_TILES, PREC=prec, INTERPRET=interpreting(),
+        SPLIT_TILES=LOGPROBS_SPLIT_TILES, PREC=mm.input_precision(normed.dtype), INTERPRET=interpreting(),
         SAMPLE=sample, NOISE_MAX=GUMBEL_NOISE_MAX, DRAW_ROWS=draw_rows, TMA=tma, SKIP=_skip_ok(normed.device),
-        **({"SCRATCH": True} if scratch_stride else {}),
         num_warps=LOGPROBS_NUM_WARPS, num_stages=LOGPROBS_DRAW_NUM_STAGES if sample else LOGPROBS_NUM_STAGES,
     )  # fmt: skip
     _logprobs_fwd_combine_kernel[(cdiv(t, LOGPROBS_COMBINE_ROWS),)](
