@@ -13,17 +13,17 @@ engine's captured decode step; each callable starts from the pre-norm hidden sta
 
 - draw: ``vk.rms_norm`` then the fused draw (``triton_sample_logprobs``: the noise kernel, then token and its
   logprob in one pass over the lm_head); at T <= 16 its draw covers 1 or 16 rows of the 64-row block
-  (``SAMPLE_DRAW_ROWS``);
-- draw, pointer tiles: the same with ``LOGPROBS_TMA = False``, the logits tiles (and noise tiles) read through
-  pointers instead of TMA descriptors (checked: the same tokens and logprob bits);
+  (``SAMPLE_DRAW_ROWS``); its logits tiles read through TMA descriptors from ``LOGPROBS_TMA_MIN_ROWS`` rows, through
+  pointers below;
+- draw, pointer tiles / TMA tiles: the same with ``LOGPROBS_TMA = False`` (the logits tiles and noise tiles read
+  through pointers at every T), and below ``LOGPROBS_TMA_MIN_ROWS`` with ``LOGPROBS_TMA_MIN_ROWS = 1`` (through TMA
+  descriptors; "-" where the draw reads them so already) (checked: the same tokens and logprob bits);
 - draw, 64-row noise: the same with ``SAMPLE_DRAW_ROWS = ()``, the draw over all 64 rows of the block, padding
   included (checked: the same tokens and logprob bits);
 - draw, no skip: the draw with ``GUMBEL_NOISE_MAX = inf``, every tile's noise read (checked: the same tokens and
   bits);
-- draw, two-phase / scoring, two-phase: at T <= 64, ``LOGPROBS_SCRATCH_MAX_ROWS = 64``: one program per logits tile
-  into an fp32 scratch, then the split kernel reads its tiles from there (checked: the same tokens and bits);
 - scoring: ``vk.rms_norm`` then the fused scoring form (``triton_logprobs``) of the drawn tokens; and with pointer
-  tiles;
+  tiles and TMA tiles as above;
 - torch, the draw a user would pick: ``vk.rms_norm``, cuBLAS lm_head (``F.linear``), ``torch.softmax`` in fp32,
   ``torch.multinomial``; eager (triton.testing.do_bench), since ``torch.multinomial`` checks its input on the host
   (two syncs) and cannot be captured.
@@ -116,8 +116,8 @@ def bench(lines: list[str], rows: tuple[int, ...], peak_scale: float, hidden_siz
         "",
         "### Device time (CUDA-graph replay)",
         "",
-        "| logits | T | draw | draw, pointer tiles | draw, 64-row noise | draw, no skip | draw, two-phase | scoring "
-        "| scoring, pointer tiles | scoring, two-phase | torch, eager (F.linear, softmax, multinomial) | skipped "
+        "| logits | T | draw | draw, pointer tiles | draw, TMA tiles | draw, 64-row noise | draw, no skip | scoring "
+        "| scoring, pointer tiles | scoring, TMA tiles | torch, eager (F.linear, softmax, multinomial) | skipped "
         "| at most |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -138,9 +138,9 @@ def bench(lines: list[str], rows: tuple[int, ...], peak_scale: float, hidden_siz
             rule, shared = skip_shares(hidden, nw, head, temps, seeds)
             lines.append(
                 f"| {name} | {t} | {cell(us['draw'])} | {checked(us, 'draw, pointer tiles')} "
-                f"| {checked(us, 'draw, 64-row noise')} | {checked(us, 'draw, no skip')} "
-                f"| {checked(us, 'draw, two-phase')} | {cell(us['scoring'])} | {checked(us, 'scoring, pointer tiles')} "
-                f"| {checked(us, 'scoring, two-phase')} | {cell(us['torch'])} | {100 * rule:.1f}% "
+                f"| {checked(us, 'draw, TMA tiles')} | {checked(us, 'draw, 64-row noise')} "
+                f"| {checked(us, 'draw, no skip')} | {cell(us['scoring'])} | {checked(us, 'scoring, pointer tiles')} "
+                f"| {checked(us, 'scoring, TMA tiles')} | {cell(us['torch'])} | {100 * rule:.1f}% "
                 f"| {100 * shared:.1f}% |"
             )
             eager.append(f"| {name} | {t} | {cell(us['api draw'])} | {cell(us['api scoring'])} |")
@@ -186,9 +186,9 @@ def measure(hidden, norm_w, head, temps, seeds) -> dict:
     variant("draw, 64-row noise", draw, (tokens, lp), SAMPLE_DRAW_ROWS=())
     variant("draw, no skip", draw, (tokens, lp), GUMBEL_NOISE_MAX=float("inf"))  # every tile's noise
     variant("scoring, pointer tiles", lambda: score()[:1], (lp_score,), LOGPROBS_TMA=False)
-    if hidden.shape[0] <= ops.LOGPROBS_BLOCK_T:
-        variant("draw, two-phase", draw, (tokens, lp), LOGPROBS_SCRATCH_MAX_ROWS=ops.LOGPROBS_BLOCK_T)
-        variant("scoring, two-phase", lambda: score()[:1], (lp_score,), LOGPROBS_SCRATCH_MAX_ROWS=ops.LOGPROBS_BLOCK_T)
+    if hidden.shape[0] < ops.LOGPROBS_TMA_MIN_ROWS:
+        variant("draw, TMA tiles", draw, (tokens, lp), LOGPROBS_TMA_MIN_ROWS=1)
+        variant("scoring, TMA tiles", lambda: score()[:1], (lp_score,), LOGPROBS_TMA_MIN_ROWS=1)
     us["scoring"], us["torch"] = _graph_us(score), _eager_us(torch_draw)
     host_temps = temps.cpu()  # as the engine passes them
     us["api draw"] = _eager_us(lambda: vk.sample_from_hidden(hidden, norm_w, EPS, head, host_temps, seeds))

@@ -30,10 +30,11 @@ top-k/top-p, a seed per request) and CUDA graphs on:
   and up); ``invariant-slot`` / ``invariant-lf`` / ``invariant-hf``: the Triton decode attention launched in slot
   order / longest context first alone / with the grid's KV heads first alone, where the default does both
   (``DECODE_LONGEST_FIRST`` / ``DECODE_HEADS_FIRST`` of ``vexact_kernels.triton_ops.attention`` set for that engine:
-  launch order only, the same bits); ``invariant-lm2``: the fused lm_head, logprobs and draw in their two-phase form
-  at up to 64 rows (``LOGPROBS_SCRATCH_MAX_ROWS = 64`` of ``vexact_kernels.triton_ops.logprobs``: the same bits);
-  ``invariant-kvw``: a Qwen3 attention's KV cache write in its q/k norm + rotary launch (``FUSE_KV_WRITE`` of
-  ``vexact_kernels.rotary``: the same stores);
+  launch order only, the same bits); ``invariant-kvsep``: a Qwen3 attention's KV cache write in a launch of its own,
+  where the default stores it in the q/k norm + rotary launch (``FUSE_KV_WRITE = False`` of ``vexact_kernels.rotary``:
+  the same stores); ``invariant-tma1``: the fused lm_head + logprobs / draw reading its logits tiles through TMA at one
+  row too, where the default reads one row through pointers (``LOGPROBS_TMA_MIN_ROWS = 1`` of
+  ``vexact_kernels.triton_ops.logprobs``: the same bits);
 - decode step time at batch 1 of each engine against the bound ``weight bytes a step reads / copy bandwidth``
   (``peers.decode_weight_bytes``: an MoE step reads k of E routed experts; bandwidth of a device-to-device copy
   measured in the same run, bytes read + written); goal for VeXact <= 1.3x.
@@ -592,7 +593,7 @@ def hf_throughput(model, prompts, args) -> dict:
 ENGINE_MODES = (
     "invariant", "invariant-fa4", "invariant-draw", "invariant-async", "invariant-sync", "invariant-joint",
     "invariant-untuned", "invariant-2s", "invariant-fine", "invariant-fine-tuned", "invariant-slot", "invariant-lf",
-    "invariant-hf", "invariant-lm2", "invariant-kvw", "fast",
+    "invariant-hf", "invariant-kvsep", "invariant-tma1", "fast",
 )  # fmt: skip
 # the kernel-setting modes: constants of vexact_kernels' modules (speed only) each sets for its engine
 KERNEL_MODES = {
@@ -602,8 +603,8 @@ KERNEL_MODES = {
                      "triton_ops.attention.DECODE_HEADS_FIRST": False},
     "invariant-hf": {"triton_ops.attention.DECODE_LONGEST_FIRST": False,
                      "triton_ops.attention.DECODE_HEADS_FIRST": True},
-    "invariant-lm2": {"triton_ops.logprobs.LOGPROBS_SCRATCH_MAX_ROWS": 64},
-    "invariant-kvw": {"rotary.FUSE_KV_WRITE": True},
+    "invariant-kvsep": {"rotary.FUSE_KV_WRITE": False},
+    "invariant-tma1": {"triton_ops.logprobs.LOGPROBS_TMA_MIN_ROWS": 1},
 }  # fmt: skip
 PEER_MODES = ("vllm", "vllm-bi")  # vLLM default, vLLM with VLLM_BATCH_INVARIANT=1
 MODE_NAMES = {
@@ -619,8 +620,8 @@ MODE_NAMES = {
     "invariant-slot": "VeXact invariant, decode attention in slot order",
     "invariant-lf": "VeXact invariant, decode attention longest context first only",
     "invariant-hf": "VeXact invariant, decode attention KV heads first only",
-    "invariant-lm2": "VeXact invariant, two-phase lm_head + draw at up to 64 rows",
-    "invariant-kvw": "VeXact invariant, KV cache write in the q/k norm + rotary launch",
+    "invariant-kvsep": "VeXact invariant, KV cache write in a launch of its own",
+    "invariant-tma1": "VeXact invariant, lm_head tiles through TMA at one row",
     "fast": "VeXact fast (mismatch baseline)", "vllm": "vLLM default",
     "vllm-bi": "vLLM VLLM_BATCH_INVARIANT=1", "hf": "HF generate",
 }  # fmt: skip

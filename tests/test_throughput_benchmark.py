@@ -469,18 +469,19 @@ def test_the_kernel_modes_set_their_constants_for_their_engine_only():
     from vexact_kernels.triton_ops import logprobs as lo
 
     def now():
-        return ta.DECODE_LONGEST_FIRST, ta.DECODE_HEADS_FIRST, lo.LOGPROBS_SCRATCH_MAX_ROWS, rotary.FUSE_KV_WRITE
+        return ta.DECODE_LONGEST_FIRST, ta.DECODE_HEADS_FIRST, rotary.FUSE_KV_WRITE, lo.LOGPROBS_TMA_MIN_ROWS
 
     before = now()
     seen = {}
-    for mode in ("invariant", "invariant-slot", "invariant-lf", "invariant-hf", "invariant-lm2", "invariant-kvw"):
+    modes = ("invariant", "invariant-slot", "invariant-lf", "invariant-hf", "invariant-kvsep", "invariant-tma1")
+    for mode in modes:
         assert throughput.engine_settings(mode) == ("invariant", {}) and mode in throughput.MODE_NAMES
         with throughput.kernel_settings(mode):
             seen[mode] = now()
         assert now() == before
     assert seen == {"invariant": before, "invariant-slot": (False, False, *before[2:]),
                     "invariant-lf": (True, False, *before[2:]), "invariant-hf": (False, True, *before[2:]),
-                    "invariant-lm2": (*before[:2], 64, before[3]), "invariant-kvw": (*before[:3], True)}  # fmt: skip
+                    "invariant-kvsep": (*before[:2], False, before[3]), "invariant-tma1": (*before[:3], 1)}  # fmt: skip
     with pytest.raises(RuntimeError), throughput.kernel_settings("invariant-slot"):
         raise RuntimeError("an engine that fails restores them too")
     assert now() == before

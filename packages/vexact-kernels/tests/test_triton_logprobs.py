@@ -304,6 +304,7 @@ def test_gpu_tma_tiles_give_the_bits_of_pointer_tiles(monkeypatch):
         return out
 
     assert ops.LOGPROBS_TMA and torch.cuda.get_device_capability()[0] >= 9, "the TMA path is what runs here"
+    monkeypatch.setattr(ops, "LOGPROBS_TMA_MIN_ROWS", 1)  # T = 1 through TMA too
     with vk.use_backend("invariant"):
         tma = run()
         monkeypatch.setattr(ops, "LOGPROBS_TMA", False)

@@ -75,6 +75,11 @@ SAMPLE_DRAW_ROWS = (1, 16)
 # with 16-byte aligned rows; else through pointers. Speed only: the same tiles meet the same MMAs (the GPU tests
 # compare both); False reads through pointers everywhere.
 LOGPROBS_TMA = True
+# Fewer rows than this read through pointers even where TMA could (speed only, as above). A single row fills 1 of the
+# 64 rows of its TMA block: at T = 1 on an H200 (benchmarks/results/sample-h200.md, lm_head 151,936 x 4096) the draw
+# took 531 us through TMA against 442 through pointers, the scoring form 508 against 465; at T = 16 TMA was the
+# faster (488 against 562 us).
+LOGPROBS_TMA_MIN_ROWS = 2
 # log_softmax row kernel.
 LSM_BLOCK = 1024
 LSM_NUM_WARPS = 4
@@ -327,9 +332,11 @@ def n_vocab_splits(vocab: int) -> int:
 
 def _tma_operands(normed, weight, block_t: int = LOGPROBS_BLOCK_T, block_v: int = LOGPROBS_VOCAB_BLOCK):
     """``(h, w, tma)``: the logits tiles' operands as TMA tensor descriptors of ``[block_t | block_v, BLOCK_K]``
-    blocks where ``LOGPROBS_TMA`` and the GPU and (row-major) operands allow it, else the tensors themselves."""
+    blocks where ``LOGPROBS_TMA`` and the GPU and (row-major) operands allow it and there are at least
+    ``LOGPROBS_TMA_MIN_ROWS`` rows, else the tensors themselves."""
     ok = (
         LOGPROBS_TMA
+        and normed.shape[0] >= LOGPROBS_TMA_MIN_ROWS
         and normed.dtype in (torch.bfloat16, torch.float16)
         and mm._tma_ok(normed, weight)
         and mm._tma_layout(normed) == mm._tma_layout(weight) == "rows"
