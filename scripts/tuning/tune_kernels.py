@@ -1,6 +1,6 @@
 """GPU sweep behind the matmul and logprobs launch constants (run on a GPU machine; prints tables).
 
-    python scripts/tuning/tune_kernels.py [--parts agree,small,large,logprobs,wgrad]
+    python scripts/tuning/tune_kernels.py [--parts agree,small,large,logprobs,wgrad] [--decode-ms 128,256]
 
 (An earlier ``flat`` part compared a loop per split against one loop with the split boundary as a branch; the branch
 won and is the only form kept: benchmarks/results/tune-matmul-h100.txt.)
@@ -10,8 +10,9 @@ agree:    every matmul variant (pointer tiles, one program per K split + combine
 small:    M <= 64 tile / split choices vs cuBLAS (CUDA-graph timing, like benchmarks/kernels.py).
 large:    M >= 1024 tile choices vs cuBLAS.
 mid:      M = 256 .. 4096 over the grouped projections (q/k/v, gate/up as one matmul), every tile form.
-decode:   M = 128 and 256 over the grouped projections with cold weights, the TMA tiles at every pipeline depth (what
-          ``matmul_tuning.TUNE_FORMS`` holds).
+decode:   M = 128 and 256 (``--decode-ms``: other row counts, e.g. the sizes between, where vLLM captures a decode
+          graph every 8 rows) over the grouped projections with cold weights, the TMA tiles at every pipeline depth
+          (what ``matmul_tuning.TUNE_FORMS`` holds).
 decode-small: M = 1-96 the same way, the pointer kernel's split programs and the TMA split forms at deeper pipelines.
 draw:     the fused draw (lm_head + logprobs + Gumbel-max) at T = 64-512, its split kernel's stages and warps varied,
           each setting's tokens and logprobs against the default's.
@@ -221,8 +222,8 @@ DECODE_TILES = (
 )  # fmt: skip
 
 
-def decode() -> None:
-    """M = 128 and 256 (decode steps, whole or as two-stream halves) over the grouped projections, weights streamed
+def decode(ms: tuple[int, ...] = (128, 256)) -> None:
+    """M = ``ms`` (decode steps, whole or as two-stream halves) over the grouped projections, weights streamed
     from HBM (copies rotated past 160 MiB), each form against cuBLAS: the persistent TMA tiles at every pipeline depth
     of DECODE_TILES, two TMA split forms, the default pick; the best seven per row, ``!`` where a form's output is not
     the default's (``torch.equal``). ``matmul_tuning.TUNE_FORMS`` holds what won here."""
@@ -230,7 +231,7 @@ def decode() -> None:
     cands["t128x128wss6"] = dict(config=(128, 128, 8, 6, True))
     for bn in (64, 128):
         cands[f"ts64x{bn}s8"] = dict(config=(64, bn, 4, 8, False), split_programs=True)
-    _decode_sweep("decode M", (128, 256), cands)
+    _decode_sweep("decode M", ms, cands)
 
 
 # ``decode-small``: forms for decode steps below 128 rows (the tail of an RL rollout, where requests finish and the
@@ -409,11 +410,19 @@ def _wgrad_shape(moe, name: str, e: int, k: int, h: int, inter: int, tokens: int
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--parts", default="agree,small,large,logprobs")
+    ap.add_argument("--decode-ms", default="128,256", help="the decode part's row counts, comma-separated")
     args = ap.parse_args()
+    try:
+        decode_ms = tuple(int(m) for m in args.decode_ms.split(","))
+    except ValueError:
+        ap.error(f"--decode-ms must be comma-separated integers, got {args.decode_ms!r}")
+    if any(m < 1 for m in decode_ms):
+        ap.error(f"--decode-ms must be positive, got {args.decode_ms!r}")
     print(torch.cuda.get_device_name(), torch.__version__, triton.__version__)
     for part in args.parts.split(","):
         parts = {"agree": agree, "small": small, "large": large, "mid": mid, "logprobs": logprobs, "cold": cold,
-                 "wgrad": wgrad, "decode": decode, "decode-small": decode_small, "draw": draw}  # fmt: skip
+                 "wgrad": wgrad, "decode": lambda: decode(decode_ms), "decode-small": decode_small,
+                 "draw": draw}  # fmt: skip
         parts[part]()
 
 
