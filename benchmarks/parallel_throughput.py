@@ -282,6 +282,9 @@ def main(argv=None) -> int:
             if rank == 0:
                 print(f"{mode} at limit {limit}: {json.dumps(results[limit][mode])}", flush=True)
     gpu = torch.cuda.get_device_name() if cuda else "CPU"
+    # every rank done with its engines before any rank tears its group down: once, on the CPU suite, a rank that left
+    # first aborted at exit ("terminate called without an active exception") while the other was still in the group
+    dist.barrier()
     dist.destroy_process_group()
     if rank != 0:
         return 0
