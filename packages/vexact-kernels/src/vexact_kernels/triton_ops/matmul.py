@@ -313,13 +313,15 @@ def _matmul_tma_stream_kernel(
 ):  # fmt: skip
     """The split programs' work, dealt out evenly: ``num_progs`` programs share the ``tiles x splits`` units (one
     output tile's one K split each), program ``p`` the contiguous units ``[p U / P, (p + 1) U / P)`` in (tile, split)
-    order, walked as one loop over their K tiles (``K`` a whole number of splits). A tile whose splits all fall to one
-    program is reduced there as ``_matmul_tma_kernel`` reduces it (its split partials added in order to a zero
-    total); a tile shared by two or more programs gets each split's partial written to ``part_ptr[split, M, N]``, and
-    the program that completes its count adds them as ``_split_out`` does. Either way every element is
-    ``0 + p_0 + p_1 + ...`` in split order: the bits of every other form. At decode sizes (M = 128-256) the output
-    has about one tile per SM or fewer, so whole tiles leave SMs idle (8B o_proj at 160 rows: 96 tiles of 64x128
-    on 132 SMs); the units fill all of them, with at most two shared tiles a program."""
+    order (``K`` a whole number of splits). A tile whose splits all fall to one program is reduced there as
+    ``_matmul_tma_kernel`` reduces it, in one loop over its K tiles (its split partials added in order to a zero
+    total); a tile shared by two or more programs gets each of its splits here in a loop of its own, whose partial
+    goes to ``part_ptr[split, M, N]``, and the program that completes the tile's count adds them as ``_split_out``
+    does. Either way every element is ``0 + p_0 + p_1 + ...`` in split order: the bits of every other form. At decode
+    sizes (M = 128-256) the output has about one tile per SM or fewer, so whole tiles leave SMs idle (8B o_proj at
+    160 rows: 96 tiles of 64x128 on 132 SMs); the units fill all of them, with at most two shared tiles a program.
+    Each K loop is a loop of its own (pipelined by Triton); one loop over all of a program's K tiles with the split
+    ends inside it ran at a fifth of the whole-tile kernel's speed on an H200."""
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
@@ -329,44 +331,43 @@ def _matmul_tma_stream_kernel(
     u_lo = pid * units // num_progs
     u_hi = (pid + 1) * units // num_progs
     mn = tl.cast(M, tl.int64) * N
-    total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for i in range(u_lo * SPLIT_TILES, u_hi * SPLIT_TILES):
-        tile = i // k_tiles
-        kt = i % k_tiles
+    for tile in range(u_lo // num_splits, (u_hi + num_splits - 1) // num_splits):
         pid_m, pid_n = _grouped_tile(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-        a = a_desc.load([pid_m * BLOCK_M, kt * BLOCK_K])  # out-of-bounds reads are zero, like the masks
-        b = b_desc.load([pid_n * BLOCK_N, kt * BLOCK_K])
-        acc = tl.dot(a, b.T, acc, input_precision=INPUT_PRECISION)
-        if kt % SPLIT_TILES == SPLIT_TILES - 1:  # the end of a split: its partial is whole
-            split = kt // SPLIT_TILES
-            first = tile * num_splits
-            seg_lo = tl.maximum(u_lo, first)
-            seg_hi = tl.minimum(u_hi, first + num_splits)
-            offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-            offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-            if (seg_lo == first) and (seg_hi == first + num_splits):
-                total += acc
-                if split == num_splits - 1:
-                    _epilogue(total, c_ptr, bias_ptr, offs_m, offs_n, M, N, stride_cm, stride_cn, HAS_BIAS, ACCUMULATE)
-                    total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            else:
-                mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-                parts = part_ptr + offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
-                tl.store(parts + split * mn, acc, mask=mask)
-                if first + split == seg_hi - 1:  # this program's last split of the tile: count them in
-                    # as ``_split_out``: every thread's stores before the count's release, the acquire before the loads
-                    tl.debug_barrier()
-                    done = tl.atomic_add(count_ptr + tile, seg_hi - seg_lo, sem="acq_rel", scope="gpu")
-                    if done + (seg_hi - seg_lo) == num_splits:
-                        whole = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-                        for s in range(num_splits):
-                            whole += tl.load(parts + s * mn, mask=mask, other=0.0, cache_modifier=".cg")
-                        _epilogue(
-                            whole, c_ptr, bias_ptr, offs_m, offs_n, M, N, stride_cm, stride_cn, HAS_BIAS, ACCUMULATE
-                        )
-                        tl.store(count_ptr + tile, 0)  # no program of this launch counts this tile again
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        first = tile * num_splits
+        s_lo = tl.maximum(u_lo, first) - first
+        s_hi = tl.minimum(u_hi, first + num_splits) - first
+        if (s_lo == 0) and (s_hi == num_splits):  # the whole tile here
+            total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for kt in range(k_tiles):  # out-of-bounds reads are zero, like the masks
+                a = a_desc.load([pid_m * BLOCK_M, kt * BLOCK_K])
+                b = b_desc.load([pid_n * BLOCK_N, kt * BLOCK_K])
+                acc = tl.dot(a, b.T, acc, input_precision=INPUT_PRECISION)
+                if kt % SPLIT_TILES == SPLIT_TILES - 1:
+                    total += acc
+                    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            _epilogue(total, c_ptr, bias_ptr, offs_m, offs_n, M, N, stride_cm, stride_cn, HAS_BIAS, ACCUMULATE)
+        else:  # splits s_lo .. s_hi - 1 of a shared tile: each one's partial, then count them in
+            mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+            parts = part_ptr + offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
+            for split in range(s_lo, s_hi):
+                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                for kt in range(split * SPLIT_TILES, split * SPLIT_TILES + SPLIT_TILES):
+                    a = a_desc.load([pid_m * BLOCK_M, kt * BLOCK_K])
+                    b = b_desc.load([pid_n * BLOCK_N, kt * BLOCK_K])
+                    acc = tl.dot(a, b.T, acc, input_precision=INPUT_PRECISION)
+                tl.store(parts + split * mn, acc, mask=mask)
+            # as ``_split_out``: every thread's stores before the count's release, the acquire before the loads
+            tl.debug_barrier()
+            done = tl.atomic_add(count_ptr + tile, s_hi - s_lo, sem="acq_rel", scope="gpu")
+            if done + (s_hi - s_lo) == num_splits:
+                whole = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                for s in range(num_splits):
+                    whole += tl.load(parts + s * mn, mask=mask, other=0.0, cache_modifier=".cg")
+                _epilogue(whole, c_ptr, bias_ptr, offs_m, offs_n, M, N, stride_cm, stride_cn, HAS_BIAS, ACCUMULATE)
+                tl.store(count_ptr + tile, 0)  # no program of this launch counts this tile again
 
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages, warp_specialize) of the persistent TMA variant, used for M >= TMA_MIN_M.
