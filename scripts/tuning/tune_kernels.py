@@ -282,7 +282,9 @@ def _decode_sweep(title: str, ms: tuple[int, ...], cands: dict) -> None:
             default = next(r for r, c, _ in row if c == "default")
             row.sort(reverse=True)
             best = " ".join(f"{c}={r:.2f}{'' if same else '!'}" for r, c, same in row[:7])
-            print(f"{name:14s} M={m:3d} cuBLAS {t_ref * 1e3:6.1f} us | {best} | default={default:.2f}", flush=True)
+            stream = next((f" | best st: {c}={r:.2f}{'' if same else '!'}" for r, c, same in row if c[:2] == "st"), "")
+            head = f"{name:14s} M={m:3d} cuBLAS {t_ref * 1e3:6.1f} us"
+            print(f"{head} | {best} | default={default:.2f}{stream}", flush=True)
 
 
 def draw() -> None:

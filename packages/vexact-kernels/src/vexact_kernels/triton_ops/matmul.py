@@ -332,7 +332,12 @@ def _matmul_tma_stream_kernel(
     u_hi = (pid + 1) * units // num_progs
     mn = tl.cast(M, tl.int64) * N
     for tile in range(u_lo // num_splits, (u_hi + num_splits - 1) // num_splits):
-        pid_m, pid_n = _grouped_tile(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        # tiles row by row (M tile the slower index): the programs run at once, one per SM, and program p, p + P/3
+        # and p + 2P/3 (M = 3 tiles) reach the same weight columns at about the same time, so each weight tile
+        # comes from HBM once and from L2 for the other rows; the grouped order put a column's M tiles in one
+        # program one after another, and the weight was read again for each
+        pid_m = tile // num_pid_n
+        pid_n = tile % num_pid_n
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         first = tile * num_splits
