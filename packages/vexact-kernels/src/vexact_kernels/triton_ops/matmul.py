@@ -321,7 +321,9 @@ def _matmul_tma_stream_kernel(
     sizes (M = 128-256) the output has about one tile per SM or fewer, so whole tiles leave SMs idle (8B o_proj at
     160 rows: 96 tiles of 64x128 on 132 SMs); the units fill all of them, with at most two shared tiles a program.
     Each K loop is a loop of its own (pipelined by Triton); one loop over all of a program's K tiles with the split
-    ends inside it ran at a fifth of the whole-tile kernel's speed on an H200."""
+    ends inside it ran at a fifth of the whole-tile kernel's speed on an H200. Speed now: 0.23-0.67 of cuBLAS over the
+    8B projections at 160-256 rows on an H200, below the best whole-tile form there (0.67-1.19), so the tuner times it
+    only where asked (``matmul_tuning.TUNE_STREAM_FORMS``)."""
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
