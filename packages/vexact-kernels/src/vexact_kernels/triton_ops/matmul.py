@@ -132,6 +132,21 @@ def _grouped_tile(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP
 
 
 @triton.jit
+def _combine_tile(
+    parts, mn, mask, num_splits, c_ptr, bias_ptr, count_ptr, tile, offs_m, offs_n, M, N, stride_cm, stride_cn,
+    HAS_BIAS: tl.constexpr, ACCUMULATE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """The fused combine of one tile, by the program that completed its count: ``_combine_kernel``'s adds, element by
+    element (0 + p_0 + p_1 + ... in split order, the partials at ``parts + split * mn``), the epilogue, and the
+    tile's count back to 0 (no program of this launch counts this tile again)."""
+    total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for s in range(num_splits):
+        total += tl.load(parts + s * mn, mask=mask, other=0.0, cache_modifier=".cg")
+    _epilogue(total, c_ptr, bias_ptr, offs_m, offs_n, M, N, stride_cm, stride_cn, HAS_BIAS, ACCUMULATE)
+    tl.store(count_ptr + tile, 0)
+
+
+@triton.jit
 def _split_out(
     total, c_ptr, bias_ptr, part_ptr, count_ptr, tile, split, num_splits, offs_m, offs_n, M, N, stride_cm, stride_cn,
     HAS_BIAS: tl.constexpr, ACCUMULATE: tl.constexpr, COMBINE: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -150,12 +165,10 @@ def _split_out(
         tl.debug_barrier()
         done = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel", scope="gpu")
         if done == num_splits - 1:
-            # ``_combine_kernel``'s adds, element by element: 0 + p_0 + p_1 + ... in split order
-            total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for s in range(num_splits):
-                total += tl.load(parts + s * mn, mask=mask, other=0.0, cache_modifier=".cg")
-            _epilogue(total, c_ptr, bias_ptr, offs_m, offs_n, M, N, stride_cm, stride_cn, HAS_BIAS, ACCUMULATE)
-            tl.store(count_ptr + tile, 0)  # no program of this launch counts this tile again
+            _combine_tile(
+                parts, mn, mask, num_splits, c_ptr, bias_ptr, count_ptr, tile, offs_m, offs_n, M, N,
+                stride_cm, stride_cn, HAS_BIAS, ACCUMULATE, BLOCK_M, BLOCK_N,
+            )  # fmt: skip
 
 
 @triton.jit
@@ -308,7 +321,7 @@ def _matmul_tma_stream_kernel(
     a_desc, b_desc, c_ptr, bias_ptr, part_ptr, count_ptr,
     M, N, K, stride_cm, stride_cn, num_progs,
     HAS_BIAS: tl.constexpr, ACCUMULATE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_TILES: tl.constexpr, INPUT_PRECISION: tl.constexpr,
 ):  # fmt: skip
     """The split programs' work, dealt out evenly: ``num_progs`` programs share the ``tiles x splits`` units (one
@@ -369,11 +382,10 @@ def _matmul_tma_stream_kernel(
             tl.debug_barrier()
             done = tl.atomic_add(count_ptr + tile, s_hi - s_lo, sem="acq_rel", scope="gpu")
             if done + (s_hi - s_lo) == num_splits:
-                whole = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-                for s in range(num_splits):
-                    whole += tl.load(parts + s * mn, mask=mask, other=0.0, cache_modifier=".cg")
-                _epilogue(whole, c_ptr, bias_ptr, offs_m, offs_n, M, N, stride_cm, stride_cn, HAS_BIAS, ACCUMULATE)
-                tl.store(count_ptr + tile, 0)  # no program of this launch counts this tile again
+                _combine_tile(
+                    parts, mn, mask, num_splits, c_ptr, bias_ptr, count_ptr, tile, offs_m, offs_n, M, N,
+                    stride_cm, stride_cn, HAS_BIAS, ACCUMULATE, BLOCK_M, BLOCK_N,
+                )  # fmt: skip
 
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages, warp_specialize) of the persistent TMA variant, used for M >= TMA_MIN_M.
@@ -534,7 +546,7 @@ def _launch_tma_stream(a, b_t, c, bias, cfg, num_splits: int, accumulate: bool) 
         c, bias if bias is not None else c, part, counts,
         m, n, k, c.stride(0), c.stride(1), progs,
         HAS_BIAS=bias is not None, ACCUMULATE=accumulate,
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=BLOCK_K, GROUP_M=GROUP_M, SPLIT_TILES=SPLIT_TILES,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=BLOCK_K, SPLIT_TILES=SPLIT_TILES,
         INPUT_PRECISION=input_precision(a.dtype), num_warps=warps, num_stages=stages,
     )  # fmt: skip
 
