@@ -8,14 +8,14 @@ What runs is all of verl's path: Hydra config, Ray TaskRunner, the TransferQueue
 GRPO advantages, the actor update, verl's weight sync into the rollout, verl's rollout-correction metrics and its
 checkpoints.
 
-Four jobs, each a verl job of its own (Ray, the TaskRunner, the workers: about a minute of start-up on 2 cores), so
+Three jobs, each a verl job of its own (Ray, the TaskRunner, the workers: about a minute of start-up on 2 cores), so
 the tests share them (module fixtures; ``xdist_group`` keeps them in one pytest-xdist worker):
 
 - A: 4 steps uninterrupted, a checkpoint every 2, the per-op attribution every 2 (the actor engine config's
   ``vexact.tim_attribute_every=2``);
-- B: the same job stopped after step 2 (``total_training_steps=2``; the LR is constant, so the schedule does not
-  depend on the total);
-- C: B's directory resumed with verl's ``trainer.resume_mode=auto`` (from B's step-2 checkpoint) up to step 4;
+- C: a fresh directory holding only A's step-2 checkpoint, resumed with verl's ``trainer.resume_mode=auto`` up to
+  step 4 (a job stopped after step 2 writes the same checkpoint: the LR is constant and the seeds depend on the step,
+  not on the run);
 - the fast rollout backend against the same actor, 2 steps.
 
 Exact: A must log K3 KL, KL and verl's largest |p_rollout - p_actor| as exactly 0.0 at every step, with a nonzero
@@ -23,13 +23,15 @@ gradient (each later step's rollout runs on weights verl synced after a real upd
 steps 2 and 4 only, which leaves the steps exact. The fast backend's job must not: that is the check seen failing, on
 the same metrics.
 
-Rerun: B's steps 1-2 equal A's in every logged number except wall-clock timings, throughput and memory, and B's
-step-2 checkpoint (model, optimizer, LR scheduler and RNG states, dataloader position) equals A's, tensor by tensor
-(``torch.equal``). Resume: C's steps 3-4 equal A's the same way, and so does C's final checkpoint. What this covers:
-the dataloader position (verl's ``data.pt``), sampling seeds from (step, dataset index, session_id) through
-``vexact_single_turn_agent``, the batch in dataloader order (``OrderedReplayBuffer``), optimizer and RNG states,
-the engine's weights after the resume (verl syncs them from the restored actor before step 3: step 3's rollout
-logprobs equal the actor's, ``rollout_corr/k3_kl == 0``) and a cold prefix cache (C's engine starts empty).
+Resume, which is a rerun in another process: C's steps 3-4 equal A's in every logged number except wall-clock
+timings, throughput and memory, and C's step-4 checkpoint (model, optimizer, LR scheduler and RNG states, dataloader
+position) equals A's, tensor by tensor (``torch.equal``). What this covers: the dataloader position (verl's
+``data.pt``), sampling seeds from (step, dataset index, session_id) through ``vexact_single_turn_agent``, the batch in
+dataloader order (``OrderedReplayBuffer``), optimizer and RNG states, the engine's weights after the resume (verl
+syncs them from the restored actor before step 3: step 3's rollout logprobs equal the actor's,
+``rollout_corr/k3_kl == 0``) and a cold prefix cache (C's engine starts empty). A rerun from step 1 is the same
+check at steps 1-2 (``scripts/checks/resume_gpu.sh`` runs it on GPUs, and ``tests/test_getting_started.py`` without
+verl).
 
 The dataloader runs as run_grpo.sh sets it (``data.dataloader_num_workers=0``; the jobs set no worker count of their
 own): with worker processes, each job saves a base seed drawn from its own randomly seeded torch RNG in ``data.pt``,
@@ -39,6 +41,7 @@ and the checkpoint comparisons fail on it.
 from __future__ import annotations
 
 import importlib.util
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -107,13 +110,6 @@ def job_a(inputs, subprocess_env) -> tuple[Path, dict[int, dict]]:
     return run_dir, run_job(inputs, run_dir, "a.jsonl", STEPS, subprocess_env, "trainer.save_freq=2", *ATTRIBUTION)
 
 
-@pytest.fixture(scope="module")
-def job_b(inputs, subprocess_env) -> tuple[Path, dict[int, dict]]:
-    """B: A stopped after step 2, its directory and metrics."""
-    run_dir = inputs / "b"
-    return run_dir, run_job(inputs, run_dir, "b.jsonl", 2, subprocess_env, "trainer.save_freq=2", *ATTRIBUTION)
-
-
 def compare_runs():
     """examples/verl_grpo/compare_runs.py, the comparison the GPU runs use."""
     spec = importlib.util.spec_from_file_location("compare_runs", ROOT / "examples/verl_grpo/compare_runs.py")
@@ -163,17 +159,16 @@ def test_verl_grpo_on_cpu_fast_is_not_exact(inputs, subprocess_env):
     assert all(m["training/rollout_probs_diff_max"] > 0.0 for m in fast.values())
 
 
-def test_verl_grpo_rerun_is_bitwise(job_a, job_b):
-    (a_dir, a), (b_dir, b) = job_a, job_b
-    assert_same_metrics(b, a, [1, 2], "rerun (B vs A)")
-    # data.pt included: with the dataloader settings of run_grpo.sh, not the test's own
-    assert_same_checkpoint(b_dir / CKPT.format(2), a_dir / CKPT.format(2), "rerun, step 2")
-
-
-def test_verl_grpo_resume_is_bitwise(job_a, job_b, inputs, subprocess_env):
-    (a_dir, a), (b_dir, _) = job_a, job_b
-    c = run_job(inputs, b_dir, "c.jsonl", STEPS, subprocess_env, "trainer.save_freq=2", *ATTRIBUTION,
+def test_verl_grpo_resume_is_bitwise(job_a, inputs, subprocess_env):
+    a_dir, a = job_a
+    c_dir = inputs / "c"
+    # A's step-2 checkpoint alone, as a job stopped after step 2 leaves it: resume_mode=auto reads verl's tracker file
+    shutil.copytree(a_dir / CKPT.format(2), c_dir / CKPT.format(2))
+    (c_dir / CKPT.format(2)).parent.joinpath("latest_checkpointed_iteration.txt").write_text("2")
+    c = run_job(inputs, c_dir, "c.jsonl", STEPS, subprocess_env, "trainer.save_freq=2", *ATTRIBUTION,
                 "trainer.resume_mode=auto")  # fmt: skip
+    assert sorted(c) == [3, 4], sorted(c)  # resumed, not started over
     assert c[3]["rollout_corr/k3_kl"] == 0.0 and c[3]["training/rollout_probs_diff_max"] == 0.0
     assert_same_metrics(c, a, [3, 4], "resumed from step 2 (C vs A)")
-    assert_same_checkpoint(b_dir / CKPT.format(4), a_dir / CKPT.format(4), "resumed, step 4")
+    # data.pt included: with the dataloader settings of run_grpo.sh, not the test's own
+    assert_same_checkpoint(c_dir / CKPT.format(4), a_dir / CKPT.format(4), "resumed, step 4")
