@@ -39,6 +39,9 @@ def test_named_pairs_expand_to_the_shapes_users_run():
     assert (eight.shape, eight.layers, eight.ngpus, eight.vocab_size) == ("qwen3-8b", 36, 2, QWEN3_VOCAB)
     moe = shapes.expand("moe-1k", {"LAYERS": "6"})
     assert (moe.shape, moe.layers, moe.moe, moe.sequences) == ("qwen3-30b-a3b", 6, True, 512)
+    moe_long = shapes.expand("moe-4k", {})
+    assert (moe_long.layers, moe_long.moe, moe_long.max_response_length, moe_long.context) == (4, True, 4096, 5120)
+    assert (moe_long.gpu_memory_utilization, moe_long.stem) == (0.25, "moe-4k")
     budget = shapes.expand("dense-4k", {"PPO_MAX_TOKENS": "20000"})
     assert (budget.ppo_max_token_len_per_gpu, budget.log_prob_max_token_len_per_gpu) == (20000, 40000)
     # smoke: today's small pair, its widths from SHAPE

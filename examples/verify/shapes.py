@@ -9,7 +9,7 @@
   512 sequences a step, responses of 1024 / 4096 tokens (``ignore_eos``).
 - ``dense8b-1k``: Qwen3-8B's shape (36 layers), 512 x 1024 tokens, FSDP over 2 GPUs (fp32 master weights, gradients
   and Adam states of 8B parameters are 128 GB: more than one GPU holds).
-- ``moe-1k``: Qwen3-30B-A3B's widths at a depth of ``LAYERS`` (default 4), 512 x 1024 tokens.
+- ``moe-1k`` / ``moe-4k``: Qwen3-30B-A3B's widths at a depth of ``LAYERS`` (default 4), 512 x 1024 / 4096 tokens.
 - ``gptoss-1k``: gpt-oss-20b's widths (sliding and full layers alternating, sinks, 32 biased experts top-4, bf16) at a
   depth of ``LAYERS`` (default 4), 512 x 1024 tokens, the byte vocabulary (272: ``make_model.py --vocab real`` is
   Qwen3's layout only).
@@ -117,6 +117,8 @@ PAIRS = {
     "dense8b-1k": Pair("dense8b-1k", "qwen3-8b", 36, **_TUNED, max_response_length=1024, steps=4,
                        gpu_memory_utilization=0.35, ngpus=2),
     "moe-1k": Pair("moe-1k", "qwen3-30b-a3b", 4, **_TUNED, max_response_length=1024, steps=4,
+                   gpu_memory_utilization=0.25, moe=True),
+    "moe-4k": Pair("moe-4k", "qwen3-30b-a3b", 4, **_TUNED, max_response_length=4096, steps=4,
                    gpu_memory_utilization=0.25, moe=True),
     "gptoss-1k": Pair("gptoss-1k", "gpt-oss-20b", 4, **{**_TUNED, "vocab": "byte"}, max_response_length=1024,
                       steps=4, gpu_memory_utilization=0.25, moe=True),
