@@ -34,10 +34,7 @@ top-k/top-p, a seed per request) and CUDA graphs on:
   where the default stores it in the q/k norm + rotary launch (``FUSE_KV_WRITE = False`` of ``vexact_kernels.rotary``:
   the same stores); ``invariant-tma1``: the fused lm_head + logprobs / draw reading its logits tiles through TMA at one
   row too, where the default reads one row through pointers (``LOGPROBS_TMA_MIN_ROWS = 1`` of
-  ``vexact_kernels.triton_ops.logprobs``: the same bits); ``invariant-stream``: the linear's stream forms
-  (``STREAM_FORMS``: a launch's tile x K-split units dealt out evenly over one program per SM) timed with the others at
-  start-up (``TUNE_STREAM_FORMS = True`` of ``vexact_kernels.triton_ops.matmul_tuning``: the same bits);
-  ``invariant-fine-stream``: that with ``invariant-fine-tuned``'s graph sizes;
+  ``vexact_kernels.triton_ops.logprobs``: the same bits);
 - decode step time at batch 1 of each engine against the bound ``weight bytes a step reads / copy bandwidth``
   (``peers.decode_weight_bytes``: an MoE step reads k of E routed experts; bandwidth of a device-to-device copy
   measured in the same run, bytes read + written); goal for VeXact <= 1.3x.
@@ -222,9 +219,9 @@ def engine_settings(mode: str) -> tuple[str, dict]:
         return "invariant", {"tune_linears": False}
     if mode == "invariant-2s":
         return "invariant", {"decode_streams": 2}
-    if mode in ("invariant-fine", "invariant-fine-tuned", "invariant-fine-stream"):
+    if mode in ("invariant-fine", "invariant-fine-tuned"):
         extra = {"cuda_graph_batch_sizes": FINE_GRAPH_SIZES}
-        return "invariant", extra | ({"tune_linears_min_rows": 1} if mode != "invariant-fine" else {})
+        return "invariant", extra | ({"tune_linears_min_rows": 1} if mode == "invariant-fine-tuned" else {})
     if mode in KERNEL_MODES:
         return "invariant", {}
     return mode, {}
@@ -596,7 +593,7 @@ def hf_throughput(model, prompts, args) -> dict:
 ENGINE_MODES = (
     "invariant", "invariant-fa4", "invariant-draw", "invariant-async", "invariant-sync", "invariant-joint",
     "invariant-untuned", "invariant-2s", "invariant-fine", "invariant-fine-tuned", "invariant-slot", "invariant-lf",
-    "invariant-hf", "invariant-kvsep", "invariant-tma1", "invariant-stream", "invariant-fine-stream", "fast",
+    "invariant-hf", "invariant-kvsep", "invariant-tma1", "fast",
 )  # fmt: skip
 # the kernel-setting modes: constants of vexact_kernels' modules (speed only) each sets for its engine
 KERNEL_MODES = {
@@ -608,8 +605,6 @@ KERNEL_MODES = {
                      "triton_ops.attention.DECODE_HEADS_FIRST": True},
     "invariant-kvsep": {"rotary.FUSE_KV_WRITE": False},
     "invariant-tma1": {"triton_ops.logprobs.LOGPROBS_TMA_MIN_ROWS": 1},
-    "invariant-stream": {"triton_ops.matmul_tuning.TUNE_STREAM_FORMS": True},
-    "invariant-fine-stream": {"triton_ops.matmul_tuning.TUNE_STREAM_FORMS": True},
 }  # fmt: skip
 PEER_MODES = ("vllm", "vllm-bi")  # vLLM default, vLLM with VLLM_BATCH_INVARIANT=1
 MODE_NAMES = {
@@ -627,8 +622,6 @@ MODE_NAMES = {
     "invariant-hf": "VeXact invariant, decode attention KV heads first only",
     "invariant-kvsep": "VeXact invariant, KV cache write in a launch of its own",
     "invariant-tma1": "VeXact invariant, lm_head tiles through TMA at one row",
-    "invariant-stream": "VeXact invariant, the linear's stream forms timed too",
-    "invariant-fine-stream": "VeXact invariant, decode graphs every 8-32 rows, forms and stream forms timed at each",
     "fast": "VeXact fast (mismatch baseline)", "vllm": "vLLM default",
     "vllm-bi": "vLLM VLLM_BATCH_INVARIANT=1", "hf": "HF generate",
 }  # fmt: skip

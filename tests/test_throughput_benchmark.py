@@ -467,30 +467,21 @@ def test_the_kernel_modes_set_their_constants_for_their_engine_only():
     from vexact_kernels import rotary
     from vexact_kernels.triton_ops import attention as ta
     from vexact_kernels.triton_ops import logprobs as lo
-    from vexact_kernels.triton_ops import matmul_tuning as mt
 
     def now():
-        return (ta.DECODE_LONGEST_FIRST, ta.DECODE_HEADS_FIRST, rotary.FUSE_KV_WRITE, lo.LOGPROBS_TMA_MIN_ROWS,
-                mt.TUNE_STREAM_FORMS)  # fmt: skip
+        return ta.DECODE_LONGEST_FIRST, ta.DECODE_HEADS_FIRST, rotary.FUSE_KV_WRITE, lo.LOGPROBS_TMA_MIN_ROWS
 
     before = now()
-    assert before[4] is False  # the stream forms are timed only where a mode asks
     seen = {}
-    modes = ("invariant", "invariant-slot", "invariant-lf", "invariant-hf", "invariant-kvsep", "invariant-tma1",
-             "invariant-stream")  # fmt: skip
+    modes = ("invariant", "invariant-slot", "invariant-lf", "invariant-hf", "invariant-kvsep", "invariant-tma1")
     for mode in modes:
         assert throughput.engine_settings(mode) == ("invariant", {}) and mode in throughput.MODE_NAMES
         with throughput.kernel_settings(mode):
             seen[mode] = now()
         assert now() == before
-    with throughput.kernel_settings("invariant-fine-stream"):
-        assert now() == (*before[:4], True)
-    fine = throughput.engine_settings("invariant-fine-tuned")
-    assert throughput.engine_settings("invariant-fine-stream") == fine
     assert seen == {"invariant": before, "invariant-slot": (False, False, *before[2:]),
                     "invariant-lf": (True, False, *before[2:]), "invariant-hf": (False, True, *before[2:]),
-                    "invariant-kvsep": (*before[:2], False, *before[3:]), "invariant-tma1": (*before[:3], 1, before[4]),
-                    "invariant-stream": (*before[:4], True)}  # fmt: skip
+                    "invariant-kvsep": (*before[:2], False, before[3]), "invariant-tma1": (*before[:3], 1)}  # fmt: skip
     with pytest.raises(RuntimeError), throughput.kernel_settings("invariant-slot"):
         raise RuntimeError("an engine that fails restores them too")
     assert now() == before

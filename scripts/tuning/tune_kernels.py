@@ -225,16 +225,12 @@ DECODE_TILES = (
 def decode(ms: tuple[int, ...] = (128, 256)) -> None:
     """M = ``ms`` (decode steps, whole or as two-stream halves) over the grouped projections, weights streamed
     from HBM (copies rotated past 160 MiB), each form against cuBLAS: the persistent TMA tiles at every pipeline depth
-    of DECODE_TILES, two TMA split forms, the stream forms (``st``: the tile x split units dealt out over one program
-    per SM), the default pick; the best seven per row, ``!`` where a form's output is not
+    of DECODE_TILES, two TMA split forms, the default pick; the best seven per row, ``!`` where a form's output is not
     the default's (``torch.equal``). ``matmul_tuning.TUNE_FORMS`` holds what won here."""
     cands = {f"t{bm}x{bn}w{w}s{st}": dict(config=(bm, bn, w, st, False)) for bm, bn, w, st in DECODE_TILES}
     cands["t128x128wss6"] = dict(config=(128, 128, 8, 6, True))
     for bn in (64, 128):
         cands[f"ts64x{bn}s8"] = dict(config=(64, bn, 4, 8, False), split_programs=True)
-    for bm, bn, w, st in ((64, 64, 4, 8), (64, 128, 4, 6), (64, 128, 4, 8), (128, 64, 4, 8), (128, 128, 8, 5),
-                          (128, 128, 8, 6), (64, 256, 4, 5)):  # fmt: skip
-        cands[f"st{bm}x{bn}w{w}s{st}"] = dict(config=(bm, bn, w, st, False), stream_splits=True)
     _decode_sweep("decode M", ms, cands)
 
 
@@ -282,9 +278,7 @@ def _decode_sweep(title: str, ms: tuple[int, ...], cands: dict) -> None:
             default = next(r for r, c, _ in row if c == "default")
             row.sort(reverse=True)
             best = " ".join(f"{c}={r:.2f}{'' if same else '!'}" for r, c, same in row[:7])
-            stream = next((f" | best st: {c}={r:.2f}{'' if same else '!'}" for r, c, same in row if c[:2] == "st"), "")
-            head = f"{name:14s} M={m:3d} cuBLAS {t_ref * 1e3:6.1f} us"
-            print(f"{head} | {best} | default={default:.2f}{stream}", flush=True)
+            print(f"{name:14s} M={m:3d} cuBLAS {t_ref * 1e3:6.1f} us | {best} | default={default:.2f}", flush=True)
 
 
 def draw() -> None:

@@ -112,57 +112,6 @@ def test_interpreted_fused_combine_falls_back_to_two_launches(monkeypatch):
         mm.matmul(a, w, split_programs=True, fused_combine=True)
 
 
-@interp
-def test_interpreted_stream_form_gives_the_split_programs_bits(monkeypatch):
-    """The (tile, split) units dealt out over 1, 7 and 18 programs: tiles whole in one program, tiles shared by two or
-    three (their partials counted in and added by whoever completes the count), with bias, bf16 and fp32 outputs and
-    ``accumulate_into``: each time the bits of a program per unit (the TMA split form), the counts back at zero."""
-    mm = _mm()
-    g = torch.Generator().manual_seed(13)
-    cfg = (16, 16, 4, 2, False)
-    # 2 x 3 tiles of 16 x 16, 3 splits of 1024: 18 units over 1 program (all whole), 7 (whole and shared tiles) and 18
-    # (a unit a program: every tile shared by three)
-    # fp32 operands: the interpreter's dot mishandles 16-bit ones (the GPU test below runs bf16)
-    a = torch.randn(20, 3072, generator=g)
-    w = torch.randn(40, 3072, generator=g)
-    b = torch.randn(40, generator=g)
-    for progs in (1, 7, 18):
-        monkeypatch.setattr(mm, "STREAM_PROGRAMS", progs)
-        for bias in (None, b):
-            for out_dtype in (torch.bfloat16, torch.float32):
-                ref = torch.empty(20, 40, dtype=out_dtype)
-                mm._launch_tma_split(a, w, ref, bias, cfg, 3, False, False)
-                out = torch.empty(20, 40, dtype=out_dtype)
-                mm._launch_tma_stream(a, w, out, bias, cfg, 3, False)
-                assert torch.equal(_bits(out), _bits(ref)), (progs, bias is None, out_dtype)
-        acc = torch.randn(40, 20, generator=g).t()  # [20, 40], column-major
-        ref, out = acc.clone(), acc.clone()
-        mm._launch_tma_split(a, w, ref, b, cfg, 3, True, False)
-        mm._launch_tma_stream(a, w, out, b, cfg, 3, True)
-        assert torch.equal(_bits(out), _bits(ref)), (progs, "accumulate_into")
-    assert not mm._counter_buffers[torch.device("cpu")].any()
-    full = a.double() @ w.double().T + b.double()
-    assert torch.allclose(out.double() - acc.double(), full, atol=1e-4 * 3072**0.5, rtol=1e-4)
-    # no counter slot: the split form runs instead, with the same bits
-    monkeypatch.setattr(mm, "COMBINE_SLOT_TILES", 5)
-    out = torch.empty(20, 40, dtype=torch.float32)
-    mm._launch_tma_stream(a, w, out, b, cfg, 3, False)
-    ref = torch.empty(20, 40, dtype=torch.float32)
-    mm._launch_tma_split(a, w, ref, b, cfg, 3, False, False)
-    assert torch.equal(_bits(out), _bits(ref))
-
-
-def test_stream_form_names_what_it_needs():
-    mm = _mm()
-    a, w = torch.zeros(4, 2048, dtype=torch.bfloat16), torch.zeros(8, 2048, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="a 5-value TMA config, got None"):
-        mm.matmul(a, w, stream_splits=True)
-    with pytest.raises(ValueError, match="16-bit operands, got torch.float32"):
-        mm.matmul(a.float(), w.float(), config=(64, 64, 4, 4, False), stream_splits=True)
-    with pytest.raises(ValueError, match="row-major operands a TMA descriptor can read"):
-        mm.matmul(a, w, config=(64, 64, 4, 4, False), stream_splits=True)  # CPU tensors: no TMA
-
-
 def test_dtype_mismatch_is_an_error():
     mm = _mm()
     with pytest.raises(TypeError, match="cast the weight"):
@@ -403,47 +352,6 @@ def test_gpu_fused_combine_bits_graphs_and_streams():
     for i in range(2):
         assert all(torch.equal(_bits(o), _bits(refs[i])) for o in outs[i]), f"stream {i}"
     assert not mm._counter_buffers[dev].any()
-
-
-@pytest.mark.gpu
-def test_gpu_stream_form_gives_every_forms_bits():
-    """The stream form at the decode sizes it is for (M = 129-256 over the Qwen3-8B / 1.7B projections) and beyond:
-    the default pick's bits and the split form's, bias and ``accumulate_into`` included, eager and replayed from a
-    CUDA graph with new inputs; the counts back at zero. K not a whole number of splits is refused by name."""
-    mm = _mm()
-    g = torch.Generator(device="cuda").manual_seed(21)
-    dev = torch.device("cuda", torch.cuda.current_device())
-    for m, k, n in [(160, 4096, 4096), (144, 4096, 6144), (200, 12288, 4096), (256, 2048, 6144), (129, 6144, 2048),
-                    (1, 4096, 4096), (37, 3072, 1000), (600, 4096, 4096)]:  # fmt: skip
-        w = torch.randn(n, k, device="cuda", generator=g).bfloat16()
-        b = torch.randn(n, device="cuda", generator=g).bfloat16()
-        a = torch.randn(m, k, device="cuda", generator=g).bfloat16()
-        ref = mm.matmul(a, w)
-        for cfg in ((64, 128, 4, 8, False), (64, 64, 4, 8, False), (128, 128, 8, 4, False), (64, 256, 4, 5, False)):
-            assert torch.equal(_bits(mm.matmul(a, w, config=cfg, stream_splits=True)), _bits(ref)), (m, k, n, cfg)
-        cfg = (64, 128, 4, 8, False)
-        for out_dtype in (torch.bfloat16, torch.float32):
-            two = mm.matmul(a, w, b, out_dtype, split_programs=True, fused_combine=False, config=cfg)
-            assert torch.equal(_bits(mm.matmul(a, w, b, out_dtype, config=cfg, stream_splits=True)), _bits(two))
-        acc = torch.randn(m, n, device="cuda", generator=g)
-        two = mm.matmul(a, w, b, accumulate_into=acc.clone(), split_programs=True, fused_combine=False, config=cfg)
-        got = mm.matmul(a, w, b, accumulate_into=acc.clone(), config=cfg, stream_splits=True)
-        assert torch.equal(_bits(got), _bits(two)), (m, k, n, "accumulate_into")
-    assert not mm._counter_buffers[dev].any()
-    w = torch.randn(4096, 4096, device="cuda", generator=g).bfloat16()
-    x = torch.randn(160, 4096, device="cuda", generator=g).bfloat16()
-    cfg = (64, 128, 4, 8, False)
-    mm.matmul(x, w, config=cfg, stream_splits=True)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        y = mm.matmul(x, w, config=cfg, stream_splits=True)
-    for _ in range(10):
-        x.copy_(torch.randn(160, 4096, device="cuda", generator=g).bfloat16())
-        graph.replay()
-        assert torch.equal(_bits(y), _bits(mm.matmul(x, w)))
-    assert not mm._counter_buffers[dev].any()
-    with pytest.raises(ValueError, match="K a multiple of 1024 of at least two splits, got K = 3000"):
-        mm.matmul(x[:, :3000].contiguous(), w[:, :3000].contiguous(), config=cfg, stream_splits=True)
 
 
 @pytest.mark.parametrize(

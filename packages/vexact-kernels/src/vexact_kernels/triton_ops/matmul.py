@@ -132,21 +132,6 @@ def _grouped_tile(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP
 
 
 @triton.jit
-def _combine_tile(
-    parts, mn, mask, num_splits, c_ptr, bias_ptr, count_ptr, tile, offs_m, offs_n, M, N, stride_cm, stride_cn,
-    HAS_BIAS: tl.constexpr, ACCUMULATE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-):  # fmt: skip
-    """The fused combine of one tile, by the program that completed its count: ``_combine_kernel``'s adds, element by
-    element (0 + p_0 + p_1 + ... in split order, the partials at ``parts + split * mn``), the epilogue, and the
-    tile's count back to 0 (no program of this launch counts this tile again)."""
-    total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for s in range(num_splits):
-        total += tl.load(parts + s * mn, mask=mask, other=0.0, cache_modifier=".cg")
-    _epilogue(total, c_ptr, bias_ptr, offs_m, offs_n, M, N, stride_cm, stride_cn, HAS_BIAS, ACCUMULATE)
-    tl.store(count_ptr + tile, 0)
-
-
-@triton.jit
 def _split_out(
     total, c_ptr, bias_ptr, part_ptr, count_ptr, tile, split, num_splits, offs_m, offs_n, M, N, stride_cm, stride_cn,
     HAS_BIAS: tl.constexpr, ACCUMULATE: tl.constexpr, COMBINE: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -165,10 +150,12 @@ def _split_out(
         tl.debug_barrier()
         done = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel", scope="gpu")
         if done == num_splits - 1:
-            _combine_tile(
-                parts, mn, mask, num_splits, c_ptr, bias_ptr, count_ptr, tile, offs_m, offs_n, M, N,
-                stride_cm, stride_cn, HAS_BIAS, ACCUMULATE, BLOCK_M, BLOCK_N,
-            )  # fmt: skip
+            # ``_combine_kernel``'s adds, element by element: 0 + p_0 + p_1 + ... in split order
+            total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for s in range(num_splits):
+                total += tl.load(parts + s * mn, mask=mask, other=0.0, cache_modifier=".cg")
+            _epilogue(total, c_ptr, bias_ptr, offs_m, offs_n, M, N, stride_cm, stride_cn, HAS_BIAS, ACCUMULATE)
+            tl.store(count_ptr + tile, 0)  # no program of this launch counts this tile again
 
 
 @triton.jit
@@ -316,78 +303,6 @@ def _matmul_tma_split_kernel(
     )  # fmt: skip
 
 
-@triton.jit
-def _matmul_tma_stream_kernel(
-    a_desc, b_desc, c_ptr, bias_ptr, part_ptr, count_ptr,
-    M, N, K, stride_cm, stride_cn, num_progs,
-    HAS_BIAS: tl.constexpr, ACCUMULATE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    SPLIT_TILES: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-):  # fmt: skip
-    """The split programs' work, dealt out evenly: ``num_progs`` programs share the ``tiles x splits`` units (one
-    output tile's one K split each), program ``p`` the contiguous units ``[p U / P, (p + 1) U / P)`` in (tile, split)
-    order (``K`` a whole number of splits). A tile whose splits all fall to one program is reduced there as
-    ``_matmul_tma_kernel`` reduces it, in one loop over its K tiles (its split partials added in order to a zero
-    total); a tile shared by two or more programs gets each of its splits here in a loop of its own, whose partial
-    goes to ``part_ptr[split, M, N]``, and the program that completes the tile's count adds them as ``_split_out``
-    does. Either way every element is ``0 + p_0 + p_1 + ...`` in split order: the bits of every other form. At decode
-    sizes (M = 128-256) the output has about one tile per SM or fewer, so whole tiles leave SMs idle (8B o_proj at
-    160 rows: 96 tiles of 64x128 on 132 SMs); the units fill all of them, with at most two shared tiles a program.
-    Each K loop is a loop of its own (pipelined by Triton); one loop over all of a program's K tiles with the split
-    ends inside it ran at a fifth of the whole-tile kernel's speed on an H200. Speed now: 0.23-0.67 of cuBLAS over the
-    8B projections at 160-256 rows on an H200, below the best whole-tile form there (0.67-1.19), so the tuner times it
-    only where asked (``matmul_tuning.TUNE_STREAM_FORMS``)."""
-    pid = tl.program_id(0)
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    k_tiles = tl.cdiv(K, BLOCK_K)
-    num_splits = k_tiles // SPLIT_TILES
-    units = num_pid_m * num_pid_n * num_splits
-    u_lo = pid * units // num_progs
-    u_hi = (pid + 1) * units // num_progs
-    mn = tl.cast(M, tl.int64) * N
-    for tile in range(u_lo // num_splits, (u_hi + num_splits - 1) // num_splits):
-        # tiles row by row (M tile the slower index): the programs run at once, one per SM, and program p, p + P/3
-        # and p + 2P/3 (M = 3 tiles) reach the same weight columns at about the same time (speed only; on an H200
-        # this order gained little over the grouped one, 0.53 -> 0.57 of cuBLAS for 8B o_proj at 160 rows)
-        pid_m = tile // num_pid_n
-        pid_n = tile % num_pid_n
-        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        first = tile * num_splits
-        s_lo = tl.maximum(u_lo, first) - first
-        s_hi = tl.minimum(u_hi, first + num_splits) - first
-        if (s_lo == 0) and (s_hi == num_splits):  # the whole tile here
-            total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for kt in range(k_tiles):  # out-of-bounds reads are zero, like the masks
-                a = a_desc.load([pid_m * BLOCK_M, kt * BLOCK_K])
-                b = b_desc.load([pid_n * BLOCK_N, kt * BLOCK_K])
-                acc = tl.dot(a, b.T, acc, input_precision=INPUT_PRECISION)
-                if kt % SPLIT_TILES == SPLIT_TILES - 1:
-                    total += acc
-                    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            _epilogue(total, c_ptr, bias_ptr, offs_m, offs_n, M, N, stride_cm, stride_cn, HAS_BIAS, ACCUMULATE)
-        else:  # splits s_lo .. s_hi - 1 of a shared tile: each one's partial, then count them in
-            mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-            parts = part_ptr + offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
-            for split in range(s_lo, s_hi):
-                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-                for kt in range(split * SPLIT_TILES, split * SPLIT_TILES + SPLIT_TILES):
-                    a = a_desc.load([pid_m * BLOCK_M, kt * BLOCK_K])
-                    b = b_desc.load([pid_n * BLOCK_N, kt * BLOCK_K])
-                    acc = tl.dot(a, b.T, acc, input_precision=INPUT_PRECISION)
-                tl.store(parts + split * mn, acc, mask=mask)
-            # as ``_split_out``: every thread's stores before the count's release, the acquire before the loads
-            tl.debug_barrier()
-            done = tl.atomic_add(count_ptr + tile, s_hi - s_lo, sem="acq_rel", scope="gpu")
-            if done + (s_hi - s_lo) == num_splits:
-                _combine_tile(
-                    parts, mn, mask, num_splits, c_ptr, bias_ptr, count_ptr, tile, offs_m, offs_n, M, N,
-                    stride_cm, stride_cn, HAS_BIAS, ACCUMULATE, BLOCK_M, BLOCK_N,
-                )  # fmt: skip
-
-
 # (BLOCK_M, BLOCK_N, num_warps, num_stages, warp_specialize) of the persistent TMA variant, used for M >= TMA_MIN_M.
 TMA_CONFIG = (128, 256, 8, 3, False)
 TMA_CONFIG_MID = (128, 128, 8, 4, True)  # warp-specialized 128x128
@@ -523,48 +438,6 @@ def _launch_tma_split(a, b_t, c, bias, cfg, num_splits: int, accumulate: bool, f
         _combine_partials(part, c, bias, num_splits, accumulate)
 
 
-# Programs of a stream launch (``stream_splits``): None, one per SM; a number (tests, interpreted runs) overrides it.
-STREAM_PROGRAMS: int | None = None
-
-
-def _launch_tma_stream(a, b_t, c, bias, cfg, num_splits: int, accumulate: bool) -> None:
-    """``_matmul_tma_stream_kernel`` over row-major ``a`` / ``b_t`` on one program per SM (fewer where there are fewer
-    units); where no counter slot takes the launch, ``_launch_tma_split`` (a program per unit: the same bits)."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    bm, bn, warps, stages, _ = cfg
-    m, n, k = a.shape[0], b_t.shape[0], a.shape[1]
-    tiles = cdiv(m, bm) * cdiv(n, bn)
-    counts = _tile_counters(a.device, tiles)
-    if counts is None:
-        _launch_tma_split(a, b_t, c, bias, cfg, num_splits, accumulate, None)
-        return
-    progs = min(STREAM_PROGRAMS or _num_sms(a.device), tiles * num_splits)
-    part = torch.empty(num_splits, m, n, dtype=torch.float32, device=a.device)
-    _matmul_tma_stream_kernel[(progs,)](
-        TensorDescriptor.from_tensor(a, [bm, BLOCK_K]), TensorDescriptor.from_tensor(b_t, [bn, BLOCK_K]),
-        c, bias if bias is not None else c, part, counts,
-        m, n, k, c.stride(0), c.stride(1), progs,
-        HAS_BIAS=bias is not None, ACCUMULATE=accumulate,
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=BLOCK_K, SPLIT_TILES=SPLIT_TILES,
-        INPUT_PRECISION=input_precision(a.dtype), num_warps=warps, num_stages=stages,
-    )  # fmt: skip
-
-
-def _stream_unfit(a: torch.Tensor, b_t: torch.Tensor, config: tuple | None, num_splits: int) -> str:
-    """Why ``stream_splits`` cannot run these operands (``""``: it can)."""
-    k = a.shape[1]
-    if config is None or len(config) != 5:
-        return f"a 5-value TMA config, got {config!r}"
-    if a.dtype not in (torch.bfloat16, torch.float16):
-        return f"16-bit operands, got {a.dtype}"
-    if not _tma_ok(a, b_t) or _tma_layout(a) != "rows" or _tma_layout(b_t) != "rows":
-        return "row-major operands a TMA descriptor can read on a GPU with TMA (sm_90+)"
-    if k % (SPLIT_TILES * BLOCK_K) or num_splits < 2:
-        return f"K a multiple of {SPLIT_TILES * BLOCK_K} of at least two splits, got K = {k}"
-    return ""
-
-
 def input_precision(dtype: torch.dtype) -> str:
     """The ``tl.dot`` input precision for operands of ``dtype``: for fp32 the one in force
     (``vexact_kernels.get_fp32_matmul_precision()``, default ``ieee``); for 16-bit operands Triton's default ``tf32``,
@@ -631,7 +504,6 @@ def matmul(
     split_programs: bool | None = None,
     accumulate_into: torch.Tensor | None = None,
     fused_combine: bool | None = None,
-    stream_splits: bool = False,
 ) -> torch.Tensor:
     """``a [M, K] @ b_t[N, K].T (+ bias [N])`` -> ``[M, N]``; any strides.
 
@@ -644,9 +516,6 @@ def matmul(
     partials (one launch) or a combine kernel does (two launches); default: fused where a counter slot is free (see
     ``COMBINE_SLOT_TILES``); True raises ``RuntimeError`` where it cannot be. None of them changes a single bit of the
     result.
-    ``stream_splits=True`` (with a 5-value ``config``, row-major 16-bit operands TMA can read and ``K`` a whole
-    number of K splits, at least two): ``_matmul_tma_stream_kernel``, the (tile, split) units dealt out evenly over
-    one program per SM; ``ValueError`` where the operands do not qualify.
     ``accumulate_into``: an fp32 ``[M, N]`` tensor (any strides) that gets ``+= result`` in place and is returned.
     """
     from . import interpreting
@@ -658,7 +527,7 @@ def matmul(
     m, k = a.shape
     n = b_t.shape[0]
     acc_in = accumulate_into is not None
-    if config is None and split_programs is None and fused_combine is None and not acc_in and not stream_splits:
+    if config is None and split_programs is None and fused_combine is None and not acc_in:
         kw = _picked_form(a, b_t, m, n, k)
         if kw is not None:
             return matmul(a, b_t, bias, out_dtype, **kw)
@@ -678,12 +547,6 @@ def matmul(
             return c if bias is None else c.add_(bias.float().expand(m, n))
         return c.zero_() if bias is None else c.copy_(bias.expand(m, n))
     num_splits = cdiv(cdiv(k, BLOCK_K), SPLIT_TILES)
-    if stream_splits:
-        why = _stream_unfit(a, b_t, config, num_splits)
-        if why:
-            raise ValueError(f"matmul: stream_splits=True needs {why}")
-        _launch_tma_stream(a, b_t, c, bias, config, num_splits, acc_in)
-        return c
     fp32 = a.dtype == torch.float32
     want_tma = (
         config is None and m >= TMA_MIN_M and split_programs is not True or config is not None and len(config) == 5

@@ -54,13 +54,6 @@ TUNE_FORMS: dict[str, dict] = {
     "ts128x128": dict(config=(128, 128, 8, 4, False), split_programs=True),
     "s64x64": dict(config=mm.CONFIGS[1], split_programs=True),
 }
-# The stream forms (``matmul(..., stream_splits=True)``: the (tile, K split) units dealt out evenly over one program
-# per SM, for the decode sizes whose whole tiles leave SMs idle), timed with the others where TUNE_STREAM_FORMS is True.
-STREAM_FORMS: dict[str, dict] = {
-    f"st{bm}x{bn}s{st}": dict(config=(bm, bn, w, st, False), stream_splits=True)
-    for bm, bn, w, st in ((64, 64, 4, 8), (64, 128, 4, 8), (128, 64, 4, 8), (128, 128, 8, 6), (64, 256, 4, 5))
-}
-TUNE_STREAM_FORMS = False
 # A form replaces the default pick only where it takes at most this share of the default's time (timing noise of a
 # few percent must not flip picks between two runs).
 TUNE_MARGIN = 0.97
@@ -153,10 +146,8 @@ def tune_linears(calls: list, forms: dict[str, dict] | None = None) -> tuple[dic
     :func:`tune_shape` over its distinct weights (the first that hold :data:`TUNE_STREAM_BYTES`); ``picks`` maps
     the shapes whose pick is not the default to their ``matmul`` keywords (:func:`linear_picks` takes it),
     ``report`` every shape to its :func:`tune_shape` result. A shape this process timed before on the same device
-    with the same forms is not timed again (:data:`_TIMED`). ``forms`` None: :data:`TUNE_FORMS`, and
-    :data:`STREAM_FORMS` where :data:`TUNE_STREAM_FORMS` is True."""
-    if forms is None:
-        forms = {**TUNE_FORMS, **STREAM_FORMS} if TUNE_STREAM_FORMS else TUNE_FORMS
+    with the same forms is not timed again (:data:`_TIMED`)."""
+    forms = TUNE_FORMS if forms is None else forms
     by_shape: dict[tuple, dict[int, torch.Tensor]] = {}
     for m, n, k, dtype, w in calls:
         ws = by_shape.setdefault((m, n, k, dtype), {})
