@@ -46,10 +46,13 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """A test marked ``gpu`` needs CUDA: where there is none it is skipped, visibly, with that reason (one rule for
-    every package, instead of a ``skipif`` beside each ``gpu`` mark)."""
+    """The tests marked ``slow`` run first, in their collected order: under xdist a long test that starts near the end
+    keeps one worker busy while the others have nothing left (longest first is how a set of jobs ends soonest on a
+    few workers). A test marked ``gpu`` needs CUDA: where there is none it is skipped, visibly, with that reason (one
+    rule for every package, instead of a ``skipif`` beside each ``gpu`` mark)."""
     import torch
 
+    items[:] = sorted(items, key=lambda item: item.get_closest_marker("slow") is None)  # stable: False (slow) first
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")
