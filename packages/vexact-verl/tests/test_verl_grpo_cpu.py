@@ -16,7 +16,7 @@ the tests share them (module fixtures; ``xdist_group`` keeps them in one pytest-
 - C: a fresh directory holding only A's step-2 checkpoint, resumed with verl's ``trainer.resume_mode=auto`` up to
   step 4 (a job stopped after step 2 writes the same checkpoint: the LR is constant and the seeds depend on the step,
   not on the run);
-- the fast rollout backend against the same actor, 2 steps.
+- the fast rollout backend against the same actor, 1 step.
 
 Exact: A must log K3 KL, KL and verl's largest |p_rollout - p_actor| as exactly 0.0 at every step, with a nonzero
 gradient (each later step's rollout runs on weights verl synced after a real update), and ``actor/tim_attr/*`` at
@@ -153,8 +153,8 @@ def test_verl_grpo_on_cpu_invariant_is_exact(job_a):
 
 
 def test_verl_grpo_on_cpu_fast_is_not_exact(inputs, subprocess_env):
-    fast = run_job(inputs, inputs / "fast", "fast.jsonl", 2, subprocess_env, backend="fast")
-    assert sorted(fast) == [1, 2], sorted(fast)
+    fast = run_job(inputs, inputs / "fast", "fast.jsonl", 1, subprocess_env, backend="fast")
+    assert sorted(fast) == [1], sorted(fast)
     assert all(m["rollout_corr/k3_kl"] > 0.0 for m in fast.values()), [m["rollout_corr/k3_kl"] for m in fast.values()]
     assert all(m["training/rollout_probs_diff_max"] > 0.0 for m in fast.values())
 
