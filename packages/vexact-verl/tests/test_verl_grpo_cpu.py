@@ -162,9 +162,11 @@ def test_verl_grpo_on_cpu_fast_is_not_exact(inputs, subprocess_env):
 def test_verl_grpo_resume_is_bitwise(job_a, inputs, subprocess_env):
     a_dir, a = job_a
     c_dir = inputs / "c"
+    from verl.utils.checkpoint.checkpoint_manager import get_checkpoint_tracker_filename
+
     # A's step-2 checkpoint alone, as a job stopped after step 2 leaves it: resume_mode=auto reads verl's tracker file
     shutil.copytree(a_dir / CKPT.format(2), c_dir / CKPT.format(2))
-    (c_dir / CKPT.format(2)).parent.joinpath("latest_checkpointed_iteration.txt").write_text("2")
+    Path(get_checkpoint_tracker_filename(str((c_dir / CKPT.format(2)).parent))).write_text("2")
     c = run_job(inputs, c_dir, "c.jsonl", STEPS, subprocess_env, "trainer.save_freq=2", *ATTRIBUTION,
                 "trainer.resume_mode=auto")  # fmt: skip
     assert sorted(c) == [3, 4], sorted(c)  # resumed, not started over
