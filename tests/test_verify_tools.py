@@ -281,7 +281,7 @@ def test_headline_refuses_a_model_with_one_arm_or_runs_of_different_configs(tmp_
 
 @pytest.mark.parametrize(
     "gpu, models",
-    [("h100", ("qwen3-1.7b", "qwen3-30b-a3b")), ("h200", ("dense-1k", "dense-4k", "moe-1k", "qwen3-1.7b"))],
+    [("h100", ("qwen3-1.7b", "qwen3-30b-a3b")), ("h200", ("dense-1k", "dense-4k", "moe-1k", "moe-4k", "qwen3-1.7b"))],
     ids=["h100", "h200"],
 )
 def test_committed_rl_step_table_is_what_the_committed_runs_give(tmp_path, gpu, models):
