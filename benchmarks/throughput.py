@@ -264,6 +264,17 @@ def make_engine(model, mode: str, max_num_seqs: int, args, **kw) -> LLM:
     )  # fmt: skip
 
 
+def kv_cache_words(llm) -> str:
+    """How big the engine's KV cache is and what it left room for (``LLMEngine.kv_report``), and the device memory
+    its CUDA graphs' captures reserved, in words for the run's log."""
+    r = llm.kv_report
+    words = f"KV cache {r['tokens']} tokens ({r['kv_bytes'] / GIB:.2f} GiB, from {r['source']}"
+    if "activation_bytes" in r:
+        words += (f": budget {r['budget_bytes'] / GIB:.2f} GiB, weights {r['weights_bytes'] / GIB:.2f} GiB, "
+                  f"activation peak {r['activation_bytes'] / GIB:.2f} GiB reserved twice")  # fmt: skip
+    return words + f"); CUDA graph captures reserved {llm.runner.capture_reserved_bytes / GIB:.2f} GiB"
+
+
 def engine_throughput(
     model, mode: str, max_num_seqs: int, prompts, params, args, keep_outputs=False, profile: int = 0, **kw
 ) -> dict:
@@ -316,9 +327,10 @@ def engine_throughput(
         tokens=tokens, wall=wall, tok_s=tokens / wall, preemptions=llm.num_preemptions,
         kv_pages=llm.blocks.num_blocks, graphs=llm.runner.num_graphs, capture_s=llm.runner.capture_seconds,
         graph_draws=llm.runner.num_graph_draws, steps=steps, timeline=timeline, **stats,
-        linear_picks=linear_picks(llm.runner),
+        linear_picks=linear_picks(llm.runner), kv=kv_cache_words(llm),
         outputs=outs if keep_outputs else None,
     )  # fmt: skip
+    print(f"{mode}, batch limit {max_num_seqs}: {res['kv']}", flush=True)
     # the wrapper and the runner hold each other, a cycle only a gc pass frees: without this, each engine's KV cache
     # stayed allocated into the next run (on an H100, free memory fell 72.3 -> 65.4 -> 34.6 GiB over two runs)
     del llm.runner.launch

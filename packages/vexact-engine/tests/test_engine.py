@@ -357,3 +357,27 @@ def test_update_weights_rejects_bad_tensors_and_in_flight_requests(model):
     llm.add_request([1, 2, 3], SamplingParams(max_tokens=2))
     with pytest.raises(RuntimeError, match="unfinished"):
         llm.update_weights([])
+
+
+def test_kv_report_names_the_setting_that_sized_the_cache(model):
+    eng = LLMEngine(model=model, num_kv_blocks=64, block_size=4)
+    assert eng.kv_report["source"] == "num_kv_blocks" and eng.kv_report["num_blocks"] == 64
+    assert eng.kv_report["tokens"] == 256 and eng.kv_report["kv_bytes"] > 0
+    per_token = eng.kv_report["kv_bytes"] // 256
+    eng = LLMEngine(model=model, kv_cache_bytes=per_token * 4 * 10, block_size=4)
+    assert (eng.kv_report["source"], eng.kv_report["num_blocks"], eng.kv_report["tokens"]) == ("kv_cache_bytes", 10, 40)
+    assert LLMEngine(model=model).kv_report["source"] == "the CPU default"
+    assert "activation_bytes" not in eng.kv_report  # measured only where GPU memory sizes the cache
+
+
+@pytest.mark.gpu
+def test_gpu_kv_report_and_graph_memory():
+    """Sized from GPU memory, the report carries the budget, the weights and the activation peak it left room for
+    twice, and the cache fills what they leave; the captures' reserved memory is counted."""
+    model = random_model(tiny_qwen3_config(), seed=SEED, device="cuda")
+    eng = LLMEngine(model=model, gpu_memory_utilization=0.3, max_num_seqs=8, max_num_batched_tokens=256,
+                    cuda_graph_batch_sizes=[1, 8])  # fmt: skip
+    r = eng.kv_report
+    assert r["source"] == "gpu_memory_utilization" and r["activation_bytes"] > 0
+    assert r["kv_bytes"] <= r["budget_bytes"] - r["weights_bytes"] - 2 * r["activation_bytes"]
+    assert eng.runner.capture_reserved_bytes > 0

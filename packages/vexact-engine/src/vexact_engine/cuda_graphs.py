@@ -85,6 +85,10 @@ class CudaGraphs:
         self.num_padded_prompt_steps = 0  # steps with prompt tokens run padded (replayed as a graph on CUDA)
         self.graph_error: str | None = None  # why capture failed, when it did (steps then run eagerly)
         self.capture_seconds = 0.0  # time spent capturing graphs since the last allocate (start-up or wake_up)
+        # device memory the captures reserved since the last allocate (the graphs' pool and what their warm-up runs
+        # left in the caching allocator): memory the KV cache had to leave free (kv_cache.py reserves one activation
+        # peak for it)
+        self.capture_reserved_bytes = 0
         self.captures = 0  # captures of the graphs so far (start-up, then one per wake_up)
         self.captured_at_steps = 0  # graphs captured at their first step (lazy re-capture), since the last allocate
         # the linear's form per projection shape, timed before the first capture of each decode size it covers
@@ -277,7 +281,7 @@ class CudaGraphs:
             largest = {("prompt", max(self.token_sizes, default=0)), ("decode", max(self.graph_sizes, default=0))}
             self._uncaptured = {key for key, *_ in shapes if key not in largest}
             shapes = [shape for shape in shapes if shape[0] in largest]
-        start = time.perf_counter()
+        start, reserved = time.perf_counter(), torch.cuda.memory_reserved(self.device)
         warmups = WARMUPS_RECAPTURE if self.captures else WARMUPS_FIRST_CAPTURE
         bar = tqdm(shapes, desc="capturing CUDA graphs", unit="graph", leave=False)
         for shape in bar:
@@ -285,6 +289,7 @@ class CudaGraphs:
         torch.cuda.synchronize(self.device)
         # at start-up and at every wake_up (the KV cache comes back at new addresses)
         self.capture_seconds = time.perf_counter() - start
+        self.capture_reserved_bytes = torch.cuda.memory_reserved(self.device) - reserved
         self.captures += 1
         log.info(
             "captured %d CUDA graphs in %.1f s, %d warm-up run(s) each (decode batch sizes %s, token counts %s)%s",
@@ -384,10 +389,11 @@ class CudaGraphs:
         if key not in self._uncaptured:
             return
         self._uncaptured.discard(key)
-        start = time.perf_counter()
+        start, reserved = time.perf_counter(), torch.cuda.memory_reserved(self.device)
         self._guarded(self._capture, key, static, tokens, seqs, WARMUPS_RECAPTURE)
         torch.cuda.synchronize(self.device)
         self.capture_seconds += time.perf_counter() - start
+        self.capture_reserved_bytes += torch.cuda.memory_reserved(self.device) - reserved
         self.captured_at_steps += 1
 
     def _forward_with_draw(self, batch: list[ScheduledSeq], blocks: BlockManager, size: int) -> torch.Tensor:

@@ -70,20 +70,29 @@ def resolve_max_model_len(model_config, config: EngineConfig) -> int:
     return length
 
 
-def num_kv_blocks(model: torch.nn.Module, config: EngineConfig, max_model_len: int) -> int:
-    """The number of KV pages of ``config.block_size`` tokens for ``model`` under ``config``."""
+def num_kv_blocks(model: torch.nn.Module, config: EngineConfig, max_model_len: int, report: dict | None = None) -> int:
+    """The number of KV pages of ``config.block_size`` tokens for ``model`` under ``config``. ``report``, where
+    given, gets how the number was found: ``source`` (the setting that decided it), ``num_blocks``, ``tokens`` and
+    ``kv_bytes``; sized from GPU memory, also ``budget_bytes``, ``weights_bytes``, ``activation_bytes`` (the
+    profiled peak of one step, reserved twice) and ``free_bytes``."""
+    report = {} if report is None else report
     dtype = next(model.parameters()).dtype
     per_block = ModelRunner.kv_bytes_per_block(model.config, config.block_size, dtype)
-    if config.num_kv_blocks is not None:
-        return config.num_kv_blocks
     device = next(model.parameters()).device
-    if config.kv_cache_bytes is not None or device.type != "cuda":
-        return max(1, (config.kv_cache_bytes or CPU_KV_CACHE_BYTES) // per_block)
-    return _kv_blocks_from_gpu_memory(model, config, max_model_len, device, per_block)
+    if config.num_kv_blocks is not None:
+        blocks, report["source"] = config.num_kv_blocks, "num_kv_blocks"
+    elif config.kv_cache_bytes is not None or device.type != "cuda":
+        blocks = max(1, (config.kv_cache_bytes or CPU_KV_CACHE_BYTES) // per_block)
+        report["source"] = "kv_cache_bytes" if config.kv_cache_bytes is not None else "the CPU default"
+    else:
+        report["source"] = "gpu_memory_utilization"
+        blocks = _kv_blocks_from_gpu_memory(model, config, max_model_len, device, per_block, report)
+    report.update(num_blocks=blocks, tokens=blocks * config.block_size, kv_bytes=blocks * per_block)
+    return blocks
 
 
 def _kv_blocks_from_gpu_memory(
-    model: torch.nn.Module, cfg: EngineConfig, max_model_len: int, device: torch.device, per_block: int
+    model: torch.nn.Module, cfg: EngineConfig, max_model_len: int, device: torch.device, per_block: int, report: dict
 ) -> int:
     """KV pages = (gpu_memory_utilization * total - weights - 2 * activation peak) / page bytes, no more than this
     process can still allocate, and no more than ``max_num_seqs`` sequences of ``max_model_len`` tokens can use. The
@@ -97,6 +106,7 @@ def _kv_blocks_from_gpu_memory(
     budget = cfg.gpu_memory_utilization * total
     want = budget - weights - 2 * activations
     can = free - 2 * activations
+    report.update(budget_bytes=int(budget), weights_bytes=weights, activation_bytes=activations, free_bytes=free)
     figures = (
         f"gpu_memory_utilization={cfg.gpu_memory_utilization} of {total / _GIB:.2f} GiB = {budget / _GIB:.2f} GiB; "
         f"weights {weights / _GIB:.2f} GiB, activation peak {activations / _GIB:.2f} GiB (x2 with the CUDA "

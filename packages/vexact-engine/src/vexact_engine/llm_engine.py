@@ -71,7 +71,10 @@ class LLMEngine(EngineSleep, EngineWeights):
         self.tokenizer = tokenizer
         self.vocab_size = model.config.vocab_size
         self.max_model_len = resolve_max_model_len(model.config, self.config)
-        num_blocks = num_kv_blocks(self.model, self.config, self.max_model_len)
+        # how the KV cache was sized (kv_cache.num_kv_blocks: the setting that decided it and, sized from GPU memory,
+        # the budget, weights and activation peak it left room for)
+        self.kv_report: dict = {}
+        num_blocks = num_kv_blocks(self.model, self.config, self.max_model_len, self.kv_report)
         self.blocks = BlockManager(num_blocks, self.config.block_size, self.config.enable_prefix_caching)
         self.scheduler = Scheduler(self.config, self.blocks, self.max_model_len)
         self.runner = self._make_runner(model, num_blocks)

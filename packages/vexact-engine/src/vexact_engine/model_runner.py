@@ -210,7 +210,7 @@ class ModelRunner(CudaGraphs):
         if self.graph_sizes or self.token_sizes:
             self._allocate_static()
             if self.device.type == "cuda":
-                self.capture_seconds, self.captured_at_steps = 0.0, 0
+                self.capture_seconds, self.captured_at_steps, self.capture_reserved_bytes = 0.0, 0, 0
                 lazy = self.captures > 0 and self.config.graph_recapture == "lazy"
                 self._guarded(self._capture_all, lazy)
 
