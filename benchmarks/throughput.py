@@ -327,10 +327,10 @@ def engine_throughput(
         tokens=tokens, wall=wall, tok_s=tokens / wall, preemptions=llm.num_preemptions,
         kv_pages=llm.blocks.num_blocks, graphs=llm.runner.num_graphs, capture_s=llm.runner.capture_seconds,
         graph_draws=llm.runner.num_graph_draws, steps=steps, timeline=timeline, **stats,
-        linear_picks=linear_picks(llm.runner), kv=kv_cache_words(llm),
+        linear_picks=linear_picks(llm.runner),
         outputs=outs if keep_outputs else None,
     )  # fmt: skip
-    print(f"{mode}, batch limit {max_num_seqs}: {res['kv']}", flush=True)
+    print(f"{mode}, batch limit {max_num_seqs}: {kv_cache_words(llm)}", flush=True)
     # the wrapper and the runner hold each other, a cycle only a gc pass frees: without this, each engine's KV cache
     # stayed allocated into the next run (on an H100, free memory fell 72.3 -> 65.4 -> 34.6 GiB over two runs)
     del llm.runner.launch
