@@ -1,6 +1,7 @@
 """Kernel benchmark: invariant kernels vs their torch baselines, measured side by side in one run on the GPU.
 
-    PYTHONPATH=... python benchmarks/kernels.py [--only linear,linear_cold,linear_bwd,rms_norm,logprobs] [--out FILE.md]
+    PYTHONPATH=... python benchmarks/kernels.py [--out FILE.md] \
+        [--only linear,linear_cold,linear_bwd,rms_norm,decode_norms,logprobs]
 
 Prints markdown tables (throughput and the ratio invariant / baseline) and writes them to --out with the date,
 GPU and torch/triton versions.
@@ -12,6 +13,7 @@ import argparse
 import datetime
 import math
 import sys
+from functools import partial
 
 import torch
 import triton
@@ -193,6 +195,56 @@ def bench_rms_norm(lines: list[str]) -> None:
     lines.append("")
 
 
+# Decode-sized launches of a decoder layer's norms: (layout, hidden, q heads, kv heads, head_dim) of the Qwen3-1.7B,
+# Qwen3-8B and Qwen3-30B-A3B attention, at the batch sizes of an RL rollout's decode steps.
+DECODE_NORM_LAYOUTS = (("1.7b", 2048, 16, 8, 128), ("8b", 4096, 32, 8, 128), ("30b-a3b", 2048, 32, 4, 128))
+DECODE_NORM_ROWS = (64, 128, 160, 256, 512)
+DECODE_NORM_PAGE = 16
+
+
+def bench_decode_norms(lines: list[str]) -> None:
+    """The norm launches of a decode step, each as one CUDA graph replay (inputs warm in L2, as after the matmul that
+    wrote them): the residual add + RMSNorm (``add_rms_norm``, twice a layer) and the q/k norms + rotary + paged KV
+    write (``rms_norm_rotary_qk`` with ``kv_write``, once a layer), against the copy bound (the bytes each must read
+    and write at the measured device-to-device copy bandwidth) and, for the add + norm, torch eager (an add and HF's
+    RMSNorm). A decoder layer's norm time is 2 x the first + the second."""
+    sys.path.insert(0, __file__.rsplit("/", 1)[0])
+    from hardware import copy_bandwidth
+
+    bw = copy_bandwidth("cuda")
+    lines += [f"## Decode-step norms (bf16), one CUDA graph replay per launch; copy bandwidth {bw / 1e12:.2f} TB/s", ""]
+    lines += [
+        "| layout | rows | add + norm µs | copy bound µs | torch eager µs | q/k norm + rotary + KV write µs "
+        "| copy bound µs | layer's norms µs |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, h, hq, hk, d in DECODE_NORM_LAYOUTS:
+        w = 1.0 + 0.1 * torch.randn(h, device="cuda", dtype=torch.bfloat16)
+        wq, wk = (1.0 + 0.1 * torch.randn(d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        cos, sin = vk.rope_cos_sin(d, 8192, 1e6)
+        cos, sin = cos.cuda(), sin.cuda()
+        for m in DECODE_NORM_ROWS:
+            x, r = (torch.randn(m, h, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+            t_add = _ms_graph(partial(vk.add_rms_norm, x, r, w, EPS)) * 1e3
+            t_torch = _ms_graph(lambda x=x, r=r, w=w: _torch_rms_norm(x + r, w)) * 1e3
+            qkv = torch.randn(m, (hq + 2 * hk) * d, device="cuda", dtype=torch.bfloat16)
+            q, k, v = qkv.split([hq * d, hk * d, hk * d], dim=-1)
+            q, k, v = q.view(m, hq, d), k.view(m, hk, d), v.view(m, hk, d)
+            pages = -(-m // DECODE_NORM_PAGE) + 1
+            kc, vc = (torch.zeros(pages, DECODE_NORM_PAGE, hk, d, device="cuda", dtype=torch.bfloat16) for _ in "kv")
+            slots = torch.randperm(pages * DECODE_NORM_PAGE, device="cuda")[:m]
+            pos = torch.randint(0, 8192, (m,), device="cuda")
+            write = (v, kc, vc, slots)
+            t_qk = _ms_graph(partial(vk.rms_norm_rotary_qk, q, wq, k, wk, EPS, pos, cos, sin, kv_write=write)) * 1e3
+            add_bytes = 4 * m * h * 2 + h * 2
+            qk_bytes = m * d * 2 * ((hq + 2 * hk) + (hq + hk) + 2 * hk)
+            lines.append(
+                f"| {name} | {m} | {t_add:.2f} | {add_bytes / bw * 1e6:.2f} | {t_torch:.2f} | {t_qk:.2f} | "
+                f"{qk_bytes / bw * 1e6:.2f} | {2 * t_add + t_qk:.1f} |"
+            )
+    lines.append("")
+
+
 def _torch_logprobs(hidden, norm_w, head, targets, temps):
     """The materialised baseline: bf16 logits -> fp32 [T, V] -> log_softmax -> gather, plus entropy."""
     logits = torch.nn.functional.linear(_torch_rms_norm(hidden, norm_w), head).float() / temps[:, None]
@@ -277,7 +329,7 @@ def main() -> int:
         "",
     ]
     sections = {"linear": bench_linear, "linear_cold": bench_linear_cold, "linear_bwd": bench_linear_bwd}
-    for name in ("rms_norm", "logprobs"):
+    for name in ("rms_norm", "decode_norms", "logprobs"):
         fn = globals().get(f"bench_{name}")
         if fn is not None:
             sections[name] = fn

@@ -138,7 +138,7 @@ def test_interpreted_cache_write_in_the_launch_is_write_kv_cache(t, hq, hk, d, m
         def __getitem__(self, grid):
             def launch(*a, **kw):
                 a = list(a)
-                a[34] = a[34] + 1 if a[34] != a[33] else a[34]  # stride_kch
+                a[32] = a[32] + 1 if a[32] != a[31] else a[32]  # stride_kch
                 return real[grid](*a, **kw)
 
             return launch

@@ -10,9 +10,14 @@ so it is identical run to run for a given input; its tiles follow the hidden siz
 ``bwd_dw_shape``). ``_rms_norm_fwd_pair_kernel`` normalises the rows of two tensors (q_norm and k_norm of a layer) in
 one launch through the same row code, so each row's bits are the single kernel's; it reads a row through a token and a
 head stride, so q and k, views into the grouped q/k/v matmul's output, are not copied. ``_add_rms_norm_fwd_kernel``
-first stores a row's residual sum ``s = x + r`` (fp32 add, rounded once to nearest even, as torch adds) and then runs
-the same row code on ``s``: the residual add and the norm after it in one launch, with the bits of torch's add
-followed by the single kernel.
+stores a row's residual sum ``s = x + r`` (fp32 add, rounded once to nearest even, as torch adds) and runs the row
+code's arithmetic on the rounded ``s`` it holds: the residual add and the norm after it in one launch, with the bits of
+torch's add followed by the single kernel. ``_qk_norm_rotary_kernel`` normalises a q or k row and rotates it (and
+stores a k row to the KV cache) from registers, with the bits of the pair kernel followed by the rotary kernel.
+
+Speed: a row's blocks are unrolled (``NB = cdiv(H, RMS_BLOCK)``, a compile-time count), so the loads of a pass over
+the row are in flight together rather than one block's round trip after another; and no launch reads back what it
+stored. At decode sizes (a few hundred rows, one program each) a pass's memory latency, not bandwidth, is the time.
 
 Accuracy: fp32 throughout (``sqrt_rn``/``div_rn``, correctly rounded), cast once; within a few fp32 ulps of a float64
 reference before the final cast.
@@ -25,7 +30,7 @@ import triton
 import triton.language as tl
 
 from . import cdiv, next_pow2
-from .rotary import _rotate_row
+from .rotary import _rotate_rn
 
 # Numerics-affecting launch parameters: fixed for every shape (the sum-of-squares tree depends on them).
 RMS_BLOCK = 1024
@@ -51,19 +56,34 @@ def aligned_rows(t: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _rms_norm_row(x_row, w_ptr, y_row, rstd_row, H, eps, BLOCK: tl.constexpr):
-    """One row's forward, from the row's first element ``x_row`` (contiguous) to ``y_row`` and ``rstd_row`` (the body
-    of :func:`_rms_norm_fwd_kernel` and of the pair kernel, so both give a row the same bits)."""
+def _row_rstd(x_row, rstd_row, H, eps, BLOCK: tl.constexpr, NB: tl.constexpr):
+    """A row's ``rstd`` (stored to ``rstd_row`` and returned): the row's squares accumulated block by block into a
+    ``[BLOCK]`` fp32 vector, blocks in order, then one ``tl.sum``. ``NB = cdiv(H, BLOCK)`` blocks, unrolled so the
+    loads of every block are in flight at once (the arithmetic is the loop's: the same adds in the same order)."""
     acc = tl.zeros([BLOCK], dtype=tl.float32)
-    for start in range(0, H, BLOCK):
-        cols = start + tl.arange(0, BLOCK)
+    for i in tl.static_range(NB):
+        cols = i * BLOCK + tl.arange(0, BLOCK)
         x = tl.load(x_row + cols, mask=cols < H, other=0.0).to(tl.float32)
         acc += x * x
-    var = tl.div_rn(tl.sum(acc, axis=0), tl.cast(H, tl.float32))
-    rstd = tl.div_rn(1.0, tl.sqrt_rn(var + eps))
+    rstd = _rstd_of(acc, H, eps)
     tl.store(rstd_row, rstd)
-    for start in range(0, H, BLOCK):
-        cols = start + tl.arange(0, BLOCK)
+    return rstd
+
+
+@triton.jit
+def _rstd_of(acc, H, eps):
+    """``1 / sqrt(sum(acc) / H + eps)``, each op correctly rounded."""
+    var = tl.div_rn(tl.sum(acc, axis=0), tl.cast(H, tl.float32))
+    return tl.div_rn(1.0, tl.sqrt_rn(var + eps))
+
+
+@triton.jit
+def _rms_norm_row(x_row, w_ptr, y_row, rstd_row, H, eps, BLOCK: tl.constexpr, NB: tl.constexpr):
+    """One row's forward, from the row's first element ``x_row`` (contiguous) to ``y_row`` and ``rstd_row`` (the body
+    of :func:`_rms_norm_fwd_kernel` and of the pair kernel, so both give a row the same bits)."""
+    rstd = _row_rstd(x_row, rstd_row, H, eps, BLOCK, NB)
+    for i in tl.static_range(NB):
+        cols = i * BLOCK + tl.arange(0, BLOCK)
         mask = cols < H
         x = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
         w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
@@ -71,9 +91,9 @@ def _rms_norm_row(x_row, w_ptr, y_row, rstd_row, H, eps, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _rms_norm_fwd_kernel(x_ptr, w_ptr, y_ptr, rstd_ptr, H, eps, BLOCK: tl.constexpr):
+def _rms_norm_fwd_kernel(x_ptr, w_ptr, y_ptr, rstd_ptr, H, eps, BLOCK: tl.constexpr, NB: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
-    _rms_norm_row(x_ptr + row * H, w_ptr, y_ptr + row * H, rstd_ptr + row, H, eps, BLOCK)
+    _rms_norm_row(x_ptr + row * H, w_ptr, y_ptr + row * H, rstd_ptr + row, H, eps, BLOCK, NB)
 
 
 @triton.jit
@@ -86,7 +106,7 @@ def _strided_row(x_ptr, row, n, stride_t, stride_h):
 def _rms_norm_fwd_pair_kernel(
     x1_ptr, w1_ptr, y1_ptr, rstd1_ptr, m1, n1, s1t, s1h,
     x2_ptr, w2_ptr, y2_ptr, rstd2_ptr, n2, s2t, s2h,
-    H, eps, BLOCK: tl.constexpr,
+    H, eps, BLOCK: tl.constexpr, NB: tl.constexpr,
 ):  # fmt: skip
     """Rows of two tensors of one hidden size in one launch (q_norm and k_norm): the first ``m1`` programs take x1's
     rows, the rest x2's, each through the same row code as :func:`_rms_norm_fwd_kernel`. Input rows are read through
@@ -94,11 +114,11 @@ def _rms_norm_fwd_pair_kernel(
     row = tl.program_id(0)
     if row < m1:
         y_row = y1_ptr + row.to(tl.int64) * H
-        _rms_norm_row(_strided_row(x1_ptr, row, n1, s1t, s1h), w1_ptr, y_row, rstd1_ptr + row, H, eps, BLOCK)
+        _rms_norm_row(_strided_row(x1_ptr, row, n1, s1t, s1h), w1_ptr, y_row, rstd1_ptr + row, H, eps, BLOCK, NB)
     else:
         row2 = row - m1
         y_row = y2_ptr + row2.to(tl.int64) * H
-        _rms_norm_row(_strided_row(x2_ptr, row2, n2, s2t, s2h), w2_ptr, y_row, rstd2_ptr + row2, H, eps, BLOCK)
+        _rms_norm_row(_strided_row(x2_ptr, row2, n2, s2t, s2h), w2_ptr, y_row, rstd2_ptr + row2, H, eps, BLOCK, NB)
 
 
 @triton.jit
@@ -110,45 +130,66 @@ def _copy_row(src, dst, H, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _normed(x_ptr, w_ptr, d, dmask, rstd, dtype: tl.constexpr):
+    """``x * rstd * w`` at offsets ``d`` rounded to ``dtype`` (as ``_rms_norm_row`` stores ``y``), back in fp32."""
+    x = tl.load(x_ptr + d, mask=dmask, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + d, mask=dmask, other=0.0).to(tl.float32)
+    return (x * rstd * w).to(dtype).to(tl.float32)
+
+
+@triton.jit
 def _qk_row(
-    row, x1_ptr, w1_ptr, y1_ptr, o1_ptr, m1, n1, s1t, s1h, h1, x2_ptr, w2_ptr, y2_ptr, o2_ptr, n2, s2t, s2h, h2,
+    row, x1_ptr, w1_ptr, o1_ptr, m1, n1, s1t, s1h, h1, x2_ptr, w2_ptr, o2_ptr, n2, s2t, s2h, h2,
     rstd_ptr, pos_ptr, cos_ptr, sin_ptr, stride_tab, H, half, eps, slot_ptr, kc_ptr, stride_kcs, stride_kch,
-    BLOCK: tl.constexpr, HALF: tl.constexpr, INTERPRET: tl.constexpr, WRITE_KV: tl.constexpr,
+    BLOCK: tl.constexpr, NB: tl.constexpr, HALF: tl.constexpr, INTERPRET: tl.constexpr, WRITE_KV: tl.constexpr,
 ):  # fmt: skip
-    """Row ``row`` of q (``< m1``) or k: normalised, rotated; a k row also copied to its token's cache slot
-    (``WRITE_KV``; slots < 0 skipped)."""
+    """Row ``row`` of q (``< m1``) or k: normalised (``_rms_norm_row``'s ``rstd`` and its ``y = x * rstd * w``,
+    rounded to the output dtype), rotated (``_rotate_rn``); a k row also stored to its token's cache slot
+    (``WRITE_KV``; slots < 0 skipped). ``y`` is computed half by half in registers, where the rotation takes it, not
+    stored and read back: its elements are the same elementwise products."""
     if row < m1:
-        y_row = y1_ptr + row.to(tl.int64) * H
-        _rms_norm_row(_strided_row(x1_ptr, row, n1, s1t, s1h), w1_ptr, y_row, rstd_ptr + row, H, eps, BLOCK)
+        x_row = _strided_row(x1_ptr, row, n1, s1t, s1h)
+        w_ptr = w1_ptr
         o_row = o1_ptr + row.to(tl.int64) * H
         tok = (row // h1).to(tl.int64)
     else:
-        row2 = row - m1
-        y_row = y2_ptr + row2.to(tl.int64) * H
-        _rms_norm_row(_strided_row(x2_ptr, row2, n2, s2t, s2h), w2_ptr, y_row, rstd_ptr + row, H, eps, BLOCK)
-        o_row = o2_ptr + row2.to(tl.int64) * H
-        tok = (row2 // h2).to(tl.int64)
-    tl.debug_barrier()  # the row's y, stored by all of the program's threads, is read back by all of them
-    _rotate_row(y_row, o_row, pos_ptr, cos_ptr, sin_ptr, tok, half, stride_tab, HALF, INTERPRET)
+        x_row = _strided_row(x2_ptr, row - m1, n2, s2t, s2h)
+        w_ptr = w2_ptr
+        o_row = o2_ptr + (row - m1).to(tl.int64) * H
+        tok = ((row - m1) // h2).to(tl.int64)
+    d = tl.arange(0, HALF)
+    dmask = d < half
+    pos = tl.load(pos_ptr + tok).to(tl.int64)
+    c = tl.load(cos_ptr + pos * stride_tab + d, mask=dmask, other=0.0)
+    s = tl.load(sin_ptr + pos * stride_tab + d, mask=dmask, other=0.0)
+    rstd = _row_rstd(x_row, rstd_ptr + row, H, eps, BLOCK, NB)
+    y1 = _normed(x_row, w_ptr, d, dmask, rstd, o_row.dtype.element_ty)
+    y2 = _normed(x_row + half, w_ptr + half, d, dmask, rstd, o_row.dtype.element_ty)
+    o1, o2 = _rotate_rn(y1, y2, c, s, INTERPRET)
+    o1 = o1.to(o_row.dtype.element_ty)
+    o2 = o2.to(o_row.dtype.element_ty)
+    tl.store(o_row + d, o1, mask=dmask)
+    tl.store(o_row + half + d, o2, mask=dmask)
     if WRITE_KV:
         if row >= m1:
             slot = tl.load(slot_ptr + tok)
             if slot >= 0:
-                tl.debug_barrier()  # the rotated row, stored by all of the program's threads, is read back
-                head = ((row - m1) % h2).to(tl.int64)
-                _copy_row(o_row, kc_ptr + slot * stride_kcs + head * stride_kch, H, BLOCK)
+                dst = kc_ptr + slot * stride_kcs + ((row - m1) % h2).to(tl.int64) * stride_kch
+                tl.store(dst + d, o1, mask=dmask)
+                tl.store(dst + half + d, o2, mask=dmask)
 
 
 @triton.jit(do_not_specialize=["m1", "n1", "n2", "h1", "h2", "m2", "n3"])
 def _qk_norm_rotary_kernel(
-    x1_ptr, w1_ptr, y1_ptr, o1_ptr, m1, n1, s1t, s1h, h1,
-    x2_ptr, w2_ptr, y2_ptr, o2_ptr, n2, s2t, s2h, h2,
+    x1_ptr, w1_ptr, o1_ptr, m1, n1, s1t, s1h, h1,
+    x2_ptr, w2_ptr, o2_ptr, n2, s2t, s2h, h2,
     rstd_ptr, pos_ptr, cos_ptr, sin_ptr, stride_tab, H, half, eps,
     m2, x3_ptr, n3, s3t, s3h, slot_ptr, kc_ptr, vc_ptr, stride_kcs, stride_kch, stride_vcs, stride_vch,
-    BLOCK: tl.constexpr, HALF: tl.constexpr, INTERPRET: tl.constexpr, WRITE_KV: tl.constexpr = False,
+    BLOCK: tl.constexpr, NB: tl.constexpr, HALF: tl.constexpr, INTERPRET: tl.constexpr,
+    WRITE_KV: tl.constexpr = False,
 ):  # fmt: skip
-    """:func:`_rms_norm_fwd_pair_kernel`'s rows (the same row code: ``y1``, ``y2``), then each normalised row read back
-    and rotated at its token's position into ``o1`` / ``o2`` (``_rotate_row``: the rotary kernels' arithmetic).
+    """:func:`_rms_norm_fwd_pair_kernel`'s rows (its ``rstd`` and ``y`` arithmetic), each normalised row rotated at
+    its token's position into ``o1`` / ``o2`` (``_rotate_rn``: the rotary kernels' arithmetic; :func:`_qk_row`).
     ``h1`` / ``h2``: heads per token of q and k (row ``r`` of q is token ``r // h1``). ``WRITE_KV``: the paged cache
     write as well (``write_kv_cache``'s stores: token ``t``'s rows to flat slot ``slot[t]``, slots < 0 skipped): each
     rotated k row to ``kc``, and programs ``m1 + m2 ..`` copy the rows of ``x3`` (v, ``[T, h2, H]``, read through
@@ -163,15 +204,15 @@ def _qk_norm_rotary_kernel(
                 _copy_row(_strided_row(x3_ptr, row3, n3, s3t, s3h), dst, H, BLOCK)
         else:
             _qk_row(
-                row, x1_ptr, w1_ptr, y1_ptr, o1_ptr, m1, n1, s1t, s1h, h1, x2_ptr, w2_ptr, y2_ptr, o2_ptr, n2, s2t,
-                s2h, h2, rstd_ptr, pos_ptr, cos_ptr, sin_ptr, stride_tab, H, half, eps, slot_ptr, kc_ptr, stride_kcs,
-                stride_kch, BLOCK, HALF, INTERPRET, True,
+                row, x1_ptr, w1_ptr, o1_ptr, m1, n1, s1t, s1h, h1, x2_ptr, w2_ptr, o2_ptr, n2, s2t, s2h, h2,
+                rstd_ptr, pos_ptr, cos_ptr, sin_ptr, stride_tab, H, half, eps, slot_ptr, kc_ptr, stride_kcs,
+                stride_kch, BLOCK, NB, HALF, INTERPRET, True,
             )  # fmt: skip
     else:
         _qk_row(
-            row, x1_ptr, w1_ptr, y1_ptr, o1_ptr, m1, n1, s1t, s1h, h1, x2_ptr, w2_ptr, y2_ptr, o2_ptr, n2, s2t, s2h,
-            h2, rstd_ptr, pos_ptr, cos_ptr, sin_ptr, stride_tab, H, half, eps, slot_ptr, kc_ptr, stride_kcs,
-            stride_kch, BLOCK, HALF, INTERPRET, False,
+            row, x1_ptr, w1_ptr, o1_ptr, m1, n1, s1t, s1h, h1, x2_ptr, w2_ptr, o2_ptr, n2, s2t, s2h, h2,
+            rstd_ptr, pos_ptr, cos_ptr, sin_ptr, stride_tab, H, half, eps, slot_ptr, kc_ptr, stride_kcs,
+            stride_kch, BLOCK, NB, HALF, INTERPRET, False,
         )  # fmt: skip
 
 
@@ -188,18 +229,39 @@ def _round_to(v, dtype: tl.constexpr):
 
 
 @triton.jit
-def _add_rms_norm_fwd_kernel(x_ptr, r_ptr, s_ptr, w_ptr, y_ptr, rstd_ptr, H, eps, BLOCK: tl.constexpr):
-    """Row ``row``: ``s = x + r`` stored in s's dtype, then :func:`_rms_norm_row` on the stored ``s`` (the single
-    kernel's code, so ``y`` has its bits for that ``s``)."""
+def _added(x_ptr, r_ptr, cols, mask, dtype: tl.constexpr):
+    """``x + r`` at ``cols`` in fp32, rounded to ``dtype`` as torch's add rounds (masked lanes: 0)."""
+    x = tl.load(x_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    r = tl.load(r_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    return _round_to(x + r, dtype)
+
+
+@triton.jit
+def _add_rms_norm_fwd_kernel(
+    x_ptr, r_ptr, s_ptr, w_ptr, y_ptr, rstd_ptr, H, eps, BLOCK: tl.constexpr, NB: tl.constexpr
+):  # fmt: skip
+    """Row ``row``: ``s = x + r`` stored in s's dtype, then :func:`_rms_norm_row`'s arithmetic on that ``s`` (so
+    ``y`` has the single kernel's bits for it): the squares of the rounded ``s`` accumulated block by block, blocks
+    in order, as the single kernel accumulates the stored ``s``; then ``y = s * rstd * w``, with ``s`` added again
+    (the same rounded values) instead of read back from memory. ``NB = cdiv(H, BLOCK)`` blocks, unrolled."""
     row = tl.program_id(0).to(tl.int64)
-    for start in range(0, H, BLOCK):
-        cols = start + tl.arange(0, BLOCK)
+    x_row, r_row, s_row, y_row = x_ptr + row * H, r_ptr + row * H, s_ptr + row * H, y_ptr + row * H
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for i in tl.static_range(NB):
+        cols = i * BLOCK + tl.arange(0, BLOCK)
         mask = cols < H
-        x = tl.load(x_ptr + row * H + cols, mask=mask, other=0.0).to(tl.float32)
-        r = tl.load(r_ptr + row * H + cols, mask=mask, other=0.0).to(tl.float32)
-        tl.store(s_ptr + row * H + cols, _round_to(x + r, s_ptr.dtype.element_ty), mask=mask)
-    tl.debug_barrier()  # the row's s, stored by all of the program's threads, is read back by all of them
-    _rms_norm_row(s_ptr + row * H, w_ptr, y_ptr + row * H, rstd_ptr + row, H, eps, BLOCK)
+        s = _added(x_row, r_row, cols, mask, s_ptr.dtype.element_ty)
+        tl.store(s_row + cols, s, mask=mask)
+        sf = s.to(tl.float32)
+        acc += sf * sf
+    rstd = _rstd_of(acc, H, eps)
+    tl.store(rstd_ptr + row, rstd)
+    for i in tl.static_range(NB):
+        cols = i * BLOCK + tl.arange(0, BLOCK)
+        mask = cols < H
+        s = _added(x_row, r_row, cols, mask, s_ptr.dtype.element_ty).to(tl.float32)
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(y_row + cols, (s * rstd * w).to(y_row.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -288,7 +350,9 @@ def rms_norm_fwd(
     y = torch.empty(m, h, dtype=out_dtype, device=x2d.device)
     rstd = torch.empty(m, dtype=torch.float32, device=x2d.device)
     if m:
-        _rms_norm_fwd_kernel[(m,)](x2d, weight, y, rstd, h, eps, BLOCK=RMS_BLOCK, num_warps=RMS_NUM_WARPS)
+        _rms_norm_fwd_kernel[(m,)](
+            x2d, weight, y, rstd, h, eps, BLOCK=RMS_BLOCK, NB=cdiv(h, RMS_BLOCK), num_warps=RMS_NUM_WARPS
+        )  # fmt: skip
     return y, rstd
 
 
@@ -344,7 +408,7 @@ def rms_norm_fwd_pair(
     if m1 + m2:
         _rms_norm_fwd_pair_kernel[(m1 + m2,)](
             x1, w1, y1, rstd, m1, n1, s1t, s1h, x2, w2, y2, rstd[m1:], n2, s2t, s2h, h, eps,
-            BLOCK=RMS_BLOCK, num_warps=RMS_NUM_WARPS,
+            BLOCK=RMS_BLOCK, NB=cdiv(h, RMS_BLOCK), num_warps=RMS_NUM_WARPS,
         )  # fmt: skip
     return y1, y2
 
@@ -363,8 +427,8 @@ def qk_norm_rotary_fwd(
     t, hq, h = q.shape
     hk = k.shape[1]
     (x1, n1, s1t, s1h), (x2, n2, s2t, s2h), wq, wk, m1, m2, rstd = _pair_operands(q, wq, k, wk)
-    y1, o1 = (torch.empty(t, hq, h, dtype=q.dtype, device=q.device) for _ in range(2))
-    y2, o2 = (torch.empty(t, hk, h, dtype=q.dtype, device=q.device) for _ in range(2))
+    o1 = torch.empty(t, hq, h, dtype=q.dtype, device=q.device)
+    o2 = torch.empty(t, hk, h, dtype=q.dtype, device=q.device)
     cos, sin, positions = cos.contiguous(), sin.contiguous(), positions.contiguous()
     m3, x3, n3, s3t, s3h, slots, kc, vc = 0, x2, 1, 0, 0, positions, x2, x2
     if kv_write is not None:
@@ -375,10 +439,10 @@ def qk_norm_rotary_fwd(
         kc, vc = k_cache.flatten(0, 1), v_cache.flatten(0, 1)  # views: the caches have contiguous pages
     if m1 + m2:
         _qk_norm_rotary_kernel[(m1 + m2 + m3,)](
-            x1, wq, y1, o1, m1, n1, s1t, s1h, hq, x2, wk, y2, o2, n2, s2t, s2h, hk,
+            x1, wq, o1, m1, n1, s1t, s1h, hq, x2, wk, o2, n2, s2t, s2h, hk,
             rstd, positions, cos, sin, cos.stride(0), h, h // 2, eps,
             m2, x3, n3, s3t, s3h, slots, kc, vc, kc.stride(0), kc.stride(1), vc.stride(0), vc.stride(1),
-            BLOCK=RMS_BLOCK, HALF=next_pow2(h // 2), INTERPRET=interpreting(),
+            BLOCK=RMS_BLOCK, NB=cdiv(h, RMS_BLOCK), HALF=next_pow2(h // 2), INTERPRET=interpreting(),
             **({"WRITE_KV": True} if kv_write is not None else {}), num_warps=RMS_NUM_WARPS,
         )  # fmt: skip
     return o1, o2
@@ -401,7 +465,9 @@ def _add_rms_norm(x2d, r2d, weight, eps):
     y = torch.empty_like(x2d)
     rstd = torch.empty(m, dtype=torch.float32, device=x2d.device)
     if m:
-        _add_rms_norm_fwd_kernel[(m,)](x2d, r2d, s, weight, y, rstd, h, eps, BLOCK=RMS_BLOCK, num_warps=RMS_NUM_WARPS)
+        _add_rms_norm_fwd_kernel[(m,)](
+            x2d, r2d, s, weight, y, rstd, h, eps, BLOCK=RMS_BLOCK, NB=cdiv(h, RMS_BLOCK), num_warps=RMS_NUM_WARPS
+        )  # fmt: skip
     return s, y, rstd
 
 

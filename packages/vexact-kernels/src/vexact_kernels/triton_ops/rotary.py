@@ -49,29 +49,18 @@ def _rotate_heads(
 
 
 @triton.jit
-def _rotate_row(
-    x_row, out_row, pos_ptr, cos_ptr, sin_ptr, tok, half, stride_tab,
-    HALF: tl.constexpr, INTERPRET: tl.constexpr,
-):  # fmt: skip
-    """One head's row (``x_row`` to ``out_row``, both contiguous) rotated as :func:`_rotate_heads` rotates it, for a
+def _rotate_rn(x1, x2, c, s, INTERPRET: tl.constexpr):
+    """One head's halves ``x1``, ``x2`` (fp32) rotated by ``c``, ``s`` as :func:`_rotate_heads` rotates them, for a
     kernel compiled with multiply-adds contracted (the norm before it needs that): each product and sum is an
     explicitly rounded op (libdevice's ``mul_rn`` / ``add_rn`` / ``sub_rn``, never fused), which is what the rotary
     kernels get from ``enable_fp_fusion=False``. Under the interpreter (``INTERPRET``) numpy's fp32 ops, unfused."""
-    d = tl.arange(0, HALF)
-    dmask = d < half
-    pos = tl.load(pos_ptr + tok).to(tl.int64)
-    c = tl.load(cos_ptr + pos * stride_tab + d, mask=dmask, other=0.0)
-    s = tl.load(sin_ptr + pos * stride_tab + d, mask=dmask, other=0.0)
-    x1 = tl.load(x_row + d, mask=dmask, other=0.0).to(tl.float32)
-    x2 = tl.load(x_row + half + d, mask=dmask, other=0.0).to(tl.float32)
     if INTERPRET:
         o1 = x1 * c - x2 * s
         o2 = x2 * c + x1 * s
     else:
         o1 = libdevice.sub_rn(libdevice.mul_rn(x1, c), libdevice.mul_rn(x2, s))
         o2 = libdevice.add_rn(libdevice.mul_rn(x2, c), libdevice.mul_rn(x1, s))
-    tl.store(out_row + d, o1.to(out_row.dtype.element_ty), mask=dmask)
-    tl.store(out_row + half + d, o2.to(out_row.dtype.element_ty), mask=dmask)
+    return o1, o2
 
 
 @triton.jit
