@@ -64,7 +64,7 @@ def _row_rstd(x_row, rstd_row, H, eps, BLOCK: tl.constexpr, NB: tl.constexpr):
     for i in tl.static_range(NB):
         cols = i * BLOCK + tl.arange(0, BLOCK)
         x = tl.load(x_row + cols, mask=cols < H, other=0.0).to(tl.float32)
-        acc += x * x
+        acc = tl.fma(x, x, acc)
     rstd = _rstd_of(acc, H, eps)
     tl.store(rstd_row, rstd)
     return rstd
@@ -253,7 +253,7 @@ def _add_rms_norm_fwd_kernel(
         s = _added(x_row, r_row, cols, mask, s_ptr.dtype.element_ty)
         tl.store(s_row + cols, s, mask=mask)
         sf = s.to(tl.float32)
-        acc += sf * sf
+        acc = tl.fma(sf, sf, acc)
     rstd = _rstd_of(acc, H, eps)
     tl.store(rstd_ptr + row, rstd)
     for i in tl.static_range(NB):
