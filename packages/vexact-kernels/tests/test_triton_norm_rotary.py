@@ -70,6 +70,27 @@ def test_public_op_is_the_two_ops_where_it_does_not_fuse():
     assert wq.grad is not None
 
 
+def test_head_sizes_outside_the_tile_take_the_two_launches(monkeypatch):
+    """The one launch takes head rows of whole 16-byte vectors that one warp holds; another head size is refused by
+    name there, and the public op runs the two launches for it (their bits, as everywhere)."""
+    from vexact_kernels.triton_ops.rms_norm import qk_norm_rotary_fwd, qk_tile_fits
+
+    assert qk_tile_fits(torch.empty(1, 1, 128, dtype=torch.bfloat16))
+    assert qk_tile_fits(torch.empty(1, 1, 256, dtype=torch.bfloat16))
+    assert qk_tile_fits(torch.empty(1, 1, 128, dtype=torch.float32))
+    assert not qk_tile_fits(torch.empty(1, 1, 24, dtype=torch.bfloat16))  # 48-byte rows: not whole vectors
+    assert not qk_tile_fits(torch.empty(1, 1, 512, dtype=torch.bfloat16))  # a row wider than a warp's 512 bytes
+    assert not qk_tile_fits(torch.empty(1, 1, 256, dtype=torch.float32))
+    args = _inputs(2, 2, 1, 24, "cpu", seed=3)
+    with pytest.raises(ValueError, match="head size 24 of torch.bfloat16"):
+        qk_norm_rotary_fwd(*args[:4], EPS, *args[4:])
+    if triton_available() and interpreting():
+        monkeypatch.setattr(rotary, "use_triton", lambda *a: True)  # the kernels' path on CPU tensors, interpreted
+        q, k = vk.rms_norm_rotary_qk(*args[:4], EPS, *args[4:])
+        want = vk.apply_rotary_qk(*vk.rms_norm_pair(*args[:4], EPS), *args[4:])
+        assert torch.equal(q, want[0]) and torch.equal(k, want[1])
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("t", [1, 7, 256])
@@ -138,7 +159,7 @@ def test_interpreted_cache_write_in_the_launch_is_write_kv_cache(t, hq, hk, d, m
         def __getitem__(self, grid):
             def launch(*a, **kw):
                 a = list(a)
-                a[32] = a[32] + 1 if a[32] != a[31] else a[32]  # stride_kch
+                a[27] = a[27] + 1 if a[27] != a[26] else a[27]  # stride_kch
                 return real[grid](*a, **kw)
 
             return launch

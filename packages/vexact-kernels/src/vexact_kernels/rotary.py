@@ -100,12 +100,14 @@ def rms_norm_rotary_qk(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``apply_rotary_qk(*rms_norm_pair(q, wq, k, wk, eps), positions, cos, sin)``, bitwise: a Qwen3 attention's q/k
     norms and rotary. ``q [T, Hq, D]``, ``k [T, Hk, D]``. On the ``invariant`` backend's CUDA path, without autograd
-    recording, in one launch (``FUSE_NORM_ROTARY``); otherwise the two ops. ``kv_write``: ``(v, k_cache, v_cache,
+    recording, in one launch (``FUSE_NORM_ROTARY``; head sizes ``qk_tile_fits`` takes); otherwise the two ops.
+    ``kv_write``: ``(v, k_cache, v_cache,
     slot_mapping)``: then the rotated k and ``v`` are stored in the paged caches as well, as
     ``attention.write_kv_cache(k, v, k_cache, v_cache, slot_mapping)`` stores them (in the same launch with
     ``FUSE_KV_WRITE``)."""
     from .attention import write_kv_cache
     from .rms_norm import _check, rms_norm_pair
+    from .triton_ops.rms_norm import qk_tile_fits
 
     fused = (
         FUSE_NORM_ROTARY
@@ -118,6 +120,7 @@ def rms_norm_rotary_qk(
         and q.dtype == k.dtype
         and wq.dtype == wk.dtype
         and q.stride(-1) == k.stride(-1) == 1
+        and qk_tile_fits(q)
     )
     in_launch = False  # the cache write in the norm + rotary launch
     if not fused:

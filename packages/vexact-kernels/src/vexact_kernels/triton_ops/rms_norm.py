@@ -12,12 +12,16 @@ one launch through the same row code, so each row's bits are the single kernel's
 head stride, so q and k, views into the grouped q/k/v matmul's output, are not copied. ``_add_rms_norm_fwd_kernel``
 stores a row's residual sum ``s = x + r`` (fp32 add, rounded once to nearest even, as torch adds) and runs the row
 code's arithmetic on the rounded ``s`` it holds: the residual add and the norm after it in one launch, with the bits of
-torch's add followed by the single kernel. ``_qk_norm_rotary_kernel`` normalises a q or k row and rotates it (and
-stores a k row to the KV cache) from registers, with the bits of the pair kernel followed by the rotary kernel.
+torch's add followed by the single kernel. ``_qk_norm_rotary_kernel`` takes a token's q (or k) head rows in one
+``[heads, head_dim]`` tile, normalises and rotates them in registers (and stores the k rows to the KV cache), with the
+bits of the pair kernel followed by the rotary kernel: a row's sum of squares in the tile runs the pair kernel's tree
+where one warp holds the row (``qk_tile_fits``: each lane's 16-byte vector summed in order, then the butterfly over
+the row's lanes; in the pair kernel's ``[RMS_BLOCK]`` row the other lanes and warps add exact zeros).
 
 Speed: a row's blocks are unrolled (``NB = cdiv(H, RMS_BLOCK)``, a compile-time count), so the loads of a pass over
 the row are in flight together rather than one block's round trip after another; and no launch reads back what it
-stored. At decode sizes (a few hundred rows, one program each) a pass's memory latency, not bandwidth, is the time.
+stored. At decode sizes (a few hundred rows, one program each) a pass's memory latency, not bandwidth, is the time;
+the q/k launch's programs take a token's heads each for that reason.
 
 Accuracy: fp32 throughout (``sqrt_rn``/``div_rn``, correctly rounded), cast once; within a few fp32 ulps of a float64
 reference before the final cast.
@@ -71,9 +75,9 @@ def _row_rstd(x_row, rstd_row, H, eps, BLOCK: tl.constexpr, NB: tl.constexpr):
 
 
 @triton.jit
-def _rstd_of(acc, H, eps):
-    """``1 / sqrt(sum(acc) / H + eps)``, each op correctly rounded."""
-    var = tl.div_rn(tl.sum(acc, axis=0), tl.cast(H, tl.float32))
+def _rstd_of(acc, H, eps, AXIS: tl.constexpr = 0):
+    """``1 / sqrt(sum(acc) / H + eps)`` along ``AXIS``, each op correctly rounded."""
+    var = tl.div_rn(tl.sum(acc, axis=AXIS), tl.cast(H, tl.float32))
     return tl.div_rn(1.0, tl.sqrt_rn(var + eps))
 
 
@@ -122,98 +126,98 @@ def _rms_norm_fwd_pair_kernel(
 
 
 @triton.jit
-def _copy_row(src, dst, H, BLOCK: tl.constexpr):
-    """``H`` contiguous elements from ``src`` to ``dst`` (one dtype: a copy, no rounding)."""
-    for start in range(0, H, BLOCK):
-        cols = start + tl.arange(0, BLOCK)
-        tl.store(dst + cols, tl.load(src + cols, mask=cols < H), mask=cols < H)
+def _head_tile(x_tok, stride_h, n_heads, D, HEADS: tl.constexpr, BLOCK: tl.constexpr, start=0):
+    """Offsets and mask of a token's ``[HEADS, BLOCK]`` tile of head rows, columns ``start ..`` (rows ``n_heads`` and
+    columns ``D`` on), from the token's first element ``x_tok`` and the head stride."""
+    heads = tl.arange(0, HEADS)
+    cols = start + tl.arange(0, BLOCK)
+    mask = (heads < n_heads)[:, None] & (cols < D)[None, :]
+    return x_tok + heads[:, None].to(tl.int64) * stride_h + cols[None, :], mask
 
 
 @triton.jit
-def _normed(x_ptr, w_ptr, d, dmask, rstd, dtype: tl.constexpr):
-    """``x * rstd * w`` at offsets ``d`` rounded to ``dtype`` (as ``_rms_norm_row`` stores ``y``), back in fp32."""
-    x = tl.load(x_ptr + d, mask=dmask, other=0.0).to(tl.float32)
-    w = tl.load(w_ptr + d, mask=dmask, other=0.0).to(tl.float32)
-    return (x * rstd * w).to(dtype).to(tl.float32)
+def _normed(x_tok, stride_h, n_heads, w_ptr, rstd, D, start, HEADS: tl.constexpr, HALF: tl.constexpr, dtype):
+    """``x * rstd * w`` of columns ``start .. start + HALF`` of a token's head rows, rounded to ``dtype`` as
+    ``_rms_norm_row`` stores ``y``, back in fp32 (``rstd``: ``[HEADS]``)."""
+    ptrs, mask = _head_tile(x_tok, stride_h, n_heads, start + D // 2, HEADS, HALF, start)
+    x = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+    cols = start + tl.arange(0, HALF)
+    w = tl.load(w_ptr + cols, mask=cols < start + D // 2, other=0.0).to(tl.float32)
+    return (x * rstd[:, None] * w[None, :]).to(dtype).to(tl.float32)
 
 
 @triton.jit
-def _qk_row(
-    row, x1_ptr, w1_ptr, o1_ptr, m1, n1, s1t, s1h, h1, x2_ptr, w2_ptr, o2_ptr, n2, s2t, s2h, h2,
-    rstd_ptr, pos_ptr, cos_ptr, sin_ptr, stride_tab, H, half, eps, slot_ptr, kc_ptr, stride_kcs, stride_kch,
-    BLOCK: tl.constexpr, NB: tl.constexpr, HALF: tl.constexpr, INTERPRET: tl.constexpr, WRITE_KV: tl.constexpr,
+def _qk_heads(
+    x_tok, stride_h, n_heads, w_ptr, o_tok, rstd_tok, c, s, D, eps,
+    HEADS: tl.constexpr, BLOCK: tl.constexpr, HALF: tl.constexpr, INTERPRET: tl.constexpr,
 ):  # fmt: skip
-    """Row ``row`` of q (``< m1``) or k: normalised (``_rms_norm_row``'s ``rstd`` and its ``y = x * rstd * w``,
-    rounded to the output dtype), rotated (``_rotate_rn``); a k row also stored to its token's cache slot
-    (``WRITE_KV``; slots < 0 skipped). ``y`` is computed half by half in registers, where the rotation takes it, not
-    stored and read back: its elements are the same elementwise products."""
-    if row < m1:
-        x_row = _strided_row(x1_ptr, row, n1, s1t, s1h)
-        w_ptr = w1_ptr
-        o_row = o1_ptr + row.to(tl.int64) * H
-        tok = (row // h1).to(tl.int64)
-    else:
-        x_row = _strided_row(x2_ptr, row - m1, n2, s2t, s2h)
-        w_ptr = w2_ptr
-        o_row = o2_ptr + (row - m1).to(tl.int64) * H
-        tok = ((row - m1) // h2).to(tl.int64)
-    d = tl.arange(0, HALF)
-    dmask = d < half
-    pos = tl.load(pos_ptr + tok).to(tl.int64)
-    c = tl.load(cos_ptr + pos * stride_tab + d, mask=dmask, other=0.0)
-    s = tl.load(sin_ptr + pos * stride_tab + d, mask=dmask, other=0.0)
-    rstd = _row_rstd(x_row, rstd_ptr + row, H, eps, BLOCK, NB)
-    y1 = _normed(x_row, w_ptr, d, dmask, rstd, o_row.dtype.element_ty)
-    y2 = _normed(x_row + half, w_ptr + half, d, dmask, rstd, o_row.dtype.element_ty)
-    o1, o2 = _rotate_rn(y1, y2, c, s, INTERPRET)
-    o1 = o1.to(o_row.dtype.element_ty)
-    o2 = o2.to(o_row.dtype.element_ty)
-    tl.store(o_row + d, o1, mask=dmask)
-    tl.store(o_row + half + d, o2, mask=dmask)
-    if WRITE_KV:
-        if row >= m1:
-            slot = tl.load(slot_ptr + tok)
-            if slot >= 0:
-                dst = kc_ptr + slot * stride_kcs + ((row - m1) % h2).to(tl.int64) * stride_kch
-                tl.store(dst + d, o1, mask=dmask)
-                tl.store(dst + half + d, o2, mask=dmask)
+    """A token's q (or k) head rows, normalised and rotated: the rows' ``rstd`` (``_row_rstd``'s arithmetic: each
+    square an fma onto zero, one ``tl.sum`` per row over the ``[HEADS, BLOCK]`` tile, whose per-row tree is the
+    ``[RMS_BLOCK]`` row's where the row fits one warp: ``qk_norm_rotary_fwd`` checks), ``y = x * rstd * w`` rounded
+    to the output dtype, rotated by ``c``, ``s`` (``_rotate_rn``), stored to ``o_tok`` (contiguous ``[heads, D]``).
+    Returns the rotated halves, in the output dtype."""
+    ptrs, mask = _head_tile(x_tok, stride_h, n_heads, D, HEADS, BLOCK)
+    x = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+    rstd = _rstd_of(tl.fma(x, x, tl.zeros([HEADS, BLOCK], dtype=tl.float32)), D, eps, 1)
+    heads = tl.arange(0, HEADS)
+    tl.store(rstd_tok + heads, rstd, mask=heads < n_heads)
+    dtype = o_tok.dtype.element_ty
+    half = D // 2
+    y1 = _normed(x_tok, stride_h, n_heads, w_ptr, rstd, D, 0, HEADS, HALF, dtype)
+    y2 = _normed(x_tok, stride_h, n_heads, w_ptr, rstd, D, half, HEADS, HALF, dtype)
+    o1, o2 = _rotate_rn(y1, y2, c[None, :], s[None, :], INTERPRET)
+    o1, o2 = o1.to(dtype), o2.to(dtype)
+    ptrs, mask = _head_tile(o_tok, D, n_heads, half, HEADS, HALF)
+    tl.store(ptrs, o1, mask=mask)
+    tl.store(ptrs + half, o2, mask=mask)
+    return o1, o2
 
 
-@triton.jit(do_not_specialize=["m1", "n1", "n2", "h1", "h2", "m2", "n3"])
+@triton.jit(do_not_specialize=["hq", "hk"])
 def _qk_norm_rotary_kernel(
-    x1_ptr, w1_ptr, o1_ptr, m1, n1, s1t, s1h, h1,
-    x2_ptr, w2_ptr, o2_ptr, n2, s2t, s2h, h2,
-    rstd_ptr, pos_ptr, cos_ptr, sin_ptr, stride_tab, H, half, eps,
-    m2, x3_ptr, n3, s3t, s3h, slot_ptr, kc_ptr, vc_ptr, stride_kcs, stride_kch, stride_vcs, stride_vch,
-    BLOCK: tl.constexpr, NB: tl.constexpr, HALF: tl.constexpr, INTERPRET: tl.constexpr,
-    WRITE_KV: tl.constexpr = False,
+    q_ptr, sqt, sqh, hq, wq_ptr, oq_ptr,
+    k_ptr, skt, skh, hk, wk_ptr, ok_ptr,
+    v_ptr, svt, svh,
+    rstd_ptr, m1, pos_ptr, cos_ptr, sin_ptr, stride_tab, D, eps,
+    slot_ptr, kc_ptr, vc_ptr, stride_kcs, stride_kch, stride_vcs, stride_vch,
+    HEADS_Q: tl.constexpr, HEADS_K: tl.constexpr, BLOCK: tl.constexpr, HALF: tl.constexpr,
+    INTERPRET: tl.constexpr, WRITE_KV: tl.constexpr = False,
 ):  # fmt: skip
-    """:func:`_rms_norm_fwd_pair_kernel`'s rows (its ``rstd`` and ``y`` arithmetic), each normalised row rotated at
-    its token's position into ``o1`` / ``o2`` (``_rotate_rn``: the rotary kernels' arithmetic; :func:`_qk_row`).
-    ``h1`` / ``h2``: heads per token of q and k (row ``r`` of q is token ``r // h1``). ``WRITE_KV``: the paged cache
-    write as well (``write_kv_cache``'s stores: token ``t``'s rows to flat slot ``slot[t]``, slots < 0 skipped): each
-    rotated k row to ``kc``, and programs ``m1 + m2 ..`` copy the rows of ``x3`` (v, ``[T, h2, H]``, read through
-    :func:`_strided_row`'s ``n3, s3t, s3h``) to ``vc``."""
-    row = tl.program_id(0)
-    if WRITE_KV:
-        if row >= m1 + m2:  # a v row: copied to its token's cache slot
-            row3 = row - m1 - m2  # v's rows: token row3 // h2, head row3 % h2 (read through x3's strides)
-            slot = tl.load(slot_ptr + (row3 // h2).to(tl.int64))
-            if slot >= 0:
-                dst = vc_ptr + slot * stride_vcs + (row3 % h2).to(tl.int64) * stride_vch
-                _copy_row(_strided_row(x3_ptr, row3, n3, s3t, s3h), dst, H, BLOCK)
-        else:
-            _qk_row(
-                row, x1_ptr, w1_ptr, o1_ptr, m1, n1, s1t, s1h, h1, x2_ptr, w2_ptr, o2_ptr, n2, s2t, s2h, h2,
-                rstd_ptr, pos_ptr, cos_ptr, sin_ptr, stride_tab, H, half, eps, slot_ptr, kc_ptr, stride_kcs,
-                stride_kch, BLOCK, NB, HALF, INTERPRET, True,
-            )  # fmt: skip
+    """A token's q rows (program ``(t, 0)``) or k rows (``(t, 1)``), each normalised as the pair kernel normalises it
+    and rotated at the token's position (``_qk_heads``); outputs ``[T, heads, D]`` contiguous, ``rstd`` q's rows then
+    k's (from ``m1``). ``WRITE_KV``: the paged cache write as well (``write_kv_cache``'s stores: token ``t``'s rows to
+    flat slot ``slot[t]``, slots < 0 skipped): the rotated k rows to ``kc``, and programs ``(t, 2)`` copy the token's
+    v rows to ``vc``. One program a token's heads: at decode sizes a program per head row waited on memory more than
+    it moved it."""
+    tok = tl.program_id(0).to(tl.int64)
+    part = tl.program_id(1)
+    if part == 2:  # WRITE_KV: the token's v rows to its cache slot
+        slot = tl.load(slot_ptr + tok)
+        if slot >= 0:
+            src, mask = _head_tile(v_ptr + tok * svt, svh, hk, D, HEADS_K, BLOCK)
+            dst, _ = _head_tile(vc_ptr + slot * stride_vcs, stride_vch, hk, D, HEADS_K, BLOCK)
+            tl.store(dst, tl.load(src, mask=mask), mask=mask)
     else:
-        _qk_row(
-            row, x1_ptr, w1_ptr, o1_ptr, m1, n1, s1t, s1h, h1, x2_ptr, w2_ptr, o2_ptr, n2, s2t, s2h, h2,
-            rstd_ptr, pos_ptr, cos_ptr, sin_ptr, stride_tab, H, half, eps, slot_ptr, kc_ptr, stride_kcs,
-            stride_kch, BLOCK, NB, HALF, INTERPRET, False,
-        )  # fmt: skip
+        d = tl.arange(0, HALF)
+        pos = tl.load(pos_ptr + tok).to(tl.int64)
+        c = tl.load(cos_ptr + pos * stride_tab + d, mask=d < D // 2, other=0.0)
+        s = tl.load(sin_ptr + pos * stride_tab + d, mask=d < D // 2, other=0.0)
+        if part == 0:
+            _qk_heads(
+                q_ptr + tok * sqt, sqh, hq, wq_ptr, oq_ptr + tok * hq * D, rstd_ptr + tok * hq, c, s, D, eps,
+                HEADS_Q, BLOCK, HALF, INTERPRET,
+            )  # fmt: skip
+        else:
+            o1, o2 = _qk_heads(
+                k_ptr + tok * skt, skh, hk, wk_ptr, ok_ptr + tok * hk * D, rstd_ptr + m1 + tok * hk, c, s, D, eps,
+                HEADS_K, BLOCK, HALF, INTERPRET,
+            )  # fmt: skip
+            if WRITE_KV:
+                slot = tl.load(slot_ptr + tok)
+                if slot >= 0:
+                    dst, mask = _head_tile(kc_ptr + slot * stride_kcs, stride_kch, hk, D // 2, HEADS_K, HALF)
+                    tl.store(dst, o1, mask=mask)
+                    tl.store(dst + D // 2, o2, mask=mask)
 
 
 @triton.jit
@@ -386,7 +390,7 @@ def strided_rows(x: torch.Tensor) -> tuple[torch.Tensor, int, int, int]:
 
 
 def _pair_operands(x1: torch.Tensor, w1: torch.Tensor, x2: torch.Tensor, w2: torch.Tensor) -> tuple:
-    """What a launch over two inputs' rows (the norm pair, the q/k norm with rotary) passes for them: each input's
+    """What the pair launch passes for its two inputs' rows: each input's
     :func:`strided_rows`, the aligned weights, the row counts ``m1, m2`` and the fp32 ``rstd [m1 + m2]`` the kernel
     writes (as the single-input kernel writes it)."""
     h = x1.shape[-1]
@@ -413,36 +417,64 @@ def rms_norm_fwd_pair(
     return y1, y2
 
 
+def qk_tile_fits(q: torch.Tensor) -> bool:
+    """Whether :func:`qk_norm_rotary_fwd` takes ``q``'s head size: a row of whole 16-byte vectors (``D % 16 == 0``)
+    that one warp holds (at most 32 x 16 bytes), so a row's sum of squares in the ``[heads, D]`` tile runs the tree of
+    the pair kernel's ``[RMS_BLOCK]`` row (each lane's vector in order, then the lanes' butterfly; the pair kernel's
+    other lanes and warps add zeros). Other head sizes take the norm and the rotary as two launches."""
+    d = q.shape[-1]
+    return d % 16 == 0 and d * q.element_size() <= 32 * 16
+
+
+def _head_rows(x: torch.Tensor) -> torch.Tensor:
+    """``x [T, H, D]`` as the q/k launch reads it: as it is where its base is 16-byte aligned and its token and head
+    strides are multiples of 16 elements (Triton then knows every row's vectors aligned, as in the pair kernel's
+    rows), else its contiguous copy."""
+    if x.data_ptr() % 16 == 0 and x.stride(-1) == 1 and x.stride(0) % 16 == 0 and x.stride(1) % 16 == 0:
+        return x
+    return aligned_rows(x)
+
+
 def qk_norm_rotary_fwd(
     q: torch.Tensor, wq: torch.Tensor, k: torch.Tensor, wk: torch.Tensor, eps: float,
     positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_write: tuple | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """``rotary(rms_norm(q, wq)), rotary(rms_norm(k, wk))`` for ``q [T, Hq, D]`` and ``k [T, Hk, D]`` (one dtype, any
-    strides with a contiguous last dim) in one launch, bitwise what :func:`rms_norm_fwd_pair` and
-    ``rotary.rotary_pair_launch`` give in two; outputs contiguous in q's dtype. ``kv_write``: ``(v [T, Hk, D], k_cache,
-    v_cache [blocks, page, Hk, D], slot_mapping [T])``: the same launch also stores the rotated k and v in the caches
-    as ``attention.write_kv_cache`` stores them (the caller checks the caches' dtype and layout)."""
+    strides with a contiguous last dim, a head size :func:`qk_tile_fits` takes) in one launch, bitwise what
+    :func:`rms_norm_fwd_pair` and ``rotary.rotary_pair_launch`` give in two; outputs contiguous in q's dtype.
+    ``kv_write``: ``(v [T, Hk, D], k_cache, v_cache [blocks, page, Hk, D], slot_mapping [T])``: the same launch also
+    stores the rotated k and v in the caches as ``attention.write_kv_cache`` stores them (the caller checks the
+    caches' dtype and layout)."""
     from . import interpreting
 
+    if not qk_tile_fits(q):
+        raise ValueError(f"qk_norm_rotary_fwd: head size {q.shape[-1]} of {q.dtype} is not one qk_tile_fits takes")
     t, hq, h = q.shape
     hk = k.shape[1]
-    (x1, n1, s1t, s1h), (x2, n2, s2t, s2h), wq, wk, m1, m2, rstd = _pair_operands(q, wq, k, wk)
+    q, k = _head_rows(q), _head_rows(k)
+    wq, wk = aligned_rows(wq), aligned_rows(wk)
+    rstd = torch.empty(t * (hq + hk), dtype=torch.float32, device=q.device)
     o1 = torch.empty(t, hq, h, dtype=q.dtype, device=q.device)
     o2 = torch.empty(t, hk, h, dtype=q.dtype, device=q.device)
     cos, sin, positions = cos.contiguous(), sin.contiguous(), positions.contiguous()
-    m3, x3, n3, s3t, s3h, slots, kc, vc = 0, x2, 1, 0, 0, positions, x2, x2
+    v, slots, kc, vc = k, positions, k, k
     if kv_write is not None:
         v, k_cache, v_cache, slot_mapping = kv_write
-        x3, n3, s3t, s3h = strided_rows(v)
-        m3 = t * hk
+        v = _head_rows(v)
         slots = slot_mapping.to(device=q.device, dtype=torch.int64).contiguous()
         kc, vc = k_cache.flatten(0, 1), v_cache.flatten(0, 1)  # views: the caches have contiguous pages
-    if m1 + m2:
-        _qk_norm_rotary_kernel[(m1 + m2 + m3,)](
-            x1, wq, o1, m1, n1, s1t, s1h, hq, x2, wk, o2, n2, s2t, s2h, hk,
-            rstd, positions, cos, sin, cos.stride(0), h, h // 2, eps,
-            m2, x3, n3, s3t, s3h, slots, kc, vc, kc.stride(0), kc.stride(1), vc.stride(0), vc.stride(1),
-            BLOCK=RMS_BLOCK, NB=cdiv(h, RMS_BLOCK), HALF=next_pow2(h // 2), INTERPRET=interpreting(),
+    block = next_pow2(h)
+    # at least the rows one [RMS_NUM_WARPS warps x 32 lanes x 16 bytes] layout tile spans, so a row stays in one warp
+    min_heads = max(1, RMS_NUM_WARPS * 32 * (16 // q.element_size()) // block)
+    if t:
+        _qk_norm_rotary_kernel[(t, 3 if kv_write is not None else 2)](
+            q, q.stride(0), q.stride(1), hq, wq, o1,
+            k, k.stride(0), k.stride(1), hk, wk, o2,
+            v, v.stride(0), v.stride(1),
+            rstd, t * hq, positions, cos, sin, cos.stride(0), h, eps,
+            slots, kc, vc, kc.stride(0), kc.stride(1), vc.stride(0), vc.stride(1),
+            HEADS_Q=max(next_pow2(hq), min_heads), HEADS_K=max(next_pow2(hk), min_heads), BLOCK=block,
+            HALF=next_pow2(h // 2), INTERPRET=interpreting(),
             **({"WRITE_KV": True} if kv_write is not None else {}), num_warps=RMS_NUM_WARPS,
         )  # fmt: skip
     return o1, o2
