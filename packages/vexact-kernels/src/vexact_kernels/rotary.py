@@ -15,7 +15,7 @@ import torch
 from . import portable_math as pm
 from ._backend import check_float, get_backend
 from ._ranges import tensor_range
-from .triton_ops import use_triton
+from .triton_ops import qk_tile_fits, use_triton
 
 
 def rope_cos_sin(head_dim: int, max_position: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -107,7 +107,6 @@ def rms_norm_rotary_qk(
     ``FUSE_KV_WRITE``)."""
     from .attention import write_kv_cache
     from .rms_norm import _check, rms_norm_pair
-    from .triton_ops.rms_norm import qk_tile_fits
 
     fused = (
         FUSE_NORM_ROTARY

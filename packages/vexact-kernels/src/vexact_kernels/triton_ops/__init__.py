@@ -43,3 +43,13 @@ def use_triton(*tensors: torch.Tensor | None) -> bool:
             raise ImportError("the invariant backend needs triton on CUDA tensors; pip install triton")
         return True
     return False
+
+
+def qk_tile_fits(q: torch.Tensor) -> bool:
+    """Whether ``rms_norm.qk_norm_rotary_fwd`` takes ``q``'s head size: a row of whole 16-byte vectors (``D % 16 ==
+    0``) that one warp holds (at most 32 x 16 bytes), so a row's sum of squares in the ``[heads, D]`` tile runs the
+    tree of the pair kernel's ``[RMS_BLOCK]`` row (each lane's vector in order, then the lanes' butterfly; the pair
+    kernel's other lanes and warps add zeros). Other head sizes take the norm and the rotary as two launches. Needs no
+    triton (the public op asks it before it picks a path)."""
+    d = q.shape[-1]
+    return d % 16 == 0 and d * q.element_size() <= 32 * 16

@@ -33,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import cdiv, next_pow2
+from . import cdiv, next_pow2, qk_tile_fits
 from .rotary import _rotate_rn
 
 # Numerics-affecting launch parameters: fixed for every shape (the sum-of-squares tree depends on them).
@@ -415,15 +415,6 @@ def rms_norm_fwd_pair(
             BLOCK=RMS_BLOCK, NB=cdiv(h, RMS_BLOCK), num_warps=RMS_NUM_WARPS,
         )  # fmt: skip
     return y1, y2
-
-
-def qk_tile_fits(q: torch.Tensor) -> bool:
-    """Whether :func:`qk_norm_rotary_fwd` takes ``q``'s head size: a row of whole 16-byte vectors (``D % 16 == 0``)
-    that one warp holds (at most 32 x 16 bytes), so a row's sum of squares in the ``[heads, D]`` tile runs the tree of
-    the pair kernel's ``[RMS_BLOCK]`` row (each lane's vector in order, then the lanes' butterfly; the pair kernel's
-    other lanes and warps add zeros). Other head sizes take the norm and the rotary as two launches."""
-    d = q.shape[-1]
-    return d % 16 == 0 and d * q.element_size() <= 32 * 16
 
 
 def _head_rows(x: torch.Tensor) -> torch.Tensor:
