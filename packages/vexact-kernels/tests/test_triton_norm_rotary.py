@@ -159,7 +159,7 @@ def test_interpreted_cache_write_in_the_launch_is_write_kv_cache(t, hq, hk, d, m
         def __getitem__(self, grid):
             def launch(*a, **kw):
                 a = list(a)
-                a[27] = a[27] + 1 if a[27] != a[26] else a[27]  # stride_kch
+                a[25] = a[25] + 1 if a[25] != a[24] else a[25]  # stride_kch
                 return real[grid](*a, **kw)
 
             return launch

@@ -148,7 +148,7 @@ def _normed(x_tok, stride_h, n_heads, w_ptr, rstd, D, start, HEADS: tl.constexpr
 
 @triton.jit
 def _qk_heads(
-    x_tok, stride_h, n_heads, w_ptr, o_tok, rstd_tok, c, s, D, eps,
+    x_tok, stride_h, n_heads, w_ptr, o_tok, c, s, D, eps,
     HEADS: tl.constexpr, BLOCK: tl.constexpr, HALF: tl.constexpr, INTERPRET: tl.constexpr,
 ):  # fmt: skip
     """A token's q (or k) head rows, normalised and rotated: the rows' ``rstd`` (``_row_rstd``'s arithmetic: each
@@ -159,8 +159,6 @@ def _qk_heads(
     ptrs, mask = _head_tile(x_tok, stride_h, n_heads, D, HEADS, BLOCK)
     x = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
     rstd = _rstd_of(tl.fma(x, x, tl.zeros([HEADS, BLOCK], dtype=tl.float32)), D, eps, 1)
-    heads = tl.arange(0, HEADS)
-    tl.store(rstd_tok + heads, rstd, mask=heads < n_heads)
     dtype = o_tok.dtype.element_ty
     half = D // 2
     y1 = _normed(x_tok, stride_h, n_heads, w_ptr, rstd, D, 0, HEADS, HALF, dtype)
@@ -178,17 +176,17 @@ def _qk_norm_rotary_kernel(
     q_ptr, sqt, sqh, hq, wq_ptr, oq_ptr,
     k_ptr, skt, skh, hk, wk_ptr, ok_ptr,
     v_ptr, svt, svh,
-    rstd_ptr, m1, pos_ptr, cos_ptr, sin_ptr, stride_tab, D, eps,
+    pos_ptr, cos_ptr, sin_ptr, stride_tab, D, eps,
     slot_ptr, kc_ptr, vc_ptr, stride_kcs, stride_kch, stride_vcs, stride_vch,
     HEADS_Q: tl.constexpr, HEADS_K: tl.constexpr, BLOCK: tl.constexpr, HALF: tl.constexpr,
     INTERPRET: tl.constexpr, WRITE_KV: tl.constexpr = False,
 ):  # fmt: skip
     """A token's q rows (program ``(t, 0)``) or k rows (``(t, 1)``), each normalised as the pair kernel normalises it
-    and rotated at the token's position (``_qk_heads``); outputs ``[T, heads, D]`` contiguous, ``rstd`` q's rows then
-    k's (from ``m1``). ``WRITE_KV``: the paged cache write as well (``write_kv_cache``'s stores: token ``t``'s rows to
-    flat slot ``slot[t]``, slots < 0 skipped): the rotated k rows to ``kc``, and programs ``(t, 2)`` copy the token's
-    v rows to ``vc``. One program a token's heads: at decode sizes a program per head row waited on memory more than
-    it moved it."""
+    and rotated at the token's position (``_qk_heads``); outputs ``[T, heads, D]`` contiguous (no ``rstd``: nothing
+    differentiates this launch). ``WRITE_KV``: the paged cache write as well (``write_kv_cache``'s stores: token
+    ``t``'s rows to flat slot ``slot[t]``, slots < 0 skipped): the rotated k rows to ``kc``, and programs ``(t, 2)``
+    copy the token's v rows to ``vc``. One program a token's heads: at decode sizes a program per head row waited on
+    memory more than it moved it."""
     tok = tl.program_id(0).to(tl.int64)
     part = tl.program_id(1)
     if part == 2:  # WRITE_KV: the token's v rows to its cache slot
@@ -204,12 +202,12 @@ def _qk_norm_rotary_kernel(
         s = tl.load(sin_ptr + pos * stride_tab + d, mask=d < D // 2, other=0.0)
         if part == 0:
             _qk_heads(
-                q_ptr + tok * sqt, sqh, hq, wq_ptr, oq_ptr + tok * hq * D, rstd_ptr + tok * hq, c, s, D, eps,
+                q_ptr + tok * sqt, sqh, hq, wq_ptr, oq_ptr + tok * hq * D, c, s, D, eps,
                 HEADS_Q, BLOCK, HALF, INTERPRET,
             )  # fmt: skip
         else:
             o1, o2 = _qk_heads(
-                k_ptr + tok * skt, skh, hk, wk_ptr, ok_ptr + tok * hk * D, rstd_ptr + m1 + tok * hk, c, s, D, eps,
+                k_ptr + tok * skt, skh, hk, wk_ptr, ok_ptr + tok * hk * D, c, s, D, eps,
                 HEADS_K, BLOCK, HALF, INTERPRET,
             )  # fmt: skip
             if WRITE_KV:
@@ -390,9 +388,9 @@ def strided_rows(x: torch.Tensor) -> tuple[torch.Tensor, int, int, int]:
 
 
 def _pair_operands(x1: torch.Tensor, w1: torch.Tensor, x2: torch.Tensor, w2: torch.Tensor) -> tuple:
-    """What the pair launch passes for its two inputs' rows: each input's
-    :func:`strided_rows`, the aligned weights, the row counts ``m1, m2`` and the fp32 ``rstd [m1 + m2]`` the kernel
-    writes (as the single-input kernel writes it)."""
+    """What the pair launch passes for its two inputs' rows: each input's :func:`strided_rows`, the aligned weights,
+    the row counts ``m1, m2`` and the fp32 ``rstd [m1 + m2]`` the kernel writes (as the single-input kernel writes
+    it)."""
     h = x1.shape[-1]
     m1, m2 = x1.numel() // h, x2.numel() // h
     rstd = torch.empty(m1 + m2, dtype=torch.float32, device=x1.device)
@@ -444,7 +442,6 @@ def qk_norm_rotary_fwd(
     hk = k.shape[1]
     q, k = _head_rows(q), _head_rows(k)
     wq, wk = aligned_rows(wq), aligned_rows(wk)
-    rstd = torch.empty(t * (hq + hk), dtype=torch.float32, device=q.device)
     o1 = torch.empty(t, hq, h, dtype=q.dtype, device=q.device)
     o2 = torch.empty(t, hk, h, dtype=q.dtype, device=q.device)
     cos, sin, positions = cos.contiguous(), sin.contiguous(), positions.contiguous()
@@ -462,7 +459,7 @@ def qk_norm_rotary_fwd(
             q, q.stride(0), q.stride(1), hq, wq, o1,
             k, k.stride(0), k.stride(1), hk, wk, o2,
             v, v.stride(0), v.stride(1),
-            rstd, t * hq, positions, cos, sin, cos.stride(0), h, eps,
+            positions, cos, sin, cos.stride(0), h, eps,
             slots, kc, vc, kc.stride(0), kc.stride(1), vc.stride(0), vc.stride(1),
             HEADS_Q=max(next_pow2(hq), min_heads), HEADS_K=max(next_pow2(hk), min_heads), BLOCK=block,
             HALF=next_pow2(h // 2), INTERPRET=interpreting(),
